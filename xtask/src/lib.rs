@@ -1,0 +1,18 @@
+//! Chidori's build tasks as a library, so the generator can be exercised by tests.
+//!
+//! Stage 1 (`headers`, `irgen`) needs the network and libclang; stage 2 (`gen`) reads only
+//! committed files and is pure Rust.
+
+pub mod elf;
+pub mod headers;
+pub mod ir;
+pub mod irgen;
+pub mod libraries;
+pub mod lock;
+
+use std::path::{Path, PathBuf};
+
+/// The workspace root (the directory holding `xtask/`).
+pub fn project_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}

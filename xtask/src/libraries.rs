@@ -1,0 +1,86 @@
+//! `specs/libraries.toml`: the NVIDIA libraries Chidori replaces, the headers that declare
+//! their API, and the status codes its generated exports answer with.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+pub struct Libraries {
+    #[serde(rename = "library")]
+    pub libraries: Vec<Library>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Library {
+    /// Short key: IR file names, spec file names and generated module names use it.
+    pub name: String,
+    pub title: String,
+    /// Regex over header file names (relative to the include directory) whose function
+    /// declarations belong to this library.
+    pub headers: String,
+    /// Bindgen passes; the union of their functions is the library's API. A name declared by
+    /// two passes must have the same signature in both.
+    #[serde(rename = "pass")]
+    pub passes: Vec<Pass>,
+    /// Regex over the file names of the real shared library inside the wheels; its SONAME,
+    /// version node and exports are recorded in the IR.
+    pub real_library: Option<String>,
+    /// Regex selecting the real library's exports that are API (not internal kernels).
+    pub exports: String,
+    /// SONAME when no wheel carries the real library (the driver ships with the kernel driver).
+    pub soname: Option<String>,
+    /// The status type most functions return, and the names of its notable values.
+    pub status: String,
+    pub success: String,
+    pub not_supported: String,
+    /// What every export answers while no server is reachable.
+    pub unavailable: String,
+    /// Whether a non-const pointer to a scalar may be inferred to be a host output. False for
+    /// libraries (cuBLAS, cuSPARSE, …) whose scalar pointers are usually device arrays.
+    #[serde(default = "yes")]
+    pub infer_scalar_out: bool,
+    /// Parse `cudaTypedefs.h` for the `cuGetProcAddress` table.
+    #[serde(default)]
+    pub proc_table: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pass {
+    pub include: Vec<String>,
+    #[serde(default)]
+    pub defines: Vec<String>,
+    /// Parse as C++ (for headers such as cusparseLt.h that include C++ standard headers).
+    #[serde(default)]
+    pub cplusplus: bool,
+}
+
+impl Libraries {
+    pub fn load(root: &Path) -> Result<Libraries> {
+        let path = root.join("specs/libraries.toml");
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let libs: Libraries = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let mut seen = std::collections::HashSet::new();
+        for lib in &libs.libraries {
+            if !seen.insert(lib.name.clone()) {
+                bail!("{}: library {} is declared twice", path.display(), lib.name);
+            }
+            regex::Regex::new(&lib.headers).with_context(|| format!("library {}: bad headers regex", lib.name))?;
+            if lib.real_library.is_none() && lib.soname.is_none() {
+                bail!("library {}: needs real_library or soname", lib.name);
+            }
+        }
+        Ok(libs)
+    }
+
+    pub fn get(&self, name: &str) -> Result<&Library> {
+        self.libraries.iter().find(|l| l.name == name).with_context(|| format!("no library named {name}"))
+    }
+}
