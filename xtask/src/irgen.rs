@@ -24,11 +24,16 @@ use crate::libraries::{Library, Pass};
 pub fn extract(root: &Path, cuda: &str, library: &Library) -> Result<Option<LibraryIr>> {
     let include = headers::include_dir(root, cuda);
     let stub = root.join("headers/stub");
-    let first = include.join(&library.passes[0].include[0]);
-    if !first.exists() {
+    let header_re = regex::Regex::new(&format!("^(?:{})$", library.headers))?;
+    // The library is present when the first of its own headers that a pass includes is.
+    let own = library.passes.iter().flat_map(|p| p.include.iter()).find(|h| header_re.is_match(h));
+    let present = match own {
+        Some(h) => include.join(h).exists(),
+        None => include.join(&library.passes[0].include[0]).exists(),
+    };
+    if !present {
         return Ok(None);
     }
-    let header_re = regex::Regex::new(&format!("^(?:{})$", library.headers))?;
     let mut ir = LibraryIr::default();
     let mut header_hashes = BTreeMap::new();
     for entry in walk(&include)? {
@@ -184,7 +189,14 @@ pub fn parse_bindgen(output: &str) -> Result<Vec<Item>> {
                     items.push(Item::Opaque(Opaque { name }));
                     continue;
                 }
-                items.push(Item::Record(record(&name, false, fields, &layouts)?));
+                // Without derive(Copy), bindgen spells C unions as structs of
+                // __BindgenUnionField members plus a `bindgen_union_field` for the size.
+                let is_union = fields.iter().any(|f| f.ident.as_ref().is_some_and(|i| i == "bindgen_union_field"));
+                let fields: Vec<_> = fields
+                    .into_iter()
+                    .filter(|f| f.ident.as_ref().is_none_or(|i| i != "bindgen_union_field"))
+                    .collect();
+                items.push(Item::Record(record(&name, is_union, fields, &layouts)?));
             }
             SynItem::Union(u) => {
                 let name = u.ident.to_string();
@@ -206,6 +218,12 @@ pub fn parse_bindgen(output: &str) -> Result<Vec<Item>> {
                 }
                 items.push(Item::Typedef(Typedef { name, ty: normalize(&t.ty)? }));
             }
+            SynItem::Use(u) => {
+                // ModuleConsts enums alias as `pub use self::cudaError::Type as cudaError_t;`.
+                if let Some((target, alias)) = use_alias(&u.tree) {
+                    items.push(Item::Typedef(Typedef { name: alias, ty: target }));
+                }
+            }
             SynItem::Const(c) => {
                 let name = c.ident.to_string();
                 if name == "_" {
@@ -219,6 +237,31 @@ pub fn parse_bindgen(output: &str) -> Result<Vec<Item>> {
         }
     }
     Ok(items)
+}
+
+/// `self::X::Type as Y` → (X, Y).
+fn use_alias(tree: &syn::UseTree) -> Option<(String, String)> {
+    let mut path = Vec::new();
+    let mut t = tree;
+    loop {
+        match t {
+            syn::UseTree::Path(p) => {
+                path.push(p.ident.to_string());
+                t = &p.tree;
+            }
+            syn::UseTree::Rename(r) => {
+                path.push(r.ident.to_string());
+                let alias = r.rename.to_string();
+                let path: Vec<_> = path.into_iter().filter(|s| s != "self").collect();
+                return match path.as_slice() {
+                    [name, ty] if ty == "Type" => Some((name.clone(), alias)),
+                    [name] => Some((name.clone(), alias)),
+                    _ => None,
+                };
+            }
+            _ => return None,
+        }
+    }
 }
 
 fn function(sig: &syn::Signature) -> Result<Function> {

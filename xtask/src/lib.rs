@@ -3,7 +3,10 @@
 //! Stage 1 (`headers`, `irgen`) needs the network and libclang; stage 2 (`gen`) reads only
 //! committed files and is pure Rust.
 
+pub mod codegen;
+pub mod dist;
 pub mod elf;
+pub mod emit;
 pub mod headers;
 pub mod ir;
 pub mod irgen;
@@ -16,3 +19,5 @@ use std::path::{Path, PathBuf};
 pub fn project_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
+pub mod model;
+pub mod spec;

@@ -42,6 +42,10 @@ pub struct Library {
     /// libraries (cuBLAS, cuSPARSE, …) whose scalar pointers are usually device arrays.
     #[serde(default = "yes")]
     pub infer_scalar_out: bool,
+    /// Whether functions the spec does not list may be forwarded by inference at all (false
+    /// for libraries whose calls name client-side resources, such as cuFile's files).
+    #[serde(default = "yes")]
+    pub forward_by_default: bool,
     /// Parse `cudaTypedefs.h` for the `cuGetProcAddress` table.
     #[serde(default)]
     pub proc_table: bool,

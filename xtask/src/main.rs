@@ -36,6 +36,26 @@ enum Command {
         #[arg(long)]
         library: Option<String>,
     },
+    /// Stage 2: generated/ir + specs → generated/ (pure Rust; no libclang, no network).
+    Gen {
+        /// Regenerate only this CUDA version's per-version files.
+        #[arg(long)]
+        cuda: Option<String>,
+        /// Regenerate everything.
+        #[arg(long)]
+        all: bool,
+        /// Fail if the committed output is stale instead of writing.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Build release artifacts into target/dist (bin/chidori, lib/libchidori.so, the shims).
+    Dist {
+        /// Cargo profile.
+        #[arg(long, default_value = "release")]
+        profile: String,
+    },
+    /// Print what the model makes of every function (development aid).
+    Stats,
 }
 
 fn versions(cuda: Option<String>) -> Result<Vec<String>> {
@@ -58,6 +78,63 @@ fn main() -> Result<()> {
                 anyhow::bail!("say which version: --cuda 12.6, or --all");
             }
             irgen::run(&root, &versions(cuda)?, library.as_deref())
+        }
+        Command::Gen { cuda, all, check } => {
+            if cuda.is_some() && all {
+                anyhow::bail!("--cuda and --all exclude each other");
+            }
+            let mode = if check { xtask::codegen::Mode::Check } else { xtask::codegen::Mode::Write };
+            xtask::codegen::run(&root, cuda.as_deref(), mode)
+        }
+        Command::Dist { profile } => xtask::dist::run(&root, &profile).map(|_| ()),
+        Command::Stats => {
+            let all = xtask::ir::load_all(&root)?;
+            let libs = xtask::libraries::Libraries::load(&root)?;
+            let model = xtask::model::Model::build(&root, &all, &libs)?;
+            for l in &model.libraries {
+                let mut n = [0usize; 4];
+                let mut variants = 0;
+                for f in l.functions.values() {
+                    variants += f.variants.len();
+                    for v in &f.variants {
+                        let i = match v.disposition {
+                            xtask::model::Disposition::Forward { .. } => 0,
+                            xtask::model::Disposition::GeneratedLocal { .. } => 1,
+                            xtask::model::Disposition::Custom { .. } => 2,
+                            xtask::model::Disposition::Unsupported { .. } => 3,
+                        };
+                        n[i] += 1;
+                    }
+                }
+                if std::env::var_os("STATS_VARIANTS").is_some() {
+                    for f in l.functions.values().filter(|f| f.variants.len() > 1) {
+                        let groups: Vec<_> = f.variants.iter().map(|v| v.versions.join(",")).collect();
+                        println!("  multi {} {:?}", f.name, groups);
+                    }
+                }
+                println!(
+                    "{:<10} fns {:>4} variants {:>4} fwd {:>4} genlocal {:>3} custom {:>3} unsup {:>4}",
+                    l.lib.name,
+                    l.functions.len(),
+                    variants,
+                    n[0],
+                    n[1],
+                    n[2],
+                    n[3]
+                );
+                for s in &l.shims {
+                    println!(
+                        "    {:<22} node {:?} versions {:?} exports {} undeclared {}",
+                        s.soname,
+                        s.node,
+                        s.versions,
+                        s.exports.len(),
+                        l.undeclared[&s.soname].len()
+                    );
+                }
+            }
+            println!("procs {}", model.procs.len());
+            Ok(())
         }
     }
 }

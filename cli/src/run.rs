@@ -1,0 +1,74 @@
+//! `chidori run`: preload the shims next to this binary and exec the command.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use chidori_protocol::env;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The `chidori serve` to use, HOST[:PORT].
+    #[arg(short = 's', long = "server", env = env::SERVER, value_name = "HOST[:PORT]")]
+    pub server: Option<String>,
+    /// Directory holding libchidori.so and the shims (default: ../lib next to this binary).
+    #[arg(long, value_name = "DIR")]
+    pub lib_dir: Option<PathBuf>,
+    /// The command and its arguments.
+    #[arg(trailing_var_arg = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+/// The shim libraries in `dir`, newest CUDA major first so that unversioned lookups find
+/// the newest ABI.
+pub fn shims(dir: &std::path::Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // Real files with a SONAME-style name; not the core library, not the -lcuda symlink.
+        if name == "libchidori.so" || !name.contains(".so.") || entry.file_type()?.is_symlink() {
+            continue;
+        }
+        out.push(entry.path());
+    }
+    out.sort_by(|a, b| b.file_name().cmp(&a.file_name()));
+    if out.is_empty() {
+        bail!("no shim libraries in {}; is this a complete Chidori installation?", dir.display());
+    }
+    Ok(out)
+}
+
+pub fn lib_dir(explicit: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(dir) = explicit {
+        return Ok(dir);
+    }
+    let exe = std::env::current_exe().context("locating the chidori binary")?;
+    let dir = exe.parent().and_then(|p| p.parent()).context("binary has no parent directory")?.join("lib");
+    Ok(dir)
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let dir = lib_dir(args.lib_dir)?;
+    let shims = shims(&dir)?;
+    let mut preload = OsString::new();
+    for (i, shim) in shims.iter().enumerate() {
+        if i > 0 {
+            preload.push(":");
+        }
+        preload.push(shim.as_os_str());
+    }
+    if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        preload.push(":");
+        preload.push(existing);
+    }
+    let (program, rest) = args.command.split_first().context("no command given")?;
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(rest).env("LD_PRELOAD", &preload);
+    if let Some(server) = &args.server {
+        cmd.env(env::SERVER, server);
+    }
+    let err = cmd.exec();
+    bail!("could not run {}: {err}", program.to_string_lossy())
+}

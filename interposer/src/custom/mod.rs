@@ -1,0 +1,6 @@
+//! Hand-written exports: what a spec cannot express (class `custom` or `local` in
+//! specs/*.toml). The generated exports in generated/client call these by name, so a
+//! missing one is a compile error.
+
+pub mod cudart;
+pub mod driver;

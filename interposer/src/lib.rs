@@ -1,0 +1,16 @@
+//! libchidori.so: the client core.
+//!
+//! The shim libraries (`libcudart.so.13`, `libcuda.so.1`, … built from generated/shims)
+//! define the symbols applications bind to and jump into the `__chidori_*` exports here,
+//! which come from `generated/client` (included below, since they call into this crate).
+//! Invariant: nothing in this library loads or calls a real NVIDIA library.
+
+pub mod custom;
+pub mod guard;
+pub mod log;
+pub mod registry;
+pub mod runtime;
+pub mod unsupported;
+
+#[path = "../../generated/client/mod.rs"]
+pub mod exports;

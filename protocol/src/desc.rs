@@ -1,0 +1,133 @@
+//! Call descriptors: the per-function wire schema that `cargo xtask gen` emits as static
+//! tables (`chidori_cuda::calls`). A call travels as its id, the raw scalars of its
+//! by-value parameters and the bytes of its input buffers; the reply carries the return
+//! value, the scalars written through output pointers and the output buffers.
+
+/// Index of a function in `chidori_cuda::calls::FUNCTIONS`; the same for every ABI variant.
+pub type CallId = u32;
+
+/// Index of a handle kind in `chidori_cuda::handles::KINDS`.
+pub type HandleKind = u16;
+
+/// The call classes of DESIGN §4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Class {
+    /// Answered in the client from cached state; no round trip.
+    Local,
+    /// Sent without waiting for a reply; errors surface at the next synchronizing call.
+    Async,
+    /// Sent and waited for.
+    Sync,
+    /// Hand-written.
+    Custom,
+}
+
+/// Direction of a host buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dir {
+    In,
+    Out,
+    InOut,
+}
+
+/// A buffer length in elements, as an expression over the raw parameter values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Len {
+    Lit(u64),
+    Param(u8),
+    Add(&'static Len, &'static Len),
+    Mul(&'static Len, &'static Len),
+}
+
+impl Len {
+    /// Evaluate over the raw parameter values; None on overflow or a bad index.
+    pub fn eval(&self, args: &[u64]) -> Option<u64> {
+        match *self {
+            Len::Lit(n) => Some(n),
+            Len::Param(i) => args.get(usize::from(i)).copied(),
+            Len::Add(a, b) => a.eval(args)?.checked_add(b.eval(args)?),
+            Len::Mul(a, b) => a.eval(args)?.checked_mul(b.eval(args)?),
+        }
+    }
+}
+
+/// How one parameter travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Wire {
+    /// Integer, enum or float by value; `bytes` of the raw u64 are significant.
+    Val { bytes: u8, float: bool },
+    /// An opaque handle by value, checked against the session's table of `kind`.
+    Handle { kind: HandleKind, destroy: bool },
+    /// A device address by value, passed through unchanged.
+    Device,
+    /// A plain record passed by value; the raw argument points at a copy of it.
+    ByValRecord { bytes: u32 },
+    /// Pointer to a handle the callee creates; the worker records it in its table.
+    OutHandle { kind: HandleKind },
+    /// Host buffer of `len` (None: one) elements of `elem` bytes. `record` names the struct
+    /// for layout translation between the client's and the server's CUDA version.
+    Buf { dir: Dir, elem: u32, len: Option<&'static Len>, record: Option<&'static str> },
+    /// NUL-terminated input string.
+    Str,
+    /// Must be NULL; not sent.
+    Null,
+}
+
+/// How the return value travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Ret {
+    /// The library's status type.
+    Status,
+    Val {
+        bytes: u8,
+        float: bool,
+    },
+    Void,
+}
+
+/// Status values of a library at the CUDA version a variant was generated from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Codes {
+    pub success: i64,
+    pub not_supported: i64,
+    /// Answered while no server is reachable.
+    pub unavailable: i64,
+}
+
+/// One ABI variant of a function.
+#[derive(Debug, Clone, Copy)]
+pub struct CallDesc {
+    pub call: CallId,
+    pub name: &'static str,
+    pub library: &'static str,
+    /// The CUDA versions whose callers use this variant ("11.8", …).
+    pub versions: &'static [&'static str],
+    pub class: Class,
+    pub params: &'static [Wire],
+    pub ret: Ret,
+    pub codes: Codes,
+}
+
+impl CallDesc {
+    /// Whether a reply is awaited.
+    pub fn waits(&self) -> bool {
+        self.class != Class::Async
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Len;
+
+    #[test]
+    fn lengths_evaluate_and_refuse_overflow() {
+        static A: Len = Len::Param(0);
+        static B: Len = Len::Param(1);
+        static FOUR: Len = Len::Lit(4);
+        static SUM: Len = Len::Add(&A, &FOUR);
+        static PRODUCT: Len = Len::Mul(&SUM, &B);
+        assert_eq!(PRODUCT.eval(&[3, 5]), Some(35));
+        assert_eq!(PRODUCT.eval(&[3]), None);
+        assert_eq!(PRODUCT.eval(&[u64::MAX, 2]), None);
+    }
+}

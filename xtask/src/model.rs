@@ -1,0 +1,866 @@
+//! Stage 2, first half: merge the IR of all CUDA versions with the specs into one model of
+//! what to export, under which SONAME and version node, and how each function travels.
+//!
+//! A function can look the same in every version and still differ in ABI (a struct it
+//! writes grew, or the library's status codes were renumbered). Its *variant key* is the
+//! signature with typedefs resolved, the layout of every record it reads or writes, and
+//! the status codes it answers with; versions with the same key share one implementation.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+
+use crate::ir::{AllIr, Function, LibraryIr, Param, Record, Ty};
+use crate::libraries::{Libraries, Library};
+use crate::spec::{self, Class, FnSpec, LenExpr, ParamSpec, SpecFile};
+
+/// Every type definition of one CUDA version, all libraries merged.
+#[derive(Default)]
+pub struct TypeEnv {
+    pub typedefs: BTreeMap<String, String>,
+    pub records: BTreeMap<String, Record>,
+    pub enums: BTreeMap<String, crate::ir::Enum>,
+    pub opaques: BTreeSet<String>,
+    /// Enum value by variant name.
+    pub values: BTreeMap<String, i64>,
+}
+
+impl TypeEnv {
+    pub fn build(libs: &BTreeMap<String, LibraryIr>) -> TypeEnv {
+        let mut env = TypeEnv::default();
+        for ir in libs.values() {
+            for t in ir.typedefs.values() {
+                env.typedefs.insert(t.name.clone(), t.ty.clone());
+            }
+            for r in ir.records.values() {
+                env.records.insert(r.name.clone(), r.clone());
+            }
+            for e in ir.enums.values() {
+                for v in &e.variants {
+                    env.values.insert(v.name.clone(), v.value);
+                }
+                env.enums.insert(e.name.clone(), e.clone());
+            }
+            for o in ir.opaques.keys() {
+                env.opaques.insert(o.clone());
+            }
+        }
+        for r in env.records.keys() {
+            env.opaques.remove(r);
+        }
+        env
+    }
+
+    /// Follow typedefs until a non-typedef name.
+    pub fn resolve_name<'a>(&'a self, mut name: &'a str) -> &'a str {
+        for _ in 0..64 {
+            match self.typedefs.get(name) {
+                Some(t) if Ty::parse(t).map(|ty| matches!(ty, Ty::Named(_))).unwrap_or(false) => name = t,
+                _ => break,
+            }
+        }
+        name
+    }
+
+    /// The type with every typedef replaced by what it names.
+    pub fn resolve(&self, ty: &Ty) -> Ty {
+        self.resolve_depth(ty, 0)
+    }
+
+    fn resolve_depth(&self, ty: &Ty, depth: u32) -> Ty {
+        if depth > 64 {
+            return ty.clone();
+        }
+        match ty {
+            Ty::Named(n) => match self.typedefs.get(n).and_then(|t| Ty::parse(t).ok()) {
+                Some(inner) => self.resolve_depth(&inner, depth + 1),
+                None => ty.clone(),
+            },
+            Ty::Ptr { mutable, to } => Ty::Ptr { mutable: *mutable, to: Box::new(self.resolve_depth(to, depth + 1)) },
+            Ty::Array { of, len } => Ty::Array { of: Box::new(self.resolve_depth(of, depth + 1)), len: *len },
+            Ty::Fn { params, ret } => Ty::Fn {
+                params: params.iter().map(|p| self.resolve_depth(p, depth + 1)).collect(),
+                ret: Box::new(self.resolve_depth(ret, depth + 1)),
+            },
+            other => other.clone(),
+        }
+    }
+
+    pub fn size_of(&self, ty: &Ty) -> Option<u64> {
+        match self.resolve(ty) {
+            Ty::Void => None,
+            Ty::Prim(p) => Some(prim_size(p)),
+            Ty::Ptr { .. } | Ty::Fn { .. } => Some(8),
+            Ty::Array { of, len } => self.size_of(&of).map(|s| s * len),
+            Ty::Named(n) => {
+                if let Some(r) = self.records.get(&n) {
+                    Some(r.size)
+                } else {
+                    self.enums.get(&n).map(|e| prim_size(prim_of(&e.repr)))
+                }
+            }
+        }
+    }
+
+    /// What a value of this type is, for classification.
+    pub fn kind(&self, ty: &Ty) -> Kind {
+        match self.resolve(ty) {
+            Ty::Void => Kind::Void,
+            Ty::Prim(p) => Kind::Scalar { bytes: prim_size(p) as u8, float: p.starts_with('f') },
+            Ty::Fn { .. } => Kind::FnPtr,
+            Ty::Array { .. } => Kind::Other,
+            Ty::Named(n) => {
+                if let Some(e) = self.enums.get(&n) {
+                    Kind::Scalar { bytes: prim_size(prim_of(&e.repr)) as u8, float: false }
+                } else if let Some(r) = self.records.get(&n) {
+                    Kind::Record { name: n.clone(), size: r.size, plain: self.is_plain(&n, 0) }
+                } else if self.opaques.contains(&n) {
+                    Kind::OpaqueValue
+                } else {
+                    Kind::Other
+                }
+            }
+            Ty::Ptr { mutable, to } => {
+                let pointee = match &*to {
+                    Ty::Named(n) if self.opaques.contains(n) || n.contains("Opaque") => {
+                        return Kind::Handle { kind: handle_kind(n) };
+                    }
+                    other => other.clone(),
+                };
+                Kind::Pointer { mutable, pointee: Box::new(self.kind(&pointee)) }
+            }
+        }
+    }
+
+    /// A record without pointers or handles anywhere inside: its bytes mean the same in
+    /// another process.
+    pub fn is_plain(&self, name: &str, depth: u32) -> bool {
+        let Some(r) = self.records.get(name) else { return false };
+        if depth > 16 {
+            return false;
+        }
+        r.fields.iter().all(|f| match Ty::parse(&f.ty).map(|t| self.resolve(&t)) {
+            Ok(t) => self.plain_ty(&t, depth),
+            Err(_) => false,
+        })
+    }
+
+    fn plain_ty(&self, ty: &Ty, depth: u32) -> bool {
+        match ty {
+            Ty::Prim(_) => true,
+            Ty::Array { of, .. } => self.plain_ty(of, depth),
+            Ty::Named(n) => self.enums.contains_key(n) || self.is_plain(n, depth + 1),
+            _ => false,
+        }
+    }
+
+    /// Layout fingerprint of a record (reserved fields are padding: their names and split
+    /// change between releases without changing the ABI).
+    pub fn layout_key(&self, name: &str, depth: u32, out: &mut String) {
+        let Some(r) = self.records.get(name) else {
+            out.push_str(name);
+            return;
+        };
+        out.push_str(&format!("{}{{{}:", name, r.size));
+        for f in &r.fields {
+            if f.name.starts_with("reserved") || f.name.starts_with("_") {
+                continue;
+            }
+            out.push_str(&format!("{}@{}:", f.name, f.offset));
+            if depth < 8
+                && let Ok(ty) = Ty::parse(&f.ty)
+            {
+                self.type_key(&ty, depth + 1, out);
+            }
+            out.push(';');
+        }
+        out.push('}');
+    }
+
+    fn type_key(&self, ty: &Ty, depth: u32, out: &mut String) {
+        match self.resolve(ty) {
+            Ty::Named(n) if self.records.contains_key(&n) => self.layout_key(&n, depth, out),
+            Ty::Named(n) if self.enums.contains_key(&n) => out.push_str(&self.enums[&n].repr),
+            Ty::Ptr { to, .. } => {
+                out.push('*');
+                if depth < 8 {
+                    self.type_key(&to, depth + 1, out);
+                }
+            }
+            Ty::Array { of, len } => {
+                out.push_str(&format!("[{len}]"));
+                self.type_key(&of, depth, out);
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+}
+
+pub fn handle_kind(opaque: &str) -> String {
+    opaque.to_owned()
+}
+
+pub fn prim_of(repr: &str) -> &'static str {
+    crate::ir::PRIMS.iter().copied().find(|p| *p == repr).unwrap_or("u32")
+}
+
+pub fn prim_size(p: &str) -> u64 {
+    match p {
+        "bool" | "i8" | "u8" => 1,
+        "i16" | "u16" => 2,
+        "i32" | "u32" | "f32" => 4,
+        "i128" | "u128" => 16,
+        _ => 8,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Kind {
+    Void,
+    Scalar { bytes: u8, float: bool },
+    Handle { kind: String },
+    Pointer { mutable: bool, pointee: Box<Kind> },
+    Record { name: String, size: u64, plain: bool },
+    FnPtr,
+    OpaqueValue,
+    Other,
+}
+
+/// How one parameter travels.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Wire {
+    /// Integer, enum or float by value (its bytes travel as a u64).
+    Val { bytes: u8, float: bool },
+    /// An opaque handle by value, checked against the session's table of that kind.
+    Handle { kind: String, destroy: bool },
+    /// A device address by value.
+    Device,
+    /// A record passed by value.
+    ByValRecord { bytes: u64, record: String },
+    /// Pointer to one handle the callee creates.
+    OutHandle { kind: String },
+    /// Host buffer: `len` elements (None: one) of `elem` bytes.
+    Buf { dir: Dir, elem: u64, len: Option<Len>, record: Option<String> },
+    /// NUL-terminated input string.
+    Str,
+    /// Must be NULL; not sent.
+    Null,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dir {
+    In,
+    Out,
+    InOut,
+}
+
+/// A length expression over parameter indices.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Len {
+    Lit(u64),
+    Param(usize),
+    Add(Box<Len>, Box<Len>),
+    Mul(Box<Len>, Box<Len>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum RetWire {
+    Status,
+    Val { bytes: u8, float: bool },
+    Void,
+}
+
+/// The lowered (ABI) type of a parameter or return value in Rust.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Lowered {
+    Unit,
+    Prim(&'static str),
+    Ptr,
+    Record(String),
+}
+
+#[derive(Debug, Clone)]
+pub enum Disposition {
+    /// Forwarded by generated code.
+    Forward { class: Class, params: Vec<Wire>, ret: RetWire },
+    /// Answered locally by generated code (`error_name`, `error_string`).
+    GeneratedLocal { implementation: String },
+    /// Hand-written in the interposer (class local or custom).
+    Custom { class: Class },
+    /// Not forwarded; answers the library's NOT_SUPPORTED status.
+    Unsupported { reason: String },
+}
+
+impl Disposition {
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self, Disposition::Unsupported { .. })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Codes {
+    pub success: i64,
+    pub not_supported: i64,
+    pub unavailable: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Variant {
+    /// Symbol suffix distinguishing this variant ("" when the function has one variant).
+    pub tag: String,
+    pub versions: Vec<String>,
+    /// Declaration at the newest version of the group.
+    pub decl: Function,
+    pub params: Vec<Lowered>,
+    pub ret: Lowered,
+    pub ret_is_status: bool,
+    pub ret_is_string: bool,
+    pub codes: Codes,
+    pub disposition: Disposition,
+}
+
+#[derive(Debug, Clone)]
+pub struct FnModel {
+    pub name: String,
+    pub hidden: bool,
+    pub variants: Vec<Variant>,
+    /// CUDA version → index into `variants`.
+    pub by_version: BTreeMap<String, usize>,
+}
+
+#[derive(Debug, Clone)]
+pub enum Target {
+    Core { symbol: String },
+    Unsupported { code: Option<i64>, string: bool },
+}
+
+#[derive(Debug, Clone)]
+pub struct Shim {
+    pub soname: String,
+    /// The version node consumers bind to; None for unversioned libraries.
+    pub node: Option<String>,
+    pub versions: Vec<String>,
+    pub exports: BTreeMap<String, Target>,
+}
+
+pub struct LibModel {
+    pub lib: Library,
+    pub spec: SpecFile,
+    pub versions: Vec<String>,
+    pub functions: BTreeMap<String, FnModel>,
+    pub shims: Vec<Shim>,
+    /// Real exports that no header declares and no spec describes (exported as
+    /// signature-less NOT_SUPPORTED stubs), per SONAME.
+    pub undeclared: BTreeMap<String, BTreeSet<String>>,
+}
+
+pub struct Model {
+    pub versions: Vec<String>,
+    pub envs: BTreeMap<String, TypeEnv>,
+    pub libraries: Vec<LibModel>,
+    pub procs: Vec<ProcEntry>,
+}
+
+/// One row of the `cuGetProcAddress` table.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ProcEntry {
+    pub base: String,
+    pub version: u32,
+    pub per_thread: bool,
+    pub symbol: String,
+}
+
+impl Model {
+    pub fn build(root: &Path, all: &AllIr, libraries: &Libraries) -> Result<Model> {
+        let versions: Vec<String> = all.keys().cloned().collect();
+        let mut envs = BTreeMap::new();
+        for (v, libs) in all {
+            envs.insert(v.clone(), TypeEnv::build(libs));
+        }
+        let mut libs = Vec::new();
+        for lib in &libraries.libraries {
+            let spec = spec::load(root, &lib.name)?;
+            libs.push(build_library(lib, spec, all, &envs).with_context(|| format!("library {}", lib.name))?);
+        }
+        let procs = build_procs(all, &envs)?;
+        Ok(Model { versions, envs, libraries: libs, procs })
+    }
+}
+
+fn version_key(v: &str) -> (u32, u32) {
+    let mut it = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    (it.next().unwrap_or(0), it.next().unwrap_or(0))
+}
+
+fn build_library(lib: &Library, spec: SpecFile, all: &AllIr, envs: &BTreeMap<String, TypeEnv>) -> Result<LibModel> {
+    let mut versions: Vec<String> =
+        all.iter().filter(|(_, l)| l.contains_key(&lib.name)).map(|(v, _)| v.clone()).collect();
+    versions.sort_by_key(|v| version_key(v));
+
+    // Every function name with its declaration per version.
+    let mut decls: BTreeMap<String, BTreeMap<String, (Function, bool)>> = BTreeMap::new();
+    for v in &versions {
+        let ir = &all[v][&lib.name];
+        for f in ir.functions.values() {
+            decls.entry(f.name.clone()).or_default().insert(v.clone(), (f.clone(), false));
+        }
+        for (name, hidden) in &spec.hidden {
+            let exported = ir.meta().real_exports.iter().any(|e| e.split('@').next() == Some(name.as_str()));
+            if exported {
+                let f = Function {
+                    name: name.clone(),
+                    ret: hidden.ret.clone(),
+                    params: hidden.params.iter().map(|(n, t)| Param { name: n.clone(), ty: t.clone() }).collect(),
+                    variadic: false,
+                };
+                // A header declaration wins where there is one.
+                decls.entry(name.clone()).or_default().entry(v.clone()).or_insert((f, true));
+            }
+        }
+    }
+    for name in spec.function.keys() {
+        if !decls.contains_key(name) {
+            bail!("specs/{}.toml names function {name}, which no header of any version declares", lib.name);
+        }
+    }
+    for (name, hidden) in &spec.hidden {
+        if !decls.contains_key(name) {
+            bail!("specs/{}.toml: hidden function {name} is exported by no real library of any version", lib.name);
+        }
+        for (_, t) in &hidden.params {
+            Ty::parse(t)?;
+        }
+    }
+
+    let mut functions = BTreeMap::new();
+    for (name, per_version) in &decls {
+        let fspec = spec.function.get(name).cloned().unwrap_or_default();
+        let hidden_spec = spec.hidden.get(name);
+        let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+        for (v, (f, _)) in per_version {
+            let env = &envs[v];
+            let key = variant_key(env, lib, f, v, all)?;
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, vs)) => vs.push(v.clone()),
+                None => groups.push((key, vec![v.clone()])),
+            }
+        }
+        let single = groups.len() == 1;
+        let mut variants = Vec::new();
+        let mut by_version = BTreeMap::new();
+        for (_, mut vs) in groups {
+            vs.sort_by_key(|v| version_key(v));
+            let newest = vs.last().expect("group has a version").clone();
+            let (decl, _) = per_version[&newest].clone();
+            let env = &envs[&newest];
+            let tag = if single { String::new() } else { format!("cu{}", vs[0].replace('.', "")) };
+            let variant = build_variant(lib, &fspec, hidden_spec, env, &decl, &tag, vs.clone(), &newest)
+                .with_context(|| format!("{name} at CUDA {newest}"))?;
+            for v in &vs {
+                by_version.insert(v.clone(), variants.len());
+            }
+            variants.push(variant);
+        }
+        variants.sort_by_key(|v| version_key(&v.versions[0]));
+        by_version.clear();
+        for (i, var) in variants.iter().enumerate() {
+            for v in &var.versions {
+                by_version.insert(v.clone(), i);
+            }
+        }
+        let hidden = per_version.values().any(|(_, h)| *h);
+        functions.insert(name.clone(), FnModel { name: name.clone(), hidden, variants, by_version });
+    }
+
+    // Shims: one per SONAME.
+    let mut by_soname: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for v in &versions {
+        by_soname.entry(all[v][&lib.name].meta().soname.clone()).or_default().push(v.clone());
+    }
+    let mut shims = Vec::new();
+    let mut undeclared = BTreeMap::new();
+    for (soname, mut vs) in by_soname {
+        vs.sort_by_key(|v| version_key(v));
+        let metas: Vec<_> = vs.iter().map(|v| all[v][&lib.name].meta()).collect();
+        let nodes: BTreeSet<_> = metas.iter().flat_map(|m| m.version_nodes.iter().cloned()).collect();
+        let node = match nodes.len() {
+            0 => None,
+            1 => {
+                let node = nodes.into_iter().next().expect("one node");
+                if node != soname {
+                    bail!("{soname}: real library defines version node {node}, not its SONAME");
+                }
+                Some(node)
+            }
+            _ => bail!("{soname}: real libraries define several version nodes {nodes:?}"),
+        };
+        let mut exports = BTreeMap::new();
+        for (name, f) in &functions {
+            // The newest version of this SONAME that has the function decides.
+            let Some(v) = vs.iter().rev().find(|v| f.by_version.contains_key(*v)) else { continue };
+            let var = &f.variants[f.by_version[v]];
+            let target = match &var.disposition {
+                Disposition::Unsupported { .. } => unsupported_target(var),
+                _ => Target::Core { symbol: core_symbol(&lib.name, name, &var.tag) },
+            };
+            exports.insert(name.clone(), target);
+        }
+        // Real exports that no header declares: signature-less NOT_SUPPORTED stubs.
+        let newest_codes = codes(&envs[vs.last().expect("versions")], lib)?;
+        let mut missing = BTreeSet::new();
+        for m in &metas {
+            for e in &m.real_exports {
+                let name = e.split('@').next().unwrap_or(e);
+                if !exports.contains_key(name) {
+                    missing.insert(name.to_owned());
+                }
+            }
+        }
+        for name in &missing {
+            exports.insert(name.clone(), Target::Unsupported { code: Some(newest_codes.not_supported), string: false });
+        }
+        undeclared.insert(soname.clone(), missing);
+        shims.push(Shim { soname, node, versions: vs, exports });
+    }
+    Ok(LibModel { lib: lib.clone(), spec, versions, functions, shims, undeclared })
+}
+
+fn unsupported_target(var: &Variant) -> Target {
+    if var.ret_is_status {
+        Target::Unsupported { code: Some(var.codes.not_supported), string: false }
+    } else {
+        Target::Unsupported { code: None, string: var.ret_is_string }
+    }
+}
+
+pub fn core_symbol(lib: &str, name: &str, tag: &str) -> String {
+    if tag.is_empty() { format!("__chidori_{lib}_{name}") } else { format!("__chidori_{lib}_{name}__{tag}") }
+}
+
+fn codes(env: &TypeEnv, lib: &Library) -> Result<Codes> {
+    let get = |n: &str| env.values.get(n).copied().with_context(|| format!("status value {n} not found"));
+    Ok(Codes {
+        success: get(&lib.success)?,
+        not_supported: get(&lib.not_supported)?,
+        unavailable: get(&lib.unavailable)?,
+    })
+}
+
+fn variant_key(env: &TypeEnv, lib: &Library, f: &Function, v: &str, all: &AllIr) -> Result<String> {
+    let _ = (v, all);
+    let mut key = String::new();
+    let mut types: Vec<&str> = f.params.iter().map(|p| p.ty.as_str()).collect();
+    types.push(&f.ret);
+    for t in types {
+        let ty = Ty::parse(t)?;
+        env.type_key(&ty, 0, &mut key);
+        key.push('|');
+    }
+    if f.variadic {
+        key.push_str("...");
+    }
+    let c = codes(env, lib)?;
+    key.push_str(&format!("#{}/{}/{}", c.success, c.not_supported, c.unavailable));
+    Ok(key)
+}
+
+fn is_status(env: &TypeEnv, lib: &Library, ty: &str) -> bool {
+    let Ok(t) = Ty::parse(ty) else { return false };
+    let declared = env.resolve(&t);
+    let status = env.resolve(&Ty::Named(lib.status.clone()));
+    declared == status
+}
+
+fn lower(env: &TypeEnv, ty: &Ty) -> Result<Lowered> {
+    Ok(match env.resolve(ty) {
+        Ty::Void => Lowered::Unit,
+        Ty::Prim(p) => Lowered::Prim(if p == "bool" { "u8" } else { p }),
+        Ty::Ptr { .. } | Ty::Fn { .. } => Lowered::Ptr,
+        Ty::Array { .. } => Lowered::Ptr,
+        Ty::Named(n) => {
+            if let Some(e) = env.enums.get(&n) {
+                Lowered::Prim(prim_of(&e.repr))
+            } else if env.records.contains_key(&n) {
+                Lowered::Record(n)
+            } else {
+                bail!("cannot lower type {n}")
+            }
+        }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_variant(
+    lib: &Library,
+    fspec: &FnSpec,
+    hidden: Option<&spec::HiddenFn>,
+    env: &TypeEnv,
+    decl: &Function,
+    tag: &str,
+    versions: Vec<String>,
+    _newest: &str,
+) -> Result<Variant> {
+    let params = decl.params.iter().map(|p| lower(env, &Ty::parse(&p.ty)?)).collect::<Result<Vec<_>>>()?;
+    let ret_ty = Ty::parse(&decl.ret)?;
+    let ret = lower(env, &ret_ty)?;
+    let ret_is_status = is_status(env, lib, &decl.ret);
+    let ret_is_string = matches!(env.resolve(&ret_ty), Ty::Ptr { to, .. } if *to == Ty::Prim("i8"));
+    let codes = codes(env, lib)?;
+    let disposition = if let Some(h) = hidden {
+        match h.class {
+            Class::Custom | Class::Local => Disposition::Custom { class: h.class },
+            other => bail!("hidden functions must be custom or local, not {}", other.as_str()),
+        }
+    } else {
+        dispose(lib, fspec, env, decl, ret_is_status)?
+    };
+    Ok(Variant {
+        tag: tag.to_owned(),
+        versions,
+        decl: decl.clone(),
+        params,
+        ret,
+        ret_is_status,
+        ret_is_string,
+        codes,
+        disposition,
+    })
+}
+
+fn dispose(lib: &Library, fspec: &FnSpec, env: &TypeEnv, decl: &Function, ret_is_status: bool) -> Result<Disposition> {
+    for name in fspec.params.keys() {
+        if !decl.params.iter().any(|p| &p.name == name) {
+            bail!("spec names parameter {name}, which {} does not have", decl.name);
+        }
+    }
+    if let Some(reason) = &fspec.unsupported {
+        return Ok(Disposition::Unsupported { reason: reason.clone() });
+    }
+    if let Some(implementation) = &fspec.implementation {
+        if !matches!(implementation.as_str(), "error_name" | "error_string") {
+            bail!("unknown generated implementation {implementation:?}");
+        }
+        return Ok(Disposition::GeneratedLocal { implementation: implementation.clone() });
+    }
+    if let Some(class @ (Class::Custom | Class::Local)) = fspec.class {
+        return Ok(Disposition::Custom { class });
+    }
+    if decl.variadic {
+        return Ok(Disposition::Unsupported { reason: "variadic".into() });
+    }
+    let ret = if ret_is_status {
+        RetWire::Status
+    } else {
+        match env.kind(&Ty::parse(&decl.ret)?) {
+            Kind::Void => RetWire::Void,
+            Kind::Scalar { bytes, float } => RetWire::Val { bytes, float },
+            _ => return Ok(Disposition::Unsupported { reason: format!("returns {}: needs a spec", decl.ret) }),
+        }
+    };
+    let mut wires = Vec::new();
+    for (i, p) in decl.params.iter().enumerate() {
+        let pspec = match fspec.params.get(&p.name) {
+            Some(s) => Some(spec::parse_param(s).with_context(|| format!("parameter {}", p.name))?),
+            None => None,
+        };
+        match classify(lib, env, decl, i, p, pspec.as_ref())? {
+            Ok(w) => wires.push(w),
+            Err(why) => return Ok(Disposition::Unsupported { reason: format!("parameter {}: {why}", p.name) }),
+        }
+    }
+    let class = fspec.class.unwrap_or(Class::Sync);
+    if class == Class::Async {
+        let outputs =
+            wires.iter().any(|w| matches!(w, Wire::OutHandle { .. } | Wire::Buf { dir: Dir::Out | Dir::InOut, .. }));
+        if outputs || !matches!(ret, RetWire::Status | RetWire::Void) {
+            bail!("{} is async but has outputs", decl.name);
+        }
+    }
+    Ok(Disposition::Forward { class, params: wires, ret })
+}
+
+/// Classify one parameter: Ok(Ok(wire)), or Ok(Err(why it needs a spec)).
+fn classify(
+    lib: &Library,
+    env: &TypeEnv,
+    decl: &Function,
+    index: usize,
+    p: &Param,
+    pspec: Option<&ParamSpec>,
+) -> Result<std::result::Result<Wire, String>> {
+    let ty = Ty::parse(&p.ty)?;
+    let kind = env.kind(&ty);
+    let pointee_size = |k: &Kind, ty: &Ty| -> Option<u64> {
+        match (k, env.resolve(ty)) {
+            (_, Ty::Ptr { to, .. }) => match &*to {
+                Ty::Void => Some(1),
+                t => env.size_of(t),
+            },
+            _ => None,
+        }
+    };
+    let record_of = |ty: &Ty| -> Option<String> {
+        match env.resolve(ty) {
+            Ty::Ptr { to, .. } => match *to {
+                Ty::Named(n) if env.records.contains_key(&n) => Some(n),
+                _ => None,
+            },
+            _ => None,
+        }
+    };
+    let len = |e: &LenExpr| -> Result<Len> { lower_len(decl, e) };
+    if let Some(s) = pspec {
+        let is_ptr = matches!(kind, Kind::Pointer { .. });
+        return Ok(Ok(match s {
+            ParamSpec::In => match &kind {
+                Kind::Pointer { .. } => {
+                    let elem = pointee_size(&kind, &ty).context("pointee has no size")?;
+                    Wire::Buf { dir: Dir::In, elem, len: None, record: record_of(&ty) }
+                }
+                Kind::Scalar { bytes, float } => Wire::Val { bytes: *bytes, float: *float },
+                Kind::Handle { kind } => Wire::Handle { kind: kind.clone(), destroy: false },
+                other => bail!("{}: `in` does not fit {other:?}", p.name),
+            },
+            ParamSpec::Out | ParamSpec::InOut => {
+                if !is_ptr && !matches!(kind, Kind::Handle { .. }) {
+                    bail!("{}: `out` needs a pointer", p.name);
+                }
+                if let Kind::Pointer { pointee, .. } = &kind
+                    && let (Kind::Handle { kind: h }, ParamSpec::Out) = (&**pointee, s)
+                {
+                    return Ok(Ok(Wire::OutHandle { kind: h.clone() }));
+                }
+                let elem = pointee_size(&kind, &ty).context("pointee has no size")?;
+                let dir = if *s == ParamSpec::Out { Dir::Out } else { Dir::InOut };
+                Wire::Buf { dir, elem, len: None, record: record_of(&ty) }
+            }
+            ParamSpec::Device => match kind {
+                Kind::Pointer { .. } | Kind::Scalar { bytes: 8, .. } => Wire::Device,
+                other => bail!("{}: `device` does not fit {other:?}", p.name),
+            },
+            ParamSpec::Str => Wire::Str,
+            ParamSpec::Null => Wire::Null,
+            ParamSpec::Destroy => match kind {
+                Kind::Handle { kind } => Wire::Handle { kind, destroy: true },
+                other => bail!("{}: `destroy` needs a handle, not {other:?}", p.name),
+            },
+            ParamSpec::InBuf(e) | ParamSpec::OutBuf(e) | ParamSpec::InOutBuf(e) => {
+                let elem = pointee_size(&kind, &ty).with_context(|| format!("{}: buffer needs a pointer", p.name))?;
+                let dir = match s {
+                    ParamSpec::InBuf(_) => Dir::In,
+                    ParamSpec::OutBuf(_) => Dir::Out,
+                    _ => Dir::InOut,
+                };
+                Wire::Buf { dir, elem, len: Some(len(e)?), record: record_of(&ty) }
+            }
+        }));
+    }
+    // A handle that is the first parameter of a Destroy/Free/Unload/Release function is
+    // released by it.
+    let releases = index == 0 && RELEASING.iter().any(|w| decl.name.contains(w));
+    // Another parameter that looks like a length makes a scalar pointer look like an array.
+    let counted = decl.params.iter().enumerate().any(|(i, q)| i != index && looks_like_length(&q.name));
+    let is_path = PATH_WORDS.iter().any(|w| p.name.contains(w));
+    if !lib.forward_by_default {
+        return Ok(Err("this library forwards only what its spec lists".into()));
+    }
+    Ok(match kind {
+        Kind::Scalar { bytes, float } => Ok(Wire::Val { bytes, float }),
+        Kind::Handle { kind } => Ok(Wire::Handle { kind, destroy: releases }),
+        Kind::Record { name, size, plain: true } => Ok(Wire::ByValRecord { bytes: size, record: name }),
+        Kind::Record { .. } => Err("record with pointers passed by value".into()),
+        Kind::FnPtr => Err("function pointer: runs on the client".into()),
+        Kind::Pointer { mutable, pointee } => match (*pointee, mutable) {
+            (Kind::Scalar { bytes: 1, .. }, false) if matches!(env.resolve(&ty), Ty::Ptr { to, .. } if *to == Ty::Prim("i8")) => {
+                if is_path {
+                    Err("a path names a file on the client".into())
+                } else {
+                    Ok(Wire::Str)
+                }
+            }
+            (Kind::Handle { kind }, true) => Ok(Wire::OutHandle { kind }),
+            (Kind::Scalar { bytes: 1, .. }, true) => Err("char buffer: how long?".into()),
+            (Kind::Scalar { .. }, true) if counted => Err("pointer to scalar beside a length: array?".into()),
+            (Kind::Scalar { bytes, .. }, true) if lib.infer_scalar_out => {
+                Ok(Wire::Buf { dir: Dir::Out, elem: bytes as u64, len: None, record: None })
+            }
+            (Kind::Record { .. }, true) => Err("pointer to a record: one or an array?".into()),
+            (Kind::Record { name, size, plain: true }, false) if !counted => {
+                Ok(Wire::Buf { dir: Dir::In, elem: size, len: None, record: Some(name) })
+            }
+            (Kind::Void, _) => Err("untyped pointer: host or device memory?".into()),
+            (Kind::Pointer { .. }, _) => Err("pointer to pointer: host or device memory?".into()),
+            (Kind::Scalar { .. }, true) => Err("pointer to scalar: output or device array?".into()),
+            (Kind::Scalar { .. }, false) => Err("pointer to const scalar: one value or an array?".into()),
+            (Kind::Record { .. }, _) => Err("record with pointers inside".into()),
+            (other, _) => Err(format!("pointer to {other:?}")),
+        },
+        Kind::Void | Kind::OpaqueValue | Kind::Other => Err(format!("type {}", p.ty)),
+    })
+}
+
+const RELEASING: &[&str] = &["Destroy", "Free", "Unload", "Release"];
+const PATH_WORDS: &[&str] = &["file", "File", "path", "Path", "fname"];
+
+fn looks_like_length(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    ["count", "size", "len", "num"].iter().any(|w| lower.contains(w))
+}
+
+fn lower_len(decl: &Function, e: &LenExpr) -> Result<Len> {
+    Ok(match e {
+        LenExpr::Lit(n) => Len::Lit(*n),
+        LenExpr::Param(name) => Len::Param(
+            decl.params.iter().position(|p| &p.name == name).with_context(|| format!("no parameter {name}"))?,
+        ),
+        LenExpr::Add(a, b) => Len::Add(Box::new(lower_len(decl, a)?), Box::new(lower_len(decl, b)?)),
+        LenExpr::Mul(a, b) => Len::Mul(Box::new(lower_len(decl, a)?), Box::new(lower_len(decl, b)?)),
+    })
+}
+
+/// Map every `PFN_<base>_v<version>` typedef to the exported driver symbol with that
+/// signature (the newest suffix among equal signatures).
+fn build_procs(all: &AllIr, envs: &BTreeMap<String, TypeEnv>) -> Result<Vec<ProcEntry>> {
+    let mut pfns = BTreeMap::new();
+    let mut functions: BTreeMap<String, (Function, String)> = BTreeMap::new();
+    for (v, libs) in all {
+        let Some(driver) = libs.get("driver") else { continue };
+        for p in &driver.pfns {
+            pfns.insert((p.base.clone(), p.version, p.per_thread.clone()), (p.clone(), v.clone()));
+        }
+        for f in driver.functions.values() {
+            functions.insert(f.name.clone(), (f.clone(), v.clone()));
+        }
+    }
+    let signature = |env: &TypeEnv, ret: &str, params: &[String]| -> Result<String> {
+        let mut s = env.resolve(&Ty::parse(ret)?).to_string();
+        for p in params {
+            s.push('|');
+            s.push_str(&env.resolve(&Ty::parse(p)?).to_string());
+        }
+        Ok(s)
+    };
+    let mut out = Vec::new();
+    for ((base, version, per_thread), (pfn, v)) in &pfns {
+        let env = &envs[v];
+        let want = signature(env, &pfn.ret, &pfn.params)?;
+        let suffix = if per_thread.is_empty() { String::new() } else { format!("_{per_thread}") };
+        let mut best: Option<(u32, String)> = None;
+        for n in 1..=9u32 {
+            let name = if n == 1 { format!("{base}{suffix}") } else { format!("{base}_v{n}{suffix}") };
+            if let Some((f, fv)) = functions.get(&name) {
+                let fenv = &envs[fv];
+                let params: Vec<String> = f.params.iter().map(|p| p.ty.clone()).collect();
+                if signature(fenv, &f.ret, &params)? == want {
+                    best = Some((n, name));
+                }
+            }
+        }
+        if let Some((_, symbol)) = best {
+            out.push(ProcEntry { base: base.clone(), version: *version, per_thread: !per_thread.is_empty(), symbol });
+        }
+    }
+    out.sort();
+    Ok(out)
+}

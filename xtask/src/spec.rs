@@ -1,0 +1,271 @@
+//! `specs/<library>.toml`: what a header cannot say about a function.
+//!
+//! ```toml
+//! [function.cudaMemcpyAsync]
+//! class = "custom"                 # local | async | sync | custom   (default: inferred, sync)
+//! reason = "the copy direction decides which pointer is host memory"
+//!
+//! [function.cudaEventRecord]
+//! class = "async"                  # no outputs: sent without waiting for a reply
+//!
+//! [function.cuMemcpyHtoD_v2]
+//! params = { srcHost = "in[ByteCount]" }   # a host buffer of ByteCount elements
+//!
+//! [function.cudaStreamDestroy]
+//! params = { stream = "destroy" }  # the handle is released by this call
+//!
+//! [function.cudaGetErrorName]
+//! class = "local"
+//! impl = "error_name"              # generated from the status enum (also: error_string)
+//!
+//! [function.cudaMallocManaged]
+//! unsupported = "managed memory is dereferenced by the CPU; it cannot live on the server"
+//!
+//! [hidden.__cudaRegisterFatBinary] # exported but declared in no public header
+//! ret = "*mut *mut void"
+//! params = [["fatCubin", "*mut void"]]
+//! class = "custom"
+//! ```
+//!
+//! Parameter kinds: `in` (value, or a single element behind a const pointer), `out`
+//! (a single element written by the callee), `inout`, `device` (a device address passed by
+//! value), `str` (NUL-terminated input string), `null` (must be NULL; ignored), `destroy`
+//! (a handle released by the call), and buffers `in[expr]`, `out[expr]`, `inout[expr]`
+//! whose length in elements of the pointee type (bytes for `void`) is an expression over
+//! other parameters: names, integer literals, `+`, `*` and parentheses.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Class {
+    /// Answered in the client from cached state; no round trip.
+    Local,
+    /// Sent without waiting; errors become sticky and surface at the next synchronizing call.
+    Async,
+    /// Sent and waited for.
+    Sync,
+    /// Hand-written in the interposer.
+    Custom,
+}
+
+impl Class {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Class::Local => "local",
+            Class::Async => "async",
+            Class::Sync => "sync",
+            Class::Custom => "custom",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpecFile {
+    #[serde(default)]
+    pub function: BTreeMap<String, FnSpec>,
+    #[serde(default)]
+    pub hidden: BTreeMap<String, HiddenFn>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FnSpec {
+    pub class: Option<Class>,
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
+    /// A generated local implementation (`error_name`, `error_string`).
+    #[serde(rename = "impl")]
+    pub implementation: Option<String>,
+    pub reason: Option<String>,
+    /// Deliberately not forwarded: the reason is logged and listed by `cargo xtask coverage`.
+    pub unsupported: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HiddenFn {
+    pub ret: String,
+    pub params: Vec<(String, String)>,
+    pub class: Class,
+    pub reason: Option<String>,
+}
+
+pub fn load(root: &Path, library: &str) -> Result<SpecFile> {
+    let path = root.join("specs").join(format!("{library}.toml"));
+    if !path.exists() {
+        return Ok(SpecFile::default());
+    }
+    let text = std::fs::read_to_string(&path)?;
+    toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// A parsed parameter kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParamSpec {
+    In,
+    Out,
+    InOut,
+    Device,
+    Str,
+    Null,
+    Destroy,
+    InBuf(LenExpr),
+    OutBuf(LenExpr),
+    InOutBuf(LenExpr),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LenExpr {
+    Lit(u64),
+    Param(String),
+    Add(Box<LenExpr>, Box<LenExpr>),
+    Mul(Box<LenExpr>, Box<LenExpr>),
+}
+
+impl LenExpr {
+    pub fn params(&self, out: &mut Vec<String>) {
+        match self {
+            LenExpr::Lit(_) => {}
+            LenExpr::Param(p) => out.push(p.clone()),
+            LenExpr::Add(a, b) | LenExpr::Mul(a, b) => {
+                a.params(out);
+                b.params(out);
+            }
+        }
+    }
+}
+
+pub fn parse_param(s: &str) -> Result<ParamSpec> {
+    let s = s.trim();
+    let simple = match s {
+        "in" => Some(ParamSpec::In),
+        "out" => Some(ParamSpec::Out),
+        "inout" => Some(ParamSpec::InOut),
+        "device" => Some(ParamSpec::Device),
+        "str" => Some(ParamSpec::Str),
+        "null" => Some(ParamSpec::Null),
+        "destroy" => Some(ParamSpec::Destroy),
+        _ => None,
+    };
+    if let Some(p) = simple {
+        return Ok(p);
+    }
+    let (head, rest) = s.split_once('[').with_context(|| format!("unknown parameter kind {s:?}"))?;
+    let body = rest.strip_suffix(']').with_context(|| format!("missing ] in {s:?}"))?;
+    let expr = parse_expr(body).with_context(|| format!("in {s:?}"))?;
+    Ok(match head.trim() {
+        "in" => ParamSpec::InBuf(expr),
+        "out" => ParamSpec::OutBuf(expr),
+        "inout" => ParamSpec::InOutBuf(expr),
+        other => bail!("unknown buffer kind {other:?} in {s:?}"),
+    })
+}
+
+/// `a + b * (c + 2)`: the usual precedence, no subtraction (lengths never need it).
+pub fn parse_expr(s: &str) -> Result<LenExpr> {
+    let tokens = tokenize(s)?;
+    let mut pos = 0;
+    let e = sum(&tokens, &mut pos)?;
+    if pos != tokens.len() {
+        bail!("trailing input in expression {s:?}");
+    }
+    Ok(e)
+}
+
+fn tokenize(s: &str) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut chars = s.chars().peekable();
+    while let Some(&c) = chars.peek() {
+        if c.is_whitespace() {
+            chars.next();
+        } else if "+*()".contains(c) {
+            out.push(c.to_string());
+            chars.next();
+        } else if c.is_ascii_alphanumeric() || c == '_' {
+            let mut word = String::new();
+            while let Some(&c) = chars.peek() {
+                if c.is_ascii_alphanumeric() || c == '_' {
+                    word.push(c);
+                    chars.next();
+                } else {
+                    break;
+                }
+            }
+            out.push(word);
+        } else {
+            bail!("unexpected {c:?} in expression {s:?}");
+        }
+    }
+    Ok(out)
+}
+
+fn sum(t: &[String], pos: &mut usize) -> Result<LenExpr> {
+    let mut left = product(t, pos)?;
+    while t.get(*pos).map(String::as_str) == Some("+") {
+        *pos += 1;
+        left = LenExpr::Add(Box::new(left), Box::new(product(t, pos)?));
+    }
+    Ok(left)
+}
+
+fn product(t: &[String], pos: &mut usize) -> Result<LenExpr> {
+    let mut left = atom(t, pos)?;
+    while t.get(*pos).map(String::as_str) == Some("*") {
+        *pos += 1;
+        left = LenExpr::Mul(Box::new(left), Box::new(atom(t, pos)?));
+    }
+    Ok(left)
+}
+
+fn atom(t: &[String], pos: &mut usize) -> Result<LenExpr> {
+    let tok = t.get(*pos).context("expression ends early")?;
+    *pos += 1;
+    if tok == "(" {
+        let e = sum(t, pos)?;
+        if t.get(*pos).map(String::as_str) != Some(")") {
+            bail!("missing )");
+        }
+        *pos += 1;
+        return Ok(e);
+    }
+    if let Ok(n) = tok.parse::<u64>() {
+        return Ok(LenExpr::Lit(n));
+    }
+    if tok.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') {
+        return Ok(LenExpr::Param(tok.clone()));
+    }
+    bail!("unexpected token {tok:?}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_kinds_parse() {
+        assert_eq!(parse_param("out").unwrap(), ParamSpec::Out);
+        assert_eq!(
+            parse_param("in[n * elemSize]").unwrap(),
+            ParamSpec::InBuf(LenExpr::Mul(
+                Box::new(LenExpr::Param("n".into())),
+                Box::new(LenExpr::Param("elemSize".into()))
+            ))
+        );
+        assert_eq!(
+            parse_param("out[(a + 1) * 4]").unwrap(),
+            ParamSpec::OutBuf(LenExpr::Mul(
+                Box::new(LenExpr::Add(Box::new(LenExpr::Param("a".into())), Box::new(LenExpr::Lit(1)))),
+                Box::new(LenExpr::Lit(4))
+            ))
+        );
+        assert!(parse_param("sideways").is_err());
+        assert!(parse_param("in[a +]").is_err());
+        assert!(parse_param("in[a - b]").is_err());
+    }
+}
