@@ -392,7 +392,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSetBlockDim(
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSetCpuRatio(
     handle: *mut c_void,
     blasOp: u32,
-    type_: u32,
+    r#type: u32,
     ratio: f32,
 ) -> u32 {
     unsafe {
@@ -401,7 +401,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSetCpuRatio(
             &[
                 (handle) as usize as u64,
                 (blasOp) as u64,
-                (type_) as u64,
+                (r#type) as u64,
                 (ratio).to_bits() as u64,
             ],
         ) as u32

@@ -307,7 +307,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceInit_interna
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutCreate(
     matLayout: *mut c_void,
-    type_: u32,
+    r#type: u32,
     rows: u64,
     cols: u64,
     ld: i64,
@@ -317,7 +317,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutCreate(
             &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutCreate,
             &[
                 (matLayout) as usize as u64,
-                (type_) as u64,
+                (r#type) as u64,
                 (rows) as u64,
                 (cols) as u64,
                 (ld) as i64 as u64,
@@ -342,7 +342,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutDestroy(
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutInit_internal(
     matLayout: *mut c_void,
     size: usize,
-    type_: u32,
+    r#type: u32,
     rows: u64,
     cols: u64,
     ld: i64,
@@ -353,7 +353,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutInit_internal(
             &[
                 (matLayout) as usize as u64,
                 (size) as u64,
-                (type_) as u64,
+                (r#type) as u64,
                 (rows) as u64,
                 (cols) as u64,
                 (ld) as i64 as u64,

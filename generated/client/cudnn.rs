@@ -2932,26 +2932,26 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetPoolingNdForwardOutputDim__cu12
 ///`cudnnGetProperty` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetProperty__cu118(
-    type_: u32,
+    r#type: u32,
     value: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::cudnn::cudnnGetProperty__cu118,
-            &[(type_) as u64, (value) as usize as u64],
+            &[(r#type) as u64, (value) as usize as u64],
         ) as u32
     }
 }
 ///`cudnnGetProperty` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetProperty__cu126(
-    type_: u32,
+    r#type: u32,
     value: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::cudnn::cudnnGetProperty__cu126,
-            &[(type_) as u64, (value) as usize as u64],
+            &[(r#type) as u64, (value) as usize as u64],
         ) as u32
     }
 }

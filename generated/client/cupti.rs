@@ -4,17 +4,3 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`cuptiFinalize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cupti_cuptiFinalize() -> u32 {
-    unsafe {
-        crate::runtime::call(&chidori_cuda::calls::cupti::cuptiFinalize, &[]) as u32
-    }
-}
-///`cuptiGetLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cupti_cuptiGetLastError() -> u32 {
-    unsafe {
-        crate::runtime::call(&chidori_cuda::calls::cupti::cuptiGetLastError, &[]) as u32
-    }
-}

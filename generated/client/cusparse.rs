@@ -668,12 +668,12 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatIndexBase(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatType(
     descrA: *mut c_void,
-    type_: u32,
+    r#type: u32,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::cusparse::cusparseSetMatType,
-            &[(descrA) as usize as u64, (type_) as u64],
+            &[(descrA) as usize as u64, (r#type) as u64],
         ) as u32
     }
 }

@@ -603,13 +603,13 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetDefaultMemPool(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetExecAffinitySupport(
     pi: *mut c_void,
-    type_: u32,
+    r#type: u32,
     dev: i32,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuDeviceGetExecAffinitySupport,
-            &[(pi) as usize as u64, (type_) as u64, (dev) as i64 as u64],
+            &[(pi) as usize as u64, (r#type) as u64, (dev) as i64 as u64],
         ) as u32
     }
 }
@@ -1674,12 +1674,12 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetToolsId(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetType(
     hNode: *mut c_void,
-    type_: *mut c_void,
+    r#type: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuGraphNodeGetType,
-            &[(hNode) as usize as u64, (type_) as usize as u64],
+            &[(hNode) as usize as u64, (r#type) as usize as u64],
         ) as u32
     }
 }
@@ -3623,12 +3623,16 @@ pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayGetLevel(
 pub unsafe extern "C" fn __chidori_driver_cuModuleEnumerateFunctions(
     functions: *mut c_void,
     numFunctions: u32,
-    mod_: *mut c_void,
+    r#mod: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuModuleEnumerateFunctions,
-            &[(functions) as usize as u64, (numFunctions) as u64, (mod_) as usize as u64],
+            &[
+                (functions) as usize as u64,
+                (numFunctions) as u64,
+                (r#mod) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -3650,12 +3654,12 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleGetFunction(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuModuleGetFunctionCount(
     count: *mut c_void,
-    mod_: *mut c_void,
+    r#mod: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuModuleGetFunctionCount,
-            &[(count) as usize as u64, (mod_) as usize as u64],
+            &[(count) as usize as u64, (r#mod) as usize as u64],
         ) as u32
     }
 }

@@ -247,12 +247,12 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBoardId(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBrand(
     device: *mut c_void,
-    type_: *mut c_void,
+    r#type: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetBrand,
-            &[(device) as usize as u64, (type_) as usize as u64],
+            &[(device) as usize as u64, (r#type) as usize as u64],
         ) as u32
     }
 }
@@ -260,12 +260,12 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBrand(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBusType(
     device: *mut c_void,
-    type_: *mut c_void,
+    r#type: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetBusType,
-            &[(device) as usize as u64, (type_) as usize as u64],
+            &[(device) as usize as u64, (r#type) as usize as u64],
         ) as u32
     }
 }
@@ -293,13 +293,13 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetClock(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetClockInfo(
     device: *mut c_void,
-    type_: u32,
+    r#type: u32,
     clock: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetClockInfo,
-            &[(device) as usize as u64, (type_) as u64, (clock) as usize as u64],
+            &[(device) as usize as u64, (r#type) as u64, (clock) as usize as u64],
         ) as u32
     }
 }
@@ -971,13 +971,13 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetLastBBXFlushTime(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMaxClockInfo(
     device: *mut c_void,
-    type_: u32,
+    r#type: u32,
     clock: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlDeviceGetMaxClockInfo,
-            &[(device) as usize as u64, (type_) as u64, (clock) as usize as u64],
+            &[(device) as usize as u64, (r#type) as u64, (clock) as usize as u64],
         ) as u32
     }
 }
@@ -1114,7 +1114,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMigMode(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMinMaxClockOfPState(
     device: *mut c_void,
-    type_: u32,
+    r#type: u32,
     pstate: u32,
     minClockMHz: *mut c_void,
     maxClockMHz: *mut c_void,
@@ -1124,7 +1124,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMinMaxClockOfPState(
             &chidori_cuda::calls::nvml::nvmlDeviceGetMinMaxClockOfPState,
             &[
                 (device) as usize as u64,
-                (type_) as u64,
+                (r#type) as u64,
                 (pstate) as u64,
                 (minClockMHz) as usize as u64,
                 (maxClockMHz) as usize as u64,
@@ -2586,13 +2586,13 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetHandleByIndex(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetTemperature(
     unit: *mut c_void,
-    type_: u32,
+    r#type: u32,
     temp: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::nvml::nvmlUnitGetTemperature,
-            &[(unit) as usize as u64, (type_) as u64, (temp) as usize as u64],
+            &[(unit) as usize as u64, (r#type) as u64, (temp) as usize as u64],
         ) as u32
     }
 }

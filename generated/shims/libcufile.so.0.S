@@ -92,17 +92,23 @@ cuFileCopyGpuWrapPosixIORetry:
     .globl cuFileDriverClose
     .type cuFileDriverClose, @function
 cuFileDriverClose:
-    jmp __chidori_cufile_cuFileDriverClose@PLT
+    leaq .Lname11(%rip), %rdi
+    movq $5007, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuFileDriverClose, .-cuFileDriverClose
     .globl cuFileDriverClose_v2
     .type cuFileDriverClose_v2, @function
 cuFileDriverClose_v2:
-    jmp __chidori_cufile_cuFileDriverClose_v2@PLT
+    leaq .Lname12(%rip), %rdi
+    movq $5007, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuFileDriverClose_v2, .-cuFileDriverClose_v2
     .globl cuFileDriverGetP2PFlags
     .type cuFileDriverGetP2PFlags, @function
 cuFileDriverGetP2PFlags:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -110,7 +116,7 @@ cuFileDriverGetP2PFlags:
     .globl cuFileDriverGetProperties
     .type cuFileDriverGetProperties, @function
 cuFileDriverGetProperties:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -118,12 +124,15 @@ cuFileDriverGetProperties:
     .globl cuFileDriverOpen
     .type cuFileDriverOpen, @function
 cuFileDriverOpen:
-    jmp __chidori_cufile_cuFileDriverOpen@PLT
+    leaq .Lname15(%rip), %rdi
+    movq $5007, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuFileDriverOpen, .-cuFileDriverOpen
     .globl cuFileDriverSetMaxCacheSize
     .type cuFileDriverSetMaxCacheSize, @function
 cuFileDriverSetMaxCacheSize:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -131,7 +140,7 @@ cuFileDriverSetMaxCacheSize:
     .globl cuFileDriverSetMaxDirectIOSize
     .type cuFileDriverSetMaxDirectIOSize, @function
 cuFileDriverSetMaxDirectIOSize:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -139,7 +148,7 @@ cuFileDriverSetMaxDirectIOSize:
     .globl cuFileDriverSetMaxPinnedMemSize
     .type cuFileDriverSetMaxPinnedMemSize, @function
 cuFileDriverSetMaxPinnedMemSize:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -147,7 +156,7 @@ cuFileDriverSetMaxPinnedMemSize:
     .globl cuFileDriverSetP2PFlags
     .type cuFileDriverSetP2PFlags, @function
 cuFileDriverSetP2PFlags:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -155,7 +164,7 @@ cuFileDriverSetP2PFlags:
     .globl cuFileDriverSetPollMode
     .type cuFileDriverSetPollMode, @function
 cuFileDriverSetPollMode:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -163,7 +172,7 @@ cuFileDriverSetPollMode:
     .globl cuFileGetBARSizeInKB
     .type cuFileGetBARSizeInKB, @function
 cuFileGetBARSizeInKB:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -171,7 +180,7 @@ cuFileGetBARSizeInKB:
     .globl cuFileGetParameterBool
     .type cuFileGetParameterBool, @function
 cuFileGetParameterBool:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -179,7 +188,7 @@ cuFileGetParameterBool:
     .globl cuFileGetParameterMinMaxValue
     .type cuFileGetParameterMinMaxValue, @function
 cuFileGetParameterMinMaxValue:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -187,7 +196,7 @@ cuFileGetParameterMinMaxValue:
     .globl cuFileGetParameterPosixPoolSlabArray
     .type cuFileGetParameterPosixPoolSlabArray, @function
 cuFileGetParameterPosixPoolSlabArray:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -195,7 +204,7 @@ cuFileGetParameterPosixPoolSlabArray:
     .globl cuFileGetParameterSizeT
     .type cuFileGetParameterSizeT, @function
 cuFileGetParameterSizeT:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -203,7 +212,7 @@ cuFileGetParameterSizeT:
     .globl cuFileGetParameterString
     .type cuFileGetParameterString, @function
 cuFileGetParameterString:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -211,7 +220,7 @@ cuFileGetParameterString:
     .globl cuFileGetStatsL1
     .type cuFileGetStatsL1, @function
 cuFileGetStatsL1:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -219,7 +228,7 @@ cuFileGetStatsL1:
     .globl cuFileGetStatsL2
     .type cuFileGetStatsL2, @function
 cuFileGetStatsL2:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -227,7 +236,7 @@ cuFileGetStatsL2:
     .globl cuFileGetStatsL3
     .type cuFileGetStatsL3, @function
 cuFileGetStatsL3:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -235,7 +244,7 @@ cuFileGetStatsL3:
     .globl cuFileGetStatsLevel
     .type cuFileGetStatsLevel, @function
 cuFileGetStatsLevel:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -243,7 +252,7 @@ cuFileGetStatsLevel:
     .globl cuFileGetVersion
     .type cuFileGetVersion, @function
 cuFileGetVersion:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -251,7 +260,7 @@ cuFileGetVersion:
     .globl cuFileGpuWaitValue32
     .type cuFileGpuWaitValue32, @function
 cuFileGpuWaitValue32:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -259,7 +268,7 @@ cuFileGpuWaitValue32:
     .globl cuFileHandleDeregister
     .type cuFileHandleDeregister, @function
 cuFileHandleDeregister:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -267,7 +276,7 @@ cuFileHandleDeregister:
     .globl cuFileHandleRegister
     .type cuFileHandleRegister, @function
 cuFileHandleRegister:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -275,7 +284,7 @@ cuFileHandleRegister:
     .globl cuFileInlineGpu
     .type cuFileInlineGpu, @function
 cuFileInlineGpu:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -283,7 +292,7 @@ cuFileInlineGpu:
     .globl cuFileRead
     .type cuFileRead, @function
 cuFileRead:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -291,7 +300,7 @@ cuFileRead:
     .globl cuFileReadAsync
     .type cuFileReadAsync, @function
 cuFileReadAsync:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -299,7 +308,7 @@ cuFileReadAsync:
     .globl cuFileSetParameterBool
     .type cuFileSetParameterBool, @function
 cuFileSetParameterBool:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -307,7 +316,7 @@ cuFileSetParameterBool:
     .globl cuFileSetParameterPosixPoolSlabArray
     .type cuFileSetParameterPosixPoolSlabArray, @function
 cuFileSetParameterPosixPoolSlabArray:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -315,7 +324,7 @@ cuFileSetParameterPosixPoolSlabArray:
     .globl cuFileSetParameterSizeT
     .type cuFileSetParameterSizeT, @function
 cuFileSetParameterSizeT:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -323,7 +332,7 @@ cuFileSetParameterSizeT:
     .globl cuFileSetParameterString
     .type cuFileSetParameterString, @function
 cuFileSetParameterString:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -331,7 +340,7 @@ cuFileSetParameterString:
     .globl cuFileSetStatsLevel
     .type cuFileSetStatsLevel, @function
 cuFileSetStatsLevel:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -339,7 +348,7 @@ cuFileSetStatsLevel:
     .globl cuFileSparseGpu
     .type cuFileSparseGpu, @function
 cuFileSparseGpu:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -347,22 +356,31 @@ cuFileSparseGpu:
     .globl cuFileStatsReset
     .type cuFileStatsReset, @function
 cuFileStatsReset:
-    jmp __chidori_cufile_cuFileStatsReset@PLT
+    leaq .Lname44(%rip), %rdi
+    movq $5007, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuFileStatsReset, .-cuFileStatsReset
     .globl cuFileStatsStart
     .type cuFileStatsStart, @function
 cuFileStatsStart:
-    jmp __chidori_cufile_cuFileStatsStart@PLT
+    leaq .Lname45(%rip), %rdi
+    movq $5007, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuFileStatsStart, .-cuFileStatsStart
     .globl cuFileStatsStop
     .type cuFileStatsStop, @function
 cuFileStatsStop:
-    jmp __chidori_cufile_cuFileStatsStop@PLT
+    leaq .Lname46(%rip), %rdi
+    movq $5007, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuFileStatsStop, .-cuFileStatsStop
     .globl cuFileStreamDeregister
     .type cuFileStreamDeregister, @function
 cuFileStreamDeregister:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -370,7 +388,7 @@ cuFileStreamDeregister:
     .globl cuFileStreamHandleInline
     .type cuFileStreamHandleInline, @function
 cuFileStreamHandleInline:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -378,7 +396,7 @@ cuFileStreamHandleInline:
     .globl cuFileStreamHandleSparse
     .type cuFileStreamHandleSparse, @function
 cuFileStreamHandleSparse:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -386,7 +404,7 @@ cuFileStreamHandleSparse:
     .globl cuFileStreamRegister
     .type cuFileStreamRegister, @function
 cuFileStreamRegister:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -394,7 +412,7 @@ cuFileStreamRegister:
     .globl cuFileStreamWaitValue32
     .type cuFileStreamWaitValue32, @function
 cuFileStreamWaitValue32:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -402,12 +420,15 @@ cuFileStreamWaitValue32:
     .globl cuFileUseCount
     .type cuFileUseCount, @function
 cuFileUseCount:
-    jmp __chidori_cufile_cuFileUseCount@PLT
+    leaq .Lname52(%rip), %rdi
+    movq $0, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuFileUseCount, .-cuFileUseCount
     .globl cuFileWrite
     .type cuFileWrite, @function
 cuFileWrite:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -415,7 +436,7 @@ cuFileWrite:
     .globl cuFileWriteAsync
     .type cuFileWriteAsync, @function
 cuFileWriteAsync:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -444,77 +465,91 @@ cuFileWriteAsync:
 .Lname10:
     .asciz "cuFileCopyGpuWrapPosixIORetry"
 .Lname11:
-    .asciz "cuFileDriverGetP2PFlags"
+    .asciz "cuFileDriverClose"
 .Lname12:
-    .asciz "cuFileDriverGetProperties"
+    .asciz "cuFileDriverClose_v2"
 .Lname13:
-    .asciz "cuFileDriverSetMaxCacheSize"
+    .asciz "cuFileDriverGetP2PFlags"
 .Lname14:
-    .asciz "cuFileDriverSetMaxDirectIOSize"
+    .asciz "cuFileDriverGetProperties"
 .Lname15:
-    .asciz "cuFileDriverSetMaxPinnedMemSize"
+    .asciz "cuFileDriverOpen"
 .Lname16:
-    .asciz "cuFileDriverSetP2PFlags"
+    .asciz "cuFileDriverSetMaxCacheSize"
 .Lname17:
-    .asciz "cuFileDriverSetPollMode"
+    .asciz "cuFileDriverSetMaxDirectIOSize"
 .Lname18:
-    .asciz "cuFileGetBARSizeInKB"
+    .asciz "cuFileDriverSetMaxPinnedMemSize"
 .Lname19:
-    .asciz "cuFileGetParameterBool"
+    .asciz "cuFileDriverSetP2PFlags"
 .Lname20:
-    .asciz "cuFileGetParameterMinMaxValue"
+    .asciz "cuFileDriverSetPollMode"
 .Lname21:
-    .asciz "cuFileGetParameterPosixPoolSlabArray"
+    .asciz "cuFileGetBARSizeInKB"
 .Lname22:
-    .asciz "cuFileGetParameterSizeT"
+    .asciz "cuFileGetParameterBool"
 .Lname23:
-    .asciz "cuFileGetParameterString"
+    .asciz "cuFileGetParameterMinMaxValue"
 .Lname24:
-    .asciz "cuFileGetStatsL1"
+    .asciz "cuFileGetParameterPosixPoolSlabArray"
 .Lname25:
-    .asciz "cuFileGetStatsL2"
+    .asciz "cuFileGetParameterSizeT"
 .Lname26:
-    .asciz "cuFileGetStatsL3"
+    .asciz "cuFileGetParameterString"
 .Lname27:
-    .asciz "cuFileGetStatsLevel"
+    .asciz "cuFileGetStatsL1"
 .Lname28:
-    .asciz "cuFileGetVersion"
+    .asciz "cuFileGetStatsL2"
 .Lname29:
-    .asciz "cuFileGpuWaitValue32"
+    .asciz "cuFileGetStatsL3"
 .Lname30:
-    .asciz "cuFileHandleDeregister"
+    .asciz "cuFileGetStatsLevel"
 .Lname31:
-    .asciz "cuFileHandleRegister"
+    .asciz "cuFileGetVersion"
 .Lname32:
-    .asciz "cuFileInlineGpu"
+    .asciz "cuFileGpuWaitValue32"
 .Lname33:
-    .asciz "cuFileRead"
+    .asciz "cuFileHandleDeregister"
 .Lname34:
-    .asciz "cuFileReadAsync"
+    .asciz "cuFileHandleRegister"
 .Lname35:
-    .asciz "cuFileSetParameterBool"
+    .asciz "cuFileInlineGpu"
 .Lname36:
-    .asciz "cuFileSetParameterPosixPoolSlabArray"
+    .asciz "cuFileRead"
 .Lname37:
-    .asciz "cuFileSetParameterSizeT"
+    .asciz "cuFileReadAsync"
 .Lname38:
-    .asciz "cuFileSetParameterString"
+    .asciz "cuFileSetParameterBool"
 .Lname39:
-    .asciz "cuFileSetStatsLevel"
+    .asciz "cuFileSetParameterPosixPoolSlabArray"
 .Lname40:
-    .asciz "cuFileSparseGpu"
+    .asciz "cuFileSetParameterSizeT"
 .Lname41:
-    .asciz "cuFileStreamDeregister"
+    .asciz "cuFileSetParameterString"
 .Lname42:
-    .asciz "cuFileStreamHandleInline"
+    .asciz "cuFileSetStatsLevel"
 .Lname43:
-    .asciz "cuFileStreamHandleSparse"
+    .asciz "cuFileSparseGpu"
 .Lname44:
-    .asciz "cuFileStreamRegister"
+    .asciz "cuFileStatsReset"
 .Lname45:
-    .asciz "cuFileStreamWaitValue32"
+    .asciz "cuFileStatsStart"
 .Lname46:
-    .asciz "cuFileWrite"
+    .asciz "cuFileStatsStop"
 .Lname47:
+    .asciz "cuFileStreamDeregister"
+.Lname48:
+    .asciz "cuFileStreamHandleInline"
+.Lname49:
+    .asciz "cuFileStreamHandleSparse"
+.Lname50:
+    .asciz "cuFileStreamRegister"
+.Lname51:
+    .asciz "cuFileStreamWaitValue32"
+.Lname52:
+    .asciz "cuFileUseCount"
+.Lname53:
+    .asciz "cuFileWrite"
+.Lname54:
     .asciz "cuFileWriteAsync"
     .section .note.GNU-stack,"",@progbits

@@ -516,12 +516,15 @@ cuptiEventGroupSetsDestroy:
     .globl cuptiFinalize
     .type cuptiFinalize, @function
 cuptiFinalize:
-    jmp __chidori_cupti_cuptiFinalize@PLT
+    leaq .Lname64(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuptiFinalize, .-cuptiFinalize
     .globl cuptiGetAutoBoostState
     .type cuptiGetAutoBoostState, @function
 cuptiGetAutoBoostState:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -529,7 +532,7 @@ cuptiGetAutoBoostState:
     .globl cuptiGetCallbackName
     .type cuptiGetCallbackName, @function
 cuptiGetCallbackName:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -537,7 +540,7 @@ cuptiGetCallbackName:
     .globl cuptiGetCallbackState
     .type cuptiGetCallbackState, @function
 cuptiGetCallbackState:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -545,7 +548,7 @@ cuptiGetCallbackState:
     .globl cuptiGetContextId
     .type cuptiGetContextId, @function
 cuptiGetContextId:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -553,7 +556,7 @@ cuptiGetContextId:
     .globl cuptiGetCubinCrc
     .type cuptiGetCubinCrc, @function
 cuptiGetCubinCrc:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -561,7 +564,7 @@ cuptiGetCubinCrc:
     .globl cuptiGetDeviceId
     .type cuptiGetDeviceId, @function
 cuptiGetDeviceId:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -569,7 +572,7 @@ cuptiGetDeviceId:
     .globl cuptiGetGraphId
     .type cuptiGetGraphId, @function
 cuptiGetGraphId:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -577,7 +580,7 @@ cuptiGetGraphId:
     .globl cuptiGetGraphNodeId
     .type cuptiGetGraphNodeId, @function
 cuptiGetGraphNodeId:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -585,12 +588,15 @@ cuptiGetGraphNodeId:
     .globl cuptiGetLastError
     .type cuptiGetLastError, @function
 cuptiGetLastError:
-    jmp __chidori_cupti_cuptiGetLastError@PLT
+    leaq .Lname73(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuptiGetLastError, .-cuptiGetLastError
     .globl cuptiGetNumContexts
     .type cuptiGetNumContexts, @function
 cuptiGetNumContexts:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -598,7 +604,7 @@ cuptiGetNumContexts:
     .globl cuptiGetNumEventDomains
     .type cuptiGetNumEventDomains, @function
 cuptiGetNumEventDomains:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -606,7 +612,7 @@ cuptiGetNumEventDomains:
     .globl cuptiGetNumMetrics
     .type cuptiGetNumMetrics, @function
 cuptiGetNumMetrics:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -614,7 +620,7 @@ cuptiGetNumMetrics:
     .globl cuptiGetRecommendedBufferSize
     .type cuptiGetRecommendedBufferSize, @function
 cuptiGetRecommendedBufferSize:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -622,7 +628,7 @@ cuptiGetRecommendedBufferSize:
     .globl cuptiGetResultString
     .type cuptiGetResultString, @function
 cuptiGetResultString:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -630,7 +636,7 @@ cuptiGetResultString:
     .globl cuptiGetSassToSourceCorrelation
     .type cuptiGetSassToSourceCorrelation, @function
 cuptiGetSassToSourceCorrelation:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -638,7 +644,7 @@ cuptiGetSassToSourceCorrelation:
     .globl cuptiGetStreamId
     .type cuptiGetStreamId, @function
 cuptiGetStreamId:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -646,7 +652,7 @@ cuptiGetStreamId:
     .globl cuptiGetStreamIdEx
     .type cuptiGetStreamIdEx, @function
 cuptiGetStreamIdEx:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -654,7 +660,7 @@ cuptiGetStreamIdEx:
     .globl cuptiGetThreadIdType
     .type cuptiGetThreadIdType, @function
 cuptiGetThreadIdType:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -662,7 +668,7 @@ cuptiGetThreadIdType:
     .globl cuptiGetTimestamp
     .type cuptiGetTimestamp, @function
 cuptiGetTimestamp:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -670,7 +676,7 @@ cuptiGetTimestamp:
     .globl cuptiGetVersion
     .type cuptiGetVersion, @function
 cuptiGetVersion:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -678,7 +684,7 @@ cuptiGetVersion:
     .globl cuptiKernelReplaySubscribeUpdate
     .type cuptiKernelReplaySubscribeUpdate, @function
 cuptiKernelReplaySubscribeUpdate:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -686,7 +692,7 @@ cuptiKernelReplaySubscribeUpdate:
     .globl cuptiMetricCreateEventGroupSets
     .type cuptiMetricCreateEventGroupSets, @function
 cuptiMetricCreateEventGroupSets:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -694,7 +700,7 @@ cuptiMetricCreateEventGroupSets:
     .globl cuptiMetricEnumEvents
     .type cuptiMetricEnumEvents, @function
 cuptiMetricEnumEvents:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -702,7 +708,7 @@ cuptiMetricEnumEvents:
     .globl cuptiMetricEnumProperties
     .type cuptiMetricEnumProperties, @function
 cuptiMetricEnumProperties:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -710,7 +716,7 @@ cuptiMetricEnumProperties:
     .globl cuptiMetricGetAttribute
     .type cuptiMetricGetAttribute, @function
 cuptiMetricGetAttribute:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -718,7 +724,7 @@ cuptiMetricGetAttribute:
     .globl cuptiMetricGetIdFromName
     .type cuptiMetricGetIdFromName, @function
 cuptiMetricGetIdFromName:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -726,7 +732,7 @@ cuptiMetricGetIdFromName:
     .globl cuptiMetricGetNumEvents
     .type cuptiMetricGetNumEvents, @function
 cuptiMetricGetNumEvents:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -734,7 +740,7 @@ cuptiMetricGetNumEvents:
     .globl cuptiMetricGetNumProperties
     .type cuptiMetricGetNumProperties, @function
 cuptiMetricGetNumProperties:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -742,7 +748,7 @@ cuptiMetricGetNumProperties:
     .globl cuptiMetricGetRequiredEventGroupSets
     .type cuptiMetricGetRequiredEventGroupSets, @function
 cuptiMetricGetRequiredEventGroupSets:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -750,7 +756,7 @@ cuptiMetricGetRequiredEventGroupSets:
     .globl cuptiMetricGetValue
     .type cuptiMetricGetValue, @function
 cuptiMetricGetValue:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -758,7 +764,7 @@ cuptiMetricGetValue:
     .globl cuptiMetricGetValue2
     .type cuptiMetricGetValue2, @function
 cuptiMetricGetValue2:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -766,7 +772,7 @@ cuptiMetricGetValue2:
     .globl cuptiNvtxInitialize
     .type cuptiNvtxInitialize, @function
 cuptiNvtxInitialize:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -774,7 +780,7 @@ cuptiNvtxInitialize:
     .globl cuptiNvtxInitialize2
     .type cuptiNvtxInitialize2, @function
 cuptiNvtxInitialize2:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -782,7 +788,7 @@ cuptiNvtxInitialize2:
     .globl cuptiOpenACCInitialize
     .type cuptiOpenACCInitialize, @function
 cuptiOpenACCInitialize:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -790,7 +796,7 @@ cuptiOpenACCInitialize:
     .globl cuptiOpenMpInitialize
     .type cuptiOpenMpInitialize, @function
 cuptiOpenMpInitialize:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -798,7 +804,7 @@ cuptiOpenMpInitialize:
     .globl cuptiOpenMpInitialize_v2
     .type cuptiOpenMpInitialize_v2, @function
 cuptiOpenMpInitialize_v2:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -806,7 +812,7 @@ cuptiOpenMpInitialize_v2:
     .globl cuptiPCSamplingDisable
     .type cuptiPCSamplingDisable, @function
 cuptiPCSamplingDisable:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -814,7 +820,7 @@ cuptiPCSamplingDisable:
     .globl cuptiPCSamplingEnable
     .type cuptiPCSamplingEnable, @function
 cuptiPCSamplingEnable:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -822,7 +828,7 @@ cuptiPCSamplingEnable:
     .globl cuptiPCSamplingGetConfigurationAttribute
     .type cuptiPCSamplingGetConfigurationAttribute, @function
 cuptiPCSamplingGetConfigurationAttribute:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -830,7 +836,7 @@ cuptiPCSamplingGetConfigurationAttribute:
     .globl cuptiPCSamplingGetData
     .type cuptiPCSamplingGetData, @function
 cuptiPCSamplingGetData:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -838,7 +844,7 @@ cuptiPCSamplingGetData:
     .globl cuptiPCSamplingGetNumStallReasons
     .type cuptiPCSamplingGetNumStallReasons, @function
 cuptiPCSamplingGetNumStallReasons:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -846,7 +852,7 @@ cuptiPCSamplingGetNumStallReasons:
     .globl cuptiPCSamplingGetStallReasons
     .type cuptiPCSamplingGetStallReasons, @function
 cuptiPCSamplingGetStallReasons:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -854,7 +860,7 @@ cuptiPCSamplingGetStallReasons:
     .globl cuptiPCSamplingSetConfigurationAttribute
     .type cuptiPCSamplingSetConfigurationAttribute, @function
 cuptiPCSamplingSetConfigurationAttribute:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -862,7 +868,7 @@ cuptiPCSamplingSetConfigurationAttribute:
     .globl cuptiPCSamplingStart
     .type cuptiPCSamplingStart, @function
 cuptiPCSamplingStart:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -870,7 +876,7 @@ cuptiPCSamplingStart:
     .globl cuptiPCSamplingStop
     .type cuptiPCSamplingStop, @function
 cuptiPCSamplingStop:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -878,7 +884,7 @@ cuptiPCSamplingStop:
     .globl cuptiProfilerBeginPass
     .type cuptiProfilerBeginPass, @function
 cuptiProfilerBeginPass:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -886,7 +892,7 @@ cuptiProfilerBeginPass:
     .globl cuptiProfilerBeginSession
     .type cuptiProfilerBeginSession, @function
 cuptiProfilerBeginSession:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -894,7 +900,7 @@ cuptiProfilerBeginSession:
     .globl cuptiProfilerCounterDataImageCalculateScratchBufferSize
     .type cuptiProfilerCounterDataImageCalculateScratchBufferSize, @function
 cuptiProfilerCounterDataImageCalculateScratchBufferSize:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -902,7 +908,7 @@ cuptiProfilerCounterDataImageCalculateScratchBufferSize:
     .globl cuptiProfilerCounterDataImageCalculateSize
     .type cuptiProfilerCounterDataImageCalculateSize, @function
 cuptiProfilerCounterDataImageCalculateSize:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -910,7 +916,7 @@ cuptiProfilerCounterDataImageCalculateSize:
     .globl cuptiProfilerCounterDataImageInitialize
     .type cuptiProfilerCounterDataImageInitialize, @function
 cuptiProfilerCounterDataImageInitialize:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -918,7 +924,7 @@ cuptiProfilerCounterDataImageInitialize:
     .globl cuptiProfilerCounterDataImageInitializeScratchBuffer
     .type cuptiProfilerCounterDataImageInitializeScratchBuffer, @function
 cuptiProfilerCounterDataImageInitializeScratchBuffer:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -926,7 +932,7 @@ cuptiProfilerCounterDataImageInitializeScratchBuffer:
     .globl cuptiProfilerDeInitialize
     .type cuptiProfilerDeInitialize, @function
 cuptiProfilerDeInitialize:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -934,7 +940,7 @@ cuptiProfilerDeInitialize:
     .globl cuptiProfilerDeviceSupported
     .type cuptiProfilerDeviceSupported, @function
 cuptiProfilerDeviceSupported:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -942,7 +948,7 @@ cuptiProfilerDeviceSupported:
     .globl cuptiProfilerDisableProfiling
     .type cuptiProfilerDisableProfiling, @function
 cuptiProfilerDisableProfiling:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -950,7 +956,7 @@ cuptiProfilerDisableProfiling:
     .globl cuptiProfilerEnableProfiling
     .type cuptiProfilerEnableProfiling, @function
 cuptiProfilerEnableProfiling:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -958,7 +964,7 @@ cuptiProfilerEnableProfiling:
     .globl cuptiProfilerEndPass
     .type cuptiProfilerEndPass, @function
 cuptiProfilerEndPass:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -966,7 +972,7 @@ cuptiProfilerEndPass:
     .globl cuptiProfilerEndSession
     .type cuptiProfilerEndSession, @function
 cuptiProfilerEndSession:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -974,7 +980,7 @@ cuptiProfilerEndSession:
     .globl cuptiProfilerFlushCounterData
     .type cuptiProfilerFlushCounterData, @function
 cuptiProfilerFlushCounterData:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -982,7 +988,7 @@ cuptiProfilerFlushCounterData:
     .globl cuptiProfilerGetCounterAvailability
     .type cuptiProfilerGetCounterAvailability, @function
 cuptiProfilerGetCounterAvailability:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -990,7 +996,7 @@ cuptiProfilerGetCounterAvailability:
     .globl cuptiProfilerInitialize
     .type cuptiProfilerInitialize, @function
 cuptiProfilerInitialize:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -998,7 +1004,7 @@ cuptiProfilerInitialize:
     .globl cuptiProfilerPopRange
     .type cuptiProfilerPopRange, @function
 cuptiProfilerPopRange:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1006,7 +1012,7 @@ cuptiProfilerPopRange:
     .globl cuptiProfilerPushRange
     .type cuptiProfilerPushRange, @function
 cuptiProfilerPushRange:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1014,7 +1020,7 @@ cuptiProfilerPushRange:
     .globl cuptiProfilerSetConfig
     .type cuptiProfilerSetConfig, @function
 cuptiProfilerSetConfig:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1022,7 +1028,7 @@ cuptiProfilerSetConfig:
     .globl cuptiProfilerUnsetConfig
     .type cuptiProfilerUnsetConfig, @function
 cuptiProfilerUnsetConfig:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1030,7 +1036,7 @@ cuptiProfilerUnsetConfig:
     .globl cuptiRegisterComputeCrcCallback
     .type cuptiRegisterComputeCrcCallback, @function
 cuptiRegisterComputeCrcCallback:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1038,7 +1044,7 @@ cuptiRegisterComputeCrcCallback:
     .globl cuptiSetEventCollectionMode
     .type cuptiSetEventCollectionMode, @function
 cuptiSetEventCollectionMode:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1046,7 +1052,7 @@ cuptiSetEventCollectionMode:
     .globl cuptiSetThreadIdType
     .type cuptiSetThreadIdType, @function
 cuptiSetThreadIdType:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1054,7 +1060,7 @@ cuptiSetThreadIdType:
     .globl cuptiStateQuery
     .type cuptiStateQuery, @function
 cuptiStateQuery:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1062,7 +1068,7 @@ cuptiStateQuery:
     .globl cuptiSubscribe
     .type cuptiSubscribe, @function
 cuptiSubscribe:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1070,7 +1076,7 @@ cuptiSubscribe:
     .globl cuptiSupportedDomains
     .type cuptiSupportedDomains, @function
 cuptiSupportedDomains:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1078,7 +1084,7 @@ cuptiSupportedDomains:
     .globl cuptiUnsubscribe
     .type cuptiUnsubscribe, @function
 cuptiUnsubscribe:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1213,143 +1219,147 @@ cuptiUnsubscribe:
 .Lname63:
     .asciz "cuptiEventGroupSetsDestroy"
 .Lname64:
-    .asciz "cuptiGetAutoBoostState"
+    .asciz "cuptiFinalize"
 .Lname65:
-    .asciz "cuptiGetCallbackName"
+    .asciz "cuptiGetAutoBoostState"
 .Lname66:
-    .asciz "cuptiGetCallbackState"
+    .asciz "cuptiGetCallbackName"
 .Lname67:
-    .asciz "cuptiGetContextId"
+    .asciz "cuptiGetCallbackState"
 .Lname68:
-    .asciz "cuptiGetCubinCrc"
+    .asciz "cuptiGetContextId"
 .Lname69:
-    .asciz "cuptiGetDeviceId"
+    .asciz "cuptiGetCubinCrc"
 .Lname70:
-    .asciz "cuptiGetGraphId"
+    .asciz "cuptiGetDeviceId"
 .Lname71:
-    .asciz "cuptiGetGraphNodeId"
+    .asciz "cuptiGetGraphId"
 .Lname72:
-    .asciz "cuptiGetNumContexts"
+    .asciz "cuptiGetGraphNodeId"
 .Lname73:
-    .asciz "cuptiGetNumEventDomains"
+    .asciz "cuptiGetLastError"
 .Lname74:
-    .asciz "cuptiGetNumMetrics"
+    .asciz "cuptiGetNumContexts"
 .Lname75:
-    .asciz "cuptiGetRecommendedBufferSize"
+    .asciz "cuptiGetNumEventDomains"
 .Lname76:
-    .asciz "cuptiGetResultString"
+    .asciz "cuptiGetNumMetrics"
 .Lname77:
-    .asciz "cuptiGetSassToSourceCorrelation"
+    .asciz "cuptiGetRecommendedBufferSize"
 .Lname78:
-    .asciz "cuptiGetStreamId"
+    .asciz "cuptiGetResultString"
 .Lname79:
-    .asciz "cuptiGetStreamIdEx"
+    .asciz "cuptiGetSassToSourceCorrelation"
 .Lname80:
-    .asciz "cuptiGetThreadIdType"
+    .asciz "cuptiGetStreamId"
 .Lname81:
-    .asciz "cuptiGetTimestamp"
+    .asciz "cuptiGetStreamIdEx"
 .Lname82:
-    .asciz "cuptiGetVersion"
+    .asciz "cuptiGetThreadIdType"
 .Lname83:
-    .asciz "cuptiKernelReplaySubscribeUpdate"
+    .asciz "cuptiGetTimestamp"
 .Lname84:
-    .asciz "cuptiMetricCreateEventGroupSets"
+    .asciz "cuptiGetVersion"
 .Lname85:
-    .asciz "cuptiMetricEnumEvents"
+    .asciz "cuptiKernelReplaySubscribeUpdate"
 .Lname86:
-    .asciz "cuptiMetricEnumProperties"
+    .asciz "cuptiMetricCreateEventGroupSets"
 .Lname87:
-    .asciz "cuptiMetricGetAttribute"
+    .asciz "cuptiMetricEnumEvents"
 .Lname88:
-    .asciz "cuptiMetricGetIdFromName"
+    .asciz "cuptiMetricEnumProperties"
 .Lname89:
-    .asciz "cuptiMetricGetNumEvents"
+    .asciz "cuptiMetricGetAttribute"
 .Lname90:
-    .asciz "cuptiMetricGetNumProperties"
+    .asciz "cuptiMetricGetIdFromName"
 .Lname91:
-    .asciz "cuptiMetricGetRequiredEventGroupSets"
+    .asciz "cuptiMetricGetNumEvents"
 .Lname92:
-    .asciz "cuptiMetricGetValue"
+    .asciz "cuptiMetricGetNumProperties"
 .Lname93:
-    .asciz "cuptiMetricGetValue2"
+    .asciz "cuptiMetricGetRequiredEventGroupSets"
 .Lname94:
-    .asciz "cuptiNvtxInitialize"
+    .asciz "cuptiMetricGetValue"
 .Lname95:
-    .asciz "cuptiNvtxInitialize2"
+    .asciz "cuptiMetricGetValue2"
 .Lname96:
-    .asciz "cuptiOpenACCInitialize"
+    .asciz "cuptiNvtxInitialize"
 .Lname97:
-    .asciz "cuptiOpenMpInitialize"
+    .asciz "cuptiNvtxInitialize2"
 .Lname98:
-    .asciz "cuptiOpenMpInitialize_v2"
+    .asciz "cuptiOpenACCInitialize"
 .Lname99:
-    .asciz "cuptiPCSamplingDisable"
+    .asciz "cuptiOpenMpInitialize"
 .Lname100:
-    .asciz "cuptiPCSamplingEnable"
+    .asciz "cuptiOpenMpInitialize_v2"
 .Lname101:
-    .asciz "cuptiPCSamplingGetConfigurationAttribute"
+    .asciz "cuptiPCSamplingDisable"
 .Lname102:
-    .asciz "cuptiPCSamplingGetData"
+    .asciz "cuptiPCSamplingEnable"
 .Lname103:
-    .asciz "cuptiPCSamplingGetNumStallReasons"
+    .asciz "cuptiPCSamplingGetConfigurationAttribute"
 .Lname104:
-    .asciz "cuptiPCSamplingGetStallReasons"
+    .asciz "cuptiPCSamplingGetData"
 .Lname105:
-    .asciz "cuptiPCSamplingSetConfigurationAttribute"
+    .asciz "cuptiPCSamplingGetNumStallReasons"
 .Lname106:
-    .asciz "cuptiPCSamplingStart"
+    .asciz "cuptiPCSamplingGetStallReasons"
 .Lname107:
-    .asciz "cuptiPCSamplingStop"
+    .asciz "cuptiPCSamplingSetConfigurationAttribute"
 .Lname108:
-    .asciz "cuptiProfilerBeginPass"
+    .asciz "cuptiPCSamplingStart"
 .Lname109:
-    .asciz "cuptiProfilerBeginSession"
+    .asciz "cuptiPCSamplingStop"
 .Lname110:
-    .asciz "cuptiProfilerCounterDataImageCalculateScratchBufferSize"
+    .asciz "cuptiProfilerBeginPass"
 .Lname111:
-    .asciz "cuptiProfilerCounterDataImageCalculateSize"
+    .asciz "cuptiProfilerBeginSession"
 .Lname112:
-    .asciz "cuptiProfilerCounterDataImageInitialize"
+    .asciz "cuptiProfilerCounterDataImageCalculateScratchBufferSize"
 .Lname113:
-    .asciz "cuptiProfilerCounterDataImageInitializeScratchBuffer"
+    .asciz "cuptiProfilerCounterDataImageCalculateSize"
 .Lname114:
-    .asciz "cuptiProfilerDeInitialize"
+    .asciz "cuptiProfilerCounterDataImageInitialize"
 .Lname115:
-    .asciz "cuptiProfilerDeviceSupported"
+    .asciz "cuptiProfilerCounterDataImageInitializeScratchBuffer"
 .Lname116:
-    .asciz "cuptiProfilerDisableProfiling"
+    .asciz "cuptiProfilerDeInitialize"
 .Lname117:
-    .asciz "cuptiProfilerEnableProfiling"
+    .asciz "cuptiProfilerDeviceSupported"
 .Lname118:
-    .asciz "cuptiProfilerEndPass"
+    .asciz "cuptiProfilerDisableProfiling"
 .Lname119:
-    .asciz "cuptiProfilerEndSession"
+    .asciz "cuptiProfilerEnableProfiling"
 .Lname120:
-    .asciz "cuptiProfilerFlushCounterData"
+    .asciz "cuptiProfilerEndPass"
 .Lname121:
-    .asciz "cuptiProfilerGetCounterAvailability"
+    .asciz "cuptiProfilerEndSession"
 .Lname122:
-    .asciz "cuptiProfilerInitialize"
+    .asciz "cuptiProfilerFlushCounterData"
 .Lname123:
-    .asciz "cuptiProfilerPopRange"
+    .asciz "cuptiProfilerGetCounterAvailability"
 .Lname124:
-    .asciz "cuptiProfilerPushRange"
+    .asciz "cuptiProfilerInitialize"
 .Lname125:
-    .asciz "cuptiProfilerSetConfig"
+    .asciz "cuptiProfilerPopRange"
 .Lname126:
-    .asciz "cuptiProfilerUnsetConfig"
+    .asciz "cuptiProfilerPushRange"
 .Lname127:
-    .asciz "cuptiRegisterComputeCrcCallback"
+    .asciz "cuptiProfilerSetConfig"
 .Lname128:
-    .asciz "cuptiSetEventCollectionMode"
+    .asciz "cuptiProfilerUnsetConfig"
 .Lname129:
-    .asciz "cuptiSetThreadIdType"
+    .asciz "cuptiRegisterComputeCrcCallback"
 .Lname130:
-    .asciz "cuptiStateQuery"
+    .asciz "cuptiSetEventCollectionMode"
 .Lname131:
-    .asciz "cuptiSubscribe"
+    .asciz "cuptiSetThreadIdType"
 .Lname132:
-    .asciz "cuptiSupportedDomains"
+    .asciz "cuptiStateQuery"
 .Lname133:
+    .asciz "cuptiSubscribe"
+.Lname134:
+    .asciz "cuptiSupportedDomains"
+.Lname135:
     .asciz "cuptiUnsubscribe"
     .section .note.GNU-stack,"",@progbits

@@ -572,12 +572,15 @@ cuptiEventGroupSetsDestroy:
     .globl cuptiFinalize
     .type cuptiFinalize, @function
 cuptiFinalize:
-    jmp __chidori_cupti_cuptiFinalize@PLT
+    leaq .Lname71(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuptiFinalize, .-cuptiFinalize
     .globl cuptiGetAutoBoostState
     .type cuptiGetAutoBoostState, @function
 cuptiGetAutoBoostState:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -585,7 +588,7 @@ cuptiGetAutoBoostState:
     .globl cuptiGetCallbackName
     .type cuptiGetCallbackName, @function
 cuptiGetCallbackName:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -593,7 +596,7 @@ cuptiGetCallbackName:
     .globl cuptiGetCallbackState
     .type cuptiGetCallbackState, @function
 cuptiGetCallbackState:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -601,7 +604,7 @@ cuptiGetCallbackState:
     .globl cuptiGetContextId
     .type cuptiGetContextId, @function
 cuptiGetContextId:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -609,7 +612,7 @@ cuptiGetContextId:
     .globl cuptiGetCubinCrc
     .type cuptiGetCubinCrc, @function
 cuptiGetCubinCrc:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -617,7 +620,7 @@ cuptiGetCubinCrc:
     .globl cuptiGetDeviceId
     .type cuptiGetDeviceId, @function
 cuptiGetDeviceId:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -625,7 +628,7 @@ cuptiGetDeviceId:
     .globl cuptiGetErrorMessage
     .type cuptiGetErrorMessage, @function
 cuptiGetErrorMessage:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -633,7 +636,7 @@ cuptiGetErrorMessage:
     .globl cuptiGetGlobalCallbackState
     .type cuptiGetGlobalCallbackState, @function
 cuptiGetGlobalCallbackState:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -641,7 +644,7 @@ cuptiGetGlobalCallbackState:
     .globl cuptiGetGraphExecId
     .type cuptiGetGraphExecId, @function
 cuptiGetGraphExecId:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -649,7 +652,7 @@ cuptiGetGraphExecId:
     .globl cuptiGetGraphId
     .type cuptiGetGraphId, @function
 cuptiGetGraphId:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -657,7 +660,7 @@ cuptiGetGraphId:
     .globl cuptiGetGraphNodeId
     .type cuptiGetGraphNodeId, @function
 cuptiGetGraphNodeId:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -665,12 +668,15 @@ cuptiGetGraphNodeId:
     .globl cuptiGetLastError
     .type cuptiGetLastError, @function
 cuptiGetLastError:
-    jmp __chidori_cupti_cuptiGetLastError@PLT
+    leaq .Lname83(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuptiGetLastError, .-cuptiGetLastError
     .globl cuptiGetNumContexts
     .type cuptiGetNumContexts, @function
 cuptiGetNumContexts:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -678,7 +684,7 @@ cuptiGetNumContexts:
     .globl cuptiGetNumEventDomains
     .type cuptiGetNumEventDomains, @function
 cuptiGetNumEventDomains:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -686,7 +692,7 @@ cuptiGetNumEventDomains:
     .globl cuptiGetNumMetrics
     .type cuptiGetNumMetrics, @function
 cuptiGetNumMetrics:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -694,7 +700,7 @@ cuptiGetNumMetrics:
     .globl cuptiGetRecommendedBufferSize
     .type cuptiGetRecommendedBufferSize, @function
 cuptiGetRecommendedBufferSize:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -702,7 +708,7 @@ cuptiGetRecommendedBufferSize:
     .globl cuptiGetResultString
     .type cuptiGetResultString, @function
 cuptiGetResultString:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -710,7 +716,7 @@ cuptiGetResultString:
     .globl cuptiGetSassToSourceCorrelation
     .type cuptiGetSassToSourceCorrelation, @function
 cuptiGetSassToSourceCorrelation:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -718,7 +724,7 @@ cuptiGetSassToSourceCorrelation:
     .globl cuptiGetStreamId
     .type cuptiGetStreamId, @function
 cuptiGetStreamId:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -726,7 +732,7 @@ cuptiGetStreamId:
     .globl cuptiGetStreamIdEx
     .type cuptiGetStreamIdEx, @function
 cuptiGetStreamIdEx:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -734,7 +740,7 @@ cuptiGetStreamIdEx:
     .globl cuptiGetThreadIdType
     .type cuptiGetThreadIdType, @function
 cuptiGetThreadIdType:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -742,7 +748,7 @@ cuptiGetThreadIdType:
     .globl cuptiGetTimestamp
     .type cuptiGetTimestamp, @function
 cuptiGetTimestamp:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -750,7 +756,7 @@ cuptiGetTimestamp:
     .globl cuptiGetVersion
     .type cuptiGetVersion, @function
 cuptiGetVersion:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -758,7 +764,7 @@ cuptiGetVersion:
     .globl cuptiKernelReplaySubscribeUpdate
     .type cuptiKernelReplaySubscribeUpdate, @function
 cuptiKernelReplaySubscribeUpdate:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -766,7 +772,7 @@ cuptiKernelReplaySubscribeUpdate:
     .globl cuptiMetricCreateEventGroupSets
     .type cuptiMetricCreateEventGroupSets, @function
 cuptiMetricCreateEventGroupSets:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -774,7 +780,7 @@ cuptiMetricCreateEventGroupSets:
     .globl cuptiMetricEnumEvents
     .type cuptiMetricEnumEvents, @function
 cuptiMetricEnumEvents:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -782,7 +788,7 @@ cuptiMetricEnumEvents:
     .globl cuptiMetricEnumProperties
     .type cuptiMetricEnumProperties, @function
 cuptiMetricEnumProperties:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -790,7 +796,7 @@ cuptiMetricEnumProperties:
     .globl cuptiMetricGetAttribute
     .type cuptiMetricGetAttribute, @function
 cuptiMetricGetAttribute:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -798,7 +804,7 @@ cuptiMetricGetAttribute:
     .globl cuptiMetricGetIdFromName
     .type cuptiMetricGetIdFromName, @function
 cuptiMetricGetIdFromName:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -806,7 +812,7 @@ cuptiMetricGetIdFromName:
     .globl cuptiMetricGetNumEvents
     .type cuptiMetricGetNumEvents, @function
 cuptiMetricGetNumEvents:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -814,7 +820,7 @@ cuptiMetricGetNumEvents:
     .globl cuptiMetricGetNumProperties
     .type cuptiMetricGetNumProperties, @function
 cuptiMetricGetNumProperties:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -822,7 +828,7 @@ cuptiMetricGetNumProperties:
     .globl cuptiMetricGetRequiredEventGroupSets
     .type cuptiMetricGetRequiredEventGroupSets, @function
 cuptiMetricGetRequiredEventGroupSets:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -830,7 +836,7 @@ cuptiMetricGetRequiredEventGroupSets:
     .globl cuptiMetricGetValue
     .type cuptiMetricGetValue, @function
 cuptiMetricGetValue:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -838,7 +844,7 @@ cuptiMetricGetValue:
     .globl cuptiMetricGetValue2
     .type cuptiMetricGetValue2, @function
 cuptiMetricGetValue2:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -846,7 +852,7 @@ cuptiMetricGetValue2:
     .globl cuptiNvtxExtensionInitialize
     .type cuptiNvtxExtensionInitialize, @function
 cuptiNvtxExtensionInitialize:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -854,7 +860,7 @@ cuptiNvtxExtensionInitialize:
     .globl cuptiNvtxInitialize
     .type cuptiNvtxInitialize, @function
 cuptiNvtxInitialize:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -862,7 +868,7 @@ cuptiNvtxInitialize:
     .globl cuptiNvtxInitialize2
     .type cuptiNvtxInitialize2, @function
 cuptiNvtxInitialize2:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -870,7 +876,7 @@ cuptiNvtxInitialize2:
     .globl cuptiOpenACCInitialize
     .type cuptiOpenACCInitialize, @function
 cuptiOpenACCInitialize:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -878,7 +884,7 @@ cuptiOpenACCInitialize:
     .globl cuptiOpenMpInitialize
     .type cuptiOpenMpInitialize, @function
 cuptiOpenMpInitialize:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -886,7 +892,7 @@ cuptiOpenMpInitialize:
     .globl cuptiOpenMpInitialize_v2
     .type cuptiOpenMpInitialize_v2, @function
 cuptiOpenMpInitialize_v2:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -894,7 +900,7 @@ cuptiOpenMpInitialize_v2:
     .globl cuptiPCSamplingDisable
     .type cuptiPCSamplingDisable, @function
 cuptiPCSamplingDisable:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -902,7 +908,7 @@ cuptiPCSamplingDisable:
     .globl cuptiPCSamplingEnable
     .type cuptiPCSamplingEnable, @function
 cuptiPCSamplingEnable:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -910,7 +916,7 @@ cuptiPCSamplingEnable:
     .globl cuptiPCSamplingGetConfigurationAttribute
     .type cuptiPCSamplingGetConfigurationAttribute, @function
 cuptiPCSamplingGetConfigurationAttribute:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -918,7 +924,7 @@ cuptiPCSamplingGetConfigurationAttribute:
     .globl cuptiPCSamplingGetData
     .type cuptiPCSamplingGetData, @function
 cuptiPCSamplingGetData:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -926,7 +932,7 @@ cuptiPCSamplingGetData:
     .globl cuptiPCSamplingGetNumStallReasons
     .type cuptiPCSamplingGetNumStallReasons, @function
 cuptiPCSamplingGetNumStallReasons:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -934,7 +940,7 @@ cuptiPCSamplingGetNumStallReasons:
     .globl cuptiPCSamplingGetStallReasons
     .type cuptiPCSamplingGetStallReasons, @function
 cuptiPCSamplingGetStallReasons:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -942,7 +948,7 @@ cuptiPCSamplingGetStallReasons:
     .globl cuptiPCSamplingSetConfigurationAttribute
     .type cuptiPCSamplingSetConfigurationAttribute, @function
 cuptiPCSamplingSetConfigurationAttribute:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -950,7 +956,7 @@ cuptiPCSamplingSetConfigurationAttribute:
     .globl cuptiPCSamplingStart
     .type cuptiPCSamplingStart, @function
 cuptiPCSamplingStart:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -958,7 +964,7 @@ cuptiPCSamplingStart:
     .globl cuptiPCSamplingStop
     .type cuptiPCSamplingStop, @function
 cuptiPCSamplingStop:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -966,7 +972,7 @@ cuptiPCSamplingStop:
     .globl cuptiPmSamplingCounterDataGetSampleInfo
     .type cuptiPmSamplingCounterDataGetSampleInfo, @function
 cuptiPmSamplingCounterDataGetSampleInfo:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -974,7 +980,7 @@ cuptiPmSamplingCounterDataGetSampleInfo:
     .globl cuptiPmSamplingCounterDataImageInitialize
     .type cuptiPmSamplingCounterDataImageInitialize, @function
 cuptiPmSamplingCounterDataImageInitialize:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -982,7 +988,7 @@ cuptiPmSamplingCounterDataImageInitialize:
     .globl cuptiPmSamplingDecodeData
     .type cuptiPmSamplingDecodeData, @function
 cuptiPmSamplingDecodeData:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -990,7 +996,7 @@ cuptiPmSamplingDecodeData:
     .globl cuptiPmSamplingDisable
     .type cuptiPmSamplingDisable, @function
 cuptiPmSamplingDisable:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -998,7 +1004,7 @@ cuptiPmSamplingDisable:
     .globl cuptiPmSamplingEnable
     .type cuptiPmSamplingEnable, @function
 cuptiPmSamplingEnable:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1006,7 +1012,7 @@ cuptiPmSamplingEnable:
     .globl cuptiPmSamplingGetCounterAvailability
     .type cuptiPmSamplingGetCounterAvailability, @function
 cuptiPmSamplingGetCounterAvailability:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1014,7 +1020,7 @@ cuptiPmSamplingGetCounterAvailability:
     .globl cuptiPmSamplingGetCounterDataInfo
     .type cuptiPmSamplingGetCounterDataInfo, @function
 cuptiPmSamplingGetCounterDataInfo:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1022,7 +1028,7 @@ cuptiPmSamplingGetCounterDataInfo:
     .globl cuptiPmSamplingGetCounterDataSize
     .type cuptiPmSamplingGetCounterDataSize, @function
 cuptiPmSamplingGetCounterDataSize:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1030,7 +1036,7 @@ cuptiPmSamplingGetCounterDataSize:
     .globl cuptiPmSamplingSetConfig
     .type cuptiPmSamplingSetConfig, @function
 cuptiPmSamplingSetConfig:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1038,7 +1044,7 @@ cuptiPmSamplingSetConfig:
     .globl cuptiPmSamplingStart
     .type cuptiPmSamplingStart, @function
 cuptiPmSamplingStart:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1046,7 +1052,7 @@ cuptiPmSamplingStart:
     .globl cuptiPmSamplingStop
     .type cuptiPmSamplingStop, @function
 cuptiPmSamplingStop:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1054,7 +1060,7 @@ cuptiPmSamplingStop:
     .globl cuptiProfilerBeginPass
     .type cuptiProfilerBeginPass, @function
 cuptiProfilerBeginPass:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1062,7 +1068,7 @@ cuptiProfilerBeginPass:
     .globl cuptiProfilerBeginSession
     .type cuptiProfilerBeginSession, @function
 cuptiProfilerBeginSession:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1070,7 +1076,7 @@ cuptiProfilerBeginSession:
     .globl cuptiProfilerCounterDataImageCalculateScratchBufferSize
     .type cuptiProfilerCounterDataImageCalculateScratchBufferSize, @function
 cuptiProfilerCounterDataImageCalculateScratchBufferSize:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1078,7 +1084,7 @@ cuptiProfilerCounterDataImageCalculateScratchBufferSize:
     .globl cuptiProfilerCounterDataImageCalculateSize
     .type cuptiProfilerCounterDataImageCalculateSize, @function
 cuptiProfilerCounterDataImageCalculateSize:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1086,7 +1092,7 @@ cuptiProfilerCounterDataImageCalculateSize:
     .globl cuptiProfilerCounterDataImageInitialize
     .type cuptiProfilerCounterDataImageInitialize, @function
 cuptiProfilerCounterDataImageInitialize:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1094,7 +1100,7 @@ cuptiProfilerCounterDataImageInitialize:
     .globl cuptiProfilerCounterDataImageInitializeScratchBuffer
     .type cuptiProfilerCounterDataImageInitializeScratchBuffer, @function
 cuptiProfilerCounterDataImageInitializeScratchBuffer:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1102,7 +1108,7 @@ cuptiProfilerCounterDataImageInitializeScratchBuffer:
     .globl cuptiProfilerDeInitialize
     .type cuptiProfilerDeInitialize, @function
 cuptiProfilerDeInitialize:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1110,7 +1116,7 @@ cuptiProfilerDeInitialize:
     .globl cuptiProfilerDeviceSupported
     .type cuptiProfilerDeviceSupported, @function
 cuptiProfilerDeviceSupported:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1118,7 +1124,7 @@ cuptiProfilerDeviceSupported:
     .globl cuptiProfilerDisableProfiling
     .type cuptiProfilerDisableProfiling, @function
 cuptiProfilerDisableProfiling:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1126,7 +1132,7 @@ cuptiProfilerDisableProfiling:
     .globl cuptiProfilerEnableProfiling
     .type cuptiProfilerEnableProfiling, @function
 cuptiProfilerEnableProfiling:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1134,7 +1140,7 @@ cuptiProfilerEnableProfiling:
     .globl cuptiProfilerEndPass
     .type cuptiProfilerEndPass, @function
 cuptiProfilerEndPass:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1142,7 +1148,7 @@ cuptiProfilerEndPass:
     .globl cuptiProfilerEndSession
     .type cuptiProfilerEndSession, @function
 cuptiProfilerEndSession:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1150,7 +1156,7 @@ cuptiProfilerEndSession:
     .globl cuptiProfilerFlushCounterData
     .type cuptiProfilerFlushCounterData, @function
 cuptiProfilerFlushCounterData:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1158,7 +1164,7 @@ cuptiProfilerFlushCounterData:
     .globl cuptiProfilerGetCounterAvailability
     .type cuptiProfilerGetCounterAvailability, @function
 cuptiProfilerGetCounterAvailability:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1166,7 +1172,7 @@ cuptiProfilerGetCounterAvailability:
     .globl cuptiProfilerHostConfigAddMetrics
     .type cuptiProfilerHostConfigAddMetrics, @function
 cuptiProfilerHostConfigAddMetrics:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1174,7 +1180,7 @@ cuptiProfilerHostConfigAddMetrics:
     .globl cuptiProfilerHostDeinitialize
     .type cuptiProfilerHostDeinitialize, @function
 cuptiProfilerHostDeinitialize:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1182,7 +1188,7 @@ cuptiProfilerHostDeinitialize:
     .globl cuptiProfilerHostEvaluateToGpuValues
     .type cuptiProfilerHostEvaluateToGpuValues, @function
 cuptiProfilerHostEvaluateToGpuValues:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1190,7 +1196,7 @@ cuptiProfilerHostEvaluateToGpuValues:
     .globl cuptiProfilerHostGetBaseMetrics
     .type cuptiProfilerHostGetBaseMetrics, @function
 cuptiProfilerHostGetBaseMetrics:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1198,7 +1204,7 @@ cuptiProfilerHostGetBaseMetrics:
     .globl cuptiProfilerHostGetConfigImage
     .type cuptiProfilerHostGetConfigImage, @function
 cuptiProfilerHostGetConfigImage:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1206,7 +1212,7 @@ cuptiProfilerHostGetConfigImage:
     .globl cuptiProfilerHostGetConfigImageSize
     .type cuptiProfilerHostGetConfigImageSize, @function
 cuptiProfilerHostGetConfigImageSize:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1214,7 +1220,7 @@ cuptiProfilerHostGetConfigImageSize:
     .globl cuptiProfilerHostGetMaxNumHardwareMetricsPerPass
     .type cuptiProfilerHostGetMaxNumHardwareMetricsPerPass, @function
 cuptiProfilerHostGetMaxNumHardwareMetricsPerPass:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1222,7 +1228,7 @@ cuptiProfilerHostGetMaxNumHardwareMetricsPerPass:
     .globl cuptiProfilerHostGetMetricProperties
     .type cuptiProfilerHostGetMetricProperties, @function
 cuptiProfilerHostGetMetricProperties:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1230,7 +1236,7 @@ cuptiProfilerHostGetMetricProperties:
     .globl cuptiProfilerHostGetNumOfPasses
     .type cuptiProfilerHostGetNumOfPasses, @function
 cuptiProfilerHostGetNumOfPasses:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1238,7 +1244,7 @@ cuptiProfilerHostGetNumOfPasses:
     .globl cuptiProfilerHostGetRangeName
     .type cuptiProfilerHostGetRangeName, @function
 cuptiProfilerHostGetRangeName:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1246,7 +1252,7 @@ cuptiProfilerHostGetRangeName:
     .globl cuptiProfilerHostGetSubMetrics
     .type cuptiProfilerHostGetSubMetrics, @function
 cuptiProfilerHostGetSubMetrics:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1254,7 +1260,7 @@ cuptiProfilerHostGetSubMetrics:
     .globl cuptiProfilerHostGetSupportedChips
     .type cuptiProfilerHostGetSupportedChips, @function
 cuptiProfilerHostGetSupportedChips:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1262,7 +1268,7 @@ cuptiProfilerHostGetSupportedChips:
     .globl cuptiProfilerHostInitialize
     .type cuptiProfilerHostInitialize, @function
 cuptiProfilerHostInitialize:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1270,7 +1276,7 @@ cuptiProfilerHostInitialize:
     .globl cuptiProfilerInitialize
     .type cuptiProfilerInitialize, @function
 cuptiProfilerInitialize:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1278,7 +1284,7 @@ cuptiProfilerInitialize:
     .globl cuptiProfilerIsPassCollected
     .type cuptiProfilerIsPassCollected, @function
 cuptiProfilerIsPassCollected:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1286,7 +1292,7 @@ cuptiProfilerIsPassCollected:
     .globl cuptiProfilerPopRange
     .type cuptiProfilerPopRange, @function
 cuptiProfilerPopRange:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1294,7 +1300,7 @@ cuptiProfilerPopRange:
     .globl cuptiProfilerPushRange
     .type cuptiProfilerPushRange, @function
 cuptiProfilerPushRange:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1302,7 +1308,7 @@ cuptiProfilerPushRange:
     .globl cuptiProfilerSetConfig
     .type cuptiProfilerSetConfig, @function
 cuptiProfilerSetConfig:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1310,7 +1316,7 @@ cuptiProfilerSetConfig:
     .globl cuptiProfilerUnsetConfig
     .type cuptiProfilerUnsetConfig, @function
 cuptiProfilerUnsetConfig:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1318,7 +1324,7 @@ cuptiProfilerUnsetConfig:
     .globl cuptiRangeProfilerCounterDataGetRangeInfo
     .type cuptiRangeProfilerCounterDataGetRangeInfo, @function
 cuptiRangeProfilerCounterDataGetRangeInfo:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1326,7 +1332,7 @@ cuptiRangeProfilerCounterDataGetRangeInfo:
     .globl cuptiRangeProfilerCounterDataImageInitialize
     .type cuptiRangeProfilerCounterDataImageInitialize, @function
 cuptiRangeProfilerCounterDataImageInitialize:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1334,7 +1340,7 @@ cuptiRangeProfilerCounterDataImageInitialize:
     .globl cuptiRangeProfilerDecodeData
     .type cuptiRangeProfilerDecodeData, @function
 cuptiRangeProfilerDecodeData:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1342,7 +1348,7 @@ cuptiRangeProfilerDecodeData:
     .globl cuptiRangeProfilerDisable
     .type cuptiRangeProfilerDisable, @function
 cuptiRangeProfilerDisable:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1350,7 +1356,7 @@ cuptiRangeProfilerDisable:
     .globl cuptiRangeProfilerEnable
     .type cuptiRangeProfilerEnable, @function
 cuptiRangeProfilerEnable:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1358,7 +1364,7 @@ cuptiRangeProfilerEnable:
     .globl cuptiRangeProfilerGetCounterDataInfo
     .type cuptiRangeProfilerGetCounterDataInfo, @function
 cuptiRangeProfilerGetCounterDataInfo:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1366,7 +1372,7 @@ cuptiRangeProfilerGetCounterDataInfo:
     .globl cuptiRangeProfilerGetCounterDataSize
     .type cuptiRangeProfilerGetCounterDataSize, @function
 cuptiRangeProfilerGetCounterDataSize:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1374,7 +1380,7 @@ cuptiRangeProfilerGetCounterDataSize:
     .globl cuptiRangeProfilerPopRange
     .type cuptiRangeProfilerPopRange, @function
 cuptiRangeProfilerPopRange:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1382,7 +1388,7 @@ cuptiRangeProfilerPopRange:
     .globl cuptiRangeProfilerPushRange
     .type cuptiRangeProfilerPushRange, @function
 cuptiRangeProfilerPushRange:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1390,7 +1396,7 @@ cuptiRangeProfilerPushRange:
     .globl cuptiRangeProfilerSetConfig
     .type cuptiRangeProfilerSetConfig, @function
 cuptiRangeProfilerSetConfig:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1398,7 +1404,7 @@ cuptiRangeProfilerSetConfig:
     .globl cuptiRangeProfilerStart
     .type cuptiRangeProfilerStart, @function
 cuptiRangeProfilerStart:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1406,7 +1412,7 @@ cuptiRangeProfilerStart:
     .globl cuptiRangeProfilerStop
     .type cuptiRangeProfilerStop, @function
 cuptiRangeProfilerStop:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1414,7 +1420,7 @@ cuptiRangeProfilerStop:
     .globl cuptiRegisterComputeCrcCallback
     .type cuptiRegisterComputeCrcCallback, @function
 cuptiRegisterComputeCrcCallback:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1422,7 +1428,7 @@ cuptiRegisterComputeCrcCallback:
     .globl cuptiSassMetricsDisable
     .type cuptiSassMetricsDisable, @function
 cuptiSassMetricsDisable:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1430,7 +1436,7 @@ cuptiSassMetricsDisable:
     .globl cuptiSassMetricsEnable
     .type cuptiSassMetricsEnable, @function
 cuptiSassMetricsEnable:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1438,7 +1444,7 @@ cuptiSassMetricsEnable:
     .globl cuptiSassMetricsFlushData
     .type cuptiSassMetricsFlushData, @function
 cuptiSassMetricsFlushData:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1446,7 +1452,7 @@ cuptiSassMetricsFlushData:
     .globl cuptiSassMetricsGetDataProperties
     .type cuptiSassMetricsGetDataProperties, @function
 cuptiSassMetricsGetDataProperties:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1454,7 +1460,7 @@ cuptiSassMetricsGetDataProperties:
     .globl cuptiSassMetricsGetMetrics
     .type cuptiSassMetricsGetMetrics, @function
 cuptiSassMetricsGetMetrics:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1462,7 +1468,7 @@ cuptiSassMetricsGetMetrics:
     .globl cuptiSassMetricsGetNumOfMetrics
     .type cuptiSassMetricsGetNumOfMetrics, @function
 cuptiSassMetricsGetNumOfMetrics:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1470,7 +1476,7 @@ cuptiSassMetricsGetNumOfMetrics:
     .globl cuptiSassMetricsGetProperties
     .type cuptiSassMetricsGetProperties, @function
 cuptiSassMetricsGetProperties:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1478,7 +1484,7 @@ cuptiSassMetricsGetProperties:
     .globl cuptiSassMetricsSetConfig
     .type cuptiSassMetricsSetConfig, @function
 cuptiSassMetricsSetConfig:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1486,7 +1492,7 @@ cuptiSassMetricsSetConfig:
     .globl cuptiSassMetricsUnsetConfig
     .type cuptiSassMetricsUnsetConfig, @function
 cuptiSassMetricsUnsetConfig:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1494,7 +1500,7 @@ cuptiSassMetricsUnsetConfig:
     .globl cuptiSetEventCollectionMode
     .type cuptiSetEventCollectionMode, @function
 cuptiSetEventCollectionMode:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1502,7 +1508,7 @@ cuptiSetEventCollectionMode:
     .globl cuptiSetThreadIdType
     .type cuptiSetThreadIdType, @function
 cuptiSetThreadIdType:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1510,7 +1516,7 @@ cuptiSetThreadIdType:
     .globl cuptiStateQuery
     .type cuptiStateQuery, @function
 cuptiStateQuery:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1518,7 +1524,7 @@ cuptiStateQuery:
     .globl cuptiSubscribe
     .type cuptiSubscribe, @function
 cuptiSubscribe:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1526,7 +1532,7 @@ cuptiSubscribe:
     .globl cuptiSubscribe_v2
     .type cuptiSubscribe_v2, @function
 cuptiSubscribe_v2:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1534,7 +1540,7 @@ cuptiSubscribe_v2:
     .globl cuptiSupportedDomains
     .type cuptiSupportedDomains, @function
 cuptiSupportedDomains:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1542,7 +1548,7 @@ cuptiSupportedDomains:
     .globl cuptiUnsubscribe
     .type cuptiUnsubscribe, @function
 cuptiUnsubscribe:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1691,245 +1697,249 @@ cuptiUnsubscribe:
 .Lname70:
     .asciz "cuptiEventGroupSetsDestroy"
 .Lname71:
-    .asciz "cuptiGetAutoBoostState"
+    .asciz "cuptiFinalize"
 .Lname72:
-    .asciz "cuptiGetCallbackName"
+    .asciz "cuptiGetAutoBoostState"
 .Lname73:
-    .asciz "cuptiGetCallbackState"
+    .asciz "cuptiGetCallbackName"
 .Lname74:
-    .asciz "cuptiGetContextId"
+    .asciz "cuptiGetCallbackState"
 .Lname75:
-    .asciz "cuptiGetCubinCrc"
+    .asciz "cuptiGetContextId"
 .Lname76:
-    .asciz "cuptiGetDeviceId"
+    .asciz "cuptiGetCubinCrc"
 .Lname77:
-    .asciz "cuptiGetErrorMessage"
+    .asciz "cuptiGetDeviceId"
 .Lname78:
-    .asciz "cuptiGetGlobalCallbackState"
+    .asciz "cuptiGetErrorMessage"
 .Lname79:
-    .asciz "cuptiGetGraphExecId"
+    .asciz "cuptiGetGlobalCallbackState"
 .Lname80:
-    .asciz "cuptiGetGraphId"
+    .asciz "cuptiGetGraphExecId"
 .Lname81:
-    .asciz "cuptiGetGraphNodeId"
+    .asciz "cuptiGetGraphId"
 .Lname82:
-    .asciz "cuptiGetNumContexts"
+    .asciz "cuptiGetGraphNodeId"
 .Lname83:
-    .asciz "cuptiGetNumEventDomains"
+    .asciz "cuptiGetLastError"
 .Lname84:
-    .asciz "cuptiGetNumMetrics"
+    .asciz "cuptiGetNumContexts"
 .Lname85:
-    .asciz "cuptiGetRecommendedBufferSize"
+    .asciz "cuptiGetNumEventDomains"
 .Lname86:
-    .asciz "cuptiGetResultString"
+    .asciz "cuptiGetNumMetrics"
 .Lname87:
-    .asciz "cuptiGetSassToSourceCorrelation"
+    .asciz "cuptiGetRecommendedBufferSize"
 .Lname88:
-    .asciz "cuptiGetStreamId"
+    .asciz "cuptiGetResultString"
 .Lname89:
-    .asciz "cuptiGetStreamIdEx"
+    .asciz "cuptiGetSassToSourceCorrelation"
 .Lname90:
-    .asciz "cuptiGetThreadIdType"
+    .asciz "cuptiGetStreamId"
 .Lname91:
-    .asciz "cuptiGetTimestamp"
+    .asciz "cuptiGetStreamIdEx"
 .Lname92:
-    .asciz "cuptiGetVersion"
+    .asciz "cuptiGetThreadIdType"
 .Lname93:
-    .asciz "cuptiKernelReplaySubscribeUpdate"
+    .asciz "cuptiGetTimestamp"
 .Lname94:
-    .asciz "cuptiMetricCreateEventGroupSets"
+    .asciz "cuptiGetVersion"
 .Lname95:
-    .asciz "cuptiMetricEnumEvents"
+    .asciz "cuptiKernelReplaySubscribeUpdate"
 .Lname96:
-    .asciz "cuptiMetricEnumProperties"
+    .asciz "cuptiMetricCreateEventGroupSets"
 .Lname97:
-    .asciz "cuptiMetricGetAttribute"
+    .asciz "cuptiMetricEnumEvents"
 .Lname98:
-    .asciz "cuptiMetricGetIdFromName"
+    .asciz "cuptiMetricEnumProperties"
 .Lname99:
-    .asciz "cuptiMetricGetNumEvents"
+    .asciz "cuptiMetricGetAttribute"
 .Lname100:
-    .asciz "cuptiMetricGetNumProperties"
+    .asciz "cuptiMetricGetIdFromName"
 .Lname101:
-    .asciz "cuptiMetricGetRequiredEventGroupSets"
+    .asciz "cuptiMetricGetNumEvents"
 .Lname102:
-    .asciz "cuptiMetricGetValue"
+    .asciz "cuptiMetricGetNumProperties"
 .Lname103:
-    .asciz "cuptiMetricGetValue2"
+    .asciz "cuptiMetricGetRequiredEventGroupSets"
 .Lname104:
-    .asciz "cuptiNvtxExtensionInitialize"
+    .asciz "cuptiMetricGetValue"
 .Lname105:
-    .asciz "cuptiNvtxInitialize"
+    .asciz "cuptiMetricGetValue2"
 .Lname106:
-    .asciz "cuptiNvtxInitialize2"
+    .asciz "cuptiNvtxExtensionInitialize"
 .Lname107:
-    .asciz "cuptiOpenACCInitialize"
+    .asciz "cuptiNvtxInitialize"
 .Lname108:
-    .asciz "cuptiOpenMpInitialize"
+    .asciz "cuptiNvtxInitialize2"
 .Lname109:
-    .asciz "cuptiOpenMpInitialize_v2"
+    .asciz "cuptiOpenACCInitialize"
 .Lname110:
-    .asciz "cuptiPCSamplingDisable"
+    .asciz "cuptiOpenMpInitialize"
 .Lname111:
-    .asciz "cuptiPCSamplingEnable"
+    .asciz "cuptiOpenMpInitialize_v2"
 .Lname112:
-    .asciz "cuptiPCSamplingGetConfigurationAttribute"
+    .asciz "cuptiPCSamplingDisable"
 .Lname113:
-    .asciz "cuptiPCSamplingGetData"
+    .asciz "cuptiPCSamplingEnable"
 .Lname114:
-    .asciz "cuptiPCSamplingGetNumStallReasons"
+    .asciz "cuptiPCSamplingGetConfigurationAttribute"
 .Lname115:
-    .asciz "cuptiPCSamplingGetStallReasons"
+    .asciz "cuptiPCSamplingGetData"
 .Lname116:
-    .asciz "cuptiPCSamplingSetConfigurationAttribute"
+    .asciz "cuptiPCSamplingGetNumStallReasons"
 .Lname117:
-    .asciz "cuptiPCSamplingStart"
+    .asciz "cuptiPCSamplingGetStallReasons"
 .Lname118:
-    .asciz "cuptiPCSamplingStop"
+    .asciz "cuptiPCSamplingSetConfigurationAttribute"
 .Lname119:
-    .asciz "cuptiPmSamplingCounterDataGetSampleInfo"
+    .asciz "cuptiPCSamplingStart"
 .Lname120:
-    .asciz "cuptiPmSamplingCounterDataImageInitialize"
+    .asciz "cuptiPCSamplingStop"
 .Lname121:
-    .asciz "cuptiPmSamplingDecodeData"
+    .asciz "cuptiPmSamplingCounterDataGetSampleInfo"
 .Lname122:
-    .asciz "cuptiPmSamplingDisable"
+    .asciz "cuptiPmSamplingCounterDataImageInitialize"
 .Lname123:
-    .asciz "cuptiPmSamplingEnable"
+    .asciz "cuptiPmSamplingDecodeData"
 .Lname124:
-    .asciz "cuptiPmSamplingGetCounterAvailability"
+    .asciz "cuptiPmSamplingDisable"
 .Lname125:
-    .asciz "cuptiPmSamplingGetCounterDataInfo"
+    .asciz "cuptiPmSamplingEnable"
 .Lname126:
-    .asciz "cuptiPmSamplingGetCounterDataSize"
+    .asciz "cuptiPmSamplingGetCounterAvailability"
 .Lname127:
-    .asciz "cuptiPmSamplingSetConfig"
+    .asciz "cuptiPmSamplingGetCounterDataInfo"
 .Lname128:
-    .asciz "cuptiPmSamplingStart"
+    .asciz "cuptiPmSamplingGetCounterDataSize"
 .Lname129:
-    .asciz "cuptiPmSamplingStop"
+    .asciz "cuptiPmSamplingSetConfig"
 .Lname130:
-    .asciz "cuptiProfilerBeginPass"
+    .asciz "cuptiPmSamplingStart"
 .Lname131:
-    .asciz "cuptiProfilerBeginSession"
+    .asciz "cuptiPmSamplingStop"
 .Lname132:
-    .asciz "cuptiProfilerCounterDataImageCalculateScratchBufferSize"
+    .asciz "cuptiProfilerBeginPass"
 .Lname133:
-    .asciz "cuptiProfilerCounterDataImageCalculateSize"
+    .asciz "cuptiProfilerBeginSession"
 .Lname134:
-    .asciz "cuptiProfilerCounterDataImageInitialize"
+    .asciz "cuptiProfilerCounterDataImageCalculateScratchBufferSize"
 .Lname135:
-    .asciz "cuptiProfilerCounterDataImageInitializeScratchBuffer"
+    .asciz "cuptiProfilerCounterDataImageCalculateSize"
 .Lname136:
-    .asciz "cuptiProfilerDeInitialize"
+    .asciz "cuptiProfilerCounterDataImageInitialize"
 .Lname137:
-    .asciz "cuptiProfilerDeviceSupported"
+    .asciz "cuptiProfilerCounterDataImageInitializeScratchBuffer"
 .Lname138:
-    .asciz "cuptiProfilerDisableProfiling"
+    .asciz "cuptiProfilerDeInitialize"
 .Lname139:
-    .asciz "cuptiProfilerEnableProfiling"
+    .asciz "cuptiProfilerDeviceSupported"
 .Lname140:
-    .asciz "cuptiProfilerEndPass"
+    .asciz "cuptiProfilerDisableProfiling"
 .Lname141:
-    .asciz "cuptiProfilerEndSession"
+    .asciz "cuptiProfilerEnableProfiling"
 .Lname142:
-    .asciz "cuptiProfilerFlushCounterData"
+    .asciz "cuptiProfilerEndPass"
 .Lname143:
-    .asciz "cuptiProfilerGetCounterAvailability"
+    .asciz "cuptiProfilerEndSession"
 .Lname144:
-    .asciz "cuptiProfilerHostConfigAddMetrics"
+    .asciz "cuptiProfilerFlushCounterData"
 .Lname145:
-    .asciz "cuptiProfilerHostDeinitialize"
+    .asciz "cuptiProfilerGetCounterAvailability"
 .Lname146:
-    .asciz "cuptiProfilerHostEvaluateToGpuValues"
+    .asciz "cuptiProfilerHostConfigAddMetrics"
 .Lname147:
-    .asciz "cuptiProfilerHostGetBaseMetrics"
+    .asciz "cuptiProfilerHostDeinitialize"
 .Lname148:
-    .asciz "cuptiProfilerHostGetConfigImage"
+    .asciz "cuptiProfilerHostEvaluateToGpuValues"
 .Lname149:
-    .asciz "cuptiProfilerHostGetConfigImageSize"
+    .asciz "cuptiProfilerHostGetBaseMetrics"
 .Lname150:
-    .asciz "cuptiProfilerHostGetMaxNumHardwareMetricsPerPass"
+    .asciz "cuptiProfilerHostGetConfigImage"
 .Lname151:
-    .asciz "cuptiProfilerHostGetMetricProperties"
+    .asciz "cuptiProfilerHostGetConfigImageSize"
 .Lname152:
-    .asciz "cuptiProfilerHostGetNumOfPasses"
+    .asciz "cuptiProfilerHostGetMaxNumHardwareMetricsPerPass"
 .Lname153:
-    .asciz "cuptiProfilerHostGetRangeName"
+    .asciz "cuptiProfilerHostGetMetricProperties"
 .Lname154:
-    .asciz "cuptiProfilerHostGetSubMetrics"
+    .asciz "cuptiProfilerHostGetNumOfPasses"
 .Lname155:
-    .asciz "cuptiProfilerHostGetSupportedChips"
+    .asciz "cuptiProfilerHostGetRangeName"
 .Lname156:
-    .asciz "cuptiProfilerHostInitialize"
+    .asciz "cuptiProfilerHostGetSubMetrics"
 .Lname157:
-    .asciz "cuptiProfilerInitialize"
+    .asciz "cuptiProfilerHostGetSupportedChips"
 .Lname158:
-    .asciz "cuptiProfilerIsPassCollected"
+    .asciz "cuptiProfilerHostInitialize"
 .Lname159:
-    .asciz "cuptiProfilerPopRange"
+    .asciz "cuptiProfilerInitialize"
 .Lname160:
-    .asciz "cuptiProfilerPushRange"
+    .asciz "cuptiProfilerIsPassCollected"
 .Lname161:
-    .asciz "cuptiProfilerSetConfig"
+    .asciz "cuptiProfilerPopRange"
 .Lname162:
-    .asciz "cuptiProfilerUnsetConfig"
+    .asciz "cuptiProfilerPushRange"
 .Lname163:
-    .asciz "cuptiRangeProfilerCounterDataGetRangeInfo"
+    .asciz "cuptiProfilerSetConfig"
 .Lname164:
-    .asciz "cuptiRangeProfilerCounterDataImageInitialize"
+    .asciz "cuptiProfilerUnsetConfig"
 .Lname165:
-    .asciz "cuptiRangeProfilerDecodeData"
+    .asciz "cuptiRangeProfilerCounterDataGetRangeInfo"
 .Lname166:
-    .asciz "cuptiRangeProfilerDisable"
+    .asciz "cuptiRangeProfilerCounterDataImageInitialize"
 .Lname167:
-    .asciz "cuptiRangeProfilerEnable"
+    .asciz "cuptiRangeProfilerDecodeData"
 .Lname168:
-    .asciz "cuptiRangeProfilerGetCounterDataInfo"
+    .asciz "cuptiRangeProfilerDisable"
 .Lname169:
-    .asciz "cuptiRangeProfilerGetCounterDataSize"
+    .asciz "cuptiRangeProfilerEnable"
 .Lname170:
-    .asciz "cuptiRangeProfilerPopRange"
+    .asciz "cuptiRangeProfilerGetCounterDataInfo"
 .Lname171:
-    .asciz "cuptiRangeProfilerPushRange"
+    .asciz "cuptiRangeProfilerGetCounterDataSize"
 .Lname172:
-    .asciz "cuptiRangeProfilerSetConfig"
+    .asciz "cuptiRangeProfilerPopRange"
 .Lname173:
-    .asciz "cuptiRangeProfilerStart"
+    .asciz "cuptiRangeProfilerPushRange"
 .Lname174:
-    .asciz "cuptiRangeProfilerStop"
+    .asciz "cuptiRangeProfilerSetConfig"
 .Lname175:
-    .asciz "cuptiRegisterComputeCrcCallback"
+    .asciz "cuptiRangeProfilerStart"
 .Lname176:
-    .asciz "cuptiSassMetricsDisable"
+    .asciz "cuptiRangeProfilerStop"
 .Lname177:
-    .asciz "cuptiSassMetricsEnable"
+    .asciz "cuptiRegisterComputeCrcCallback"
 .Lname178:
-    .asciz "cuptiSassMetricsFlushData"
+    .asciz "cuptiSassMetricsDisable"
 .Lname179:
-    .asciz "cuptiSassMetricsGetDataProperties"
+    .asciz "cuptiSassMetricsEnable"
 .Lname180:
-    .asciz "cuptiSassMetricsGetMetrics"
+    .asciz "cuptiSassMetricsFlushData"
 .Lname181:
-    .asciz "cuptiSassMetricsGetNumOfMetrics"
+    .asciz "cuptiSassMetricsGetDataProperties"
 .Lname182:
-    .asciz "cuptiSassMetricsGetProperties"
+    .asciz "cuptiSassMetricsGetMetrics"
 .Lname183:
-    .asciz "cuptiSassMetricsSetConfig"
+    .asciz "cuptiSassMetricsGetNumOfMetrics"
 .Lname184:
-    .asciz "cuptiSassMetricsUnsetConfig"
+    .asciz "cuptiSassMetricsGetProperties"
 .Lname185:
-    .asciz "cuptiSetEventCollectionMode"
+    .asciz "cuptiSassMetricsSetConfig"
 .Lname186:
-    .asciz "cuptiSetThreadIdType"
+    .asciz "cuptiSassMetricsUnsetConfig"
 .Lname187:
-    .asciz "cuptiStateQuery"
+    .asciz "cuptiSetEventCollectionMode"
 .Lname188:
-    .asciz "cuptiSubscribe"
+    .asciz "cuptiSetThreadIdType"
 .Lname189:
-    .asciz "cuptiSubscribe_v2"
+    .asciz "cuptiStateQuery"
 .Lname190:
-    .asciz "cuptiSupportedDomains"
+    .asciz "cuptiSubscribe"
 .Lname191:
+    .asciz "cuptiSubscribe_v2"
+.Lname192:
+    .asciz "cuptiSupportedDomains"
+.Lname193:
     .asciz "cuptiUnsubscribe"
     .section .note.GNU-stack,"",@progbits

@@ -12,5 +12,6 @@ pub mod registry;
 pub mod runtime;
 pub mod unsupported;
 
+#[rustfmt::skip] // generated: printed by prettyplease, never reformatted
 #[path = "../../generated/client/mod.rs"]
 pub mod exports;

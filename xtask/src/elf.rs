@@ -24,8 +24,8 @@ pub fn soname(file: &Elf<'_>) -> Result<Option<String>> {
     Ok(None)
 }
 
-/// The non-base version definitions, and for each dynamic symbol index the version node
-/// name its definition carries (None for unversioned or base).
+/// The non-base version definitions, and for each dynamic symbol index (as in
+/// `ObjectSymbol::index`) the version node name its definition carries (None for unversioned).
 pub fn version_definitions(file: &Elf<'_>) -> Result<(Vec<String>, Vec<Option<String>>)> {
     let endian = file.endian();
     let data = file.data();
@@ -45,7 +45,8 @@ pub fn version_definitions(file: &Elf<'_>) -> Result<(Vec<String>, Vec<Option<St
     }
     let mut by_symbol = Vec::new();
     if let Some(table) = sections.versions(endian, data).context("reading .gnu.version")? {
-        let count = file.dynamic_symbols().count();
+        // Index 0 is the null symbol, which dynamic_symbols() skips.
+        let count = file.dynamic_symbols().count() + 1;
         for index in 0..count {
             let versym = table.version_index(endian, object::SymbolIndex(index));
             let version_index = versym.index();
@@ -69,14 +70,14 @@ pub fn versioned_exports(bytes: &[u8]) -> Result<Vec<(String, Option<String>, bo
     let sections = file.elf_section_table();
     let table = sections.versions(endian, data)?;
     let mut out = Vec::new();
-    for (index, symbol) in file.dynamic_symbols().enumerate() {
+    for symbol in file.dynamic_symbols() {
         if symbol.is_undefined() || !symbol.is_global() {
             continue;
         }
         let name = symbol.name()?.to_owned();
         let (node, default) = match &table {
             Some(table) => {
-                let versym = table.version_index(endian, object::SymbolIndex(index));
+                let versym = table.version_index(endian, symbol.index());
                 if versym.index().is_special() {
                     (None, true)
                 } else {

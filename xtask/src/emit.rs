@@ -708,6 +708,14 @@ impl<'a> Emitter<'a> {
                 let call = quote!(f(#(#args),*));
                 let result = match &v.ret {
                     Lowered::Unit => quote!({ #call; 0 }),
+                    Lowered::Record(_) => quote!({
+                        // A status record: its first eight bytes are the raw value.
+                        let record = #call;
+                        let mut raw = 0u64;
+                        let n = core::mem::size_of_val(&record).min(8);
+                        core::ptr::copy_nonoverlapping(&record as *const _ as *const u8, &mut raw as *mut u64 as *mut u8, n);
+                        raw
+                    }),
                     l => arg_to_u64(l, &quote!(#call)),
                 };
                 arms.push(quote! {
@@ -819,8 +827,16 @@ fn from_u64(l: &Lowered, raw: TokenStream) -> TokenStream {
         }
         Lowered::Ptr => quote!(#raw as usize as *mut c_void),
         Lowered::Record(r) => {
+            // A record returned by value is a status record (cuFile's CUfileError_t): the
+            // raw value is its first eight bytes.
             let r = ident(r);
-            quote!(core::ptr::read(#raw as usize as *const chidori_cuda::types::#r))
+            quote!({
+                let raw: u64 = #raw;
+                let mut out = core::mem::MaybeUninit::<chidori_cuda::types::#r>::zeroed();
+                let n = core::mem::size_of::<chidori_cuda::types::#r>().min(8);
+                core::ptr::copy_nonoverlapping(&raw as *const u64 as *const u8, out.as_mut_ptr() as *mut u8, n);
+                out.assume_init()
+            })
         }
         Lowered::Unit => quote!({ #raw; }),
     }

@@ -213,7 +213,7 @@ pub fn inspect(file: &str, bytes: &[u8]) -> Result<RealLibrary> {
     let soname = crate::elf::soname(&elf)?;
     let (version_nodes, versions_by_index) = crate::elf::version_definitions(&elf)?;
     let mut exports = Vec::new();
-    for (index, symbol) in elf.dynamic_symbols().enumerate() {
+    for symbol in elf.dynamic_symbols() {
         if symbol.is_undefined() || !symbol.is_global() || symbol.kind() != object::SymbolKind::Text {
             continue;
         }
@@ -221,7 +221,7 @@ pub fn inspect(file: &str, bytes: &[u8]) -> Result<RealLibrary> {
         if !is_api_symbol(name) {
             continue;
         }
-        match versions_by_index.get(index) {
+        match versions_by_index.get(symbol.index().0) {
             Some(Some(node)) => exports.push(format!("{name}@{node}")),
             _ => exports.push(name.to_owned()),
         }

@@ -24,43 +24,11 @@ use crate::libraries::{Library, Pass};
 pub fn extract(root: &Path, cuda: &str, library: &Library) -> Result<Option<LibraryIr>> {
     let include = headers::include_dir(root, cuda);
     let stub = root.join("headers/stub");
-    let header_re = regex::Regex::new(&format!("^(?:{})$", library.headers))?;
-    // The library is present when the first of its own headers that a pass includes is.
-    let own = library.passes.iter().flat_map(|p| p.include.iter()).find(|h| header_re.is_match(h));
-    let present = match own {
-        Some(h) => include.join(h).exists(),
-        None => include.join(&library.passes[0].include[0]).exists(),
-    };
-    if !present {
+    let Some((mut ir, header_hashes)) =
+        declarations(&include, &stub, library).with_context(|| format!("{} at CUDA {cuda}", library.name))?
+    else {
         return Ok(None);
-    }
-    let mut ir = LibraryIr::default();
-    let mut header_hashes = BTreeMap::new();
-    for entry in walk(&include)? {
-        let rel = entry.strip_prefix(&include)?.to_string_lossy().replace('\\', "/");
-        if header_re.is_match(&rel) {
-            let bytes = std::fs::read(&entry)?;
-            header_hashes.insert(rel, format!("{:x}", Sha256::digest(&bytes)));
-        }
-    }
-    for pass in &library.passes {
-        let output = run_bindgen(&include, &stub, &header_re, pass)
-            .with_context(|| format!("bindgen for {} at CUDA {cuda}, pass {:?}", library.name, pass.include))?;
-        for item in parse_bindgen(&output)? {
-            ir.insert(item)?;
-        }
-    }
-    if library.proc_table {
-        let pass = Pass { include: vec!["cudaTypedefs.h".into()], defines: vec![], cplusplus: false };
-        let typedefs_re = regex::Regex::new("^cudaTypedefs\\.h$")?;
-        let output = run_bindgen(&include, &stub, &typedefs_re, &pass)
-            .with_context(|| format!("bindgen for cudaTypedefs.h at CUDA {cuda}"))?;
-        for item in parse_bindgen(&output)? {
-            if let Item::Pfn(_) = item {
-                ir.insert(item)?;
-            }
-        }
-    }
+    };
     let real = real_library(root, cuda, library)?;
     let (soname, version_nodes, real_exports) = match (&real, &library.soname) {
         (Some(real), _) => (
@@ -86,6 +54,52 @@ pub fn extract(root: &Path, cuda: &str, library: &Library) -> Result<Option<Libr
         real_exports,
     });
     Ok(Some(ir))
+}
+
+/// The declarations of `library` in the headers under `include` (None when absent), and
+/// the sha256 of each of its headers. `stub` holds stand-ins for headers the wheels lack.
+pub fn declarations(
+    include: &Path,
+    stub: &Path,
+    library: &Library,
+) -> Result<Option<(LibraryIr, BTreeMap<String, String>)>> {
+    let header_re = regex::Regex::new(&format!("^(?:{})$", library.headers))?;
+    // The library is present when the first of its own headers that a pass includes is.
+    let own = library.passes.iter().flat_map(|p| p.include.iter()).find(|h| header_re.is_match(h));
+    let present = match own {
+        Some(h) => include.join(h).exists(),
+        None => include.join(&library.passes[0].include[0]).exists(),
+    };
+    if !present {
+        return Ok(None);
+    }
+    let mut ir = LibraryIr::default();
+    let mut header_hashes = BTreeMap::new();
+    for entry in walk(include)? {
+        let rel = entry.strip_prefix(include)?.to_string_lossy().replace('\\', "/");
+        if header_re.is_match(&rel) {
+            let bytes = std::fs::read(&entry)?;
+            header_hashes.insert(rel, format!("{:x}", Sha256::digest(&bytes)));
+        }
+    }
+    for pass in &library.passes {
+        let output =
+            run_bindgen(include, stub, &header_re, pass).with_context(|| format!("bindgen pass {:?}", pass.include))?;
+        for item in parse_bindgen(&output)? {
+            ir.insert(item)?;
+        }
+    }
+    if library.proc_table {
+        let pass = Pass { include: vec!["cudaTypedefs.h".into()], defines: vec![], cplusplus: false };
+        let typedefs_re = regex::Regex::new("^cudaTypedefs\\.h$")?;
+        let output = run_bindgen(include, stub, &typedefs_re, &pass).context("bindgen for cudaTypedefs.h")?;
+        for item in parse_bindgen(&output)? {
+            if let Item::Pfn(_) = item {
+                ir.insert(item)?;
+            }
+        }
+    }
+    Ok(Some((ir, header_hashes)))
 }
 
 fn real_library(root: &Path, cuda: &str, library: &Library) -> Result<Option<RealLibrary>> {
@@ -264,13 +278,29 @@ fn use_alias(tree: &syn::UseTree) -> Option<(String, String)> {
     }
 }
 
+/// bindgen appends `_` to C names that are Rust keywords (`type` → `type_`); the IR keeps
+/// the C name.
+fn c_name(rust: &str) -> String {
+    const KEYWORDS: &[&str] = &[
+        "abstract", "as", "async", "await", "become", "box", "break", "const", "continue", "crate", "do", "dyn",
+        "else", "enum", "extern", "false", "final", "fn", "for", "gen", "if", "impl", "in", "let", "loop", "macro",
+        "match", "mod", "move", "mut", "override", "priv", "pub", "ref", "return", "self", "static", "struct", "super",
+        "trait", "true", "try", "type", "typeof", "unsafe", "unsized", "use", "virtual", "where", "while", "yield",
+    ];
+    let rust = rust.trim_start_matches("r#");
+    match rust.strip_suffix('_') {
+        Some(stem) if KEYWORDS.contains(&stem) => stem.to_owned(),
+        _ => rust.to_owned(),
+    }
+}
+
 fn function(sig: &syn::Signature) -> Result<Function> {
     let name = sig.ident.to_string();
     let mut params = Vec::new();
     for (i, input) in sig.inputs.iter().enumerate() {
         let syn::FnArg::Typed(pat) = input else { bail!("{name}: receiver in extern fn") };
         let pname = match &*pat.pat {
-            syn::Pat::Ident(id) => id.ident.to_string().trim_start_matches("r#").to_owned(),
+            syn::Pat::Ident(id) => c_name(&id.ident.to_string()),
             _ => format!("arg{i}"),
         };
         params.push(Param { name: pname, ty: normalize(&pat.ty).with_context(|| format!("{name}: parameter {i}"))? });
@@ -286,8 +316,9 @@ fn record(name: &str, union: bool, fields: Vec<&syn::Field>, layouts: &Layouts) 
     let (size, align) = layouts.size.get(name).copied().unwrap_or((0, 0));
     let mut out = Vec::new();
     for f in fields {
-        let fname = f.ident.as_ref().map(|i| i.to_string().trim_start_matches("r#").to_owned()).unwrap_or_default();
-        let offset = match layouts.offsets.get(&(name.to_owned(), fname.clone())) {
+        let rust_name = f.ident.as_ref().map(|i| i.to_string().trim_start_matches("r#").to_owned()).unwrap_or_default();
+        let fname = c_name(&rust_name);
+        let offset = match layouts.offsets.get(&(name.to_owned(), rust_name)) {
             Some(o) => *o,
             None if union => 0,
             None => u64::MAX,

@@ -4,6 +4,7 @@
 //! committed files and is pure Rust.
 
 pub mod codegen;
+pub mod coverage;
 pub mod dist;
 pub mod elf;
 pub mod emit;

@@ -54,6 +54,9 @@ enum Command {
         #[arg(long, default_value = "release")]
         profile: String,
     },
+    /// Per library and CUDA version: exported, forwarded, hand-written, NOT_SUPPORTED; and
+    /// the functions torch imports that still answer NOT_SUPPORTED.
+    Coverage,
     /// Print what the model makes of every function (development aid).
     Stats,
 }
@@ -87,6 +90,11 @@ fn main() -> Result<()> {
             xtask::codegen::run(&root, cuda.as_deref(), mode)
         }
         Command::Dist { profile } => xtask::dist::run(&root, &profile).map(|_| ()),
+        Command::Coverage => {
+            let model = xtask::codegen::build_model(&root)?;
+            print!("{}", xtask::coverage::report(&root, &model)?);
+            Ok(())
+        }
         Command::Stats => {
             let all = xtask::ir::load_all(&root)?;
             let libs = xtask::libraries::Libraries::load(&root)?;

@@ -372,7 +372,20 @@ pub struct ProcEntry {
 }
 
 impl Model {
+    /// Build from the committed IR and `specs/<library>.toml`.
     pub fn build(root: &Path, all: &AllIr, libraries: &Libraries) -> Result<Model> {
+        let mut specs = BTreeMap::new();
+        for lib in &libraries.libraries {
+            specs.insert(lib.name.clone(), spec::load(root, &lib.name)?);
+        }
+        Model::build_with_specs(all, libraries, specs)
+    }
+
+    pub fn build_with_specs(
+        all: &AllIr,
+        libraries: &Libraries,
+        mut specs: BTreeMap<String, SpecFile>,
+    ) -> Result<Model> {
         let versions: Vec<String> = all.keys().cloned().collect();
         let mut envs = BTreeMap::new();
         for (v, libs) in all {
@@ -380,7 +393,7 @@ impl Model {
         }
         let mut libs = Vec::new();
         for lib in &libraries.libraries {
-            let spec = spec::load(root, &lib.name)?;
+            let spec = specs.remove(&lib.name).unwrap_or_default();
             libs.push(build_library(lib, spec, all, &envs).with_context(|| format!("library {}", lib.name))?);
         }
         let procs = build_procs(all, &envs)?;
@@ -649,6 +662,9 @@ fn dispose(lib: &Library, fspec: &FnSpec, env: &TypeEnv, decl: &Function, ret_is
     if decl.variadic {
         return Ok(Disposition::Unsupported { reason: "variadic".into() });
     }
+    if !lib.forward_by_default && fspec.class.is_none() && fspec.params.is_empty() {
+        return Ok(Disposition::Unsupported { reason: "this library forwards only what its spec lists".into() });
+    }
     let ret = if ret_is_status {
         RetWire::Status
     } else {
@@ -762,9 +778,6 @@ fn classify(
     // Another parameter that looks like a length makes a scalar pointer look like an array.
     let counted = decl.params.iter().enumerate().any(|(i, q)| i != index && looks_like_length(&q.name));
     let is_path = PATH_WORDS.iter().any(|w| p.name.contains(w));
-    if !lib.forward_by_default {
-        return Ok(Err("this library forwards only what its spec lists".into()));
-    }
     Ok(match kind {
         Kind::Scalar { bytes, float } => Ok(Wire::Val { bytes, float }),
         Kind::Handle { kind } => Ok(Wire::Handle { kind, destroy: releases }),

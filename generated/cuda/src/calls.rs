@@ -4,7 +4,7 @@
 
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 1162usize] = [
+pub static FUNCTIONS: [&str; 1153usize] = [
     "cublasCreate_v2",
     "cublasDestroy_v2",
     "cublasDzasum",
@@ -398,15 +398,6 @@ pub static FUNCTIONS: [&str; 1162usize] = [
     "cufftXtClearCallback",
     "cufftXtSetCallbackSharedSize",
     "cufftXtSetDistribution",
-    "cuFileDriverClose",
-    "cuFileDriverClose_v2",
-    "cuFileDriverOpen",
-    "cuFileStatsReset",
-    "cuFileStatsStart",
-    "cuFileStatsStop",
-    "cuFileUseCount",
-    "cuptiFinalize",
-    "cuptiGetLastError",
     "curandCreateGenerator",
     "curandCreateGeneratorHost",
     "curandCreatePoissonDistribution",
@@ -1169,7 +1160,7 @@ pub static FUNCTIONS: [&str; 1162usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 1162usize] = [
+pub static LIBRARY_OF: [&str; 1153usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -1563,15 +1554,6 @@ pub static LIBRARY_OF: [&str; 1162usize] = [
     "cufft",
     "cufft",
     "cufft",
-    "cufile",
-    "cufile",
-    "cufile",
-    "cufile",
-    "cufile",
-    "cufile",
-    "cufile",
-    "cupti",
-    "cupti",
     "curand",
     "curand",
     "curand",
@@ -3621,15 +3603,6 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cusparselt::cusparseLtMatmulPlanDestroy__cu126,
     &cusparselt::cusparseLtMatmulPlanDestroy__cu128,
     &cusparselt::cusparseLtMatmulPlanDestroy__cu130,
-    &cufile::cuFileDriverClose,
-    &cufile::cuFileDriverClose_v2,
-    &cufile::cuFileDriverOpen,
-    &cufile::cuFileStatsReset,
-    &cufile::cuFileStatsStart,
-    &cufile::cuFileStatsStop,
-    &cufile::cuFileUseCount,
-    &cupti::cuptiFinalize,
-    &cupti::cuptiGetLastError,
 ];
 pub mod cudart {
     use chidori_protocol::desc::*;
@@ -36243,141 +36216,6 @@ pub mod cusparselt {
             success: 0i64,
             not_supported: 10i64,
             unavailable: 1i64,
-        },
-    };
-}
-pub mod cufile {
-    use chidori_protocol::desc::*;
-    pub static cuFileDriverClose: CallDesc = CallDesc {
-        call: 1153u32,
-        name: "cuFileDriverClose",
-        library: "cufile",
-        versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 5007i64,
-            unavailable: 5001i64,
-        },
-    };
-    pub static cuFileDriverClose_v2: CallDesc = CallDesc {
-        call: 1154u32,
-        name: "cuFileDriverClose_v2",
-        library: "cufile",
-        versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 5007i64,
-            unavailable: 5001i64,
-        },
-    };
-    pub static cuFileDriverOpen: CallDesc = CallDesc {
-        call: 1155u32,
-        name: "cuFileDriverOpen",
-        library: "cufile",
-        versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 5007i64,
-            unavailable: 5001i64,
-        },
-    };
-    pub static cuFileStatsReset: CallDesc = CallDesc {
-        call: 1156u32,
-        name: "cuFileStatsReset",
-        library: "cufile",
-        versions: &["13.0", "13.1"],
-        class: Class::Sync,
-        params: &[],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 5007i64,
-            unavailable: 5001i64,
-        },
-    };
-    pub static cuFileStatsStart: CallDesc = CallDesc {
-        call: 1157u32,
-        name: "cuFileStatsStart",
-        library: "cufile",
-        versions: &["13.0", "13.1"],
-        class: Class::Sync,
-        params: &[],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 5007i64,
-            unavailable: 5001i64,
-        },
-    };
-    pub static cuFileStatsStop: CallDesc = CallDesc {
-        call: 1158u32,
-        name: "cuFileStatsStop",
-        library: "cufile",
-        versions: &["13.0", "13.1"],
-        class: Class::Sync,
-        params: &[],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 5007i64,
-            unavailable: 5001i64,
-        },
-    };
-    pub static cuFileUseCount: CallDesc = CallDesc {
-        call: 1159u32,
-        name: "cuFileUseCount",
-        library: "cufile",
-        versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[],
-        ret: Ret::Val {
-            bytes: 8u8,
-            float: false,
-        },
-        codes: Codes {
-            success: 0i64,
-            not_supported: 5007i64,
-            unavailable: 5001i64,
-        },
-    };
-}
-pub mod cupti {
-    use chidori_protocol::desc::*;
-    pub static cuptiFinalize: CallDesc = CallDesc {
-        call: 1160u32,
-        name: "cuptiFinalize",
-        library: "cupti",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 27i64,
-            unavailable: 15i64,
-        },
-    };
-    pub static cuptiGetLastError: CallDesc = CallDesc {
-        call: 1161u32,
-        name: "cuptiGetLastError",
-        library: "cupti",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 27i64,
-            unavailable: 15i64,
         },
     };
 }

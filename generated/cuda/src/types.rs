@@ -71,12 +71,12 @@ const _: () = {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct CUmemLocation_st {
-    pub type_: u32,
+    pub r#type: u32,
     pub id: i32,
 }
 const _: () = {
     assert!(core::mem::size_of:: < CUmemLocation_st > () == 8usize);
-    assert!(core::mem::offset_of!(CUmemLocation_st, type_) == 0usize);
+    assert!(core::mem::offset_of!(CUmemLocation_st, r#type) == 0usize);
     assert!(core::mem::offset_of!(CUmemLocation_st, id) == 4usize);
 };
 #[repr(C)]
@@ -96,15 +96,4 @@ pub struct CUipcEventHandle_st {
 const _: () = {
     assert!(core::mem::size_of:: < CUipcEventHandle_st > () == 64usize);
     assert!(core::mem::offset_of!(CUipcEventHandle_st, reserved) == 0usize);
-};
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUfileError {
-    pub err: u32,
-    pub cu_err: u32,
-}
-const _: () = {
-    assert!(core::mem::size_of:: < CUfileError > () == 8usize);
-    assert!(core::mem::offset_of!(CUfileError, err) == 0usize);
-    assert!(core::mem::offset_of!(CUfileError, cu_err) == 4usize);
 };

@@ -11968,60 +11968,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1153u32 => {
-                let f: unsafe extern "C" fn() -> chidori_cuda::types::CUfileError = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { &(f()) as *const _ as usize as u64 }
-            }
-            1154u32 => {
-                let f: unsafe extern "C" fn() -> chidori_cuda::types::CUfileError = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { &(f()) as *const _ as usize as u64 }
-            }
-            1155u32 => {
-                let f: unsafe extern "C" fn() -> chidori_cuda::types::CUfileError = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { &(f()) as *const _ as usize as u64 }
-            }
-            1156u32 => {
-                let f: unsafe extern "C" fn() -> chidori_cuda::types::CUfileError = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { &(f()) as *const _ as usize as u64 }
-            }
-            1157u32 => {
-                let f: unsafe extern "C" fn() -> chidori_cuda::types::CUfileError = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { &(f()) as *const _ as usize as u64 }
-            }
-            1158u32 => {
-                let f: unsafe extern "C" fn() -> chidori_cuda::types::CUfileError = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { &(f()) as *const _ as usize as u64 }
-            }
-            1159u32 => {
-                let f: unsafe extern "C" fn() -> i64 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as i64 as u64 }
-            }
-            1160u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
-            1161u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
             _ => return None,
         },
     )

@@ -442,7 +442,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "CUmemLocationType",
@@ -1495,7 +1495,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "cudaExternalMemoryHandleType",
@@ -1563,7 +1563,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "cudaExternalSemaphoreHandleType",
@@ -1871,7 +1871,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "cudaMemoryType",

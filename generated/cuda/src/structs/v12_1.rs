@@ -454,7 +454,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "CUmemLocationType",
@@ -1628,7 +1628,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "cudaExternalMemoryHandleType",
@@ -1696,7 +1696,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "cudaExternalSemaphoreHandleType",
@@ -2058,7 +2058,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "cudaMemoryType",

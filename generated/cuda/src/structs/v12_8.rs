@@ -351,7 +351,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "CUdevResourceType",
@@ -383,7 +383,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "CUfileFileHandleType",
@@ -660,7 +660,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "CUmemLocationType",
@@ -1396,7 +1396,7 @@ pub static STRUCTS: &[StructMap] = &[
                 ty: "cudaGraphConditionalHandle",
             },
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 8u32,
                 size: 4u32,
                 ty: "cudaGraphConditionalNodeType",
@@ -2042,7 +2042,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "cudaExternalMemoryHandleType",
@@ -2110,7 +2110,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "cudaExternalSemaphoreHandleType",
@@ -2619,7 +2619,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "cudaMemoryType",

@@ -375,7 +375,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "CUdevResourceType",
@@ -419,7 +419,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "CUfileFileHandleType",
@@ -702,7 +702,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "CUmemLocationType",
@@ -1462,7 +1462,7 @@ pub static STRUCTS: &[StructMap] = &[
                 ty: "cudaGraphConditionalHandle",
             },
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 8u32,
                 size: 4u32,
                 ty: "cudaGraphConditionalNodeType",
@@ -2108,7 +2108,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "cudaExternalMemoryHandleType",
@@ -2188,7 +2188,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "cudaExternalSemaphoreHandleType",
@@ -2709,7 +2709,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "cudaMemoryType",
@@ -3232,7 +3232,7 @@ pub static STRUCTS: &[StructMap] = &[
                 ty: "u32",
             },
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 4u32,
                 size: 4u32,
                 ty: "u32",

@@ -375,7 +375,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "CUdevResourceType",
@@ -431,7 +431,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "CUfileFileHandleType",
@@ -714,7 +714,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "CUmemLocationType",
@@ -1480,7 +1480,7 @@ pub static STRUCTS: &[StructMap] = &[
                 ty: "cudaGraphConditionalHandle",
             },
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 8u32,
                 size: 4u32,
                 ty: "cudaGraphConditionalNodeType",
@@ -2132,7 +2132,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "cudaExternalMemoryHandleType",
@@ -2212,7 +2212,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "cudaExternalSemaphoreHandleType",
@@ -2751,7 +2751,7 @@ pub static STRUCTS: &[StructMap] = &[
         union: false,
         fields: &[
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 0u32,
                 size: 4u32,
                 ty: "cudaMemoryType",
@@ -3274,7 +3274,7 @@ pub static STRUCTS: &[StructMap] = &[
                 ty: "u32",
             },
             FieldMap {
-                name: "type_",
+                name: "type",
                 offset: 4u32,
                 size: 4u32,
                 ty: "u32",

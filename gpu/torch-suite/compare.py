@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Run run_cases.py natively and through Chidori, compare case by case, print a table last.
+
+    python3 compare.py --chidori PATH --server HOST:PORT [--wan-server HOST:PORT]
+                       [--json OUT] [--only a,b] [--timeout S]
+
+Floats are compared relative to the larger of the two (inside a list: to the largest
+magnitude in the list) with the case's tolerance: exact 0, fp32 1e-5, loose 1e-3; everything
+else must be equal. A case matches when it succeeded in both runs and every value agrees.
+"info" values are shown, never compared. Exits 0 only if every run exited 0 and every case
+matches. Standard library only.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOLERANCE = {"exact": 0.0, "fp32": 1e-5, "loose": 1e-3}
+
+
+def run(label, prefix, only, timeout):
+    """Run the cases under prefix; records by case name, plus how the process ended."""
+    cmd = prefix + [sys.executable, os.path.join(HERE, "run_cases.py")] + (["--only", only] if only else [])
+    print(f"== {label}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, timeout=timeout)
+        stdout, stderr, rc = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as e:
+        stdout, stderr, rc = e.stdout or b"", e.stderr or b"", f"timeout after {timeout}s"
+    records = {}
+    for line in stdout.decode(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "case" in record:
+            records[record["case"]] = record
+    return {"label": label, "cmd": cmd, "rc": rc, "records": records,
+            "stderr_tail": stderr.decode(errors="replace").splitlines()[-30:]}
+
+
+def is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def rel_diff(a, b, scale):
+    if a == b or (math.isnan(a) and math.isnan(b)):
+        return 0.0
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return math.inf
+    return abs(a - b) / max(abs(a), abs(b), scale)
+
+
+def short(v):
+    text = json.dumps(v)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def diff(a, b, tol, path, bad, scale=0.0):
+    """Largest relative difference between the floats of a and b; mismatches are added to bad."""
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        return max((diff(a[k], b[k], tol, f"{path}.{k}", bad) for k in a), default=0.0)
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        scale = max((abs(v) for v in a + b if isinstance(v, float) and math.isfinite(v)), default=0.0)
+        return max((diff(x, y, tol, f"{path}[{i}]", bad, scale) for i, (x, y) in enumerate(zip(a, b))),
+                   default=0.0)
+    if is_number(a) and is_number(b) and (isinstance(a, float) or isinstance(b, float)):
+        rel = rel_diff(float(a), float(b), scale)
+        if rel > tol:
+            bad.append(f"{path}: {a!r} vs {b!r} (relative {rel:.3g}, tolerance {tol:g})")
+        return rel
+    if type(a) is not type(b) or a != b:
+        bad.append(f"{path}: {short(a)} vs {short(b)}")
+    return 0.0
+
+
+def compare(native, other):
+    """(match, max relative diff or None, reasons) for one case."""
+    if native is None or other is None:
+        return False, None, ["no result"]
+    if not (native["ok"] and other["ok"]):
+        return False, None, ["case failed"]
+    bad = []
+    rel = diff(native["result"], other["result"], TOLERANCE[native["tol"]], "result", bad)
+    if native["tol"] != other["tol"]:
+        bad.append(f"tolerance {native['tol']} vs {other['tol']}")
+    return not bad, rel, bad
+
+
+def ok_cell(record):
+    return "-" if record is None else "ok" if record["ok"] else "FAIL"
+
+
+def table(rows):
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    for n, row in enumerate(rows):
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--chidori", required=True, help="path of the chidori binary")
+    parser.add_argument("--server", required=True, help="HOST:PORT of chidori serve")
+    parser.add_argument("--wan-server", help="HOST:PORT of a chidori serve reached over a WAN")
+    parser.add_argument("--json", help="write runs and comparisons to this file")
+    parser.add_argument("--only", help="comma-separated case names (default: all)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds for each whole run")
+    args = parser.parse_args()
+
+    targets = [("remote", args.server)] + ([("wan", args.wan_server)] if args.wan_server else [])
+    native = run("native", [], args.only, args.timeout)
+    others = [run(label, [args.chidori, "run", "-s", server, "--"], args.only, args.timeout)
+              for label, server in targets]
+    runs = [native] + others
+
+    names = list(dict.fromkeys(name for r in runs for name in r["records"]))
+    comparisons = []
+    for name in names:
+        entry = {"case": name}
+        for other in others:
+            match, rel, reasons = compare(native["records"].get(name), other["records"].get(name))
+            entry[other["label"]] = {"match": match, "max_rel_diff": rel, "reasons": reasons}
+        comparisons.append(entry)
+
+    for r in runs:
+        if r["rc"] != 0:
+            print(f"\n{r['label']} run ended with {r['rc']}; stderr tail:")
+            print("\n".join("  " + line for line in r["stderr_tail"]))
+        for name, record in r["records"].items():
+            if not record["ok"]:
+                print(f"\n{r['label']} {name} failed: {record['error'].strip().splitlines()[-1]}")
+    for entry in comparisons:
+        for other in others:
+            reasons = entry[other["label"]]["reasons"]
+            if reasons and reasons != ["case failed"]:
+                print(f"\n{entry['case']}: native vs {other['label']}")
+                print("\n".join("  " + reason for reason in reasons[:12]))
+                if len(reasons) > 12:
+                    print(f"  ... {len(reasons) - 12} more")
+    for name in names:
+        records = [(r["label"], r["records"].get(name)) for r in runs]
+        keys = list(dict.fromkeys(k for _, rec in records if rec for k in rec["info"]))
+        for key in keys:
+            values = ", ".join(f"{label}={short(rec['info'].get(key)) if rec else '-'}" for label, rec in records)
+            print(f"info {name}.{key}: {values}")
+
+    passed = bool(names) and all(r["rc"] == 0 for r in runs) and all(
+        entry[other["label"]]["match"] for entry in comparisons for other in others)
+    matching = sum(all(entry[other["label"]]["match"] for other in others) for entry in comparisons)
+    print(f"\n{matching} of {len(names)} cases match" + ("" if passed else "; FAILED"))
+
+    header = ["case", "tol", "native"]
+    for other in others:
+        header += [other["label"], f"{other['label']} match", f"{other['label']} max rel diff"]
+    header += [f"{r['label']} s" for r in runs]
+    rows = [header]
+    for entry in comparisons:
+        name = entry["case"]
+        record = native["records"].get(name)
+        row = [name, (record or {}).get("tol", "-"), ok_cell(record)]
+        for other in others:
+            cmp, rel = entry[other["label"]], entry[other["label"]]["max_rel_diff"]
+            row += [ok_cell(other["records"].get(name)), "yes" if cmp["match"] else "NO",
+                    "-" if rel is None else f"{rel:.2e}"]
+        row += [(r["records"].get(name) or {}).get("seconds", "-") for r in runs]
+        rows.append(row)
+    print()
+    table(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"runs": runs, "comparisons": comparisons, "passed": passed}, f, indent=1)
+    sys.exit(0 if passed else 1)
+
+
+if __name__ == "__main__":
+    main()
