@@ -92,11 +92,15 @@ pub struct Codes {
     pub not_supported: i64,
     /// Answered while no server is reachable.
     pub unavailable: i64,
+    /// Answered by the worker for a handle the session never created.
+    pub invalid_handle: i64,
 }
 
 /// One ABI variant of a function.
 #[derive(Debug, Clone, Copy)]
 pub struct CallDesc {
+    /// Index in `chidori_cuda::calls::VARIANTS`: what a Call frame names.
+    pub wire: u32,
     pub call: CallId,
     pub name: &'static str,
     pub library: &'static str,

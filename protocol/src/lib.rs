@@ -1,7 +1,18 @@
 //! Chidori's wire protocol.
 //!
+//! A connection carries frames: a fixed 32-byte [`frame::Header`] outside any archive
+//! (magic, protocol version, message kind, call id, thread, sequence, lengths), then an rkyv
+//! archive of the kind's message ([`messages`]), then raw bulk bytes (buffer contents of a
+//! call or reply, kept out of the archive so large copies are written straight from and
+//! read straight into place). Every archive is validated (bytecheck) before use.
+//!
 //! [`desc`] holds the types of the generated call descriptors: for every forwarded
 //! function, how each parameter travels. Client and worker interpret the same tables.
 
 pub mod desc;
 pub mod env;
+pub mod frame;
+pub mod messages;
+
+/// Bumped on any incompatible change to frames or messages.
+pub const PROTOCOL_VERSION: u16 = 1;

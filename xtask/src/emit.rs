@@ -15,6 +15,7 @@ use std::fmt::Write as _;
 
 use anyhow::{Context, Result};
 use proc_macro2::{Ident, Literal, Span, TokenStream};
+use sha2::Digest;
 use quote::{format_ident, quote};
 
 use crate::ir::Ty;
@@ -101,6 +102,19 @@ struct Emitter<'a> {
     handles: BTreeMap<String, u16>,
     /// Records passed by value by a generated or hand-written export: (name, version).
     by_value: BTreeMap<String, String>,
+    /// Every call descriptor in wire-id order: forwarded variants and wire forms.
+    descs: Vec<DescEntry>,
+}
+
+struct DescEntry {
+    library: String,
+    function: String,
+    variant: usize,
+    /// The wire form, or None for the variant's own forwarded form.
+    form: Option<String>,
+    /// Rust name of the static (`cudaMalloc`, `cudaMemcpy__h2d`, `cudaFoo__cu118`).
+    ident: String,
+    call: u32,
 }
 
 impl<'a> Emitter<'a> {
@@ -108,23 +122,16 @@ impl<'a> Emitter<'a> {
         let mut ids = BTreeMap::new();
         let mut handles = BTreeSet::new();
         let mut by_value = BTreeMap::new();
+        let mut descs = Vec::new();
         for lib in &model.libraries {
             for f in lib.functions.values() {
-                let forwarded = f.variants.iter().any(|v| matches!(v.disposition, Disposition::Forward { .. }));
-                if forwarded {
-                    let id = ids.len() as u32;
-                    ids.insert((lib.lib.name.clone(), f.name.clone()), id);
-                }
-                for v in &f.variants {
-                    if let Disposition::Forward { params, .. } = &v.disposition {
-                        for w in params {
-                            match w {
-                                Wire::Handle { kind, .. } | Wire::OutHandle { kind } => {
-                                    handles.insert(kind.clone());
-                                }
-                                _ => {}
-                            }
-                        }
+                let mut forms = Vec::new();
+                for (vi, v) in f.variants.iter().enumerate() {
+                    if matches!(v.disposition, Disposition::Forward { .. }) {
+                        forms.push((vi, None, &v.disposition));
+                    }
+                    for (name, d) in &v.wire_forms {
+                        forms.push((vi, Some(name.clone()), d));
                     }
                     if !v.disposition.is_unsupported() {
                         let newest = v.versions.last().expect("variant has versions");
@@ -135,10 +142,49 @@ impl<'a> Emitter<'a> {
                         }
                     }
                 }
+                if forms.is_empty() {
+                    continue;
+                }
+                let id = ids.len() as u32;
+                ids.insert((lib.lib.name.clone(), f.name.clone()), id);
+                for (variant, form, d) in forms {
+                    if let Disposition::Forward { params, .. } = d {
+                        for w in params {
+                            if let Wire::Handle { kind, .. } | Wire::OutHandle { kind } = w {
+                                handles.insert(kind.clone());
+                            }
+                        }
+                    }
+                    let v = &f.variants[variant];
+                    let mut name = variant_ident(&f.name, &v.tag);
+                    if let Some(form) = &form {
+                        name = format!("{name}__{form}");
+                    }
+                    descs.push(DescEntry {
+                        library: lib.lib.name.clone(),
+                        function: f.name.clone(),
+                        variant,
+                        form,
+                        ident: name,
+                        call: id,
+                    });
+                }
             }
         }
         let handles = handles.into_iter().enumerate().map(|(i, h)| (h, i as u16)).collect();
-        Emitter { model, ids, handles, by_value }
+        Emitter { model, ids, handles, by_value, descs }
+    }
+
+    /// The disposition (always Forward) and variant of a descriptor entry.
+    fn entry(&self, e: &DescEntry) -> (&Variant, &Disposition) {
+        let lib = self.model.libraries.iter().find(|l| l.lib.name == e.library).expect("library");
+        let f = &lib.functions[&e.function];
+        let v = &f.variants[e.variant];
+        let d = match &e.form {
+            None => &v.disposition,
+            Some(form) => &v.wire_forms.iter().find(|(n, _)| n == form).expect("wire form").1,
+        };
+        (v, d)
     }
 
     fn env(&self, version: &str) -> &TypeEnv {
@@ -277,70 +323,74 @@ impl<'a> Emitter<'a> {
     fn calls(&self) -> Result<String> {
         let names = self.ids.keys().map(|(_, n)| lit_str(n));
         let libs_of = self.ids.keys().map(|(l, _)| lit_str(l));
-        let mut modules = Vec::new();
+        let mut modules: BTreeMap<String, (Vec<TokenStream>, Vec<TokenStream>)> = BTreeMap::new();
         let mut all = Vec::new();
-        for lib in &self.model.libraries {
-            let mut items = Vec::new();
-            let mut statics = Vec::new();
-            for f in lib.functions.values() {
-                for v in &f.variants {
-                    let Disposition::Forward { class, params, ret } = &v.disposition else { continue };
-                    let id = self.ids[&(lib.lib.name.clone(), f.name.clone())];
-                    let var_name = variant_ident(&f.name, &v.tag);
-                    let prefix = format!("LEN_{var_name}");
-                    let wires: Vec<_> = params.iter().map(|w| self.wire(w, &mut statics, &prefix)).collect();
-                    let class = class_tokens(*class);
-                    let ret = match ret {
-                        RetWire::Status => quote!(Ret::Status),
-                        RetWire::Val { bytes, float } => quote!(Ret::Val { bytes: #bytes, float: #float }),
-                        RetWire::Void => quote!(Ret::Void),
-                    };
-                    let name = lit_str(&f.name);
-                    let library = lit_str(&lib.lib.name);
-                    let versions = v.versions.iter().map(|x| lit_str(x));
-                    let (s, n, u) = (v.codes.success, v.codes.not_supported, v.codes.unavailable);
-                    let id_ident = ident(&var_name);
-                    items.push(quote! {
-                        pub static #id_ident: CallDesc = CallDesc {
-                            call: #id,
-                            name: #name,
-                            library: #library,
-                            versions: &[#(#versions),*],
-                            class: #class,
-                            params: &[#(#wires),*],
-                            ret: #ret,
-                            codes: Codes { success: #s, not_supported: #n, unavailable: #u },
-                        };
-                    });
-                    let m = ident(&lib.lib.name);
-                    all.push(quote!(&#m::#id_ident));
-                }
-            }
-            if items.is_empty() {
-                continue;
-            }
-            let m = ident(&lib.lib.name);
-            modules.push(quote! {
+        for (wire_id, e) in self.descs.iter().enumerate() {
+            let (v, d) = self.entry(e);
+            let Disposition::Forward { class, params, ret } = d else { unreachable!("descriptors are forwarded") };
+            let (statics, items) = modules.entry(e.library.clone()).or_default();
+            let prefix = format!("LEN_{}", e.ident);
+            let wires: Vec<_> = params.iter().map(|w| self.wire(w, statics, &prefix)).collect();
+            let class = class_tokens(*class);
+            let ret = match ret {
+                RetWire::Status => quote!(Ret::Status),
+                RetWire::Val { bytes, float } => quote!(Ret::Val { bytes: #bytes, float: #float }),
+                RetWire::Void => quote!(Ret::Void),
+            };
+            let name = lit_str(&e.function);
+            let library = lit_str(&e.library);
+            let versions = v.versions.iter().map(|x| lit_str(x));
+            let (s, n, u, h) = (v.codes.success, v.codes.not_supported, v.codes.unavailable, v.codes.invalid_handle);
+            let id_ident = ident(&e.ident);
+            let call = e.call;
+            let wire = wire_id as u32;
+            items.push(quote! {
+                pub static #id_ident: CallDesc = CallDesc {
+                    wire: #wire,
+                    call: #call,
+                    name: #name,
+                    library: #library,
+                    versions: &[#(#versions),*],
+                    class: #class,
+                    params: &[#(#wires),*],
+                    ret: #ret,
+                    codes: Codes { success: #s, not_supported: #n, unavailable: #u, invalid_handle: #h },
+                };
+            });
+            let m = ident(&e.library);
+            all.push(quote!(&#m::#id_ident));
+        }
+        let modules = modules.into_iter().map(|(lib, (statics, items))| {
+            let m = ident(&lib);
+            quote! {
                 pub mod #m {
                     use chidori_protocol::desc::*;
                     #(#statics)*
                     #(#items)*
                 }
-            });
-        }
+            }
+        });
         let count = self.ids.len();
+        let body = quote! {
+            use chidori_protocol::desc::CallDesc;
+            /// Function name by call id.
+            pub static FUNCTIONS: [&str; #count] = [#(#names),*];
+            /// Library by call id.
+            pub static LIBRARY_OF: [&str; #count] = [#(#libs_of),*];
+            /// Every call descriptor, indexed by its wire id.
+            pub static VARIANTS: &[&CallDesc] = &[#(#all),*];
+            #(#modules)*
+        };
+        // Client and worker must interpret wire ids identically: the handshake compares this.
+        let digest = sha2::Sha256::digest(body.to_string().as_bytes());
+        let hash = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
         rust_file(
             PREAMBLE_ALL,
-            "Call ids and the wire schema of every forwarded function variant.",
+            "Call ids and the wire schema of every forwarded function variant and wire form.",
             quote! {
-                use chidori_protocol::desc::CallDesc;
-                /// Function name by call id.
-                pub static FUNCTIONS: [&str; #count] = [#(#names),*];
-                /// Library by call id.
-                pub static LIBRARY_OF: [&str; #count] = [#(#libs_of),*];
-                /// Every forwarded variant.
-                pub static VARIANTS: &[&CallDesc] = &[#(#all),*];
-                #(#modules)*
+                /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
+                pub const SCHEMA_HASH: u64 = #hash;
+                #body
             },
         )
     }
@@ -695,8 +745,12 @@ impl<'a> Emitter<'a> {
         let mut arms = Vec::new();
         for lib in &self.model.libraries {
             for f in lib.functions.values() {
-                // The newest forwarded variant defines the real function's signature.
-                let Some(v) = f.variants.iter().rev().find(|v| matches!(v.disposition, Disposition::Forward { .. }))
+                // The newest variant that travels defines the real function's signature.
+                let Some(v) = f
+                    .variants
+                    .iter()
+                    .rev()
+                    .find(|v| matches!(v.disposition, Disposition::Forward { .. }) || !v.wire_forms.is_empty())
                 else {
                     continue;
                 };

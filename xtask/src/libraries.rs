@@ -38,6 +38,8 @@ pub struct Library {
     pub not_supported: String,
     /// What every export answers while no server is reachable.
     pub unavailable: String,
+    /// What the worker answers for a handle the session never created.
+    pub invalid_handle: String,
     /// Whether a non-const pointer to a scalar may be inferred to be a host output. False for
     /// libraries (cuBLAS, cuSPARSE, …) whose scalar pointers are usually device arrays.
     #[serde(default = "yes")]

@@ -303,6 +303,7 @@ pub struct Codes {
     pub success: i64,
     pub not_supported: i64,
     pub unavailable: i64,
+    pub invalid_handle: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -318,6 +319,8 @@ pub struct Variant {
     pub ret_is_string: bool,
     pub codes: Codes,
     pub disposition: Disposition,
+    /// Extra wire forms of a custom function (name, always `Disposition::Forward`).
+    pub wire_forms: Vec<(String, Disposition)>,
 }
 
 #[derive(Debug, Clone)]
@@ -557,6 +560,7 @@ fn codes(env: &TypeEnv, lib: &Library) -> Result<Codes> {
         success: get(&lib.success)?,
         not_supported: get(&lib.not_supported)?,
         unavailable: get(&lib.unavailable)?,
+        invalid_handle: get(&lib.invalid_handle)?,
     })
 }
 
@@ -574,7 +578,7 @@ fn variant_key(env: &TypeEnv, lib: &Library, f: &Function, v: &str, all: &AllIr)
         key.push_str("...");
     }
     let c = codes(env, lib)?;
-    key.push_str(&format!("#{}/{}/{}", c.success, c.not_supported, c.unavailable));
+    key.push_str(&format!("#{}/{}/{}/{}", c.success, c.not_supported, c.unavailable, c.invalid_handle));
     Ok(key)
 }
 
@@ -628,6 +632,19 @@ fn build_variant(
     } else {
         dispose(lib, fspec, env, decl, ret_is_status)?
     };
+    let forms = hidden.map(|h| &h.wire).unwrap_or(&fspec.wire);
+    let mut wire_forms = Vec::new();
+    for (form, w) in forms {
+        if !matches!(disposition, Disposition::Custom { .. }) {
+            bail!("wire forms are for custom functions; {} is not custom", decl.name);
+        }
+        let d = classify_call(lib, env, decl, ret_is_status, w.class, &w.params, true)
+            .with_context(|| format!("wire form {form}"))?;
+        if let Disposition::Unsupported { reason } = d {
+            bail!("wire form {form} of {} cannot be classified: {reason}", decl.name);
+        }
+        wire_forms.push((form.clone(), d));
+    }
     Ok(Variant {
         tag: tag.to_owned(),
         versions,
@@ -638,6 +655,7 @@ fn build_variant(
         ret_is_string,
         codes,
         disposition,
+        wire_forms,
     })
 }
 
@@ -659,10 +677,29 @@ fn dispose(lib: &Library, fspec: &FnSpec, env: &TypeEnv, decl: &Function, ret_is
     if let Some(class @ (Class::Custom | Class::Local)) = fspec.class {
         return Ok(Disposition::Custom { class });
     }
+    classify_call(lib, env, decl, ret_is_status, fspec.class, &fspec.params, false)
+}
+
+/// Classify a whole call with the given class and parameter specs. `explicit`: a wire form,
+/// where every unlisted parameter must still classify by inference.
+fn classify_call(
+    lib: &Library,
+    env: &TypeEnv,
+    decl: &Function,
+    ret_is_status: bool,
+    class: Option<Class>,
+    params: &BTreeMap<String, String>,
+    explicit: bool,
+) -> Result<Disposition> {
+    for name in params.keys() {
+        if !decl.params.iter().any(|p| &p.name == name) {
+            bail!("spec names parameter {name}, which {} does not have", decl.name);
+        }
+    }
     if decl.variadic {
         return Ok(Disposition::Unsupported { reason: "variadic".into() });
     }
-    if !lib.forward_by_default && fspec.class.is_none() && fspec.params.is_empty() {
+    if !explicit && !lib.forward_by_default && class.is_none() && params.is_empty() {
         return Ok(Disposition::Unsupported { reason: "this library forwards only what its spec lists".into() });
     }
     let ret = if ret_is_status {
@@ -676,7 +713,7 @@ fn dispose(lib: &Library, fspec: &FnSpec, env: &TypeEnv, decl: &Function, ret_is
     };
     let mut wires = Vec::new();
     for (i, p) in decl.params.iter().enumerate() {
-        let pspec = match fspec.params.get(&p.name) {
+        let pspec = match params.get(&p.name) {
             Some(s) => Some(spec::parse_param(s).with_context(|| format!("parameter {}", p.name))?),
             None => None,
         };
@@ -685,10 +722,11 @@ fn dispose(lib: &Library, fspec: &FnSpec, env: &TypeEnv, decl: &Function, ret_is
             Err(why) => return Ok(Disposition::Unsupported { reason: format!("parameter {}: {why}", p.name) }),
         }
     }
-    let class = fspec.class.unwrap_or(Class::Sync);
+    let class = class.unwrap_or(Class::Sync);
     if class == Class::Async {
-        let outputs =
-            wires.iter().any(|w| matches!(w, Wire::OutHandle { .. } | Wire::Buf { dir: Dir::Out | Dir::InOut, .. }));
+        let outputs = wires.iter().any(|w| {
+            matches!(w, Wire::OutHandle { .. } | Wire::Buf { dir: Dir::Out | Dir::InOut, .. })
+        });
         if outputs || !matches!(ret, RetWire::Status | RetWire::Void) {
             bail!("{} is async but has outputs", decl.name);
         }

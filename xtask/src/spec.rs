@@ -18,6 +18,11 @@
 //! class = "local"
 //! impl = "error_name"              # generated from the status enum (also: error_string)
 //!
+//! [function.cudaMemcpy]
+//! class = "custom"                 # the hand-written code picks a wire form per call:
+//! wire.h2d.params = { dst = "device", src = "in[count]" }
+//! wire.d2h.params = { dst = "out[count]", src = "device" }
+//!
 //! [function.cudaMallocManaged]
 //! unsupported = "managed memory is dereferenced by the CPU; it cannot live on the server"
 //!
@@ -85,6 +90,18 @@ pub struct FnSpec {
     pub reason: Option<String>,
     /// Deliberately not forwarded: the reason is logged and listed by `cargo xtask coverage`.
     pub unsupported: Option<String>,
+    /// Extra wire forms of a custom function: the hand-written code picks one per call
+    /// (cudaMemcpy travels as `h2d`, `d2h` or `d2d`). Each gets its own call descriptor.
+    #[serde(default)]
+    pub wire: BTreeMap<String, WireForm>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WireForm {
+    pub class: Option<Class>,
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -94,6 +111,8 @@ pub struct HiddenFn {
     pub params: Vec<(String, String)>,
     pub class: Class,
     pub reason: Option<String>,
+    #[serde(default)]
+    pub wire: BTreeMap<String, WireForm>,
 }
 
 pub fn load(root: &Path, library: &str) -> Result<SpecFile> {

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Builds the CUDA suite: one executable per program in $BUILD_DIR; objects and the build log of
+# each program (commands included) in $BUILD_DIR/obj/NAME/. Prints one line per program, goes on
+# past failures and exits 1 if any build failed.
+#
+#   bash build.sh [NAME...]
+#   NVCC (default /usr/local/cuda-13.0/bin/nvcc), BUILD_DIR (default /tmp/cuda-suite),
+#   CUDART (shared or static, default shared), JOBS (parallel builds, default nproc)
+set -u
+cd "$(dirname "$0")"
+NVCC=${NVCC:-/usr/local/cuda-13.0/bin/nvcc}
+B=${BUILD_DIR:-/tmp/cuda-suite}
+CUDART=${CUDART:-shared}
+JOBS=${JOBS:-$(nproc)}
+[[ -x $NVCC ]] || { echo "no nvcc at $NVCC" >&2; exit 2; }
+CUDA_HOME=$(cd "$(dirname "$NVCC")/.." && pwd)
+
+# cudart is linked shared by default: Chidori replaces libcudart.so.13, and a static copy would
+# bypass it. The rpath lets native runs find libcudart without LD_LIBRARY_PATH.
+FLAGS=(-arch=sm_90 -O2 -std=c++17 -Isrc)
+LINK=(-cudart "$CUDART" -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64")
+if [[ $CUDART == shared ]]; then HOST_CUDART=(-lcudart); else HOST_CUDART=(-lcudart_static -ldl -lpthread -lrt); fi
+
+NAMES=(params templates multi_tu rdc dyn_smem symbols atomics coop_grid streams_events pinned_async
+       memset_copy graph_replay host_callbacks threads fault compress_zstd compress_lz4 driver_ptx
+       launch_ex launch_default launch_legacy)
+
+nv() { "$NVCC" "${FLAGS[@]}" "$@"; }
+
+# recipe NAME: builds $B/NAME, using $B/obj/NAME for intermediate files.
+recipe() {
+  local name=$1 out=$B/$1 obj=$B/obj/$1
+  case $name in
+    multi_tu)
+      nv -c src/multi_tu/library.cu -o "$obj/library.o" &&
+        ar rcs "$obj/libsteps.a" "$obj/library.o" &&
+        nv "${LINK[@]}" src/multi_tu/main.cu src/multi_tu/scale.cu "$obj/libsteps.a" -o "$out" ;;
+    rdc)
+      nv -rdc=true -c src/rdc/main.cu -o "$obj/main.o" &&
+        nv -rdc=true -c src/rdc/device_fn.cu -o "$obj/device_fn.o" &&
+        nv -dlink "$obj/main.o" "$obj/device_fn.o" -o "$obj/dlink.o" &&
+        g++ "$obj/main.o" "$obj/device_fn.o" "$obj/dlink.o" -L"$CUDA_HOME/lib64" \
+          -Wl,-rpath,"$CUDA_HOME/lib64" -lcudadevrt "${HOST_CUDART[@]}" -o "$out" ;;
+    driver_ptx)     nv -cudart none src/driver_ptx.cpp -o "$out" -lcuda ;;
+    threads)        nv "${LINK[@]}" -Xcompiler -pthread src/threads.cu -o "$out" ;;
+    compress_zstd)  nv "${LINK[@]}" -Xfatbin -compress-all src/compress.cu -o "$out" ;;
+    compress_lz4)   nv "${LINK[@]}" -Xfatbin -compress-all --compress-mode=speed src/compress.cu -o "$out" ;;
+    launch_default) nv "${LINK[@]}" src/launch_chevron.cu -o "$out" ;;
+    launch_legacy)  nv "${LINK[@]}" -legacy-launch-seq src/launch_chevron.cu -o "$out" ;;
+    *)              nv "${LINK[@]}" "src/$name.cu" -o "$out" ;;
+  esac
+}
+
+selected=("$@")
+[[ ${#selected[@]} -gt 0 ]] || selected=("${NAMES[@]}")
+for name in "${selected[@]}"; do
+  [[ " ${NAMES[*]} " == *" $name "* ]] || { echo "unknown program: $name" >&2; exit 2; }
+done
+
+mkdir -p "$B/obj"
+for name in "${selected[@]}"; do
+  while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n; done
+  (
+    rm -rf "${B:?}/obj/$name" "${B:?}/$name"
+    mkdir -p "$B/obj/$name"
+    if (set -x; recipe "$name") >"$B/obj/$name/log" 2>&1; then echo ok; else echo FAILED; fi >"$B/obj/$name/status"
+  ) &
+done
+wait
+
+failed=()
+for name in "${selected[@]}"; do
+  if [[ $(cat "$B/obj/$name/status") == ok ]]; then
+    printf 'ok      %s\n' "$name"
+  else
+    printf 'FAILED  %-16s log: %s\n' "$name" "$B/obj/$name/log"
+    failed+=("$name")
+  fi
+done
+if (( ${#failed[@]} )); then
+  echo "${#failed[@]} of ${#selected[@]} builds failed: ${failed[*]}"
+  exit 1
+fi
+echo "all ${#selected[@]} programs built in $B"

@@ -1,0 +1,214 @@
+//! The messages inside frames, as rkyv archives. Receivers validate every archive with
+//! bytecheck ([`decode`]) before reading it.
+
+use rkyv::rancor::Error as RkyvError;
+use rkyv::{Archive, Deserialize, Serialize};
+
+use crate::frame::{Frame, FrameError};
+
+/// Client → server, the first frame of a connection.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Hello {
+    pub protocol: u16,
+    /// Hash of the generated call descriptors (`chidori_cuda::calls::SCHEMA_HASH`).
+    pub schema: u64,
+    pub client_version: String,
+    pub pid: u32,
+    pub host: String,
+    /// The program's command line, for the server's log.
+    pub program: String,
+}
+
+/// Server → client: the session is open.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Welcome {
+    pub server_version: String,
+    /// "real" or "emulated".
+    pub backend: String,
+    pub session: u64,
+    /// cuDriverGetVersion of the server (e.g. 13000).
+    pub driver_version: i32,
+    /// CUDA version ("13.0") of each library the server loaded, by Chidori library name.
+    pub libraries: Vec<(String, String)>,
+    pub devices: Vec<Device>,
+}
+
+/// A GPU as the server sees it: everything the client answers device queries from.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Device {
+    pub ordinal: u32,
+    pub name: String,
+    pub uuid: [u8; 16],
+    pub total_mem: u64,
+    /// (CUdevice_attribute value, result) for every attribute the driver answered.
+    pub attributes: Vec<(i32, i32)>,
+    /// cudaDeviceProp at the server's runtime version, field by field: the canonical record
+    /// from which the client writes the layout of whatever version it was built with.
+    pub props: Vec<(String, PropValue)>,
+    /// The CUDA version of the layout `props` was read with.
+    pub props_version: String,
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum PropValue {
+    Int(i64),
+    Ints(Vec<i64>),
+    Text(String),
+    Bytes(Vec<u8>),
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefuseReason {
+    Protocol,
+    Schema,
+    NoGpu,
+    Unauthorized,
+    Busy,
+    Internal,
+}
+
+/// Server → client: the session cannot open; the client reports `message` and gives up.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Refuse {
+    pub reason: RefuseReason,
+    pub message: String,
+}
+
+/// Client → server: one call. Header: `call` = descriptor wire id, `thread`, `seq`.
+/// `args` holds one raw value per parameter; `lens` one byte length per parameter for the
+/// input bytes concatenated in the bulk section (0 for parameters without bytes,
+/// [`NULL_LEN`] for a null pointer).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct Call {
+    pub args: Vec<u64>,
+    pub lens: Vec<u64>,
+}
+
+/// The length standing for a null pointer.
+pub const NULL_LEN: u64 = u64::MAX;
+
+/// Server → client: the outcome of a call. `ret` is the raw return value; `lens` gives one
+/// byte length per parameter for the outputs in the bulk section, in parameter order.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct Reply {
+    pub ret: u64,
+    pub lens: Vec<u64>,
+    /// Set when the server could not execute the call at all (bad handle, unknown call):
+    /// the client logs it once; `ret` then holds the library's error status.
+    pub error: Option<String>,
+}
+
+/// Server → client: an asynchronous call (no reply awaited) failed with `status`.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct AsyncError {
+    pub status: i64,
+    pub message: Option<String>,
+}
+
+/// Server → client: run the host function registered as `id` (its stream reached it).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct HostCallback {
+    pub id: u64,
+    pub status: i64,
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct HostCallbackDone {
+    pub id: u64,
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Goodbye {
+    pub reason: String,
+}
+
+/// Serialize a message into an archive.
+pub fn encode<T>(value: &T) -> rkyv::util::AlignedVec
+where
+    T: for<'a> Serialize<
+            rkyv::api::high::HighSerializer<rkyv::util::AlignedVec, rkyv::ser::allocator::ArenaHandle<'a>, RkyvError>,
+        >,
+{
+    // Serializing plain owned data into a growable buffer cannot fail.
+    rkyv::to_bytes::<RkyvError>(value).expect("serializing a message")
+}
+
+/// Validate a frame's archive and deserialize it.
+pub fn decode<T>(frame: &Frame, what: &'static str) -> Result<T, FrameError>
+where
+    T: Archive,
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, RkyvError>>
+        + Deserialize<T, rkyv::api::high::HighDeserializer<RkyvError>>,
+{
+    let archived = rkyv::access::<T::Archived, RkyvError>(&frame.archive)
+        .map_err(|e| FrameError::BadArchive { what, reason: e.to_string() })?;
+    rkyv::deserialize::<T, RkyvError>(archived).map_err(|e| FrameError::BadArchive { what, reason: e.to_string() })
+}
+
+/// Validate a frame's archive and return the archived view without copying.
+pub fn access<'a, T>(frame: &'a Frame, what: &'static str) -> Result<&'a T::Archived, FrameError>
+where
+    T: Archive,
+    T::Archived: for<'b> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'b, RkyvError>>,
+{
+    rkyv::access::<T::Archived, RkyvError>(&frame.archive).map_err(|e| FrameError::BadArchive { what, reason: e.to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::frame::{Header, Kind, to_vec};
+
+    proptest! {
+        #[test]
+        fn calls_round_trip(args in proptest::collection::vec(any::<u64>(), 0..40),
+                            lens in proptest::collection::vec(any::<u64>(), 0..40)) {
+            let call = Call { args, lens };
+            let bytes = to_vec(Header::new(Kind::Call, 3, 1, 9), &encode(&call), &[]).unwrap();
+            let (frame, _) = Frame::decode(&bytes).unwrap();
+            prop_assert_eq!(decode::<Call>(&frame, "call").unwrap(), call);
+        }
+
+        #[test]
+        fn corrupted_archives_are_rejected_not_trusted(args in proptest::collection::vec(any::<u64>(), 1..20),
+                                                      flip in any::<usize>(), value: u8) {
+            let call = Call { args, lens: vec![1, 2] };
+            let mut archive = encode(&call).to_vec();
+            let i = flip % archive.len();
+            archive[i] = value;
+            let bytes = to_vec(Header::new(Kind::Call, 3, 1, 9), &archive, &[]).unwrap();
+            let (frame, _) = Frame::decode(&bytes).unwrap();
+            // Either it still validates (and then decodes to some Call) or it is an error.
+            let _ = decode::<Call>(&frame, "call");
+        }
+    }
+
+    #[test]
+    fn a_welcome_round_trips() {
+        let w = Welcome {
+            server_version: "0.1.0".into(),
+            backend: "emulated".into(),
+            session: 42,
+            driver_version: 13000,
+            libraries: vec![("cudart".into(), "13.0".into())],
+            devices: vec![Device {
+                ordinal: 0,
+                name: "NVIDIA H200".into(),
+                uuid: [7; 16],
+                total_mem: 150 << 30,
+                attributes: vec![(1, 1024), (16, 132)],
+                props: vec![("name".into(), PropValue::Text("NVIDIA H200".into())), ("maxThreadsDim".into(), PropValue::Ints(vec![1024, 1024, 64]))],
+                props_version: "13.0".into(),
+            }],
+        };
+        let bytes = to_vec(Header::new(Kind::Welcome, 0, 0, 0), &encode(&w), &[]).unwrap();
+        let (frame, _) = Frame::decode(&bytes).unwrap();
+        assert_eq!(decode::<Welcome>(&frame, "welcome").unwrap(), w);
+        // A garbage archive is an error, never a panic.
+        let bytes = to_vec(Header::new(Kind::Welcome, 0, 0, 0), &[0xff; 40], &[]).unwrap();
+        let (frame, _) = Frame::decode(&bytes).unwrap();
+        assert!(decode::<Welcome>(&frame, "welcome").is_err());
+    }
+}
