@@ -1,6 +1,7 @@
 //! `chidori`: run unmodified CUDA programs on a GPU in another machine.
 
 mod run;
+mod serve;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -10,7 +11,7 @@ use clap::{Parser, Subcommand};
     name = "chidori",
     version,
     about = "Run unmodified CUDA programs on a GPU in another machine",
-    after_help = "Example:\n  chidori run -s gpu-box:43211 -- python train.py"
+    after_help = "Examples:\n  chidori serve                                  # on the GPU machine\n  chidori run -s gpu-box:43211 -- python train.py   # on yours"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -21,11 +22,27 @@ struct Cli {
 enum Command {
     /// Run COMMAND with its CUDA libraries replaced by Chidori's, talking to SERVER.
     Run(run::RunArgs),
+    /// Serve this machine's GPUs to `chidori run` clients.
+    Serve(serve::ServeArgs),
+    /// One client's session worker (started by `chidori serve`).
+    #[command(hide = true)]
+    Session(serve::SessionArgs),
+}
+
+/// Logging of the chidori binary: stderr, filtered by CHIDORI_LOG (default info).
+pub fn init_logging() {
+    let filter = std::env::var(chidori_protocol::env::LOG).unwrap_or_else(|_| "info".to_owned());
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let color = std::env::var_os("NO_COLOR").is_none() && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(color).try_init();
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Serve(args) => serve::serve(args),
+        Command::Session(args) => serve::session(args),
     }
 }

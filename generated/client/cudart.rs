@@ -425,19 +425,14 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceFlushGPUDirectRDMAWrites(
         ) as u32
     }
 }
-///`cudaDeviceGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetAttribute(
     value: *mut c_void,
     attr: u32,
     device: i32,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaDeviceGetAttribute,
-            &[(value) as usize as u64, (attr) as u64, (device) as i64 as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudart::cudaDeviceGetAttribute(value, attr, device) }
 }
 ///`cudaDeviceGetByPCIBusId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -667,17 +662,12 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceUnregisterAsyncNotification(
         ) as u32
     }
 }
-///`cudaDriverGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDriverGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDriverGetVersion(
     driverVersion: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaDriverGetVersion,
-            &[(driverVersion) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudart::cudaDriverGetVersion(driverVersion) }
 }
 ///`cudaEventCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -750,7 +740,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventQuery(event: *mut c_void) -> 
         ) as u32
     }
 }
-///`cudaEventRecord` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaEventRecord` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventRecord(
     event: *mut c_void,
@@ -763,7 +753,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventRecord(
         ) as u32
     }
 }
-///`cudaEventRecordWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaEventRecordWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventRecordWithFlags(
     event: *mut c_void,
@@ -777,7 +767,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventRecordWithFlags(
         ) as u32
     }
 }
-///`cudaEventRecordWithFlags_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaEventRecordWithFlags_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventRecordWithFlags_ptsz(
     event: *mut c_void,
@@ -791,7 +781,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventRecordWithFlags_ptsz(
         ) as u32
     }
 }
-///`cudaEventRecord_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaEventRecord_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventRecord_ptsz(
     event: *mut c_void,
@@ -948,6 +938,11 @@ pub unsafe extern "C" fn __chidori_cudart_cudaExternalMemoryGetMappedMipmappedAr
         ) as u32
     }
 }
+///`cudaFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaFree(devPtr: *mut c_void) -> u32 {
+    unsafe { crate::custom::cudart::cudaFree(devPtr) }
+}
 ///`cudaFreeArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaFreeArray(array: *mut c_void) -> u32 {
@@ -957,6 +952,27 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFreeArray(array: *mut c_void) -> u
             &[(array) as usize as u64],
         ) as u32
     }
+}
+///`cudaFreeAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaFreeAsync(
+    devPtr: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaFreeAsync(devPtr, hStream) }
+}
+///`cudaFreeAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaFreeAsync_ptsz(
+    devPtr: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaFreeAsync_ptsz(devPtr, hStream) }
+}
+///`cudaFreeHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaFreeHost(ptr: *mut c_void) -> u32 {
+    unsafe { crate::custom::cudart::cudaFreeHost(ptr) }
 }
 ///`cudaFreeMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -970,25 +986,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFreeMipmappedArray(
         ) as u32
     }
 }
-///`cudaGetDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaFuncGetAttributes` for CUDA 11.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetAttributes__cu118(
+    attr: *mut c_void,
+    func: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaFuncGetAttributes__cu118(attr, func) }
+}
+///`cudaFuncGetAttributes` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetAttributes__cu121(
+    attr: *mut c_void,
+    func: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaFuncGetAttributes__cu121(attr, func) }
+}
+///`cudaGetDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetDevice(device: *mut c_void) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaGetDevice,
-            &[(device) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudart::cudaGetDevice(device) }
 }
-///`cudaGetDeviceCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGetDeviceCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetDeviceCount(count: *mut c_void) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaGetDeviceCount,
-            &[(count) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudart::cudaGetDeviceCount(count) }
 }
 ///`cudaGetDeviceFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -999,6 +1021,30 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDeviceFlags(flags: *mut c_void)
             &[(flags) as usize as u64],
         ) as u32
     }
+}
+///`cudaGetDeviceProperties` for CUDA 11.8 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetDeviceProperties__cu118(
+    prop: *mut c_void,
+    device: i32,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaGetDeviceProperties__cu118(prop, device) }
+}
+///`cudaGetDeviceProperties` for CUDA 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetDeviceProperties__cu130(
+    prop: *mut c_void,
+    device: i32,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaGetDeviceProperties__cu130(prop, device) }
+}
+///`cudaGetDeviceProperties_v2` for CUDA 12.1, 12.6, 12.8 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetDeviceProperties_v2(
+    prop: *mut c_void,
+    device: i32,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaGetDeviceProperties_v2(prop, device) }
 }
 ///`cudaGetErrorName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
 #[unsafe(no_mangle)]
@@ -1012,12 +1058,10 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetErrorString(error: u32) -> *mut
         crate::runtime::error_string("13.1", "cudart", error as i64) as *mut c_void
     }
 }
-///`cudaGetLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGetLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetLastError() -> u32 {
-    unsafe {
-        crate::runtime::call(&chidori_cuda::calls::cudart::cudaGetLastError, &[]) as u32
-    }
+    unsafe { crate::custom::cudart::cudaGetLastError() }
 }
 ///`cudaGetMipmappedArrayLevel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -1765,6 +1809,37 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGreenCtxCreate(
         ) as u32
     }
 }
+///`cudaHostAlloc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaHostAlloc(
+    pHost: *mut c_void,
+    size: usize,
+    flags: u32,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaHostAlloc(pHost, size, flags) }
+}
+///`cudaHostGetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaHostGetFlags(
+    pFlags: *mut c_void,
+    pHost: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaHostGetFlags(pFlags, pHost) }
+}
+///`cudaHostRegister` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaHostRegister(
+    ptr: *mut c_void,
+    size: usize,
+    flags: u32,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaHostRegister(ptr, size, flags) }
+}
+///`cudaHostUnregister` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaHostUnregister(ptr: *mut c_void) -> u32 {
+    unsafe { crate::custom::cudart::cudaHostUnregister(ptr) }
+}
 ///`cudaInitDevice` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaInitDevice(
@@ -1811,6 +1886,24 @@ pub unsafe extern "C" fn __chidori_cudart_cudaKernelSetAttributeForDevice(
             ],
         ) as u32
     }
+}
+///`cudaLaunchHostFunc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchHostFunc(
+    stream: *mut c_void,
+    r#fn: *mut c_void,
+    userData: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaLaunchHostFunc(stream, r#fn, userData) }
+}
+///`cudaLaunchHostFunc_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchHostFunc_ptsz(
+    stream: *mut c_void,
+    r#fn: *mut c_void,
+    userData: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaLaunchHostFunc_ptsz(stream, r#fn, userData) }
 }
 ///`cudaLibraryEnumerateKernels` for CUDA 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -1894,6 +1987,14 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLogsUnregisterCallback(
         ) as u32
     }
 }
+///`cudaMalloc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMalloc(
+    devPtr: *mut c_void,
+    size: usize,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaMalloc(devPtr, size) }
+}
 ///`cudaMalloc3DArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMalloc3DArray(
@@ -1936,6 +2037,42 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocArray(
         ) as u32
     }
 }
+///`cudaMallocAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMallocAsync(
+    devPtr: *mut c_void,
+    size: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaMallocAsync(devPtr, size, hStream) }
+}
+///`cudaMallocAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMallocAsync_ptsz(
+    devPtr: *mut c_void,
+    size: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaMallocAsync_ptsz(devPtr, size, hStream) }
+}
+///`cudaMallocHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMallocHost(
+    ptr: *mut c_void,
+    size: usize,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaMallocHost(ptr, size) }
+}
+///`cudaMallocPitch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMallocPitch(
+    devPtr: *mut c_void,
+    pitch: *mut c_void,
+    width: usize,
+    height: usize,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaMallocPitch(devPtr, pitch, width, height) }
+}
 ///`cudaMemGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemGetInfo(
@@ -1973,6 +2110,16 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolTrimTo(
             &[(memPool) as usize as u64, (minBytesToKeep) as u64],
         ) as u32
     }
+}
+///`cudaMemcpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy(
+    dst: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaMemcpy(dst, src, count, kind) }
 }
 ///`cudaMemcpy2DArrayToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -2090,35 +2237,152 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyArrayToArray_ptds(
         ) as u32
     }
 }
-///`cudaPeekAtLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemcpyAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cudart_cudaPeekAtLastError() -> u32 {
-    unsafe {
-        crate::runtime::call(&chidori_cuda::calls::cudart::cudaPeekAtLastError, &[])
-            as u32
-    }
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyAsync(
+    dst: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaMemcpyAsync(dst, src, count, kind, stream) }
 }
-///`cudaRuntimeGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemcpyAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cudart_cudaRuntimeGetVersion(
-    runtimeVersion: *mut c_void,
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyAsync_ptsz(
+    dst: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaMemcpyAsync_ptsz(dst, src, count, kind, stream) }
+}
+///`cudaMemcpy_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy_ptds(
+    dst: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaMemcpy_ptds(dst, src, count, kind) }
+}
+///`cudaMemset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemset(
+    devPtr: *mut c_void,
+    value: i32,
+    count: usize,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaRuntimeGetVersion,
-            &[(runtimeVersion) as usize as u64],
+            &chidori_cuda::calls::cudart::cudaMemset,
+            &[(devPtr) as usize as u64, (value) as i64 as u64, (count) as u64],
         ) as u32
     }
 }
-///`cudaSetDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemsetAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cudart_cudaSetDevice(device: i32) -> u32 {
+pub unsafe extern "C" fn __chidori_cudart_cudaMemsetAsync(
+    devPtr: *mut c_void,
+    value: i32,
+    count: usize,
+    stream: *mut c_void,
+) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaSetDevice,
-            &[(device) as i64 as u64],
+            &chidori_cuda::calls::cudart::cudaMemsetAsync,
+            &[
+                (devPtr) as usize as u64,
+                (value) as i64 as u64,
+                (count) as u64,
+                (stream) as usize as u64,
+            ],
         ) as u32
     }
+}
+///`cudaMemsetAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemsetAsync_ptsz(
+    devPtr: *mut c_void,
+    value: i32,
+    count: usize,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemsetAsync_ptsz,
+            &[
+                (devPtr) as usize as u64,
+                (value) as i64 as u64,
+                (count) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemset_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemset_ptds(
+    devPtr: *mut c_void,
+    value: i32,
+    count: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemset_ptds,
+            &[(devPtr) as usize as u64, (value) as i64 as u64, (count) as u64],
+        ) as u32
+    }
+}
+///`cudaPeekAtLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaPeekAtLastError() -> u32 {
+    unsafe { crate::custom::cudart::cudaPeekAtLastError() }
+}
+///`cudaPointerGetAttributes` for CUDA 11.8, 12.1, 12.6, 12.8 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaPointerGetAttributes__cu118(
+    attributes: *mut c_void,
+    ptr: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaPointerGetAttributes__cu118(attributes, ptr) }
+}
+///`cudaPointerGetAttributes` for CUDA 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaPointerGetAttributes__cu130(
+    attributes: *mut c_void,
+    ptr: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaPointerGetAttributes__cu130(attributes, ptr) }
+}
+///`cudaRuntimeGetVersion` for CUDA 11.8 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaRuntimeGetVersion__cu118(
+    runtimeVersion: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaRuntimeGetVersion__cu118(runtimeVersion) }
+}
+///`cudaRuntimeGetVersion` for CUDA 12.1, 12.6, 12.8 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaRuntimeGetVersion__cu121(
+    runtimeVersion: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaRuntimeGetVersion__cu121(runtimeVersion) }
+}
+///`cudaRuntimeGetVersion` for CUDA 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaRuntimeGetVersion__cu130(
+    runtimeVersion: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaRuntimeGetVersion__cu130(runtimeVersion) }
+}
+///`cudaSetDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaSetDevice(device: i32) -> u32 {
+    unsafe { crate::custom::cudart::cudaSetDevice(device) }
 }
 ///`cudaSetDeviceFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -2148,6 +2412,35 @@ pub unsafe extern "C" fn __chidori_cudart_cudaSetDoubleForHost(d: *mut c_void) -
             &chidori_cuda::calls::cudart::cudaSetDoubleForHost,
             &[(d) as usize as u64],
         ) as u32
+    }
+}
+///`cudaStreamAddCallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamAddCallback(
+    stream: *mut c_void,
+    callback: *mut c_void,
+    userData: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaStreamAddCallback(stream, callback, userData, flags)
+    }
+}
+///`cudaStreamAddCallback_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamAddCallback_ptsz(
+    stream: *mut c_void,
+    callback: *mut c_void,
+    userData: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaStreamAddCallback_ptsz(
+            stream,
+            callback,
+            userData,
+            flags,
+        )
     }
 }
 ///`cudaStreamBeginCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2527,7 +2820,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies_pt
         ) as u32
     }
 }
-///`cudaStreamWaitEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamWaitEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamWaitEvent(
     stream: *mut c_void,
@@ -2541,7 +2834,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamWaitEvent(
         ) as u32
     }
 }
-///`cudaStreamWaitEvent_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamWaitEvent_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamWaitEvent_ptsz(
     stream: *mut c_void,

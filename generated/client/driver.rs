@@ -522,46 +522,31 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceCanAccessPeer(
         ) as u32
     }
 }
-///`cuDeviceComputeCapability` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceComputeCapability` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceComputeCapability(
     major: *mut c_void,
     minor: *mut c_void,
     dev: i32,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuDeviceComputeCapability,
-            &[(major) as usize as u64, (minor) as usize as u64, (dev) as i64 as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuDeviceComputeCapability(major, minor, dev) }
 }
-///`cuDeviceGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGet(
     device: *mut c_void,
     ordinal: i32,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuDeviceGet,
-            &[(device) as usize as u64, (ordinal) as i64 as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuDeviceGet(device, ordinal) }
 }
-///`cuDeviceGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetAttribute(
     pi: *mut c_void,
     attrib: u32,
     dev: i32,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuDeviceGetAttribute,
-            &[(pi) as usize as u64, (attrib) as u64, (dev) as i64 as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuDeviceGetAttribute(pi, attrib, dev) }
 }
 ///`cuDeviceGetByPCIBusId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -576,15 +561,10 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetByPCIBusId(
         ) as u32
     }
 }
-///`cuDeviceGetCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceGetCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetCount(count: *mut c_void) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuDeviceGetCount,
-            &[(count) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuDeviceGetCount(count) }
 }
 ///`cuDeviceGetDefaultMemPool` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -626,6 +606,15 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetMemPool(
         ) as u32
     }
 }
+///`cuDeviceGetName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetName(
+    name: *mut c_void,
+    len: i32,
+    dev: i32,
+) -> u32 {
+    unsafe { crate::custom::driver::cuDeviceGetName(name, len, dev) }
+}
 ///`cuDeviceGetP2PAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetP2PAttribute(
@@ -645,6 +634,22 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetP2PAttribute(
             ],
         ) as u32
     }
+}
+///`cuDeviceGetUuid` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetUuid(
+    uuid: *mut c_void,
+    dev: i32,
+) -> u32 {
+    unsafe { crate::custom::driver::cuDeviceGetUuid(uuid, dev) }
+}
+///`cuDeviceGetUuid_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetUuid_v2(
+    uuid: *mut c_void,
+    dev: i32,
+) -> u32 {
+    unsafe { crate::custom::driver::cuDeviceGetUuid_v2(uuid, dev) }
 }
 ///`cuDeviceGraphMemTrim` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -775,18 +780,13 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceTotalMem(
         ) as u32
     }
 }
-///`cuDeviceTotalMem_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceTotalMem_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceTotalMem_v2(
     bytes: *mut c_void,
     dev: i32,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuDeviceTotalMem_v2,
-            &[(bytes) as usize as u64, (dev) as i64 as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuDeviceTotalMem_v2(bytes, dev) }
 }
 ///`cuDeviceUnregisterAsyncNotification` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -801,17 +801,12 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceUnregisterAsyncNotification(
         ) as u32
     }
 }
-///`cuDriverGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDriverGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDriverGetVersion(
     driverVersion: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuDriverGetVersion,
-            &[(driverVersion) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuDriverGetVersion(driverVersion) }
 }
 ///`cuEventCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -892,7 +887,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventQuery(hEvent: *mut c_void) -> u
         ) as u32
     }
 }
-///`cuEventRecord` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuEventRecord` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventRecord(
     hEvent: *mut c_void,
@@ -933,7 +928,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventRecordWithFlags_ptsz(
         ) as u32
     }
 }
-///`cuEventRecord_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuEventRecord_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventRecord_ptsz(
     hEvent: *mut c_void,
@@ -2168,6 +2163,24 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchGridAsync(
         ) as u32
     }
 }
+///`cuLaunchHostFunc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchHostFunc(
+    hStream: *mut c_void,
+    r#fn: *mut c_void,
+    userData: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::driver::cuLaunchHostFunc(hStream, r#fn, userData) }
+}
+///`cuLaunchHostFunc_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchHostFunc_ptsz(
+    hStream: *mut c_void,
+    r#fn: *mut c_void,
+    userData: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::driver::cuLaunchHostFunc_ptsz(hStream, r#fn, userData) }
+}
 ///`cuLibraryEnumerateKernels` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLibraryEnumerateKernels(
@@ -2359,6 +2372,22 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAdvise_v2(
         ) as u32
     }
 }
+///`cuMemAllocHost_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAllocHost_v2(
+    pp: *mut c_void,
+    bytesize: usize,
+) -> u32 {
+    unsafe { crate::custom::driver::cuMemAllocHost_v2(pp, bytesize) }
+}
+///`cuMemAlloc_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAlloc_v2(
+    dptr: *mut c_void,
+    bytesize: usize,
+) -> u32 {
+    unsafe { crate::custom::driver::cuMemAlloc_v2(dptr, bytesize) }
+}
 ///`cuMemFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemFree(dptr: u32) -> u32 {
@@ -2393,15 +2422,15 @@ pub unsafe extern "C" fn __chidori_driver_cuMemFreeAsync_ptsz(
         ) as u32
     }
 }
-///`cuMemFree_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemFreeHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemFreeHost(p: *mut c_void) -> u32 {
+    unsafe { crate::custom::driver::cuMemFreeHost(p) }
+}
+///`cuMemFree_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemFree_v2(dptr: u64) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemFree_v2,
-            &[(dptr) as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuMemFree_v2(dptr) }
 }
 ///`cuMemGetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -2442,6 +2471,29 @@ pub unsafe extern "C" fn __chidori_driver_cuMemGetInfo_v2(
             &[(free) as usize as u64, (total) as usize as u64],
         ) as u32
     }
+}
+///`cuMemHostAlloc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemHostAlloc(
+    pp: *mut c_void,
+    bytesize: usize,
+    Flags: u32,
+) -> u32 {
+    unsafe { crate::custom::driver::cuMemHostAlloc(pp, bytesize, Flags) }
+}
+///`cuMemHostRegister_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemHostRegister_v2(
+    p: *mut c_void,
+    bytesize: usize,
+    Flags: u32,
+) -> u32 {
+    unsafe { crate::custom::driver::cuMemHostRegister_v2(p, bytesize, Flags) }
+}
+///`cuMemHostUnregister` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemHostUnregister(p: *mut c_void) -> u32 {
+    unsafe { crate::custom::driver::cuMemHostUnregister(p) }
 }
 ///`cuMemMap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -2856,7 +2908,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoDAsync(
         ) as u32
     }
 }
-///`cuMemcpyDtoDAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyDtoDAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoDAsync_v2(
     dstDevice: u64,
@@ -2876,7 +2928,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoDAsync_v2(
         ) as u32
     }
 }
-///`cuMemcpyDtoDAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyDtoDAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoDAsync_v2_ptsz(
     dstDevice: u64,
@@ -2896,7 +2948,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoDAsync_v2_ptsz(
         ) as u32
     }
 }
-///`cuMemcpyDtoD_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyDtoD_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoD_v2(
     dstDevice: u64,
@@ -2910,7 +2962,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoD_v2(
         ) as u32
     }
 }
-///`cuMemcpyDtoD_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyDtoD_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoD_v2_ptds(
     dstDevice: u64,
@@ -2923,6 +2975,110 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoD_v2_ptds(
             &[(dstDevice) as u64, (srcDevice) as u64, (ByteCount) as u64],
         ) as u32
     }
+}
+///`cuMemcpyDtoHAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoHAsync_v2(
+    dstHost: *mut c_void,
+    srcDevice: u64,
+    ByteCount: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuMemcpyDtoHAsync_v2(
+            dstHost,
+            srcDevice,
+            ByteCount,
+            hStream,
+        )
+    }
+}
+///`cuMemcpyDtoHAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoHAsync_v2_ptsz(
+    dstHost: *mut c_void,
+    srcDevice: u64,
+    ByteCount: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuMemcpyDtoHAsync_v2_ptsz(
+            dstHost,
+            srcDevice,
+            ByteCount,
+            hStream,
+        )
+    }
+}
+///`cuMemcpyDtoH_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoH_v2(
+    dstHost: *mut c_void,
+    srcDevice: u64,
+    ByteCount: usize,
+) -> u32 {
+    unsafe { crate::custom::driver::cuMemcpyDtoH_v2(dstHost, srcDevice, ByteCount) }
+}
+///`cuMemcpyDtoH_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoH_v2_ptds(
+    dstHost: *mut c_void,
+    srcDevice: u64,
+    ByteCount: usize,
+) -> u32 {
+    unsafe { crate::custom::driver::cuMemcpyDtoH_v2_ptds(dstHost, srcDevice, ByteCount) }
+}
+///`cuMemcpyHtoDAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoDAsync_v2(
+    dstDevice: u64,
+    srcHost: *mut c_void,
+    ByteCount: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuMemcpyHtoDAsync_v2(
+            dstDevice,
+            srcHost,
+            ByteCount,
+            hStream,
+        )
+    }
+}
+///`cuMemcpyHtoDAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoDAsync_v2_ptsz(
+    dstDevice: u64,
+    srcHost: *mut c_void,
+    ByteCount: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuMemcpyHtoDAsync_v2_ptsz(
+            dstDevice,
+            srcHost,
+            ByteCount,
+            hStream,
+        )
+    }
+}
+///`cuMemcpyHtoD_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoD_v2(
+    dstDevice: u64,
+    srcHost: *mut c_void,
+    ByteCount: usize,
+) -> u32 {
+    unsafe { crate::custom::driver::cuMemcpyHtoD_v2(dstDevice, srcHost, ByteCount) }
+}
+///`cuMemcpyHtoD_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoD_v2_ptds(
+    dstDevice: u64,
+    srcHost: *mut c_void,
+    ByteCount: usize,
+) -> u32 {
+    unsafe { crate::custom::driver::cuMemcpyHtoD_v2_ptds(dstDevice, srcHost, ByteCount) }
 }
 ///`cuMemcpyPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -3458,7 +3614,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD32(
         ) as u32
     }
 }
-///`cuMemsetD32Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD32Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD32Async(
     dstDevice: u64,
@@ -3473,7 +3629,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD32Async(
         ) as u32
     }
 }
-///`cuMemsetD32Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD32Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD32Async_ptsz(
     dstDevice: u64,
@@ -3530,7 +3686,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD8(
         ) as u32
     }
 }
-///`cuMemsetD8Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD8Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD8Async(
     dstDevice: u64,
@@ -3545,7 +3701,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD8Async(
         ) as u32
     }
 }
-///`cuMemsetD8Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD8Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD8Async_ptsz(
     dstDevice: u64,
@@ -3962,6 +4118,15 @@ pub unsafe extern "C" fn __chidori_driver_cuParamSeti(
             &[(hfunc) as usize as u64, (offset) as i64 as u64, (value) as u64],
         ) as u32
     }
+}
+///`cuPointerGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: u32,
+    ptr: u64,
+) -> u32 {
+    unsafe { crate::custom::driver::cuPointerGetAttribute(data, attribute, ptr) }
 }
 ///`cuStreamAttachMemAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -4471,7 +4636,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamUpdateCaptureDependencies_ptsz
         ) as u32
     }
 }
-///`cuStreamWaitEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWaitEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWaitEvent(
     hStream: *mut c_void,
@@ -4485,7 +4650,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWaitEvent(
         ) as u32
     }
 }
-///`cuStreamWaitEvent_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWaitEvent_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWaitEvent_ptsz(
     hStream: *mut c_void,

@@ -170,8 +170,17 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuDeviceGetMemPool" => {
             Some(driver::__chidori_driver_cuDeviceGetMemPool as *const c_void)
         }
+        "cuDeviceGetName" => {
+            Some(driver::__chidori_driver_cuDeviceGetName as *const c_void)
+        }
         "cuDeviceGetP2PAttribute" => {
             Some(driver::__chidori_driver_cuDeviceGetP2PAttribute as *const c_void)
+        }
+        "cuDeviceGetUuid" => {
+            Some(driver::__chidori_driver_cuDeviceGetUuid as *const c_void)
+        }
+        "cuDeviceGetUuid_v2" => {
+            Some(driver::__chidori_driver_cuDeviceGetUuid_v2 as *const c_void)
         }
         "cuDeviceGraphMemTrim" => {
             Some(driver::__chidori_driver_cuDeviceGraphMemTrim as *const c_void)
@@ -509,6 +518,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuLaunchGridAsync" => {
             Some(driver::__chidori_driver_cuLaunchGridAsync as *const c_void)
         }
+        "cuLaunchHostFunc" => {
+            Some(driver::__chidori_driver_cuLaunchHostFunc as *const c_void)
+        }
+        "cuLaunchHostFunc_ptsz" => {
+            Some(driver::__chidori_driver_cuLaunchHostFunc_ptsz as *const c_void)
+        }
         "cuLibraryEnumerateKernels" => {
             Some(driver::__chidori_driver_cuLibraryEnumerateKernels as *const c_void)
         }
@@ -542,6 +557,10 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemAdvise_v2" => {
             Some(driver::__chidori_driver_cuMemAdvise_v2 as *const c_void)
         }
+        "cuMemAllocHost_v2" => {
+            Some(driver::__chidori_driver_cuMemAllocHost_v2 as *const c_void)
+        }
+        "cuMemAlloc_v2" => Some(driver::__chidori_driver_cuMemAlloc_v2 as *const c_void),
         "cuMemFree" => Some(driver::__chidori_driver_cuMemFree as *const c_void),
         "cuMemFreeAsync" => {
             Some(driver::__chidori_driver_cuMemFreeAsync as *const c_void)
@@ -549,6 +568,7 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemFreeAsync_ptsz" => {
             Some(driver::__chidori_driver_cuMemFreeAsync_ptsz as *const c_void)
         }
+        "cuMemFreeHost" => Some(driver::__chidori_driver_cuMemFreeHost as *const c_void),
         "cuMemFree_v2" => Some(driver::__chidori_driver_cuMemFree_v2 as *const c_void),
         "cuMemGetAccess" => {
             Some(driver::__chidori_driver_cuMemGetAccess as *const c_void)
@@ -556,6 +576,15 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemGetInfo" => Some(driver::__chidori_driver_cuMemGetInfo as *const c_void),
         "cuMemGetInfo_v2" => {
             Some(driver::__chidori_driver_cuMemGetInfo_v2 as *const c_void)
+        }
+        "cuMemHostAlloc" => {
+            Some(driver::__chidori_driver_cuMemHostAlloc as *const c_void)
+        }
+        "cuMemHostRegister_v2" => {
+            Some(driver::__chidori_driver_cuMemHostRegister_v2 as *const c_void)
+        }
+        "cuMemHostUnregister" => {
+            Some(driver::__chidori_driver_cuMemHostUnregister as *const c_void)
         }
         "cuMemMap" => Some(driver::__chidori_driver_cuMemMap as *const c_void),
         "cuMemPoolDestroy" => {
@@ -619,6 +648,30 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuMemcpyDtoD_v2_ptds" => {
             Some(driver::__chidori_driver_cuMemcpyDtoD_v2_ptds as *const c_void)
+        }
+        "cuMemcpyDtoHAsync_v2" => {
+            Some(driver::__chidori_driver_cuMemcpyDtoHAsync_v2 as *const c_void)
+        }
+        "cuMemcpyDtoHAsync_v2_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpyDtoHAsync_v2_ptsz as *const c_void)
+        }
+        "cuMemcpyDtoH_v2" => {
+            Some(driver::__chidori_driver_cuMemcpyDtoH_v2 as *const c_void)
+        }
+        "cuMemcpyDtoH_v2_ptds" => {
+            Some(driver::__chidori_driver_cuMemcpyDtoH_v2_ptds as *const c_void)
+        }
+        "cuMemcpyHtoDAsync_v2" => {
+            Some(driver::__chidori_driver_cuMemcpyHtoDAsync_v2 as *const c_void)
+        }
+        "cuMemcpyHtoDAsync_v2_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpyHtoDAsync_v2_ptsz as *const c_void)
+        }
+        "cuMemcpyHtoD_v2" => {
+            Some(driver::__chidori_driver_cuMemcpyHtoD_v2 as *const c_void)
+        }
+        "cuMemcpyHtoD_v2_ptds" => {
+            Some(driver::__chidori_driver_cuMemcpyHtoD_v2_ptds as *const c_void)
         }
         "cuMemcpyPeer" => Some(driver::__chidori_driver_cuMemcpyPeer as *const c_void),
         "cuMemcpyPeerAsync" => {
@@ -772,6 +825,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuParamSetf" => Some(driver::__chidori_driver_cuParamSetf as *const c_void),
         "cuParamSeti" => Some(driver::__chidori_driver_cuParamSeti as *const c_void),
+        "cuPointerGetAttribute" => {
+            Some(driver::__chidori_driver_cuPointerGetAttribute as *const c_void)
+        }
         "cuStreamAttachMemAsync" => {
             Some(driver::__chidori_driver_cuStreamAttachMemAsync as *const c_void)
         }

@@ -464,15 +464,12 @@ cuDeviceGetMemPool:
     .globl cuDeviceGetName
     .type cuDeviceGetName, @function
 cuDeviceGetName:
-    leaq .Lname25(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetName@PLT
     .size cuDeviceGetName, .-cuDeviceGetName
     .globl cuDeviceGetNvSciSyncAttributes
     .type cuDeviceGetNvSciSyncAttributes, @function
 cuDeviceGetNvSciSyncAttributes:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -480,7 +477,7 @@ cuDeviceGetNvSciSyncAttributes:
     .globl cuDeviceGetP2PAtomicCapabilities
     .type cuDeviceGetP2PAtomicCapabilities, @function
 cuDeviceGetP2PAtomicCapabilities:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -493,7 +490,7 @@ cuDeviceGetP2PAttribute:
     .globl cuDeviceGetPCIBusId
     .type cuDeviceGetPCIBusId, @function
 cuDeviceGetPCIBusId:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -501,7 +498,7 @@ cuDeviceGetPCIBusId:
     .globl cuDeviceGetProperties
     .type cuDeviceGetProperties, @function
 cuDeviceGetProperties:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -509,7 +506,7 @@ cuDeviceGetProperties:
     .globl cuDeviceGetTexture1DLinearMaxWidth
     .type cuDeviceGetTexture1DLinearMaxWidth, @function
 cuDeviceGetTexture1DLinearMaxWidth:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -517,18 +514,12 @@ cuDeviceGetTexture1DLinearMaxWidth:
     .globl cuDeviceGetUuid
     .type cuDeviceGetUuid, @function
 cuDeviceGetUuid:
-    leaq .Lname31(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetUuid@PLT
     .size cuDeviceGetUuid, .-cuDeviceGetUuid
     .globl cuDeviceGetUuid_v2
     .type cuDeviceGetUuid_v2, @function
 cuDeviceGetUuid_v2:
-    leaq .Lname32(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetUuid_v2@PLT
     .size cuDeviceGetUuid_v2, .-cuDeviceGetUuid_v2
     .globl cuDeviceGraphMemTrim
     .type cuDeviceGraphMemTrim, @function
@@ -578,7 +569,7 @@ cuDevicePrimaryCtxSetFlags_v2:
     .globl cuDeviceRegisterAsyncNotification
     .type cuDeviceRegisterAsyncNotification, @function
 cuDeviceRegisterAsyncNotification:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -586,7 +577,7 @@ cuDeviceRegisterAsyncNotification:
     .globl cuDeviceSetGraphMemAttribute
     .type cuDeviceSetGraphMemAttribute, @function
 cuDeviceSetGraphMemAttribute:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -699,7 +690,7 @@ cuFuncGetModule:
     .globl cuFuncGetName
     .type cuFuncGetName, @function
 cuFuncGetName:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -707,7 +698,7 @@ cuFuncGetName:
     .globl cuFuncGetParamInfo
     .type cuFuncGetParamInfo, @function
 cuFuncGetParamInfo:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -760,7 +751,7 @@ cuGetErrorString:
     .globl cuGetExportTable
     .type cuGetExportTable, @function
 cuGetExportTable:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -768,7 +759,7 @@ cuGetExportTable:
     .globl cuGetProcAddress
     .type cuGetProcAddress, @function
 cuGetProcAddress:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -776,7 +767,7 @@ cuGetProcAddress:
     .globl cuGetProcAddress_v2
     .type cuGetProcAddress_v2, @function
 cuGetProcAddress_v2:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -784,7 +775,7 @@ cuGetProcAddress_v2:
     .globl cuGraphAddBatchMemOpNode
     .type cuGraphAddBatchMemOpNode, @function
 cuGraphAddBatchMemOpNode:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -792,7 +783,7 @@ cuGraphAddBatchMemOpNode:
     .globl cuGraphAddChildGraphNode
     .type cuGraphAddChildGraphNode, @function
 cuGraphAddChildGraphNode:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -800,7 +791,7 @@ cuGraphAddChildGraphNode:
     .globl cuGraphAddDependencies
     .type cuGraphAddDependencies, @function
 cuGraphAddDependencies:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -808,7 +799,7 @@ cuGraphAddDependencies:
     .globl cuGraphAddDependencies_v2
     .type cuGraphAddDependencies_v2, @function
 cuGraphAddDependencies_v2:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -816,7 +807,7 @@ cuGraphAddDependencies_v2:
     .globl cuGraphAddEmptyNode
     .type cuGraphAddEmptyNode, @function
 cuGraphAddEmptyNode:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -824,7 +815,7 @@ cuGraphAddEmptyNode:
     .globl cuGraphAddEventRecordNode
     .type cuGraphAddEventRecordNode, @function
 cuGraphAddEventRecordNode:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -832,7 +823,7 @@ cuGraphAddEventRecordNode:
     .globl cuGraphAddEventWaitNode
     .type cuGraphAddEventWaitNode, @function
 cuGraphAddEventWaitNode:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -840,7 +831,7 @@ cuGraphAddEventWaitNode:
     .globl cuGraphAddExternalSemaphoresSignalNode
     .type cuGraphAddExternalSemaphoresSignalNode, @function
 cuGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -848,7 +839,7 @@ cuGraphAddExternalSemaphoresSignalNode:
     .globl cuGraphAddExternalSemaphoresWaitNode
     .type cuGraphAddExternalSemaphoresWaitNode, @function
 cuGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -856,7 +847,7 @@ cuGraphAddExternalSemaphoresWaitNode:
     .globl cuGraphAddHostNode
     .type cuGraphAddHostNode, @function
 cuGraphAddHostNode:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -864,7 +855,7 @@ cuGraphAddHostNode:
     .globl cuGraphAddKernelNode
     .type cuGraphAddKernelNode, @function
 cuGraphAddKernelNode:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -872,7 +863,7 @@ cuGraphAddKernelNode:
     .globl cuGraphAddKernelNode_v2
     .type cuGraphAddKernelNode_v2, @function
 cuGraphAddKernelNode_v2:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -880,7 +871,7 @@ cuGraphAddKernelNode_v2:
     .globl cuGraphAddMemAllocNode
     .type cuGraphAddMemAllocNode, @function
 cuGraphAddMemAllocNode:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -888,7 +879,7 @@ cuGraphAddMemAllocNode:
     .globl cuGraphAddMemFreeNode
     .type cuGraphAddMemFreeNode, @function
 cuGraphAddMemFreeNode:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -896,7 +887,7 @@ cuGraphAddMemFreeNode:
     .globl cuGraphAddMemcpyNode
     .type cuGraphAddMemcpyNode, @function
 cuGraphAddMemcpyNode:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -904,7 +895,7 @@ cuGraphAddMemcpyNode:
     .globl cuGraphAddMemsetNode
     .type cuGraphAddMemsetNode, @function
 cuGraphAddMemsetNode:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -912,7 +903,7 @@ cuGraphAddMemsetNode:
     .globl cuGraphAddNode
     .type cuGraphAddNode, @function
 cuGraphAddNode:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -920,7 +911,7 @@ cuGraphAddNode:
     .globl cuGraphAddNode_v2
     .type cuGraphAddNode_v2, @function
 cuGraphAddNode_v2:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -928,7 +919,7 @@ cuGraphAddNode_v2:
     .globl cuGraphBatchMemOpNodeGetParams
     .type cuGraphBatchMemOpNodeGetParams, @function
 cuGraphBatchMemOpNodeGetParams:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -936,7 +927,7 @@ cuGraphBatchMemOpNodeGetParams:
     .globl cuGraphBatchMemOpNodeSetParams
     .type cuGraphBatchMemOpNodeSetParams, @function
 cuGraphBatchMemOpNodeSetParams:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -964,7 +955,7 @@ cuGraphCreate:
     .globl cuGraphDebugDotPrint
     .type cuGraphDebugDotPrint, @function
 cuGraphDebugDotPrint:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1002,7 +993,7 @@ cuGraphEventWaitNodeSetEvent:
     .globl cuGraphExecBatchMemOpNodeSetParams
     .type cuGraphExecBatchMemOpNodeSetParams, @function
 cuGraphExecBatchMemOpNodeSetParams:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1030,7 +1021,7 @@ cuGraphExecEventWaitNodeSetEvent:
     .globl cuGraphExecExternalSemaphoresSignalNodeSetParams
     .type cuGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cuGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1038,7 +1029,7 @@ cuGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cuGraphExecExternalSemaphoresWaitNodeSetParams
     .type cuGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cuGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1056,7 +1047,7 @@ cuGraphExecGetId:
     .globl cuGraphExecHostNodeSetParams
     .type cuGraphExecHostNodeSetParams, @function
 cuGraphExecHostNodeSetParams:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1064,7 +1055,7 @@ cuGraphExecHostNodeSetParams:
     .globl cuGraphExecKernelNodeSetParams
     .type cuGraphExecKernelNodeSetParams, @function
 cuGraphExecKernelNodeSetParams:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1072,7 +1063,7 @@ cuGraphExecKernelNodeSetParams:
     .globl cuGraphExecKernelNodeSetParams_v2
     .type cuGraphExecKernelNodeSetParams_v2, @function
 cuGraphExecKernelNodeSetParams_v2:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1080,7 +1071,7 @@ cuGraphExecKernelNodeSetParams_v2:
     .globl cuGraphExecMemcpyNodeSetParams
     .type cuGraphExecMemcpyNodeSetParams, @function
 cuGraphExecMemcpyNodeSetParams:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1093,7 +1084,7 @@ cuGraphExecMemsetNodeSetParams:
     .globl cuGraphExecNodeSetParams
     .type cuGraphExecNodeSetParams, @function
 cuGraphExecNodeSetParams:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1106,7 +1097,7 @@ cuGraphExecUpdate:
     .globl cuGraphExecUpdate_v2
     .type cuGraphExecUpdate_v2, @function
 cuGraphExecUpdate_v2:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1114,7 +1105,7 @@ cuGraphExecUpdate_v2:
     .globl cuGraphExternalSemaphoresSignalNodeGetParams
     .type cuGraphExternalSemaphoresSignalNodeGetParams, @function
 cuGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1122,7 +1113,7 @@ cuGraphExternalSemaphoresSignalNodeGetParams:
     .globl cuGraphExternalSemaphoresSignalNodeSetParams
     .type cuGraphExternalSemaphoresSignalNodeSetParams, @function
 cuGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1130,7 +1121,7 @@ cuGraphExternalSemaphoresSignalNodeSetParams:
     .globl cuGraphExternalSemaphoresWaitNodeGetParams
     .type cuGraphExternalSemaphoresWaitNodeGetParams, @function
 cuGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1138,7 +1129,7 @@ cuGraphExternalSemaphoresWaitNodeGetParams:
     .globl cuGraphExternalSemaphoresWaitNodeSetParams
     .type cuGraphExternalSemaphoresWaitNodeSetParams, @function
 cuGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1151,7 +1142,7 @@ cuGraphGetEdges:
     .globl cuGraphGetEdges_v2
     .type cuGraphGetEdges_v2, @function
 cuGraphGetEdges_v2:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1174,7 +1165,7 @@ cuGraphGetRootNodes:
     .globl cuGraphHostNodeGetParams
     .type cuGraphHostNodeGetParams, @function
 cuGraphHostNodeGetParams:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1182,7 +1173,7 @@ cuGraphHostNodeGetParams:
     .globl cuGraphHostNodeSetParams
     .type cuGraphHostNodeSetParams, @function
 cuGraphHostNodeSetParams:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1190,7 +1181,7 @@ cuGraphHostNodeSetParams:
     .globl cuGraphInstantiate
     .type cuGraphInstantiate, @function
 cuGraphInstantiate:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1203,7 +1194,7 @@ cuGraphInstantiateWithFlags:
     .globl cuGraphInstantiateWithParams
     .type cuGraphInstantiateWithParams, @function
 cuGraphInstantiateWithParams:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1211,7 +1202,7 @@ cuGraphInstantiateWithParams:
     .globl cuGraphInstantiateWithParams_ptsz
     .type cuGraphInstantiateWithParams_ptsz, @function
 cuGraphInstantiateWithParams_ptsz:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1219,7 +1210,7 @@ cuGraphInstantiateWithParams_ptsz:
     .globl cuGraphInstantiate_v2
     .type cuGraphInstantiate_v2, @function
 cuGraphInstantiate_v2:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1232,7 +1223,7 @@ cuGraphKernelNodeCopyAttributes:
     .globl cuGraphKernelNodeGetAttribute
     .type cuGraphKernelNodeGetAttribute, @function
 cuGraphKernelNodeGetAttribute:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1240,7 +1231,7 @@ cuGraphKernelNodeGetAttribute:
     .globl cuGraphKernelNodeGetParams
     .type cuGraphKernelNodeGetParams, @function
 cuGraphKernelNodeGetParams:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1248,7 +1239,7 @@ cuGraphKernelNodeGetParams:
     .globl cuGraphKernelNodeGetParams_v2
     .type cuGraphKernelNodeGetParams_v2, @function
 cuGraphKernelNodeGetParams_v2:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1256,7 +1247,7 @@ cuGraphKernelNodeGetParams_v2:
     .globl cuGraphKernelNodeSetAttribute
     .type cuGraphKernelNodeSetAttribute, @function
 cuGraphKernelNodeSetAttribute:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1264,7 +1255,7 @@ cuGraphKernelNodeSetAttribute:
     .globl cuGraphKernelNodeSetParams
     .type cuGraphKernelNodeSetParams, @function
 cuGraphKernelNodeSetParams:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1272,7 +1263,7 @@ cuGraphKernelNodeSetParams:
     .globl cuGraphKernelNodeSetParams_v2
     .type cuGraphKernelNodeSetParams_v2, @function
 cuGraphKernelNodeSetParams_v2:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1290,7 +1281,7 @@ cuGraphLaunch_ptsz:
     .globl cuGraphMemAllocNodeGetParams
     .type cuGraphMemAllocNodeGetParams, @function
 cuGraphMemAllocNodeGetParams:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1303,7 +1294,7 @@ cuGraphMemFreeNodeGetParams:
     .globl cuGraphMemcpyNodeGetParams
     .type cuGraphMemcpyNodeGetParams, @function
 cuGraphMemcpyNodeGetParams:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1311,7 +1302,7 @@ cuGraphMemcpyNodeGetParams:
     .globl cuGraphMemcpyNodeSetParams
     .type cuGraphMemcpyNodeSetParams, @function
 cuGraphMemcpyNodeSetParams:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1319,7 +1310,7 @@ cuGraphMemcpyNodeSetParams:
     .globl cuGraphMemsetNodeGetParams
     .type cuGraphMemsetNodeGetParams, @function
 cuGraphMemsetNodeGetParams:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1347,7 +1338,7 @@ cuGraphNodeGetDependencies:
     .globl cuGraphNodeGetDependencies_v2
     .type cuGraphNodeGetDependencies_v2, @function
 cuGraphNodeGetDependencies_v2:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1360,7 +1351,7 @@ cuGraphNodeGetDependentNodes:
     .globl cuGraphNodeGetDependentNodes_v2
     .type cuGraphNodeGetDependentNodes_v2, @function
 cuGraphNodeGetDependentNodes_v2:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1393,7 +1384,7 @@ cuGraphNodeSetEnabled:
     .globl cuGraphNodeSetParams
     .type cuGraphNodeSetParams, @function
 cuGraphNodeSetParams:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1406,7 +1397,7 @@ cuGraphReleaseUserObject:
     .globl cuGraphRemoveDependencies
     .type cuGraphRemoveDependencies, @function
 cuGraphRemoveDependencies:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1414,7 +1405,7 @@ cuGraphRemoveDependencies:
     .globl cuGraphRemoveDependencies_v2
     .type cuGraphRemoveDependencies_v2, @function
 cuGraphRemoveDependencies_v2:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1452,7 +1443,7 @@ cuGraphicsResourceGetMappedMipmappedArray:
     .globl cuGraphicsResourceGetMappedPointer
     .type cuGraphicsResourceGetMappedPointer, @function
 cuGraphicsResourceGetMappedPointer:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1460,7 +1451,7 @@ cuGraphicsResourceGetMappedPointer:
     .globl cuGraphicsResourceGetMappedPointer_v2
     .type cuGraphicsResourceGetMappedPointer_v2, @function
 cuGraphicsResourceGetMappedPointer_v2:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1508,7 +1499,7 @@ cuGreenCtxDestroy:
     .globl cuGreenCtxGetDevResource
     .type cuGreenCtxGetDevResource, @function
 cuGreenCtxGetDevResource:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1536,7 +1527,7 @@ cuGreenCtxWaitEvent:
     .globl cuImportExternalMemory
     .type cuImportExternalMemory, @function
 cuImportExternalMemory:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1544,7 +1535,7 @@ cuImportExternalMemory:
     .globl cuImportExternalSemaphore
     .type cuImportExternalSemaphore, @function
 cuImportExternalSemaphore:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1562,7 +1553,7 @@ cuIpcCloseMemHandle:
     .globl cuIpcGetEventHandle
     .type cuIpcGetEventHandle, @function
 cuIpcGetEventHandle:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1570,7 +1561,7 @@ cuIpcGetEventHandle:
     .globl cuIpcGetMemHandle
     .type cuIpcGetMemHandle, @function
 cuIpcGetMemHandle:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1608,7 +1599,7 @@ cuKernelGetLibrary:
     .globl cuKernelGetName
     .type cuKernelGetName, @function
 cuKernelGetName:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1616,7 +1607,7 @@ cuKernelGetName:
     .globl cuKernelGetParamInfo
     .type cuKernelGetParamInfo, @function
 cuKernelGetParamInfo:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1639,7 +1630,7 @@ cuLaunch:
     .globl cuLaunchCooperativeKernel
     .type cuLaunchCooperativeKernel, @function
 cuLaunchCooperativeKernel:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1647,7 +1638,7 @@ cuLaunchCooperativeKernel:
     .globl cuLaunchCooperativeKernelMultiDevice
     .type cuLaunchCooperativeKernelMultiDevice, @function
 cuLaunchCooperativeKernelMultiDevice:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1655,7 +1646,7 @@ cuLaunchCooperativeKernelMultiDevice:
     .globl cuLaunchCooperativeKernel_ptsz
     .type cuLaunchCooperativeKernel_ptsz, @function
 cuLaunchCooperativeKernel_ptsz:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1673,23 +1664,17 @@ cuLaunchGridAsync:
     .globl cuLaunchHostFunc
     .type cuLaunchHostFunc, @function
 cuLaunchHostFunc:
-    leaq .Lname108(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuLaunchHostFunc@PLT
     .size cuLaunchHostFunc, .-cuLaunchHostFunc
     .globl cuLaunchHostFunc_ptsz
     .type cuLaunchHostFunc_ptsz, @function
 cuLaunchHostFunc_ptsz:
-    leaq .Lname109(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuLaunchHostFunc_ptsz@PLT
     .size cuLaunchHostFunc_ptsz, .-cuLaunchHostFunc_ptsz
     .globl cuLaunchKernel
     .type cuLaunchKernel, @function
 cuLaunchKernel:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1697,7 +1682,7 @@ cuLaunchKernel:
     .globl cuLaunchKernelEx
     .type cuLaunchKernelEx, @function
 cuLaunchKernelEx:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1705,7 +1690,7 @@ cuLaunchKernelEx:
     .globl cuLaunchKernelEx_ptsz
     .type cuLaunchKernelEx_ptsz, @function
 cuLaunchKernelEx_ptsz:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1713,7 +1698,7 @@ cuLaunchKernelEx_ptsz:
     .globl cuLaunchKernel_ptsz
     .type cuLaunchKernel_ptsz, @function
 cuLaunchKernel_ptsz:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1751,7 +1736,7 @@ cuLibraryGetModule:
     .globl cuLibraryGetUnifiedFunction
     .type cuLibraryGetUnifiedFunction, @function
 cuLibraryGetUnifiedFunction:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1759,7 +1744,7 @@ cuLibraryGetUnifiedFunction:
     .globl cuLibraryLoadData
     .type cuLibraryLoadData, @function
 cuLibraryLoadData:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1767,7 +1752,7 @@ cuLibraryLoadData:
     .globl cuLibraryLoadFromFile
     .type cuLibraryLoadFromFile, @function
 cuLibraryLoadFromFile:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1780,7 +1765,7 @@ cuLibraryUnload:
     .globl cuLinkAddData
     .type cuLinkAddData, @function
 cuLinkAddData:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1788,7 +1773,7 @@ cuLinkAddData:
     .globl cuLinkAddData_v2
     .type cuLinkAddData_v2, @function
 cuLinkAddData_v2:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1796,7 +1781,7 @@ cuLinkAddData_v2:
     .globl cuLinkAddFile
     .type cuLinkAddFile, @function
 cuLinkAddFile:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1804,7 +1789,7 @@ cuLinkAddFile:
     .globl cuLinkAddFile_v2
     .type cuLinkAddFile_v2, @function
 cuLinkAddFile_v2:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1812,7 +1797,7 @@ cuLinkAddFile_v2:
     .globl cuLinkComplete
     .type cuLinkComplete, @function
 cuLinkComplete:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1820,7 +1805,7 @@ cuLinkComplete:
     .globl cuLinkCreate
     .type cuLinkCreate, @function
 cuLinkCreate:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1828,7 +1813,7 @@ cuLinkCreate:
     .globl cuLinkCreate_v2
     .type cuLinkCreate_v2, @function
 cuLinkCreate_v2:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1846,7 +1831,7 @@ cuLogsCurrent:
     .globl cuLogsDumpToFile
     .type cuLogsDumpToFile, @function
 cuLogsDumpToFile:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1854,7 +1839,7 @@ cuLogsDumpToFile:
     .globl cuLogsDumpToMemory
     .type cuLogsDumpToMemory, @function
 cuLogsDumpToMemory:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1862,7 +1847,7 @@ cuLogsDumpToMemory:
     .globl cuLogsRegisterCallback
     .type cuLogsRegisterCallback, @function
 cuLogsRegisterCallback:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1880,7 +1865,7 @@ cuMemAddressFree:
     .globl cuMemAddressReserve
     .type cuMemAddressReserve, @function
 cuMemAddressReserve:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1898,7 +1883,7 @@ cuMemAdvise_v2:
     .globl cuMemAlloc
     .type cuMemAlloc, @function
 cuMemAlloc:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1906,7 +1891,7 @@ cuMemAlloc:
     .globl cuMemAllocAsync
     .type cuMemAllocAsync, @function
 cuMemAllocAsync:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1914,7 +1899,7 @@ cuMemAllocAsync:
     .globl cuMemAllocAsync_ptsz
     .type cuMemAllocAsync_ptsz, @function
 cuMemAllocAsync_ptsz:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1922,7 +1907,7 @@ cuMemAllocAsync_ptsz:
     .globl cuMemAllocFromPoolAsync
     .type cuMemAllocFromPoolAsync, @function
 cuMemAllocFromPoolAsync:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1930,7 +1915,7 @@ cuMemAllocFromPoolAsync:
     .globl cuMemAllocFromPoolAsync_ptsz
     .type cuMemAllocFromPoolAsync_ptsz, @function
 cuMemAllocFromPoolAsync_ptsz:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1938,7 +1923,7 @@ cuMemAllocFromPoolAsync_ptsz:
     .globl cuMemAllocHost
     .type cuMemAllocHost, @function
 cuMemAllocHost:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1946,15 +1931,12 @@ cuMemAllocHost:
     .globl cuMemAllocHost_v2
     .type cuMemAllocHost_v2, @function
 cuMemAllocHost_v2:
-    leaq .Lname134(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemAllocHost_v2@PLT
     .size cuMemAllocHost_v2, .-cuMemAllocHost_v2
     .globl cuMemAllocManaged
     .type cuMemAllocManaged, @function
 cuMemAllocManaged:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1962,7 +1944,7 @@ cuMemAllocManaged:
     .globl cuMemAllocPitch
     .type cuMemAllocPitch, @function
 cuMemAllocPitch:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1970,7 +1952,7 @@ cuMemAllocPitch:
     .globl cuMemAllocPitch_v2
     .type cuMemAllocPitch_v2, @function
 cuMemAllocPitch_v2:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1978,15 +1960,12 @@ cuMemAllocPitch_v2:
     .globl cuMemAlloc_v2
     .type cuMemAlloc_v2, @function
 cuMemAlloc_v2:
-    leaq .Lname138(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemAlloc_v2@PLT
     .size cuMemAlloc_v2, .-cuMemAlloc_v2
     .globl cuMemBatchDecompressAsync
     .type cuMemBatchDecompressAsync, @function
 cuMemBatchDecompressAsync:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1994,7 +1973,7 @@ cuMemBatchDecompressAsync:
     .globl cuMemBatchDecompressAsync_ptsz
     .type cuMemBatchDecompressAsync_ptsz, @function
 cuMemBatchDecompressAsync_ptsz:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2002,7 +1981,7 @@ cuMemBatchDecompressAsync_ptsz:
     .globl cuMemCreate
     .type cuMemCreate, @function
 cuMemCreate:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2010,7 +1989,7 @@ cuMemCreate:
     .globl cuMemDiscardAndPrefetchBatchAsync
     .type cuMemDiscardAndPrefetchBatchAsync, @function
 cuMemDiscardAndPrefetchBatchAsync:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2018,7 +1997,7 @@ cuMemDiscardAndPrefetchBatchAsync:
     .globl cuMemDiscardAndPrefetchBatchAsync_ptsz
     .type cuMemDiscardAndPrefetchBatchAsync_ptsz, @function
 cuMemDiscardAndPrefetchBatchAsync_ptsz:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2026,7 +2005,7 @@ cuMemDiscardAndPrefetchBatchAsync_ptsz:
     .globl cuMemDiscardBatchAsync
     .type cuMemDiscardBatchAsync, @function
 cuMemDiscardBatchAsync:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2034,7 +2013,7 @@ cuMemDiscardBatchAsync:
     .globl cuMemDiscardBatchAsync_ptsz
     .type cuMemDiscardBatchAsync_ptsz, @function
 cuMemDiscardBatchAsync_ptsz:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2042,7 +2021,7 @@ cuMemDiscardBatchAsync_ptsz:
     .globl cuMemExportToShareableHandle
     .type cuMemExportToShareableHandle, @function
 cuMemExportToShareableHandle:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2065,10 +2044,7 @@ cuMemFreeAsync_ptsz:
     .globl cuMemFreeHost
     .type cuMemFreeHost, @function
 cuMemFreeHost:
-    leaq .Lname147(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemFreeHost@PLT
     .size cuMemFreeHost, .-cuMemFreeHost
     .globl cuMemFree_v2
     .type cuMemFree_v2, @function
@@ -2083,7 +2059,7 @@ cuMemGetAccess:
     .globl cuMemGetAddressRange
     .type cuMemGetAddressRange, @function
 cuMemGetAddressRange:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2091,7 +2067,7 @@ cuMemGetAddressRange:
     .globl cuMemGetAddressRange_v2
     .type cuMemGetAddressRange_v2, @function
 cuMemGetAddressRange_v2:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2099,7 +2075,7 @@ cuMemGetAddressRange_v2:
     .globl cuMemGetAllocationGranularity
     .type cuMemGetAllocationGranularity, @function
 cuMemGetAllocationGranularity:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2107,7 +2083,7 @@ cuMemGetAllocationGranularity:
     .globl cuMemGetAllocationPropertiesFromHandle
     .type cuMemGetAllocationPropertiesFromHandle, @function
 cuMemGetAllocationPropertiesFromHandle:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2115,7 +2091,7 @@ cuMemGetAllocationPropertiesFromHandle:
     .globl cuMemGetDefaultMemPool
     .type cuMemGetDefaultMemPool, @function
 cuMemGetDefaultMemPool:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2123,7 +2099,7 @@ cuMemGetDefaultMemPool:
     .globl cuMemGetHandleForAddressRange
     .type cuMemGetHandleForAddressRange, @function
 cuMemGetHandleForAddressRange:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2141,7 +2117,7 @@ cuMemGetInfo_v2:
     .globl cuMemGetMemPool
     .type cuMemGetMemPool, @function
 cuMemGetMemPool:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2149,15 +2125,12 @@ cuMemGetMemPool:
     .globl cuMemHostAlloc
     .type cuMemHostAlloc, @function
 cuMemHostAlloc:
-    leaq .Lname155(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemHostAlloc@PLT
     .size cuMemHostAlloc, .-cuMemHostAlloc
     .globl cuMemHostGetDevicePointer
     .type cuMemHostGetDevicePointer, @function
 cuMemHostGetDevicePointer:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2165,7 +2138,7 @@ cuMemHostGetDevicePointer:
     .globl cuMemHostGetDevicePointer_v2
     .type cuMemHostGetDevicePointer_v2, @function
 cuMemHostGetDevicePointer_v2:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2173,7 +2146,7 @@ cuMemHostGetDevicePointer_v2:
     .globl cuMemHostGetFlags
     .type cuMemHostGetFlags, @function
 cuMemHostGetFlags:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2181,7 +2154,7 @@ cuMemHostGetFlags:
     .globl cuMemHostRegister
     .type cuMemHostRegister, @function
 cuMemHostRegister:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2189,23 +2162,17 @@ cuMemHostRegister:
     .globl cuMemHostRegister_v2
     .type cuMemHostRegister_v2, @function
 cuMemHostRegister_v2:
-    leaq .Lname160(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemHostRegister_v2@PLT
     .size cuMemHostRegister_v2, .-cuMemHostRegister_v2
     .globl cuMemHostUnregister
     .type cuMemHostUnregister, @function
 cuMemHostUnregister:
-    leaq .Lname161(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemHostUnregister@PLT
     .size cuMemHostUnregister, .-cuMemHostUnregister
     .globl cuMemImportFromShareableHandle
     .type cuMemImportFromShareableHandle, @function
 cuMemImportFromShareableHandle:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2218,7 +2185,7 @@ cuMemMap:
     .globl cuMemMapArrayAsync
     .type cuMemMapArrayAsync, @function
 cuMemMapArrayAsync:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2226,7 +2193,7 @@ cuMemMapArrayAsync:
     .globl cuMemMapArrayAsync_ptsz
     .type cuMemMapArrayAsync_ptsz, @function
 cuMemMapArrayAsync_ptsz:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2234,7 +2201,7 @@ cuMemMapArrayAsync_ptsz:
     .globl cuMemPoolCreate
     .type cuMemPoolCreate, @function
 cuMemPoolCreate:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2247,7 +2214,7 @@ cuMemPoolDestroy:
     .globl cuMemPoolExportPointer
     .type cuMemPoolExportPointer, @function
 cuMemPoolExportPointer:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2255,7 +2222,7 @@ cuMemPoolExportPointer:
     .globl cuMemPoolExportToShareableHandle
     .type cuMemPoolExportToShareableHandle, @function
 cuMemPoolExportToShareableHandle:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2263,7 +2230,7 @@ cuMemPoolExportToShareableHandle:
     .globl cuMemPoolGetAccess
     .type cuMemPoolGetAccess, @function
 cuMemPoolGetAccess:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2271,7 +2238,7 @@ cuMemPoolGetAccess:
     .globl cuMemPoolGetAttribute
     .type cuMemPoolGetAttribute, @function
 cuMemPoolGetAttribute:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2279,7 +2246,7 @@ cuMemPoolGetAttribute:
     .globl cuMemPoolImportFromShareableHandle
     .type cuMemPoolImportFromShareableHandle, @function
 cuMemPoolImportFromShareableHandle:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2287,7 +2254,7 @@ cuMemPoolImportFromShareableHandle:
     .globl cuMemPoolImportPointer
     .type cuMemPoolImportPointer, @function
 cuMemPoolImportPointer:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2295,7 +2262,7 @@ cuMemPoolImportPointer:
     .globl cuMemPoolSetAccess
     .type cuMemPoolSetAccess, @function
 cuMemPoolSetAccess:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2303,7 +2270,7 @@ cuMemPoolSetAccess:
     .globl cuMemPoolSetAttribute
     .type cuMemPoolSetAttribute, @function
 cuMemPoolSetAttribute:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2336,7 +2303,7 @@ cuMemPrefetchAsync_v2_ptsz:
     .globl cuMemPrefetchBatchAsync
     .type cuMemPrefetchBatchAsync, @function
 cuMemPrefetchBatchAsync:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2344,7 +2311,7 @@ cuMemPrefetchBatchAsync:
     .globl cuMemPrefetchBatchAsync_ptsz
     .type cuMemPrefetchBatchAsync_ptsz, @function
 cuMemPrefetchBatchAsync_ptsz:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2352,7 +2319,7 @@ cuMemPrefetchBatchAsync_ptsz:
     .globl cuMemRangeGetAttribute
     .type cuMemRangeGetAttribute, @function
 cuMemRangeGetAttribute:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2360,7 +2327,7 @@ cuMemRangeGetAttribute:
     .globl cuMemRangeGetAttributes
     .type cuMemRangeGetAttributes, @function
 cuMemRangeGetAttributes:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2373,7 +2340,7 @@ cuMemRelease:
     .globl cuMemRetainAllocationHandle
     .type cuMemRetainAllocationHandle, @function
 cuMemRetainAllocationHandle:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2381,7 +2348,7 @@ cuMemRetainAllocationHandle:
     .globl cuMemSetAccess
     .type cuMemSetAccess, @function
 cuMemSetAccess:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2389,7 +2356,7 @@ cuMemSetAccess:
     .globl cuMemSetMemPool
     .type cuMemSetMemPool, @function
 cuMemSetMemPool:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2407,7 +2374,7 @@ cuMemcpy:
     .globl cuMemcpy2D
     .type cuMemcpy2D, @function
 cuMemcpy2D:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2415,7 +2382,7 @@ cuMemcpy2D:
     .globl cuMemcpy2DAsync
     .type cuMemcpy2DAsync, @function
 cuMemcpy2DAsync:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2423,7 +2390,7 @@ cuMemcpy2DAsync:
     .globl cuMemcpy2DAsync_v2
     .type cuMemcpy2DAsync_v2, @function
 cuMemcpy2DAsync_v2:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2431,7 +2398,7 @@ cuMemcpy2DAsync_v2:
     .globl cuMemcpy2DAsync_v2_ptsz
     .type cuMemcpy2DAsync_v2_ptsz, @function
 cuMemcpy2DAsync_v2_ptsz:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2439,7 +2406,7 @@ cuMemcpy2DAsync_v2_ptsz:
     .globl cuMemcpy2DUnaligned
     .type cuMemcpy2DUnaligned, @function
 cuMemcpy2DUnaligned:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2447,7 +2414,7 @@ cuMemcpy2DUnaligned:
     .globl cuMemcpy2DUnaligned_v2
     .type cuMemcpy2DUnaligned_v2, @function
 cuMemcpy2DUnaligned_v2:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2455,7 +2422,7 @@ cuMemcpy2DUnaligned_v2:
     .globl cuMemcpy2DUnaligned_v2_ptds
     .type cuMemcpy2DUnaligned_v2_ptds, @function
 cuMemcpy2DUnaligned_v2_ptds:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2463,7 +2430,7 @@ cuMemcpy2DUnaligned_v2_ptds:
     .globl cuMemcpy2D_v2
     .type cuMemcpy2D_v2, @function
 cuMemcpy2D_v2:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2471,7 +2438,7 @@ cuMemcpy2D_v2:
     .globl cuMemcpy2D_v2_ptds
     .type cuMemcpy2D_v2_ptds, @function
 cuMemcpy2D_v2_ptds:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2479,7 +2446,7 @@ cuMemcpy2D_v2_ptds:
     .globl cuMemcpy3D
     .type cuMemcpy3D, @function
 cuMemcpy3D:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2487,7 +2454,7 @@ cuMemcpy3D:
     .globl cuMemcpy3DAsync
     .type cuMemcpy3DAsync, @function
 cuMemcpy3DAsync:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2495,7 +2462,7 @@ cuMemcpy3DAsync:
     .globl cuMemcpy3DAsync_v2
     .type cuMemcpy3DAsync_v2, @function
 cuMemcpy3DAsync_v2:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2503,7 +2470,7 @@ cuMemcpy3DAsync_v2:
     .globl cuMemcpy3DAsync_v2_ptsz
     .type cuMemcpy3DAsync_v2_ptsz, @function
 cuMemcpy3DAsync_v2_ptsz:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2511,7 +2478,7 @@ cuMemcpy3DAsync_v2_ptsz:
     .globl cuMemcpy3DBatchAsync
     .type cuMemcpy3DBatchAsync, @function
 cuMemcpy3DBatchAsync:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2519,7 +2486,7 @@ cuMemcpy3DBatchAsync:
     .globl cuMemcpy3DBatchAsync_ptsz
     .type cuMemcpy3DBatchAsync_ptsz, @function
 cuMemcpy3DBatchAsync_ptsz:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2527,7 +2494,7 @@ cuMemcpy3DBatchAsync_ptsz:
     .globl cuMemcpy3DBatchAsync_v2
     .type cuMemcpy3DBatchAsync_v2, @function
 cuMemcpy3DBatchAsync_v2:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2535,7 +2502,7 @@ cuMemcpy3DBatchAsync_v2:
     .globl cuMemcpy3DBatchAsync_v2_ptsz
     .type cuMemcpy3DBatchAsync_v2_ptsz, @function
 cuMemcpy3DBatchAsync_v2_ptsz:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2543,7 +2510,7 @@ cuMemcpy3DBatchAsync_v2_ptsz:
     .globl cuMemcpy3DPeer
     .type cuMemcpy3DPeer, @function
 cuMemcpy3DPeer:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2551,7 +2518,7 @@ cuMemcpy3DPeer:
     .globl cuMemcpy3DPeerAsync
     .type cuMemcpy3DPeerAsync, @function
 cuMemcpy3DPeerAsync:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2559,7 +2526,7 @@ cuMemcpy3DPeerAsync:
     .globl cuMemcpy3DPeerAsync_ptsz
     .type cuMemcpy3DPeerAsync_ptsz, @function
 cuMemcpy3DPeerAsync_ptsz:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2567,7 +2534,7 @@ cuMemcpy3DPeerAsync_ptsz:
     .globl cuMemcpy3DPeer_ptds
     .type cuMemcpy3DPeer_ptds, @function
 cuMemcpy3DPeer_ptds:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2575,7 +2542,7 @@ cuMemcpy3DPeer_ptds:
     .globl cuMemcpy3D_v2
     .type cuMemcpy3D_v2, @function
 cuMemcpy3D_v2:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2583,7 +2550,7 @@ cuMemcpy3D_v2:
     .globl cuMemcpy3D_v2_ptds
     .type cuMemcpy3D_v2_ptds, @function
 cuMemcpy3D_v2_ptds:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2631,7 +2598,7 @@ cuMemcpyAtoD_v2_ptds:
     .globl cuMemcpyAtoH
     .type cuMemcpyAtoH, @function
 cuMemcpyAtoH:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2639,7 +2606,7 @@ cuMemcpyAtoH:
     .globl cuMemcpyAtoHAsync
     .type cuMemcpyAtoHAsync, @function
 cuMemcpyAtoHAsync:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2647,7 +2614,7 @@ cuMemcpyAtoHAsync:
     .globl cuMemcpyAtoHAsync_v2
     .type cuMemcpyAtoHAsync_v2, @function
 cuMemcpyAtoHAsync_v2:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2655,7 +2622,7 @@ cuMemcpyAtoHAsync_v2:
     .globl cuMemcpyAtoHAsync_v2_ptsz
     .type cuMemcpyAtoHAsync_v2_ptsz, @function
 cuMemcpyAtoHAsync_v2_ptsz:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2663,7 +2630,7 @@ cuMemcpyAtoHAsync_v2_ptsz:
     .globl cuMemcpyAtoH_v2
     .type cuMemcpyAtoH_v2, @function
 cuMemcpyAtoH_v2:
-    leaq .Lname208(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2671,7 +2638,7 @@ cuMemcpyAtoH_v2:
     .globl cuMemcpyAtoH_v2_ptds
     .type cuMemcpyAtoH_v2_ptds, @function
 cuMemcpyAtoH_v2_ptds:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2679,7 +2646,7 @@ cuMemcpyAtoH_v2_ptds:
     .globl cuMemcpyBatchAsync
     .type cuMemcpyBatchAsync, @function
 cuMemcpyBatchAsync:
-    leaq .Lname210(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2687,7 +2654,7 @@ cuMemcpyBatchAsync:
     .globl cuMemcpyBatchAsync_ptsz
     .type cuMemcpyBatchAsync_ptsz, @function
 cuMemcpyBatchAsync_ptsz:
-    leaq .Lname211(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2695,7 +2662,7 @@ cuMemcpyBatchAsync_ptsz:
     .globl cuMemcpyBatchAsync_v2
     .type cuMemcpyBatchAsync_v2, @function
 cuMemcpyBatchAsync_v2:
-    leaq .Lname212(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2703,7 +2670,7 @@ cuMemcpyBatchAsync_v2:
     .globl cuMemcpyBatchAsync_v2_ptsz
     .type cuMemcpyBatchAsync_v2_ptsz, @function
 cuMemcpyBatchAsync_v2_ptsz:
-    leaq .Lname213(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2756,7 +2723,7 @@ cuMemcpyDtoD_v2_ptds:
     .globl cuMemcpyDtoH
     .type cuMemcpyDtoH, @function
 cuMemcpyDtoH:
-    leaq .Lname214(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2764,7 +2731,7 @@ cuMemcpyDtoH:
     .globl cuMemcpyDtoHAsync
     .type cuMemcpyDtoHAsync, @function
 cuMemcpyDtoHAsync:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2772,39 +2739,27 @@ cuMemcpyDtoHAsync:
     .globl cuMemcpyDtoHAsync_v2
     .type cuMemcpyDtoHAsync_v2, @function
 cuMemcpyDtoHAsync_v2:
-    leaq .Lname216(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyDtoHAsync_v2@PLT
     .size cuMemcpyDtoHAsync_v2, .-cuMemcpyDtoHAsync_v2
     .globl cuMemcpyDtoHAsync_v2_ptsz
     .type cuMemcpyDtoHAsync_v2_ptsz, @function
 cuMemcpyDtoHAsync_v2_ptsz:
-    leaq .Lname217(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyDtoHAsync_v2_ptsz@PLT
     .size cuMemcpyDtoHAsync_v2_ptsz, .-cuMemcpyDtoHAsync_v2_ptsz
     .globl cuMemcpyDtoH_v2
     .type cuMemcpyDtoH_v2, @function
 cuMemcpyDtoH_v2:
-    leaq .Lname218(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyDtoH_v2@PLT
     .size cuMemcpyDtoH_v2, .-cuMemcpyDtoH_v2
     .globl cuMemcpyDtoH_v2_ptds
     .type cuMemcpyDtoH_v2_ptds, @function
 cuMemcpyDtoH_v2_ptds:
-    leaq .Lname219(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyDtoH_v2_ptds@PLT
     .size cuMemcpyDtoH_v2_ptds, .-cuMemcpyDtoH_v2_ptds
     .globl cuMemcpyHtoA
     .type cuMemcpyHtoA, @function
 cuMemcpyHtoA:
-    leaq .Lname220(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2812,7 +2767,7 @@ cuMemcpyHtoA:
     .globl cuMemcpyHtoAAsync
     .type cuMemcpyHtoAAsync, @function
 cuMemcpyHtoAAsync:
-    leaq .Lname221(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2820,7 +2775,7 @@ cuMemcpyHtoAAsync:
     .globl cuMemcpyHtoAAsync_v2
     .type cuMemcpyHtoAAsync_v2, @function
 cuMemcpyHtoAAsync_v2:
-    leaq .Lname222(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2828,7 +2783,7 @@ cuMemcpyHtoAAsync_v2:
     .globl cuMemcpyHtoAAsync_v2_ptsz
     .type cuMemcpyHtoAAsync_v2_ptsz, @function
 cuMemcpyHtoAAsync_v2_ptsz:
-    leaq .Lname223(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2836,7 +2791,7 @@ cuMemcpyHtoAAsync_v2_ptsz:
     .globl cuMemcpyHtoA_v2
     .type cuMemcpyHtoA_v2, @function
 cuMemcpyHtoA_v2:
-    leaq .Lname224(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2844,7 +2799,7 @@ cuMemcpyHtoA_v2:
     .globl cuMemcpyHtoA_v2_ptds
     .type cuMemcpyHtoA_v2_ptds, @function
 cuMemcpyHtoA_v2_ptds:
-    leaq .Lname225(%rip), %rdi
+    leaq .Lname210(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2852,7 +2807,7 @@ cuMemcpyHtoA_v2_ptds:
     .globl cuMemcpyHtoD
     .type cuMemcpyHtoD, @function
 cuMemcpyHtoD:
-    leaq .Lname226(%rip), %rdi
+    leaq .Lname211(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2860,7 +2815,7 @@ cuMemcpyHtoD:
     .globl cuMemcpyHtoDAsync
     .type cuMemcpyHtoDAsync, @function
 cuMemcpyHtoDAsync:
-    leaq .Lname227(%rip), %rdi
+    leaq .Lname212(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2868,34 +2823,22 @@ cuMemcpyHtoDAsync:
     .globl cuMemcpyHtoDAsync_v2
     .type cuMemcpyHtoDAsync_v2, @function
 cuMemcpyHtoDAsync_v2:
-    leaq .Lname228(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyHtoDAsync_v2@PLT
     .size cuMemcpyHtoDAsync_v2, .-cuMemcpyHtoDAsync_v2
     .globl cuMemcpyHtoDAsync_v2_ptsz
     .type cuMemcpyHtoDAsync_v2_ptsz, @function
 cuMemcpyHtoDAsync_v2_ptsz:
-    leaq .Lname229(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyHtoDAsync_v2_ptsz@PLT
     .size cuMemcpyHtoDAsync_v2_ptsz, .-cuMemcpyHtoDAsync_v2_ptsz
     .globl cuMemcpyHtoD_v2
     .type cuMemcpyHtoD_v2, @function
 cuMemcpyHtoD_v2:
-    leaq .Lname230(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyHtoD_v2@PLT
     .size cuMemcpyHtoD_v2, .-cuMemcpyHtoD_v2
     .globl cuMemcpyHtoD_v2_ptds
     .type cuMemcpyHtoD_v2_ptds, @function
 cuMemcpyHtoD_v2_ptds:
-    leaq .Lname231(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyHtoD_v2_ptds@PLT
     .size cuMemcpyHtoD_v2_ptds, .-cuMemcpyHtoD_v2_ptds
     .globl cuMemcpyPeer
     .type cuMemcpyPeer, @function
@@ -3075,7 +3018,7 @@ cuMemsetD8_v2_ptds:
     .globl cuMipmappedArrayCreate
     .type cuMipmappedArrayCreate, @function
 cuMipmappedArrayCreate:
-    leaq .Lname232(%rip), %rdi
+    leaq .Lname213(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3093,7 +3036,7 @@ cuMipmappedArrayGetLevel:
     .globl cuMipmappedArrayGetMemoryRequirements
     .type cuMipmappedArrayGetMemoryRequirements, @function
 cuMipmappedArrayGetMemoryRequirements:
-    leaq .Lname233(%rip), %rdi
+    leaq .Lname214(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3101,7 +3044,7 @@ cuMipmappedArrayGetMemoryRequirements:
     .globl cuMipmappedArrayGetSparseProperties
     .type cuMipmappedArrayGetSparseProperties, @function
 cuMipmappedArrayGetSparseProperties:
-    leaq .Lname234(%rip), %rdi
+    leaq .Lname215(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3149,7 +3092,7 @@ cuModuleGetTexRef:
     .globl cuModuleLoad
     .type cuModuleLoad, @function
 cuModuleLoad:
-    leaq .Lname235(%rip), %rdi
+    leaq .Lname216(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3157,7 +3100,7 @@ cuModuleLoad:
     .globl cuModuleLoadData
     .type cuModuleLoadData, @function
 cuModuleLoadData:
-    leaq .Lname236(%rip), %rdi
+    leaq .Lname217(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3165,7 +3108,7 @@ cuModuleLoadData:
     .globl cuModuleLoadDataEx
     .type cuModuleLoadDataEx, @function
 cuModuleLoadDataEx:
-    leaq .Lname237(%rip), %rdi
+    leaq .Lname218(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3173,7 +3116,7 @@ cuModuleLoadDataEx:
     .globl cuModuleLoadFatBinary
     .type cuModuleLoadFatBinary, @function
 cuModuleLoadFatBinary:
-    leaq .Lname238(%rip), %rdi
+    leaq .Lname219(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3226,7 +3169,7 @@ cuMulticastUnbind:
     .globl cuOccupancyAvailableDynamicSMemPerBlock
     .type cuOccupancyAvailableDynamicSMemPerBlock, @function
 cuOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname239(%rip), %rdi
+    leaq .Lname220(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3234,7 +3177,7 @@ cuOccupancyAvailableDynamicSMemPerBlock:
     .globl cuOccupancyMaxActiveBlocksPerMultiprocessor
     .type cuOccupancyMaxActiveBlocksPerMultiprocessor, @function
 cuOccupancyMaxActiveBlocksPerMultiprocessor:
-    leaq .Lname240(%rip), %rdi
+    leaq .Lname221(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3242,7 +3185,7 @@ cuOccupancyMaxActiveBlocksPerMultiprocessor:
     .globl cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags
     .type cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, @function
 cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
-    leaq .Lname241(%rip), %rdi
+    leaq .Lname222(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3250,7 +3193,7 @@ cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cuOccupancyMaxActiveClusters
     .type cuOccupancyMaxActiveClusters, @function
 cuOccupancyMaxActiveClusters:
-    leaq .Lname242(%rip), %rdi
+    leaq .Lname223(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3258,7 +3201,7 @@ cuOccupancyMaxActiveClusters:
     .globl cuOccupancyMaxPotentialBlockSize
     .type cuOccupancyMaxPotentialBlockSize, @function
 cuOccupancyMaxPotentialBlockSize:
-    leaq .Lname243(%rip), %rdi
+    leaq .Lname224(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3266,7 +3209,7 @@ cuOccupancyMaxPotentialBlockSize:
     .globl cuOccupancyMaxPotentialBlockSizeWithFlags
     .type cuOccupancyMaxPotentialBlockSizeWithFlags, @function
 cuOccupancyMaxPotentialBlockSizeWithFlags:
-    leaq .Lname244(%rip), %rdi
+    leaq .Lname225(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3274,7 +3217,7 @@ cuOccupancyMaxPotentialBlockSizeWithFlags:
     .globl cuOccupancyMaxPotentialClusterSize
     .type cuOccupancyMaxPotentialClusterSize, @function
 cuOccupancyMaxPotentialClusterSize:
-    leaq .Lname245(%rip), %rdi
+    leaq .Lname226(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3302,7 +3245,7 @@ cuParamSeti:
     .globl cuParamSetv
     .type cuParamSetv, @function
 cuParamSetv:
-    leaq .Lname246(%rip), %rdi
+    leaq .Lname227(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3310,15 +3253,12 @@ cuParamSetv:
     .globl cuPointerGetAttribute
     .type cuPointerGetAttribute, @function
 cuPointerGetAttribute:
-    leaq .Lname247(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuPointerGetAttribute@PLT
     .size cuPointerGetAttribute, .-cuPointerGetAttribute
     .globl cuPointerGetAttributes
     .type cuPointerGetAttributes, @function
 cuPointerGetAttributes:
-    leaq .Lname248(%rip), %rdi
+    leaq .Lname228(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3326,7 +3266,7 @@ cuPointerGetAttributes:
     .globl cuPointerSetAttribute
     .type cuPointerSetAttribute, @function
 cuPointerSetAttribute:
-    leaq .Lname249(%rip), %rdi
+    leaq .Lname229(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3334,7 +3274,7 @@ cuPointerSetAttribute:
     .globl cuSignalExternalSemaphoresAsync
     .type cuSignalExternalSemaphoresAsync, @function
 cuSignalExternalSemaphoresAsync:
-    leaq .Lname250(%rip), %rdi
+    leaq .Lname230(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3342,7 +3282,7 @@ cuSignalExternalSemaphoresAsync:
     .globl cuSignalExternalSemaphoresAsync_ptsz
     .type cuSignalExternalSemaphoresAsync_ptsz, @function
 cuSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname251(%rip), %rdi
+    leaq .Lname231(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3350,7 +3290,7 @@ cuSignalExternalSemaphoresAsync_ptsz:
     .globl cuStreamAddCallback
     .type cuStreamAddCallback, @function
 cuStreamAddCallback:
-    leaq .Lname252(%rip), %rdi
+    leaq .Lname232(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3358,7 +3298,7 @@ cuStreamAddCallback:
     .globl cuStreamAddCallback_ptsz
     .type cuStreamAddCallback_ptsz, @function
 cuStreamAddCallback_ptsz:
-    leaq .Lname253(%rip), %rdi
+    leaq .Lname233(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3376,7 +3316,7 @@ cuStreamAttachMemAsync_ptsz:
     .globl cuStreamBatchMemOp
     .type cuStreamBatchMemOp, @function
 cuStreamBatchMemOp:
-    leaq .Lname254(%rip), %rdi
+    leaq .Lname234(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3384,7 +3324,7 @@ cuStreamBatchMemOp:
     .globl cuStreamBatchMemOp_ptsz
     .type cuStreamBatchMemOp_ptsz, @function
 cuStreamBatchMemOp_ptsz:
-    leaq .Lname255(%rip), %rdi
+    leaq .Lname235(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3392,7 +3332,7 @@ cuStreamBatchMemOp_ptsz:
     .globl cuStreamBatchMemOp_v2
     .type cuStreamBatchMemOp_v2, @function
 cuStreamBatchMemOp_v2:
-    leaq .Lname256(%rip), %rdi
+    leaq .Lname236(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3400,7 +3340,7 @@ cuStreamBatchMemOp_v2:
     .globl cuStreamBatchMemOp_v2_ptsz
     .type cuStreamBatchMemOp_v2_ptsz, @function
 cuStreamBatchMemOp_v2_ptsz:
-    leaq .Lname257(%rip), %rdi
+    leaq .Lname237(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3413,7 +3353,7 @@ cuStreamBeginCapture:
     .globl cuStreamBeginCaptureToGraph
     .type cuStreamBeginCaptureToGraph, @function
 cuStreamBeginCaptureToGraph:
-    leaq .Lname258(%rip), %rdi
+    leaq .Lname238(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3421,7 +3361,7 @@ cuStreamBeginCaptureToGraph:
     .globl cuStreamBeginCaptureToGraph_ptsz
     .type cuStreamBeginCaptureToGraph_ptsz, @function
 cuStreamBeginCaptureToGraph_ptsz:
-    leaq .Lname259(%rip), %rdi
+    leaq .Lname239(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3484,7 +3424,7 @@ cuStreamEndCapture_ptsz:
     .globl cuStreamGetAttribute
     .type cuStreamGetAttribute, @function
 cuStreamGetAttribute:
-    leaq .Lname260(%rip), %rdi
+    leaq .Lname240(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3492,7 +3432,7 @@ cuStreamGetAttribute:
     .globl cuStreamGetAttribute_ptsz
     .type cuStreamGetAttribute_ptsz, @function
 cuStreamGetAttribute_ptsz:
-    leaq .Lname261(%rip), %rdi
+    leaq .Lname241(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3510,7 +3450,7 @@ cuStreamGetCaptureInfo_ptsz:
     .globl cuStreamGetCaptureInfo_v2
     .type cuStreamGetCaptureInfo_v2, @function
 cuStreamGetCaptureInfo_v2:
-    leaq .Lname262(%rip), %rdi
+    leaq .Lname242(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3518,7 +3458,7 @@ cuStreamGetCaptureInfo_v2:
     .globl cuStreamGetCaptureInfo_v2_ptsz
     .type cuStreamGetCaptureInfo_v2_ptsz, @function
 cuStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname263(%rip), %rdi
+    leaq .Lname243(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3526,7 +3466,7 @@ cuStreamGetCaptureInfo_v2_ptsz:
     .globl cuStreamGetCaptureInfo_v3
     .type cuStreamGetCaptureInfo_v3, @function
 cuStreamGetCaptureInfo_v3:
-    leaq .Lname264(%rip), %rdi
+    leaq .Lname244(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3534,7 +3474,7 @@ cuStreamGetCaptureInfo_v3:
     .globl cuStreamGetCaptureInfo_v3_ptsz
     .type cuStreamGetCaptureInfo_v3_ptsz, @function
 cuStreamGetCaptureInfo_v3_ptsz:
-    leaq .Lname265(%rip), %rdi
+    leaq .Lname245(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3562,7 +3502,7 @@ cuStreamGetCtx_v2_ptsz:
     .globl cuStreamGetDevResource
     .type cuStreamGetDevResource, @function
 cuStreamGetDevResource:
-    leaq .Lname266(%rip), %rdi
+    leaq .Lname246(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3570,7 +3510,7 @@ cuStreamGetDevResource:
     .globl cuStreamGetDevResource_ptsz
     .type cuStreamGetDevResource_ptsz, @function
 cuStreamGetDevResource_ptsz:
-    leaq .Lname267(%rip), %rdi
+    leaq .Lname247(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3643,7 +3583,7 @@ cuStreamQuery_ptsz:
     .globl cuStreamSetAttribute
     .type cuStreamSetAttribute, @function
 cuStreamSetAttribute:
-    leaq .Lname268(%rip), %rdi
+    leaq .Lname248(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3651,7 +3591,7 @@ cuStreamSetAttribute:
     .globl cuStreamSetAttribute_ptsz
     .type cuStreamSetAttribute_ptsz, @function
 cuStreamSetAttribute_ptsz:
-    leaq .Lname269(%rip), %rdi
+    leaq .Lname249(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3679,7 +3619,7 @@ cuStreamUpdateCaptureDependencies_ptsz:
     .globl cuStreamUpdateCaptureDependencies_v2
     .type cuStreamUpdateCaptureDependencies_v2, @function
 cuStreamUpdateCaptureDependencies_v2:
-    leaq .Lname270(%rip), %rdi
+    leaq .Lname250(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3687,7 +3627,7 @@ cuStreamUpdateCaptureDependencies_v2:
     .globl cuStreamUpdateCaptureDependencies_v2_ptsz
     .type cuStreamUpdateCaptureDependencies_v2_ptsz, @function
 cuStreamUpdateCaptureDependencies_v2_ptsz:
-    leaq .Lname271(%rip), %rdi
+    leaq .Lname251(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3785,7 +3725,7 @@ cuStreamWriteValue64_v2_ptsz:
     .globl cuSurfObjectCreate
     .type cuSurfObjectCreate, @function
 cuSurfObjectCreate:
-    leaq .Lname272(%rip), %rdi
+    leaq .Lname252(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3798,7 +3738,7 @@ cuSurfObjectDestroy:
     .globl cuSurfObjectGetResourceDesc
     .type cuSurfObjectGetResourceDesc, @function
 cuSurfObjectGetResourceDesc:
-    leaq .Lname273(%rip), %rdi
+    leaq .Lname253(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3816,7 +3756,7 @@ cuSurfRefSetArray:
     .globl cuTensorMapEncodeIm2col
     .type cuTensorMapEncodeIm2col, @function
 cuTensorMapEncodeIm2col:
-    leaq .Lname274(%rip), %rdi
+    leaq .Lname254(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3824,7 +3764,7 @@ cuTensorMapEncodeIm2col:
     .globl cuTensorMapEncodeIm2colWide
     .type cuTensorMapEncodeIm2colWide, @function
 cuTensorMapEncodeIm2colWide:
-    leaq .Lname275(%rip), %rdi
+    leaq .Lname255(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3832,7 +3772,7 @@ cuTensorMapEncodeIm2colWide:
     .globl cuTensorMapEncodeTiled
     .type cuTensorMapEncodeTiled, @function
 cuTensorMapEncodeTiled:
-    leaq .Lname276(%rip), %rdi
+    leaq .Lname256(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3840,7 +3780,7 @@ cuTensorMapEncodeTiled:
     .globl cuTensorMapReplaceAddress
     .type cuTensorMapReplaceAddress, @function
 cuTensorMapReplaceAddress:
-    leaq .Lname277(%rip), %rdi
+    leaq .Lname257(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3848,7 +3788,7 @@ cuTensorMapReplaceAddress:
     .globl cuTexObjectCreate
     .type cuTexObjectCreate, @function
 cuTexObjectCreate:
-    leaq .Lname278(%rip), %rdi
+    leaq .Lname258(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3861,7 +3801,7 @@ cuTexObjectDestroy:
     .globl cuTexObjectGetResourceDesc
     .type cuTexObjectGetResourceDesc, @function
 cuTexObjectGetResourceDesc:
-    leaq .Lname279(%rip), %rdi
+    leaq .Lname259(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3869,7 +3809,7 @@ cuTexObjectGetResourceDesc:
     .globl cuTexObjectGetResourceViewDesc
     .type cuTexObjectGetResourceViewDesc, @function
 cuTexObjectGetResourceViewDesc:
-    leaq .Lname280(%rip), %rdi
+    leaq .Lname260(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3877,7 +3817,7 @@ cuTexObjectGetResourceViewDesc:
     .globl cuTexObjectGetTextureDesc
     .type cuTexObjectGetTextureDesc, @function
 cuTexObjectGetTextureDesc:
-    leaq .Lname281(%rip), %rdi
+    leaq .Lname261(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3930,7 +3870,7 @@ cuTexRefGetFlags:
     .globl cuTexRefGetFormat
     .type cuTexRefGetFormat, @function
 cuTexRefGetFormat:
-    leaq .Lname282(%rip), %rdi
+    leaq .Lname262(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4048,7 +3988,7 @@ cuThreadExchangeStreamCaptureMode:
     .globl cuUserObjectCreate
     .type cuUserObjectCreate, @function
 cuUserObjectCreate:
-    leaq .Lname283(%rip), %rdi
+    leaq .Lname263(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4066,7 +4006,7 @@ cuUserObjectRetain:
     .globl cuWaitExternalSemaphoresAsync
     .type cuWaitExternalSemaphoresAsync, @function
 cuWaitExternalSemaphoresAsync:
-    leaq .Lname284(%rip), %rdi
+    leaq .Lname264(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4074,7 +4014,7 @@ cuWaitExternalSemaphoresAsync:
     .globl cuWaitExternalSemaphoresAsync_ptsz
     .type cuWaitExternalSemaphoresAsync_ptsz, @function
 cuWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname285(%rip), %rdi
+    leaq .Lname265(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4131,525 +4071,485 @@ cuWaitExternalSemaphoresAsync_ptsz:
 .Lname24:
     .asciz "cuDeviceGetLuid"
 .Lname25:
-    .asciz "cuDeviceGetName"
-.Lname26:
     .asciz "cuDeviceGetNvSciSyncAttributes"
-.Lname27:
+.Lname26:
     .asciz "cuDeviceGetP2PAtomicCapabilities"
-.Lname28:
+.Lname27:
     .asciz "cuDeviceGetPCIBusId"
-.Lname29:
+.Lname28:
     .asciz "cuDeviceGetProperties"
-.Lname30:
+.Lname29:
     .asciz "cuDeviceGetTexture1DLinearMaxWidth"
-.Lname31:
-    .asciz "cuDeviceGetUuid"
-.Lname32:
-    .asciz "cuDeviceGetUuid_v2"
-.Lname33:
+.Lname30:
     .asciz "cuDeviceRegisterAsyncNotification"
-.Lname34:
+.Lname31:
     .asciz "cuDeviceSetGraphMemAttribute"
-.Lname35:
+.Lname32:
     .asciz "cuFuncGetName"
-.Lname36:
+.Lname33:
     .asciz "cuFuncGetParamInfo"
-.Lname37:
+.Lname34:
     .asciz "cuGetExportTable"
-.Lname38:
+.Lname35:
     .asciz "cuGetProcAddress"
-.Lname39:
+.Lname36:
     .asciz "cuGetProcAddress_v2"
-.Lname40:
+.Lname37:
     .asciz "cuGraphAddBatchMemOpNode"
-.Lname41:
+.Lname38:
     .asciz "cuGraphAddChildGraphNode"
-.Lname42:
+.Lname39:
     .asciz "cuGraphAddDependencies"
-.Lname43:
+.Lname40:
     .asciz "cuGraphAddDependencies_v2"
-.Lname44:
+.Lname41:
     .asciz "cuGraphAddEmptyNode"
-.Lname45:
+.Lname42:
     .asciz "cuGraphAddEventRecordNode"
-.Lname46:
+.Lname43:
     .asciz "cuGraphAddEventWaitNode"
-.Lname47:
+.Lname44:
     .asciz "cuGraphAddExternalSemaphoresSignalNode"
-.Lname48:
+.Lname45:
     .asciz "cuGraphAddExternalSemaphoresWaitNode"
-.Lname49:
+.Lname46:
     .asciz "cuGraphAddHostNode"
-.Lname50:
+.Lname47:
     .asciz "cuGraphAddKernelNode"
-.Lname51:
+.Lname48:
     .asciz "cuGraphAddKernelNode_v2"
-.Lname52:
+.Lname49:
     .asciz "cuGraphAddMemAllocNode"
-.Lname53:
+.Lname50:
     .asciz "cuGraphAddMemFreeNode"
-.Lname54:
+.Lname51:
     .asciz "cuGraphAddMemcpyNode"
-.Lname55:
+.Lname52:
     .asciz "cuGraphAddMemsetNode"
-.Lname56:
+.Lname53:
     .asciz "cuGraphAddNode"
-.Lname57:
+.Lname54:
     .asciz "cuGraphAddNode_v2"
-.Lname58:
+.Lname55:
     .asciz "cuGraphBatchMemOpNodeGetParams"
-.Lname59:
+.Lname56:
     .asciz "cuGraphBatchMemOpNodeSetParams"
-.Lname60:
+.Lname57:
     .asciz "cuGraphDebugDotPrint"
-.Lname61:
+.Lname58:
     .asciz "cuGraphExecBatchMemOpNodeSetParams"
-.Lname62:
+.Lname59:
     .asciz "cuGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname63:
+.Lname60:
     .asciz "cuGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname64:
+.Lname61:
     .asciz "cuGraphExecHostNodeSetParams"
-.Lname65:
+.Lname62:
     .asciz "cuGraphExecKernelNodeSetParams"
-.Lname66:
+.Lname63:
     .asciz "cuGraphExecKernelNodeSetParams_v2"
-.Lname67:
+.Lname64:
     .asciz "cuGraphExecMemcpyNodeSetParams"
-.Lname68:
+.Lname65:
     .asciz "cuGraphExecNodeSetParams"
-.Lname69:
+.Lname66:
     .asciz "cuGraphExecUpdate_v2"
-.Lname70:
+.Lname67:
     .asciz "cuGraphExternalSemaphoresSignalNodeGetParams"
-.Lname71:
+.Lname68:
     .asciz "cuGraphExternalSemaphoresSignalNodeSetParams"
-.Lname72:
+.Lname69:
     .asciz "cuGraphExternalSemaphoresWaitNodeGetParams"
-.Lname73:
+.Lname70:
     .asciz "cuGraphExternalSemaphoresWaitNodeSetParams"
-.Lname74:
+.Lname71:
     .asciz "cuGraphGetEdges_v2"
-.Lname75:
+.Lname72:
     .asciz "cuGraphHostNodeGetParams"
-.Lname76:
+.Lname73:
     .asciz "cuGraphHostNodeSetParams"
-.Lname77:
+.Lname74:
     .asciz "cuGraphInstantiate"
-.Lname78:
+.Lname75:
     .asciz "cuGraphInstantiateWithParams"
-.Lname79:
+.Lname76:
     .asciz "cuGraphInstantiateWithParams_ptsz"
-.Lname80:
+.Lname77:
     .asciz "cuGraphInstantiate_v2"
-.Lname81:
+.Lname78:
     .asciz "cuGraphKernelNodeGetAttribute"
-.Lname82:
+.Lname79:
     .asciz "cuGraphKernelNodeGetParams"
-.Lname83:
+.Lname80:
     .asciz "cuGraphKernelNodeGetParams_v2"
-.Lname84:
+.Lname81:
     .asciz "cuGraphKernelNodeSetAttribute"
-.Lname85:
+.Lname82:
     .asciz "cuGraphKernelNodeSetParams"
-.Lname86:
+.Lname83:
     .asciz "cuGraphKernelNodeSetParams_v2"
-.Lname87:
+.Lname84:
     .asciz "cuGraphMemAllocNodeGetParams"
-.Lname88:
+.Lname85:
     .asciz "cuGraphMemcpyNodeGetParams"
-.Lname89:
+.Lname86:
     .asciz "cuGraphMemcpyNodeSetParams"
-.Lname90:
+.Lname87:
     .asciz "cuGraphMemsetNodeGetParams"
-.Lname91:
+.Lname88:
     .asciz "cuGraphNodeGetDependencies_v2"
-.Lname92:
+.Lname89:
     .asciz "cuGraphNodeGetDependentNodes_v2"
-.Lname93:
+.Lname90:
     .asciz "cuGraphNodeSetParams"
-.Lname94:
+.Lname91:
     .asciz "cuGraphRemoveDependencies"
-.Lname95:
+.Lname92:
     .asciz "cuGraphRemoveDependencies_v2"
-.Lname96:
+.Lname93:
     .asciz "cuGraphicsResourceGetMappedPointer"
-.Lname97:
+.Lname94:
     .asciz "cuGraphicsResourceGetMappedPointer_v2"
-.Lname98:
+.Lname95:
     .asciz "cuGreenCtxGetDevResource"
-.Lname99:
+.Lname96:
     .asciz "cuImportExternalMemory"
-.Lname100:
+.Lname97:
     .asciz "cuImportExternalSemaphore"
-.Lname101:
+.Lname98:
     .asciz "cuIpcGetEventHandle"
-.Lname102:
+.Lname99:
     .asciz "cuIpcGetMemHandle"
-.Lname103:
+.Lname100:
     .asciz "cuKernelGetName"
-.Lname104:
+.Lname101:
     .asciz "cuKernelGetParamInfo"
-.Lname105:
+.Lname102:
     .asciz "cuLaunchCooperativeKernel"
-.Lname106:
+.Lname103:
     .asciz "cuLaunchCooperativeKernelMultiDevice"
-.Lname107:
+.Lname104:
     .asciz "cuLaunchCooperativeKernel_ptsz"
-.Lname108:
-    .asciz "cuLaunchHostFunc"
-.Lname109:
-    .asciz "cuLaunchHostFunc_ptsz"
-.Lname110:
+.Lname105:
     .asciz "cuLaunchKernel"
-.Lname111:
+.Lname106:
     .asciz "cuLaunchKernelEx"
-.Lname112:
+.Lname107:
     .asciz "cuLaunchKernelEx_ptsz"
-.Lname113:
+.Lname108:
     .asciz "cuLaunchKernel_ptsz"
-.Lname114:
+.Lname109:
     .asciz "cuLibraryGetUnifiedFunction"
-.Lname115:
+.Lname110:
     .asciz "cuLibraryLoadData"
-.Lname116:
+.Lname111:
     .asciz "cuLibraryLoadFromFile"
-.Lname117:
+.Lname112:
     .asciz "cuLinkAddData"
-.Lname118:
+.Lname113:
     .asciz "cuLinkAddData_v2"
-.Lname119:
+.Lname114:
     .asciz "cuLinkAddFile"
-.Lname120:
+.Lname115:
     .asciz "cuLinkAddFile_v2"
-.Lname121:
+.Lname116:
     .asciz "cuLinkComplete"
-.Lname122:
+.Lname117:
     .asciz "cuLinkCreate"
-.Lname123:
+.Lname118:
     .asciz "cuLinkCreate_v2"
-.Lname124:
+.Lname119:
     .asciz "cuLogsDumpToFile"
-.Lname125:
+.Lname120:
     .asciz "cuLogsDumpToMemory"
-.Lname126:
+.Lname121:
     .asciz "cuLogsRegisterCallback"
-.Lname127:
+.Lname122:
     .asciz "cuMemAddressReserve"
-.Lname128:
+.Lname123:
     .asciz "cuMemAlloc"
-.Lname129:
+.Lname124:
     .asciz "cuMemAllocAsync"
-.Lname130:
+.Lname125:
     .asciz "cuMemAllocAsync_ptsz"
-.Lname131:
+.Lname126:
     .asciz "cuMemAllocFromPoolAsync"
-.Lname132:
+.Lname127:
     .asciz "cuMemAllocFromPoolAsync_ptsz"
-.Lname133:
+.Lname128:
     .asciz "cuMemAllocHost"
-.Lname134:
-    .asciz "cuMemAllocHost_v2"
-.Lname135:
+.Lname129:
     .asciz "cuMemAllocManaged"
-.Lname136:
+.Lname130:
     .asciz "cuMemAllocPitch"
-.Lname137:
+.Lname131:
     .asciz "cuMemAllocPitch_v2"
-.Lname138:
-    .asciz "cuMemAlloc_v2"
-.Lname139:
+.Lname132:
     .asciz "cuMemBatchDecompressAsync"
-.Lname140:
+.Lname133:
     .asciz "cuMemBatchDecompressAsync_ptsz"
-.Lname141:
+.Lname134:
     .asciz "cuMemCreate"
-.Lname142:
+.Lname135:
     .asciz "cuMemDiscardAndPrefetchBatchAsync"
-.Lname143:
+.Lname136:
     .asciz "cuMemDiscardAndPrefetchBatchAsync_ptsz"
-.Lname144:
+.Lname137:
     .asciz "cuMemDiscardBatchAsync"
-.Lname145:
+.Lname138:
     .asciz "cuMemDiscardBatchAsync_ptsz"
-.Lname146:
+.Lname139:
     .asciz "cuMemExportToShareableHandle"
-.Lname147:
-    .asciz "cuMemFreeHost"
-.Lname148:
+.Lname140:
     .asciz "cuMemGetAddressRange"
-.Lname149:
+.Lname141:
     .asciz "cuMemGetAddressRange_v2"
-.Lname150:
+.Lname142:
     .asciz "cuMemGetAllocationGranularity"
-.Lname151:
+.Lname143:
     .asciz "cuMemGetAllocationPropertiesFromHandle"
-.Lname152:
+.Lname144:
     .asciz "cuMemGetDefaultMemPool"
-.Lname153:
+.Lname145:
     .asciz "cuMemGetHandleForAddressRange"
-.Lname154:
+.Lname146:
     .asciz "cuMemGetMemPool"
-.Lname155:
-    .asciz "cuMemHostAlloc"
-.Lname156:
+.Lname147:
     .asciz "cuMemHostGetDevicePointer"
-.Lname157:
+.Lname148:
     .asciz "cuMemHostGetDevicePointer_v2"
-.Lname158:
+.Lname149:
     .asciz "cuMemHostGetFlags"
-.Lname159:
+.Lname150:
     .asciz "cuMemHostRegister"
-.Lname160:
-    .asciz "cuMemHostRegister_v2"
-.Lname161:
-    .asciz "cuMemHostUnregister"
-.Lname162:
+.Lname151:
     .asciz "cuMemImportFromShareableHandle"
-.Lname163:
+.Lname152:
     .asciz "cuMemMapArrayAsync"
-.Lname164:
+.Lname153:
     .asciz "cuMemMapArrayAsync_ptsz"
-.Lname165:
+.Lname154:
     .asciz "cuMemPoolCreate"
-.Lname166:
+.Lname155:
     .asciz "cuMemPoolExportPointer"
-.Lname167:
+.Lname156:
     .asciz "cuMemPoolExportToShareableHandle"
-.Lname168:
+.Lname157:
     .asciz "cuMemPoolGetAccess"
-.Lname169:
+.Lname158:
     .asciz "cuMemPoolGetAttribute"
-.Lname170:
+.Lname159:
     .asciz "cuMemPoolImportFromShareableHandle"
-.Lname171:
+.Lname160:
     .asciz "cuMemPoolImportPointer"
-.Lname172:
+.Lname161:
     .asciz "cuMemPoolSetAccess"
-.Lname173:
+.Lname162:
     .asciz "cuMemPoolSetAttribute"
-.Lname174:
+.Lname163:
     .asciz "cuMemPrefetchBatchAsync"
-.Lname175:
+.Lname164:
     .asciz "cuMemPrefetchBatchAsync_ptsz"
-.Lname176:
+.Lname165:
     .asciz "cuMemRangeGetAttribute"
-.Lname177:
+.Lname166:
     .asciz "cuMemRangeGetAttributes"
-.Lname178:
+.Lname167:
     .asciz "cuMemRetainAllocationHandle"
-.Lname179:
+.Lname168:
     .asciz "cuMemSetAccess"
-.Lname180:
+.Lname169:
     .asciz "cuMemSetMemPool"
-.Lname181:
+.Lname170:
     .asciz "cuMemcpy2D"
-.Lname182:
+.Lname171:
     .asciz "cuMemcpy2DAsync"
-.Lname183:
+.Lname172:
     .asciz "cuMemcpy2DAsync_v2"
-.Lname184:
+.Lname173:
     .asciz "cuMemcpy2DAsync_v2_ptsz"
-.Lname185:
+.Lname174:
     .asciz "cuMemcpy2DUnaligned"
-.Lname186:
+.Lname175:
     .asciz "cuMemcpy2DUnaligned_v2"
-.Lname187:
+.Lname176:
     .asciz "cuMemcpy2DUnaligned_v2_ptds"
-.Lname188:
+.Lname177:
     .asciz "cuMemcpy2D_v2"
-.Lname189:
+.Lname178:
     .asciz "cuMemcpy2D_v2_ptds"
-.Lname190:
+.Lname179:
     .asciz "cuMemcpy3D"
-.Lname191:
+.Lname180:
     .asciz "cuMemcpy3DAsync"
-.Lname192:
+.Lname181:
     .asciz "cuMemcpy3DAsync_v2"
-.Lname193:
+.Lname182:
     .asciz "cuMemcpy3DAsync_v2_ptsz"
-.Lname194:
+.Lname183:
     .asciz "cuMemcpy3DBatchAsync"
-.Lname195:
+.Lname184:
     .asciz "cuMemcpy3DBatchAsync_ptsz"
-.Lname196:
+.Lname185:
     .asciz "cuMemcpy3DBatchAsync_v2"
-.Lname197:
+.Lname186:
     .asciz "cuMemcpy3DBatchAsync_v2_ptsz"
-.Lname198:
+.Lname187:
     .asciz "cuMemcpy3DPeer"
-.Lname199:
+.Lname188:
     .asciz "cuMemcpy3DPeerAsync"
-.Lname200:
+.Lname189:
     .asciz "cuMemcpy3DPeerAsync_ptsz"
-.Lname201:
+.Lname190:
     .asciz "cuMemcpy3DPeer_ptds"
-.Lname202:
+.Lname191:
     .asciz "cuMemcpy3D_v2"
-.Lname203:
+.Lname192:
     .asciz "cuMemcpy3D_v2_ptds"
-.Lname204:
+.Lname193:
     .asciz "cuMemcpyAtoH"
-.Lname205:
+.Lname194:
     .asciz "cuMemcpyAtoHAsync"
-.Lname206:
+.Lname195:
     .asciz "cuMemcpyAtoHAsync_v2"
-.Lname207:
+.Lname196:
     .asciz "cuMemcpyAtoHAsync_v2_ptsz"
-.Lname208:
+.Lname197:
     .asciz "cuMemcpyAtoH_v2"
-.Lname209:
+.Lname198:
     .asciz "cuMemcpyAtoH_v2_ptds"
-.Lname210:
+.Lname199:
     .asciz "cuMemcpyBatchAsync"
-.Lname211:
+.Lname200:
     .asciz "cuMemcpyBatchAsync_ptsz"
-.Lname212:
+.Lname201:
     .asciz "cuMemcpyBatchAsync_v2"
-.Lname213:
+.Lname202:
     .asciz "cuMemcpyBatchAsync_v2_ptsz"
-.Lname214:
+.Lname203:
     .asciz "cuMemcpyDtoH"
-.Lname215:
+.Lname204:
     .asciz "cuMemcpyDtoHAsync"
-.Lname216:
-    .asciz "cuMemcpyDtoHAsync_v2"
-.Lname217:
-    .asciz "cuMemcpyDtoHAsync_v2_ptsz"
-.Lname218:
-    .asciz "cuMemcpyDtoH_v2"
-.Lname219:
-    .asciz "cuMemcpyDtoH_v2_ptds"
-.Lname220:
+.Lname205:
     .asciz "cuMemcpyHtoA"
-.Lname221:
+.Lname206:
     .asciz "cuMemcpyHtoAAsync"
-.Lname222:
+.Lname207:
     .asciz "cuMemcpyHtoAAsync_v2"
-.Lname223:
+.Lname208:
     .asciz "cuMemcpyHtoAAsync_v2_ptsz"
-.Lname224:
+.Lname209:
     .asciz "cuMemcpyHtoA_v2"
-.Lname225:
+.Lname210:
     .asciz "cuMemcpyHtoA_v2_ptds"
-.Lname226:
+.Lname211:
     .asciz "cuMemcpyHtoD"
-.Lname227:
+.Lname212:
     .asciz "cuMemcpyHtoDAsync"
-.Lname228:
-    .asciz "cuMemcpyHtoDAsync_v2"
-.Lname229:
-    .asciz "cuMemcpyHtoDAsync_v2_ptsz"
-.Lname230:
-    .asciz "cuMemcpyHtoD_v2"
-.Lname231:
-    .asciz "cuMemcpyHtoD_v2_ptds"
-.Lname232:
+.Lname213:
     .asciz "cuMipmappedArrayCreate"
-.Lname233:
+.Lname214:
     .asciz "cuMipmappedArrayGetMemoryRequirements"
-.Lname234:
+.Lname215:
     .asciz "cuMipmappedArrayGetSparseProperties"
-.Lname235:
+.Lname216:
     .asciz "cuModuleLoad"
-.Lname236:
+.Lname217:
     .asciz "cuModuleLoadData"
-.Lname237:
+.Lname218:
     .asciz "cuModuleLoadDataEx"
-.Lname238:
+.Lname219:
     .asciz "cuModuleLoadFatBinary"
-.Lname239:
+.Lname220:
     .asciz "cuOccupancyAvailableDynamicSMemPerBlock"
-.Lname240:
+.Lname221:
     .asciz "cuOccupancyMaxActiveBlocksPerMultiprocessor"
-.Lname241:
+.Lname222:
     .asciz "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"
-.Lname242:
+.Lname223:
     .asciz "cuOccupancyMaxActiveClusters"
-.Lname243:
+.Lname224:
     .asciz "cuOccupancyMaxPotentialBlockSize"
-.Lname244:
+.Lname225:
     .asciz "cuOccupancyMaxPotentialBlockSizeWithFlags"
-.Lname245:
+.Lname226:
     .asciz "cuOccupancyMaxPotentialClusterSize"
-.Lname246:
+.Lname227:
     .asciz "cuParamSetv"
-.Lname247:
-    .asciz "cuPointerGetAttribute"
-.Lname248:
+.Lname228:
     .asciz "cuPointerGetAttributes"
-.Lname249:
+.Lname229:
     .asciz "cuPointerSetAttribute"
-.Lname250:
+.Lname230:
     .asciz "cuSignalExternalSemaphoresAsync"
-.Lname251:
+.Lname231:
     .asciz "cuSignalExternalSemaphoresAsync_ptsz"
-.Lname252:
+.Lname232:
     .asciz "cuStreamAddCallback"
-.Lname253:
+.Lname233:
     .asciz "cuStreamAddCallback_ptsz"
-.Lname254:
+.Lname234:
     .asciz "cuStreamBatchMemOp"
-.Lname255:
+.Lname235:
     .asciz "cuStreamBatchMemOp_ptsz"
-.Lname256:
+.Lname236:
     .asciz "cuStreamBatchMemOp_v2"
-.Lname257:
+.Lname237:
     .asciz "cuStreamBatchMemOp_v2_ptsz"
-.Lname258:
+.Lname238:
     .asciz "cuStreamBeginCaptureToGraph"
-.Lname259:
+.Lname239:
     .asciz "cuStreamBeginCaptureToGraph_ptsz"
-.Lname260:
+.Lname240:
     .asciz "cuStreamGetAttribute"
-.Lname261:
+.Lname241:
     .asciz "cuStreamGetAttribute_ptsz"
-.Lname262:
+.Lname242:
     .asciz "cuStreamGetCaptureInfo_v2"
-.Lname263:
+.Lname243:
     .asciz "cuStreamGetCaptureInfo_v2_ptsz"
-.Lname264:
+.Lname244:
     .asciz "cuStreamGetCaptureInfo_v3"
-.Lname265:
+.Lname245:
     .asciz "cuStreamGetCaptureInfo_v3_ptsz"
-.Lname266:
+.Lname246:
     .asciz "cuStreamGetDevResource"
-.Lname267:
+.Lname247:
     .asciz "cuStreamGetDevResource_ptsz"
-.Lname268:
+.Lname248:
     .asciz "cuStreamSetAttribute"
-.Lname269:
+.Lname249:
     .asciz "cuStreamSetAttribute_ptsz"
-.Lname270:
+.Lname250:
     .asciz "cuStreamUpdateCaptureDependencies_v2"
-.Lname271:
+.Lname251:
     .asciz "cuStreamUpdateCaptureDependencies_v2_ptsz"
-.Lname272:
+.Lname252:
     .asciz "cuSurfObjectCreate"
-.Lname273:
+.Lname253:
     .asciz "cuSurfObjectGetResourceDesc"
-.Lname274:
+.Lname254:
     .asciz "cuTensorMapEncodeIm2col"
-.Lname275:
+.Lname255:
     .asciz "cuTensorMapEncodeIm2colWide"
-.Lname276:
+.Lname256:
     .asciz "cuTensorMapEncodeTiled"
-.Lname277:
+.Lname257:
     .asciz "cuTensorMapReplaceAddress"
-.Lname278:
+.Lname258:
     .asciz "cuTexObjectCreate"
-.Lname279:
+.Lname259:
     .asciz "cuTexObjectGetResourceDesc"
-.Lname280:
+.Lname260:
     .asciz "cuTexObjectGetResourceViewDesc"
-.Lname281:
+.Lname261:
     .asciz "cuTexObjectGetTextureDesc"
-.Lname282:
+.Lname262:
     .asciz "cuTexRefGetFormat"
-.Lname283:
+.Lname263:
     .asciz "cuUserObjectCreate"
-.Lname284:
+.Lname264:
     .asciz "cuWaitExternalSemaphoresAsync"
-.Lname285:
+.Lname265:
     .asciz "cuWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

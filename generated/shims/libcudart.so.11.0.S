@@ -477,10 +477,7 @@ cudaExternalMemoryGetMappedMipmappedArray:
     .globl cudaFree
     .type cudaFree, @function
 cudaFree:
-    leaq .Lname26(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFree@PLT
     .size cudaFree, .-cudaFree
     .globl cudaFreeArray
     .type cudaFreeArray, @function
@@ -490,26 +487,17 @@ cudaFreeArray:
     .globl cudaFreeAsync
     .type cudaFreeAsync, @function
 cudaFreeAsync:
-    leaq .Lname27(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFreeAsync@PLT
     .size cudaFreeAsync, .-cudaFreeAsync
     .globl cudaFreeAsync_ptsz
     .type cudaFreeAsync_ptsz, @function
 cudaFreeAsync_ptsz:
-    leaq .Lname28(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFreeAsync_ptsz@PLT
     .size cudaFreeAsync_ptsz, .-cudaFreeAsync_ptsz
     .globl cudaFreeHost
     .type cudaFreeHost, @function
 cudaFreeHost:
-    leaq .Lname29(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFreeHost@PLT
     .size cudaFreeHost, .-cudaFreeHost
     .globl cudaFreeMipmappedArray
     .type cudaFreeMipmappedArray, @function
@@ -519,15 +507,12 @@ cudaFreeMipmappedArray:
     .globl cudaFuncGetAttributes
     .type cudaFuncGetAttributes, @function
 cudaFuncGetAttributes:
-    leaq .Lname30(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFuncGetAttributes__cu118@PLT
     .size cudaFuncGetAttributes, .-cudaFuncGetAttributes
     .globl cudaFuncSetAttribute
     .type cudaFuncSetAttribute, @function
 cudaFuncSetAttribute:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -535,7 +520,7 @@ cudaFuncSetAttribute:
     .globl cudaFuncSetCacheConfig
     .type cudaFuncSetCacheConfig, @function
 cudaFuncSetCacheConfig:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -543,7 +528,7 @@ cudaFuncSetCacheConfig:
     .globl cudaFuncSetSharedMemConfig
     .type cudaFuncSetSharedMemConfig, @function
 cudaFuncSetSharedMemConfig:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -551,7 +536,7 @@ cudaFuncSetSharedMemConfig:
     .globl cudaGLGetDevices
     .type cudaGLGetDevices, @function
 cudaGLGetDevices:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -559,7 +544,7 @@ cudaGLGetDevices:
     .globl cudaGLMapBufferObject
     .type cudaGLMapBufferObject, @function
 cudaGLMapBufferObject:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -567,7 +552,7 @@ cudaGLMapBufferObject:
     .globl cudaGLMapBufferObjectAsync
     .type cudaGLMapBufferObjectAsync, @function
 cudaGLMapBufferObjectAsync:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -575,7 +560,7 @@ cudaGLMapBufferObjectAsync:
     .globl cudaGLRegisterBufferObject
     .type cudaGLRegisterBufferObject, @function
 cudaGLRegisterBufferObject:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -583,7 +568,7 @@ cudaGLRegisterBufferObject:
     .globl cudaGLSetBufferObjectMapFlags
     .type cudaGLSetBufferObjectMapFlags, @function
 cudaGLSetBufferObjectMapFlags:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -591,7 +576,7 @@ cudaGLSetBufferObjectMapFlags:
     .globl cudaGLSetGLDevice
     .type cudaGLSetGLDevice, @function
 cudaGLSetGLDevice:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -599,7 +584,7 @@ cudaGLSetGLDevice:
     .globl cudaGLUnmapBufferObject
     .type cudaGLUnmapBufferObject, @function
 cudaGLUnmapBufferObject:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -607,7 +592,7 @@ cudaGLUnmapBufferObject:
     .globl cudaGLUnmapBufferObjectAsync
     .type cudaGLUnmapBufferObjectAsync, @function
 cudaGLUnmapBufferObjectAsync:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -615,7 +600,7 @@ cudaGLUnmapBufferObjectAsync:
     .globl cudaGLUnregisterBufferObject
     .type cudaGLUnregisterBufferObject, @function
 cudaGLUnregisterBufferObject:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -623,7 +608,7 @@ cudaGLUnregisterBufferObject:
     .globl cudaGetChannelDesc
     .type cudaGetChannelDesc, @function
 cudaGetChannelDesc:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -646,15 +631,12 @@ cudaGetDeviceFlags:
     .globl cudaGetDeviceProperties
     .type cudaGetDeviceProperties, @function
 cudaGetDeviceProperties:
-    leaq .Lname44(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetDeviceProperties__cu118@PLT
     .size cudaGetDeviceProperties, .-cudaGetDeviceProperties
     .globl cudaGetDriverEntryPoint
     .type cudaGetDriverEntryPoint, @function
 cudaGetDriverEntryPoint:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -662,7 +644,7 @@ cudaGetDriverEntryPoint:
     .globl cudaGetDriverEntryPoint_ptsz
     .type cudaGetDriverEntryPoint_ptsz, @function
 cudaGetDriverEntryPoint_ptsz:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -680,7 +662,7 @@ cudaGetErrorString:
     .globl cudaGetExportTable
     .type cudaGetExportTable, @function
 cudaGetExportTable:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -688,7 +670,7 @@ cudaGetExportTable:
     .globl cudaGetFuncBySymbol
     .type cudaGetFuncBySymbol, @function
 cudaGetFuncBySymbol:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -706,7 +688,7 @@ cudaGetMipmappedArrayLevel:
     .globl cudaGetSurfaceObjectResourceDesc
     .type cudaGetSurfaceObjectResourceDesc, @function
 cudaGetSurfaceObjectResourceDesc:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -714,7 +696,7 @@ cudaGetSurfaceObjectResourceDesc:
     .globl cudaGetSurfaceReference
     .type cudaGetSurfaceReference, @function
 cudaGetSurfaceReference:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -722,7 +704,7 @@ cudaGetSurfaceReference:
     .globl cudaGetSymbolAddress
     .type cudaGetSymbolAddress, @function
 cudaGetSymbolAddress:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -730,7 +712,7 @@ cudaGetSymbolAddress:
     .globl cudaGetSymbolSize
     .type cudaGetSymbolSize, @function
 cudaGetSymbolSize:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -743,7 +725,7 @@ cudaGetTextureAlignmentOffset:
     .globl cudaGetTextureObjectResourceDesc
     .type cudaGetTextureObjectResourceDesc, @function
 cudaGetTextureObjectResourceDesc:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -751,7 +733,7 @@ cudaGetTextureObjectResourceDesc:
     .globl cudaGetTextureObjectResourceViewDesc
     .type cudaGetTextureObjectResourceViewDesc, @function
 cudaGetTextureObjectResourceViewDesc:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -759,7 +741,7 @@ cudaGetTextureObjectResourceViewDesc:
     .globl cudaGetTextureObjectTextureDesc
     .type cudaGetTextureObjectTextureDesc, @function
 cudaGetTextureObjectTextureDesc:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -767,7 +749,7 @@ cudaGetTextureObjectTextureDesc:
     .globl cudaGetTextureObjectTextureDesc_v2
     .type cudaGetTextureObjectTextureDesc_v2, @function
 cudaGetTextureObjectTextureDesc_v2:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -775,7 +757,7 @@ cudaGetTextureObjectTextureDesc_v2:
     .globl cudaGetTextureReference
     .type cudaGetTextureReference, @function
 cudaGetTextureReference:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -783,7 +765,7 @@ cudaGetTextureReference:
     .globl cudaGraphAddChildGraphNode
     .type cudaGraphAddChildGraphNode, @function
 cudaGraphAddChildGraphNode:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -791,7 +773,7 @@ cudaGraphAddChildGraphNode:
     .globl cudaGraphAddDependencies
     .type cudaGraphAddDependencies, @function
 cudaGraphAddDependencies:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -799,7 +781,7 @@ cudaGraphAddDependencies:
     .globl cudaGraphAddEmptyNode
     .type cudaGraphAddEmptyNode, @function
 cudaGraphAddEmptyNode:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -807,7 +789,7 @@ cudaGraphAddEmptyNode:
     .globl cudaGraphAddEventRecordNode
     .type cudaGraphAddEventRecordNode, @function
 cudaGraphAddEventRecordNode:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -815,7 +797,7 @@ cudaGraphAddEventRecordNode:
     .globl cudaGraphAddEventWaitNode
     .type cudaGraphAddEventWaitNode, @function
 cudaGraphAddEventWaitNode:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -823,7 +805,7 @@ cudaGraphAddEventWaitNode:
     .globl cudaGraphAddExternalSemaphoresSignalNode
     .type cudaGraphAddExternalSemaphoresSignalNode, @function
 cudaGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -831,7 +813,7 @@ cudaGraphAddExternalSemaphoresSignalNode:
     .globl cudaGraphAddExternalSemaphoresWaitNode
     .type cudaGraphAddExternalSemaphoresWaitNode, @function
 cudaGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -839,7 +821,7 @@ cudaGraphAddExternalSemaphoresWaitNode:
     .globl cudaGraphAddHostNode
     .type cudaGraphAddHostNode, @function
 cudaGraphAddHostNode:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -847,7 +829,7 @@ cudaGraphAddHostNode:
     .globl cudaGraphAddKernelNode
     .type cudaGraphAddKernelNode, @function
 cudaGraphAddKernelNode:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -855,7 +837,7 @@ cudaGraphAddKernelNode:
     .globl cudaGraphAddMemAllocNode
     .type cudaGraphAddMemAllocNode, @function
 cudaGraphAddMemAllocNode:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -863,7 +845,7 @@ cudaGraphAddMemAllocNode:
     .globl cudaGraphAddMemFreeNode
     .type cudaGraphAddMemFreeNode, @function
 cudaGraphAddMemFreeNode:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -871,7 +853,7 @@ cudaGraphAddMemFreeNode:
     .globl cudaGraphAddMemcpyNode
     .type cudaGraphAddMemcpyNode, @function
 cudaGraphAddMemcpyNode:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -879,7 +861,7 @@ cudaGraphAddMemcpyNode:
     .globl cudaGraphAddMemcpyNode1D
     .type cudaGraphAddMemcpyNode1D, @function
 cudaGraphAddMemcpyNode1D:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -887,7 +869,7 @@ cudaGraphAddMemcpyNode1D:
     .globl cudaGraphAddMemcpyNodeFromSymbol
     .type cudaGraphAddMemcpyNodeFromSymbol, @function
 cudaGraphAddMemcpyNodeFromSymbol:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -895,7 +877,7 @@ cudaGraphAddMemcpyNodeFromSymbol:
     .globl cudaGraphAddMemcpyNodeToSymbol
     .type cudaGraphAddMemcpyNodeToSymbol, @function
 cudaGraphAddMemcpyNodeToSymbol:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -903,7 +885,7 @@ cudaGraphAddMemcpyNodeToSymbol:
     .globl cudaGraphAddMemsetNode
     .type cudaGraphAddMemsetNode, @function
 cudaGraphAddMemsetNode:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -926,7 +908,7 @@ cudaGraphCreate:
     .globl cudaGraphDebugDotPrint
     .type cudaGraphDebugDotPrint, @function
 cudaGraphDebugDotPrint:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -984,7 +966,7 @@ cudaGraphExecEventWaitNodeSetEvent:
     .globl cudaGraphExecExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -992,7 +974,7 @@ cudaGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExecExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1000,7 +982,7 @@ cudaGraphExecExternalSemaphoresWaitNodeSetParams:
     .globl cudaGraphExecHostNodeSetParams
     .type cudaGraphExecHostNodeSetParams, @function
 cudaGraphExecHostNodeSetParams:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1008,7 +990,7 @@ cudaGraphExecHostNodeSetParams:
     .globl cudaGraphExecKernelNodeSetParams
     .type cudaGraphExecKernelNodeSetParams, @function
 cudaGraphExecKernelNodeSetParams:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1016,7 +998,7 @@ cudaGraphExecKernelNodeSetParams:
     .globl cudaGraphExecMemcpyNodeSetParams
     .type cudaGraphExecMemcpyNodeSetParams, @function
 cudaGraphExecMemcpyNodeSetParams:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1024,7 +1006,7 @@ cudaGraphExecMemcpyNodeSetParams:
     .globl cudaGraphExecMemcpyNodeSetParams1D
     .type cudaGraphExecMemcpyNodeSetParams1D, @function
 cudaGraphExecMemcpyNodeSetParams1D:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1032,7 +1014,7 @@ cudaGraphExecMemcpyNodeSetParams1D:
     .globl cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .type cudaGraphExecMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1040,7 +1022,7 @@ cudaGraphExecMemcpyNodeSetParamsFromSymbol:
     .globl cudaGraphExecMemcpyNodeSetParamsToSymbol
     .type cudaGraphExecMemcpyNodeSetParamsToSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsToSymbol:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1048,7 +1030,7 @@ cudaGraphExecMemcpyNodeSetParamsToSymbol:
     .globl cudaGraphExecMemsetNodeSetParams
     .type cudaGraphExecMemsetNodeSetParams, @function
 cudaGraphExecMemsetNodeSetParams:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1061,7 +1043,7 @@ cudaGraphExecUpdate:
     .globl cudaGraphExternalSemaphoresSignalNodeGetParams
     .type cudaGraphExternalSemaphoresSignalNodeGetParams, @function
 cudaGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1069,7 +1051,7 @@ cudaGraphExternalSemaphoresSignalNodeGetParams:
     .globl cudaGraphExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1077,7 +1059,7 @@ cudaGraphExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeGetParams
     .type cudaGraphExternalSemaphoresWaitNodeGetParams, @function
 cudaGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1085,7 +1067,7 @@ cudaGraphExternalSemaphoresWaitNodeGetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1108,7 +1090,7 @@ cudaGraphGetRootNodes:
     .globl cudaGraphHostNodeGetParams
     .type cudaGraphHostNodeGetParams, @function
 cudaGraphHostNodeGetParams:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1116,7 +1098,7 @@ cudaGraphHostNodeGetParams:
     .globl cudaGraphHostNodeSetParams
     .type cudaGraphHostNodeSetParams, @function
 cudaGraphHostNodeSetParams:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1124,7 +1106,7 @@ cudaGraphHostNodeSetParams:
     .globl cudaGraphInstantiate
     .type cudaGraphInstantiate, @function
 cudaGraphInstantiate:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1142,7 +1124,7 @@ cudaGraphKernelNodeCopyAttributes:
     .globl cudaGraphKernelNodeGetAttribute
     .type cudaGraphKernelNodeGetAttribute, @function
 cudaGraphKernelNodeGetAttribute:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1150,7 +1132,7 @@ cudaGraphKernelNodeGetAttribute:
     .globl cudaGraphKernelNodeGetParams
     .type cudaGraphKernelNodeGetParams, @function
 cudaGraphKernelNodeGetParams:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1158,7 +1140,7 @@ cudaGraphKernelNodeGetParams:
     .globl cudaGraphKernelNodeSetAttribute
     .type cudaGraphKernelNodeSetAttribute, @function
 cudaGraphKernelNodeSetAttribute:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1166,7 +1148,7 @@ cudaGraphKernelNodeSetAttribute:
     .globl cudaGraphKernelNodeSetParams
     .type cudaGraphKernelNodeSetParams, @function
 cudaGraphKernelNodeSetParams:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1184,7 +1166,7 @@ cudaGraphLaunch_ptsz:
     .globl cudaGraphMemAllocNodeGetParams
     .type cudaGraphMemAllocNodeGetParams, @function
 cudaGraphMemAllocNodeGetParams:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1192,7 +1174,7 @@ cudaGraphMemAllocNodeGetParams:
     .globl cudaGraphMemFreeNodeGetParams
     .type cudaGraphMemFreeNodeGetParams, @function
 cudaGraphMemFreeNodeGetParams:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1200,7 +1182,7 @@ cudaGraphMemFreeNodeGetParams:
     .globl cudaGraphMemcpyNodeGetParams
     .type cudaGraphMemcpyNodeGetParams, @function
 cudaGraphMemcpyNodeGetParams:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1208,7 +1190,7 @@ cudaGraphMemcpyNodeGetParams:
     .globl cudaGraphMemcpyNodeSetParams
     .type cudaGraphMemcpyNodeSetParams, @function
 cudaGraphMemcpyNodeSetParams:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1216,7 +1198,7 @@ cudaGraphMemcpyNodeSetParams:
     .globl cudaGraphMemcpyNodeSetParams1D
     .type cudaGraphMemcpyNodeSetParams1D, @function
 cudaGraphMemcpyNodeSetParams1D:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1224,7 +1206,7 @@ cudaGraphMemcpyNodeSetParams1D:
     .globl cudaGraphMemcpyNodeSetParamsFromSymbol
     .type cudaGraphMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1232,7 +1214,7 @@ cudaGraphMemcpyNodeSetParamsFromSymbol:
     .globl cudaGraphMemcpyNodeSetParamsToSymbol
     .type cudaGraphMemcpyNodeSetParamsToSymbol, @function
 cudaGraphMemcpyNodeSetParamsToSymbol:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1240,7 +1222,7 @@ cudaGraphMemcpyNodeSetParamsToSymbol:
     .globl cudaGraphMemsetNodeGetParams
     .type cudaGraphMemsetNodeGetParams, @function
 cudaGraphMemsetNodeGetParams:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1248,7 +1230,7 @@ cudaGraphMemsetNodeGetParams:
     .globl cudaGraphMemsetNodeSetParams
     .type cudaGraphMemsetNodeSetParams, @function
 cudaGraphMemsetNodeSetParams:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1291,7 +1273,7 @@ cudaGraphReleaseUserObject:
     .globl cudaGraphRemoveDependencies
     .type cudaGraphRemoveDependencies, @function
 cudaGraphRemoveDependencies:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1314,7 +1296,7 @@ cudaGraphUpload_ptsz:
     .globl cudaGraphicsEGLRegisterImage
     .type cudaGraphicsEGLRegisterImage, @function
 cudaGraphicsEGLRegisterImage:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1322,7 +1304,7 @@ cudaGraphicsEGLRegisterImage:
     .globl cudaGraphicsGLRegisterBuffer
     .type cudaGraphicsGLRegisterBuffer, @function
 cudaGraphicsGLRegisterBuffer:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1330,7 +1312,7 @@ cudaGraphicsGLRegisterBuffer:
     .globl cudaGraphicsGLRegisterImage
     .type cudaGraphicsGLRegisterImage, @function
 cudaGraphicsGLRegisterImage:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1343,7 +1325,7 @@ cudaGraphicsMapResources:
     .globl cudaGraphicsResourceGetMappedEglFrame
     .type cudaGraphicsResourceGetMappedEglFrame, @function
 cudaGraphicsResourceGetMappedEglFrame:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1356,7 +1338,7 @@ cudaGraphicsResourceGetMappedMipmappedArray:
     .globl cudaGraphicsResourceGetMappedPointer
     .type cudaGraphicsResourceGetMappedPointer, @function
 cudaGraphicsResourceGetMappedPointer:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1384,7 +1366,7 @@ cudaGraphicsUnregisterResource:
     .globl cudaGraphicsVDPAURegisterOutputSurface
     .type cudaGraphicsVDPAURegisterOutputSurface, @function
 cudaGraphicsVDPAURegisterOutputSurface:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1392,7 +1374,7 @@ cudaGraphicsVDPAURegisterOutputSurface:
     .globl cudaGraphicsVDPAURegisterVideoSurface
     .type cudaGraphicsVDPAURegisterVideoSurface, @function
 cudaGraphicsVDPAURegisterVideoSurface:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1400,15 +1382,12 @@ cudaGraphicsVDPAURegisterVideoSurface:
     .globl cudaHostAlloc
     .type cudaHostAlloc, @function
 cudaHostAlloc:
-    leaq .Lname112(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaHostAlloc@PLT
     .size cudaHostAlloc, .-cudaHostAlloc
     .globl cudaHostGetDevicePointer
     .type cudaHostGetDevicePointer, @function
 cudaHostGetDevicePointer:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1416,31 +1395,22 @@ cudaHostGetDevicePointer:
     .globl cudaHostGetFlags
     .type cudaHostGetFlags, @function
 cudaHostGetFlags:
-    leaq .Lname114(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaHostGetFlags@PLT
     .size cudaHostGetFlags, .-cudaHostGetFlags
     .globl cudaHostRegister
     .type cudaHostRegister, @function
 cudaHostRegister:
-    leaq .Lname115(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaHostRegister@PLT
     .size cudaHostRegister, .-cudaHostRegister
     .globl cudaHostUnregister
     .type cudaHostUnregister, @function
 cudaHostUnregister:
-    leaq .Lname116(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaHostUnregister@PLT
     .size cudaHostUnregister, .-cudaHostUnregister
     .globl cudaImportExternalMemory
     .type cudaImportExternalMemory, @function
 cudaImportExternalMemory:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1448,7 +1418,7 @@ cudaImportExternalMemory:
     .globl cudaImportExternalSemaphore
     .type cudaImportExternalSemaphore, @function
 cudaImportExternalSemaphore:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1456,7 +1426,7 @@ cudaImportExternalSemaphore:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1464,7 +1434,7 @@ cudaIpcCloseMemHandle:
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1472,7 +1442,7 @@ cudaIpcGetEventHandle:
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1485,7 +1455,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1493,7 +1463,7 @@ cudaIpcOpenMemHandle:
     .globl cudaLaunchCooperativeKernel
     .type cudaLaunchCooperativeKernel, @function
 cudaLaunchCooperativeKernel:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1501,7 +1471,7 @@ cudaLaunchCooperativeKernel:
     .globl cudaLaunchCooperativeKernelMultiDevice
     .type cudaLaunchCooperativeKernelMultiDevice, @function
 cudaLaunchCooperativeKernelMultiDevice:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1509,7 +1479,7 @@ cudaLaunchCooperativeKernelMultiDevice:
     .globl cudaLaunchCooperativeKernel_ptsz
     .type cudaLaunchCooperativeKernel_ptsz, @function
 cudaLaunchCooperativeKernel_ptsz:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1517,23 +1487,17 @@ cudaLaunchCooperativeKernel_ptsz:
     .globl cudaLaunchHostFunc
     .type cudaLaunchHostFunc, @function
 cudaLaunchHostFunc:
-    leaq .Lname126(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaLaunchHostFunc@PLT
     .size cudaLaunchHostFunc, .-cudaLaunchHostFunc
     .globl cudaLaunchHostFunc_ptsz
     .type cudaLaunchHostFunc_ptsz, @function
 cudaLaunchHostFunc_ptsz:
-    leaq .Lname127(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaLaunchHostFunc_ptsz@PLT
     .size cudaLaunchHostFunc_ptsz, .-cudaLaunchHostFunc_ptsz
     .globl cudaLaunchKernel
     .type cudaLaunchKernel, @function
 cudaLaunchKernel:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1541,7 +1505,7 @@ cudaLaunchKernel:
     .globl cudaLaunchKernelExC
     .type cudaLaunchKernelExC, @function
 cudaLaunchKernelExC:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1549,7 +1513,7 @@ cudaLaunchKernelExC:
     .globl cudaLaunchKernelExC_ptsz
     .type cudaLaunchKernelExC_ptsz, @function
 cudaLaunchKernelExC_ptsz:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1557,7 +1521,7 @@ cudaLaunchKernelExC_ptsz:
     .globl cudaLaunchKernel_ptsz
     .type cudaLaunchKernel_ptsz, @function
 cudaLaunchKernel_ptsz:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1565,15 +1529,12 @@ cudaLaunchKernel_ptsz:
     .globl cudaMalloc
     .type cudaMalloc, @function
 cudaMalloc:
-    leaq .Lname132(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMalloc@PLT
     .size cudaMalloc, .-cudaMalloc
     .globl cudaMalloc3D
     .type cudaMalloc3D, @function
 cudaMalloc3D:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1591,23 +1552,17 @@ cudaMallocArray:
     .globl cudaMallocAsync
     .type cudaMallocAsync, @function
 cudaMallocAsync:
-    leaq .Lname134(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocAsync@PLT
     .size cudaMallocAsync, .-cudaMallocAsync
     .globl cudaMallocAsync_ptsz
     .type cudaMallocAsync_ptsz, @function
 cudaMallocAsync_ptsz:
-    leaq .Lname135(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocAsync_ptsz@PLT
     .size cudaMallocAsync_ptsz, .-cudaMallocAsync_ptsz
     .globl cudaMallocFromPoolAsync
     .type cudaMallocFromPoolAsync, @function
 cudaMallocFromPoolAsync:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1615,7 +1570,7 @@ cudaMallocFromPoolAsync:
     .globl cudaMallocFromPoolAsync_ptsz
     .type cudaMallocFromPoolAsync_ptsz, @function
 cudaMallocFromPoolAsync_ptsz:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1623,15 +1578,12 @@ cudaMallocFromPoolAsync_ptsz:
     .globl cudaMallocHost
     .type cudaMallocHost, @function
 cudaMallocHost:
-    leaq .Lname138(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocHost@PLT
     .size cudaMallocHost, .-cudaMallocHost
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1639,7 +1591,7 @@ cudaMallocManaged:
     .globl cudaMallocMipmappedArray
     .type cudaMallocMipmappedArray, @function
 cudaMallocMipmappedArray:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1647,15 +1599,12 @@ cudaMallocMipmappedArray:
     .globl cudaMallocPitch
     .type cudaMallocPitch, @function
 cudaMallocPitch:
-    leaq .Lname141(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocPitch@PLT
     .size cudaMallocPitch, .-cudaMallocPitch
     .globl cudaMemAdvise
     .type cudaMemAdvise, @function
 cudaMemAdvise:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1668,7 +1617,7 @@ cudaMemGetInfo:
     .globl cudaMemPoolCreate
     .type cudaMemPoolCreate, @function
 cudaMemPoolCreate:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1681,7 +1630,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1689,7 +1638,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1697,7 +1646,7 @@ cudaMemPoolExportToShareableHandle:
     .globl cudaMemPoolGetAccess
     .type cudaMemPoolGetAccess, @function
 cudaMemPoolGetAccess:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1705,7 +1654,7 @@ cudaMemPoolGetAccess:
     .globl cudaMemPoolGetAttribute
     .type cudaMemPoolGetAttribute, @function
 cudaMemPoolGetAttribute:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1713,7 +1662,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1721,7 +1670,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1729,7 +1678,7 @@ cudaMemPoolImportPointer:
     .globl cudaMemPoolSetAccess
     .type cudaMemPoolSetAccess, @function
 cudaMemPoolSetAccess:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1737,7 +1686,7 @@ cudaMemPoolSetAccess:
     .globl cudaMemPoolSetAttribute
     .type cudaMemPoolSetAttribute, @function
 cudaMemPoolSetAttribute:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1750,7 +1699,7 @@ cudaMemPoolTrimTo:
     .globl cudaMemPrefetchAsync
     .type cudaMemPrefetchAsync, @function
 cudaMemPrefetchAsync:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1758,7 +1707,7 @@ cudaMemPrefetchAsync:
     .globl cudaMemPrefetchAsync_ptsz
     .type cudaMemPrefetchAsync_ptsz, @function
 cudaMemPrefetchAsync_ptsz:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1766,7 +1715,7 @@ cudaMemPrefetchAsync_ptsz:
     .globl cudaMemRangeGetAttribute
     .type cudaMemRangeGetAttribute, @function
 cudaMemRangeGetAttribute:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1774,7 +1723,7 @@ cudaMemRangeGetAttribute:
     .globl cudaMemRangeGetAttributes
     .type cudaMemRangeGetAttributes, @function
 cudaMemRangeGetAttributes:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1782,15 +1731,12 @@ cudaMemRangeGetAttributes:
     .globl cudaMemcpy
     .type cudaMemcpy, @function
 cudaMemcpy:
-    leaq .Lname156(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy@PLT
     .size cudaMemcpy, .-cudaMemcpy
     .globl cudaMemcpy2D
     .type cudaMemcpy2D, @function
 cudaMemcpy2D:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1808,7 +1754,7 @@ cudaMemcpy2DArrayToArray_ptds:
     .globl cudaMemcpy2DAsync
     .type cudaMemcpy2DAsync, @function
 cudaMemcpy2DAsync:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1816,7 +1762,7 @@ cudaMemcpy2DAsync:
     .globl cudaMemcpy2DAsync_ptsz
     .type cudaMemcpy2DAsync_ptsz, @function
 cudaMemcpy2DAsync_ptsz:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1824,7 +1770,7 @@ cudaMemcpy2DAsync_ptsz:
     .globl cudaMemcpy2DFromArray
     .type cudaMemcpy2DFromArray, @function
 cudaMemcpy2DFromArray:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1832,7 +1778,7 @@ cudaMemcpy2DFromArray:
     .globl cudaMemcpy2DFromArrayAsync
     .type cudaMemcpy2DFromArrayAsync, @function
 cudaMemcpy2DFromArrayAsync:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1840,7 +1786,7 @@ cudaMemcpy2DFromArrayAsync:
     .globl cudaMemcpy2DFromArrayAsync_ptsz
     .type cudaMemcpy2DFromArrayAsync_ptsz, @function
 cudaMemcpy2DFromArrayAsync_ptsz:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1848,7 +1794,7 @@ cudaMemcpy2DFromArrayAsync_ptsz:
     .globl cudaMemcpy2DFromArray_ptds
     .type cudaMemcpy2DFromArray_ptds, @function
 cudaMemcpy2DFromArray_ptds:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1856,7 +1802,7 @@ cudaMemcpy2DFromArray_ptds:
     .globl cudaMemcpy2DToArray
     .type cudaMemcpy2DToArray, @function
 cudaMemcpy2DToArray:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1864,7 +1810,7 @@ cudaMemcpy2DToArray:
     .globl cudaMemcpy2DToArrayAsync
     .type cudaMemcpy2DToArrayAsync, @function
 cudaMemcpy2DToArrayAsync:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1872,7 +1818,7 @@ cudaMemcpy2DToArrayAsync:
     .globl cudaMemcpy2DToArrayAsync_ptsz
     .type cudaMemcpy2DToArrayAsync_ptsz, @function
 cudaMemcpy2DToArrayAsync_ptsz:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1880,7 +1826,7 @@ cudaMemcpy2DToArrayAsync_ptsz:
     .globl cudaMemcpy2DToArray_ptds
     .type cudaMemcpy2DToArray_ptds, @function
 cudaMemcpy2DToArray_ptds:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1888,7 +1834,7 @@ cudaMemcpy2DToArray_ptds:
     .globl cudaMemcpy2D_ptds
     .type cudaMemcpy2D_ptds, @function
 cudaMemcpy2D_ptds:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1896,7 +1842,7 @@ cudaMemcpy2D_ptds:
     .globl cudaMemcpy3D
     .type cudaMemcpy3D, @function
 cudaMemcpy3D:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1904,7 +1850,7 @@ cudaMemcpy3D:
     .globl cudaMemcpy3DAsync
     .type cudaMemcpy3DAsync, @function
 cudaMemcpy3DAsync:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1912,7 +1858,7 @@ cudaMemcpy3DAsync:
     .globl cudaMemcpy3DAsync_ptsz
     .type cudaMemcpy3DAsync_ptsz, @function
 cudaMemcpy3DAsync_ptsz:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1920,7 +1866,7 @@ cudaMemcpy3DAsync_ptsz:
     .globl cudaMemcpy3DPeer
     .type cudaMemcpy3DPeer, @function
 cudaMemcpy3DPeer:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1928,7 +1874,7 @@ cudaMemcpy3DPeer:
     .globl cudaMemcpy3DPeerAsync
     .type cudaMemcpy3DPeerAsync, @function
 cudaMemcpy3DPeerAsync:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1936,7 +1882,7 @@ cudaMemcpy3DPeerAsync:
     .globl cudaMemcpy3DPeerAsync_ptsz
     .type cudaMemcpy3DPeerAsync_ptsz, @function
 cudaMemcpy3DPeerAsync_ptsz:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1944,7 +1890,7 @@ cudaMemcpy3DPeerAsync_ptsz:
     .globl cudaMemcpy3DPeer_ptds
     .type cudaMemcpy3DPeer_ptds, @function
 cudaMemcpy3DPeer_ptds:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1952,7 +1898,7 @@ cudaMemcpy3DPeer_ptds:
     .globl cudaMemcpy3D_ptds
     .type cudaMemcpy3D_ptds, @function
 cudaMemcpy3D_ptds:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1970,23 +1916,17 @@ cudaMemcpyArrayToArray_ptds:
     .globl cudaMemcpyAsync
     .type cudaMemcpyAsync, @function
 cudaMemcpyAsync:
-    leaq .Lname177(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyAsync@PLT
     .size cudaMemcpyAsync, .-cudaMemcpyAsync
     .globl cudaMemcpyAsync_ptsz
     .type cudaMemcpyAsync_ptsz, @function
 cudaMemcpyAsync_ptsz:
-    leaq .Lname178(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyAsync_ptsz@PLT
     .size cudaMemcpyAsync_ptsz, .-cudaMemcpyAsync_ptsz
     .globl cudaMemcpyFromArray
     .type cudaMemcpyFromArray, @function
 cudaMemcpyFromArray:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1994,7 +1934,7 @@ cudaMemcpyFromArray:
     .globl cudaMemcpyFromArrayAsync
     .type cudaMemcpyFromArrayAsync, @function
 cudaMemcpyFromArrayAsync:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2002,7 +1942,7 @@ cudaMemcpyFromArrayAsync:
     .globl cudaMemcpyFromArrayAsync_ptsz
     .type cudaMemcpyFromArrayAsync_ptsz, @function
 cudaMemcpyFromArrayAsync_ptsz:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2010,7 +1950,7 @@ cudaMemcpyFromArrayAsync_ptsz:
     .globl cudaMemcpyFromArray_ptds
     .type cudaMemcpyFromArray_ptds, @function
 cudaMemcpyFromArray_ptds:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2018,7 +1958,7 @@ cudaMemcpyFromArray_ptds:
     .globl cudaMemcpyFromSymbol
     .type cudaMemcpyFromSymbol, @function
 cudaMemcpyFromSymbol:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2026,7 +1966,7 @@ cudaMemcpyFromSymbol:
     .globl cudaMemcpyFromSymbolAsync
     .type cudaMemcpyFromSymbolAsync, @function
 cudaMemcpyFromSymbolAsync:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2034,7 +1974,7 @@ cudaMemcpyFromSymbolAsync:
     .globl cudaMemcpyFromSymbolAsync_ptsz
     .type cudaMemcpyFromSymbolAsync_ptsz, @function
 cudaMemcpyFromSymbolAsync_ptsz:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2042,7 +1982,7 @@ cudaMemcpyFromSymbolAsync_ptsz:
     .globl cudaMemcpyFromSymbol_ptds
     .type cudaMemcpyFromSymbol_ptds, @function
 cudaMemcpyFromSymbol_ptds:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2050,7 +1990,7 @@ cudaMemcpyFromSymbol_ptds:
     .globl cudaMemcpyPeer
     .type cudaMemcpyPeer, @function
 cudaMemcpyPeer:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2058,7 +1998,7 @@ cudaMemcpyPeer:
     .globl cudaMemcpyPeerAsync
     .type cudaMemcpyPeerAsync, @function
 cudaMemcpyPeerAsync:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2066,7 +2006,7 @@ cudaMemcpyPeerAsync:
     .globl cudaMemcpyToArray
     .type cudaMemcpyToArray, @function
 cudaMemcpyToArray:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2074,7 +2014,7 @@ cudaMemcpyToArray:
     .globl cudaMemcpyToArrayAsync
     .type cudaMemcpyToArrayAsync, @function
 cudaMemcpyToArrayAsync:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2082,7 +2022,7 @@ cudaMemcpyToArrayAsync:
     .globl cudaMemcpyToArrayAsync_ptsz
     .type cudaMemcpyToArrayAsync_ptsz, @function
 cudaMemcpyToArrayAsync_ptsz:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2090,7 +2030,7 @@ cudaMemcpyToArrayAsync_ptsz:
     .globl cudaMemcpyToArray_ptds
     .type cudaMemcpyToArray_ptds, @function
 cudaMemcpyToArray_ptds:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2098,7 +2038,7 @@ cudaMemcpyToArray_ptds:
     .globl cudaMemcpyToSymbol
     .type cudaMemcpyToSymbol, @function
 cudaMemcpyToSymbol:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2106,7 +2046,7 @@ cudaMemcpyToSymbol:
     .globl cudaMemcpyToSymbolAsync
     .type cudaMemcpyToSymbolAsync, @function
 cudaMemcpyToSymbolAsync:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2114,7 +2054,7 @@ cudaMemcpyToSymbolAsync:
     .globl cudaMemcpyToSymbolAsync_ptsz
     .type cudaMemcpyToSymbolAsync_ptsz, @function
 cudaMemcpyToSymbolAsync_ptsz:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2122,7 +2062,7 @@ cudaMemcpyToSymbolAsync_ptsz:
     .globl cudaMemcpyToSymbol_ptds
     .type cudaMemcpyToSymbol_ptds, @function
 cudaMemcpyToSymbol_ptds:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2130,23 +2070,17 @@ cudaMemcpyToSymbol_ptds:
     .globl cudaMemcpy_ptds
     .type cudaMemcpy_ptds, @function
 cudaMemcpy_ptds:
-    leaq .Lname197(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy_ptds@PLT
     .size cudaMemcpy_ptds, .-cudaMemcpy_ptds
     .globl cudaMemset
     .type cudaMemset, @function
 cudaMemset:
-    leaq .Lname198(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemset@PLT
     .size cudaMemset, .-cudaMemset
     .globl cudaMemset2D
     .type cudaMemset2D, @function
 cudaMemset2D:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2154,7 +2088,7 @@ cudaMemset2D:
     .globl cudaMemset2DAsync
     .type cudaMemset2DAsync, @function
 cudaMemset2DAsync:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2162,7 +2096,7 @@ cudaMemset2DAsync:
     .globl cudaMemset2DAsync_ptsz
     .type cudaMemset2DAsync_ptsz, @function
 cudaMemset2DAsync_ptsz:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2170,7 +2104,7 @@ cudaMemset2DAsync_ptsz:
     .globl cudaMemset2D_ptds
     .type cudaMemset2D_ptds, @function
 cudaMemset2D_ptds:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2178,7 +2112,7 @@ cudaMemset2D_ptds:
     .globl cudaMemset3D
     .type cudaMemset3D, @function
 cudaMemset3D:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2186,7 +2120,7 @@ cudaMemset3D:
     .globl cudaMemset3DAsync
     .type cudaMemset3DAsync, @function
 cudaMemset3DAsync:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2194,7 +2128,7 @@ cudaMemset3DAsync:
     .globl cudaMemset3DAsync_ptsz
     .type cudaMemset3DAsync_ptsz, @function
 cudaMemset3DAsync_ptsz:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2202,7 +2136,7 @@ cudaMemset3DAsync_ptsz:
     .globl cudaMemset3D_ptds
     .type cudaMemset3D_ptds, @function
 cudaMemset3D_ptds:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2210,31 +2144,22 @@ cudaMemset3D_ptds:
     .globl cudaMemsetAsync
     .type cudaMemsetAsync, @function
 cudaMemsetAsync:
-    leaq .Lname207(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemsetAsync@PLT
     .size cudaMemsetAsync, .-cudaMemsetAsync
     .globl cudaMemsetAsync_ptsz
     .type cudaMemsetAsync_ptsz, @function
 cudaMemsetAsync_ptsz:
-    leaq .Lname208(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemsetAsync_ptsz@PLT
     .size cudaMemsetAsync_ptsz, .-cudaMemsetAsync_ptsz
     .globl cudaMemset_ptds
     .type cudaMemset_ptds, @function
 cudaMemset_ptds:
-    leaq .Lname209(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemset_ptds@PLT
     .size cudaMemset_ptds, .-cudaMemset_ptds
     .globl cudaMipmappedArrayGetMemoryRequirements
     .type cudaMipmappedArrayGetMemoryRequirements, @function
 cudaMipmappedArrayGetMemoryRequirements:
-    leaq .Lname210(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2242,7 +2167,7 @@ cudaMipmappedArrayGetMemoryRequirements:
     .globl cudaMipmappedArrayGetSparseProperties
     .type cudaMipmappedArrayGetSparseProperties, @function
 cudaMipmappedArrayGetSparseProperties:
-    leaq .Lname211(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2250,7 +2175,7 @@ cudaMipmappedArrayGetSparseProperties:
     .globl cudaOccupancyAvailableDynamicSMemPerBlock
     .type cudaOccupancyAvailableDynamicSMemPerBlock, @function
 cudaOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname212(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2258,7 +2183,7 @@ cudaOccupancyAvailableDynamicSMemPerBlock:
     .globl cudaOccupancyMaxActiveBlocksPerMultiprocessor
     .type cudaOccupancyMaxActiveBlocksPerMultiprocessor, @function
 cudaOccupancyMaxActiveBlocksPerMultiprocessor:
-    leaq .Lname213(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2266,7 +2191,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessor:
     .globl cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags
     .type cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, @function
 cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
-    leaq .Lname214(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2274,7 +2199,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2282,7 +2207,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname216(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2295,15 +2220,12 @@ cudaPeekAtLastError:
     .globl cudaPointerGetAttributes
     .type cudaPointerGetAttributes, @function
 cudaPointerGetAttributes:
-    leaq .Lname217(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaPointerGetAttributes__cu118@PLT
     .size cudaPointerGetAttributes, .-cudaPointerGetAttributes
     .globl cudaProfilerInitialize
     .type cudaProfilerInitialize, @function
 cudaProfilerInitialize:
-    leaq .Lname218(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2311,7 +2233,7 @@ cudaProfilerInitialize:
     .globl cudaProfilerStart
     .type cudaProfilerStart, @function
 cudaProfilerStart:
-    leaq .Lname219(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2319,7 +2241,7 @@ cudaProfilerStart:
     .globl cudaProfilerStop
     .type cudaProfilerStop, @function
 cudaProfilerStop:
-    leaq .Lname220(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2327,7 +2249,7 @@ cudaProfilerStop:
     .globl cudaRuntimeGetVersion
     .type cudaRuntimeGetVersion, @function
 cudaRuntimeGetVersion:
-    jmp __chidori_cudart_cudaRuntimeGetVersion@PLT
+    jmp __chidori_cudart_cudaRuntimeGetVersion__cu118@PLT
     .size cudaRuntimeGetVersion, .-cudaRuntimeGetVersion
     .globl cudaSetDevice
     .type cudaSetDevice, @function
@@ -2352,7 +2274,7 @@ cudaSetDoubleForHost:
     .globl cudaSetValidDevices
     .type cudaSetValidDevices, @function
 cudaSetValidDevices:
-    leaq .Lname221(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2360,7 +2282,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname222(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2368,7 +2290,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname223(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2376,7 +2298,7 @@ cudaSignalExternalSemaphoresAsync_ptsz:
     .globl cudaSignalExternalSemaphoresAsync_v2
     .type cudaSignalExternalSemaphoresAsync_v2, @function
 cudaSignalExternalSemaphoresAsync_v2:
-    leaq .Lname224(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2384,7 +2306,7 @@ cudaSignalExternalSemaphoresAsync_v2:
     .globl cudaSignalExternalSemaphoresAsync_v2_ptsz
     .type cudaSignalExternalSemaphoresAsync_v2_ptsz, @function
 cudaSignalExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname225(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2392,23 +2314,17 @@ cudaSignalExternalSemaphoresAsync_v2_ptsz:
     .globl cudaStreamAddCallback
     .type cudaStreamAddCallback, @function
 cudaStreamAddCallback:
-    leaq .Lname226(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamAddCallback@PLT
     .size cudaStreamAddCallback, .-cudaStreamAddCallback
     .globl cudaStreamAddCallback_ptsz
     .type cudaStreamAddCallback_ptsz, @function
 cudaStreamAddCallback_ptsz:
-    leaq .Lname227(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamAddCallback_ptsz@PLT
     .size cudaStreamAddCallback_ptsz, .-cudaStreamAddCallback_ptsz
     .globl cudaStreamAttachMemAsync
     .type cudaStreamAttachMemAsync, @function
 cudaStreamAttachMemAsync:
-    leaq .Lname228(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2416,7 +2332,7 @@ cudaStreamAttachMemAsync:
     .globl cudaStreamAttachMemAsync_ptsz
     .type cudaStreamAttachMemAsync_ptsz, @function
 cudaStreamAttachMemAsync_ptsz:
-    leaq .Lname229(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2474,7 +2390,7 @@ cudaStreamEndCapture_ptsz:
     .globl cudaStreamGetAttribute
     .type cudaStreamGetAttribute, @function
 cudaStreamGetAttribute:
-    leaq .Lname230(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2482,7 +2398,7 @@ cudaStreamGetAttribute:
     .globl cudaStreamGetAttribute_ptsz
     .type cudaStreamGetAttribute_ptsz, @function
 cudaStreamGetAttribute_ptsz:
-    leaq .Lname231(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2500,7 +2416,7 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetCaptureInfo_v2
     .type cudaStreamGetCaptureInfo_v2, @function
 cudaStreamGetCaptureInfo_v2:
-    leaq .Lname232(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2508,7 +2424,7 @@ cudaStreamGetCaptureInfo_v2:
     .globl cudaStreamGetCaptureInfo_v2_ptsz
     .type cudaStreamGetCaptureInfo_v2_ptsz, @function
 cudaStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname233(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2556,7 +2472,7 @@ cudaStreamQuery_ptsz:
     .globl cudaStreamSetAttribute
     .type cudaStreamSetAttribute, @function
 cudaStreamSetAttribute:
-    leaq .Lname234(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2564,7 +2480,7 @@ cudaStreamSetAttribute:
     .globl cudaStreamSetAttribute_ptsz
     .type cudaStreamSetAttribute_ptsz, @function
 cudaStreamSetAttribute_ptsz:
-    leaq .Lname235(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2587,7 +2503,7 @@ cudaStreamUpdateCaptureDependencies:
     .globl cudaStreamUpdateCaptureDependencies_ptsz
     .type cudaStreamUpdateCaptureDependencies_ptsz, @function
 cudaStreamUpdateCaptureDependencies_ptsz:
-    leaq .Lname236(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2645,7 +2561,7 @@ cudaUnbindTexture:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname237(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2663,7 +2579,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname238(%rip), %rdi
+    leaq .Lname210(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2671,7 +2587,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname239(%rip), %rdi
+    leaq .Lname211(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2679,7 +2595,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname240(%rip), %rdi
+    leaq .Lname212(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2687,7 +2603,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname241(%rip), %rdi
+    leaq .Lname213(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2695,7 +2611,7 @@ cudaWaitExternalSemaphoresAsync_ptsz:
     .globl cudaWaitExternalSemaphoresAsync_v2
     .type cudaWaitExternalSemaphoresAsync_v2, @function
 cudaWaitExternalSemaphoresAsync_v2:
-    leaq .Lname242(%rip), %rdi
+    leaq .Lname214(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2703,7 +2619,7 @@ cudaWaitExternalSemaphoresAsync_v2:
     .globl cudaWaitExternalSemaphoresAsync_v2_ptsz
     .type cudaWaitExternalSemaphoresAsync_v2_ptsz, @function
 cudaWaitExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname243(%rip), %rdi
+    leaq .Lname215(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2762,439 +2678,383 @@ cudaWaitExternalSemaphoresAsync_v2_ptsz:
 .Lname25:
     .asciz "cudaExternalMemoryGetMappedBuffer"
 .Lname26:
-    .asciz "cudaFree"
-.Lname27:
-    .asciz "cudaFreeAsync"
-.Lname28:
-    .asciz "cudaFreeAsync_ptsz"
-.Lname29:
-    .asciz "cudaFreeHost"
-.Lname30:
-    .asciz "cudaFuncGetAttributes"
-.Lname31:
     .asciz "cudaFuncSetAttribute"
-.Lname32:
+.Lname27:
     .asciz "cudaFuncSetCacheConfig"
-.Lname33:
+.Lname28:
     .asciz "cudaFuncSetSharedMemConfig"
-.Lname34:
+.Lname29:
     .asciz "cudaGLGetDevices"
-.Lname35:
+.Lname30:
     .asciz "cudaGLMapBufferObject"
-.Lname36:
+.Lname31:
     .asciz "cudaGLMapBufferObjectAsync"
-.Lname37:
+.Lname32:
     .asciz "cudaGLRegisterBufferObject"
-.Lname38:
+.Lname33:
     .asciz "cudaGLSetBufferObjectMapFlags"
-.Lname39:
+.Lname34:
     .asciz "cudaGLSetGLDevice"
-.Lname40:
+.Lname35:
     .asciz "cudaGLUnmapBufferObject"
-.Lname41:
+.Lname36:
     .asciz "cudaGLUnmapBufferObjectAsync"
-.Lname42:
+.Lname37:
     .asciz "cudaGLUnregisterBufferObject"
-.Lname43:
+.Lname38:
     .asciz "cudaGetChannelDesc"
-.Lname44:
-    .asciz "cudaGetDeviceProperties"
-.Lname45:
+.Lname39:
     .asciz "cudaGetDriverEntryPoint"
-.Lname46:
+.Lname40:
     .asciz "cudaGetDriverEntryPoint_ptsz"
-.Lname47:
+.Lname41:
     .asciz "cudaGetExportTable"
-.Lname48:
+.Lname42:
     .asciz "cudaGetFuncBySymbol"
-.Lname49:
+.Lname43:
     .asciz "cudaGetSurfaceObjectResourceDesc"
-.Lname50:
+.Lname44:
     .asciz "cudaGetSurfaceReference"
-.Lname51:
+.Lname45:
     .asciz "cudaGetSymbolAddress"
-.Lname52:
+.Lname46:
     .asciz "cudaGetSymbolSize"
-.Lname53:
+.Lname47:
     .asciz "cudaGetTextureObjectResourceDesc"
-.Lname54:
+.Lname48:
     .asciz "cudaGetTextureObjectResourceViewDesc"
-.Lname55:
+.Lname49:
     .asciz "cudaGetTextureObjectTextureDesc"
-.Lname56:
+.Lname50:
     .asciz "cudaGetTextureObjectTextureDesc_v2"
-.Lname57:
+.Lname51:
     .asciz "cudaGetTextureReference"
-.Lname58:
+.Lname52:
     .asciz "cudaGraphAddChildGraphNode"
-.Lname59:
+.Lname53:
     .asciz "cudaGraphAddDependencies"
-.Lname60:
+.Lname54:
     .asciz "cudaGraphAddEmptyNode"
-.Lname61:
+.Lname55:
     .asciz "cudaGraphAddEventRecordNode"
-.Lname62:
+.Lname56:
     .asciz "cudaGraphAddEventWaitNode"
-.Lname63:
+.Lname57:
     .asciz "cudaGraphAddExternalSemaphoresSignalNode"
-.Lname64:
+.Lname58:
     .asciz "cudaGraphAddExternalSemaphoresWaitNode"
-.Lname65:
+.Lname59:
     .asciz "cudaGraphAddHostNode"
-.Lname66:
+.Lname60:
     .asciz "cudaGraphAddKernelNode"
-.Lname67:
+.Lname61:
     .asciz "cudaGraphAddMemAllocNode"
-.Lname68:
+.Lname62:
     .asciz "cudaGraphAddMemFreeNode"
-.Lname69:
+.Lname63:
     .asciz "cudaGraphAddMemcpyNode"
-.Lname70:
+.Lname64:
     .asciz "cudaGraphAddMemcpyNode1D"
-.Lname71:
+.Lname65:
     .asciz "cudaGraphAddMemcpyNodeFromSymbol"
-.Lname72:
+.Lname66:
     .asciz "cudaGraphAddMemcpyNodeToSymbol"
-.Lname73:
+.Lname67:
     .asciz "cudaGraphAddMemsetNode"
-.Lname74:
+.Lname68:
     .asciz "cudaGraphDebugDotPrint"
-.Lname75:
+.Lname69:
     .asciz "cudaGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname76:
+.Lname70:
     .asciz "cudaGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname77:
+.Lname71:
     .asciz "cudaGraphExecHostNodeSetParams"
-.Lname78:
+.Lname72:
     .asciz "cudaGraphExecKernelNodeSetParams"
-.Lname79:
+.Lname73:
     .asciz "cudaGraphExecMemcpyNodeSetParams"
-.Lname80:
+.Lname74:
     .asciz "cudaGraphExecMemcpyNodeSetParams1D"
-.Lname81:
+.Lname75:
     .asciz "cudaGraphExecMemcpyNodeSetParamsFromSymbol"
-.Lname82:
+.Lname76:
     .asciz "cudaGraphExecMemcpyNodeSetParamsToSymbol"
-.Lname83:
+.Lname77:
     .asciz "cudaGraphExecMemsetNodeSetParams"
-.Lname84:
+.Lname78:
     .asciz "cudaGraphExternalSemaphoresSignalNodeGetParams"
-.Lname85:
+.Lname79:
     .asciz "cudaGraphExternalSemaphoresSignalNodeSetParams"
-.Lname86:
+.Lname80:
     .asciz "cudaGraphExternalSemaphoresWaitNodeGetParams"
-.Lname87:
+.Lname81:
     .asciz "cudaGraphExternalSemaphoresWaitNodeSetParams"
-.Lname88:
+.Lname82:
     .asciz "cudaGraphHostNodeGetParams"
-.Lname89:
+.Lname83:
     .asciz "cudaGraphHostNodeSetParams"
-.Lname90:
+.Lname84:
     .asciz "cudaGraphInstantiate"
-.Lname91:
+.Lname85:
     .asciz "cudaGraphKernelNodeGetAttribute"
-.Lname92:
+.Lname86:
     .asciz "cudaGraphKernelNodeGetParams"
-.Lname93:
+.Lname87:
     .asciz "cudaGraphKernelNodeSetAttribute"
-.Lname94:
+.Lname88:
     .asciz "cudaGraphKernelNodeSetParams"
-.Lname95:
+.Lname89:
     .asciz "cudaGraphMemAllocNodeGetParams"
-.Lname96:
+.Lname90:
     .asciz "cudaGraphMemFreeNodeGetParams"
-.Lname97:
+.Lname91:
     .asciz "cudaGraphMemcpyNodeGetParams"
-.Lname98:
+.Lname92:
     .asciz "cudaGraphMemcpyNodeSetParams"
-.Lname99:
+.Lname93:
     .asciz "cudaGraphMemcpyNodeSetParams1D"
-.Lname100:
+.Lname94:
     .asciz "cudaGraphMemcpyNodeSetParamsFromSymbol"
-.Lname101:
+.Lname95:
     .asciz "cudaGraphMemcpyNodeSetParamsToSymbol"
-.Lname102:
+.Lname96:
     .asciz "cudaGraphMemsetNodeGetParams"
-.Lname103:
+.Lname97:
     .asciz "cudaGraphMemsetNodeSetParams"
-.Lname104:
+.Lname98:
     .asciz "cudaGraphRemoveDependencies"
-.Lname105:
+.Lname99:
     .asciz "cudaGraphicsEGLRegisterImage"
-.Lname106:
+.Lname100:
     .asciz "cudaGraphicsGLRegisterBuffer"
-.Lname107:
+.Lname101:
     .asciz "cudaGraphicsGLRegisterImage"
-.Lname108:
+.Lname102:
     .asciz "cudaGraphicsResourceGetMappedEglFrame"
-.Lname109:
+.Lname103:
     .asciz "cudaGraphicsResourceGetMappedPointer"
-.Lname110:
+.Lname104:
     .asciz "cudaGraphicsVDPAURegisterOutputSurface"
-.Lname111:
+.Lname105:
     .asciz "cudaGraphicsVDPAURegisterVideoSurface"
-.Lname112:
-    .asciz "cudaHostAlloc"
-.Lname113:
+.Lname106:
     .asciz "cudaHostGetDevicePointer"
-.Lname114:
-    .asciz "cudaHostGetFlags"
-.Lname115:
-    .asciz "cudaHostRegister"
-.Lname116:
-    .asciz "cudaHostUnregister"
-.Lname117:
+.Lname107:
     .asciz "cudaImportExternalMemory"
-.Lname118:
+.Lname108:
     .asciz "cudaImportExternalSemaphore"
-.Lname119:
+.Lname109:
     .asciz "cudaIpcCloseMemHandle"
-.Lname120:
+.Lname110:
     .asciz "cudaIpcGetEventHandle"
-.Lname121:
+.Lname111:
     .asciz "cudaIpcGetMemHandle"
-.Lname122:
+.Lname112:
     .asciz "cudaIpcOpenMemHandle"
-.Lname123:
+.Lname113:
     .asciz "cudaLaunchCooperativeKernel"
-.Lname124:
+.Lname114:
     .asciz "cudaLaunchCooperativeKernelMultiDevice"
-.Lname125:
+.Lname115:
     .asciz "cudaLaunchCooperativeKernel_ptsz"
-.Lname126:
-    .asciz "cudaLaunchHostFunc"
-.Lname127:
-    .asciz "cudaLaunchHostFunc_ptsz"
-.Lname128:
+.Lname116:
     .asciz "cudaLaunchKernel"
-.Lname129:
+.Lname117:
     .asciz "cudaLaunchKernelExC"
-.Lname130:
+.Lname118:
     .asciz "cudaLaunchKernelExC_ptsz"
-.Lname131:
+.Lname119:
     .asciz "cudaLaunchKernel_ptsz"
-.Lname132:
-    .asciz "cudaMalloc"
-.Lname133:
+.Lname120:
     .asciz "cudaMalloc3D"
-.Lname134:
-    .asciz "cudaMallocAsync"
-.Lname135:
-    .asciz "cudaMallocAsync_ptsz"
-.Lname136:
+.Lname121:
     .asciz "cudaMallocFromPoolAsync"
-.Lname137:
+.Lname122:
     .asciz "cudaMallocFromPoolAsync_ptsz"
-.Lname138:
-    .asciz "cudaMallocHost"
-.Lname139:
+.Lname123:
     .asciz "cudaMallocManaged"
-.Lname140:
+.Lname124:
     .asciz "cudaMallocMipmappedArray"
-.Lname141:
-    .asciz "cudaMallocPitch"
-.Lname142:
+.Lname125:
     .asciz "cudaMemAdvise"
-.Lname143:
+.Lname126:
     .asciz "cudaMemPoolCreate"
-.Lname144:
+.Lname127:
     .asciz "cudaMemPoolExportPointer"
-.Lname145:
+.Lname128:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname146:
+.Lname129:
     .asciz "cudaMemPoolGetAccess"
-.Lname147:
+.Lname130:
     .asciz "cudaMemPoolGetAttribute"
-.Lname148:
+.Lname131:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname149:
+.Lname132:
     .asciz "cudaMemPoolImportPointer"
-.Lname150:
+.Lname133:
     .asciz "cudaMemPoolSetAccess"
-.Lname151:
+.Lname134:
     .asciz "cudaMemPoolSetAttribute"
-.Lname152:
+.Lname135:
     .asciz "cudaMemPrefetchAsync"
-.Lname153:
+.Lname136:
     .asciz "cudaMemPrefetchAsync_ptsz"
-.Lname154:
+.Lname137:
     .asciz "cudaMemRangeGetAttribute"
-.Lname155:
+.Lname138:
     .asciz "cudaMemRangeGetAttributes"
-.Lname156:
-    .asciz "cudaMemcpy"
-.Lname157:
+.Lname139:
     .asciz "cudaMemcpy2D"
-.Lname158:
+.Lname140:
     .asciz "cudaMemcpy2DAsync"
-.Lname159:
+.Lname141:
     .asciz "cudaMemcpy2DAsync_ptsz"
-.Lname160:
+.Lname142:
     .asciz "cudaMemcpy2DFromArray"
-.Lname161:
+.Lname143:
     .asciz "cudaMemcpy2DFromArrayAsync"
-.Lname162:
+.Lname144:
     .asciz "cudaMemcpy2DFromArrayAsync_ptsz"
-.Lname163:
+.Lname145:
     .asciz "cudaMemcpy2DFromArray_ptds"
-.Lname164:
+.Lname146:
     .asciz "cudaMemcpy2DToArray"
-.Lname165:
+.Lname147:
     .asciz "cudaMemcpy2DToArrayAsync"
-.Lname166:
+.Lname148:
     .asciz "cudaMemcpy2DToArrayAsync_ptsz"
-.Lname167:
+.Lname149:
     .asciz "cudaMemcpy2DToArray_ptds"
-.Lname168:
+.Lname150:
     .asciz "cudaMemcpy2D_ptds"
-.Lname169:
+.Lname151:
     .asciz "cudaMemcpy3D"
-.Lname170:
+.Lname152:
     .asciz "cudaMemcpy3DAsync"
-.Lname171:
+.Lname153:
     .asciz "cudaMemcpy3DAsync_ptsz"
-.Lname172:
+.Lname154:
     .asciz "cudaMemcpy3DPeer"
-.Lname173:
+.Lname155:
     .asciz "cudaMemcpy3DPeerAsync"
-.Lname174:
+.Lname156:
     .asciz "cudaMemcpy3DPeerAsync_ptsz"
-.Lname175:
+.Lname157:
     .asciz "cudaMemcpy3DPeer_ptds"
-.Lname176:
+.Lname158:
     .asciz "cudaMemcpy3D_ptds"
-.Lname177:
-    .asciz "cudaMemcpyAsync"
-.Lname178:
-    .asciz "cudaMemcpyAsync_ptsz"
-.Lname179:
+.Lname159:
     .asciz "cudaMemcpyFromArray"
-.Lname180:
+.Lname160:
     .asciz "cudaMemcpyFromArrayAsync"
-.Lname181:
+.Lname161:
     .asciz "cudaMemcpyFromArrayAsync_ptsz"
-.Lname182:
+.Lname162:
     .asciz "cudaMemcpyFromArray_ptds"
-.Lname183:
+.Lname163:
     .asciz "cudaMemcpyFromSymbol"
-.Lname184:
+.Lname164:
     .asciz "cudaMemcpyFromSymbolAsync"
-.Lname185:
+.Lname165:
     .asciz "cudaMemcpyFromSymbolAsync_ptsz"
-.Lname186:
+.Lname166:
     .asciz "cudaMemcpyFromSymbol_ptds"
-.Lname187:
+.Lname167:
     .asciz "cudaMemcpyPeer"
-.Lname188:
+.Lname168:
     .asciz "cudaMemcpyPeerAsync"
-.Lname189:
+.Lname169:
     .asciz "cudaMemcpyToArray"
-.Lname190:
+.Lname170:
     .asciz "cudaMemcpyToArrayAsync"
-.Lname191:
+.Lname171:
     .asciz "cudaMemcpyToArrayAsync_ptsz"
-.Lname192:
+.Lname172:
     .asciz "cudaMemcpyToArray_ptds"
-.Lname193:
+.Lname173:
     .asciz "cudaMemcpyToSymbol"
-.Lname194:
+.Lname174:
     .asciz "cudaMemcpyToSymbolAsync"
-.Lname195:
+.Lname175:
     .asciz "cudaMemcpyToSymbolAsync_ptsz"
-.Lname196:
+.Lname176:
     .asciz "cudaMemcpyToSymbol_ptds"
-.Lname197:
-    .asciz "cudaMemcpy_ptds"
-.Lname198:
-    .asciz "cudaMemset"
-.Lname199:
+.Lname177:
     .asciz "cudaMemset2D"
-.Lname200:
+.Lname178:
     .asciz "cudaMemset2DAsync"
-.Lname201:
+.Lname179:
     .asciz "cudaMemset2DAsync_ptsz"
-.Lname202:
+.Lname180:
     .asciz "cudaMemset2D_ptds"
-.Lname203:
+.Lname181:
     .asciz "cudaMemset3D"
-.Lname204:
+.Lname182:
     .asciz "cudaMemset3DAsync"
-.Lname205:
+.Lname183:
     .asciz "cudaMemset3DAsync_ptsz"
-.Lname206:
+.Lname184:
     .asciz "cudaMemset3D_ptds"
-.Lname207:
-    .asciz "cudaMemsetAsync"
-.Lname208:
-    .asciz "cudaMemsetAsync_ptsz"
-.Lname209:
-    .asciz "cudaMemset_ptds"
-.Lname210:
+.Lname185:
     .asciz "cudaMipmappedArrayGetMemoryRequirements"
-.Lname211:
+.Lname186:
     .asciz "cudaMipmappedArrayGetSparseProperties"
-.Lname212:
+.Lname187:
     .asciz "cudaOccupancyAvailableDynamicSMemPerBlock"
-.Lname213:
+.Lname188:
     .asciz "cudaOccupancyMaxActiveBlocksPerMultiprocessor"
-.Lname214:
+.Lname189:
     .asciz "cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"
-.Lname215:
+.Lname190:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname216:
+.Lname191:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname217:
-    .asciz "cudaPointerGetAttributes"
-.Lname218:
+.Lname192:
     .asciz "cudaProfilerInitialize"
-.Lname219:
+.Lname193:
     .asciz "cudaProfilerStart"
-.Lname220:
+.Lname194:
     .asciz "cudaProfilerStop"
-.Lname221:
+.Lname195:
     .asciz "cudaSetValidDevices"
-.Lname222:
+.Lname196:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname223:
+.Lname197:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname224:
+.Lname198:
     .asciz "cudaSignalExternalSemaphoresAsync_v2"
-.Lname225:
+.Lname199:
     .asciz "cudaSignalExternalSemaphoresAsync_v2_ptsz"
-.Lname226:
-    .asciz "cudaStreamAddCallback"
-.Lname227:
-    .asciz "cudaStreamAddCallback_ptsz"
-.Lname228:
+.Lname200:
     .asciz "cudaStreamAttachMemAsync"
-.Lname229:
+.Lname201:
     .asciz "cudaStreamAttachMemAsync_ptsz"
-.Lname230:
+.Lname202:
     .asciz "cudaStreamGetAttribute"
-.Lname231:
+.Lname203:
     .asciz "cudaStreamGetAttribute_ptsz"
-.Lname232:
+.Lname204:
     .asciz "cudaStreamGetCaptureInfo_v2"
-.Lname233:
+.Lname205:
     .asciz "cudaStreamGetCaptureInfo_v2_ptsz"
-.Lname234:
+.Lname206:
     .asciz "cudaStreamSetAttribute"
-.Lname235:
+.Lname207:
     .asciz "cudaStreamSetAttribute_ptsz"
-.Lname236:
+.Lname208:
     .asciz "cudaStreamUpdateCaptureDependencies_ptsz"
-.Lname237:
+.Lname209:
     .asciz "cudaUserObjectCreate"
-.Lname238:
+.Lname210:
     .asciz "cudaVDPAUGetDevice"
-.Lname239:
+.Lname211:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname240:
+.Lname212:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname241:
+.Lname213:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
-.Lname242:
+.Lname214:
     .asciz "cudaWaitExternalSemaphoresAsync_v2"
-.Lname243:
+.Lname215:
     .asciz "cudaWaitExternalSemaphoresAsync_v2_ptsz"
     .section .note.GNU-stack,"",@progbits

@@ -463,10 +463,7 @@ cudaExternalMemoryGetMappedMipmappedArray:
     .globl cudaFree
     .type cudaFree, @function
 cudaFree:
-    leaq .Lname23(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFree@PLT
     .size cudaFree, .-cudaFree
     .globl cudaFreeArray
     .type cudaFreeArray, @function
@@ -476,26 +473,17 @@ cudaFreeArray:
     .globl cudaFreeAsync
     .type cudaFreeAsync, @function
 cudaFreeAsync:
-    leaq .Lname24(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFreeAsync@PLT
     .size cudaFreeAsync, .-cudaFreeAsync
     .globl cudaFreeAsync_ptsz
     .type cudaFreeAsync_ptsz, @function
 cudaFreeAsync_ptsz:
-    leaq .Lname25(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFreeAsync_ptsz@PLT
     .size cudaFreeAsync_ptsz, .-cudaFreeAsync_ptsz
     .globl cudaFreeHost
     .type cudaFreeHost, @function
 cudaFreeHost:
-    leaq .Lname26(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFreeHost@PLT
     .size cudaFreeHost, .-cudaFreeHost
     .globl cudaFreeMipmappedArray
     .type cudaFreeMipmappedArray, @function
@@ -505,15 +493,12 @@ cudaFreeMipmappedArray:
     .globl cudaFuncGetAttributes
     .type cudaFuncGetAttributes, @function
 cudaFuncGetAttributes:
-    leaq .Lname27(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFuncGetAttributes__cu121@PLT
     .size cudaFuncGetAttributes, .-cudaFuncGetAttributes
     .globl cudaFuncGetName
     .type cudaFuncGetName, @function
 cudaFuncGetName:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -521,7 +506,7 @@ cudaFuncGetName:
     .globl cudaFuncGetParamInfo
     .type cudaFuncGetParamInfo, @function
 cudaFuncGetParamInfo:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -529,7 +514,7 @@ cudaFuncGetParamInfo:
     .globl cudaFuncSetAttribute
     .type cudaFuncSetAttribute, @function
 cudaFuncSetAttribute:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -537,7 +522,7 @@ cudaFuncSetAttribute:
     .globl cudaFuncSetCacheConfig
     .type cudaFuncSetCacheConfig, @function
 cudaFuncSetCacheConfig:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -545,7 +530,7 @@ cudaFuncSetCacheConfig:
     .globl cudaFuncSetSharedMemConfig
     .type cudaFuncSetSharedMemConfig, @function
 cudaFuncSetSharedMemConfig:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -553,7 +538,7 @@ cudaFuncSetSharedMemConfig:
     .globl cudaGLGetDevices
     .type cudaGLGetDevices, @function
 cudaGLGetDevices:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -561,7 +546,7 @@ cudaGLGetDevices:
     .globl cudaGLMapBufferObject
     .type cudaGLMapBufferObject, @function
 cudaGLMapBufferObject:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -569,7 +554,7 @@ cudaGLMapBufferObject:
     .globl cudaGLMapBufferObjectAsync
     .type cudaGLMapBufferObjectAsync, @function
 cudaGLMapBufferObjectAsync:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -577,7 +562,7 @@ cudaGLMapBufferObjectAsync:
     .globl cudaGLRegisterBufferObject
     .type cudaGLRegisterBufferObject, @function
 cudaGLRegisterBufferObject:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -585,7 +570,7 @@ cudaGLRegisterBufferObject:
     .globl cudaGLSetBufferObjectMapFlags
     .type cudaGLSetBufferObjectMapFlags, @function
 cudaGLSetBufferObjectMapFlags:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -593,7 +578,7 @@ cudaGLSetBufferObjectMapFlags:
     .globl cudaGLSetGLDevice
     .type cudaGLSetGLDevice, @function
 cudaGLSetGLDevice:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -601,7 +586,7 @@ cudaGLSetGLDevice:
     .globl cudaGLUnmapBufferObject
     .type cudaGLUnmapBufferObject, @function
 cudaGLUnmapBufferObject:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -609,7 +594,7 @@ cudaGLUnmapBufferObject:
     .globl cudaGLUnmapBufferObjectAsync
     .type cudaGLUnmapBufferObjectAsync, @function
 cudaGLUnmapBufferObjectAsync:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -617,7 +602,7 @@ cudaGLUnmapBufferObjectAsync:
     .globl cudaGLUnregisterBufferObject
     .type cudaGLUnregisterBufferObject, @function
 cudaGLUnregisterBufferObject:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -625,7 +610,7 @@ cudaGLUnregisterBufferObject:
     .globl cudaGetChannelDesc
     .type cudaGetChannelDesc, @function
 cudaGetChannelDesc:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -648,7 +633,7 @@ cudaGetDeviceFlags:
     .globl cudaGetDeviceProperties
     .type cudaGetDeviceProperties, @function
 cudaGetDeviceProperties:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -656,15 +641,12 @@ cudaGetDeviceProperties:
     .globl cudaGetDeviceProperties_v2
     .type cudaGetDeviceProperties_v2, @function
 cudaGetDeviceProperties_v2:
-    leaq .Lname44(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetDeviceProperties_v2@PLT
     .size cudaGetDeviceProperties_v2, .-cudaGetDeviceProperties_v2
     .globl cudaGetDriverEntryPoint
     .type cudaGetDriverEntryPoint, @function
 cudaGetDriverEntryPoint:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -672,7 +654,7 @@ cudaGetDriverEntryPoint:
     .globl cudaGetDriverEntryPointByVersion
     .type cudaGetDriverEntryPointByVersion, @function
 cudaGetDriverEntryPointByVersion:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -680,7 +662,7 @@ cudaGetDriverEntryPointByVersion:
     .globl cudaGetDriverEntryPointByVersion_ptsz
     .type cudaGetDriverEntryPointByVersion_ptsz, @function
 cudaGetDriverEntryPointByVersion_ptsz:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -688,7 +670,7 @@ cudaGetDriverEntryPointByVersion_ptsz:
     .globl cudaGetDriverEntryPoint_ptsz
     .type cudaGetDriverEntryPoint_ptsz, @function
 cudaGetDriverEntryPoint_ptsz:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -706,7 +688,7 @@ cudaGetErrorString:
     .globl cudaGetExportTable
     .type cudaGetExportTable, @function
 cudaGetExportTable:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -714,7 +696,7 @@ cudaGetExportTable:
     .globl cudaGetFuncBySymbol
     .type cudaGetFuncBySymbol, @function
 cudaGetFuncBySymbol:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -722,7 +704,7 @@ cudaGetFuncBySymbol:
     .globl cudaGetKernel
     .type cudaGetKernel, @function
 cudaGetKernel:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -740,7 +722,7 @@ cudaGetMipmappedArrayLevel:
     .globl cudaGetSurfaceObjectResourceDesc
     .type cudaGetSurfaceObjectResourceDesc, @function
 cudaGetSurfaceObjectResourceDesc:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -748,7 +730,7 @@ cudaGetSurfaceObjectResourceDesc:
     .globl cudaGetSymbolAddress
     .type cudaGetSymbolAddress, @function
 cudaGetSymbolAddress:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -756,7 +738,7 @@ cudaGetSymbolAddress:
     .globl cudaGetSymbolSize
     .type cudaGetSymbolSize, @function
 cudaGetSymbolSize:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -764,7 +746,7 @@ cudaGetSymbolSize:
     .globl cudaGetTextureObjectResourceDesc
     .type cudaGetTextureObjectResourceDesc, @function
 cudaGetTextureObjectResourceDesc:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -772,7 +754,7 @@ cudaGetTextureObjectResourceDesc:
     .globl cudaGetTextureObjectResourceViewDesc
     .type cudaGetTextureObjectResourceViewDesc, @function
 cudaGetTextureObjectResourceViewDesc:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -780,7 +762,7 @@ cudaGetTextureObjectResourceViewDesc:
     .globl cudaGetTextureObjectTextureDesc
     .type cudaGetTextureObjectTextureDesc, @function
 cudaGetTextureObjectTextureDesc:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -788,7 +770,7 @@ cudaGetTextureObjectTextureDesc:
     .globl cudaGraphAddChildGraphNode
     .type cudaGraphAddChildGraphNode, @function
 cudaGraphAddChildGraphNode:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -796,7 +778,7 @@ cudaGraphAddChildGraphNode:
     .globl cudaGraphAddDependencies
     .type cudaGraphAddDependencies, @function
 cudaGraphAddDependencies:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -804,7 +786,7 @@ cudaGraphAddDependencies:
     .globl cudaGraphAddDependencies_v2
     .type cudaGraphAddDependencies_v2, @function
 cudaGraphAddDependencies_v2:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -812,7 +794,7 @@ cudaGraphAddDependencies_v2:
     .globl cudaGraphAddEmptyNode
     .type cudaGraphAddEmptyNode, @function
 cudaGraphAddEmptyNode:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -820,7 +802,7 @@ cudaGraphAddEmptyNode:
     .globl cudaGraphAddEventRecordNode
     .type cudaGraphAddEventRecordNode, @function
 cudaGraphAddEventRecordNode:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -828,7 +810,7 @@ cudaGraphAddEventRecordNode:
     .globl cudaGraphAddEventWaitNode
     .type cudaGraphAddEventWaitNode, @function
 cudaGraphAddEventWaitNode:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -836,7 +818,7 @@ cudaGraphAddEventWaitNode:
     .globl cudaGraphAddExternalSemaphoresSignalNode
     .type cudaGraphAddExternalSemaphoresSignalNode, @function
 cudaGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -844,7 +826,7 @@ cudaGraphAddExternalSemaphoresSignalNode:
     .globl cudaGraphAddExternalSemaphoresWaitNode
     .type cudaGraphAddExternalSemaphoresWaitNode, @function
 cudaGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -852,7 +834,7 @@ cudaGraphAddExternalSemaphoresWaitNode:
     .globl cudaGraphAddHostNode
     .type cudaGraphAddHostNode, @function
 cudaGraphAddHostNode:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -860,7 +842,7 @@ cudaGraphAddHostNode:
     .globl cudaGraphAddKernelNode
     .type cudaGraphAddKernelNode, @function
 cudaGraphAddKernelNode:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -868,7 +850,7 @@ cudaGraphAddKernelNode:
     .globl cudaGraphAddMemAllocNode
     .type cudaGraphAddMemAllocNode, @function
 cudaGraphAddMemAllocNode:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -876,7 +858,7 @@ cudaGraphAddMemAllocNode:
     .globl cudaGraphAddMemFreeNode
     .type cudaGraphAddMemFreeNode, @function
 cudaGraphAddMemFreeNode:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -884,7 +866,7 @@ cudaGraphAddMemFreeNode:
     .globl cudaGraphAddMemcpyNode
     .type cudaGraphAddMemcpyNode, @function
 cudaGraphAddMemcpyNode:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -892,7 +874,7 @@ cudaGraphAddMemcpyNode:
     .globl cudaGraphAddMemcpyNode1D
     .type cudaGraphAddMemcpyNode1D, @function
 cudaGraphAddMemcpyNode1D:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -900,7 +882,7 @@ cudaGraphAddMemcpyNode1D:
     .globl cudaGraphAddMemcpyNodeFromSymbol
     .type cudaGraphAddMemcpyNodeFromSymbol, @function
 cudaGraphAddMemcpyNodeFromSymbol:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -908,7 +890,7 @@ cudaGraphAddMemcpyNodeFromSymbol:
     .globl cudaGraphAddMemcpyNodeToSymbol
     .type cudaGraphAddMemcpyNodeToSymbol, @function
 cudaGraphAddMemcpyNodeToSymbol:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -916,7 +898,7 @@ cudaGraphAddMemcpyNodeToSymbol:
     .globl cudaGraphAddMemsetNode
     .type cudaGraphAddMemsetNode, @function
 cudaGraphAddMemsetNode:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -924,7 +906,7 @@ cudaGraphAddMemsetNode:
     .globl cudaGraphAddNode
     .type cudaGraphAddNode, @function
 cudaGraphAddNode:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -932,7 +914,7 @@ cudaGraphAddNode:
     .globl cudaGraphAddNode_v2
     .type cudaGraphAddNode_v2, @function
 cudaGraphAddNode_v2:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -960,7 +942,7 @@ cudaGraphCreate:
     .globl cudaGraphDebugDotPrint
     .type cudaGraphDebugDotPrint, @function
 cudaGraphDebugDotPrint:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1018,7 +1000,7 @@ cudaGraphExecEventWaitNodeSetEvent:
     .globl cudaGraphExecExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1026,7 +1008,7 @@ cudaGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExecExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1039,7 +1021,7 @@ cudaGraphExecGetFlags:
     .globl cudaGraphExecHostNodeSetParams
     .type cudaGraphExecHostNodeSetParams, @function
 cudaGraphExecHostNodeSetParams:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1047,7 +1029,7 @@ cudaGraphExecHostNodeSetParams:
     .globl cudaGraphExecKernelNodeSetParams
     .type cudaGraphExecKernelNodeSetParams, @function
 cudaGraphExecKernelNodeSetParams:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1055,7 +1037,7 @@ cudaGraphExecKernelNodeSetParams:
     .globl cudaGraphExecMemcpyNodeSetParams
     .type cudaGraphExecMemcpyNodeSetParams, @function
 cudaGraphExecMemcpyNodeSetParams:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1063,7 +1045,7 @@ cudaGraphExecMemcpyNodeSetParams:
     .globl cudaGraphExecMemcpyNodeSetParams1D
     .type cudaGraphExecMemcpyNodeSetParams1D, @function
 cudaGraphExecMemcpyNodeSetParams1D:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1071,7 +1053,7 @@ cudaGraphExecMemcpyNodeSetParams1D:
     .globl cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .type cudaGraphExecMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1079,7 +1061,7 @@ cudaGraphExecMemcpyNodeSetParamsFromSymbol:
     .globl cudaGraphExecMemcpyNodeSetParamsToSymbol
     .type cudaGraphExecMemcpyNodeSetParamsToSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsToSymbol:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1087,7 +1069,7 @@ cudaGraphExecMemcpyNodeSetParamsToSymbol:
     .globl cudaGraphExecMemsetNodeSetParams
     .type cudaGraphExecMemsetNodeSetParams, @function
 cudaGraphExecMemsetNodeSetParams:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1095,7 +1077,7 @@ cudaGraphExecMemsetNodeSetParams:
     .globl cudaGraphExecNodeSetParams
     .type cudaGraphExecNodeSetParams, @function
 cudaGraphExecNodeSetParams:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1103,7 +1085,7 @@ cudaGraphExecNodeSetParams:
     .globl cudaGraphExecUpdate
     .type cudaGraphExecUpdate, @function
 cudaGraphExecUpdate:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1111,7 +1093,7 @@ cudaGraphExecUpdate:
     .globl cudaGraphExternalSemaphoresSignalNodeGetParams
     .type cudaGraphExternalSemaphoresSignalNodeGetParams, @function
 cudaGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1119,7 +1101,7 @@ cudaGraphExternalSemaphoresSignalNodeGetParams:
     .globl cudaGraphExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1127,7 +1109,7 @@ cudaGraphExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeGetParams
     .type cudaGraphExternalSemaphoresWaitNodeGetParams, @function
 cudaGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1135,7 +1117,7 @@ cudaGraphExternalSemaphoresWaitNodeGetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1148,7 +1130,7 @@ cudaGraphGetEdges:
     .globl cudaGraphGetEdges_v2
     .type cudaGraphGetEdges_v2, @function
 cudaGraphGetEdges_v2:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1166,7 +1148,7 @@ cudaGraphGetRootNodes:
     .globl cudaGraphHostNodeGetParams
     .type cudaGraphHostNodeGetParams, @function
 cudaGraphHostNodeGetParams:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1174,7 +1156,7 @@ cudaGraphHostNodeGetParams:
     .globl cudaGraphHostNodeSetParams
     .type cudaGraphHostNodeSetParams, @function
 cudaGraphHostNodeSetParams:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1192,7 +1174,7 @@ cudaGraphInstantiateWithFlags:
     .globl cudaGraphInstantiateWithParams
     .type cudaGraphInstantiateWithParams, @function
 cudaGraphInstantiateWithParams:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1200,7 +1182,7 @@ cudaGraphInstantiateWithParams:
     .globl cudaGraphInstantiateWithParams_ptsz
     .type cudaGraphInstantiateWithParams_ptsz, @function
 cudaGraphInstantiateWithParams_ptsz:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1213,7 +1195,7 @@ cudaGraphKernelNodeCopyAttributes:
     .globl cudaGraphKernelNodeGetAttribute
     .type cudaGraphKernelNodeGetAttribute, @function
 cudaGraphKernelNodeGetAttribute:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1221,7 +1203,7 @@ cudaGraphKernelNodeGetAttribute:
     .globl cudaGraphKernelNodeGetParams
     .type cudaGraphKernelNodeGetParams, @function
 cudaGraphKernelNodeGetParams:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1229,7 +1211,7 @@ cudaGraphKernelNodeGetParams:
     .globl cudaGraphKernelNodeSetAttribute
     .type cudaGraphKernelNodeSetAttribute, @function
 cudaGraphKernelNodeSetAttribute:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1237,7 +1219,7 @@ cudaGraphKernelNodeSetAttribute:
     .globl cudaGraphKernelNodeSetParams
     .type cudaGraphKernelNodeSetParams, @function
 cudaGraphKernelNodeSetParams:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1255,7 +1237,7 @@ cudaGraphLaunch_ptsz:
     .globl cudaGraphMemAllocNodeGetParams
     .type cudaGraphMemAllocNodeGetParams, @function
 cudaGraphMemAllocNodeGetParams:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1263,7 +1245,7 @@ cudaGraphMemAllocNodeGetParams:
     .globl cudaGraphMemFreeNodeGetParams
     .type cudaGraphMemFreeNodeGetParams, @function
 cudaGraphMemFreeNodeGetParams:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1271,7 +1253,7 @@ cudaGraphMemFreeNodeGetParams:
     .globl cudaGraphMemcpyNodeGetParams
     .type cudaGraphMemcpyNodeGetParams, @function
 cudaGraphMemcpyNodeGetParams:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1279,7 +1261,7 @@ cudaGraphMemcpyNodeGetParams:
     .globl cudaGraphMemcpyNodeSetParams
     .type cudaGraphMemcpyNodeSetParams, @function
 cudaGraphMemcpyNodeSetParams:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1287,7 +1269,7 @@ cudaGraphMemcpyNodeSetParams:
     .globl cudaGraphMemcpyNodeSetParams1D
     .type cudaGraphMemcpyNodeSetParams1D, @function
 cudaGraphMemcpyNodeSetParams1D:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1295,7 +1277,7 @@ cudaGraphMemcpyNodeSetParams1D:
     .globl cudaGraphMemcpyNodeSetParamsFromSymbol
     .type cudaGraphMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1303,7 +1285,7 @@ cudaGraphMemcpyNodeSetParamsFromSymbol:
     .globl cudaGraphMemcpyNodeSetParamsToSymbol
     .type cudaGraphMemcpyNodeSetParamsToSymbol, @function
 cudaGraphMemcpyNodeSetParamsToSymbol:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1311,7 +1293,7 @@ cudaGraphMemcpyNodeSetParamsToSymbol:
     .globl cudaGraphMemsetNodeGetParams
     .type cudaGraphMemsetNodeGetParams, @function
 cudaGraphMemsetNodeGetParams:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1319,7 +1301,7 @@ cudaGraphMemsetNodeGetParams:
     .globl cudaGraphMemsetNodeSetParams
     .type cudaGraphMemsetNodeSetParams, @function
 cudaGraphMemsetNodeSetParams:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1337,7 +1319,7 @@ cudaGraphNodeGetDependencies:
     .globl cudaGraphNodeGetDependencies_v2
     .type cudaGraphNodeGetDependencies_v2, @function
 cudaGraphNodeGetDependencies_v2:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1350,7 +1332,7 @@ cudaGraphNodeGetDependentNodes:
     .globl cudaGraphNodeGetDependentNodes_v2
     .type cudaGraphNodeGetDependentNodes_v2, @function
 cudaGraphNodeGetDependentNodes_v2:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1373,7 +1355,7 @@ cudaGraphNodeSetEnabled:
     .globl cudaGraphNodeSetParams
     .type cudaGraphNodeSetParams, @function
 cudaGraphNodeSetParams:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1386,7 +1368,7 @@ cudaGraphReleaseUserObject:
     .globl cudaGraphRemoveDependencies
     .type cudaGraphRemoveDependencies, @function
 cudaGraphRemoveDependencies:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1394,7 +1376,7 @@ cudaGraphRemoveDependencies:
     .globl cudaGraphRemoveDependencies_v2
     .type cudaGraphRemoveDependencies_v2, @function
 cudaGraphRemoveDependencies_v2:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1417,7 +1399,7 @@ cudaGraphUpload_ptsz:
     .globl cudaGraphicsEGLRegisterImage
     .type cudaGraphicsEGLRegisterImage, @function
 cudaGraphicsEGLRegisterImage:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1425,7 +1407,7 @@ cudaGraphicsEGLRegisterImage:
     .globl cudaGraphicsGLRegisterBuffer
     .type cudaGraphicsGLRegisterBuffer, @function
 cudaGraphicsGLRegisterBuffer:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1433,7 +1415,7 @@ cudaGraphicsGLRegisterBuffer:
     .globl cudaGraphicsGLRegisterImage
     .type cudaGraphicsGLRegisterImage, @function
 cudaGraphicsGLRegisterImage:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1446,7 +1428,7 @@ cudaGraphicsMapResources:
     .globl cudaGraphicsResourceGetMappedEglFrame
     .type cudaGraphicsResourceGetMappedEglFrame, @function
 cudaGraphicsResourceGetMappedEglFrame:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1459,7 +1441,7 @@ cudaGraphicsResourceGetMappedMipmappedArray:
     .globl cudaGraphicsResourceGetMappedPointer
     .type cudaGraphicsResourceGetMappedPointer, @function
 cudaGraphicsResourceGetMappedPointer:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1487,7 +1469,7 @@ cudaGraphicsUnregisterResource:
     .globl cudaGraphicsVDPAURegisterOutputSurface
     .type cudaGraphicsVDPAURegisterOutputSurface, @function
 cudaGraphicsVDPAURegisterOutputSurface:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1495,7 +1477,7 @@ cudaGraphicsVDPAURegisterOutputSurface:
     .globl cudaGraphicsVDPAURegisterVideoSurface
     .type cudaGraphicsVDPAURegisterVideoSurface, @function
 cudaGraphicsVDPAURegisterVideoSurface:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1503,15 +1485,12 @@ cudaGraphicsVDPAURegisterVideoSurface:
     .globl cudaHostAlloc
     .type cudaHostAlloc, @function
 cudaHostAlloc:
-    leaq .Lname123(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaHostAlloc@PLT
     .size cudaHostAlloc, .-cudaHostAlloc
     .globl cudaHostGetDevicePointer
     .type cudaHostGetDevicePointer, @function
 cudaHostGetDevicePointer:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1519,31 +1498,22 @@ cudaHostGetDevicePointer:
     .globl cudaHostGetFlags
     .type cudaHostGetFlags, @function
 cudaHostGetFlags:
-    leaq .Lname125(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaHostGetFlags@PLT
     .size cudaHostGetFlags, .-cudaHostGetFlags
     .globl cudaHostRegister
     .type cudaHostRegister, @function
 cudaHostRegister:
-    leaq .Lname126(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaHostRegister@PLT
     .size cudaHostRegister, .-cudaHostRegister
     .globl cudaHostUnregister
     .type cudaHostUnregister, @function
 cudaHostUnregister:
-    leaq .Lname127(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaHostUnregister@PLT
     .size cudaHostUnregister, .-cudaHostUnregister
     .globl cudaImportExternalMemory
     .type cudaImportExternalMemory, @function
 cudaImportExternalMemory:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1551,7 +1521,7 @@ cudaImportExternalMemory:
     .globl cudaImportExternalSemaphore
     .type cudaImportExternalSemaphore, @function
 cudaImportExternalSemaphore:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1564,7 +1534,7 @@ cudaInitDevice:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1572,7 +1542,7 @@ cudaIpcCloseMemHandle:
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1580,7 +1550,7 @@ cudaIpcGetEventHandle:
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1593,7 +1563,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1606,7 +1576,7 @@ cudaKernelSetAttributeForDevice:
     .globl cudaLaunchCooperativeKernel
     .type cudaLaunchCooperativeKernel, @function
 cudaLaunchCooperativeKernel:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1614,7 +1584,7 @@ cudaLaunchCooperativeKernel:
     .globl cudaLaunchCooperativeKernelMultiDevice
     .type cudaLaunchCooperativeKernelMultiDevice, @function
 cudaLaunchCooperativeKernelMultiDevice:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1622,7 +1592,7 @@ cudaLaunchCooperativeKernelMultiDevice:
     .globl cudaLaunchCooperativeKernel_ptsz
     .type cudaLaunchCooperativeKernel_ptsz, @function
 cudaLaunchCooperativeKernel_ptsz:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1630,23 +1600,17 @@ cudaLaunchCooperativeKernel_ptsz:
     .globl cudaLaunchHostFunc
     .type cudaLaunchHostFunc, @function
 cudaLaunchHostFunc:
-    leaq .Lname137(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaLaunchHostFunc@PLT
     .size cudaLaunchHostFunc, .-cudaLaunchHostFunc
     .globl cudaLaunchHostFunc_ptsz
     .type cudaLaunchHostFunc_ptsz, @function
 cudaLaunchHostFunc_ptsz:
-    leaq .Lname138(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaLaunchHostFunc_ptsz@PLT
     .size cudaLaunchHostFunc_ptsz, .-cudaLaunchHostFunc_ptsz
     .globl cudaLaunchKernel
     .type cudaLaunchKernel, @function
 cudaLaunchKernel:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1654,7 +1618,7 @@ cudaLaunchKernel:
     .globl cudaLaunchKernelExC
     .type cudaLaunchKernelExC, @function
 cudaLaunchKernelExC:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1662,7 +1626,7 @@ cudaLaunchKernelExC:
     .globl cudaLaunchKernelExC_ptsz
     .type cudaLaunchKernelExC_ptsz, @function
 cudaLaunchKernelExC_ptsz:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1670,7 +1634,7 @@ cudaLaunchKernelExC_ptsz:
     .globl cudaLaunchKernel_ptsz
     .type cudaLaunchKernel_ptsz, @function
 cudaLaunchKernel_ptsz:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1683,7 +1647,7 @@ cudaLibraryEnumerateKernels:
     .globl cudaLibraryGetGlobal
     .type cudaLibraryGetGlobal, @function
 cudaLibraryGetGlobal:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1701,7 +1665,7 @@ cudaLibraryGetKernelCount:
     .globl cudaLibraryGetManaged
     .type cudaLibraryGetManaged, @function
 cudaLibraryGetManaged:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1709,7 +1673,7 @@ cudaLibraryGetManaged:
     .globl cudaLibraryGetUnifiedFunction
     .type cudaLibraryGetUnifiedFunction, @function
 cudaLibraryGetUnifiedFunction:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1717,7 +1681,7 @@ cudaLibraryGetUnifiedFunction:
     .globl cudaLibraryLoadData
     .type cudaLibraryLoadData, @function
 cudaLibraryLoadData:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1725,7 +1689,7 @@ cudaLibraryLoadData:
     .globl cudaLibraryLoadFromFile
     .type cudaLibraryLoadFromFile, @function
 cudaLibraryLoadFromFile:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1738,15 +1702,12 @@ cudaLibraryUnload:
     .globl cudaMalloc
     .type cudaMalloc, @function
 cudaMalloc:
-    leaq .Lname148(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMalloc@PLT
     .size cudaMalloc, .-cudaMalloc
     .globl cudaMalloc3D
     .type cudaMalloc3D, @function
 cudaMalloc3D:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1764,23 +1725,17 @@ cudaMallocArray:
     .globl cudaMallocAsync
     .type cudaMallocAsync, @function
 cudaMallocAsync:
-    leaq .Lname150(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocAsync@PLT
     .size cudaMallocAsync, .-cudaMallocAsync
     .globl cudaMallocAsync_ptsz
     .type cudaMallocAsync_ptsz, @function
 cudaMallocAsync_ptsz:
-    leaq .Lname151(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocAsync_ptsz@PLT
     .size cudaMallocAsync_ptsz, .-cudaMallocAsync_ptsz
     .globl cudaMallocFromPoolAsync
     .type cudaMallocFromPoolAsync, @function
 cudaMallocFromPoolAsync:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1788,7 +1743,7 @@ cudaMallocFromPoolAsync:
     .globl cudaMallocFromPoolAsync_ptsz
     .type cudaMallocFromPoolAsync_ptsz, @function
 cudaMallocFromPoolAsync_ptsz:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1796,15 +1751,12 @@ cudaMallocFromPoolAsync_ptsz:
     .globl cudaMallocHost
     .type cudaMallocHost, @function
 cudaMallocHost:
-    leaq .Lname154(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocHost@PLT
     .size cudaMallocHost, .-cudaMallocHost
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1812,7 +1764,7 @@ cudaMallocManaged:
     .globl cudaMallocMipmappedArray
     .type cudaMallocMipmappedArray, @function
 cudaMallocMipmappedArray:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1820,15 +1772,12 @@ cudaMallocMipmappedArray:
     .globl cudaMallocPitch
     .type cudaMallocPitch, @function
 cudaMallocPitch:
-    leaq .Lname157(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocPitch@PLT
     .size cudaMallocPitch, .-cudaMallocPitch
     .globl cudaMemAdvise
     .type cudaMemAdvise, @function
 cudaMemAdvise:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1836,7 +1785,7 @@ cudaMemAdvise:
     .globl cudaMemAdvise_v2
     .type cudaMemAdvise_v2, @function
 cudaMemAdvise_v2:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1849,7 +1798,7 @@ cudaMemGetInfo:
     .globl cudaMemPoolCreate
     .type cudaMemPoolCreate, @function
 cudaMemPoolCreate:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1862,7 +1811,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1870,7 +1819,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1878,7 +1827,7 @@ cudaMemPoolExportToShareableHandle:
     .globl cudaMemPoolGetAccess
     .type cudaMemPoolGetAccess, @function
 cudaMemPoolGetAccess:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1886,7 +1835,7 @@ cudaMemPoolGetAccess:
     .globl cudaMemPoolGetAttribute
     .type cudaMemPoolGetAttribute, @function
 cudaMemPoolGetAttribute:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1894,7 +1843,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1902,7 +1851,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1910,7 +1859,7 @@ cudaMemPoolImportPointer:
     .globl cudaMemPoolSetAccess
     .type cudaMemPoolSetAccess, @function
 cudaMemPoolSetAccess:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1918,7 +1867,7 @@ cudaMemPoolSetAccess:
     .globl cudaMemPoolSetAttribute
     .type cudaMemPoolSetAttribute, @function
 cudaMemPoolSetAttribute:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1931,7 +1880,7 @@ cudaMemPoolTrimTo:
     .globl cudaMemPrefetchAsync
     .type cudaMemPrefetchAsync, @function
 cudaMemPrefetchAsync:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1939,7 +1888,7 @@ cudaMemPrefetchAsync:
     .globl cudaMemPrefetchAsync_ptsz
     .type cudaMemPrefetchAsync_ptsz, @function
 cudaMemPrefetchAsync_ptsz:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1947,7 +1896,7 @@ cudaMemPrefetchAsync_ptsz:
     .globl cudaMemPrefetchAsync_v2
     .type cudaMemPrefetchAsync_v2, @function
 cudaMemPrefetchAsync_v2:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1955,7 +1904,7 @@ cudaMemPrefetchAsync_v2:
     .globl cudaMemPrefetchAsync_v2_ptsz
     .type cudaMemPrefetchAsync_v2_ptsz, @function
 cudaMemPrefetchAsync_v2_ptsz:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1963,7 +1912,7 @@ cudaMemPrefetchAsync_v2_ptsz:
     .globl cudaMemRangeGetAttribute
     .type cudaMemRangeGetAttribute, @function
 cudaMemRangeGetAttribute:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1971,7 +1920,7 @@ cudaMemRangeGetAttribute:
     .globl cudaMemRangeGetAttributes
     .type cudaMemRangeGetAttributes, @function
 cudaMemRangeGetAttributes:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1979,15 +1928,12 @@ cudaMemRangeGetAttributes:
     .globl cudaMemcpy
     .type cudaMemcpy, @function
 cudaMemcpy:
-    leaq .Lname175(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy@PLT
     .size cudaMemcpy, .-cudaMemcpy
     .globl cudaMemcpy2D
     .type cudaMemcpy2D, @function
 cudaMemcpy2D:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2005,7 +1951,7 @@ cudaMemcpy2DArrayToArray_ptds:
     .globl cudaMemcpy2DAsync
     .type cudaMemcpy2DAsync, @function
 cudaMemcpy2DAsync:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2013,7 +1959,7 @@ cudaMemcpy2DAsync:
     .globl cudaMemcpy2DAsync_ptsz
     .type cudaMemcpy2DAsync_ptsz, @function
 cudaMemcpy2DAsync_ptsz:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2021,7 +1967,7 @@ cudaMemcpy2DAsync_ptsz:
     .globl cudaMemcpy2DFromArray
     .type cudaMemcpy2DFromArray, @function
 cudaMemcpy2DFromArray:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2029,7 +1975,7 @@ cudaMemcpy2DFromArray:
     .globl cudaMemcpy2DFromArrayAsync
     .type cudaMemcpy2DFromArrayAsync, @function
 cudaMemcpy2DFromArrayAsync:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2037,7 +1983,7 @@ cudaMemcpy2DFromArrayAsync:
     .globl cudaMemcpy2DFromArrayAsync_ptsz
     .type cudaMemcpy2DFromArrayAsync_ptsz, @function
 cudaMemcpy2DFromArrayAsync_ptsz:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2045,7 +1991,7 @@ cudaMemcpy2DFromArrayAsync_ptsz:
     .globl cudaMemcpy2DFromArray_ptds
     .type cudaMemcpy2DFromArray_ptds, @function
 cudaMemcpy2DFromArray_ptds:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2053,7 +1999,7 @@ cudaMemcpy2DFromArray_ptds:
     .globl cudaMemcpy2DToArray
     .type cudaMemcpy2DToArray, @function
 cudaMemcpy2DToArray:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2061,7 +2007,7 @@ cudaMemcpy2DToArray:
     .globl cudaMemcpy2DToArrayAsync
     .type cudaMemcpy2DToArrayAsync, @function
 cudaMemcpy2DToArrayAsync:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2069,7 +2015,7 @@ cudaMemcpy2DToArrayAsync:
     .globl cudaMemcpy2DToArrayAsync_ptsz
     .type cudaMemcpy2DToArrayAsync_ptsz, @function
 cudaMemcpy2DToArrayAsync_ptsz:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2077,7 +2023,7 @@ cudaMemcpy2DToArrayAsync_ptsz:
     .globl cudaMemcpy2DToArray_ptds
     .type cudaMemcpy2DToArray_ptds, @function
 cudaMemcpy2DToArray_ptds:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2085,7 +2031,7 @@ cudaMemcpy2DToArray_ptds:
     .globl cudaMemcpy2D_ptds
     .type cudaMemcpy2D_ptds, @function
 cudaMemcpy2D_ptds:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2093,7 +2039,7 @@ cudaMemcpy2D_ptds:
     .globl cudaMemcpy3D
     .type cudaMemcpy3D, @function
 cudaMemcpy3D:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2101,7 +2047,7 @@ cudaMemcpy3D:
     .globl cudaMemcpy3DAsync
     .type cudaMemcpy3DAsync, @function
 cudaMemcpy3DAsync:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2109,7 +2055,7 @@ cudaMemcpy3DAsync:
     .globl cudaMemcpy3DAsync_ptsz
     .type cudaMemcpy3DAsync_ptsz, @function
 cudaMemcpy3DAsync_ptsz:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2117,7 +2063,7 @@ cudaMemcpy3DAsync_ptsz:
     .globl cudaMemcpy3DBatchAsync
     .type cudaMemcpy3DBatchAsync, @function
 cudaMemcpy3DBatchAsync:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2125,7 +2071,7 @@ cudaMemcpy3DBatchAsync:
     .globl cudaMemcpy3DBatchAsync_ptsz
     .type cudaMemcpy3DBatchAsync_ptsz, @function
 cudaMemcpy3DBatchAsync_ptsz:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2133,7 +2079,7 @@ cudaMemcpy3DBatchAsync_ptsz:
     .globl cudaMemcpy3DPeer
     .type cudaMemcpy3DPeer, @function
 cudaMemcpy3DPeer:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2141,7 +2087,7 @@ cudaMemcpy3DPeer:
     .globl cudaMemcpy3DPeerAsync
     .type cudaMemcpy3DPeerAsync, @function
 cudaMemcpy3DPeerAsync:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2149,7 +2095,7 @@ cudaMemcpy3DPeerAsync:
     .globl cudaMemcpy3DPeerAsync_ptsz
     .type cudaMemcpy3DPeerAsync_ptsz, @function
 cudaMemcpy3DPeerAsync_ptsz:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2157,7 +2103,7 @@ cudaMemcpy3DPeerAsync_ptsz:
     .globl cudaMemcpy3DPeer_ptds
     .type cudaMemcpy3DPeer_ptds, @function
 cudaMemcpy3DPeer_ptds:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2165,7 +2111,7 @@ cudaMemcpy3DPeer_ptds:
     .globl cudaMemcpy3D_ptds
     .type cudaMemcpy3D_ptds, @function
 cudaMemcpy3D_ptds:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2183,23 +2129,17 @@ cudaMemcpyArrayToArray_ptds:
     .globl cudaMemcpyAsync
     .type cudaMemcpyAsync, @function
 cudaMemcpyAsync:
-    leaq .Lname198(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyAsync@PLT
     .size cudaMemcpyAsync, .-cudaMemcpyAsync
     .globl cudaMemcpyAsync_ptsz
     .type cudaMemcpyAsync_ptsz, @function
 cudaMemcpyAsync_ptsz:
-    leaq .Lname199(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyAsync_ptsz@PLT
     .size cudaMemcpyAsync_ptsz, .-cudaMemcpyAsync_ptsz
     .globl cudaMemcpyBatchAsync
     .type cudaMemcpyBatchAsync, @function
 cudaMemcpyBatchAsync:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2207,7 +2147,7 @@ cudaMemcpyBatchAsync:
     .globl cudaMemcpyBatchAsync_ptsz
     .type cudaMemcpyBatchAsync_ptsz, @function
 cudaMemcpyBatchAsync_ptsz:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2215,7 +2155,7 @@ cudaMemcpyBatchAsync_ptsz:
     .globl cudaMemcpyFromArray
     .type cudaMemcpyFromArray, @function
 cudaMemcpyFromArray:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2223,7 +2163,7 @@ cudaMemcpyFromArray:
     .globl cudaMemcpyFromArrayAsync
     .type cudaMemcpyFromArrayAsync, @function
 cudaMemcpyFromArrayAsync:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2231,7 +2171,7 @@ cudaMemcpyFromArrayAsync:
     .globl cudaMemcpyFromArrayAsync_ptsz
     .type cudaMemcpyFromArrayAsync_ptsz, @function
 cudaMemcpyFromArrayAsync_ptsz:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2239,7 +2179,7 @@ cudaMemcpyFromArrayAsync_ptsz:
     .globl cudaMemcpyFromArray_ptds
     .type cudaMemcpyFromArray_ptds, @function
 cudaMemcpyFromArray_ptds:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2247,7 +2187,7 @@ cudaMemcpyFromArray_ptds:
     .globl cudaMemcpyFromSymbol
     .type cudaMemcpyFromSymbol, @function
 cudaMemcpyFromSymbol:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2255,7 +2195,7 @@ cudaMemcpyFromSymbol:
     .globl cudaMemcpyFromSymbolAsync
     .type cudaMemcpyFromSymbolAsync, @function
 cudaMemcpyFromSymbolAsync:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2263,7 +2203,7 @@ cudaMemcpyFromSymbolAsync:
     .globl cudaMemcpyFromSymbolAsync_ptsz
     .type cudaMemcpyFromSymbolAsync_ptsz, @function
 cudaMemcpyFromSymbolAsync_ptsz:
-    leaq .Lname208(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2271,7 +2211,7 @@ cudaMemcpyFromSymbolAsync_ptsz:
     .globl cudaMemcpyFromSymbol_ptds
     .type cudaMemcpyFromSymbol_ptds, @function
 cudaMemcpyFromSymbol_ptds:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2279,7 +2219,7 @@ cudaMemcpyFromSymbol_ptds:
     .globl cudaMemcpyPeer
     .type cudaMemcpyPeer, @function
 cudaMemcpyPeer:
-    leaq .Lname210(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2287,7 +2227,7 @@ cudaMemcpyPeer:
     .globl cudaMemcpyPeerAsync
     .type cudaMemcpyPeerAsync, @function
 cudaMemcpyPeerAsync:
-    leaq .Lname211(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2295,7 +2235,7 @@ cudaMemcpyPeerAsync:
     .globl cudaMemcpyToArray
     .type cudaMemcpyToArray, @function
 cudaMemcpyToArray:
-    leaq .Lname212(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2303,7 +2243,7 @@ cudaMemcpyToArray:
     .globl cudaMemcpyToArrayAsync
     .type cudaMemcpyToArrayAsync, @function
 cudaMemcpyToArrayAsync:
-    leaq .Lname213(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2311,7 +2251,7 @@ cudaMemcpyToArrayAsync:
     .globl cudaMemcpyToArrayAsync_ptsz
     .type cudaMemcpyToArrayAsync_ptsz, @function
 cudaMemcpyToArrayAsync_ptsz:
-    leaq .Lname214(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2319,7 +2259,7 @@ cudaMemcpyToArrayAsync_ptsz:
     .globl cudaMemcpyToArray_ptds
     .type cudaMemcpyToArray_ptds, @function
 cudaMemcpyToArray_ptds:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2327,7 +2267,7 @@ cudaMemcpyToArray_ptds:
     .globl cudaMemcpyToSymbol
     .type cudaMemcpyToSymbol, @function
 cudaMemcpyToSymbol:
-    leaq .Lname216(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2335,7 +2275,7 @@ cudaMemcpyToSymbol:
     .globl cudaMemcpyToSymbolAsync
     .type cudaMemcpyToSymbolAsync, @function
 cudaMemcpyToSymbolAsync:
-    leaq .Lname217(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2343,7 +2283,7 @@ cudaMemcpyToSymbolAsync:
     .globl cudaMemcpyToSymbolAsync_ptsz
     .type cudaMemcpyToSymbolAsync_ptsz, @function
 cudaMemcpyToSymbolAsync_ptsz:
-    leaq .Lname218(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2351,7 +2291,7 @@ cudaMemcpyToSymbolAsync_ptsz:
     .globl cudaMemcpyToSymbol_ptds
     .type cudaMemcpyToSymbol_ptds, @function
 cudaMemcpyToSymbol_ptds:
-    leaq .Lname219(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2359,23 +2299,17 @@ cudaMemcpyToSymbol_ptds:
     .globl cudaMemcpy_ptds
     .type cudaMemcpy_ptds, @function
 cudaMemcpy_ptds:
-    leaq .Lname220(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy_ptds@PLT
     .size cudaMemcpy_ptds, .-cudaMemcpy_ptds
     .globl cudaMemset
     .type cudaMemset, @function
 cudaMemset:
-    leaq .Lname221(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemset@PLT
     .size cudaMemset, .-cudaMemset
     .globl cudaMemset2D
     .type cudaMemset2D, @function
 cudaMemset2D:
-    leaq .Lname222(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2383,7 +2317,7 @@ cudaMemset2D:
     .globl cudaMemset2DAsync
     .type cudaMemset2DAsync, @function
 cudaMemset2DAsync:
-    leaq .Lname223(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2391,7 +2325,7 @@ cudaMemset2DAsync:
     .globl cudaMemset2DAsync_ptsz
     .type cudaMemset2DAsync_ptsz, @function
 cudaMemset2DAsync_ptsz:
-    leaq .Lname224(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2399,7 +2333,7 @@ cudaMemset2DAsync_ptsz:
     .globl cudaMemset2D_ptds
     .type cudaMemset2D_ptds, @function
 cudaMemset2D_ptds:
-    leaq .Lname225(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2407,7 +2341,7 @@ cudaMemset2D_ptds:
     .globl cudaMemset3D
     .type cudaMemset3D, @function
 cudaMemset3D:
-    leaq .Lname226(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2415,7 +2349,7 @@ cudaMemset3D:
     .globl cudaMemset3DAsync
     .type cudaMemset3DAsync, @function
 cudaMemset3DAsync:
-    leaq .Lname227(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2423,7 +2357,7 @@ cudaMemset3DAsync:
     .globl cudaMemset3DAsync_ptsz
     .type cudaMemset3DAsync_ptsz, @function
 cudaMemset3DAsync_ptsz:
-    leaq .Lname228(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2431,7 +2365,7 @@ cudaMemset3DAsync_ptsz:
     .globl cudaMemset3D_ptds
     .type cudaMemset3D_ptds, @function
 cudaMemset3D_ptds:
-    leaq .Lname229(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2439,31 +2373,22 @@ cudaMemset3D_ptds:
     .globl cudaMemsetAsync
     .type cudaMemsetAsync, @function
 cudaMemsetAsync:
-    leaq .Lname230(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemsetAsync@PLT
     .size cudaMemsetAsync, .-cudaMemsetAsync
     .globl cudaMemsetAsync_ptsz
     .type cudaMemsetAsync_ptsz, @function
 cudaMemsetAsync_ptsz:
-    leaq .Lname231(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemsetAsync_ptsz@PLT
     .size cudaMemsetAsync_ptsz, .-cudaMemsetAsync_ptsz
     .globl cudaMemset_ptds
     .type cudaMemset_ptds, @function
 cudaMemset_ptds:
-    leaq .Lname232(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemset_ptds@PLT
     .size cudaMemset_ptds, .-cudaMemset_ptds
     .globl cudaMipmappedArrayGetMemoryRequirements
     .type cudaMipmappedArrayGetMemoryRequirements, @function
 cudaMipmappedArrayGetMemoryRequirements:
-    leaq .Lname233(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2471,7 +2396,7 @@ cudaMipmappedArrayGetMemoryRequirements:
     .globl cudaMipmappedArrayGetSparseProperties
     .type cudaMipmappedArrayGetSparseProperties, @function
 cudaMipmappedArrayGetSparseProperties:
-    leaq .Lname234(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2479,7 +2404,7 @@ cudaMipmappedArrayGetSparseProperties:
     .globl cudaOccupancyAvailableDynamicSMemPerBlock
     .type cudaOccupancyAvailableDynamicSMemPerBlock, @function
 cudaOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname235(%rip), %rdi
+    leaq .Lname210(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2487,7 +2412,7 @@ cudaOccupancyAvailableDynamicSMemPerBlock:
     .globl cudaOccupancyMaxActiveBlocksPerMultiprocessor
     .type cudaOccupancyMaxActiveBlocksPerMultiprocessor, @function
 cudaOccupancyMaxActiveBlocksPerMultiprocessor:
-    leaq .Lname236(%rip), %rdi
+    leaq .Lname211(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2495,7 +2420,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessor:
     .globl cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags
     .type cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, @function
 cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
-    leaq .Lname237(%rip), %rdi
+    leaq .Lname212(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2503,7 +2428,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname238(%rip), %rdi
+    leaq .Lname213(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2511,7 +2436,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname239(%rip), %rdi
+    leaq .Lname214(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2524,15 +2449,12 @@ cudaPeekAtLastError:
     .globl cudaPointerGetAttributes
     .type cudaPointerGetAttributes, @function
 cudaPointerGetAttributes:
-    leaq .Lname240(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaPointerGetAttributes__cu118@PLT
     .size cudaPointerGetAttributes, .-cudaPointerGetAttributes
     .globl cudaProfilerStart
     .type cudaProfilerStart, @function
 cudaProfilerStart:
-    leaq .Lname241(%rip), %rdi
+    leaq .Lname215(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2540,7 +2462,7 @@ cudaProfilerStart:
     .globl cudaProfilerStop
     .type cudaProfilerStop, @function
 cudaProfilerStop:
-    leaq .Lname242(%rip), %rdi
+    leaq .Lname216(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2548,7 +2470,7 @@ cudaProfilerStop:
     .globl cudaRuntimeGetVersion
     .type cudaRuntimeGetVersion, @function
 cudaRuntimeGetVersion:
-    jmp __chidori_cudart_cudaRuntimeGetVersion@PLT
+    jmp __chidori_cudart_cudaRuntimeGetVersion__cu121@PLT
     .size cudaRuntimeGetVersion, .-cudaRuntimeGetVersion
     .globl cudaSetDevice
     .type cudaSetDevice, @function
@@ -2573,7 +2495,7 @@ cudaSetDoubleForHost:
     .globl cudaSetValidDevices
     .type cudaSetValidDevices, @function
 cudaSetValidDevices:
-    leaq .Lname243(%rip), %rdi
+    leaq .Lname217(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2581,7 +2503,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname244(%rip), %rdi
+    leaq .Lname218(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2589,7 +2511,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname245(%rip), %rdi
+    leaq .Lname219(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2597,7 +2519,7 @@ cudaSignalExternalSemaphoresAsync_ptsz:
     .globl cudaSignalExternalSemaphoresAsync_v2
     .type cudaSignalExternalSemaphoresAsync_v2, @function
 cudaSignalExternalSemaphoresAsync_v2:
-    leaq .Lname246(%rip), %rdi
+    leaq .Lname220(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2605,7 +2527,7 @@ cudaSignalExternalSemaphoresAsync_v2:
     .globl cudaSignalExternalSemaphoresAsync_v2_ptsz
     .type cudaSignalExternalSemaphoresAsync_v2_ptsz, @function
 cudaSignalExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname247(%rip), %rdi
+    leaq .Lname221(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2613,23 +2535,17 @@ cudaSignalExternalSemaphoresAsync_v2_ptsz:
     .globl cudaStreamAddCallback
     .type cudaStreamAddCallback, @function
 cudaStreamAddCallback:
-    leaq .Lname248(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamAddCallback@PLT
     .size cudaStreamAddCallback, .-cudaStreamAddCallback
     .globl cudaStreamAddCallback_ptsz
     .type cudaStreamAddCallback_ptsz, @function
 cudaStreamAddCallback_ptsz:
-    leaq .Lname249(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamAddCallback_ptsz@PLT
     .size cudaStreamAddCallback_ptsz, .-cudaStreamAddCallback_ptsz
     .globl cudaStreamAttachMemAsync
     .type cudaStreamAttachMemAsync, @function
 cudaStreamAttachMemAsync:
-    leaq .Lname250(%rip), %rdi
+    leaq .Lname222(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2637,7 +2553,7 @@ cudaStreamAttachMemAsync:
     .globl cudaStreamAttachMemAsync_ptsz
     .type cudaStreamAttachMemAsync_ptsz, @function
 cudaStreamAttachMemAsync_ptsz:
-    leaq .Lname251(%rip), %rdi
+    leaq .Lname223(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2650,7 +2566,7 @@ cudaStreamBeginCapture:
     .globl cudaStreamBeginCaptureToGraph
     .type cudaStreamBeginCaptureToGraph, @function
 cudaStreamBeginCaptureToGraph:
-    leaq .Lname252(%rip), %rdi
+    leaq .Lname224(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2658,7 +2574,7 @@ cudaStreamBeginCaptureToGraph:
     .globl cudaStreamBeginCaptureToGraph_ptsz
     .type cudaStreamBeginCaptureToGraph_ptsz, @function
 cudaStreamBeginCaptureToGraph_ptsz:
-    leaq .Lname253(%rip), %rdi
+    leaq .Lname225(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2711,7 +2627,7 @@ cudaStreamEndCapture_ptsz:
     .globl cudaStreamGetAttribute
     .type cudaStreamGetAttribute, @function
 cudaStreamGetAttribute:
-    leaq .Lname254(%rip), %rdi
+    leaq .Lname226(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2719,7 +2635,7 @@ cudaStreamGetAttribute:
     .globl cudaStreamGetAttribute_ptsz
     .type cudaStreamGetAttribute_ptsz, @function
 cudaStreamGetAttribute_ptsz:
-    leaq .Lname255(%rip), %rdi
+    leaq .Lname227(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2727,7 +2643,7 @@ cudaStreamGetAttribute_ptsz:
     .globl cudaStreamGetCaptureInfo
     .type cudaStreamGetCaptureInfo, @function
 cudaStreamGetCaptureInfo:
-    leaq .Lname256(%rip), %rdi
+    leaq .Lname228(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2735,7 +2651,7 @@ cudaStreamGetCaptureInfo:
     .globl cudaStreamGetCaptureInfo_ptsz
     .type cudaStreamGetCaptureInfo_ptsz, @function
 cudaStreamGetCaptureInfo_ptsz:
-    leaq .Lname257(%rip), %rdi
+    leaq .Lname229(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2743,7 +2659,7 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetCaptureInfo_v2
     .type cudaStreamGetCaptureInfo_v2, @function
 cudaStreamGetCaptureInfo_v2:
-    leaq .Lname258(%rip), %rdi
+    leaq .Lname230(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2751,7 +2667,7 @@ cudaStreamGetCaptureInfo_v2:
     .globl cudaStreamGetCaptureInfo_v2_ptsz
     .type cudaStreamGetCaptureInfo_v2_ptsz, @function
 cudaStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname259(%rip), %rdi
+    leaq .Lname231(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2759,7 +2675,7 @@ cudaStreamGetCaptureInfo_v2_ptsz:
     .globl cudaStreamGetCaptureInfo_v3
     .type cudaStreamGetCaptureInfo_v3, @function
 cudaStreamGetCaptureInfo_v3:
-    leaq .Lname260(%rip), %rdi
+    leaq .Lname232(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2767,7 +2683,7 @@ cudaStreamGetCaptureInfo_v3:
     .globl cudaStreamGetCaptureInfo_v3_ptsz
     .type cudaStreamGetCaptureInfo_v3_ptsz, @function
 cudaStreamGetCaptureInfo_v3_ptsz:
-    leaq .Lname261(%rip), %rdi
+    leaq .Lname233(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2835,7 +2751,7 @@ cudaStreamQuery_ptsz:
     .globl cudaStreamSetAttribute
     .type cudaStreamSetAttribute, @function
 cudaStreamSetAttribute:
-    leaq .Lname262(%rip), %rdi
+    leaq .Lname234(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2843,7 +2759,7 @@ cudaStreamSetAttribute:
     .globl cudaStreamSetAttribute_ptsz
     .type cudaStreamSetAttribute_ptsz, @function
 cudaStreamSetAttribute_ptsz:
-    leaq .Lname263(%rip), %rdi
+    leaq .Lname235(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2871,7 +2787,7 @@ cudaStreamUpdateCaptureDependencies_ptsz:
     .globl cudaStreamUpdateCaptureDependencies_v2
     .type cudaStreamUpdateCaptureDependencies_v2, @function
 cudaStreamUpdateCaptureDependencies_v2:
-    leaq .Lname264(%rip), %rdi
+    leaq .Lname236(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2879,7 +2795,7 @@ cudaStreamUpdateCaptureDependencies_v2:
     .globl cudaStreamUpdateCaptureDependencies_v2_ptsz
     .type cudaStreamUpdateCaptureDependencies_v2_ptsz, @function
 cudaStreamUpdateCaptureDependencies_v2_ptsz:
-    leaq .Lname265(%rip), %rdi
+    leaq .Lname237(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2932,7 +2848,7 @@ cudaThreadSynchronize:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname266(%rip), %rdi
+    leaq .Lname238(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2950,7 +2866,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname267(%rip), %rdi
+    leaq .Lname239(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2958,7 +2874,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname268(%rip), %rdi
+    leaq .Lname240(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2966,7 +2882,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname269(%rip), %rdi
+    leaq .Lname241(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2974,7 +2890,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname270(%rip), %rdi
+    leaq .Lname242(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2982,7 +2898,7 @@ cudaWaitExternalSemaphoresAsync_ptsz:
     .globl cudaWaitExternalSemaphoresAsync_v2
     .type cudaWaitExternalSemaphoresAsync_v2, @function
 cudaWaitExternalSemaphoresAsync_v2:
-    leaq .Lname271(%rip), %rdi
+    leaq .Lname243(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2990,7 +2906,7 @@ cudaWaitExternalSemaphoresAsync_v2:
     .globl cudaWaitExternalSemaphoresAsync_v2_ptsz
     .type cudaWaitExternalSemaphoresAsync_v2_ptsz, @function
 cudaWaitExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname272(%rip), %rdi
+    leaq .Lname244(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3043,503 +2959,447 @@ cudaWaitExternalSemaphoresAsync_v2_ptsz:
 .Lname22:
     .asciz "cudaExternalMemoryGetMappedBuffer"
 .Lname23:
-    .asciz "cudaFree"
-.Lname24:
-    .asciz "cudaFreeAsync"
-.Lname25:
-    .asciz "cudaFreeAsync_ptsz"
-.Lname26:
-    .asciz "cudaFreeHost"
-.Lname27:
-    .asciz "cudaFuncGetAttributes"
-.Lname28:
     .asciz "cudaFuncGetName"
-.Lname29:
+.Lname24:
     .asciz "cudaFuncGetParamInfo"
-.Lname30:
+.Lname25:
     .asciz "cudaFuncSetAttribute"
-.Lname31:
+.Lname26:
     .asciz "cudaFuncSetCacheConfig"
-.Lname32:
+.Lname27:
     .asciz "cudaFuncSetSharedMemConfig"
-.Lname33:
+.Lname28:
     .asciz "cudaGLGetDevices"
-.Lname34:
+.Lname29:
     .asciz "cudaGLMapBufferObject"
-.Lname35:
+.Lname30:
     .asciz "cudaGLMapBufferObjectAsync"
-.Lname36:
+.Lname31:
     .asciz "cudaGLRegisterBufferObject"
-.Lname37:
+.Lname32:
     .asciz "cudaGLSetBufferObjectMapFlags"
-.Lname38:
+.Lname33:
     .asciz "cudaGLSetGLDevice"
-.Lname39:
+.Lname34:
     .asciz "cudaGLUnmapBufferObject"
-.Lname40:
+.Lname35:
     .asciz "cudaGLUnmapBufferObjectAsync"
-.Lname41:
+.Lname36:
     .asciz "cudaGLUnregisterBufferObject"
-.Lname42:
+.Lname37:
     .asciz "cudaGetChannelDesc"
-.Lname43:
+.Lname38:
     .asciz "cudaGetDeviceProperties"
-.Lname44:
-    .asciz "cudaGetDeviceProperties_v2"
-.Lname45:
+.Lname39:
     .asciz "cudaGetDriverEntryPoint"
-.Lname46:
+.Lname40:
     .asciz "cudaGetDriverEntryPointByVersion"
-.Lname47:
+.Lname41:
     .asciz "cudaGetDriverEntryPointByVersion_ptsz"
-.Lname48:
+.Lname42:
     .asciz "cudaGetDriverEntryPoint_ptsz"
-.Lname49:
+.Lname43:
     .asciz "cudaGetExportTable"
-.Lname50:
+.Lname44:
     .asciz "cudaGetFuncBySymbol"
-.Lname51:
+.Lname45:
     .asciz "cudaGetKernel"
-.Lname52:
+.Lname46:
     .asciz "cudaGetSurfaceObjectResourceDesc"
-.Lname53:
+.Lname47:
     .asciz "cudaGetSymbolAddress"
-.Lname54:
+.Lname48:
     .asciz "cudaGetSymbolSize"
-.Lname55:
+.Lname49:
     .asciz "cudaGetTextureObjectResourceDesc"
-.Lname56:
+.Lname50:
     .asciz "cudaGetTextureObjectResourceViewDesc"
-.Lname57:
+.Lname51:
     .asciz "cudaGetTextureObjectTextureDesc"
-.Lname58:
+.Lname52:
     .asciz "cudaGraphAddChildGraphNode"
-.Lname59:
+.Lname53:
     .asciz "cudaGraphAddDependencies"
-.Lname60:
+.Lname54:
     .asciz "cudaGraphAddDependencies_v2"
-.Lname61:
+.Lname55:
     .asciz "cudaGraphAddEmptyNode"
-.Lname62:
+.Lname56:
     .asciz "cudaGraphAddEventRecordNode"
-.Lname63:
+.Lname57:
     .asciz "cudaGraphAddEventWaitNode"
-.Lname64:
+.Lname58:
     .asciz "cudaGraphAddExternalSemaphoresSignalNode"
-.Lname65:
+.Lname59:
     .asciz "cudaGraphAddExternalSemaphoresWaitNode"
-.Lname66:
+.Lname60:
     .asciz "cudaGraphAddHostNode"
-.Lname67:
+.Lname61:
     .asciz "cudaGraphAddKernelNode"
-.Lname68:
+.Lname62:
     .asciz "cudaGraphAddMemAllocNode"
-.Lname69:
+.Lname63:
     .asciz "cudaGraphAddMemFreeNode"
-.Lname70:
+.Lname64:
     .asciz "cudaGraphAddMemcpyNode"
-.Lname71:
+.Lname65:
     .asciz "cudaGraphAddMemcpyNode1D"
-.Lname72:
+.Lname66:
     .asciz "cudaGraphAddMemcpyNodeFromSymbol"
-.Lname73:
+.Lname67:
     .asciz "cudaGraphAddMemcpyNodeToSymbol"
-.Lname74:
+.Lname68:
     .asciz "cudaGraphAddMemsetNode"
-.Lname75:
+.Lname69:
     .asciz "cudaGraphAddNode"
-.Lname76:
+.Lname70:
     .asciz "cudaGraphAddNode_v2"
-.Lname77:
+.Lname71:
     .asciz "cudaGraphDebugDotPrint"
-.Lname78:
+.Lname72:
     .asciz "cudaGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname79:
+.Lname73:
     .asciz "cudaGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname80:
+.Lname74:
     .asciz "cudaGraphExecHostNodeSetParams"
-.Lname81:
+.Lname75:
     .asciz "cudaGraphExecKernelNodeSetParams"
-.Lname82:
+.Lname76:
     .asciz "cudaGraphExecMemcpyNodeSetParams"
-.Lname83:
+.Lname77:
     .asciz "cudaGraphExecMemcpyNodeSetParams1D"
-.Lname84:
+.Lname78:
     .asciz "cudaGraphExecMemcpyNodeSetParamsFromSymbol"
-.Lname85:
+.Lname79:
     .asciz "cudaGraphExecMemcpyNodeSetParamsToSymbol"
-.Lname86:
+.Lname80:
     .asciz "cudaGraphExecMemsetNodeSetParams"
-.Lname87:
+.Lname81:
     .asciz "cudaGraphExecNodeSetParams"
-.Lname88:
+.Lname82:
     .asciz "cudaGraphExecUpdate"
-.Lname89:
+.Lname83:
     .asciz "cudaGraphExternalSemaphoresSignalNodeGetParams"
-.Lname90:
+.Lname84:
     .asciz "cudaGraphExternalSemaphoresSignalNodeSetParams"
-.Lname91:
+.Lname85:
     .asciz "cudaGraphExternalSemaphoresWaitNodeGetParams"
-.Lname92:
+.Lname86:
     .asciz "cudaGraphExternalSemaphoresWaitNodeSetParams"
-.Lname93:
+.Lname87:
     .asciz "cudaGraphGetEdges_v2"
-.Lname94:
+.Lname88:
     .asciz "cudaGraphHostNodeGetParams"
-.Lname95:
+.Lname89:
     .asciz "cudaGraphHostNodeSetParams"
-.Lname96:
+.Lname90:
     .asciz "cudaGraphInstantiateWithParams"
-.Lname97:
+.Lname91:
     .asciz "cudaGraphInstantiateWithParams_ptsz"
-.Lname98:
+.Lname92:
     .asciz "cudaGraphKernelNodeGetAttribute"
-.Lname99:
+.Lname93:
     .asciz "cudaGraphKernelNodeGetParams"
-.Lname100:
+.Lname94:
     .asciz "cudaGraphKernelNodeSetAttribute"
-.Lname101:
+.Lname95:
     .asciz "cudaGraphKernelNodeSetParams"
-.Lname102:
+.Lname96:
     .asciz "cudaGraphMemAllocNodeGetParams"
-.Lname103:
+.Lname97:
     .asciz "cudaGraphMemFreeNodeGetParams"
-.Lname104:
+.Lname98:
     .asciz "cudaGraphMemcpyNodeGetParams"
-.Lname105:
+.Lname99:
     .asciz "cudaGraphMemcpyNodeSetParams"
-.Lname106:
+.Lname100:
     .asciz "cudaGraphMemcpyNodeSetParams1D"
-.Lname107:
+.Lname101:
     .asciz "cudaGraphMemcpyNodeSetParamsFromSymbol"
-.Lname108:
+.Lname102:
     .asciz "cudaGraphMemcpyNodeSetParamsToSymbol"
-.Lname109:
+.Lname103:
     .asciz "cudaGraphMemsetNodeGetParams"
-.Lname110:
+.Lname104:
     .asciz "cudaGraphMemsetNodeSetParams"
-.Lname111:
+.Lname105:
     .asciz "cudaGraphNodeGetDependencies_v2"
-.Lname112:
+.Lname106:
     .asciz "cudaGraphNodeGetDependentNodes_v2"
-.Lname113:
+.Lname107:
     .asciz "cudaGraphNodeSetParams"
-.Lname114:
+.Lname108:
     .asciz "cudaGraphRemoveDependencies"
-.Lname115:
+.Lname109:
     .asciz "cudaGraphRemoveDependencies_v2"
-.Lname116:
+.Lname110:
     .asciz "cudaGraphicsEGLRegisterImage"
-.Lname117:
+.Lname111:
     .asciz "cudaGraphicsGLRegisterBuffer"
-.Lname118:
+.Lname112:
     .asciz "cudaGraphicsGLRegisterImage"
-.Lname119:
+.Lname113:
     .asciz "cudaGraphicsResourceGetMappedEglFrame"
-.Lname120:
+.Lname114:
     .asciz "cudaGraphicsResourceGetMappedPointer"
-.Lname121:
+.Lname115:
     .asciz "cudaGraphicsVDPAURegisterOutputSurface"
-.Lname122:
+.Lname116:
     .asciz "cudaGraphicsVDPAURegisterVideoSurface"
-.Lname123:
-    .asciz "cudaHostAlloc"
-.Lname124:
+.Lname117:
     .asciz "cudaHostGetDevicePointer"
-.Lname125:
-    .asciz "cudaHostGetFlags"
-.Lname126:
-    .asciz "cudaHostRegister"
-.Lname127:
-    .asciz "cudaHostUnregister"
-.Lname128:
+.Lname118:
     .asciz "cudaImportExternalMemory"
-.Lname129:
+.Lname119:
     .asciz "cudaImportExternalSemaphore"
-.Lname130:
+.Lname120:
     .asciz "cudaIpcCloseMemHandle"
-.Lname131:
+.Lname121:
     .asciz "cudaIpcGetEventHandle"
-.Lname132:
+.Lname122:
     .asciz "cudaIpcGetMemHandle"
-.Lname133:
+.Lname123:
     .asciz "cudaIpcOpenMemHandle"
-.Lname134:
+.Lname124:
     .asciz "cudaLaunchCooperativeKernel"
-.Lname135:
+.Lname125:
     .asciz "cudaLaunchCooperativeKernelMultiDevice"
-.Lname136:
+.Lname126:
     .asciz "cudaLaunchCooperativeKernel_ptsz"
-.Lname137:
-    .asciz "cudaLaunchHostFunc"
-.Lname138:
-    .asciz "cudaLaunchHostFunc_ptsz"
-.Lname139:
+.Lname127:
     .asciz "cudaLaunchKernel"
-.Lname140:
+.Lname128:
     .asciz "cudaLaunchKernelExC"
-.Lname141:
+.Lname129:
     .asciz "cudaLaunchKernelExC_ptsz"
-.Lname142:
+.Lname130:
     .asciz "cudaLaunchKernel_ptsz"
-.Lname143:
+.Lname131:
     .asciz "cudaLibraryGetGlobal"
-.Lname144:
+.Lname132:
     .asciz "cudaLibraryGetManaged"
-.Lname145:
+.Lname133:
     .asciz "cudaLibraryGetUnifiedFunction"
-.Lname146:
+.Lname134:
     .asciz "cudaLibraryLoadData"
-.Lname147:
+.Lname135:
     .asciz "cudaLibraryLoadFromFile"
-.Lname148:
-    .asciz "cudaMalloc"
-.Lname149:
+.Lname136:
     .asciz "cudaMalloc3D"
-.Lname150:
-    .asciz "cudaMallocAsync"
-.Lname151:
-    .asciz "cudaMallocAsync_ptsz"
-.Lname152:
+.Lname137:
     .asciz "cudaMallocFromPoolAsync"
-.Lname153:
+.Lname138:
     .asciz "cudaMallocFromPoolAsync_ptsz"
-.Lname154:
-    .asciz "cudaMallocHost"
-.Lname155:
+.Lname139:
     .asciz "cudaMallocManaged"
-.Lname156:
+.Lname140:
     .asciz "cudaMallocMipmappedArray"
-.Lname157:
-    .asciz "cudaMallocPitch"
-.Lname158:
+.Lname141:
     .asciz "cudaMemAdvise"
-.Lname159:
+.Lname142:
     .asciz "cudaMemAdvise_v2"
-.Lname160:
+.Lname143:
     .asciz "cudaMemPoolCreate"
-.Lname161:
+.Lname144:
     .asciz "cudaMemPoolExportPointer"
-.Lname162:
+.Lname145:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname163:
+.Lname146:
     .asciz "cudaMemPoolGetAccess"
-.Lname164:
+.Lname147:
     .asciz "cudaMemPoolGetAttribute"
-.Lname165:
+.Lname148:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname166:
+.Lname149:
     .asciz "cudaMemPoolImportPointer"
-.Lname167:
+.Lname150:
     .asciz "cudaMemPoolSetAccess"
-.Lname168:
+.Lname151:
     .asciz "cudaMemPoolSetAttribute"
-.Lname169:
+.Lname152:
     .asciz "cudaMemPrefetchAsync"
-.Lname170:
+.Lname153:
     .asciz "cudaMemPrefetchAsync_ptsz"
-.Lname171:
+.Lname154:
     .asciz "cudaMemPrefetchAsync_v2"
-.Lname172:
+.Lname155:
     .asciz "cudaMemPrefetchAsync_v2_ptsz"
-.Lname173:
+.Lname156:
     .asciz "cudaMemRangeGetAttribute"
-.Lname174:
+.Lname157:
     .asciz "cudaMemRangeGetAttributes"
-.Lname175:
-    .asciz "cudaMemcpy"
-.Lname176:
+.Lname158:
     .asciz "cudaMemcpy2D"
-.Lname177:
+.Lname159:
     .asciz "cudaMemcpy2DAsync"
-.Lname178:
+.Lname160:
     .asciz "cudaMemcpy2DAsync_ptsz"
-.Lname179:
+.Lname161:
     .asciz "cudaMemcpy2DFromArray"
-.Lname180:
+.Lname162:
     .asciz "cudaMemcpy2DFromArrayAsync"
-.Lname181:
+.Lname163:
     .asciz "cudaMemcpy2DFromArrayAsync_ptsz"
-.Lname182:
+.Lname164:
     .asciz "cudaMemcpy2DFromArray_ptds"
-.Lname183:
+.Lname165:
     .asciz "cudaMemcpy2DToArray"
-.Lname184:
+.Lname166:
     .asciz "cudaMemcpy2DToArrayAsync"
-.Lname185:
+.Lname167:
     .asciz "cudaMemcpy2DToArrayAsync_ptsz"
-.Lname186:
+.Lname168:
     .asciz "cudaMemcpy2DToArray_ptds"
-.Lname187:
+.Lname169:
     .asciz "cudaMemcpy2D_ptds"
-.Lname188:
+.Lname170:
     .asciz "cudaMemcpy3D"
-.Lname189:
+.Lname171:
     .asciz "cudaMemcpy3DAsync"
-.Lname190:
+.Lname172:
     .asciz "cudaMemcpy3DAsync_ptsz"
-.Lname191:
+.Lname173:
     .asciz "cudaMemcpy3DBatchAsync"
-.Lname192:
+.Lname174:
     .asciz "cudaMemcpy3DBatchAsync_ptsz"
-.Lname193:
+.Lname175:
     .asciz "cudaMemcpy3DPeer"
-.Lname194:
+.Lname176:
     .asciz "cudaMemcpy3DPeerAsync"
-.Lname195:
+.Lname177:
     .asciz "cudaMemcpy3DPeerAsync_ptsz"
-.Lname196:
+.Lname178:
     .asciz "cudaMemcpy3DPeer_ptds"
-.Lname197:
+.Lname179:
     .asciz "cudaMemcpy3D_ptds"
-.Lname198:
-    .asciz "cudaMemcpyAsync"
-.Lname199:
-    .asciz "cudaMemcpyAsync_ptsz"
-.Lname200:
+.Lname180:
     .asciz "cudaMemcpyBatchAsync"
-.Lname201:
+.Lname181:
     .asciz "cudaMemcpyBatchAsync_ptsz"
-.Lname202:
+.Lname182:
     .asciz "cudaMemcpyFromArray"
-.Lname203:
+.Lname183:
     .asciz "cudaMemcpyFromArrayAsync"
-.Lname204:
+.Lname184:
     .asciz "cudaMemcpyFromArrayAsync_ptsz"
-.Lname205:
+.Lname185:
     .asciz "cudaMemcpyFromArray_ptds"
-.Lname206:
+.Lname186:
     .asciz "cudaMemcpyFromSymbol"
-.Lname207:
+.Lname187:
     .asciz "cudaMemcpyFromSymbolAsync"
-.Lname208:
+.Lname188:
     .asciz "cudaMemcpyFromSymbolAsync_ptsz"
-.Lname209:
+.Lname189:
     .asciz "cudaMemcpyFromSymbol_ptds"
-.Lname210:
+.Lname190:
     .asciz "cudaMemcpyPeer"
-.Lname211:
+.Lname191:
     .asciz "cudaMemcpyPeerAsync"
-.Lname212:
+.Lname192:
     .asciz "cudaMemcpyToArray"
-.Lname213:
+.Lname193:
     .asciz "cudaMemcpyToArrayAsync"
-.Lname214:
+.Lname194:
     .asciz "cudaMemcpyToArrayAsync_ptsz"
-.Lname215:
+.Lname195:
     .asciz "cudaMemcpyToArray_ptds"
-.Lname216:
+.Lname196:
     .asciz "cudaMemcpyToSymbol"
-.Lname217:
+.Lname197:
     .asciz "cudaMemcpyToSymbolAsync"
-.Lname218:
+.Lname198:
     .asciz "cudaMemcpyToSymbolAsync_ptsz"
-.Lname219:
+.Lname199:
     .asciz "cudaMemcpyToSymbol_ptds"
-.Lname220:
-    .asciz "cudaMemcpy_ptds"
-.Lname221:
-    .asciz "cudaMemset"
-.Lname222:
+.Lname200:
     .asciz "cudaMemset2D"
-.Lname223:
+.Lname201:
     .asciz "cudaMemset2DAsync"
-.Lname224:
+.Lname202:
     .asciz "cudaMemset2DAsync_ptsz"
-.Lname225:
+.Lname203:
     .asciz "cudaMemset2D_ptds"
-.Lname226:
+.Lname204:
     .asciz "cudaMemset3D"
-.Lname227:
+.Lname205:
     .asciz "cudaMemset3DAsync"
-.Lname228:
+.Lname206:
     .asciz "cudaMemset3DAsync_ptsz"
-.Lname229:
+.Lname207:
     .asciz "cudaMemset3D_ptds"
-.Lname230:
-    .asciz "cudaMemsetAsync"
-.Lname231:
-    .asciz "cudaMemsetAsync_ptsz"
-.Lname232:
-    .asciz "cudaMemset_ptds"
-.Lname233:
+.Lname208:
     .asciz "cudaMipmappedArrayGetMemoryRequirements"
-.Lname234:
+.Lname209:
     .asciz "cudaMipmappedArrayGetSparseProperties"
-.Lname235:
+.Lname210:
     .asciz "cudaOccupancyAvailableDynamicSMemPerBlock"
-.Lname236:
+.Lname211:
     .asciz "cudaOccupancyMaxActiveBlocksPerMultiprocessor"
-.Lname237:
+.Lname212:
     .asciz "cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"
-.Lname238:
+.Lname213:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname239:
+.Lname214:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname240:
-    .asciz "cudaPointerGetAttributes"
-.Lname241:
+.Lname215:
     .asciz "cudaProfilerStart"
-.Lname242:
+.Lname216:
     .asciz "cudaProfilerStop"
-.Lname243:
+.Lname217:
     .asciz "cudaSetValidDevices"
-.Lname244:
+.Lname218:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname245:
+.Lname219:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname246:
+.Lname220:
     .asciz "cudaSignalExternalSemaphoresAsync_v2"
-.Lname247:
+.Lname221:
     .asciz "cudaSignalExternalSemaphoresAsync_v2_ptsz"
-.Lname248:
-    .asciz "cudaStreamAddCallback"
-.Lname249:
-    .asciz "cudaStreamAddCallback_ptsz"
-.Lname250:
+.Lname222:
     .asciz "cudaStreamAttachMemAsync"
-.Lname251:
+.Lname223:
     .asciz "cudaStreamAttachMemAsync_ptsz"
-.Lname252:
+.Lname224:
     .asciz "cudaStreamBeginCaptureToGraph"
-.Lname253:
+.Lname225:
     .asciz "cudaStreamBeginCaptureToGraph_ptsz"
-.Lname254:
+.Lname226:
     .asciz "cudaStreamGetAttribute"
-.Lname255:
+.Lname227:
     .asciz "cudaStreamGetAttribute_ptsz"
-.Lname256:
+.Lname228:
     .asciz "cudaStreamGetCaptureInfo"
-.Lname257:
+.Lname229:
     .asciz "cudaStreamGetCaptureInfo_ptsz"
-.Lname258:
+.Lname230:
     .asciz "cudaStreamGetCaptureInfo_v2"
-.Lname259:
+.Lname231:
     .asciz "cudaStreamGetCaptureInfo_v2_ptsz"
-.Lname260:
+.Lname232:
     .asciz "cudaStreamGetCaptureInfo_v3"
-.Lname261:
+.Lname233:
     .asciz "cudaStreamGetCaptureInfo_v3_ptsz"
-.Lname262:
+.Lname234:
     .asciz "cudaStreamSetAttribute"
-.Lname263:
+.Lname235:
     .asciz "cudaStreamSetAttribute_ptsz"
-.Lname264:
+.Lname236:
     .asciz "cudaStreamUpdateCaptureDependencies_v2"
-.Lname265:
+.Lname237:
     .asciz "cudaStreamUpdateCaptureDependencies_v2_ptsz"
-.Lname266:
+.Lname238:
     .asciz "cudaUserObjectCreate"
-.Lname267:
+.Lname239:
     .asciz "cudaVDPAUGetDevice"
-.Lname268:
+.Lname240:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname269:
+.Lname241:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname270:
+.Lname242:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
-.Lname271:
+.Lname243:
     .asciz "cudaWaitExternalSemaphoresAsync_v2"
-.Lname272:
+.Lname244:
     .asciz "cudaWaitExternalSemaphoresAsync_v2_ptsz"
     .section .note.GNU-stack,"",@progbits

@@ -562,10 +562,7 @@ cudaExternalMemoryGetMappedMipmappedArray:
     .globl cudaFree
     .type cudaFree, @function
 cudaFree:
-    leaq .Lname31(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFree@PLT
     .size cudaFree, .-cudaFree
     .globl cudaFreeArray
     .type cudaFreeArray, @function
@@ -575,26 +572,17 @@ cudaFreeArray:
     .globl cudaFreeAsync
     .type cudaFreeAsync, @function
 cudaFreeAsync:
-    leaq .Lname32(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFreeAsync@PLT
     .size cudaFreeAsync, .-cudaFreeAsync
     .globl cudaFreeAsync_ptsz
     .type cudaFreeAsync_ptsz, @function
 cudaFreeAsync_ptsz:
-    leaq .Lname33(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFreeAsync_ptsz@PLT
     .size cudaFreeAsync_ptsz, .-cudaFreeAsync_ptsz
     .globl cudaFreeHost
     .type cudaFreeHost, @function
 cudaFreeHost:
-    leaq .Lname34(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFreeHost@PLT
     .size cudaFreeHost, .-cudaFreeHost
     .globl cudaFreeMipmappedArray
     .type cudaFreeMipmappedArray, @function
@@ -604,15 +592,12 @@ cudaFreeMipmappedArray:
     .globl cudaFuncGetAttributes
     .type cudaFuncGetAttributes, @function
 cudaFuncGetAttributes:
-    leaq .Lname35(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFuncGetAttributes__cu121@PLT
     .size cudaFuncGetAttributes, .-cudaFuncGetAttributes
     .globl cudaFuncGetName
     .type cudaFuncGetName, @function
 cudaFuncGetName:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -620,7 +605,7 @@ cudaFuncGetName:
     .globl cudaFuncGetParamInfo
     .type cudaFuncGetParamInfo, @function
 cudaFuncGetParamInfo:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -628,7 +613,7 @@ cudaFuncGetParamInfo:
     .globl cudaFuncSetAttribute
     .type cudaFuncSetAttribute, @function
 cudaFuncSetAttribute:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -636,7 +621,7 @@ cudaFuncSetAttribute:
     .globl cudaFuncSetCacheConfig
     .type cudaFuncSetCacheConfig, @function
 cudaFuncSetCacheConfig:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -644,7 +629,7 @@ cudaFuncSetCacheConfig:
     .globl cudaFuncSetSharedMemConfig
     .type cudaFuncSetSharedMemConfig, @function
 cudaFuncSetSharedMemConfig:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -652,7 +637,7 @@ cudaFuncSetSharedMemConfig:
     .globl cudaGLGetDevices
     .type cudaGLGetDevices, @function
 cudaGLGetDevices:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -660,7 +645,7 @@ cudaGLGetDevices:
     .globl cudaGLMapBufferObject
     .type cudaGLMapBufferObject, @function
 cudaGLMapBufferObject:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -668,7 +653,7 @@ cudaGLMapBufferObject:
     .globl cudaGLMapBufferObjectAsync
     .type cudaGLMapBufferObjectAsync, @function
 cudaGLMapBufferObjectAsync:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -676,7 +661,7 @@ cudaGLMapBufferObjectAsync:
     .globl cudaGLRegisterBufferObject
     .type cudaGLRegisterBufferObject, @function
 cudaGLRegisterBufferObject:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -684,7 +669,7 @@ cudaGLRegisterBufferObject:
     .globl cudaGLSetBufferObjectMapFlags
     .type cudaGLSetBufferObjectMapFlags, @function
 cudaGLSetBufferObjectMapFlags:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -692,7 +677,7 @@ cudaGLSetBufferObjectMapFlags:
     .globl cudaGLSetGLDevice
     .type cudaGLSetGLDevice, @function
 cudaGLSetGLDevice:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -700,7 +685,7 @@ cudaGLSetGLDevice:
     .globl cudaGLUnmapBufferObject
     .type cudaGLUnmapBufferObject, @function
 cudaGLUnmapBufferObject:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -708,7 +693,7 @@ cudaGLUnmapBufferObject:
     .globl cudaGLUnmapBufferObjectAsync
     .type cudaGLUnmapBufferObjectAsync, @function
 cudaGLUnmapBufferObjectAsync:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -716,7 +701,7 @@ cudaGLUnmapBufferObjectAsync:
     .globl cudaGLUnregisterBufferObject
     .type cudaGLUnregisterBufferObject, @function
 cudaGLUnregisterBufferObject:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -724,7 +709,7 @@ cudaGLUnregisterBufferObject:
     .globl cudaGetChannelDesc
     .type cudaGetChannelDesc, @function
 cudaGetChannelDesc:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -747,15 +732,12 @@ cudaGetDeviceFlags:
     .globl cudaGetDeviceProperties
     .type cudaGetDeviceProperties, @function
 cudaGetDeviceProperties:
-    leaq .Lname51(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetDeviceProperties__cu130@PLT
     .size cudaGetDeviceProperties, .-cudaGetDeviceProperties
     .globl cudaGetDriverEntryPoint
     .type cudaGetDriverEntryPoint, @function
 cudaGetDriverEntryPoint:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -763,7 +745,7 @@ cudaGetDriverEntryPoint:
     .globl cudaGetDriverEntryPointByVersion
     .type cudaGetDriverEntryPointByVersion, @function
 cudaGetDriverEntryPointByVersion:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -771,7 +753,7 @@ cudaGetDriverEntryPointByVersion:
     .globl cudaGetDriverEntryPointByVersion_ptsz
     .type cudaGetDriverEntryPointByVersion_ptsz, @function
 cudaGetDriverEntryPointByVersion_ptsz:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -779,7 +761,7 @@ cudaGetDriverEntryPointByVersion_ptsz:
     .globl cudaGetDriverEntryPoint_ptsz
     .type cudaGetDriverEntryPoint_ptsz, @function
 cudaGetDriverEntryPoint_ptsz:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -797,7 +779,7 @@ cudaGetErrorString:
     .globl cudaGetExportTable
     .type cudaGetExportTable, @function
 cudaGetExportTable:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -805,7 +787,7 @@ cudaGetExportTable:
     .globl cudaGetFuncBySymbol
     .type cudaGetFuncBySymbol, @function
 cudaGetFuncBySymbol:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -813,7 +795,7 @@ cudaGetFuncBySymbol:
     .globl cudaGetKernel
     .type cudaGetKernel, @function
 cudaGetKernel:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -831,7 +813,7 @@ cudaGetMipmappedArrayLevel:
     .globl cudaGetSurfaceObjectResourceDesc
     .type cudaGetSurfaceObjectResourceDesc, @function
 cudaGetSurfaceObjectResourceDesc:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -839,7 +821,7 @@ cudaGetSurfaceObjectResourceDesc:
     .globl cudaGetSymbolAddress
     .type cudaGetSymbolAddress, @function
 cudaGetSymbolAddress:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -847,7 +829,7 @@ cudaGetSymbolAddress:
     .globl cudaGetSymbolSize
     .type cudaGetSymbolSize, @function
 cudaGetSymbolSize:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -855,7 +837,7 @@ cudaGetSymbolSize:
     .globl cudaGetTextureObjectResourceDesc
     .type cudaGetTextureObjectResourceDesc, @function
 cudaGetTextureObjectResourceDesc:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -863,7 +845,7 @@ cudaGetTextureObjectResourceDesc:
     .globl cudaGetTextureObjectResourceViewDesc
     .type cudaGetTextureObjectResourceViewDesc, @function
 cudaGetTextureObjectResourceViewDesc:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -871,7 +853,7 @@ cudaGetTextureObjectResourceViewDesc:
     .globl cudaGetTextureObjectTextureDesc
     .type cudaGetTextureObjectTextureDesc, @function
 cudaGetTextureObjectTextureDesc:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -879,7 +861,7 @@ cudaGetTextureObjectTextureDesc:
     .globl cudaGraphAddChildGraphNode
     .type cudaGraphAddChildGraphNode, @function
 cudaGraphAddChildGraphNode:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -887,7 +869,7 @@ cudaGraphAddChildGraphNode:
     .globl cudaGraphAddDependencies
     .type cudaGraphAddDependencies, @function
 cudaGraphAddDependencies:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -895,7 +877,7 @@ cudaGraphAddDependencies:
     .globl cudaGraphAddEmptyNode
     .type cudaGraphAddEmptyNode, @function
 cudaGraphAddEmptyNode:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -903,7 +885,7 @@ cudaGraphAddEmptyNode:
     .globl cudaGraphAddEventRecordNode
     .type cudaGraphAddEventRecordNode, @function
 cudaGraphAddEventRecordNode:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -911,7 +893,7 @@ cudaGraphAddEventRecordNode:
     .globl cudaGraphAddEventWaitNode
     .type cudaGraphAddEventWaitNode, @function
 cudaGraphAddEventWaitNode:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -919,7 +901,7 @@ cudaGraphAddEventWaitNode:
     .globl cudaGraphAddExternalSemaphoresSignalNode
     .type cudaGraphAddExternalSemaphoresSignalNode, @function
 cudaGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -927,7 +909,7 @@ cudaGraphAddExternalSemaphoresSignalNode:
     .globl cudaGraphAddExternalSemaphoresWaitNode
     .type cudaGraphAddExternalSemaphoresWaitNode, @function
 cudaGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -935,7 +917,7 @@ cudaGraphAddExternalSemaphoresWaitNode:
     .globl cudaGraphAddHostNode
     .type cudaGraphAddHostNode, @function
 cudaGraphAddHostNode:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -943,7 +925,7 @@ cudaGraphAddHostNode:
     .globl cudaGraphAddKernelNode
     .type cudaGraphAddKernelNode, @function
 cudaGraphAddKernelNode:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -951,7 +933,7 @@ cudaGraphAddKernelNode:
     .globl cudaGraphAddMemAllocNode
     .type cudaGraphAddMemAllocNode, @function
 cudaGraphAddMemAllocNode:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -959,7 +941,7 @@ cudaGraphAddMemAllocNode:
     .globl cudaGraphAddMemFreeNode
     .type cudaGraphAddMemFreeNode, @function
 cudaGraphAddMemFreeNode:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -967,7 +949,7 @@ cudaGraphAddMemFreeNode:
     .globl cudaGraphAddMemcpyNode
     .type cudaGraphAddMemcpyNode, @function
 cudaGraphAddMemcpyNode:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -975,7 +957,7 @@ cudaGraphAddMemcpyNode:
     .globl cudaGraphAddMemcpyNode1D
     .type cudaGraphAddMemcpyNode1D, @function
 cudaGraphAddMemcpyNode1D:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -983,7 +965,7 @@ cudaGraphAddMemcpyNode1D:
     .globl cudaGraphAddMemcpyNodeFromSymbol
     .type cudaGraphAddMemcpyNodeFromSymbol, @function
 cudaGraphAddMemcpyNodeFromSymbol:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -991,7 +973,7 @@ cudaGraphAddMemcpyNodeFromSymbol:
     .globl cudaGraphAddMemcpyNodeToSymbol
     .type cudaGraphAddMemcpyNodeToSymbol, @function
 cudaGraphAddMemcpyNodeToSymbol:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -999,7 +981,7 @@ cudaGraphAddMemcpyNodeToSymbol:
     .globl cudaGraphAddMemsetNode
     .type cudaGraphAddMemsetNode, @function
 cudaGraphAddMemsetNode:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1007,7 +989,7 @@ cudaGraphAddMemsetNode:
     .globl cudaGraphAddNode
     .type cudaGraphAddNode, @function
 cudaGraphAddNode:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1040,7 +1022,7 @@ cudaGraphCreate:
     .globl cudaGraphDebugDotPrint
     .type cudaGraphDebugDotPrint, @function
 cudaGraphDebugDotPrint:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1098,7 +1080,7 @@ cudaGraphExecEventWaitNodeSetEvent:
     .globl cudaGraphExecExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1106,7 +1088,7 @@ cudaGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExecExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1124,7 +1106,7 @@ cudaGraphExecGetId:
     .globl cudaGraphExecHostNodeSetParams
     .type cudaGraphExecHostNodeSetParams, @function
 cudaGraphExecHostNodeSetParams:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1132,7 +1114,7 @@ cudaGraphExecHostNodeSetParams:
     .globl cudaGraphExecKernelNodeSetParams
     .type cudaGraphExecKernelNodeSetParams, @function
 cudaGraphExecKernelNodeSetParams:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1140,7 +1122,7 @@ cudaGraphExecKernelNodeSetParams:
     .globl cudaGraphExecMemcpyNodeSetParams
     .type cudaGraphExecMemcpyNodeSetParams, @function
 cudaGraphExecMemcpyNodeSetParams:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1148,7 +1130,7 @@ cudaGraphExecMemcpyNodeSetParams:
     .globl cudaGraphExecMemcpyNodeSetParams1D
     .type cudaGraphExecMemcpyNodeSetParams1D, @function
 cudaGraphExecMemcpyNodeSetParams1D:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1156,7 +1138,7 @@ cudaGraphExecMemcpyNodeSetParams1D:
     .globl cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .type cudaGraphExecMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1164,7 +1146,7 @@ cudaGraphExecMemcpyNodeSetParamsFromSymbol:
     .globl cudaGraphExecMemcpyNodeSetParamsToSymbol
     .type cudaGraphExecMemcpyNodeSetParamsToSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsToSymbol:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1172,7 +1154,7 @@ cudaGraphExecMemcpyNodeSetParamsToSymbol:
     .globl cudaGraphExecMemsetNodeSetParams
     .type cudaGraphExecMemsetNodeSetParams, @function
 cudaGraphExecMemsetNodeSetParams:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1180,7 +1162,7 @@ cudaGraphExecMemsetNodeSetParams:
     .globl cudaGraphExecNodeSetParams
     .type cudaGraphExecNodeSetParams, @function
 cudaGraphExecNodeSetParams:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1188,7 +1170,7 @@ cudaGraphExecNodeSetParams:
     .globl cudaGraphExecUpdate
     .type cudaGraphExecUpdate, @function
 cudaGraphExecUpdate:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1196,7 +1178,7 @@ cudaGraphExecUpdate:
     .globl cudaGraphExternalSemaphoresSignalNodeGetParams
     .type cudaGraphExternalSemaphoresSignalNodeGetParams, @function
 cudaGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1204,7 +1186,7 @@ cudaGraphExternalSemaphoresSignalNodeGetParams:
     .globl cudaGraphExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1212,7 +1194,7 @@ cudaGraphExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeGetParams
     .type cudaGraphExternalSemaphoresWaitNodeGetParams, @function
 cudaGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1220,7 +1202,7 @@ cudaGraphExternalSemaphoresWaitNodeGetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1228,7 +1210,7 @@ cudaGraphExternalSemaphoresWaitNodeSetParams:
     .globl cudaGraphGetEdges
     .type cudaGraphGetEdges, @function
 cudaGraphGetEdges:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1251,7 +1233,7 @@ cudaGraphGetRootNodes:
     .globl cudaGraphHostNodeGetParams
     .type cudaGraphHostNodeGetParams, @function
 cudaGraphHostNodeGetParams:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1259,7 +1241,7 @@ cudaGraphHostNodeGetParams:
     .globl cudaGraphHostNodeSetParams
     .type cudaGraphHostNodeSetParams, @function
 cudaGraphHostNodeSetParams:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1277,7 +1259,7 @@ cudaGraphInstantiateWithFlags:
     .globl cudaGraphInstantiateWithParams
     .type cudaGraphInstantiateWithParams, @function
 cudaGraphInstantiateWithParams:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1285,7 +1267,7 @@ cudaGraphInstantiateWithParams:
     .globl cudaGraphInstantiateWithParams_ptsz
     .type cudaGraphInstantiateWithParams_ptsz, @function
 cudaGraphInstantiateWithParams_ptsz:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1298,7 +1280,7 @@ cudaGraphKernelNodeCopyAttributes:
     .globl cudaGraphKernelNodeGetAttribute
     .type cudaGraphKernelNodeGetAttribute, @function
 cudaGraphKernelNodeGetAttribute:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1306,7 +1288,7 @@ cudaGraphKernelNodeGetAttribute:
     .globl cudaGraphKernelNodeGetParams
     .type cudaGraphKernelNodeGetParams, @function
 cudaGraphKernelNodeGetParams:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1314,7 +1296,7 @@ cudaGraphKernelNodeGetParams:
     .globl cudaGraphKernelNodeSetAttribute
     .type cudaGraphKernelNodeSetAttribute, @function
 cudaGraphKernelNodeSetAttribute:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1322,7 +1304,7 @@ cudaGraphKernelNodeSetAttribute:
     .globl cudaGraphKernelNodeSetParams
     .type cudaGraphKernelNodeSetParams, @function
 cudaGraphKernelNodeSetParams:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1340,7 +1322,7 @@ cudaGraphLaunch_ptsz:
     .globl cudaGraphMemAllocNodeGetParams
     .type cudaGraphMemAllocNodeGetParams, @function
 cudaGraphMemAllocNodeGetParams:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1348,7 +1330,7 @@ cudaGraphMemAllocNodeGetParams:
     .globl cudaGraphMemFreeNodeGetParams
     .type cudaGraphMemFreeNodeGetParams, @function
 cudaGraphMemFreeNodeGetParams:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1356,7 +1338,7 @@ cudaGraphMemFreeNodeGetParams:
     .globl cudaGraphMemcpyNodeGetParams
     .type cudaGraphMemcpyNodeGetParams, @function
 cudaGraphMemcpyNodeGetParams:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1364,7 +1346,7 @@ cudaGraphMemcpyNodeGetParams:
     .globl cudaGraphMemcpyNodeSetParams
     .type cudaGraphMemcpyNodeSetParams, @function
 cudaGraphMemcpyNodeSetParams:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1372,7 +1354,7 @@ cudaGraphMemcpyNodeSetParams:
     .globl cudaGraphMemcpyNodeSetParams1D
     .type cudaGraphMemcpyNodeSetParams1D, @function
 cudaGraphMemcpyNodeSetParams1D:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1380,7 +1362,7 @@ cudaGraphMemcpyNodeSetParams1D:
     .globl cudaGraphMemcpyNodeSetParamsFromSymbol
     .type cudaGraphMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1388,7 +1370,7 @@ cudaGraphMemcpyNodeSetParamsFromSymbol:
     .globl cudaGraphMemcpyNodeSetParamsToSymbol
     .type cudaGraphMemcpyNodeSetParamsToSymbol, @function
 cudaGraphMemcpyNodeSetParamsToSymbol:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1396,7 +1378,7 @@ cudaGraphMemcpyNodeSetParamsToSymbol:
     .globl cudaGraphMemsetNodeGetParams
     .type cudaGraphMemsetNodeGetParams, @function
 cudaGraphMemsetNodeGetParams:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1404,7 +1386,7 @@ cudaGraphMemsetNodeGetParams:
     .globl cudaGraphMemsetNodeSetParams
     .type cudaGraphMemsetNodeSetParams, @function
 cudaGraphMemsetNodeSetParams:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1422,7 +1404,7 @@ cudaGraphNodeGetContainingGraph:
     .globl cudaGraphNodeGetDependencies
     .type cudaGraphNodeGetDependencies, @function
 cudaGraphNodeGetDependencies:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1430,7 +1412,7 @@ cudaGraphNodeGetDependencies:
     .globl cudaGraphNodeGetDependentNodes
     .type cudaGraphNodeGetDependentNodes, @function
 cudaGraphNodeGetDependentNodes:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1463,7 +1445,7 @@ cudaGraphNodeSetEnabled:
     .globl cudaGraphNodeSetParams
     .type cudaGraphNodeSetParams, @function
 cudaGraphNodeSetParams:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1476,7 +1458,7 @@ cudaGraphReleaseUserObject:
     .globl cudaGraphRemoveDependencies
     .type cudaGraphRemoveDependencies, @function
 cudaGraphRemoveDependencies:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1499,7 +1481,7 @@ cudaGraphUpload_ptsz:
     .globl cudaGraphicsEGLRegisterImage
     .type cudaGraphicsEGLRegisterImage, @function
 cudaGraphicsEGLRegisterImage:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1507,7 +1489,7 @@ cudaGraphicsEGLRegisterImage:
     .globl cudaGraphicsGLRegisterBuffer
     .type cudaGraphicsGLRegisterBuffer, @function
 cudaGraphicsGLRegisterBuffer:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1515,7 +1497,7 @@ cudaGraphicsGLRegisterBuffer:
     .globl cudaGraphicsGLRegisterImage
     .type cudaGraphicsGLRegisterImage, @function
 cudaGraphicsGLRegisterImage:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1528,7 +1510,7 @@ cudaGraphicsMapResources:
     .globl cudaGraphicsResourceGetMappedEglFrame
     .type cudaGraphicsResourceGetMappedEglFrame, @function
 cudaGraphicsResourceGetMappedEglFrame:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1541,7 +1523,7 @@ cudaGraphicsResourceGetMappedMipmappedArray:
     .globl cudaGraphicsResourceGetMappedPointer
     .type cudaGraphicsResourceGetMappedPointer, @function
 cudaGraphicsResourceGetMappedPointer:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1569,7 +1551,7 @@ cudaGraphicsUnregisterResource:
     .globl cudaGraphicsVDPAURegisterOutputSurface
     .type cudaGraphicsVDPAURegisterOutputSurface, @function
 cudaGraphicsVDPAURegisterOutputSurface:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1577,7 +1559,7 @@ cudaGraphicsVDPAURegisterOutputSurface:
     .globl cudaGraphicsVDPAURegisterVideoSurface
     .type cudaGraphicsVDPAURegisterVideoSurface, @function
 cudaGraphicsVDPAURegisterVideoSurface:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1590,15 +1572,12 @@ cudaGreenCtxCreate:
     .globl cudaHostAlloc
     .type cudaHostAlloc, @function
 cudaHostAlloc:
-    leaq .Lname127(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaHostAlloc@PLT
     .size cudaHostAlloc, .-cudaHostAlloc
     .globl cudaHostGetDevicePointer
     .type cudaHostGetDevicePointer, @function
 cudaHostGetDevicePointer:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1606,31 +1585,22 @@ cudaHostGetDevicePointer:
     .globl cudaHostGetFlags
     .type cudaHostGetFlags, @function
 cudaHostGetFlags:
-    leaq .Lname129(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaHostGetFlags@PLT
     .size cudaHostGetFlags, .-cudaHostGetFlags
     .globl cudaHostRegister
     .type cudaHostRegister, @function
 cudaHostRegister:
-    leaq .Lname130(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaHostRegister@PLT
     .size cudaHostRegister, .-cudaHostRegister
     .globl cudaHostUnregister
     .type cudaHostUnregister, @function
 cudaHostUnregister:
-    leaq .Lname131(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaHostUnregister@PLT
     .size cudaHostUnregister, .-cudaHostUnregister
     .globl cudaImportExternalMemory
     .type cudaImportExternalMemory, @function
 cudaImportExternalMemory:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1638,7 +1608,7 @@ cudaImportExternalMemory:
     .globl cudaImportExternalSemaphore
     .type cudaImportExternalSemaphore, @function
 cudaImportExternalSemaphore:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1651,7 +1621,7 @@ cudaInitDevice:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1659,7 +1629,7 @@ cudaIpcCloseMemHandle:
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1667,7 +1637,7 @@ cudaIpcGetEventHandle:
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1680,7 +1650,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1693,7 +1663,7 @@ cudaKernelSetAttributeForDevice:
     .globl cudaLaunchCooperativeKernel
     .type cudaLaunchCooperativeKernel, @function
 cudaLaunchCooperativeKernel:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1701,7 +1671,7 @@ cudaLaunchCooperativeKernel:
     .globl cudaLaunchCooperativeKernel_ptsz
     .type cudaLaunchCooperativeKernel_ptsz, @function
 cudaLaunchCooperativeKernel_ptsz:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1709,23 +1679,17 @@ cudaLaunchCooperativeKernel_ptsz:
     .globl cudaLaunchHostFunc
     .type cudaLaunchHostFunc, @function
 cudaLaunchHostFunc:
-    leaq .Lname140(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaLaunchHostFunc@PLT
     .size cudaLaunchHostFunc, .-cudaLaunchHostFunc
     .globl cudaLaunchHostFunc_ptsz
     .type cudaLaunchHostFunc_ptsz, @function
 cudaLaunchHostFunc_ptsz:
-    leaq .Lname141(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaLaunchHostFunc_ptsz@PLT
     .size cudaLaunchHostFunc_ptsz, .-cudaLaunchHostFunc_ptsz
     .globl cudaLaunchKernel
     .type cudaLaunchKernel, @function
 cudaLaunchKernel:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1733,7 +1697,7 @@ cudaLaunchKernel:
     .globl cudaLaunchKernelExC
     .type cudaLaunchKernelExC, @function
 cudaLaunchKernelExC:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1741,7 +1705,7 @@ cudaLaunchKernelExC:
     .globl cudaLaunchKernelExC_ptsz
     .type cudaLaunchKernelExC_ptsz, @function
 cudaLaunchKernelExC_ptsz:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1749,7 +1713,7 @@ cudaLaunchKernelExC_ptsz:
     .globl cudaLaunchKernel_ptsz
     .type cudaLaunchKernel_ptsz, @function
 cudaLaunchKernel_ptsz:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1762,7 +1726,7 @@ cudaLibraryEnumerateKernels:
     .globl cudaLibraryGetGlobal
     .type cudaLibraryGetGlobal, @function
 cudaLibraryGetGlobal:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1780,7 +1744,7 @@ cudaLibraryGetKernelCount:
     .globl cudaLibraryGetManaged
     .type cudaLibraryGetManaged, @function
 cudaLibraryGetManaged:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1788,7 +1752,7 @@ cudaLibraryGetManaged:
     .globl cudaLibraryGetUnifiedFunction
     .type cudaLibraryGetUnifiedFunction, @function
 cudaLibraryGetUnifiedFunction:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1796,7 +1760,7 @@ cudaLibraryGetUnifiedFunction:
     .globl cudaLibraryLoadData
     .type cudaLibraryLoadData, @function
 cudaLibraryLoadData:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1804,7 +1768,7 @@ cudaLibraryLoadData:
     .globl cudaLibraryLoadFromFile
     .type cudaLibraryLoadFromFile, @function
 cudaLibraryLoadFromFile:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1822,7 +1786,7 @@ cudaLogsCurrent:
     .globl cudaLogsDumpToFile
     .type cudaLogsDumpToFile, @function
 cudaLogsDumpToFile:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1830,7 +1794,7 @@ cudaLogsDumpToFile:
     .globl cudaLogsDumpToMemory
     .type cudaLogsDumpToMemory, @function
 cudaLogsDumpToMemory:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1838,7 +1802,7 @@ cudaLogsDumpToMemory:
     .globl cudaLogsRegisterCallback
     .type cudaLogsRegisterCallback, @function
 cudaLogsRegisterCallback:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1851,15 +1815,12 @@ cudaLogsUnregisterCallback:
     .globl cudaMalloc
     .type cudaMalloc, @function
 cudaMalloc:
-    leaq .Lname154(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMalloc@PLT
     .size cudaMalloc, .-cudaMalloc
     .globl cudaMalloc3D
     .type cudaMalloc3D, @function
 cudaMalloc3D:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1877,23 +1838,17 @@ cudaMallocArray:
     .globl cudaMallocAsync
     .type cudaMallocAsync, @function
 cudaMallocAsync:
-    leaq .Lname156(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocAsync@PLT
     .size cudaMallocAsync, .-cudaMallocAsync
     .globl cudaMallocAsync_ptsz
     .type cudaMallocAsync_ptsz, @function
 cudaMallocAsync_ptsz:
-    leaq .Lname157(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocAsync_ptsz@PLT
     .size cudaMallocAsync_ptsz, .-cudaMallocAsync_ptsz
     .globl cudaMallocFromPoolAsync
     .type cudaMallocFromPoolAsync, @function
 cudaMallocFromPoolAsync:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1901,7 +1856,7 @@ cudaMallocFromPoolAsync:
     .globl cudaMallocFromPoolAsync_ptsz
     .type cudaMallocFromPoolAsync_ptsz, @function
 cudaMallocFromPoolAsync_ptsz:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1909,15 +1864,12 @@ cudaMallocFromPoolAsync_ptsz:
     .globl cudaMallocHost
     .type cudaMallocHost, @function
 cudaMallocHost:
-    leaq .Lname160(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocHost@PLT
     .size cudaMallocHost, .-cudaMallocHost
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1925,7 +1877,7 @@ cudaMallocManaged:
     .globl cudaMallocMipmappedArray
     .type cudaMallocMipmappedArray, @function
 cudaMallocMipmappedArray:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1933,15 +1885,12 @@ cudaMallocMipmappedArray:
     .globl cudaMallocPitch
     .type cudaMallocPitch, @function
 cudaMallocPitch:
-    leaq .Lname163(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocPitch@PLT
     .size cudaMallocPitch, .-cudaMallocPitch
     .globl cudaMemAdvise
     .type cudaMemAdvise, @function
 cudaMemAdvise:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1949,7 +1898,7 @@ cudaMemAdvise:
     .globl cudaMemDiscardAndPrefetchBatchAsync
     .type cudaMemDiscardAndPrefetchBatchAsync, @function
 cudaMemDiscardAndPrefetchBatchAsync:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1957,7 +1906,7 @@ cudaMemDiscardAndPrefetchBatchAsync:
     .globl cudaMemDiscardAndPrefetchBatchAsync_ptsz
     .type cudaMemDiscardAndPrefetchBatchAsync_ptsz, @function
 cudaMemDiscardAndPrefetchBatchAsync_ptsz:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1965,7 +1914,7 @@ cudaMemDiscardAndPrefetchBatchAsync_ptsz:
     .globl cudaMemDiscardBatchAsync
     .type cudaMemDiscardBatchAsync, @function
 cudaMemDiscardBatchAsync:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1973,7 +1922,7 @@ cudaMemDiscardBatchAsync:
     .globl cudaMemDiscardBatchAsync_ptsz
     .type cudaMemDiscardBatchAsync_ptsz, @function
 cudaMemDiscardBatchAsync_ptsz:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1981,7 +1930,7 @@ cudaMemDiscardBatchAsync_ptsz:
     .globl cudaMemGetDefaultMemPool
     .type cudaMemGetDefaultMemPool, @function
 cudaMemGetDefaultMemPool:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1994,7 +1943,7 @@ cudaMemGetInfo:
     .globl cudaMemGetMemPool
     .type cudaMemGetMemPool, @function
 cudaMemGetMemPool:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2002,7 +1951,7 @@ cudaMemGetMemPool:
     .globl cudaMemPoolCreate
     .type cudaMemPoolCreate, @function
 cudaMemPoolCreate:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2015,7 +1964,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2023,7 +1972,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2031,7 +1980,7 @@ cudaMemPoolExportToShareableHandle:
     .globl cudaMemPoolGetAccess
     .type cudaMemPoolGetAccess, @function
 cudaMemPoolGetAccess:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2039,7 +1988,7 @@ cudaMemPoolGetAccess:
     .globl cudaMemPoolGetAttribute
     .type cudaMemPoolGetAttribute, @function
 cudaMemPoolGetAttribute:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2047,7 +1996,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2055,7 +2004,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2063,7 +2012,7 @@ cudaMemPoolImportPointer:
     .globl cudaMemPoolSetAccess
     .type cudaMemPoolSetAccess, @function
 cudaMemPoolSetAccess:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2071,7 +2020,7 @@ cudaMemPoolSetAccess:
     .globl cudaMemPoolSetAttribute
     .type cudaMemPoolSetAttribute, @function
 cudaMemPoolSetAttribute:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2084,7 +2033,7 @@ cudaMemPoolTrimTo:
     .globl cudaMemPrefetchAsync
     .type cudaMemPrefetchAsync, @function
 cudaMemPrefetchAsync:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2092,7 +2041,7 @@ cudaMemPrefetchAsync:
     .globl cudaMemPrefetchAsync_ptsz
     .type cudaMemPrefetchAsync_ptsz, @function
 cudaMemPrefetchAsync_ptsz:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2100,7 +2049,7 @@ cudaMemPrefetchAsync_ptsz:
     .globl cudaMemPrefetchBatchAsync
     .type cudaMemPrefetchBatchAsync, @function
 cudaMemPrefetchBatchAsync:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2108,7 +2057,7 @@ cudaMemPrefetchBatchAsync:
     .globl cudaMemPrefetchBatchAsync_ptsz
     .type cudaMemPrefetchBatchAsync_ptsz, @function
 cudaMemPrefetchBatchAsync_ptsz:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2116,7 +2065,7 @@ cudaMemPrefetchBatchAsync_ptsz:
     .globl cudaMemRangeGetAttribute
     .type cudaMemRangeGetAttribute, @function
 cudaMemRangeGetAttribute:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2124,7 +2073,7 @@ cudaMemRangeGetAttribute:
     .globl cudaMemRangeGetAttributes
     .type cudaMemRangeGetAttributes, @function
 cudaMemRangeGetAttributes:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2132,7 +2081,7 @@ cudaMemRangeGetAttributes:
     .globl cudaMemSetMemPool
     .type cudaMemSetMemPool, @function
 cudaMemSetMemPool:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2140,15 +2089,12 @@ cudaMemSetMemPool:
     .globl cudaMemcpy
     .type cudaMemcpy, @function
 cudaMemcpy:
-    leaq .Lname187(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy@PLT
     .size cudaMemcpy, .-cudaMemcpy
     .globl cudaMemcpy2D
     .type cudaMemcpy2D, @function
 cudaMemcpy2D:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2166,7 +2112,7 @@ cudaMemcpy2DArrayToArray_ptds:
     .globl cudaMemcpy2DAsync
     .type cudaMemcpy2DAsync, @function
 cudaMemcpy2DAsync:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2174,7 +2120,7 @@ cudaMemcpy2DAsync:
     .globl cudaMemcpy2DAsync_ptsz
     .type cudaMemcpy2DAsync_ptsz, @function
 cudaMemcpy2DAsync_ptsz:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2182,7 +2128,7 @@ cudaMemcpy2DAsync_ptsz:
     .globl cudaMemcpy2DFromArray
     .type cudaMemcpy2DFromArray, @function
 cudaMemcpy2DFromArray:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2190,7 +2136,7 @@ cudaMemcpy2DFromArray:
     .globl cudaMemcpy2DFromArrayAsync
     .type cudaMemcpy2DFromArrayAsync, @function
 cudaMemcpy2DFromArrayAsync:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2198,7 +2144,7 @@ cudaMemcpy2DFromArrayAsync:
     .globl cudaMemcpy2DFromArrayAsync_ptsz
     .type cudaMemcpy2DFromArrayAsync_ptsz, @function
 cudaMemcpy2DFromArrayAsync_ptsz:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2206,7 +2152,7 @@ cudaMemcpy2DFromArrayAsync_ptsz:
     .globl cudaMemcpy2DFromArray_ptds
     .type cudaMemcpy2DFromArray_ptds, @function
 cudaMemcpy2DFromArray_ptds:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2214,7 +2160,7 @@ cudaMemcpy2DFromArray_ptds:
     .globl cudaMemcpy2DToArray
     .type cudaMemcpy2DToArray, @function
 cudaMemcpy2DToArray:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2222,7 +2168,7 @@ cudaMemcpy2DToArray:
     .globl cudaMemcpy2DToArrayAsync
     .type cudaMemcpy2DToArrayAsync, @function
 cudaMemcpy2DToArrayAsync:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2230,7 +2176,7 @@ cudaMemcpy2DToArrayAsync:
     .globl cudaMemcpy2DToArrayAsync_ptsz
     .type cudaMemcpy2DToArrayAsync_ptsz, @function
 cudaMemcpy2DToArrayAsync_ptsz:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2238,7 +2184,7 @@ cudaMemcpy2DToArrayAsync_ptsz:
     .globl cudaMemcpy2DToArray_ptds
     .type cudaMemcpy2DToArray_ptds, @function
 cudaMemcpy2DToArray_ptds:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2246,7 +2192,7 @@ cudaMemcpy2DToArray_ptds:
     .globl cudaMemcpy2D_ptds
     .type cudaMemcpy2D_ptds, @function
 cudaMemcpy2D_ptds:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2254,7 +2200,7 @@ cudaMemcpy2D_ptds:
     .globl cudaMemcpy3D
     .type cudaMemcpy3D, @function
 cudaMemcpy3D:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2262,7 +2208,7 @@ cudaMemcpy3D:
     .globl cudaMemcpy3DAsync
     .type cudaMemcpy3DAsync, @function
 cudaMemcpy3DAsync:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2270,7 +2216,7 @@ cudaMemcpy3DAsync:
     .globl cudaMemcpy3DAsync_ptsz
     .type cudaMemcpy3DAsync_ptsz, @function
 cudaMemcpy3DAsync_ptsz:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2278,7 +2224,7 @@ cudaMemcpy3DAsync_ptsz:
     .globl cudaMemcpy3DBatchAsync
     .type cudaMemcpy3DBatchAsync, @function
 cudaMemcpy3DBatchAsync:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2286,7 +2232,7 @@ cudaMemcpy3DBatchAsync:
     .globl cudaMemcpy3DBatchAsync_ptsz
     .type cudaMemcpy3DBatchAsync_ptsz, @function
 cudaMemcpy3DBatchAsync_ptsz:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2294,7 +2240,7 @@ cudaMemcpy3DBatchAsync_ptsz:
     .globl cudaMemcpy3DPeer
     .type cudaMemcpy3DPeer, @function
 cudaMemcpy3DPeer:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2302,7 +2248,7 @@ cudaMemcpy3DPeer:
     .globl cudaMemcpy3DPeerAsync
     .type cudaMemcpy3DPeerAsync, @function
 cudaMemcpy3DPeerAsync:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2310,7 +2256,7 @@ cudaMemcpy3DPeerAsync:
     .globl cudaMemcpy3DPeerAsync_ptsz
     .type cudaMemcpy3DPeerAsync_ptsz, @function
 cudaMemcpy3DPeerAsync_ptsz:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2318,7 +2264,7 @@ cudaMemcpy3DPeerAsync_ptsz:
     .globl cudaMemcpy3DPeer_ptds
     .type cudaMemcpy3DPeer_ptds, @function
 cudaMemcpy3DPeer_ptds:
-    leaq .Lname208(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2326,7 +2272,7 @@ cudaMemcpy3DPeer_ptds:
     .globl cudaMemcpy3D_ptds
     .type cudaMemcpy3D_ptds, @function
 cudaMemcpy3D_ptds:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2344,23 +2290,17 @@ cudaMemcpyArrayToArray_ptds:
     .globl cudaMemcpyAsync
     .type cudaMemcpyAsync, @function
 cudaMemcpyAsync:
-    leaq .Lname210(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyAsync@PLT
     .size cudaMemcpyAsync, .-cudaMemcpyAsync
     .globl cudaMemcpyAsync_ptsz
     .type cudaMemcpyAsync_ptsz, @function
 cudaMemcpyAsync_ptsz:
-    leaq .Lname211(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyAsync_ptsz@PLT
     .size cudaMemcpyAsync_ptsz, .-cudaMemcpyAsync_ptsz
     .globl cudaMemcpyBatchAsync
     .type cudaMemcpyBatchAsync, @function
 cudaMemcpyBatchAsync:
-    leaq .Lname212(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2368,7 +2308,7 @@ cudaMemcpyBatchAsync:
     .globl cudaMemcpyBatchAsync_ptsz
     .type cudaMemcpyBatchAsync_ptsz, @function
 cudaMemcpyBatchAsync_ptsz:
-    leaq .Lname213(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2376,7 +2316,7 @@ cudaMemcpyBatchAsync_ptsz:
     .globl cudaMemcpyFromArray
     .type cudaMemcpyFromArray, @function
 cudaMemcpyFromArray:
-    leaq .Lname214(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2384,7 +2324,7 @@ cudaMemcpyFromArray:
     .globl cudaMemcpyFromArrayAsync
     .type cudaMemcpyFromArrayAsync, @function
 cudaMemcpyFromArrayAsync:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2392,7 +2332,7 @@ cudaMemcpyFromArrayAsync:
     .globl cudaMemcpyFromArrayAsync_ptsz
     .type cudaMemcpyFromArrayAsync_ptsz, @function
 cudaMemcpyFromArrayAsync_ptsz:
-    leaq .Lname216(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2400,7 +2340,7 @@ cudaMemcpyFromArrayAsync_ptsz:
     .globl cudaMemcpyFromArray_ptds
     .type cudaMemcpyFromArray_ptds, @function
 cudaMemcpyFromArray_ptds:
-    leaq .Lname217(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2408,7 +2348,7 @@ cudaMemcpyFromArray_ptds:
     .globl cudaMemcpyFromSymbol
     .type cudaMemcpyFromSymbol, @function
 cudaMemcpyFromSymbol:
-    leaq .Lname218(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2416,7 +2356,7 @@ cudaMemcpyFromSymbol:
     .globl cudaMemcpyFromSymbolAsync
     .type cudaMemcpyFromSymbolAsync, @function
 cudaMemcpyFromSymbolAsync:
-    leaq .Lname219(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2424,7 +2364,7 @@ cudaMemcpyFromSymbolAsync:
     .globl cudaMemcpyFromSymbolAsync_ptsz
     .type cudaMemcpyFromSymbolAsync_ptsz, @function
 cudaMemcpyFromSymbolAsync_ptsz:
-    leaq .Lname220(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2432,7 +2372,7 @@ cudaMemcpyFromSymbolAsync_ptsz:
     .globl cudaMemcpyFromSymbol_ptds
     .type cudaMemcpyFromSymbol_ptds, @function
 cudaMemcpyFromSymbol_ptds:
-    leaq .Lname221(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2440,7 +2380,7 @@ cudaMemcpyFromSymbol_ptds:
     .globl cudaMemcpyPeer
     .type cudaMemcpyPeer, @function
 cudaMemcpyPeer:
-    leaq .Lname222(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2448,7 +2388,7 @@ cudaMemcpyPeer:
     .globl cudaMemcpyPeerAsync
     .type cudaMemcpyPeerAsync, @function
 cudaMemcpyPeerAsync:
-    leaq .Lname223(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2456,7 +2396,7 @@ cudaMemcpyPeerAsync:
     .globl cudaMemcpyToArray
     .type cudaMemcpyToArray, @function
 cudaMemcpyToArray:
-    leaq .Lname224(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2464,7 +2404,7 @@ cudaMemcpyToArray:
     .globl cudaMemcpyToArrayAsync
     .type cudaMemcpyToArrayAsync, @function
 cudaMemcpyToArrayAsync:
-    leaq .Lname225(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2472,7 +2412,7 @@ cudaMemcpyToArrayAsync:
     .globl cudaMemcpyToArrayAsync_ptsz
     .type cudaMemcpyToArrayAsync_ptsz, @function
 cudaMemcpyToArrayAsync_ptsz:
-    leaq .Lname226(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2480,7 +2420,7 @@ cudaMemcpyToArrayAsync_ptsz:
     .globl cudaMemcpyToArray_ptds
     .type cudaMemcpyToArray_ptds, @function
 cudaMemcpyToArray_ptds:
-    leaq .Lname227(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2488,7 +2428,7 @@ cudaMemcpyToArray_ptds:
     .globl cudaMemcpyToSymbol
     .type cudaMemcpyToSymbol, @function
 cudaMemcpyToSymbol:
-    leaq .Lname228(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2496,7 +2436,7 @@ cudaMemcpyToSymbol:
     .globl cudaMemcpyToSymbolAsync
     .type cudaMemcpyToSymbolAsync, @function
 cudaMemcpyToSymbolAsync:
-    leaq .Lname229(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2504,7 +2444,7 @@ cudaMemcpyToSymbolAsync:
     .globl cudaMemcpyToSymbolAsync_ptsz
     .type cudaMemcpyToSymbolAsync_ptsz, @function
 cudaMemcpyToSymbolAsync_ptsz:
-    leaq .Lname230(%rip), %rdi
+    leaq .Lname210(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2512,7 +2452,7 @@ cudaMemcpyToSymbolAsync_ptsz:
     .globl cudaMemcpyToSymbol_ptds
     .type cudaMemcpyToSymbol_ptds, @function
 cudaMemcpyToSymbol_ptds:
-    leaq .Lname231(%rip), %rdi
+    leaq .Lname211(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2520,23 +2460,17 @@ cudaMemcpyToSymbol_ptds:
     .globl cudaMemcpy_ptds
     .type cudaMemcpy_ptds, @function
 cudaMemcpy_ptds:
-    leaq .Lname232(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy_ptds@PLT
     .size cudaMemcpy_ptds, .-cudaMemcpy_ptds
     .globl cudaMemset
     .type cudaMemset, @function
 cudaMemset:
-    leaq .Lname233(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemset@PLT
     .size cudaMemset, .-cudaMemset
     .globl cudaMemset2D
     .type cudaMemset2D, @function
 cudaMemset2D:
-    leaq .Lname234(%rip), %rdi
+    leaq .Lname212(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2544,7 +2478,7 @@ cudaMemset2D:
     .globl cudaMemset2DAsync
     .type cudaMemset2DAsync, @function
 cudaMemset2DAsync:
-    leaq .Lname235(%rip), %rdi
+    leaq .Lname213(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2552,7 +2486,7 @@ cudaMemset2DAsync:
     .globl cudaMemset2DAsync_ptsz
     .type cudaMemset2DAsync_ptsz, @function
 cudaMemset2DAsync_ptsz:
-    leaq .Lname236(%rip), %rdi
+    leaq .Lname214(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2560,7 +2494,7 @@ cudaMemset2DAsync_ptsz:
     .globl cudaMemset2D_ptds
     .type cudaMemset2D_ptds, @function
 cudaMemset2D_ptds:
-    leaq .Lname237(%rip), %rdi
+    leaq .Lname215(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2568,7 +2502,7 @@ cudaMemset2D_ptds:
     .globl cudaMemset3D
     .type cudaMemset3D, @function
 cudaMemset3D:
-    leaq .Lname238(%rip), %rdi
+    leaq .Lname216(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2576,7 +2510,7 @@ cudaMemset3D:
     .globl cudaMemset3DAsync
     .type cudaMemset3DAsync, @function
 cudaMemset3DAsync:
-    leaq .Lname239(%rip), %rdi
+    leaq .Lname217(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2584,7 +2518,7 @@ cudaMemset3DAsync:
     .globl cudaMemset3DAsync_ptsz
     .type cudaMemset3DAsync_ptsz, @function
 cudaMemset3DAsync_ptsz:
-    leaq .Lname240(%rip), %rdi
+    leaq .Lname218(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2592,7 +2526,7 @@ cudaMemset3DAsync_ptsz:
     .globl cudaMemset3D_ptds
     .type cudaMemset3D_ptds, @function
 cudaMemset3D_ptds:
-    leaq .Lname241(%rip), %rdi
+    leaq .Lname219(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2600,31 +2534,22 @@ cudaMemset3D_ptds:
     .globl cudaMemsetAsync
     .type cudaMemsetAsync, @function
 cudaMemsetAsync:
-    leaq .Lname242(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemsetAsync@PLT
     .size cudaMemsetAsync, .-cudaMemsetAsync
     .globl cudaMemsetAsync_ptsz
     .type cudaMemsetAsync_ptsz, @function
 cudaMemsetAsync_ptsz:
-    leaq .Lname243(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemsetAsync_ptsz@PLT
     .size cudaMemsetAsync_ptsz, .-cudaMemsetAsync_ptsz
     .globl cudaMemset_ptds
     .type cudaMemset_ptds, @function
 cudaMemset_ptds:
-    leaq .Lname244(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemset_ptds@PLT
     .size cudaMemset_ptds, .-cudaMemset_ptds
     .globl cudaMipmappedArrayGetMemoryRequirements
     .type cudaMipmappedArrayGetMemoryRequirements, @function
 cudaMipmappedArrayGetMemoryRequirements:
-    leaq .Lname245(%rip), %rdi
+    leaq .Lname220(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2632,7 +2557,7 @@ cudaMipmappedArrayGetMemoryRequirements:
     .globl cudaMipmappedArrayGetSparseProperties
     .type cudaMipmappedArrayGetSparseProperties, @function
 cudaMipmappedArrayGetSparseProperties:
-    leaq .Lname246(%rip), %rdi
+    leaq .Lname221(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2640,7 +2565,7 @@ cudaMipmappedArrayGetSparseProperties:
     .globl cudaOccupancyAvailableDynamicSMemPerBlock
     .type cudaOccupancyAvailableDynamicSMemPerBlock, @function
 cudaOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname247(%rip), %rdi
+    leaq .Lname222(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2648,7 +2573,7 @@ cudaOccupancyAvailableDynamicSMemPerBlock:
     .globl cudaOccupancyMaxActiveBlocksPerMultiprocessor
     .type cudaOccupancyMaxActiveBlocksPerMultiprocessor, @function
 cudaOccupancyMaxActiveBlocksPerMultiprocessor:
-    leaq .Lname248(%rip), %rdi
+    leaq .Lname223(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2656,7 +2581,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessor:
     .globl cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags
     .type cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, @function
 cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
-    leaq .Lname249(%rip), %rdi
+    leaq .Lname224(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2664,7 +2589,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname250(%rip), %rdi
+    leaq .Lname225(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2672,7 +2597,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname251(%rip), %rdi
+    leaq .Lname226(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2685,15 +2610,12 @@ cudaPeekAtLastError:
     .globl cudaPointerGetAttributes
     .type cudaPointerGetAttributes, @function
 cudaPointerGetAttributes:
-    leaq .Lname252(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaPointerGetAttributes__cu130@PLT
     .size cudaPointerGetAttributes, .-cudaPointerGetAttributes
     .globl cudaProfilerStart
     .type cudaProfilerStart, @function
 cudaProfilerStart:
-    leaq .Lname253(%rip), %rdi
+    leaq .Lname227(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2701,7 +2623,7 @@ cudaProfilerStart:
     .globl cudaProfilerStop
     .type cudaProfilerStop, @function
 cudaProfilerStop:
-    leaq .Lname254(%rip), %rdi
+    leaq .Lname228(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2709,7 +2631,7 @@ cudaProfilerStop:
     .globl cudaRuntimeGetVersion
     .type cudaRuntimeGetVersion, @function
 cudaRuntimeGetVersion:
-    jmp __chidori_cudart_cudaRuntimeGetVersion@PLT
+    jmp __chidori_cudart_cudaRuntimeGetVersion__cu130@PLT
     .size cudaRuntimeGetVersion, .-cudaRuntimeGetVersion
     .globl cudaSetDevice
     .type cudaSetDevice, @function
@@ -2724,7 +2646,7 @@ cudaSetDeviceFlags:
     .globl cudaSetValidDevices
     .type cudaSetValidDevices, @function
 cudaSetValidDevices:
-    leaq .Lname255(%rip), %rdi
+    leaq .Lname229(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2732,7 +2654,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname256(%rip), %rdi
+    leaq .Lname230(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2740,7 +2662,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname257(%rip), %rdi
+    leaq .Lname231(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2748,23 +2670,17 @@ cudaSignalExternalSemaphoresAsync_ptsz:
     .globl cudaStreamAddCallback
     .type cudaStreamAddCallback, @function
 cudaStreamAddCallback:
-    leaq .Lname258(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamAddCallback@PLT
     .size cudaStreamAddCallback, .-cudaStreamAddCallback
     .globl cudaStreamAddCallback_ptsz
     .type cudaStreamAddCallback_ptsz, @function
 cudaStreamAddCallback_ptsz:
-    leaq .Lname259(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamAddCallback_ptsz@PLT
     .size cudaStreamAddCallback_ptsz, .-cudaStreamAddCallback_ptsz
     .globl cudaStreamAttachMemAsync
     .type cudaStreamAttachMemAsync, @function
 cudaStreamAttachMemAsync:
-    leaq .Lname260(%rip), %rdi
+    leaq .Lname232(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2772,7 +2688,7 @@ cudaStreamAttachMemAsync:
     .globl cudaStreamAttachMemAsync_ptsz
     .type cudaStreamAttachMemAsync_ptsz, @function
 cudaStreamAttachMemAsync_ptsz:
-    leaq .Lname261(%rip), %rdi
+    leaq .Lname233(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2785,7 +2701,7 @@ cudaStreamBeginCapture:
     .globl cudaStreamBeginCaptureToGraph
     .type cudaStreamBeginCaptureToGraph, @function
 cudaStreamBeginCaptureToGraph:
-    leaq .Lname262(%rip), %rdi
+    leaq .Lname234(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2793,7 +2709,7 @@ cudaStreamBeginCaptureToGraph:
     .globl cudaStreamBeginCaptureToGraph_ptsz
     .type cudaStreamBeginCaptureToGraph_ptsz, @function
 cudaStreamBeginCaptureToGraph_ptsz:
-    leaq .Lname263(%rip), %rdi
+    leaq .Lname235(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2846,7 +2762,7 @@ cudaStreamEndCapture_ptsz:
     .globl cudaStreamGetAttribute
     .type cudaStreamGetAttribute, @function
 cudaStreamGetAttribute:
-    leaq .Lname264(%rip), %rdi
+    leaq .Lname236(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2854,7 +2770,7 @@ cudaStreamGetAttribute:
     .globl cudaStreamGetAttribute_ptsz
     .type cudaStreamGetAttribute_ptsz, @function
 cudaStreamGetAttribute_ptsz:
-    leaq .Lname265(%rip), %rdi
+    leaq .Lname237(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2862,7 +2778,7 @@ cudaStreamGetAttribute_ptsz:
     .globl cudaStreamGetCaptureInfo
     .type cudaStreamGetCaptureInfo, @function
 cudaStreamGetCaptureInfo:
-    leaq .Lname266(%rip), %rdi
+    leaq .Lname238(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2870,7 +2786,7 @@ cudaStreamGetCaptureInfo:
     .globl cudaStreamGetCaptureInfo_ptsz
     .type cudaStreamGetCaptureInfo_ptsz, @function
 cudaStreamGetCaptureInfo_ptsz:
-    leaq .Lname267(%rip), %rdi
+    leaq .Lname239(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2878,7 +2794,7 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetDevResource
     .type cudaStreamGetDevResource, @function
 cudaStreamGetDevResource:
-    leaq .Lname268(%rip), %rdi
+    leaq .Lname240(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2886,7 +2802,7 @@ cudaStreamGetDevResource:
     .globl cudaStreamGetDevResource_ptsz
     .type cudaStreamGetDevResource_ptsz, @function
 cudaStreamGetDevResource_ptsz:
-    leaq .Lname269(%rip), %rdi
+    leaq .Lname241(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2954,7 +2870,7 @@ cudaStreamQuery_ptsz:
     .globl cudaStreamSetAttribute
     .type cudaStreamSetAttribute, @function
 cudaStreamSetAttribute:
-    leaq .Lname270(%rip), %rdi
+    leaq .Lname242(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2962,7 +2878,7 @@ cudaStreamSetAttribute:
     .globl cudaStreamSetAttribute_ptsz
     .type cudaStreamSetAttribute_ptsz, @function
 cudaStreamSetAttribute_ptsz:
-    leaq .Lname271(%rip), %rdi
+    leaq .Lname243(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2980,7 +2896,7 @@ cudaStreamSynchronize_ptsz:
     .globl cudaStreamUpdateCaptureDependencies
     .type cudaStreamUpdateCaptureDependencies, @function
 cudaStreamUpdateCaptureDependencies:
-    leaq .Lname272(%rip), %rdi
+    leaq .Lname244(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2988,7 +2904,7 @@ cudaStreamUpdateCaptureDependencies:
     .globl cudaStreamUpdateCaptureDependencies_ptsz
     .type cudaStreamUpdateCaptureDependencies_ptsz, @function
 cudaStreamUpdateCaptureDependencies_ptsz:
-    leaq .Lname273(%rip), %rdi
+    leaq .Lname245(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3011,7 +2927,7 @@ cudaThreadExchangeStreamCaptureMode:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname274(%rip), %rdi
+    leaq .Lname246(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3029,7 +2945,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname275(%rip), %rdi
+    leaq .Lname247(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3037,7 +2953,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname276(%rip), %rdi
+    leaq .Lname248(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3045,7 +2961,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname277(%rip), %rdi
+    leaq .Lname249(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3053,7 +2969,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname278(%rip), %rdi
+    leaq .Lname250(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3122,499 +3038,443 @@ cudaWaitExternalSemaphoresAsync_ptsz:
 .Lname30:
     .asciz "cudaExternalMemoryGetMappedBuffer"
 .Lname31:
-    .asciz "cudaFree"
-.Lname32:
-    .asciz "cudaFreeAsync"
-.Lname33:
-    .asciz "cudaFreeAsync_ptsz"
-.Lname34:
-    .asciz "cudaFreeHost"
-.Lname35:
-    .asciz "cudaFuncGetAttributes"
-.Lname36:
     .asciz "cudaFuncGetName"
-.Lname37:
+.Lname32:
     .asciz "cudaFuncGetParamInfo"
-.Lname38:
+.Lname33:
     .asciz "cudaFuncSetAttribute"
-.Lname39:
+.Lname34:
     .asciz "cudaFuncSetCacheConfig"
-.Lname40:
+.Lname35:
     .asciz "cudaFuncSetSharedMemConfig"
-.Lname41:
+.Lname36:
     .asciz "cudaGLGetDevices"
-.Lname42:
+.Lname37:
     .asciz "cudaGLMapBufferObject"
-.Lname43:
+.Lname38:
     .asciz "cudaGLMapBufferObjectAsync"
-.Lname44:
+.Lname39:
     .asciz "cudaGLRegisterBufferObject"
-.Lname45:
+.Lname40:
     .asciz "cudaGLSetBufferObjectMapFlags"
-.Lname46:
+.Lname41:
     .asciz "cudaGLSetGLDevice"
-.Lname47:
+.Lname42:
     .asciz "cudaGLUnmapBufferObject"
-.Lname48:
+.Lname43:
     .asciz "cudaGLUnmapBufferObjectAsync"
-.Lname49:
+.Lname44:
     .asciz "cudaGLUnregisterBufferObject"
-.Lname50:
+.Lname45:
     .asciz "cudaGetChannelDesc"
-.Lname51:
-    .asciz "cudaGetDeviceProperties"
-.Lname52:
+.Lname46:
     .asciz "cudaGetDriverEntryPoint"
-.Lname53:
+.Lname47:
     .asciz "cudaGetDriverEntryPointByVersion"
-.Lname54:
+.Lname48:
     .asciz "cudaGetDriverEntryPointByVersion_ptsz"
-.Lname55:
+.Lname49:
     .asciz "cudaGetDriverEntryPoint_ptsz"
-.Lname56:
+.Lname50:
     .asciz "cudaGetExportTable"
-.Lname57:
+.Lname51:
     .asciz "cudaGetFuncBySymbol"
-.Lname58:
+.Lname52:
     .asciz "cudaGetKernel"
-.Lname59:
+.Lname53:
     .asciz "cudaGetSurfaceObjectResourceDesc"
-.Lname60:
+.Lname54:
     .asciz "cudaGetSymbolAddress"
-.Lname61:
+.Lname55:
     .asciz "cudaGetSymbolSize"
-.Lname62:
+.Lname56:
     .asciz "cudaGetTextureObjectResourceDesc"
-.Lname63:
+.Lname57:
     .asciz "cudaGetTextureObjectResourceViewDesc"
-.Lname64:
+.Lname58:
     .asciz "cudaGetTextureObjectTextureDesc"
-.Lname65:
+.Lname59:
     .asciz "cudaGraphAddChildGraphNode"
-.Lname66:
+.Lname60:
     .asciz "cudaGraphAddDependencies"
-.Lname67:
+.Lname61:
     .asciz "cudaGraphAddEmptyNode"
-.Lname68:
+.Lname62:
     .asciz "cudaGraphAddEventRecordNode"
-.Lname69:
+.Lname63:
     .asciz "cudaGraphAddEventWaitNode"
-.Lname70:
+.Lname64:
     .asciz "cudaGraphAddExternalSemaphoresSignalNode"
-.Lname71:
+.Lname65:
     .asciz "cudaGraphAddExternalSemaphoresWaitNode"
-.Lname72:
+.Lname66:
     .asciz "cudaGraphAddHostNode"
-.Lname73:
+.Lname67:
     .asciz "cudaGraphAddKernelNode"
-.Lname74:
+.Lname68:
     .asciz "cudaGraphAddMemAllocNode"
-.Lname75:
+.Lname69:
     .asciz "cudaGraphAddMemFreeNode"
-.Lname76:
+.Lname70:
     .asciz "cudaGraphAddMemcpyNode"
-.Lname77:
+.Lname71:
     .asciz "cudaGraphAddMemcpyNode1D"
-.Lname78:
+.Lname72:
     .asciz "cudaGraphAddMemcpyNodeFromSymbol"
-.Lname79:
+.Lname73:
     .asciz "cudaGraphAddMemcpyNodeToSymbol"
-.Lname80:
+.Lname74:
     .asciz "cudaGraphAddMemsetNode"
-.Lname81:
+.Lname75:
     .asciz "cudaGraphAddNode"
-.Lname82:
+.Lname76:
     .asciz "cudaGraphDebugDotPrint"
-.Lname83:
+.Lname77:
     .asciz "cudaGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname84:
+.Lname78:
     .asciz "cudaGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname85:
+.Lname79:
     .asciz "cudaGraphExecHostNodeSetParams"
-.Lname86:
+.Lname80:
     .asciz "cudaGraphExecKernelNodeSetParams"
-.Lname87:
+.Lname81:
     .asciz "cudaGraphExecMemcpyNodeSetParams"
-.Lname88:
+.Lname82:
     .asciz "cudaGraphExecMemcpyNodeSetParams1D"
-.Lname89:
+.Lname83:
     .asciz "cudaGraphExecMemcpyNodeSetParamsFromSymbol"
-.Lname90:
+.Lname84:
     .asciz "cudaGraphExecMemcpyNodeSetParamsToSymbol"
-.Lname91:
+.Lname85:
     .asciz "cudaGraphExecMemsetNodeSetParams"
-.Lname92:
+.Lname86:
     .asciz "cudaGraphExecNodeSetParams"
-.Lname93:
+.Lname87:
     .asciz "cudaGraphExecUpdate"
-.Lname94:
+.Lname88:
     .asciz "cudaGraphExternalSemaphoresSignalNodeGetParams"
-.Lname95:
+.Lname89:
     .asciz "cudaGraphExternalSemaphoresSignalNodeSetParams"
-.Lname96:
+.Lname90:
     .asciz "cudaGraphExternalSemaphoresWaitNodeGetParams"
-.Lname97:
+.Lname91:
     .asciz "cudaGraphExternalSemaphoresWaitNodeSetParams"
-.Lname98:
+.Lname92:
     .asciz "cudaGraphGetEdges"
-.Lname99:
+.Lname93:
     .asciz "cudaGraphHostNodeGetParams"
-.Lname100:
+.Lname94:
     .asciz "cudaGraphHostNodeSetParams"
-.Lname101:
+.Lname95:
     .asciz "cudaGraphInstantiateWithParams"
-.Lname102:
+.Lname96:
     .asciz "cudaGraphInstantiateWithParams_ptsz"
-.Lname103:
+.Lname97:
     .asciz "cudaGraphKernelNodeGetAttribute"
-.Lname104:
+.Lname98:
     .asciz "cudaGraphKernelNodeGetParams"
-.Lname105:
+.Lname99:
     .asciz "cudaGraphKernelNodeSetAttribute"
-.Lname106:
+.Lname100:
     .asciz "cudaGraphKernelNodeSetParams"
-.Lname107:
+.Lname101:
     .asciz "cudaGraphMemAllocNodeGetParams"
-.Lname108:
+.Lname102:
     .asciz "cudaGraphMemFreeNodeGetParams"
-.Lname109:
+.Lname103:
     .asciz "cudaGraphMemcpyNodeGetParams"
-.Lname110:
+.Lname104:
     .asciz "cudaGraphMemcpyNodeSetParams"
-.Lname111:
+.Lname105:
     .asciz "cudaGraphMemcpyNodeSetParams1D"
-.Lname112:
+.Lname106:
     .asciz "cudaGraphMemcpyNodeSetParamsFromSymbol"
-.Lname113:
+.Lname107:
     .asciz "cudaGraphMemcpyNodeSetParamsToSymbol"
-.Lname114:
+.Lname108:
     .asciz "cudaGraphMemsetNodeGetParams"
-.Lname115:
+.Lname109:
     .asciz "cudaGraphMemsetNodeSetParams"
-.Lname116:
+.Lname110:
     .asciz "cudaGraphNodeGetDependencies"
-.Lname117:
+.Lname111:
     .asciz "cudaGraphNodeGetDependentNodes"
-.Lname118:
+.Lname112:
     .asciz "cudaGraphNodeSetParams"
-.Lname119:
+.Lname113:
     .asciz "cudaGraphRemoveDependencies"
-.Lname120:
+.Lname114:
     .asciz "cudaGraphicsEGLRegisterImage"
-.Lname121:
+.Lname115:
     .asciz "cudaGraphicsGLRegisterBuffer"
-.Lname122:
+.Lname116:
     .asciz "cudaGraphicsGLRegisterImage"
-.Lname123:
+.Lname117:
     .asciz "cudaGraphicsResourceGetMappedEglFrame"
-.Lname124:
+.Lname118:
     .asciz "cudaGraphicsResourceGetMappedPointer"
-.Lname125:
+.Lname119:
     .asciz "cudaGraphicsVDPAURegisterOutputSurface"
-.Lname126:
+.Lname120:
     .asciz "cudaGraphicsVDPAURegisterVideoSurface"
-.Lname127:
-    .asciz "cudaHostAlloc"
-.Lname128:
+.Lname121:
     .asciz "cudaHostGetDevicePointer"
-.Lname129:
-    .asciz "cudaHostGetFlags"
-.Lname130:
-    .asciz "cudaHostRegister"
-.Lname131:
-    .asciz "cudaHostUnregister"
-.Lname132:
+.Lname122:
     .asciz "cudaImportExternalMemory"
-.Lname133:
+.Lname123:
     .asciz "cudaImportExternalSemaphore"
-.Lname134:
+.Lname124:
     .asciz "cudaIpcCloseMemHandle"
-.Lname135:
+.Lname125:
     .asciz "cudaIpcGetEventHandle"
-.Lname136:
+.Lname126:
     .asciz "cudaIpcGetMemHandle"
-.Lname137:
+.Lname127:
     .asciz "cudaIpcOpenMemHandle"
-.Lname138:
+.Lname128:
     .asciz "cudaLaunchCooperativeKernel"
-.Lname139:
+.Lname129:
     .asciz "cudaLaunchCooperativeKernel_ptsz"
-.Lname140:
-    .asciz "cudaLaunchHostFunc"
-.Lname141:
-    .asciz "cudaLaunchHostFunc_ptsz"
-.Lname142:
+.Lname130:
     .asciz "cudaLaunchKernel"
-.Lname143:
+.Lname131:
     .asciz "cudaLaunchKernelExC"
-.Lname144:
+.Lname132:
     .asciz "cudaLaunchKernelExC_ptsz"
-.Lname145:
+.Lname133:
     .asciz "cudaLaunchKernel_ptsz"
-.Lname146:
+.Lname134:
     .asciz "cudaLibraryGetGlobal"
-.Lname147:
+.Lname135:
     .asciz "cudaLibraryGetManaged"
-.Lname148:
+.Lname136:
     .asciz "cudaLibraryGetUnifiedFunction"
-.Lname149:
+.Lname137:
     .asciz "cudaLibraryLoadData"
-.Lname150:
+.Lname138:
     .asciz "cudaLibraryLoadFromFile"
-.Lname151:
+.Lname139:
     .asciz "cudaLogsDumpToFile"
-.Lname152:
+.Lname140:
     .asciz "cudaLogsDumpToMemory"
-.Lname153:
+.Lname141:
     .asciz "cudaLogsRegisterCallback"
-.Lname154:
-    .asciz "cudaMalloc"
-.Lname155:
+.Lname142:
     .asciz "cudaMalloc3D"
-.Lname156:
-    .asciz "cudaMallocAsync"
-.Lname157:
-    .asciz "cudaMallocAsync_ptsz"
-.Lname158:
+.Lname143:
     .asciz "cudaMallocFromPoolAsync"
-.Lname159:
+.Lname144:
     .asciz "cudaMallocFromPoolAsync_ptsz"
-.Lname160:
-    .asciz "cudaMallocHost"
-.Lname161:
+.Lname145:
     .asciz "cudaMallocManaged"
-.Lname162:
+.Lname146:
     .asciz "cudaMallocMipmappedArray"
-.Lname163:
-    .asciz "cudaMallocPitch"
-.Lname164:
+.Lname147:
     .asciz "cudaMemAdvise"
-.Lname165:
+.Lname148:
     .asciz "cudaMemDiscardAndPrefetchBatchAsync"
-.Lname166:
+.Lname149:
     .asciz "cudaMemDiscardAndPrefetchBatchAsync_ptsz"
-.Lname167:
+.Lname150:
     .asciz "cudaMemDiscardBatchAsync"
-.Lname168:
+.Lname151:
     .asciz "cudaMemDiscardBatchAsync_ptsz"
-.Lname169:
+.Lname152:
     .asciz "cudaMemGetDefaultMemPool"
-.Lname170:
+.Lname153:
     .asciz "cudaMemGetMemPool"
-.Lname171:
+.Lname154:
     .asciz "cudaMemPoolCreate"
-.Lname172:
+.Lname155:
     .asciz "cudaMemPoolExportPointer"
-.Lname173:
+.Lname156:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname174:
+.Lname157:
     .asciz "cudaMemPoolGetAccess"
-.Lname175:
+.Lname158:
     .asciz "cudaMemPoolGetAttribute"
-.Lname176:
+.Lname159:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname177:
+.Lname160:
     .asciz "cudaMemPoolImportPointer"
-.Lname178:
+.Lname161:
     .asciz "cudaMemPoolSetAccess"
-.Lname179:
+.Lname162:
     .asciz "cudaMemPoolSetAttribute"
-.Lname180:
+.Lname163:
     .asciz "cudaMemPrefetchAsync"
-.Lname181:
+.Lname164:
     .asciz "cudaMemPrefetchAsync_ptsz"
-.Lname182:
+.Lname165:
     .asciz "cudaMemPrefetchBatchAsync"
-.Lname183:
+.Lname166:
     .asciz "cudaMemPrefetchBatchAsync_ptsz"
-.Lname184:
+.Lname167:
     .asciz "cudaMemRangeGetAttribute"
-.Lname185:
+.Lname168:
     .asciz "cudaMemRangeGetAttributes"
-.Lname186:
+.Lname169:
     .asciz "cudaMemSetMemPool"
-.Lname187:
-    .asciz "cudaMemcpy"
-.Lname188:
+.Lname170:
     .asciz "cudaMemcpy2D"
-.Lname189:
+.Lname171:
     .asciz "cudaMemcpy2DAsync"
-.Lname190:
+.Lname172:
     .asciz "cudaMemcpy2DAsync_ptsz"
-.Lname191:
+.Lname173:
     .asciz "cudaMemcpy2DFromArray"
-.Lname192:
+.Lname174:
     .asciz "cudaMemcpy2DFromArrayAsync"
-.Lname193:
+.Lname175:
     .asciz "cudaMemcpy2DFromArrayAsync_ptsz"
-.Lname194:
+.Lname176:
     .asciz "cudaMemcpy2DFromArray_ptds"
-.Lname195:
+.Lname177:
     .asciz "cudaMemcpy2DToArray"
-.Lname196:
+.Lname178:
     .asciz "cudaMemcpy2DToArrayAsync"
-.Lname197:
+.Lname179:
     .asciz "cudaMemcpy2DToArrayAsync_ptsz"
-.Lname198:
+.Lname180:
     .asciz "cudaMemcpy2DToArray_ptds"
-.Lname199:
+.Lname181:
     .asciz "cudaMemcpy2D_ptds"
-.Lname200:
+.Lname182:
     .asciz "cudaMemcpy3D"
-.Lname201:
+.Lname183:
     .asciz "cudaMemcpy3DAsync"
-.Lname202:
+.Lname184:
     .asciz "cudaMemcpy3DAsync_ptsz"
-.Lname203:
+.Lname185:
     .asciz "cudaMemcpy3DBatchAsync"
-.Lname204:
+.Lname186:
     .asciz "cudaMemcpy3DBatchAsync_ptsz"
-.Lname205:
+.Lname187:
     .asciz "cudaMemcpy3DPeer"
-.Lname206:
+.Lname188:
     .asciz "cudaMemcpy3DPeerAsync"
-.Lname207:
+.Lname189:
     .asciz "cudaMemcpy3DPeerAsync_ptsz"
-.Lname208:
+.Lname190:
     .asciz "cudaMemcpy3DPeer_ptds"
-.Lname209:
+.Lname191:
     .asciz "cudaMemcpy3D_ptds"
-.Lname210:
-    .asciz "cudaMemcpyAsync"
-.Lname211:
-    .asciz "cudaMemcpyAsync_ptsz"
-.Lname212:
+.Lname192:
     .asciz "cudaMemcpyBatchAsync"
-.Lname213:
+.Lname193:
     .asciz "cudaMemcpyBatchAsync_ptsz"
-.Lname214:
+.Lname194:
     .asciz "cudaMemcpyFromArray"
-.Lname215:
+.Lname195:
     .asciz "cudaMemcpyFromArrayAsync"
-.Lname216:
+.Lname196:
     .asciz "cudaMemcpyFromArrayAsync_ptsz"
-.Lname217:
+.Lname197:
     .asciz "cudaMemcpyFromArray_ptds"
-.Lname218:
+.Lname198:
     .asciz "cudaMemcpyFromSymbol"
-.Lname219:
+.Lname199:
     .asciz "cudaMemcpyFromSymbolAsync"
-.Lname220:
+.Lname200:
     .asciz "cudaMemcpyFromSymbolAsync_ptsz"
-.Lname221:
+.Lname201:
     .asciz "cudaMemcpyFromSymbol_ptds"
-.Lname222:
+.Lname202:
     .asciz "cudaMemcpyPeer"
-.Lname223:
+.Lname203:
     .asciz "cudaMemcpyPeerAsync"
-.Lname224:
+.Lname204:
     .asciz "cudaMemcpyToArray"
-.Lname225:
+.Lname205:
     .asciz "cudaMemcpyToArrayAsync"
-.Lname226:
+.Lname206:
     .asciz "cudaMemcpyToArrayAsync_ptsz"
-.Lname227:
+.Lname207:
     .asciz "cudaMemcpyToArray_ptds"
-.Lname228:
+.Lname208:
     .asciz "cudaMemcpyToSymbol"
-.Lname229:
+.Lname209:
     .asciz "cudaMemcpyToSymbolAsync"
-.Lname230:
+.Lname210:
     .asciz "cudaMemcpyToSymbolAsync_ptsz"
-.Lname231:
+.Lname211:
     .asciz "cudaMemcpyToSymbol_ptds"
-.Lname232:
-    .asciz "cudaMemcpy_ptds"
-.Lname233:
-    .asciz "cudaMemset"
-.Lname234:
+.Lname212:
     .asciz "cudaMemset2D"
-.Lname235:
+.Lname213:
     .asciz "cudaMemset2DAsync"
-.Lname236:
+.Lname214:
     .asciz "cudaMemset2DAsync_ptsz"
-.Lname237:
+.Lname215:
     .asciz "cudaMemset2D_ptds"
-.Lname238:
+.Lname216:
     .asciz "cudaMemset3D"
-.Lname239:
+.Lname217:
     .asciz "cudaMemset3DAsync"
-.Lname240:
+.Lname218:
     .asciz "cudaMemset3DAsync_ptsz"
-.Lname241:
+.Lname219:
     .asciz "cudaMemset3D_ptds"
-.Lname242:
-    .asciz "cudaMemsetAsync"
-.Lname243:
-    .asciz "cudaMemsetAsync_ptsz"
-.Lname244:
-    .asciz "cudaMemset_ptds"
-.Lname245:
+.Lname220:
     .asciz "cudaMipmappedArrayGetMemoryRequirements"
-.Lname246:
+.Lname221:
     .asciz "cudaMipmappedArrayGetSparseProperties"
-.Lname247:
+.Lname222:
     .asciz "cudaOccupancyAvailableDynamicSMemPerBlock"
-.Lname248:
+.Lname223:
     .asciz "cudaOccupancyMaxActiveBlocksPerMultiprocessor"
-.Lname249:
+.Lname224:
     .asciz "cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"
-.Lname250:
+.Lname225:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname251:
+.Lname226:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname252:
-    .asciz "cudaPointerGetAttributes"
-.Lname253:
+.Lname227:
     .asciz "cudaProfilerStart"
-.Lname254:
+.Lname228:
     .asciz "cudaProfilerStop"
-.Lname255:
+.Lname229:
     .asciz "cudaSetValidDevices"
-.Lname256:
+.Lname230:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname257:
+.Lname231:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname258:
-    .asciz "cudaStreamAddCallback"
-.Lname259:
-    .asciz "cudaStreamAddCallback_ptsz"
-.Lname260:
+.Lname232:
     .asciz "cudaStreamAttachMemAsync"
-.Lname261:
+.Lname233:
     .asciz "cudaStreamAttachMemAsync_ptsz"
-.Lname262:
+.Lname234:
     .asciz "cudaStreamBeginCaptureToGraph"
-.Lname263:
+.Lname235:
     .asciz "cudaStreamBeginCaptureToGraph_ptsz"
-.Lname264:
+.Lname236:
     .asciz "cudaStreamGetAttribute"
-.Lname265:
+.Lname237:
     .asciz "cudaStreamGetAttribute_ptsz"
-.Lname266:
+.Lname238:
     .asciz "cudaStreamGetCaptureInfo"
-.Lname267:
+.Lname239:
     .asciz "cudaStreamGetCaptureInfo_ptsz"
-.Lname268:
+.Lname240:
     .asciz "cudaStreamGetDevResource"
-.Lname269:
+.Lname241:
     .asciz "cudaStreamGetDevResource_ptsz"
-.Lname270:
+.Lname242:
     .asciz "cudaStreamSetAttribute"
-.Lname271:
+.Lname243:
     .asciz "cudaStreamSetAttribute_ptsz"
-.Lname272:
+.Lname244:
     .asciz "cudaStreamUpdateCaptureDependencies"
-.Lname273:
+.Lname245:
     .asciz "cudaStreamUpdateCaptureDependencies_ptsz"
-.Lname274:
+.Lname246:
     .asciz "cudaUserObjectCreate"
-.Lname275:
+.Lname247:
     .asciz "cudaVDPAUGetDevice"
-.Lname276:
+.Lname248:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname277:
+.Lname249:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname278:
+.Lname250:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

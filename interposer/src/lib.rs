@@ -5,11 +5,14 @@
 //! which come from `generated/client` (included below, since they call into this crate).
 //! Invariant: nothing in this library loads or calls a real NVIDIA library.
 
+pub mod conn;
 pub mod custom;
 pub mod guard;
 pub mod log;
 pub mod registry;
 pub mod runtime;
+pub mod state;
+pub mod trace;
 pub mod unsupported;
 
 #[rustfmt::skip] // generated: printed by prettyplease, never reformatted

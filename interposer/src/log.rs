@@ -36,3 +36,17 @@ pub fn once(key: &'static str, emit: impl FnOnce()) {
         emit();
     }
 }
+
+static SEEN_OWNED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+/// As [`once`], for keys built at run time (server messages).
+pub fn once_owned(key: &str, emit: impl FnOnce()) {
+    init();
+    let first = match SEEN_OWNED.lock() {
+        Ok(mut guard) => guard.get_or_insert_with(HashSet::new).insert(key.to_owned()),
+        Err(_) => false,
+    };
+    if first {
+        emit();
+    }
+}

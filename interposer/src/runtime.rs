@@ -1,36 +1,197 @@
-//! The client runtime: how a generated export reaches the server.
+//! The client runtime: how a call described by a generated `CallDesc` reaches the server.
 //!
-//! Until a transport exists (the next issue), every forwarded call answers the library's
-//! "unavailable" status (no device / not initialized), logged once per process.
+//! Arguments arrive as raw u64 values (the generated exports convert them). Values,
+//! handles and device addresses travel as they are; host buffers travel as bulk bytes read
+//! from the caller's memory; outputs are written back by the I/O thread when the reply
+//! lands. Calls of class `async` do not wait: a failure comes back as a deferred status that
+//! the next waiting call of the same library reports, as CUDA reports sticky errors.
 
-use std::ffi::c_char;
+use std::ffi::{CStr, c_char};
+use std::time::Instant;
 
 use chidori_cuda::status;
-use chidori_protocol::desc::{CallDesc, Ret};
+use chidori_protocol::desc::{CallDesc, Dir, Ret, Wire};
+use chidori_protocol::frame::{Header, Kind};
+use chidori_protocol::messages::{self, Call, NULL_LEN};
+
+use crate::conn::{self, Conn, OutTarget};
 
 /// The raw return value a call answers when it cannot reach a server.
-fn unavailable(desc: &CallDesc) -> u64 {
+pub fn unavailable(desc: &CallDesc) -> u64 {
     match desc.ret {
         Ret::Status => desc.codes.unavailable as u64,
         Ret::Val { .. } | Ret::Void => 0,
     }
 }
 
+fn success(desc: &CallDesc) -> u64 {
+    match desc.ret {
+        Ret::Status => desc.codes.success as u64,
+        Ret::Val { .. } | Ret::Void => 0,
+    }
+}
+
+thread_local! {
+    static THREAD: u32 = next_thread_id();
+}
+
+fn next_thread_id() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The calling thread's id on the wire (the server runs its calls on one executor).
+pub fn thread_id() -> u32 {
+    THREAD.with(|t| *t)
+}
+
+/// A call ready to send: the archive, the input bytes, and where outputs go.
+struct Prepared<'a> {
+    call: Call,
+    bulk: Vec<&'a [u8]>,
+    outs: Vec<OutTarget>,
+}
+
+/// Marshal raw arguments by the descriptor.
+///
+/// # Safety
+/// Pointer arguments must be valid for the lengths the descriptor computes from the other
+/// arguments (the contract of the CUDA function being called).
+unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
+    let mut lens = vec![0u64; args.len()];
+    let mut bulk: Vec<&'a [u8]> = Vec::new();
+    let mut outs = Vec::new();
+    for (i, wire) in desc.params.iter().enumerate() {
+        let a = args[i];
+        match *wire {
+            Wire::Val { .. } | Wire::Device | Wire::Handle { .. } | Wire::Null => {}
+            Wire::ByValRecord { bytes } => {
+                // SAFETY: the generated export passes the address of its by-value copy.
+                bulk.push(unsafe { std::slice::from_raw_parts(a as *const u8, bytes as usize) });
+                lens[i] = u64::from(bytes);
+            }
+            Wire::OutHandle { .. } => {
+                if a == 0 {
+                    lens[i] = NULL_LEN;
+                } else {
+                    lens[i] = 8;
+                    outs.push(OutTarget { param: i, ptr: a as usize, len: 8 });
+                }
+            }
+            Wire::Str => {
+                if a == 0 {
+                    lens[i] = NULL_LEN;
+                } else {
+                    // SAFETY: a C string argument, NUL-terminated per the API.
+                    let s = unsafe { CStr::from_ptr(a as *const c_char) }.to_bytes_with_nul();
+                    lens[i] = s.len() as u64;
+                    bulk.push(s);
+                }
+            }
+            Wire::Buf { dir, elem, len, .. } => {
+                if a == 0 {
+                    lens[i] = NULL_LEN;
+                    continue;
+                }
+                let count = match len {
+                    Some(expr) => expr.eval(args).unwrap_or(0),
+                    None => 1,
+                };
+                let n = count.saturating_mul(u64::from(elem));
+                lens[i] = n;
+                if dir != Dir::Out {
+                    // SAFETY: the caller's input buffer of n bytes, per the API contract.
+                    bulk.push(unsafe { std::slice::from_raw_parts(a as *const u8, n as usize) });
+                }
+                if dir != Dir::In {
+                    outs.push(OutTarget { param: i, ptr: a as usize, len: n as usize });
+                }
+            }
+        }
+    }
+    Prepared { call: Call { args: args.to_vec(), lens }, bulk, outs }
+}
+
 /// Forward one call described by `desc` with its raw arguments; returns the raw result.
 ///
 /// # Safety
-/// `args` must hold the raw values of the caller's arguments as the generated export
-/// converted them; pointers among them are dereferenced as `desc` describes.
+/// As [`prepare`].
 pub unsafe fn call(desc: &'static CallDesc, args: &[u64]) -> u64 {
-    let _ = args;
     crate::guard::ffi(desc.name, unavailable(desc), || {
-        crate::log::once("no-transport", || {
-            tracing::warn!(
-                "no Chidori server connection: CUDA calls answer \"no device\" (start the program with `chidori run -s HOST`)"
-            )
-        });
-        unavailable(desc)
+        let conn = match conn::get() {
+            Ok(c) => c,
+            Err(_) => return unavailable(desc),
+        };
+        // SAFETY: forwarded contract.
+        let ret = unsafe { call_on(&conn, desc, args) };
+        note_status(desc, ret);
+        ret
     })
+}
+
+/// Send a call on `conn` and, unless it is async, wait for its reply.
+///
+/// # Safety
+/// As [`prepare`].
+pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64 {
+    // SAFETY: forwarded contract.
+    let prepared = unsafe { prepare(desc, args) };
+    let seq = conn.next_seq();
+    let waits = desc.waits();
+    let slot = waits.then(|| conn.expect(seq, prepared.outs.clone()));
+    let archive = messages::encode(&prepared.call);
+    let header = Header::new(Kind::Call, desc.wire, thread_id(), seq);
+    let sent_bytes: usize = prepared.bulk.iter().map(|b| b.len()).sum::<usize>() + archive.len();
+    let start = Instant::now();
+    if conn.send(header, &archive, &prepared.bulk).is_err() {
+        conn.forget(seq);
+        return unavailable(desc);
+    }
+    let Some(slot) = slot else {
+        crate::trace::record(desc, false, sent_bytes, 0, start);
+        return success(desc);
+    };
+    let ret = match slot.wait() {
+        Ok(r) => r,
+        Err(_) => return unavailable(desc),
+    };
+    // Bytes of earlier asynchronous copies into pinned memory have landed before any
+    // waiting call returns.
+    crate::state::wait_deferred();
+    let received: usize = prepared.outs.iter().map(|o| o.len).sum();
+    crate::trace::record(desc, true, sent_bytes, received, start);
+    // A deferred failure of an earlier asynchronous call surfaces here.
+    if desc.ret == Ret::Status && ret == desc.codes.success as u64
+        && let Some(status) = conn.take_deferred(desc.library) {
+            return status as u64;
+        }
+    ret
+}
+
+/// Send a call whose reply is processed in the background (an asynchronous copy into
+/// pinned memory): returns the sequence number to wait for at the next synchronization.
+///
+/// # Safety
+/// As [`prepare`]; output buffers must stay valid until the reply has landed.
+pub unsafe fn send_deferred(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> Option<u64> {
+    // SAFETY: forwarded contract.
+    let prepared = unsafe { prepare(desc, args) };
+    let seq = conn.next_seq();
+    let slot = conn.expect(seq, prepared.outs.clone());
+    let archive = messages::encode(&prepared.call);
+    if conn.send(Header::new(Kind::Call, desc.wire, thread_id(), seq), &archive, &prepared.bulk).is_err() {
+        conn.forget(seq);
+        return None;
+    }
+    crate::state::defer(desc, slot);
+    Some(seq)
+}
+
+/// Remember a failing status of the runtime API as the thread's last error.
+pub fn note_status(desc: &CallDesc, ret: u64) {
+    if desc.library == "cudart" && desc.ret == Ret::Status && ret != 0 {
+        crate::state::set_last_error(ret as u32);
+    }
 }
 
 /// `*GetErrorName`: the status's name, from the generated table of the caller's version.
@@ -53,7 +214,61 @@ pub fn error_string(version: &str, library: &str, value: i64) -> *const c_char {
     })
 }
 
-static UNRECOGNIZED: &std::ffi::CStr = c"unrecognized error code";
+static UNRECOGNIZED: &CStr = c"unrecognized error code";
+
+/// Send several calls of one descriptor back to back and then wait for all their replies
+/// (chunks of one large copy: the network stays full, no stop-and-wait per chunk).
+/// Returns the first failing status, or success.
+///
+/// # Safety
+/// As [`prepare`], for every argument list.
+pub unsafe fn call_pipelined(conn: &Conn, desc: &'static CallDesc, calls: &[Vec<u64>]) -> u64 {
+    if !desc.waits() {
+        for args in calls {
+            // SAFETY: forwarded contract.
+            let r = unsafe { call_on(conn, desc, args) };
+            if r != success(desc) {
+                return r;
+            }
+        }
+        return success(desc);
+    }
+    let start = Instant::now();
+    let mut slots = Vec::with_capacity(calls.len());
+    let (mut sent, mut received) = (0u64, 0u64);
+    for args in calls {
+        // SAFETY: forwarded contract.
+        let prepared = unsafe { prepare(desc, args) };
+        let seq = conn.next_seq();
+        slots.push(conn.expect(seq, prepared.outs.clone()));
+        received += prepared.outs.iter().map(|o| o.len as u64).sum::<u64>();
+        let archive = messages::encode(&prepared.call);
+        sent += archive.len() as u64 + prepared.bulk.iter().map(|b| b.len() as u64).sum::<u64>();
+        if conn.send(Header::new(Kind::Call, desc.wire, thread_id(), seq), &archive, &prepared.bulk).is_err() {
+            conn.forget(seq);
+            return unavailable(desc);
+        }
+    }
+    let mut first = success(desc);
+    for slot in slots {
+        match slot.wait() {
+            Ok(r) if r == success(desc) => {}
+            Ok(r) => {
+                if first == success(desc) {
+                    first = r;
+                }
+            }
+            Err(_) => return unavailable(desc),
+        }
+    }
+    crate::state::wait_deferred();
+    crate::trace::bytes(desc.name, calls.len() as u64, sent, received, start.elapsed());
+    if first == success(desc)
+        && let Some(status) = conn.take_deferred(desc.library) {
+            return status as u64;
+        }
+    first
+}
 
 #[cfg(test)]
 mod tests {

@@ -103,6 +103,8 @@ pub struct CallDesc {
     pub wire: u32,
     pub call: CallId,
     pub name: &'static str,
+    /// The wire form of a custom function (`h2d`), or None for a plain forwarded variant.
+    pub form: Option<&'static str>,
     pub library: &'static str,
     /// The CUDA versions whose callers use this variant ("11.8", …).
     pub versions: &'static [&'static str],

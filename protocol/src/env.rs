@@ -10,3 +10,27 @@ pub const LOG: &str = "CHIDORI_LOG";
 
 /// Default port of `chidori serve`.
 pub const DEFAULT_PORT: u16 = 43211;
+
+/// Extra directories (colon-separated) where the server looks for the real CUDA libraries
+/// before the Python `nvidia/*/lib` directories, the CUDA toolkit and the loader path.
+pub const CUDA_LIB_DIRS: &str = "CHIDORI_CUDA_LIB_DIRS";
+
+/// Backend of `chidori serve`: `real` (default) or `emulated` (tests without a GPU).
+pub const BACKEND: &str = "CHIDORI_BACKEND";
+
+/// Device profile the emulated backend answers from (JSON from gpu/record_profile.py).
+pub const PROFILE: &str = "CHIDORI_PROFILE";
+
+/// Port `chidori serve` listens on.
+pub const PORT: &str = "CHIDORI_PORT";
+
+/// Address `chidori serve` binds.
+pub const BIND: &str = "CHIDORI_BIND";
+
+/// When set (to a path or `-` for stderr), the interposer writes per-function call counts,
+/// round trips, bytes each way and time spent waiting when the program exits.
+pub const TRACE: &str = "CHIDORI_TRACE";
+
+/// Seconds without any frame after which either side sends a heartbeat, and after three of
+/// which it gives up on the peer (default 5).
+pub const HEARTBEAT_SECS: &str = "CHIDORI_HEARTBEAT_SECS";

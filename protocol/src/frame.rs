@@ -82,7 +82,9 @@ pub struct Header {
 pub enum FrameError {
     #[error("not a Chidori frame (magic {0:#010x}); is something else listening on this port?")]
     BadMagic(u32),
-    #[error("protocol version {got}, this side speaks {PROTOCOL_VERSION}: client and server must be the same Chidori release")]
+    #[error(
+        "protocol version {got}, this side speaks {PROTOCOL_VERSION}: client and server must be the same Chidori release"
+    )]
     Version { got: u16 },
     #[error("unknown message kind {0}")]
     UnknownKind(u8),
@@ -174,7 +176,7 @@ impl Frame {
     }
 
     /// Bulk bytes of `lengths` consecutive buffers.
-    pub fn split_bulk<'a>(&'a self, lengths: impl IntoIterator<Item = u64>) -> Result<Vec<&'a [u8]>, FrameError> {
+    pub fn split_bulk(&self, lengths: impl IntoIterator<Item = u64>) -> Result<Vec<&[u8]>, FrameError> {
         let mut out = Vec::new();
         let mut at = 0usize;
         for len in lengths {

@@ -14,5 +14,8 @@ pub mod env;
 pub mod frame;
 pub mod messages;
 
+/// Re-exported so both sides use the same rkyv.
+pub use rkyv;
+
 /// Bumped on any incompatible change to frames or messages.
 pub const PROTOCOL_VERSION: u16 = 1;

@@ -105,16 +105,19 @@ pub struct AsyncError {
     pub message: Option<String>,
 }
 
-/// Server → client: run the host function registered as `id` (its stream reached it).
+/// Server → client: run the host function the client registered as `id` (its stream
+/// reached it), then answer with `token`.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct HostCallback {
     pub id: u64,
+    pub token: u64,
     pub status: i64,
 }
 
+/// Client → server: the host callback of `token` returned.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct HostCallbackDone {
-    pub id: u64,
+    pub token: u64,
 }
 
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -126,8 +129,8 @@ pub struct Goodbye {
 pub fn encode<T>(value: &T) -> rkyv::util::AlignedVec
 where
     T: for<'a> Serialize<
-            rkyv::api::high::HighSerializer<rkyv::util::AlignedVec, rkyv::ser::allocator::ArenaHandle<'a>, RkyvError>,
-        >,
+        rkyv::api::high::HighSerializer<rkyv::util::AlignedVec, rkyv::ser::allocator::ArenaHandle<'a>, RkyvError>,
+    >,
 {
     // Serializing plain owned data into a growable buffer cannot fail.
     rkyv::to_bytes::<RkyvError>(value).expect("serializing a message")
@@ -151,7 +154,8 @@ where
     T: Archive,
     T::Archived: for<'b> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'b, RkyvError>>,
 {
-    rkyv::access::<T::Archived, RkyvError>(&frame.archive).map_err(|e| FrameError::BadArchive { what, reason: e.to_string() })
+    rkyv::access::<T::Archived, RkyvError>(&frame.archive)
+        .map_err(|e| FrameError::BadArchive { what, reason: e.to_string() })
 }
 
 #[cfg(test)]
@@ -199,7 +203,10 @@ mod tests {
                 uuid: [7; 16],
                 total_mem: 150 << 30,
                 attributes: vec![(1, 1024), (16, 132)],
-                props: vec![("name".into(), PropValue::Text("NVIDIA H200".into())), ("maxThreadsDim".into(), PropValue::Ints(vec![1024, 1024, 64]))],
+                props: vec![
+                    ("name".into(), PropValue::Text("NVIDIA H200".into())),
+                    ("maxThreadsDim".into(), PropValue::Ints(vec![1024, 1024, 64])),
+                ],
                 props_version: "13.0".into(),
             }],
         };

@@ -15,8 +15,8 @@ use std::fmt::Write as _;
 
 use anyhow::{Context, Result};
 use proc_macro2::{Ident, Literal, Span, TokenStream};
-use sha2::Digest;
 use quote::{format_ident, quote};
+use sha2::Digest;
 
 use crate::ir::Ty;
 use crate::model::{Dir, Disposition, Len, Lowered, Model, RetWire, Target, TypeEnv, Variant, Wire, core_symbol};
@@ -344,11 +344,19 @@ impl<'a> Emitter<'a> {
             let id_ident = ident(&e.ident);
             let call = e.call;
             let wire = wire_id as u32;
+            let form = match &e.form {
+                Some(f) => {
+                    let f = lit_str(f);
+                    quote!(Some(#f))
+                }
+                None => quote!(None),
+            };
             items.push(quote! {
                 pub static #id_ident: CallDesc = CallDesc {
                     wire: #wire,
                     call: #call,
                     name: #name,
+                    form: #form,
                     library: #library,
                     versions: &[#(#versions),*],
                     class: #class,

@@ -451,12 +451,19 @@ fn build_library(lib: &Library, spec: SpecFile, all: &AllIr, envs: &BTreeMap<Str
 
     let mut functions = BTreeMap::new();
     for (name, per_version) in &decls {
-        let fspec = spec.function.get(name).cloned().unwrap_or_default();
+        // Per-thread-default-stream twins (`cudaMemcpy_ptds`, `cuMemcpyHtoD_v2_ptds`) share
+        // their base function's spec.
+        let base = name.strip_suffix("_ptds").or_else(|| name.strip_suffix("_ptsz"));
+        let fspec =
+            spec.function.get(name).or_else(|| base.and_then(|b| spec.function.get(b))).cloned().unwrap_or_default();
         let hidden_spec = spec.hidden.get(name);
         let mut groups: Vec<(String, Vec<String>)> = Vec::new();
         for (v, (f, _)) in per_version {
             let env = &envs[v];
-            let key = variant_key(env, lib, f, v, all)?;
+            let mut key = variant_key(env, lib, f, v, all)?;
+            if fspec.per_soname {
+                key.push_str(&all[v][&lib.name].meta().soname);
+            }
             match groups.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, vs)) => vs.push(v.clone()),
                 None => groups.push((key, vec![v.clone()])),
@@ -724,9 +731,8 @@ fn classify_call(
     }
     let class = class.unwrap_or(Class::Sync);
     if class == Class::Async {
-        let outputs = wires.iter().any(|w| {
-            matches!(w, Wire::OutHandle { .. } | Wire::Buf { dir: Dir::Out | Dir::InOut, .. })
-        });
+        let outputs =
+            wires.iter().any(|w| matches!(w, Wire::OutHandle { .. } | Wire::Buf { dir: Dir::Out | Dir::InOut, .. }));
         if outputs || !matches!(ret, RetWire::Status | RetWire::Void) {
             bail!("{} is async but has outputs", decl.name);
         }
@@ -792,6 +798,12 @@ fn classify(
             ParamSpec::Device => match kind {
                 Kind::Pointer { .. } | Kind::Scalar { bytes: 8, .. } => Wire::Device,
                 other => bail!("{}: `device` does not fit {other:?}", p.name),
+            },
+            ParamSpec::Value => match kind {
+                Kind::Pointer { .. } | Kind::FnPtr | Kind::Handle { .. } | Kind::Scalar { bytes: 8, .. } => {
+                    Wire::Val { bytes: 8, float: false }
+                }
+                other => bail!("{}: `value` needs a pointer, not {other:?}", p.name),
             },
             ParamSpec::Str => Wire::Str,
             ParamSpec::Null => Wire::Null,

@@ -34,7 +34,7 @@
 //!
 //! Parameter kinds: `in` (value, or a single element behind a const pointer), `out`
 //! (a single element written by the callee), `inout`, `device` (a device address passed by
-//! value), `str` (NUL-terminated input string), `null` (must be NULL; ignored), `destroy`
+//! value), `value` (a pointer sent as an opaque 64-bit token, never dereferenced), `str` (NUL-terminated input string), `null` (must be NULL; ignored), `destroy`
 //! (a handle released by the call), and buffers `in[expr]`, `out[expr]`, `inout[expr]`
 //! whose length in elements of the pointee type (bytes for `void`) is an expression over
 //! other parameters: names, integer literals, `+`, `*` and parentheses.
@@ -90,6 +90,10 @@ pub struct FnSpec {
     pub reason: Option<String>,
     /// Deliberately not forwarded: the reason is logged and listed by `cargo xtask coverage`.
     pub unsupported: Option<String>,
+    /// One implementation per SONAME even where the ABI is the same (the answer depends on
+    /// which library the caller was built against, as for cudaRuntimeGetVersion).
+    #[serde(default)]
+    pub per_soname: bool,
     /// Extra wire forms of a custom function: the hand-written code picks one per call
     /// (cudaMemcpy travels as `h2d`, `d2h` or `d2d`). Each gets its own call descriptor.
     #[serde(default)]
@@ -131,6 +135,8 @@ pub enum ParamSpec {
     Out,
     InOut,
     Device,
+    /// A pointer passed as an opaque 64-bit value (a token the server hands back unread).
+    Value,
     Str,
     Null,
     Destroy,
@@ -167,6 +173,7 @@ pub fn parse_param(s: &str) -> Result<ParamSpec> {
         "out" => Some(ParamSpec::Out),
         "inout" => Some(ParamSpec::InOut),
         "device" => Some(ParamSpec::Device),
+        "value" => Some(ParamSpec::Value),
         "str" => Some(ParamSpec::Str),
         "null" => Some(ParamSpec::Null),
         "destroy" => Some(ParamSpec::Destroy),

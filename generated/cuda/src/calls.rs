@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 10660033564211238262u64;
+pub const SCHEMA_HASH: u64 = 7181867020086726831u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 1153usize] = [
+pub static FUNCTIONS: [&str; 1170usize] = [
     "cublasCreate_v2",
     "cublasDestroy_v2",
     "cublasDzasum",
@@ -77,7 +77,6 @@ pub static FUNCTIONS: [&str; 1153usize] = [
     "cudaDeviceDisablePeerAccess",
     "cudaDeviceEnablePeerAccess",
     "cudaDeviceFlushGPUDirectRDMAWrites",
-    "cudaDeviceGetAttribute",
     "cudaDeviceGetByPCIBusId",
     "cudaDeviceGetCacheConfig",
     "cudaDeviceGetDefaultMemPool",
@@ -96,7 +95,6 @@ pub static FUNCTIONS: [&str; 1153usize] = [
     "cudaDeviceSetSharedMemConfig",
     "cudaDeviceSynchronize",
     "cudaDeviceUnregisterAsyncNotification",
-    "cudaDriverGetVersion",
     "cudaEventCreate",
     "cudaEventCreateWithFlags",
     "cudaEventDestroy",
@@ -116,12 +114,12 @@ pub static FUNCTIONS: [&str; 1153usize] = [
     "cudaExecutionCtxSynchronize",
     "cudaExecutionCtxWaitEvent",
     "cudaExternalMemoryGetMappedMipmappedArray",
+    "cudaFree",
     "cudaFreeArray",
+    "cudaFreeAsync",
+    "cudaFreeAsync_ptsz",
     "cudaFreeMipmappedArray",
-    "cudaGetDevice",
-    "cudaGetDeviceCount",
     "cudaGetDeviceFlags",
-    "cudaGetLastError",
     "cudaGetMipmappedArrayLevel",
     "cudaGetTextureAlignmentOffset",
     "cudaGraphChildGraphNodeGetGraph",
@@ -174,27 +172,41 @@ pub static FUNCTIONS: [&str; 1153usize] = [
     "cudaInitDevice",
     "cudaIpcOpenEventHandle",
     "cudaKernelSetAttributeForDevice",
+    "cudaLaunchHostFunc",
+    "cudaLaunchHostFunc_ptsz",
     "cudaLibraryEnumerateKernels",
     "cudaLibraryGetKernel",
     "cudaLibraryGetKernelCount",
     "cudaLibraryUnload",
     "cudaLogsCurrent",
     "cudaLogsUnregisterCallback",
+    "cudaMalloc",
     "cudaMalloc3DArray",
     "cudaMallocArray",
+    "cudaMallocAsync",
+    "cudaMallocAsync_ptsz",
+    "cudaMallocPitch",
     "cudaMemGetInfo",
     "cudaMemPoolDestroy",
     "cudaMemPoolTrimTo",
+    "cudaMemcpy",
     "cudaMemcpy2DArrayToArray",
     "cudaMemcpy2DArrayToArray_ptds",
     "cudaMemcpyArrayToArray",
     "cudaMemcpyArrayToArray_ptds",
-    "cudaPeekAtLastError",
-    "cudaRuntimeGetVersion",
+    "cudaMemcpyAsync",
+    "cudaMemcpyAsync_ptsz",
+    "cudaMemcpy_ptds",
+    "cudaMemset",
+    "cudaMemsetAsync",
+    "cudaMemsetAsync_ptsz",
+    "cudaMemset_ptds",
     "cudaSetDevice",
     "cudaSetDeviceFlags",
     "cudaSetDoubleForDevice",
     "cudaSetDoubleForHost",
+    "cudaStreamAddCallback",
+    "cudaStreamAddCallback_ptsz",
     "cudaStreamBeginCapture",
     "cudaStreamBeginCapture_ptsz",
     "cudaStreamCopyAttributes",
@@ -575,11 +587,7 @@ pub static FUNCTIONS: [&str; 1153usize] = [
     "cuDestroyExternalMemory",
     "cuDestroyExternalSemaphore",
     "cuDeviceCanAccessPeer",
-    "cuDeviceComputeCapability",
-    "cuDeviceGet",
-    "cuDeviceGetAttribute",
     "cuDeviceGetByPCIBusId",
-    "cuDeviceGetCount",
     "cuDeviceGetDefaultMemPool",
     "cuDeviceGetExecAffinitySupport",
     "cuDeviceGetMemPool",
@@ -595,9 +603,7 @@ pub static FUNCTIONS: [&str; 1153usize] = [
     "cuDevicePrimaryCtxSetFlags_v2",
     "cuDeviceSetMemPool",
     "cuDeviceTotalMem",
-    "cuDeviceTotalMem_v2",
     "cuDeviceUnregisterAsyncNotification",
-    "cuDriverGetVersion",
     "cuEventCreate",
     "cuEventDestroy",
     "cuEventDestroy_v2",
@@ -690,6 +696,8 @@ pub static FUNCTIONS: [&str; 1153usize] = [
     "cuLaunch",
     "cuLaunchGrid",
     "cuLaunchGridAsync",
+    "cuLaunchHostFunc",
+    "cuLaunchHostFunc_ptsz",
     "cuLibraryEnumerateKernels",
     "cuLibraryGetGlobal",
     "cuLibraryGetKernel",
@@ -703,6 +711,7 @@ pub static FUNCTIONS: [&str; 1153usize] = [
     "cuMemAddressFree",
     "cuMemAdvise",
     "cuMemAdvise_v2",
+    "cuMemAlloc_v2",
     "cuMemFree",
     "cuMemFreeAsync",
     "cuMemFreeAsync_ptsz",
@@ -737,6 +746,14 @@ pub static FUNCTIONS: [&str; 1153usize] = [
     "cuMemcpyDtoDAsync_v2_ptsz",
     "cuMemcpyDtoD_v2",
     "cuMemcpyDtoD_v2_ptds",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyDtoHAsync_v2_ptsz",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyDtoH_v2_ptds",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyHtoDAsync_v2_ptsz",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyHtoD_v2_ptds",
     "cuMemcpyPeer",
     "cuMemcpyPeerAsync",
     "cuMemcpyPeerAsync_ptsz",
@@ -1162,7 +1179,7 @@ pub static FUNCTIONS: [&str; 1153usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 1153usize] = [
+pub static LIBRARY_OF: [&str; 1170usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -1219,6 +1236,18 @@ pub static LIBRARY_OF: [&str; 1153usize] = [
     "cublaslt",
     "cublaslt",
     "cublaslt",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
     "cudart",
     "cudart",
     "cudart",
@@ -1687,6 +1716,11 @@ pub static LIBRARY_OF: [&str; 1153usize] = [
     "cusparselt",
     "cusparselt",
     "cusparselt",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
     "driver",
     "driver",
     "driver",
@@ -2335,7 +2369,6 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaDeviceDisablePeerAccess,
     &cudart::cudaDeviceEnablePeerAccess,
     &cudart::cudaDeviceFlushGPUDirectRDMAWrites,
-    &cudart::cudaDeviceGetAttribute,
     &cudart::cudaDeviceGetByPCIBusId,
     &cudart::cudaDeviceGetCacheConfig,
     &cudart::cudaDeviceGetDefaultMemPool,
@@ -2354,7 +2387,6 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaDeviceSetSharedMemConfig,
     &cudart::cudaDeviceSynchronize,
     &cudart::cudaDeviceUnregisterAsyncNotification,
-    &cudart::cudaDriverGetVersion,
     &cudart::cudaEventCreate,
     &cudart::cudaEventCreateWithFlags,
     &cudart::cudaEventDestroy,
@@ -2375,12 +2407,12 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaExecutionCtxWaitEvent,
     &cudart::cudaExternalMemoryGetMappedMipmappedArray__cu118,
     &cudart::cudaExternalMemoryGetMappedMipmappedArray__cu130,
+    &cudart::cudaFree__call,
     &cudart::cudaFreeArray,
+    &cudart::cudaFreeAsync__call,
+    &cudart::cudaFreeAsync_ptsz__call,
     &cudart::cudaFreeMipmappedArray,
-    &cudart::cudaGetDevice,
-    &cudart::cudaGetDeviceCount,
     &cudart::cudaGetDeviceFlags,
-    &cudart::cudaGetLastError,
     &cudart::cudaGetMipmappedArrayLevel,
     &cudart::cudaGetTextureAlignmentOffset,
     &cudart::cudaGraphChildGraphNodeGetGraph,
@@ -2433,27 +2465,49 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaInitDevice,
     &cudart::cudaIpcOpenEventHandle,
     &cudart::cudaKernelSetAttributeForDevice,
+    &cudart::cudaLaunchHostFunc__host,
+    &cudart::cudaLaunchHostFunc_ptsz__host,
     &cudart::cudaLibraryEnumerateKernels,
     &cudart::cudaLibraryGetKernel,
     &cudart::cudaLibraryGetKernelCount,
     &cudart::cudaLibraryUnload,
     &cudart::cudaLogsCurrent,
     &cudart::cudaLogsUnregisterCallback,
+    &cudart::cudaMalloc__call,
     &cudart::cudaMalloc3DArray,
     &cudart::cudaMallocArray,
+    &cudart::cudaMallocAsync__call,
+    &cudart::cudaMallocAsync_ptsz__call,
+    &cudart::cudaMallocPitch__call,
     &cudart::cudaMemGetInfo,
     &cudart::cudaMemPoolDestroy,
     &cudart::cudaMemPoolTrimTo,
+    &cudart::cudaMemcpy__d2d,
+    &cudart::cudaMemcpy__d2h,
+    &cudart::cudaMemcpy__h2d,
     &cudart::cudaMemcpy2DArrayToArray,
     &cudart::cudaMemcpy2DArrayToArray_ptds,
     &cudart::cudaMemcpyArrayToArray,
     &cudart::cudaMemcpyArrayToArray_ptds,
-    &cudart::cudaPeekAtLastError,
-    &cudart::cudaRuntimeGetVersion,
-    &cudart::cudaSetDevice,
+    &cudart::cudaMemcpyAsync__d2d,
+    &cudart::cudaMemcpyAsync__d2h,
+    &cudart::cudaMemcpyAsync__h2d,
+    &cudart::cudaMemcpyAsync_ptsz__d2d,
+    &cudart::cudaMemcpyAsync_ptsz__d2h,
+    &cudart::cudaMemcpyAsync_ptsz__h2d,
+    &cudart::cudaMemcpy_ptds__d2d,
+    &cudart::cudaMemcpy_ptds__d2h,
+    &cudart::cudaMemcpy_ptds__h2d,
+    &cudart::cudaMemset,
+    &cudart::cudaMemsetAsync,
+    &cudart::cudaMemsetAsync_ptsz,
+    &cudart::cudaMemset_ptds,
+    &cudart::cudaSetDevice__call,
     &cudart::cudaSetDeviceFlags,
     &cudart::cudaSetDoubleForDevice,
     &cudart::cudaSetDoubleForHost,
+    &cudart::cudaStreamAddCallback__host,
+    &cudart::cudaStreamAddCallback_ptsz__host,
     &cudart::cudaStreamBeginCapture,
     &cudart::cudaStreamBeginCapture_ptsz,
     &cudart::cudaStreamCopyAttributes,
@@ -2538,11 +2592,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuDestroyExternalMemory,
     &driver::cuDestroyExternalSemaphore,
     &driver::cuDeviceCanAccessPeer,
-    &driver::cuDeviceComputeCapability,
-    &driver::cuDeviceGet,
-    &driver::cuDeviceGetAttribute,
     &driver::cuDeviceGetByPCIBusId,
-    &driver::cuDeviceGetCount,
     &driver::cuDeviceGetDefaultMemPool,
     &driver::cuDeviceGetExecAffinitySupport,
     &driver::cuDeviceGetMemPool,
@@ -2558,9 +2608,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuDevicePrimaryCtxSetFlags_v2,
     &driver::cuDeviceSetMemPool,
     &driver::cuDeviceTotalMem,
-    &driver::cuDeviceTotalMem_v2,
     &driver::cuDeviceUnregisterAsyncNotification,
-    &driver::cuDriverGetVersion,
     &driver::cuEventCreate,
     &driver::cuEventDestroy,
     &driver::cuEventDestroy_v2,
@@ -2653,6 +2701,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuLaunch,
     &driver::cuLaunchGrid,
     &driver::cuLaunchGridAsync,
+    &driver::cuLaunchHostFunc__host,
+    &driver::cuLaunchHostFunc_ptsz__host,
     &driver::cuLibraryEnumerateKernels,
     &driver::cuLibraryGetGlobal,
     &driver::cuLibraryGetKernel,
@@ -2666,10 +2716,11 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuMemAddressFree,
     &driver::cuMemAdvise,
     &driver::cuMemAdvise_v2,
+    &driver::cuMemAlloc_v2__call,
     &driver::cuMemFree,
     &driver::cuMemFreeAsync,
     &driver::cuMemFreeAsync_ptsz,
-    &driver::cuMemFree_v2,
+    &driver::cuMemFree_v2__call,
     &driver::cuMemGetAccess,
     &driver::cuMemGetInfo,
     &driver::cuMemGetInfo_v2,
@@ -2700,6 +2751,14 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuMemcpyDtoDAsync_v2_ptsz,
     &driver::cuMemcpyDtoD_v2,
     &driver::cuMemcpyDtoD_v2_ptds,
+    &driver::cuMemcpyDtoHAsync_v2__call,
+    &driver::cuMemcpyDtoHAsync_v2_ptsz__call,
+    &driver::cuMemcpyDtoH_v2__call,
+    &driver::cuMemcpyDtoH_v2_ptds__call,
+    &driver::cuMemcpyHtoDAsync_v2__call,
+    &driver::cuMemcpyHtoDAsync_v2_ptsz__call,
+    &driver::cuMemcpyHtoD_v2__call,
+    &driver::cuMemcpyHtoD_v2_ptds__call,
     &driver::cuMemcpyPeer,
     &driver::cuMemcpyPeerAsync,
     &driver::cuMemcpyPeerAsync_ptsz,
@@ -3609,9 +3668,10 @@ pub static VARIANTS: &[&CallDesc] = &[
 pub mod cublas {
     use chidori_protocol::desc::*;
     pub static cublasCreate_v2: CallDesc = CallDesc {
-        wire: 531u32,
-        call: 528u32,
+        wire: 556u32,
+        call: 545u32,
         name: "cublasCreate_v2",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -3625,9 +3685,10 @@ pub mod cublas {
         },
     };
     pub static cublasDestroy_v2: CallDesc = CallDesc {
-        wire: 532u32,
-        call: 529u32,
+        wire: 557u32,
+        call: 546u32,
         name: "cublasDestroy_v2",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -3646,9 +3707,10 @@ pub mod cublas {
         },
     };
     pub static cublasDzasum: CallDesc = CallDesc {
-        wire: 533u32,
-        call: 530u32,
+        wire: 558u32,
+        call: 547u32,
         name: "cublasDzasum",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -3680,9 +3742,10 @@ pub mod cublas {
         },
     };
     pub static cublasDznrm2: CallDesc = CallDesc {
-        wire: 534u32,
-        call: 531u32,
+        wire: 559u32,
+        call: 548u32,
         name: "cublasDznrm2",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -3714,9 +3777,10 @@ pub mod cublas {
         },
     };
     pub static cublasGetCudartVersion: CallDesc = CallDesc {
-        wire: 535u32,
-        call: 532u32,
+        wire: 560u32,
+        call: 549u32,
         name: "cublasGetCudartVersion",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -3733,9 +3797,10 @@ pub mod cublas {
         },
     };
     pub static cublasGetError: CallDesc = CallDesc {
-        wire: 536u32,
-        call: 533u32,
+        wire: 561u32,
+        call: 550u32,
         name: "cublasGetError",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -3749,9 +3814,10 @@ pub mod cublas {
         },
     };
     pub static cublasGetStream_v2: CallDesc = CallDesc {
-        wire: 537u32,
-        call: 534u32,
+        wire: 562u32,
+        call: 551u32,
         name: "cublasGetStream_v2",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -3771,9 +3837,10 @@ pub mod cublas {
         },
     };
     pub static cublasIcamax: CallDesc = CallDesc {
-        wire: 538u32,
-        call: 535u32,
+        wire: 563u32,
+        call: 552u32,
         name: "cublasIcamax",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -3805,9 +3872,10 @@ pub mod cublas {
         },
     };
     pub static cublasIcamin: CallDesc = CallDesc {
-        wire: 539u32,
-        call: 536u32,
+        wire: 564u32,
+        call: 553u32,
         name: "cublasIcamin",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -3839,9 +3907,10 @@ pub mod cublas {
         },
     };
     pub static cublasInit: CallDesc = CallDesc {
-        wire: 540u32,
-        call: 537u32,
+        wire: 565u32,
+        call: 554u32,
         name: "cublasInit",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -3855,9 +3924,10 @@ pub mod cublas {
         },
     };
     pub static cublasIzamax: CallDesc = CallDesc {
-        wire: 541u32,
-        call: 538u32,
+        wire: 566u32,
+        call: 555u32,
         name: "cublasIzamax",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -3889,9 +3959,10 @@ pub mod cublas {
         },
     };
     pub static cublasIzamin: CallDesc = CallDesc {
-        wire: 542u32,
-        call: 539u32,
+        wire: 567u32,
+        call: 556u32,
         name: "cublasIzamin",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -3923,9 +3994,10 @@ pub mod cublas {
         },
     };
     pub static cublasScasum: CallDesc = CallDesc {
-        wire: 543u32,
-        call: 540u32,
+        wire: 568u32,
+        call: 557u32,
         name: "cublasScasum",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -3957,9 +4029,10 @@ pub mod cublas {
         },
     };
     pub static cublasScnrm2: CallDesc = CallDesc {
-        wire: 544u32,
-        call: 541u32,
+        wire: 569u32,
+        call: 558u32,
         name: "cublasScnrm2",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -3991,9 +4064,10 @@ pub mod cublas {
         },
     };
     pub static cublasSetAtomicsMode: CallDesc = CallDesc {
-        wire: 545u32,
-        call: 542u32,
+        wire: 570u32,
+        call: 559u32,
         name: "cublasSetAtomicsMode",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4016,9 +4090,10 @@ pub mod cublas {
         },
     };
     pub static cublasSetEmulationSpecialValuesSupport: CallDesc = CallDesc {
-        wire: 546u32,
-        call: 543u32,
+        wire: 571u32,
+        call: 560u32,
         name: "cublasSetEmulationSpecialValuesSupport",
+        form: None,
         library: "cublas",
         versions: &["13.1"],
         class: Class::Sync,
@@ -4041,9 +4116,10 @@ pub mod cublas {
         },
     };
     pub static cublasSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 547u32,
-        call: 544u32,
+        wire: 572u32,
+        call: 561u32,
         name: "cublasSetEmulationStrategy",
+        form: None,
         library: "cublas",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -4066,9 +4142,10 @@ pub mod cublas {
         },
     };
     pub static cublasSetFixedPointEmulationMantissaBitOffset: CallDesc = CallDesc {
-        wire: 548u32,
-        call: 545u32,
+        wire: 573u32,
+        call: 562u32,
         name: "cublasSetFixedPointEmulationMantissaBitOffset",
+        form: None,
         library: "cublas",
         versions: &["13.1"],
         class: Class::Sync,
@@ -4091,9 +4168,10 @@ pub mod cublas {
         },
     };
     pub static cublasSetFixedPointEmulationMantissaControl: CallDesc = CallDesc {
-        wire: 549u32,
-        call: 546u32,
+        wire: 574u32,
+        call: 563u32,
         name: "cublasSetFixedPointEmulationMantissaControl",
+        form: None,
         library: "cublas",
         versions: &["13.1"],
         class: Class::Sync,
@@ -4116,9 +4194,10 @@ pub mod cublas {
         },
     };
     pub static cublasSetFixedPointEmulationMaxMantissaBitCount: CallDesc = CallDesc {
-        wire: 550u32,
-        call: 547u32,
+        wire: 575u32,
+        call: 564u32,
         name: "cublasSetFixedPointEmulationMaxMantissaBitCount",
+        form: None,
         library: "cublas",
         versions: &["13.1"],
         class: Class::Sync,
@@ -4141,9 +4220,10 @@ pub mod cublas {
         },
     };
     pub static cublasSetKernelStream: CallDesc = CallDesc {
-        wire: 551u32,
-        call: 548u32,
+        wire: 576u32,
+        call: 565u32,
         name: "cublasSetKernelStream",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4162,9 +4242,10 @@ pub mod cublas {
         },
     };
     pub static cublasSetMathMode: CallDesc = CallDesc {
-        wire: 552u32,
-        call: 549u32,
+        wire: 577u32,
+        call: 566u32,
         name: "cublasSetMathMode",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4187,9 +4268,10 @@ pub mod cublas {
         },
     };
     pub static cublasSetPointerMode_v2: CallDesc = CallDesc {
-        wire: 553u32,
-        call: 550u32,
+        wire: 578u32,
+        call: 567u32,
         name: "cublasSetPointerMode_v2",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4212,9 +4294,10 @@ pub mod cublas {
         },
     };
     pub static cublasSetSmCountTarget: CallDesc = CallDesc {
-        wire: 554u32,
-        call: 551u32,
+        wire: 579u32,
+        call: 568u32,
         name: "cublasSetSmCountTarget",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4237,9 +4320,10 @@ pub mod cublas {
         },
     };
     pub static cublasSetStream_v2: CallDesc = CallDesc {
-        wire: 555u32,
-        call: 552u32,
+        wire: 580u32,
+        call: 569u32,
         name: "cublasSetStream_v2",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4262,9 +4346,10 @@ pub mod cublas {
         },
     };
     pub static cublasShutdown: CallDesc = CallDesc {
-        wire: 556u32,
-        call: 553u32,
+        wire: 581u32,
+        call: 570u32,
         name: "cublasShutdown",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4278,9 +4363,10 @@ pub mod cublas {
         },
     };
     pub static cublasXerbla: CallDesc = CallDesc {
-        wire: 557u32,
-        call: 554u32,
+        wire: 582u32,
+        call: 571u32,
         name: "cublasXerbla",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4300,9 +4386,10 @@ pub mod cublas {
         },
     };
     pub static cublasXtCreate: CallDesc = CallDesc {
-        wire: 558u32,
-        call: 555u32,
+        wire: 583u32,
+        call: 572u32,
         name: "cublasXtCreate",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4316,9 +4403,10 @@ pub mod cublas {
         },
     };
     pub static cublasXtDestroy: CallDesc = CallDesc {
-        wire: 559u32,
-        call: 556u32,
+        wire: 584u32,
+        call: 573u32,
         name: "cublasXtDestroy",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4337,9 +4425,10 @@ pub mod cublas {
         },
     };
     pub static cublasXtSetBlockDim: CallDesc = CallDesc {
-        wire: 560u32,
-        call: 557u32,
+        wire: 585u32,
+        call: 574u32,
         name: "cublasXtSetBlockDim",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4362,9 +4451,10 @@ pub mod cublas {
         },
     };
     pub static cublasXtSetCpuRatio: CallDesc = CallDesc {
-        wire: 561u32,
-        call: 558u32,
+        wire: 586u32,
+        call: 575u32,
         name: "cublasXtSetCpuRatio",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4395,9 +4485,10 @@ pub mod cublas {
         },
     };
     pub static cublasXtSetPinningMemMode: CallDesc = CallDesc {
-        wire: 562u32,
-        call: 559u32,
+        wire: 587u32,
+        call: 576u32,
         name: "cublasXtSetPinningMemMode",
+        form: None,
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4423,9 +4514,10 @@ pub mod cublas {
 pub mod cublaslt {
     use chidori_protocol::desc::*;
     pub static cublasLtCreate: CallDesc = CallDesc {
-        wire: 563u32,
-        call: 560u32,
+        wire: 588u32,
+        call: 577u32,
         name: "cublasLtCreate",
+        form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4439,9 +4531,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtDestroy: CallDesc = CallDesc {
-        wire: 564u32,
-        call: 561u32,
+        wire: 589u32,
+        call: 578u32,
         name: "cublasLtDestroy",
+        form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4460,9 +4553,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtDisableCpuInstructionsSetMask: CallDesc = CallDesc {
-        wire: 565u32,
-        call: 562u32,
+        wire: 590u32,
+        call: 579u32,
         name: "cublasLtDisableCpuInstructionsSetMask",
+        form: None,
         library: "cublaslt",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4484,9 +4578,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtEmulationDescCreate: CallDesc = CallDesc {
-        wire: 566u32,
-        call: 563u32,
+        wire: 591u32,
+        call: 580u32,
         name: "cublasLtEmulationDescCreate",
+        form: None,
         library: "cublaslt",
         versions: &["13.1"],
         class: Class::Sync,
@@ -4500,9 +4595,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtEmulationDescDestroy: CallDesc = CallDesc {
-        wire: 567u32,
-        call: 564u32,
+        wire: 592u32,
+        call: 581u32,
         name: "cublasLtEmulationDescDestroy",
+        form: None,
         library: "cublaslt",
         versions: &["13.1"],
         class: Class::Sync,
@@ -4521,9 +4617,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtEmulationDescInit_internal: CallDesc = CallDesc {
-        wire: 568u32,
-        call: 565u32,
+        wire: 593u32,
+        call: 582u32,
         name: "cublasLtEmulationDescInit_internal",
+        form: None,
         library: "cublaslt",
         versions: &["13.1"],
         class: Class::Sync,
@@ -4546,9 +4643,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtGetCudartVersion: CallDesc = CallDesc {
-        wire: 569u32,
-        call: 566u32,
+        wire: 594u32,
+        call: 583u32,
         name: "cublasLtGetCudartVersion",
+        form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4565,9 +4663,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtGetVersion: CallDesc = CallDesc {
-        wire: 570u32,
-        call: 567u32,
+        wire: 595u32,
+        call: 584u32,
         name: "cublasLtGetVersion",
+        form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4584,9 +4683,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtHeuristicsCacheSetCapacity: CallDesc = CallDesc {
-        wire: 571u32,
-        call: 568u32,
+        wire: 596u32,
+        call: 585u32,
         name: "cublasLtHeuristicsCacheSetCapacity",
+        form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4605,9 +4705,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtLoggerForceDisable: CallDesc = CallDesc {
-        wire: 572u32,
-        call: 569u32,
+        wire: 597u32,
+        call: 586u32,
         name: "cublasLtLoggerForceDisable",
+        form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4621,9 +4722,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtLoggerSetLevel: CallDesc = CallDesc {
-        wire: 573u32,
-        call: 570u32,
+        wire: 598u32,
+        call: 587u32,
         name: "cublasLtLoggerSetLevel",
+        form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4642,9 +4744,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtLoggerSetMask: CallDesc = CallDesc {
-        wire: 574u32,
-        call: 571u32,
+        wire: 599u32,
+        call: 588u32,
         name: "cublasLtLoggerSetMask",
+        form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4663,9 +4766,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescCreate__cu118: CallDesc = CallDesc {
-        wire: 575u32,
-        call: 572u32,
+        wire: 600u32,
+        call: 589u32,
         name: "cublasLtMatmulDescCreate",
+        form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -4689,9 +4793,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescCreate__cu126: CallDesc = CallDesc {
-        wire: 576u32,
-        call: 572u32,
+        wire: 601u32,
+        call: 589u32,
         name: "cublasLtMatmulDescCreate",
+        form: None,
         library: "cublaslt",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4715,9 +4820,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescDestroy__cu118: CallDesc = CallDesc {
-        wire: 577u32,
-        call: 573u32,
+        wire: 602u32,
+        call: 590u32,
         name: "cublasLtMatmulDescDestroy",
+        form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -4736,9 +4842,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescDestroy__cu126: CallDesc = CallDesc {
-        wire: 578u32,
-        call: 573u32,
+        wire: 603u32,
+        call: 590u32,
         name: "cublasLtMatmulDescDestroy",
+        form: None,
         library: "cublaslt",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4757,9 +4864,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescInit_internal__cu118: CallDesc = CallDesc {
-        wire: 579u32,
-        call: 574u32,
+        wire: 604u32,
+        call: 591u32,
         name: "cublasLtMatmulDescInit_internal",
+        form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -4790,9 +4898,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescInit_internal__cu126: CallDesc = CallDesc {
-        wire: 580u32,
-        call: 574u32,
+        wire: 605u32,
+        call: 591u32,
         name: "cublasLtMatmulDescInit_internal",
+        form: None,
         library: "cublaslt",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4823,9 +4932,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceCreate__cu118: CallDesc = CallDesc {
-        wire: 581u32,
-        call: 575u32,
+        wire: 606u32,
+        call: 592u32,
         name: "cublasLtMatmulPreferenceCreate",
+        form: None,
         library: "cublaslt",
         versions: &["11.8"],
         class: Class::Sync,
@@ -4839,9 +4949,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceCreate__cu121: CallDesc = CallDesc {
-        wire: 582u32,
-        call: 575u32,
+        wire: 607u32,
+        call: 592u32,
         name: "cublasLtMatmulPreferenceCreate",
+        form: None,
         library: "cublaslt",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4855,9 +4966,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceDestroy__cu118: CallDesc = CallDesc {
-        wire: 583u32,
-        call: 576u32,
+        wire: 608u32,
+        call: 593u32,
         name: "cublasLtMatmulPreferenceDestroy",
+        form: None,
         library: "cublaslt",
         versions: &["11.8"],
         class: Class::Sync,
@@ -4876,9 +4988,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceDestroy__cu121: CallDesc = CallDesc {
-        wire: 584u32,
-        call: 576u32,
+        wire: 609u32,
+        call: 593u32,
         name: "cublasLtMatmulPreferenceDestroy",
+        form: None,
         library: "cublaslt",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4897,9 +5010,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu118: CallDesc = CallDesc {
-        wire: 585u32,
-        call: 577u32,
+        wire: 610u32,
+        call: 594u32,
         name: "cublasLtMatmulPreferenceInit_internal",
+        form: None,
         library: "cublaslt",
         versions: &["11.8"],
         class: Class::Sync,
@@ -4922,9 +5036,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu121: CallDesc = CallDesc {
-        wire: 586u32,
-        call: 577u32,
+        wire: 611u32,
+        call: 594u32,
         name: "cublasLtMatmulPreferenceInit_internal",
+        form: None,
         library: "cublaslt",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4947,9 +5062,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixLayoutCreate: CallDesc = CallDesc {
-        wire: 587u32,
-        call: 578u32,
+        wire: 612u32,
+        call: 595u32,
         name: "cublasLtMatrixLayoutCreate",
+        form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -4981,9 +5097,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixLayoutDestroy: CallDesc = CallDesc {
-        wire: 588u32,
-        call: 579u32,
+        wire: 613u32,
+        call: 596u32,
         name: "cublasLtMatrixLayoutDestroy",
+        form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5002,9 +5119,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixLayoutInit_internal: CallDesc = CallDesc {
-        wire: 589u32,
-        call: 580u32,
+        wire: 614u32,
+        call: 597u32,
         name: "cublasLtMatrixLayoutInit_internal",
+        form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5043,9 +5161,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixTransformDescCreate: CallDesc = CallDesc {
-        wire: 590u32,
-        call: 581u32,
+        wire: 615u32,
+        call: 598u32,
         name: "cublasLtMatrixTransformDescCreate",
+        form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5065,9 +5184,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixTransformDescDestroy: CallDesc = CallDesc {
-        wire: 591u32,
-        call: 582u32,
+        wire: 616u32,
+        call: 599u32,
         name: "cublasLtMatrixTransformDescDestroy",
+        form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5086,9 +5206,10 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixTransformDescInit_internal: CallDesc = CallDesc {
-        wire: 592u32,
-        call: 583u32,
+        wire: 617u32,
+        call: 600u32,
         name: "cublasLtMatrixTransformDescInit_internal",
+        form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5117,10 +5238,19 @@ pub mod cublaslt {
 }
 pub mod cudart {
     use chidori_protocol::desc::*;
+    static LEN_cudaMemcpy__d2h_0: Len = Len::Param(2u8);
+    static LEN_cudaMemcpy__h2d_1: Len = Len::Param(2u8);
+    static LEN_cudaMemcpyAsync__d2h_2: Len = Len::Param(2u8);
+    static LEN_cudaMemcpyAsync__h2d_3: Len = Len::Param(2u8);
+    static LEN_cudaMemcpyAsync_ptsz__d2h_4: Len = Len::Param(2u8);
+    static LEN_cudaMemcpyAsync_ptsz__h2d_5: Len = Len::Param(2u8);
+    static LEN_cudaMemcpy_ptds__d2h_6: Len = Len::Param(2u8);
+    static LEN_cudaMemcpy_ptds__h2d_7: Len = Len::Param(2u8);
     pub static cudaArrayGetPlane: CallDesc = CallDesc {
         wire: 0u32,
         call: 0u32,
         name: "cudaArrayGetPlane",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5147,6 +5277,7 @@ pub mod cudart {
         wire: 1u32,
         call: 1u32,
         name: "cudaBindSurfaceToArray",
+        form: None,
         library: "cudart",
         versions: &["11.8"],
         class: Class::Sync,
@@ -5180,6 +5311,7 @@ pub mod cudart {
         wire: 2u32,
         call: 2u32,
         name: "cudaBindTextureToArray",
+        form: None,
         library: "cudart",
         versions: &["11.8"],
         class: Class::Sync,
@@ -5213,6 +5345,7 @@ pub mod cudart {
         wire: 3u32,
         call: 3u32,
         name: "cudaBindTextureToMipmappedArray",
+        form: None,
         library: "cudart",
         versions: &["11.8"],
         class: Class::Sync,
@@ -5246,6 +5379,7 @@ pub mod cudart {
         wire: 4u32,
         call: 4u32,
         name: "cudaChooseDevice",
+        form: None,
         library: "cudart",
         versions: &["11.8"],
         class: Class::Sync,
@@ -5275,6 +5409,7 @@ pub mod cudart {
         wire: 5u32,
         call: 4u32,
         name: "cudaChooseDevice",
+        form: None,
         library: "cudart",
         versions: &["12.1", "12.6", "12.8"],
         class: Class::Sync,
@@ -5304,6 +5439,7 @@ pub mod cudart {
         wire: 6u32,
         call: 4u32,
         name: "cudaChooseDevice",
+        form: None,
         library: "cudart",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -5333,6 +5469,7 @@ pub mod cudart {
         wire: 7u32,
         call: 5u32,
         name: "cudaCtxResetPersistingL2Cache",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5349,6 +5486,7 @@ pub mod cudart {
         wire: 8u32,
         call: 6u32,
         name: "cudaDestroyExternalMemory",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5370,6 +5508,7 @@ pub mod cudart {
         wire: 9u32,
         call: 7u32,
         name: "cudaDestroyExternalSemaphore",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5391,6 +5530,7 @@ pub mod cudart {
         wire: 10u32,
         call: 8u32,
         name: "cudaDestroySurfaceObject",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5412,6 +5552,7 @@ pub mod cudart {
         wire: 11u32,
         call: 9u32,
         name: "cudaDestroyTextureObject",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5433,6 +5574,7 @@ pub mod cudart {
         wire: 12u32,
         call: 10u32,
         name: "cudaDeviceCanAccessPeer",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5464,6 +5606,7 @@ pub mod cudart {
         wire: 13u32,
         call: 11u32,
         name: "cudaDeviceDisablePeerAccess",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5485,6 +5628,7 @@ pub mod cudart {
         wire: 14u32,
         call: 12u32,
         name: "cudaDeviceEnablePeerAccess",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5510,41 +5654,11 @@ pub mod cudart {
         wire: 15u32,
         call: 13u32,
         name: "cudaDeviceFlushGPUDirectRDMAWrites",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-        },
-    };
-    pub static cudaDeviceGetAttribute: CallDesc = CallDesc {
-        wire: 16u32,
-        call: 14u32,
-        name: "cudaDeviceGetAttribute",
-        library: "cudart",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -5563,9 +5677,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceGetByPCIBusId: CallDesc = CallDesc {
-        wire: 17u32,
-        call: 15u32,
+        wire: 16u32,
+        call: 14u32,
         name: "cudaDeviceGetByPCIBusId",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5587,9 +5702,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceGetCacheConfig: CallDesc = CallDesc {
-        wire: 18u32,
-        call: 16u32,
+        wire: 17u32,
+        call: 15u32,
         name: "cudaDeviceGetCacheConfig",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5610,9 +5726,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceGetDefaultMemPool: CallDesc = CallDesc {
-        wire: 19u32,
-        call: 17u32,
+        wire: 18u32,
+        call: 16u32,
         name: "cudaDeviceGetDefaultMemPool",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5632,9 +5749,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceGetExecutionCtx: CallDesc = CallDesc {
-        wire: 20u32,
-        call: 18u32,
+        wire: 19u32,
+        call: 17u32,
         name: "cudaDeviceGetExecutionCtx",
+        form: None,
         library: "cudart",
         versions: &["13.1"],
         class: Class::Sync,
@@ -5654,9 +5772,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceGetLimit: CallDesc = CallDesc {
-        wire: 21u32,
-        call: 19u32,
+        wire: 20u32,
+        call: 18u32,
         name: "cudaDeviceGetLimit",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5681,9 +5800,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceGetMemPool: CallDesc = CallDesc {
-        wire: 22u32,
-        call: 20u32,
+        wire: 21u32,
+        call: 19u32,
         name: "cudaDeviceGetMemPool",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5703,9 +5823,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceGetP2PAttribute: CallDesc = CallDesc {
-        wire: 23u32,
-        call: 21u32,
+        wire: 22u32,
+        call: 20u32,
         name: "cudaDeviceGetP2PAttribute",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5738,9 +5859,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceGetSharedMemConfig: CallDesc = CallDesc {
-        wire: 24u32,
-        call: 22u32,
+        wire: 23u32,
+        call: 21u32,
         name: "cudaDeviceGetSharedMemConfig",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5761,9 +5883,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceGetStreamPriorityRange: CallDesc = CallDesc {
-        wire: 25u32,
-        call: 23u32,
+        wire: 24u32,
+        call: 22u32,
         name: "cudaDeviceGetStreamPriorityRange",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5790,9 +5913,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceGetTexture1DLinearMaxWidth: CallDesc = CallDesc {
-        wire: 26u32,
-        call: 24u32,
+        wire: 25u32,
+        call: 23u32,
         name: "cudaDeviceGetTexture1DLinearMaxWidth",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5823,9 +5947,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceGraphMemTrim: CallDesc = CallDesc {
-        wire: 27u32,
-        call: 25u32,
+        wire: 26u32,
+        call: 24u32,
         name: "cudaDeviceGraphMemTrim",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5844,9 +5969,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceReset: CallDesc = CallDesc {
-        wire: 28u32,
-        call: 26u32,
+        wire: 27u32,
+        call: 25u32,
         name: "cudaDeviceReset",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5860,9 +5986,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceSetCacheConfig: CallDesc = CallDesc {
-        wire: 29u32,
-        call: 27u32,
+        wire: 28u32,
+        call: 26u32,
         name: "cudaDeviceSetCacheConfig",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5881,9 +6008,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceSetLimit: CallDesc = CallDesc {
-        wire: 30u32,
-        call: 28u32,
+        wire: 29u32,
+        call: 27u32,
         name: "cudaDeviceSetLimit",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5906,9 +6034,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceSetMemPool: CallDesc = CallDesc {
-        wire: 31u32,
-        call: 29u32,
+        wire: 30u32,
+        call: 28u32,
         name: "cudaDeviceSetMemPool",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5931,9 +6060,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceSetSharedMemConfig: CallDesc = CallDesc {
-        wire: 32u32,
-        call: 30u32,
+        wire: 31u32,
+        call: 29u32,
         name: "cudaDeviceSetSharedMemConfig",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5952,9 +6082,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceSynchronize: CallDesc = CallDesc {
-        wire: 33u32,
-        call: 31u32,
+        wire: 32u32,
+        call: 30u32,
         name: "cudaDeviceSynchronize",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5968,9 +6099,10 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceUnregisterAsyncNotification: CallDesc = CallDesc {
-        wire: 34u32,
-        call: 32u32,
+        wire: 33u32,
+        call: 31u32,
         name: "cudaDeviceUnregisterAsyncNotification",
+        form: None,
         library: "cudart",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -5992,33 +6124,11 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaDriverGetVersion: CallDesc = CallDesc {
-        wire: 35u32,
-        call: 33u32,
-        name: "cudaDriverGetVersion",
-        library: "cudart",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-        },
-    };
     pub static cudaEventCreate: CallDesc = CallDesc {
-        wire: 36u32,
-        call: 34u32,
+        wire: 34u32,
+        call: 32u32,
         name: "cudaEventCreate",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6032,9 +6142,10 @@ pub mod cudart {
         },
     };
     pub static cudaEventCreateWithFlags: CallDesc = CallDesc {
-        wire: 37u32,
-        call: 35u32,
+        wire: 35u32,
+        call: 33u32,
         name: "cudaEventCreateWithFlags",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6054,9 +6165,10 @@ pub mod cudart {
         },
     };
     pub static cudaEventDestroy: CallDesc = CallDesc {
-        wire: 38u32,
-        call: 36u32,
+        wire: 36u32,
+        call: 34u32,
         name: "cudaEventDestroy",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6075,9 +6187,10 @@ pub mod cudart {
         },
     };
     pub static cudaEventElapsedTime: CallDesc = CallDesc {
-        wire: 39u32,
-        call: 37u32,
+        wire: 37u32,
+        call: 35u32,
         name: "cudaEventElapsedTime",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6106,9 +6219,10 @@ pub mod cudart {
         },
     };
     pub static cudaEventElapsedTime_v2: CallDesc = CallDesc {
-        wire: 40u32,
-        call: 38u32,
+        wire: 38u32,
+        call: 36u32,
         name: "cudaEventElapsedTime_v2",
+        form: None,
         library: "cudart",
         versions: &["12.8"],
         class: Class::Sync,
@@ -6137,9 +6251,10 @@ pub mod cudart {
         },
     };
     pub static cudaEventQuery: CallDesc = CallDesc {
-        wire: 41u32,
-        call: 39u32,
+        wire: 39u32,
+        call: 37u32,
         name: "cudaEventQuery",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6158,12 +6273,13 @@ pub mod cudart {
         },
     };
     pub static cudaEventRecord: CallDesc = CallDesc {
-        wire: 42u32,
-        call: 40u32,
+        wire: 40u32,
+        call: 38u32,
         name: "cudaEventRecord",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 4u16,
@@ -6183,12 +6299,13 @@ pub mod cudart {
         },
     };
     pub static cudaEventRecordWithFlags: CallDesc = CallDesc {
-        wire: 43u32,
-        call: 41u32,
+        wire: 41u32,
+        call: 39u32,
         name: "cudaEventRecordWithFlags",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 4u16,
@@ -6212,12 +6329,13 @@ pub mod cudart {
         },
     };
     pub static cudaEventRecordWithFlags_ptsz: CallDesc = CallDesc {
-        wire: 44u32,
-        call: 42u32,
+        wire: 42u32,
+        call: 40u32,
         name: "cudaEventRecordWithFlags_ptsz",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 4u16,
@@ -6241,12 +6359,13 @@ pub mod cudart {
         },
     };
     pub static cudaEventRecord_ptsz: CallDesc = CallDesc {
-        wire: 45u32,
-        call: 43u32,
+        wire: 43u32,
+        call: 41u32,
         name: "cudaEventRecord_ptsz",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 4u16,
@@ -6266,9 +6385,10 @@ pub mod cudart {
         },
     };
     pub static cudaEventSynchronize: CallDesc = CallDesc {
-        wire: 46u32,
-        call: 44u32,
+        wire: 44u32,
+        call: 42u32,
         name: "cudaEventSynchronize",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6287,9 +6407,10 @@ pub mod cudart {
         },
     };
     pub static cudaExecutionCtxDestroy: CallDesc = CallDesc {
-        wire: 47u32,
-        call: 45u32,
+        wire: 45u32,
+        call: 43u32,
         name: "cudaExecutionCtxDestroy",
+        form: None,
         library: "cudart",
         versions: &["13.1"],
         class: Class::Sync,
@@ -6308,9 +6429,10 @@ pub mod cudart {
         },
     };
     pub static cudaExecutionCtxGetDevice: CallDesc = CallDesc {
-        wire: 48u32,
-        call: 46u32,
+        wire: 46u32,
+        call: 44u32,
         name: "cudaExecutionCtxGetDevice",
+        form: None,
         library: "cudart",
         versions: &["13.1"],
         class: Class::Sync,
@@ -6335,9 +6457,10 @@ pub mod cudart {
         },
     };
     pub static cudaExecutionCtxGetId: CallDesc = CallDesc {
-        wire: 49u32,
-        call: 47u32,
+        wire: 47u32,
+        call: 45u32,
         name: "cudaExecutionCtxGetId",
+        form: None,
         library: "cudart",
         versions: &["13.1"],
         class: Class::Sync,
@@ -6362,9 +6485,10 @@ pub mod cudart {
         },
     };
     pub static cudaExecutionCtxRecordEvent: CallDesc = CallDesc {
-        wire: 50u32,
-        call: 48u32,
+        wire: 48u32,
+        call: 46u32,
         name: "cudaExecutionCtxRecordEvent",
+        form: None,
         library: "cudart",
         versions: &["13.1"],
         class: Class::Sync,
@@ -6387,9 +6511,10 @@ pub mod cudart {
         },
     };
     pub static cudaExecutionCtxStreamCreate: CallDesc = CallDesc {
-        wire: 51u32,
-        call: 49u32,
+        wire: 49u32,
+        call: 47u32,
         name: "cudaExecutionCtxStreamCreate",
+        form: None,
         library: "cudart",
         versions: &["13.1"],
         class: Class::Sync,
@@ -6417,9 +6542,10 @@ pub mod cudart {
         },
     };
     pub static cudaExecutionCtxSynchronize: CallDesc = CallDesc {
-        wire: 52u32,
-        call: 50u32,
+        wire: 50u32,
+        call: 48u32,
         name: "cudaExecutionCtxSynchronize",
+        form: None,
         library: "cudart",
         versions: &["13.1"],
         class: Class::Sync,
@@ -6438,9 +6564,10 @@ pub mod cudart {
         },
     };
     pub static cudaExecutionCtxWaitEvent: CallDesc = CallDesc {
-        wire: 53u32,
-        call: 51u32,
+        wire: 51u32,
+        call: 49u32,
         name: "cudaExecutionCtxWaitEvent",
+        form: None,
         library: "cudart",
         versions: &["13.1"],
         class: Class::Sync,
@@ -6463,9 +6590,10 @@ pub mod cudart {
         },
     };
     pub static cudaExternalMemoryGetMappedMipmappedArray__cu118: CallDesc = CallDesc {
-        wire: 54u32,
-        call: 52u32,
+        wire: 52u32,
+        call: 50u32,
         name: "cudaExternalMemoryGetMappedMipmappedArray",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8"],
         class: Class::Sync,
@@ -6491,9 +6619,10 @@ pub mod cudart {
         },
     };
     pub static cudaExternalMemoryGetMappedMipmappedArray__cu130: CallDesc = CallDesc {
-        wire: 55u32,
-        call: 52u32,
+        wire: 53u32,
+        call: 50u32,
         name: "cudaExternalMemoryGetMappedMipmappedArray",
+        form: None,
         library: "cudart",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -6518,10 +6647,28 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
+    pub static cudaFree__call: CallDesc = CallDesc {
+        wire: 54u32,
+        call: 51u32,
+        name: "cudaFree",
+        form: Some("call"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[Wire::Device],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
     pub static cudaFreeArray: CallDesc = CallDesc {
-        wire: 56u32,
-        call: 53u32,
+        wire: 55u32,
+        call: 52u32,
         name: "cudaFreeArray",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6539,10 +6686,57 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaFreeMipmappedArray: CallDesc = CallDesc {
+    pub static cudaFreeAsync__call: CallDesc = CallDesc {
+        wire: 56u32,
+        call: 53u32,
+        name: "cudaFreeAsync",
+        form: Some("call"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Device,
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaFreeAsync_ptsz__call: CallDesc = CallDesc {
         wire: 57u32,
         call: 54u32,
+        name: "cudaFreeAsync_ptsz",
+        form: Some("call"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Device,
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaFreeMipmappedArray: CallDesc = CallDesc {
+        wire: 58u32,
+        call: 55u32,
         name: "cudaFreeMipmappedArray",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6560,56 +6754,11 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaGetDevice: CallDesc = CallDesc {
-        wire: 58u32,
-        call: 55u32,
-        name: "cudaGetDevice",
-        library: "cudart",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-        },
-    };
-    pub static cudaGetDeviceCount: CallDesc = CallDesc {
+    pub static cudaGetDeviceFlags: CallDesc = CallDesc {
         wire: 59u32,
         call: 56u32,
-        name: "cudaGetDeviceCount",
-        library: "cudart",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-        },
-    };
-    pub static cudaGetDeviceFlags: CallDesc = CallDesc {
-        wire: 60u32,
-        call: 57u32,
         name: "cudaGetDeviceFlags",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6621,22 +6770,6 @@ pub mod cudart {
                 record: None,
             },
         ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-        },
-    };
-    pub static cudaGetLastError: CallDesc = CallDesc {
-        wire: 61u32,
-        call: 58u32,
-        name: "cudaGetLastError",
-        library: "cudart",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -6646,9 +6779,10 @@ pub mod cudart {
         },
     };
     pub static cudaGetMipmappedArrayLevel: CallDesc = CallDesc {
-        wire: 62u32,
-        call: 59u32,
+        wire: 60u32,
+        call: 57u32,
         name: "cudaGetMipmappedArrayLevel",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6672,9 +6806,10 @@ pub mod cudart {
         },
     };
     pub static cudaGetTextureAlignmentOffset: CallDesc = CallDesc {
-        wire: 63u32,
-        call: 60u32,
+        wire: 61u32,
+        call: 58u32,
         name: "cudaGetTextureAlignmentOffset",
+        form: None,
         library: "cudart",
         versions: &["11.8"],
         class: Class::Sync,
@@ -6701,9 +6836,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphChildGraphNodeGetGraph: CallDesc = CallDesc {
-        wire: 64u32,
-        call: 61u32,
+        wire: 62u32,
+        call: 59u32,
         name: "cudaGraphChildGraphNodeGetGraph",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6723,9 +6859,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphClone: CallDesc = CallDesc {
-        wire: 65u32,
-        call: 62u32,
+        wire: 63u32,
+        call: 60u32,
         name: "cudaGraphClone",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6745,9 +6882,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphConditionalHandleCreate: CallDesc = CallDesc {
-        wire: 66u32,
-        call: 63u32,
+        wire: 64u32,
+        call: 61u32,
         name: "cudaGraphConditionalHandleCreate",
+        form: None,
         library: "cudart",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6780,9 +6918,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphConditionalHandleCreate_v2: CallDesc = CallDesc {
-        wire: 67u32,
-        call: 64u32,
+        wire: 65u32,
+        call: 62u32,
         name: "cudaGraphConditionalHandleCreate_v2",
+        form: None,
         library: "cudart",
         versions: &["13.1"],
         class: Class::Sync,
@@ -6819,9 +6958,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphCreate: CallDesc = CallDesc {
-        wire: 68u32,
-        call: 65u32,
+        wire: 66u32,
+        call: 63u32,
         name: "cudaGraphCreate",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6841,9 +6981,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphDestroy: CallDesc = CallDesc {
-        wire: 69u32,
-        call: 66u32,
+        wire: 67u32,
+        call: 64u32,
         name: "cudaGraphDestroy",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6862,9 +7003,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphDestroyNode: CallDesc = CallDesc {
-        wire: 70u32,
-        call: 67u32,
+        wire: 68u32,
+        call: 65u32,
         name: "cudaGraphDestroyNode",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6883,9 +7025,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphEventRecordNodeGetEvent: CallDesc = CallDesc {
-        wire: 71u32,
-        call: 68u32,
+        wire: 69u32,
+        call: 66u32,
         name: "cudaGraphEventRecordNodeGetEvent",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6905,9 +7048,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 72u32,
-        call: 69u32,
+        wire: 70u32,
+        call: 67u32,
         name: "cudaGraphEventRecordNodeSetEvent",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6930,9 +7074,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphEventWaitNodeGetEvent: CallDesc = CallDesc {
-        wire: 73u32,
-        call: 70u32,
+        wire: 71u32,
+        call: 68u32,
         name: "cudaGraphEventWaitNodeGetEvent",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6952,9 +7097,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 74u32,
-        call: 71u32,
+        wire: 72u32,
+        call: 69u32,
         name: "cudaGraphEventWaitNodeSetEvent",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -6977,9 +7123,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphExecChildGraphNodeSetParams: CallDesc = CallDesc {
-        wire: 75u32,
-        call: 72u32,
+        wire: 73u32,
+        call: 70u32,
         name: "cudaGraphExecChildGraphNodeSetParams",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7006,9 +7153,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphExecDestroy: CallDesc = CallDesc {
-        wire: 76u32,
-        call: 73u32,
+        wire: 74u32,
+        call: 71u32,
         name: "cudaGraphExecDestroy",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7027,9 +7175,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphExecEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 77u32,
-        call: 74u32,
+        wire: 75u32,
+        call: 72u32,
         name: "cudaGraphExecEventRecordNodeSetEvent",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7056,9 +7205,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphExecEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 78u32,
-        call: 75u32,
+        wire: 76u32,
+        call: 73u32,
         name: "cudaGraphExecEventWaitNodeSetEvent",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7085,9 +7235,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphExecGetFlags: CallDesc = CallDesc {
-        wire: 79u32,
-        call: 76u32,
+        wire: 77u32,
+        call: 74u32,
         name: "cudaGraphExecGetFlags",
+        form: None,
         library: "cudart",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7112,9 +7263,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphExecGetId: CallDesc = CallDesc {
-        wire: 80u32,
-        call: 77u32,
+        wire: 78u32,
+        call: 75u32,
         name: "cudaGraphExecGetId",
+        form: None,
         library: "cudart",
         versions: &["13.1"],
         class: Class::Sync,
@@ -7139,9 +7291,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphExecUpdate__cu118: CallDesc = CallDesc {
-        wire: 81u32,
-        call: 78u32,
+        wire: 79u32,
+        call: 76u32,
         name: "cudaGraphExecUpdate",
+        form: None,
         library: "cudart",
         versions: &["11.8"],
         class: Class::Sync,
@@ -7171,9 +7324,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphGetEdges__cu118: CallDesc = CallDesc {
-        wire: 82u32,
-        call: 79u32,
+        wire: 80u32,
+        call: 77u32,
         name: "cudaGraphGetEdges",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8"],
         class: Class::Sync,
@@ -7200,9 +7354,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphGetId: CallDesc = CallDesc {
-        wire: 83u32,
-        call: 80u32,
+        wire: 81u32,
+        call: 78u32,
         name: "cudaGraphGetId",
+        form: None,
         library: "cudart",
         versions: &["13.1"],
         class: Class::Sync,
@@ -7227,9 +7382,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphGetNodes: CallDesc = CallDesc {
-        wire: 84u32,
-        call: 81u32,
+        wire: 82u32,
+        call: 79u32,
         name: "cudaGraphGetNodes",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7255,9 +7411,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphGetRootNodes: CallDesc = CallDesc {
-        wire: 85u32,
-        call: 82u32,
+        wire: 83u32,
+        call: 80u32,
         name: "cudaGraphGetRootNodes",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7283,9 +7440,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphInstantiate__cu121: CallDesc = CallDesc {
-        wire: 86u32,
-        call: 83u32,
+        wire: 84u32,
+        call: 81u32,
         name: "cudaGraphInstantiate",
+        form: None,
         library: "cudart",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7309,9 +7467,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphInstantiateWithFlags: CallDesc = CallDesc {
-        wire: 87u32,
-        call: 84u32,
+        wire: 85u32,
+        call: 82u32,
         name: "cudaGraphInstantiateWithFlags",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7335,9 +7494,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphKernelNodeCopyAttributes: CallDesc = CallDesc {
-        wire: 88u32,
-        call: 85u32,
+        wire: 86u32,
+        call: 83u32,
         name: "cudaGraphKernelNodeCopyAttributes",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7360,9 +7520,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphLaunch: CallDesc = CallDesc {
-        wire: 89u32,
-        call: 86u32,
+        wire: 87u32,
+        call: 84u32,
         name: "cudaGraphLaunch",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7385,9 +7546,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphLaunch_ptsz: CallDesc = CallDesc {
-        wire: 90u32,
-        call: 87u32,
+        wire: 88u32,
+        call: 85u32,
         name: "cudaGraphLaunch_ptsz",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7410,9 +7572,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphNodeFindInClone: CallDesc = CallDesc {
-        wire: 91u32,
-        call: 88u32,
+        wire: 89u32,
+        call: 86u32,
         name: "cudaGraphNodeFindInClone",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7436,9 +7599,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphNodeGetContainingGraph: CallDesc = CallDesc {
-        wire: 92u32,
-        call: 89u32,
+        wire: 90u32,
+        call: 87u32,
         name: "cudaGraphNodeGetContainingGraph",
+        form: None,
         library: "cudart",
         versions: &["13.1"],
         class: Class::Sync,
@@ -7458,9 +7622,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphNodeGetDependencies__cu118: CallDesc = CallDesc {
-        wire: 93u32,
-        call: 90u32,
+        wire: 91u32,
+        call: 88u32,
         name: "cudaGraphNodeGetDependencies",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8"],
         class: Class::Sync,
@@ -7486,9 +7651,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphNodeGetDependentNodes__cu118: CallDesc = CallDesc {
-        wire: 94u32,
-        call: 91u32,
+        wire: 92u32,
+        call: 89u32,
         name: "cudaGraphNodeGetDependentNodes",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8"],
         class: Class::Sync,
@@ -7514,9 +7680,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphNodeGetEnabled: CallDesc = CallDesc {
-        wire: 95u32,
-        call: 92u32,
+        wire: 93u32,
+        call: 90u32,
         name: "cudaGraphNodeGetEnabled",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7545,9 +7712,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphNodeGetLocalId: CallDesc = CallDesc {
-        wire: 96u32,
-        call: 93u32,
+        wire: 94u32,
+        call: 91u32,
         name: "cudaGraphNodeGetLocalId",
+        form: None,
         library: "cudart",
         versions: &["13.1"],
         class: Class::Sync,
@@ -7572,9 +7740,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphNodeGetToolsId: CallDesc = CallDesc {
-        wire: 97u32,
-        call: 94u32,
+        wire: 95u32,
+        call: 92u32,
         name: "cudaGraphNodeGetToolsId",
+        form: None,
         library: "cudart",
         versions: &["13.1"],
         class: Class::Sync,
@@ -7599,9 +7768,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphNodeGetType: CallDesc = CallDesc {
-        wire: 98u32,
-        call: 95u32,
+        wire: 96u32,
+        call: 93u32,
         name: "cudaGraphNodeGetType",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7626,9 +7796,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphNodeSetEnabled: CallDesc = CallDesc {
-        wire: 99u32,
-        call: 96u32,
+        wire: 97u32,
+        call: 94u32,
         name: "cudaGraphNodeSetEnabled",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7655,9 +7826,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphReleaseUserObject: CallDesc = CallDesc {
-        wire: 100u32,
-        call: 97u32,
+        wire: 98u32,
+        call: 95u32,
         name: "cudaGraphReleaseUserObject",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7684,9 +7856,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphRetainUserObject: CallDesc = CallDesc {
-        wire: 101u32,
-        call: 98u32,
+        wire: 99u32,
+        call: 96u32,
         name: "cudaGraphRetainUserObject",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7717,9 +7890,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphUpload: CallDesc = CallDesc {
-        wire: 102u32,
-        call: 99u32,
+        wire: 100u32,
+        call: 97u32,
         name: "cudaGraphUpload",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7742,9 +7916,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphUpload_ptsz: CallDesc = CallDesc {
-        wire: 103u32,
-        call: 100u32,
+        wire: 101u32,
+        call: 98u32,
         name: "cudaGraphUpload_ptsz",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7767,9 +7942,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphicsMapResources: CallDesc = CallDesc {
-        wire: 104u32,
-        call: 101u32,
+        wire: 102u32,
+        call: 99u32,
         name: "cudaGraphicsMapResources",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7793,9 +7969,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphicsResourceGetMappedMipmappedArray: CallDesc = CallDesc {
-        wire: 105u32,
-        call: 102u32,
+        wire: 103u32,
+        call: 100u32,
         name: "cudaGraphicsResourceGetMappedMipmappedArray",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7815,9 +7992,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphicsResourceSetMapFlags: CallDesc = CallDesc {
-        wire: 106u32,
-        call: 103u32,
+        wire: 104u32,
+        call: 101u32,
         name: "cudaGraphicsResourceSetMapFlags",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7840,9 +8018,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphicsSubResourceGetMappedArray: CallDesc = CallDesc {
-        wire: 107u32,
-        call: 104u32,
+        wire: 105u32,
+        call: 102u32,
         name: "cudaGraphicsSubResourceGetMappedArray",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7870,9 +8049,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphicsUnmapResources: CallDesc = CallDesc {
-        wire: 108u32,
-        call: 105u32,
+        wire: 106u32,
+        call: 103u32,
         name: "cudaGraphicsUnmapResources",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7896,9 +8076,10 @@ pub mod cudart {
         },
     };
     pub static cudaGraphicsUnregisterResource: CallDesc = CallDesc {
-        wire: 109u32,
-        call: 106u32,
+        wire: 107u32,
+        call: 104u32,
         name: "cudaGraphicsUnregisterResource",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7917,9 +8098,10 @@ pub mod cudart {
         },
     };
     pub static cudaGreenCtxCreate: CallDesc = CallDesc {
-        wire: 110u32,
-        call: 107u32,
+        wire: 108u32,
+        call: 105u32,
         name: "cudaGreenCtxCreate",
+        form: None,
         library: "cudart",
         versions: &["13.1"],
         class: Class::Sync,
@@ -7947,9 +8129,10 @@ pub mod cudart {
         },
     };
     pub static cudaInitDevice: CallDesc = CallDesc {
-        wire: 111u32,
-        call: 108u32,
+        wire: 109u32,
+        call: 106u32,
         name: "cudaInitDevice",
+        form: None,
         library: "cudart",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7976,9 +8159,10 @@ pub mod cudart {
         },
     };
     pub static cudaIpcOpenEventHandle: CallDesc = CallDesc {
-        wire: 112u32,
-        call: 109u32,
+        wire: 110u32,
+        call: 107u32,
         name: "cudaIpcOpenEventHandle",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7992,9 +8176,10 @@ pub mod cudart {
         },
     };
     pub static cudaKernelSetAttributeForDevice: CallDesc = CallDesc {
-        wire: 113u32,
-        call: 110u32,
+        wire: 111u32,
+        call: 108u32,
         name: "cudaKernelSetAttributeForDevice",
+        form: None,
         library: "cudart",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8024,10 +8209,71 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
+    pub static cudaLaunchHostFunc__host: CallDesc = CallDesc {
+        wire: 112u32,
+        call: 109u32,
+        name: "cudaLaunchHostFunc",
+        form: Some("host"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaLaunchHostFunc_ptsz__host: CallDesc = CallDesc {
+        wire: 113u32,
+        call: 110u32,
+        name: "cudaLaunchHostFunc_ptsz",
+        form: Some("host"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
     pub static cudaLibraryEnumerateKernels: CallDesc = CallDesc {
         wire: 114u32,
         call: 111u32,
         name: "cudaLibraryEnumerateKernels",
+        form: None,
         library: "cudart",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8054,6 +8300,7 @@ pub mod cudart {
         wire: 115u32,
         call: 112u32,
         name: "cudaLibraryGetKernel",
+        form: None,
         library: "cudart",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8077,6 +8324,7 @@ pub mod cudart {
         wire: 116u32,
         call: 113u32,
         name: "cudaLibraryGetKernelCount",
+        form: None,
         library: "cudart",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8104,6 +8352,7 @@ pub mod cudart {
         wire: 117u32,
         call: 114u32,
         name: "cudaLibraryUnload",
+        form: None,
         library: "cudart",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8125,6 +8374,7 @@ pub mod cudart {
         wire: 118u32,
         call: 115u32,
         name: "cudaLogsCurrent",
+        form: None,
         library: "cudart",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -8152,6 +8402,7 @@ pub mod cudart {
         wire: 119u32,
         call: 116u32,
         name: "cudaLogsUnregisterCallback",
+        form: None,
         library: "cudart",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -8169,10 +8420,39 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaMalloc3DArray: CallDesc = CallDesc {
+    pub static cudaMalloc__call: CallDesc = CallDesc {
         wire: 120u32,
         call: 117u32,
+        name: "cudaMalloc",
+        form: Some("call"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMalloc3DArray: CallDesc = CallDesc {
+        wire: 121u32,
+        call: 118u32,
         name: "cudaMalloc3DArray",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8199,9 +8479,10 @@ pub mod cudart {
         },
     };
     pub static cudaMallocArray: CallDesc = CallDesc {
-        wire: 121u32,
-        call: 118u32,
+        wire: 122u32,
+        call: 119u32,
         name: "cudaMallocArray",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8234,10 +8515,113 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
+    pub static cudaMallocAsync__call: CallDesc = CallDesc {
+        wire: 123u32,
+        call: 120u32,
+        name: "cudaMallocAsync",
+        form: Some("call"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMallocAsync_ptsz__call: CallDesc = CallDesc {
+        wire: 124u32,
+        call: 121u32,
+        name: "cudaMallocAsync_ptsz",
+        form: Some("call"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMallocPitch__call: CallDesc = CallDesc {
+        wire: 125u32,
+        call: 122u32,
+        name: "cudaMallocPitch",
+        form: Some("call"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
     pub static cudaMemGetInfo: CallDesc = CallDesc {
-        wire: 122u32,
-        call: 119u32,
+        wire: 126u32,
+        call: 123u32,
         name: "cudaMemGetInfo",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8264,9 +8648,10 @@ pub mod cudart {
         },
     };
     pub static cudaMemPoolDestroy: CallDesc = CallDesc {
-        wire: 123u32,
-        call: 120u32,
+        wire: 127u32,
+        call: 124u32,
         name: "cudaMemPoolDestroy",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8285,9 +8670,10 @@ pub mod cudart {
         },
     };
     pub static cudaMemPoolTrimTo: CallDesc = CallDesc {
-        wire: 124u32,
-        call: 121u32,
+        wire: 128u32,
+        call: 125u32,
         name: "cudaMemPoolTrimTo",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8309,10 +8695,105 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
+    pub static cudaMemcpy__d2d: CallDesc = CallDesc {
+        wire: 129u32,
+        call: 126u32,
+        name: "cudaMemcpy",
+        form: Some("d2d"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpy__d2h: CallDesc = CallDesc {
+        wire: 130u32,
+        call: 126u32,
+        name: "cudaMemcpy",
+        form: Some("d2h"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemcpy__d2h_0),
+                record: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpy__h2d: CallDesc = CallDesc {
+        wire: 131u32,
+        call: 126u32,
+        name: "cudaMemcpy",
+        form: Some("h2d"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemcpy__h2d_1),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
     pub static cudaMemcpy2DArrayToArray: CallDesc = CallDesc {
-        wire: 125u32,
-        call: 122u32,
+        wire: 132u32,
+        call: 127u32,
         name: "cudaMemcpy2DArrayToArray",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8363,9 +8844,10 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy2DArrayToArray_ptds: CallDesc = CallDesc {
-        wire: 126u32,
-        call: 123u32,
+        wire: 133u32,
+        call: 128u32,
         name: "cudaMemcpy2DArrayToArray_ptds",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8416,9 +8898,10 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpyArrayToArray: CallDesc = CallDesc {
-        wire: 127u32,
-        call: 124u32,
+        wire: 134u32,
+        call: 129u32,
         name: "cudaMemcpyArrayToArray",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8465,9 +8948,10 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpyArrayToArray_ptds: CallDesc = CallDesc {
-        wire: 128u32,
-        call: 125u32,
+        wire: 135u32,
+        call: 130u32,
         name: "cudaMemcpyArrayToArray_ptds",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8513,35 +8997,28 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaPeekAtLastError: CallDesc = CallDesc {
-        wire: 129u32,
-        call: 126u32,
-        name: "cudaPeekAtLastError",
+    pub static cudaMemcpyAsync__d2d: CallDesc = CallDesc {
+        wire: 136u32,
+        call: 131u32,
+        name: "cudaMemcpyAsync",
+        form: Some("d2d"),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-        },
-    };
-    pub static cudaRuntimeGetVersion: CallDesc = CallDesc {
-        wire: 130u32,
-        call: 127u32,
-        name: "cudaRuntimeGetVersion",
-        library: "cudart",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
             },
         ],
         ret: Ret::Status,
@@ -8552,13 +9029,404 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaSetDevice: CallDesc = CallDesc {
-        wire: 131u32,
-        call: 128u32,
-        name: "cudaSetDevice",
+    pub static cudaMemcpyAsync__d2h: CallDesc = CallDesc {
+        wire: 137u32,
+        call: 131u32,
+        name: "cudaMemcpyAsync",
+        form: Some("d2h"),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemcpyAsync__d2h_2),
+                record: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpyAsync__h2d: CallDesc = CallDesc {
+        wire: 138u32,
+        call: 131u32,
+        name: "cudaMemcpyAsync",
+        form: Some("h2d"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemcpyAsync__h2d_3),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpyAsync_ptsz__d2d: CallDesc = CallDesc {
+        wire: 139u32,
+        call: 132u32,
+        name: "cudaMemcpyAsync_ptsz",
+        form: Some("d2d"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpyAsync_ptsz__d2h: CallDesc = CallDesc {
+        wire: 140u32,
+        call: 132u32,
+        name: "cudaMemcpyAsync_ptsz",
+        form: Some("d2h"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemcpyAsync_ptsz__d2h_4),
+                record: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpyAsync_ptsz__h2d: CallDesc = CallDesc {
+        wire: 141u32,
+        call: 132u32,
+        name: "cudaMemcpyAsync_ptsz",
+        form: Some("h2d"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemcpyAsync_ptsz__h2d_5),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpy_ptds__d2d: CallDesc = CallDesc {
+        wire: 142u32,
+        call: 133u32,
+        name: "cudaMemcpy_ptds",
+        form: Some("d2d"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpy_ptds__d2h: CallDesc = CallDesc {
+        wire: 143u32,
+        call: 133u32,
+        name: "cudaMemcpy_ptds",
+        form: Some("d2h"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemcpy_ptds__d2h_6),
+                record: None,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpy_ptds__h2d: CallDesc = CallDesc {
+        wire: 144u32,
+        call: 133u32,
+        name: "cudaMemcpy_ptds",
+        form: Some("h2d"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemcpy_ptds__h2d_7),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemset: CallDesc = CallDesc {
+        wire: 145u32,
+        call: 134u32,
+        name: "cudaMemset",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemsetAsync: CallDesc = CallDesc {
+        wire: 146u32,
+        call: 135u32,
+        name: "cudaMemsetAsync",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemsetAsync_ptsz: CallDesc = CallDesc {
+        wire: 147u32,
+        call: 136u32,
+        name: "cudaMemsetAsync_ptsz",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemset_ptds: CallDesc = CallDesc {
+        wire: 148u32,
+        call: 137u32,
+        name: "cudaMemset_ptds",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaSetDevice__call: CallDesc = CallDesc {
+        wire: 149u32,
+        call: 138u32,
+        name: "cudaSetDevice",
+        form: Some("call"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 4u8,
@@ -8574,9 +9442,10 @@ pub mod cudart {
         },
     };
     pub static cudaSetDeviceFlags: CallDesc = CallDesc {
-        wire: 132u32,
-        call: 129u32,
+        wire: 150u32,
+        call: 139u32,
         name: "cudaSetDeviceFlags",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8595,9 +9464,10 @@ pub mod cudart {
         },
     };
     pub static cudaSetDoubleForDevice: CallDesc = CallDesc {
-        wire: 133u32,
-        call: 130u32,
+        wire: 151u32,
+        call: 140u32,
         name: "cudaSetDoubleForDevice",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8"],
         class: Class::Sync,
@@ -8618,9 +9488,10 @@ pub mod cudart {
         },
     };
     pub static cudaSetDoubleForHost: CallDesc = CallDesc {
-        wire: 134u32,
-        call: 131u32,
+        wire: 152u32,
+        call: 141u32,
         name: "cudaSetDoubleForHost",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8"],
         class: Class::Sync,
@@ -8640,10 +9511,79 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
+    pub static cudaStreamAddCallback__host: CallDesc = CallDesc {
+        wire: 153u32,
+        call: 142u32,
+        name: "cudaStreamAddCallback",
+        form: Some("host"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaStreamAddCallback_ptsz__host: CallDesc = CallDesc {
+        wire: 154u32,
+        call: 143u32,
+        name: "cudaStreamAddCallback_ptsz",
+        form: Some("host"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
     pub static cudaStreamBeginCapture: CallDesc = CallDesc {
-        wire: 135u32,
-        call: 132u32,
+        wire: 155u32,
+        call: 144u32,
         name: "cudaStreamBeginCapture",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8666,9 +9606,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamBeginCapture_ptsz: CallDesc = CallDesc {
-        wire: 136u32,
-        call: 133u32,
+        wire: 156u32,
+        call: 145u32,
         name: "cudaStreamBeginCapture_ptsz",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8691,9 +9632,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamCopyAttributes: CallDesc = CallDesc {
-        wire: 137u32,
-        call: 134u32,
+        wire: 157u32,
+        call: 146u32,
         name: "cudaStreamCopyAttributes",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8716,9 +9658,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamCopyAttributes_ptsz: CallDesc = CallDesc {
-        wire: 138u32,
-        call: 135u32,
+        wire: 158u32,
+        call: 147u32,
         name: "cudaStreamCopyAttributes_ptsz",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8741,9 +9684,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamCreate: CallDesc = CallDesc {
-        wire: 139u32,
-        call: 136u32,
+        wire: 159u32,
+        call: 148u32,
         name: "cudaStreamCreate",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8757,9 +9701,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamCreateWithFlags: CallDesc = CallDesc {
-        wire: 140u32,
-        call: 137u32,
+        wire: 160u32,
+        call: 149u32,
         name: "cudaStreamCreateWithFlags",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8779,9 +9724,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamCreateWithPriority: CallDesc = CallDesc {
-        wire: 141u32,
-        call: 138u32,
+        wire: 161u32,
+        call: 150u32,
         name: "cudaStreamCreateWithPriority",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8805,9 +9751,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamDestroy: CallDesc = CallDesc {
-        wire: 142u32,
-        call: 139u32,
+        wire: 162u32,
+        call: 151u32,
         name: "cudaStreamDestroy",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8826,9 +9773,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamEndCapture: CallDesc = CallDesc {
-        wire: 143u32,
-        call: 140u32,
+        wire: 163u32,
+        call: 152u32,
         name: "cudaStreamEndCapture",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8848,9 +9796,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamEndCapture_ptsz: CallDesc = CallDesc {
-        wire: 144u32,
-        call: 141u32,
+        wire: 164u32,
+        call: 153u32,
         name: "cudaStreamEndCapture_ptsz",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8870,9 +9819,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetCaptureInfo__cu118: CallDesc = CallDesc {
-        wire: 145u32,
-        call: 142u32,
+        wire: 165u32,
+        call: 154u32,
         name: "cudaStreamGetCaptureInfo",
+        form: None,
         library: "cudart",
         versions: &["11.8"],
         class: Class::Sync,
@@ -8903,9 +9853,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetCaptureInfo_ptsz__cu118: CallDesc = CallDesc {
-        wire: 146u32,
-        call: 143u32,
+        wire: 166u32,
+        call: 155u32,
         name: "cudaStreamGetCaptureInfo_ptsz",
+        form: None,
         library: "cudart",
         versions: &["11.8"],
         class: Class::Sync,
@@ -8936,9 +9887,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetDevice: CallDesc = CallDesc {
-        wire: 147u32,
-        call: 144u32,
+        wire: 167u32,
+        call: 156u32,
         name: "cudaStreamGetDevice",
+        form: None,
         library: "cudart",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8963,9 +9915,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetDevice_ptsz: CallDesc = CallDesc {
-        wire: 148u32,
-        call: 145u32,
+        wire: 168u32,
+        call: 157u32,
         name: "cudaStreamGetDevice_ptsz",
+        form: None,
         library: "cudart",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -8990,9 +9943,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetFlags: CallDesc = CallDesc {
-        wire: 149u32,
-        call: 146u32,
+        wire: 169u32,
+        call: 158u32,
         name: "cudaStreamGetFlags",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9017,9 +9971,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetFlags_ptsz: CallDesc = CallDesc {
-        wire: 150u32,
-        call: 147u32,
+        wire: 170u32,
+        call: 159u32,
         name: "cudaStreamGetFlags_ptsz",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9044,9 +9999,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetId: CallDesc = CallDesc {
-        wire: 151u32,
-        call: 148u32,
+        wire: 171u32,
+        call: 160u32,
         name: "cudaStreamGetId",
+        form: None,
         library: "cudart",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9071,9 +10027,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetId_ptsz: CallDesc = CallDesc {
-        wire: 152u32,
-        call: 149u32,
+        wire: 172u32,
+        call: 161u32,
         name: "cudaStreamGetId_ptsz",
+        form: None,
         library: "cudart",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9098,9 +10055,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetPriority: CallDesc = CallDesc {
-        wire: 153u32,
-        call: 150u32,
+        wire: 173u32,
+        call: 162u32,
         name: "cudaStreamGetPriority",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9125,9 +10083,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetPriority_ptsz: CallDesc = CallDesc {
-        wire: 154u32,
-        call: 151u32,
+        wire: 174u32,
+        call: 163u32,
         name: "cudaStreamGetPriority_ptsz",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9152,9 +10111,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamIsCapturing: CallDesc = CallDesc {
-        wire: 155u32,
-        call: 152u32,
+        wire: 175u32,
+        call: 164u32,
         name: "cudaStreamIsCapturing",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9179,9 +10139,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamIsCapturing_ptsz: CallDesc = CallDesc {
-        wire: 156u32,
-        call: 153u32,
+        wire: 176u32,
+        call: 165u32,
         name: "cudaStreamIsCapturing_ptsz",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9206,9 +10167,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamQuery: CallDesc = CallDesc {
-        wire: 157u32,
-        call: 154u32,
+        wire: 177u32,
+        call: 166u32,
         name: "cudaStreamQuery",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9227,9 +10189,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamQuery_ptsz: CallDesc = CallDesc {
-        wire: 158u32,
-        call: 155u32,
+        wire: 178u32,
+        call: 167u32,
         name: "cudaStreamQuery_ptsz",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9248,9 +10211,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamSynchronize: CallDesc = CallDesc {
-        wire: 159u32,
-        call: 156u32,
+        wire: 179u32,
+        call: 168u32,
         name: "cudaStreamSynchronize",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9269,9 +10233,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamSynchronize_ptsz: CallDesc = CallDesc {
-        wire: 160u32,
-        call: 157u32,
+        wire: 180u32,
+        call: 169u32,
         name: "cudaStreamSynchronize_ptsz",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9290,9 +10255,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamUpdateCaptureDependencies__cu118: CallDesc = CallDesc {
-        wire: 161u32,
-        call: 158u32,
+        wire: 181u32,
+        call: 170u32,
         name: "cudaStreamUpdateCaptureDependencies",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8"],
         class: Class::Sync,
@@ -9320,9 +10286,10 @@ pub mod cudart {
         },
     };
     pub static cudaStreamUpdateCaptureDependencies_ptsz__cu126: CallDesc = CallDesc {
-        wire: 162u32,
-        call: 159u32,
+        wire: 182u32,
+        call: 171u32,
         name: "cudaStreamUpdateCaptureDependencies_ptsz",
+        form: None,
         library: "cudart",
         versions: &["12.6", "12.8"],
         class: Class::Sync,
@@ -9350,12 +10317,13 @@ pub mod cudart {
         },
     };
     pub static cudaStreamWaitEvent: CallDesc = CallDesc {
-        wire: 163u32,
-        call: 160u32,
+        wire: 183u32,
+        call: 172u32,
         name: "cudaStreamWaitEvent",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 22u16,
@@ -9379,12 +10347,13 @@ pub mod cudart {
         },
     };
     pub static cudaStreamWaitEvent_ptsz: CallDesc = CallDesc {
-        wire: 164u32,
-        call: 161u32,
+        wire: 184u32,
+        call: 173u32,
         name: "cudaStreamWaitEvent_ptsz",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 22u16,
@@ -9408,9 +10377,10 @@ pub mod cudart {
         },
     };
     pub static cudaThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
-        wire: 165u32,
-        call: 162u32,
+        wire: 185u32,
+        call: 174u32,
         name: "cudaThreadExchangeStreamCaptureMode",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9431,9 +10401,10 @@ pub mod cudart {
         },
     };
     pub static cudaThreadExit: CallDesc = CallDesc {
-        wire: 166u32,
-        call: 163u32,
+        wire: 186u32,
+        call: 175u32,
         name: "cudaThreadExit",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8"],
         class: Class::Sync,
@@ -9447,9 +10418,10 @@ pub mod cudart {
         },
     };
     pub static cudaThreadGetCacheConfig: CallDesc = CallDesc {
-        wire: 167u32,
-        call: 164u32,
+        wire: 187u32,
+        call: 176u32,
         name: "cudaThreadGetCacheConfig",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8"],
         class: Class::Sync,
@@ -9470,9 +10442,10 @@ pub mod cudart {
         },
     };
     pub static cudaThreadGetLimit: CallDesc = CallDesc {
-        wire: 168u32,
-        call: 165u32,
+        wire: 188u32,
+        call: 177u32,
         name: "cudaThreadGetLimit",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8"],
         class: Class::Sync,
@@ -9497,9 +10470,10 @@ pub mod cudart {
         },
     };
     pub static cudaThreadSetCacheConfig: CallDesc = CallDesc {
-        wire: 169u32,
-        call: 166u32,
+        wire: 189u32,
+        call: 178u32,
         name: "cudaThreadSetCacheConfig",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8"],
         class: Class::Sync,
@@ -9518,9 +10492,10 @@ pub mod cudart {
         },
     };
     pub static cudaThreadSetLimit: CallDesc = CallDesc {
-        wire: 170u32,
-        call: 167u32,
+        wire: 190u32,
+        call: 179u32,
         name: "cudaThreadSetLimit",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8"],
         class: Class::Sync,
@@ -9543,9 +10518,10 @@ pub mod cudart {
         },
     };
     pub static cudaThreadSynchronize: CallDesc = CallDesc {
-        wire: 171u32,
-        call: 168u32,
+        wire: 191u32,
+        call: 180u32,
         name: "cudaThreadSynchronize",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8"],
         class: Class::Sync,
@@ -9559,9 +10535,10 @@ pub mod cudart {
         },
     };
     pub static cudaUnbindTexture: CallDesc = CallDesc {
-        wire: 172u32,
-        call: 169u32,
+        wire: 192u32,
+        call: 181u32,
         name: "cudaUnbindTexture",
+        form: None,
         library: "cudart",
         versions: &["11.8"],
         class: Class::Sync,
@@ -9582,9 +10559,10 @@ pub mod cudart {
         },
     };
     pub static cudaUserObjectRelease: CallDesc = CallDesc {
-        wire: 173u32,
-        call: 170u32,
+        wire: 193u32,
+        call: 182u32,
         name: "cudaUserObjectRelease",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9607,9 +10585,10 @@ pub mod cudart {
         },
     };
     pub static cudaUserObjectRetain: CallDesc = CallDesc {
-        wire: 174u32,
-        call: 171u32,
+        wire: 194u32,
+        call: 183u32,
         name: "cudaUserObjectRetain",
+        form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9635,9 +10614,10 @@ pub mod cudart {
 pub mod cudnn {
     use chidori_protocol::desc::*;
     pub static cudnnAdvInferVersionCheck: CallDesc = CallDesc {
-        wire: 593u32,
-        call: 584u32,
+        wire: 618u32,
+        call: 601u32,
         name: "cudnnAdvInferVersionCheck",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -9651,9 +10631,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnAdvTrainVersionCheck: CallDesc = CallDesc {
-        wire: 594u32,
-        call: 585u32,
+        wire: 619u32,
+        call: 602u32,
         name: "cudnnAdvTrainVersionCheck",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -9667,9 +10648,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnAdvVersionCheck: CallDesc = CallDesc {
-        wire: 595u32,
-        call: 586u32,
+        wire: 620u32,
+        call: 603u32,
         name: "cudnnAdvVersionCheck",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9683,9 +10665,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 596u32,
-        call: 587u32,
+        wire: 621u32,
+        call: 604u32,
         name: "cudnnBuildRNNDynamic",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -9712,9 +10695,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 597u32,
-        call: 587u32,
+        wire: 622u32,
+        call: 604u32,
         name: "cudnnBuildRNNDynamic",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9741,9 +10725,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 598u32,
-        call: 588u32,
+        wire: 623u32,
+        call: 605u32,
         name: "cudnnCnnInferVersionCheck",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -9757,9 +10742,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 599u32,
-        call: 589u32,
+        wire: 624u32,
+        call: 606u32,
         name: "cudnnCnnTrainVersionCheck",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -9773,9 +10759,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 600u32,
-        call: 590u32,
+        wire: 625u32,
+        call: 607u32,
         name: "cudnnCnnVersionCheck",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9789,9 +10776,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 601u32,
-        call: 591u32,
+        wire: 626u32,
+        call: 608u32,
         name: "cudnnCopyAlgorithmDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -9814,9 +10802,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 602u32,
-        call: 592u32,
+        wire: 627u32,
+        call: 609u32,
         name: "cudnnCreate",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -9830,9 +10819,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 603u32,
-        call: 592u32,
+        wire: 628u32,
+        call: 609u32,
         name: "cudnnCreate",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9846,9 +10836,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 604u32,
-        call: 593u32,
+        wire: 629u32,
+        call: 610u32,
         name: "cudnnCreateActivationDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -9862,9 +10853,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 605u32,
-        call: 593u32,
+        wire: 630u32,
+        call: 610u32,
         name: "cudnnCreateActivationDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9878,9 +10870,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 606u32,
-        call: 594u32,
+        wire: 631u32,
+        call: 611u32,
         name: "cudnnCreateAlgorithmDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -9894,9 +10887,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 607u32,
-        call: 595u32,
+        wire: 632u32,
+        call: 612u32,
         name: "cudnnCreateAlgorithmPerformance",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -9916,9 +10910,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 608u32,
-        call: 596u32,
+        wire: 633u32,
+        call: 613u32,
         name: "cudnnCreateAttnDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -9932,9 +10927,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 609u32,
-        call: 596u32,
+        wire: 634u32,
+        call: 613u32,
         name: "cudnnCreateAttnDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9948,9 +10944,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 610u32,
-        call: 597u32,
+        wire: 635u32,
+        call: 614u32,
         name: "cudnnCreateCTCLossDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -9964,9 +10961,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 611u32,
-        call: 597u32,
+        wire: 636u32,
+        call: 614u32,
         name: "cudnnCreateCTCLossDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -9980,9 +10978,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 612u32,
-        call: 598u32,
+        wire: 637u32,
+        call: 615u32,
         name: "cudnnCreateConvolutionDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -9996,9 +10995,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 613u32,
-        call: 598u32,
+        wire: 638u32,
+        call: 615u32,
         name: "cudnnCreateConvolutionDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10012,9 +11012,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 614u32,
-        call: 599u32,
+        wire: 639u32,
+        call: 616u32,
         name: "cudnnCreateDropoutDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10028,9 +11029,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 615u32,
-        call: 599u32,
+        wire: 640u32,
+        call: 616u32,
         name: "cudnnCreateDropoutDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10044,9 +11046,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 616u32,
-        call: 600u32,
+        wire: 641u32,
+        call: 617u32,
         name: "cudnnCreateFilterDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10060,9 +11063,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 617u32,
-        call: 600u32,
+        wire: 642u32,
+        call: 617u32,
         name: "cudnnCreateFilterDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10076,9 +11080,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 618u32,
-        call: 601u32,
+        wire: 643u32,
+        call: 618u32,
         name: "cudnnCreateFusedOpsConstParamPack",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10098,9 +11103,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 619u32,
-        call: 601u32,
+        wire: 644u32,
+        call: 618u32,
         name: "cudnnCreateFusedOpsConstParamPack",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10120,9 +11126,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 620u32,
-        call: 602u32,
+        wire: 645u32,
+        call: 619u32,
         name: "cudnnCreateFusedOpsPlan",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10142,9 +11149,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 621u32,
-        call: 602u32,
+        wire: 646u32,
+        call: 619u32,
         name: "cudnnCreateFusedOpsPlan",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10164,9 +11172,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 622u32,
-        call: 603u32,
+        wire: 647u32,
+        call: 620u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10186,9 +11195,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 623u32,
-        call: 603u32,
+        wire: 648u32,
+        call: 620u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10208,9 +11218,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 624u32,
-        call: 604u32,
+        wire: 649u32,
+        call: 621u32,
         name: "cudnnCreateLRNDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10224,9 +11235,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 625u32,
-        call: 604u32,
+        wire: 650u32,
+        call: 621u32,
         name: "cudnnCreateLRNDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10240,9 +11252,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 626u32,
-        call: 605u32,
+        wire: 651u32,
+        call: 622u32,
         name: "cudnnCreateOpTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10256,9 +11269,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 627u32,
-        call: 605u32,
+        wire: 652u32,
+        call: 622u32,
         name: "cudnnCreateOpTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10272,9 +11286,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 628u32,
-        call: 606u32,
+        wire: 653u32,
+        call: 623u32,
         name: "cudnnCreatePersistentRNNPlan",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10302,9 +11317,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 629u32,
-        call: 607u32,
+        wire: 654u32,
+        call: 624u32,
         name: "cudnnCreatePoolingDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10318,9 +11334,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 630u32,
-        call: 607u32,
+        wire: 655u32,
+        call: 624u32,
         name: "cudnnCreatePoolingDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10334,9 +11351,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 631u32,
-        call: 608u32,
+        wire: 656u32,
+        call: 625u32,
         name: "cudnnCreateRNNDataDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10350,9 +11368,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 632u32,
-        call: 608u32,
+        wire: 657u32,
+        call: 625u32,
         name: "cudnnCreateRNNDataDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10366,9 +11385,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 633u32,
-        call: 609u32,
+        wire: 658u32,
+        call: 626u32,
         name: "cudnnCreateRNNDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10382,9 +11402,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 634u32,
-        call: 609u32,
+        wire: 659u32,
+        call: 626u32,
         name: "cudnnCreateRNNDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10398,9 +11419,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 635u32,
-        call: 610u32,
+        wire: 660u32,
+        call: 627u32,
         name: "cudnnCreateReduceTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10414,9 +11436,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 636u32,
-        call: 610u32,
+        wire: 661u32,
+        call: 627u32,
         name: "cudnnCreateReduceTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10430,9 +11453,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 637u32,
-        call: 611u32,
+        wire: 662u32,
+        call: 628u32,
         name: "cudnnCreateSeqDataDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10446,9 +11470,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 638u32,
-        call: 611u32,
+        wire: 663u32,
+        call: 628u32,
         name: "cudnnCreateSeqDataDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10462,9 +11487,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 639u32,
-        call: 612u32,
+        wire: 664u32,
+        call: 629u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10478,9 +11504,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 640u32,
-        call: 612u32,
+        wire: 665u32,
+        call: 629u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10494,9 +11521,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 641u32,
-        call: 613u32,
+        wire: 666u32,
+        call: 630u32,
         name: "cudnnCreateTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10510,9 +11538,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 642u32,
-        call: 613u32,
+        wire: 667u32,
+        call: 630u32,
         name: "cudnnCreateTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10526,9 +11555,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 643u32,
-        call: 614u32,
+        wire: 668u32,
+        call: 631u32,
         name: "cudnnCreateTensorTransformDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10542,9 +11572,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 644u32,
-        call: 614u32,
+        wire: 669u32,
+        call: 631u32,
         name: "cudnnCreateTensorTransformDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10558,9 +11589,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 645u32,
-        call: 615u32,
+        wire: 670u32,
+        call: 632u32,
         name: "cudnnDeriveBNTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10587,9 +11619,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 646u32,
-        call: 615u32,
+        wire: 671u32,
+        call: 632u32,
         name: "cudnnDeriveBNTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10616,9 +11649,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 647u32,
-        call: 616u32,
+        wire: 672u32,
+        call: 633u32,
         name: "cudnnDeriveNormTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10653,9 +11687,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 648u32,
-        call: 616u32,
+        wire: 673u32,
+        call: 633u32,
         name: "cudnnDeriveNormTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10690,9 +11725,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroy__cu118: CallDesc = CallDesc {
-        wire: 649u32,
-        call: 617u32,
+        wire: 674u32,
+        call: 634u32,
         name: "cudnnDestroy",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10711,9 +11747,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroy__cu126: CallDesc = CallDesc {
-        wire: 650u32,
-        call: 617u32,
+        wire: 675u32,
+        call: 634u32,
         name: "cudnnDestroy",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10732,9 +11769,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 651u32,
-        call: 618u32,
+        wire: 676u32,
+        call: 635u32,
         name: "cudnnDestroyActivationDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10753,9 +11791,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 652u32,
-        call: 618u32,
+        wire: 677u32,
+        call: 635u32,
         name: "cudnnDestroyActivationDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10774,9 +11813,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 653u32,
-        call: 619u32,
+        wire: 678u32,
+        call: 636u32,
         name: "cudnnDestroyAlgorithmDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10795,9 +11835,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 654u32,
-        call: 620u32,
+        wire: 679u32,
+        call: 637u32,
         name: "cudnnDestroyAlgorithmPerformance",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10817,9 +11858,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 655u32,
-        call: 621u32,
+        wire: 680u32,
+        call: 638u32,
         name: "cudnnDestroyAttnDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10838,9 +11880,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 656u32,
-        call: 621u32,
+        wire: 681u32,
+        call: 638u32,
         name: "cudnnDestroyAttnDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10859,9 +11902,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 657u32,
-        call: 622u32,
+        wire: 682u32,
+        call: 639u32,
         name: "cudnnDestroyCTCLossDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10880,9 +11924,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 658u32,
-        call: 622u32,
+        wire: 683u32,
+        call: 639u32,
         name: "cudnnDestroyCTCLossDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10901,9 +11946,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 659u32,
-        call: 623u32,
+        wire: 684u32,
+        call: 640u32,
         name: "cudnnDestroyConvolutionDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10922,9 +11968,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 660u32,
-        call: 623u32,
+        wire: 685u32,
+        call: 640u32,
         name: "cudnnDestroyConvolutionDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10943,9 +11990,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 661u32,
-        call: 624u32,
+        wire: 686u32,
+        call: 641u32,
         name: "cudnnDestroyDropoutDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -10964,9 +12012,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 662u32,
-        call: 624u32,
+        wire: 687u32,
+        call: 641u32,
         name: "cudnnDestroyDropoutDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10985,9 +12034,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 663u32,
-        call: 625u32,
+        wire: 688u32,
+        call: 642u32,
         name: "cudnnDestroyFilterDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11006,9 +12056,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 664u32,
-        call: 625u32,
+        wire: 689u32,
+        call: 642u32,
         name: "cudnnDestroyFilterDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11027,9 +12078,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 665u32,
-        call: 626u32,
+        wire: 690u32,
+        call: 643u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11048,9 +12100,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 666u32,
-        call: 626u32,
+        wire: 691u32,
+        call: 643u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11069,9 +12122,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 667u32,
-        call: 627u32,
+        wire: 692u32,
+        call: 644u32,
         name: "cudnnDestroyFusedOpsPlan",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11090,9 +12144,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 668u32,
-        call: 627u32,
+        wire: 693u32,
+        call: 644u32,
         name: "cudnnDestroyFusedOpsPlan",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11111,9 +12166,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 669u32,
-        call: 628u32,
+        wire: 694u32,
+        call: 645u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11132,9 +12188,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 670u32,
-        call: 628u32,
+        wire: 695u32,
+        call: 645u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11153,9 +12210,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 671u32,
-        call: 629u32,
+        wire: 696u32,
+        call: 646u32,
         name: "cudnnDestroyLRNDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11174,9 +12232,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 672u32,
-        call: 629u32,
+        wire: 697u32,
+        call: 646u32,
         name: "cudnnDestroyLRNDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11195,9 +12254,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 673u32,
-        call: 630u32,
+        wire: 698u32,
+        call: 647u32,
         name: "cudnnDestroyOpTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11216,9 +12276,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 674u32,
-        call: 630u32,
+        wire: 699u32,
+        call: 647u32,
         name: "cudnnDestroyOpTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11237,9 +12298,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 675u32,
-        call: 631u32,
+        wire: 700u32,
+        call: 648u32,
         name: "cudnnDestroyPersistentRNNPlan",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11258,9 +12320,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 676u32,
-        call: 632u32,
+        wire: 701u32,
+        call: 649u32,
         name: "cudnnDestroyPoolingDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11279,9 +12342,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 677u32,
-        call: 632u32,
+        wire: 702u32,
+        call: 649u32,
         name: "cudnnDestroyPoolingDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11300,9 +12364,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 678u32,
-        call: 633u32,
+        wire: 703u32,
+        call: 650u32,
         name: "cudnnDestroyRNNDataDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11321,9 +12386,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 679u32,
-        call: 633u32,
+        wire: 704u32,
+        call: 650u32,
         name: "cudnnDestroyRNNDataDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11342,9 +12408,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 680u32,
-        call: 634u32,
+        wire: 705u32,
+        call: 651u32,
         name: "cudnnDestroyRNNDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11363,9 +12430,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 681u32,
-        call: 634u32,
+        wire: 706u32,
+        call: 651u32,
         name: "cudnnDestroyRNNDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11384,9 +12452,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 682u32,
-        call: 635u32,
+        wire: 707u32,
+        call: 652u32,
         name: "cudnnDestroyReduceTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11405,9 +12474,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 683u32,
-        call: 635u32,
+        wire: 708u32,
+        call: 652u32,
         name: "cudnnDestroyReduceTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11426,9 +12496,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 684u32,
-        call: 636u32,
+        wire: 709u32,
+        call: 653u32,
         name: "cudnnDestroySeqDataDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11447,9 +12518,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 685u32,
-        call: 636u32,
+        wire: 710u32,
+        call: 653u32,
         name: "cudnnDestroySeqDataDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11468,9 +12540,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 686u32,
-        call: 637u32,
+        wire: 711u32,
+        call: 654u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11489,9 +12562,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 687u32,
-        call: 637u32,
+        wire: 712u32,
+        call: 654u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11510,9 +12584,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 688u32,
-        call: 638u32,
+        wire: 713u32,
+        call: 655u32,
         name: "cudnnDestroyTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11531,9 +12606,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 689u32,
-        call: 638u32,
+        wire: 714u32,
+        call: 655u32,
         name: "cudnnDestroyTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11552,9 +12628,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 690u32,
-        call: 639u32,
+        wire: 715u32,
+        call: 656u32,
         name: "cudnnDestroyTensorTransformDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11573,9 +12650,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 691u32,
-        call: 639u32,
+        wire: 716u32,
+        call: 656u32,
         name: "cudnnDestroyTensorTransformDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11594,9 +12672,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 692u32,
-        call: 640u32,
+        wire: 717u32,
+        call: 657u32,
         name: "cudnnDropoutGetReserveSpaceSize",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11621,9 +12700,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 693u32,
-        call: 640u32,
+        wire: 718u32,
+        call: 657u32,
         name: "cudnnDropoutGetReserveSpaceSize",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11648,9 +12728,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 694u32,
-        call: 641u32,
+        wire: 719u32,
+        call: 658u32,
         name: "cudnnDropoutGetStatesSize",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11675,9 +12756,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 695u32,
-        call: 641u32,
+        wire: 720u32,
+        call: 658u32,
         name: "cudnnDropoutGetStatesSize",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11702,9 +12784,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 696u32,
-        call: 642u32,
+        wire: 721u32,
+        call: 659u32,
         name: "cudnnFusedOpsExecute",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11731,9 +12814,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 697u32,
-        call: 642u32,
+        wire: 722u32,
+        call: 659u32,
         name: "cudnnFusedOpsExecute",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11760,9 +12844,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 698u32,
-        call: 643u32,
+        wire: 723u32,
+        call: 660u32,
         name: "cudnnGetActivationDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11799,9 +12884,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 699u32,
-        call: 643u32,
+        wire: 724u32,
+        call: 660u32,
         name: "cudnnGetActivationDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11838,9 +12924,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 700u32,
-        call: 644u32,
+        wire: 725u32,
+        call: 661u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11865,9 +12952,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 701u32,
-        call: 644u32,
+        wire: 726u32,
+        call: 661u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -11892,9 +12980,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 702u32,
-        call: 645u32,
+        wire: 727u32,
+        call: 662u32,
         name: "cudnnGetAlgorithmPerformance",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11932,9 +13021,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 703u32,
-        call: 646u32,
+        wire: 728u32,
+        call: 663u32,
         name: "cudnnGetAlgorithmSpaceSize",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -11963,9 +13053,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 704u32,
-        call: 647u32,
+        wire: 729u32,
+        call: 664u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -12026,9 +13117,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 705u32,
-        call: 647u32,
+        wire: 730u32,
+        call: 664u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -12089,9 +13181,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 706u32,
-        call: 648u32,
+        wire: 731u32,
+        call: 665u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -12144,9 +13237,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 707u32,
-        call: 648u32,
+        wire: 732u32,
+        call: 665u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -12199,9 +13293,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 708u32,
-        call: 649u32,
+        wire: 733u32,
+        call: 666u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -12242,9 +13337,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 709u32,
-        call: 649u32,
+        wire: 734u32,
+        call: 666u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -12285,9 +13381,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 710u32,
-        call: 650u32,
+        wire: 735u32,
+        call: 667u32,
         name: "cudnnGetCTCLossDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -12312,9 +13409,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 711u32,
-        call: 650u32,
+        wire: 736u32,
+        call: 667u32,
         name: "cudnnGetCTCLossDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -12339,9 +13437,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 712u32,
-        call: 651u32,
+        wire: 737u32,
+        call: 668u32,
         name: "cudnnGetCTCLossDescriptorEx",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -12378,9 +13477,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 713u32,
-        call: 651u32,
+        wire: 738u32,
+        call: 668u32,
         name: "cudnnGetCTCLossDescriptorEx",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -12417,9 +13517,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 714u32,
-        call: 652u32,
+        wire: 739u32,
+        call: 669u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -12460,9 +13561,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 715u32,
-        call: 652u32,
+        wire: 740u32,
+        call: 669u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -12503,9 +13605,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 716u32,
-        call: 653u32,
+        wire: 741u32,
+        call: 670u32,
         name: "cudnnGetConvolution2dDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -12572,9 +13675,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 717u32,
-        call: 653u32,
+        wire: 742u32,
+        call: 670u32,
         name: "cudnnGetConvolution2dDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -12641,9 +13745,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 718u32,
-        call: 654u32,
+        wire: 743u32,
+        call: 671u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -12694,9 +13799,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 719u32,
-        call: 654u32,
+        wire: 744u32,
+        call: 671u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -12747,9 +13853,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 720u32,
-        call: 655u32,
+        wire: 745u32,
+        call: 672u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -12774,9 +13881,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 721u32,
-        call: 655u32,
+        wire: 746u32,
+        call: 672u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -12801,9 +13909,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 722u32,
-        call: 656u32,
+        wire: 747u32,
+        call: 673u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -12848,9 +13957,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 723u32,
-        call: 656u32,
+        wire: 748u32,
+        call: 673u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -12895,9 +14005,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 724u32,
-        call: 657u32,
+        wire: 749u32,
+        call: 674u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -12922,9 +14033,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 725u32,
-        call: 657u32,
+        wire: 750u32,
+        call: 674u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -12949,9 +14061,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 726u32,
-        call: 658u32,
+        wire: 751u32,
+        call: 675u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -12996,9 +14109,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 727u32,
-        call: 658u32,
+        wire: 752u32,
+        call: 675u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -13043,9 +14157,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 728u32,
-        call: 659u32,
+        wire: 753u32,
+        call: 676u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -13070,9 +14185,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 729u32,
-        call: 659u32,
+        wire: 754u32,
+        call: 676u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -13097,9 +14213,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 730u32,
-        call: 660u32,
+        wire: 755u32,
+        call: 677u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -13144,9 +14261,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 731u32,
-        call: 660u32,
+        wire: 756u32,
+        call: 677u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -13191,9 +14309,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 732u32,
-        call: 661u32,
+        wire: 757u32,
+        call: 678u32,
         name: "cudnnGetConvolutionGroupCount",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -13218,9 +14337,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 733u32,
-        call: 661u32,
+        wire: 758u32,
+        call: 678u32,
         name: "cudnnGetConvolutionGroupCount",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -13245,9 +14365,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 734u32,
-        call: 662u32,
+        wire: 759u32,
+        call: 679u32,
         name: "cudnnGetConvolutionMathType",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -13272,9 +14393,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 735u32,
-        call: 662u32,
+        wire: 760u32,
+        call: 679u32,
         name: "cudnnGetConvolutionMathType",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -13299,9 +14421,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 736u32,
-        call: 663u32,
+        wire: 761u32,
+        call: 680u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -13338,9 +14461,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 737u32,
-        call: 663u32,
+        wire: 762u32,
+        call: 680u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -13377,9 +14501,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 738u32,
-        call: 664u32,
+        wire: 763u32,
+        call: 681u32,
         name: "cudnnGetConvolutionReorderType",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -13404,9 +14529,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 739u32,
-        call: 664u32,
+        wire: 764u32,
+        call: 681u32,
         name: "cudnnGetConvolutionReorderType",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -13431,9 +14557,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCudartVersion__cu118: CallDesc = CallDesc {
-        wire: 740u32,
-        call: 665u32,
+        wire: 765u32,
+        call: 682u32,
         name: "cudnnGetCudartVersion",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -13450,9 +14577,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCudartVersion__cu126: CallDesc = CallDesc {
-        wire: 741u32,
-        call: 665u32,
+        wire: 766u32,
+        call: 682u32,
         name: "cudnnGetCudartVersion",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -13469,9 +14597,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 742u32,
-        call: 666u32,
+        wire: 767u32,
+        call: 683u32,
         name: "cudnnGetFilter4dDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -13526,9 +14655,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 743u32,
-        call: 666u32,
+        wire: 768u32,
+        call: 683u32,
         name: "cudnnGetFilter4dDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -13583,9 +14713,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 744u32,
-        call: 667u32,
+        wire: 769u32,
+        call: 684u32,
         name: "cudnnGetFilterNdDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -13632,9 +14763,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 745u32,
-        call: 667u32,
+        wire: 770u32,
+        call: 684u32,
         name: "cudnnGetFilterNdDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -13681,9 +14813,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 746u32,
-        call: 668u32,
+        wire: 771u32,
+        call: 685u32,
         name: "cudnnGetFilterSizeInBytes",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -13708,9 +14841,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 747u32,
-        call: 668u32,
+        wire: 772u32,
+        call: 685u32,
         name: "cudnnGetFilterSizeInBytes",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -13735,9 +14869,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 748u32,
-        call: 669u32,
+        wire: 773u32,
+        call: 686u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -13808,9 +14943,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 749u32,
-        call: 669u32,
+        wire: 774u32,
+        call: 686u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -13881,9 +15017,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 750u32,
-        call: 670u32,
+        wire: 775u32,
+        call: 687u32,
         name: "cudnnGetLRNDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -13926,9 +15063,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 751u32,
-        call: 670u32,
+        wire: 776u32,
+        call: 687u32,
         name: "cudnnGetLRNDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -13971,9 +15109,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 752u32,
-        call: 671u32,
+        wire: 777u32,
+        call: 688u32,
         name: "cudnnGetMaxDeviceVersion",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -13990,9 +15129,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 753u32,
-        call: 671u32,
+        wire: 778u32,
+        call: 688u32,
         name: "cudnnGetMaxDeviceVersion",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -14009,9 +15149,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 754u32,
-        call: 672u32,
+        wire: 779u32,
+        call: 689u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -14084,9 +15225,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 755u32,
-        call: 672u32,
+        wire: 780u32,
+        call: 689u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -14159,9 +15301,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 756u32,
-        call: 673u32,
+        wire: 781u32,
+        call: 690u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -14226,9 +15369,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 757u32,
-        call: 673u32,
+        wire: 782u32,
+        call: 690u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -14293,9 +15437,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 758u32,
-        call: 674u32,
+        wire: 783u32,
+        call: 691u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -14344,9 +15489,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 759u32,
-        call: 674u32,
+        wire: 784u32,
+        call: 691u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -14395,9 +15541,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 760u32,
-        call: 675u32,
+        wire: 785u32,
+        call: 692u32,
         name: "cudnnGetOpTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -14434,9 +15581,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 761u32,
-        call: 675u32,
+        wire: 786u32,
+        call: 692u32,
         name: "cudnnGetOpTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -14473,9 +15621,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 762u32,
-        call: 676u32,
+        wire: 787u32,
+        call: 693u32,
         name: "cudnnGetPooling2dDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -14542,9 +15691,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 763u32,
-        call: 676u32,
+        wire: 788u32,
+        call: 693u32,
         name: "cudnnGetPooling2dDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -14611,9 +15761,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 764u32,
-        call: 677u32,
+        wire: 789u32,
+        call: 694u32,
         name: "cudnnGetPooling2dForwardOutputDim",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -14660,9 +15811,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 765u32,
-        call: 677u32,
+        wire: 790u32,
+        call: 694u32,
         name: "cudnnGetPooling2dForwardOutputDim",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -14709,9 +15861,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 766u32,
-        call: 678u32,
+        wire: 791u32,
+        call: 695u32,
         name: "cudnnGetPoolingNdDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -14770,9 +15923,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 767u32,
-        call: 678u32,
+        wire: 792u32,
+        call: 695u32,
         name: "cudnnGetPoolingNdDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -14831,9 +15985,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 768u32,
-        call: 679u32,
+        wire: 793u32,
+        call: 696u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -14866,9 +16021,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 769u32,
-        call: 679u32,
+        wire: 794u32,
+        call: 696u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -14901,9 +16057,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 770u32,
-        call: 680u32,
+        wire: 795u32,
+        call: 697u32,
         name: "cudnnGetProperty",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -14928,9 +16085,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 771u32,
-        call: 680u32,
+        wire: 796u32,
+        call: 697u32,
         name: "cudnnGetProperty",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -14955,9 +16113,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 772u32,
-        call: 681u32,
+        wire: 797u32,
+        call: 698u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -14986,9 +16145,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 773u32,
-        call: 682u32,
+        wire: 798u32,
+        call: 699u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -15017,9 +16177,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 774u32,
-        call: 683u32,
+        wire: 799u32,
+        call: 700u32,
         name: "cudnnGetRNNBiasMode",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -15044,9 +16205,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 775u32,
-        call: 684u32,
+        wire: 800u32,
+        call: 701u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -15075,9 +16237,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 776u32,
-        call: 685u32,
+        wire: 801u32,
+        call: 702u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -15106,9 +16269,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 777u32,
-        call: 686u32,
+        wire: 802u32,
+        call: 703u32,
         name: "cudnnGetRNNMatrixMathType",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -15133,9 +16297,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 778u32,
-        call: 687u32,
+        wire: 803u32,
+        call: 704u32,
         name: "cudnnGetRNNPaddingMode",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -15160,9 +16325,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 779u32,
-        call: 688u32,
+        wire: 804u32,
+        call: 705u32,
         name: "cudnnGetRNNParamsSize",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -15199,9 +16365,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 780u32,
-        call: 689u32,
+        wire: 805u32,
+        call: 706u32,
         name: "cudnnGetRNNWeightSpaceSize",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -15230,9 +16397,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 781u32,
-        call: 689u32,
+        wire: 806u32,
+        call: 706u32,
         name: "cudnnGetRNNWeightSpaceSize",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -15261,9 +16429,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 782u32,
-        call: 690u32,
+        wire: 807u32,
+        call: 707u32,
         name: "cudnnGetReduceTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -15312,9 +16481,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 783u32,
-        call: 690u32,
+        wire: 808u32,
+        call: 707u32,
         name: "cudnnGetReduceTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -15363,9 +16533,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 784u32,
-        call: 691u32,
+        wire: 809u32,
+        call: 708u32,
         name: "cudnnGetReductionIndicesSize",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -15402,9 +16573,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 785u32,
-        call: 691u32,
+        wire: 810u32,
+        call: 708u32,
         name: "cudnnGetReductionIndicesSize",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -15441,9 +16613,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 786u32,
-        call: 692u32,
+        wire: 811u32,
+        call: 709u32,
         name: "cudnnGetReductionWorkspaceSize",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -15480,9 +16653,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 787u32,
-        call: 692u32,
+        wire: 812u32,
+        call: 709u32,
         name: "cudnnGetReductionWorkspaceSize",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -15519,9 +16693,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetStream__cu118: CallDesc = CallDesc {
-        wire: 788u32,
-        call: 693u32,
+        wire: 813u32,
+        call: 710u32,
         name: "cudnnGetStream",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -15541,9 +16716,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetStream__cu126: CallDesc = CallDesc {
-        wire: 789u32,
-        call: 693u32,
+        wire: 814u32,
+        call: 710u32,
         name: "cudnnGetStream",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -15563,9 +16739,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 790u32,
-        call: 694u32,
+        wire: 815u32,
+        call: 711u32,
         name: "cudnnGetTensor4dDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -15638,9 +16815,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 791u32,
-        call: 694u32,
+        wire: 816u32,
+        call: 711u32,
         name: "cudnnGetTensor4dDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -15713,9 +16891,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 792u32,
-        call: 695u32,
+        wire: 817u32,
+        call: 712u32,
         name: "cudnnGetTensorNdDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -15762,9 +16941,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 793u32,
-        call: 695u32,
+        wire: 818u32,
+        call: 712u32,
         name: "cudnnGetTensorNdDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -15811,9 +16991,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 794u32,
-        call: 696u32,
+        wire: 819u32,
+        call: 713u32,
         name: "cudnnGetTensorSizeInBytes",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -15838,9 +17019,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 795u32,
-        call: 696u32,
+        wire: 820u32,
+        call: 713u32,
         name: "cudnnGetTensorSizeInBytes",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -15865,9 +17047,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 796u32,
-        call: 697u32,
+        wire: 821u32,
+        call: 714u32,
         name: "cudnnGetTensorTransformDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -15920,9 +17103,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 797u32,
-        call: 697u32,
+        wire: 822u32,
+        call: 714u32,
         name: "cudnnGetTensorTransformDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -15975,9 +17159,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetVersion__cu118: CallDesc = CallDesc {
-        wire: 798u32,
-        call: 698u32,
+        wire: 823u32,
+        call: 715u32,
         name: "cudnnGetVersion",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -15994,9 +17179,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetVersion__cu126: CallDesc = CallDesc {
-        wire: 799u32,
-        call: 698u32,
+        wire: 824u32,
+        call: 715u32,
         name: "cudnnGetVersion",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -16013,9 +17199,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 800u32,
-        call: 699u32,
+        wire: 825u32,
+        call: 716u32,
         name: "cudnnGraphVersionCheck",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -16029,9 +17216,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 801u32,
-        call: 700u32,
+        wire: 826u32,
+        call: 717u32,
         name: "cudnnInitTransformDest",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -16064,9 +17252,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 802u32,
-        call: 700u32,
+        wire: 827u32,
+        call: 717u32,
         name: "cudnnInitTransformDest",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -16099,9 +17288,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 803u32,
-        call: 701u32,
+        wire: 828u32,
+        call: 718u32,
         name: "cudnnMakeFusedOpsPlan",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -16134,9 +17324,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 804u32,
-        call: 701u32,
+        wire: 829u32,
+        call: 718u32,
         name: "cudnnMakeFusedOpsPlan",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -16169,9 +17360,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 805u32,
-        call: 702u32,
+        wire: 830u32,
+        call: 719u32,
         name: "cudnnOpsInferVersionCheck",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -16185,9 +17377,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 806u32,
-        call: 703u32,
+        wire: 831u32,
+        call: 720u32,
         name: "cudnnOpsTrainVersionCheck",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -16201,9 +17394,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 807u32,
-        call: 704u32,
+        wire: 832u32,
+        call: 721u32,
         name: "cudnnOpsVersionCheck",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -16217,9 +17411,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 808u32,
-        call: 705u32,
+        wire: 833u32,
+        call: 722u32,
         name: "cudnnQueryRuntimeError",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -16252,9 +17447,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 809u32,
-        call: 705u32,
+        wire: 834u32,
+        call: 722u32,
         name: "cudnnQueryRuntimeError",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -16287,9 +17483,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 810u32,
-        call: 706u32,
+        wire: 835u32,
+        call: 723u32,
         name: "cudnnRNNGetClip",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -16336,9 +17533,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 811u32,
-        call: 707u32,
+        wire: 836u32,
+        call: 724u32,
         name: "cudnnRNNGetClip_v8",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -16381,9 +17579,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 812u32,
-        call: 707u32,
+        wire: 837u32,
+        call: 724u32,
         name: "cudnnRNNGetClip_v8",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -16426,9 +17625,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 813u32,
-        call: 708u32,
+        wire: 838u32,
+        call: 725u32,
         name: "cudnnRNNGetClip_v9",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -16465,9 +17665,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 814u32,
-        call: 709u32,
+        wire: 839u32,
+        call: 726u32,
         name: "cudnnRNNSetClip",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -16506,9 +17707,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 815u32,
-        call: 710u32,
+        wire: 840u32,
+        call: 727u32,
         name: "cudnnRNNSetClip_v8",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -16543,9 +17745,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 816u32,
-        call: 710u32,
+        wire: 841u32,
+        call: 727u32,
         name: "cudnnRNNSetClip_v8",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -16580,9 +17783,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 817u32,
-        call: 711u32,
+        wire: 842u32,
+        call: 728u32,
         name: "cudnnRNNSetClip_v9",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -16613,9 +17817,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 818u32,
-        call: 712u32,
+        wire: 843u32,
+        call: 729u32,
         name: "cudnnSetActivationDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -16646,9 +17851,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 819u32,
-        call: 712u32,
+        wire: 844u32,
+        call: 729u32,
         name: "cudnnSetActivationDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -16679,9 +17885,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 820u32,
-        call: 713u32,
+        wire: 845u32,
+        call: 730u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -16704,9 +17911,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 821u32,
-        call: 713u32,
+        wire: 846u32,
+        call: 730u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -16729,9 +17937,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 822u32,
-        call: 714u32,
+        wire: 847u32,
+        call: 731u32,
         name: "cudnnSetAlgorithmDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -16751,9 +17960,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 823u32,
-        call: 715u32,
+        wire: 848u32,
+        call: 732u32,
         name: "cudnnSetAlgorithmPerformance",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -16788,9 +17998,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 824u32,
-        call: 716u32,
+        wire: 849u32,
+        call: 733u32,
         name: "cudnnSetAttnDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -16885,9 +18096,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 825u32,
-        call: 716u32,
+        wire: 850u32,
+        call: 733u32,
         name: "cudnnSetAttnDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -16982,9 +18194,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 826u32,
-        call: 717u32,
+        wire: 851u32,
+        call: 734u32,
         name: "cudnnSetCTCLossDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -17007,9 +18220,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 827u32,
-        call: 717u32,
+        wire: 852u32,
+        call: 734u32,
         name: "cudnnSetCTCLossDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -17032,9 +18246,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 828u32,
-        call: 718u32,
+        wire: 853u32,
+        call: 735u32,
         name: "cudnnSetCTCLossDescriptorEx",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -17065,9 +18280,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 829u32,
-        call: 718u32,
+        wire: 854u32,
+        call: 735u32,
         name: "cudnnSetCTCLossDescriptorEx",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -17098,9 +18314,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 830u32,
-        call: 719u32,
+        wire: 855u32,
+        call: 736u32,
         name: "cudnnSetCTCLossDescriptor_v8",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -17135,9 +18352,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 831u32,
-        call: 719u32,
+        wire: 856u32,
+        call: 736u32,
         name: "cudnnSetCTCLossDescriptor_v8",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -17172,9 +18390,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 832u32,
-        call: 720u32,
+        wire: 857u32,
+        call: 737u32,
         name: "cudnnSetCTCLossDescriptor_v9",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -17209,9 +18428,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 833u32,
-        call: 721u32,
+        wire: 858u32,
+        call: 738u32,
         name: "cudnnSetConvolution2dDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -17262,9 +18482,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 834u32,
-        call: 721u32,
+        wire: 859u32,
+        call: 738u32,
         name: "cudnnSetConvolution2dDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -17315,9 +18536,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 835u32,
-        call: 722u32,
+        wire: 860u32,
+        call: 739u32,
         name: "cudnnSetConvolutionGroupCount",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -17340,9 +18562,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 836u32,
-        call: 722u32,
+        wire: 861u32,
+        call: 739u32,
         name: "cudnnSetConvolutionGroupCount",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -17365,9 +18588,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 837u32,
-        call: 723u32,
+        wire: 862u32,
+        call: 740u32,
         name: "cudnnSetConvolutionMathType",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -17390,9 +18614,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 838u32,
-        call: 723u32,
+        wire: 863u32,
+        call: 740u32,
         name: "cudnnSetConvolutionMathType",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -17415,9 +18640,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 839u32,
-        call: 724u32,
+        wire: 864u32,
+        call: 741u32,
         name: "cudnnSetConvolutionReorderType",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -17440,9 +18666,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 840u32,
-        call: 724u32,
+        wire: 865u32,
+        call: 741u32,
         name: "cudnnSetConvolutionReorderType",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -17465,9 +18692,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 841u32,
-        call: 725u32,
+        wire: 866u32,
+        call: 742u32,
         name: "cudnnSetFilter4dDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -17510,9 +18738,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 842u32,
-        call: 725u32,
+        wire: 867u32,
+        call: 742u32,
         name: "cudnnSetFilter4dDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -17555,9 +18784,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 843u32,
-        call: 726u32,
+        wire: 868u32,
+        call: 743u32,
         name: "cudnnSetLRNDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -17592,9 +18822,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 844u32,
-        call: 726u32,
+        wire: 869u32,
+        call: 743u32,
         name: "cudnnSetLRNDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -17629,9 +18860,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 845u32,
-        call: 727u32,
+        wire: 870u32,
+        call: 744u32,
         name: "cudnnSetOpTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -17662,9 +18894,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 846u32,
-        call: 727u32,
+        wire: 871u32,
+        call: 744u32,
         name: "cudnnSetOpTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -17695,9 +18928,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 847u32,
-        call: 728u32,
+        wire: 872u32,
+        call: 745u32,
         name: "cudnnSetPersistentRNNPlan",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -17720,9 +18954,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 848u32,
-        call: 729u32,
+        wire: 873u32,
+        call: 746u32,
         name: "cudnnSetPooling2dDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -17773,9 +19008,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 849u32,
-        call: 729u32,
+        wire: 874u32,
+        call: 746u32,
         name: "cudnnSetPooling2dDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -17826,9 +19062,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 850u32,
-        call: 730u32,
+        wire: 875u32,
+        call: 747u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -17855,9 +19092,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 851u32,
-        call: 731u32,
+        wire: 876u32,
+        call: 748u32,
         name: "cudnnSetRNNBiasMode",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -17880,9 +19118,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 852u32,
-        call: 732u32,
+        wire: 877u32,
+        call: 749u32,
         name: "cudnnSetRNNDescriptor_v6",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -17937,9 +19176,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 853u32,
-        call: 733u32,
+        wire: 878u32,
+        call: 750u32,
         name: "cudnnSetRNNDescriptor_v8",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -18014,9 +19254,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 854u32,
-        call: 733u32,
+        wire: 879u32,
+        call: 750u32,
         name: "cudnnSetRNNDescriptor_v8",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18091,9 +19332,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 855u32,
-        call: 734u32,
+        wire: 880u32,
+        call: 751u32,
         name: "cudnnSetRNNMatrixMathType",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -18116,9 +19358,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 856u32,
-        call: 735u32,
+        wire: 881u32,
+        call: 752u32,
         name: "cudnnSetRNNPaddingMode",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -18141,9 +19384,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 857u32,
-        call: 736u32,
+        wire: 882u32,
+        call: 753u32,
         name: "cudnnSetRNNProjectionLayers",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -18174,9 +19418,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 858u32,
-        call: 737u32,
+        wire: 883u32,
+        call: 754u32,
         name: "cudnnSetReduceTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -18215,9 +19460,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 859u32,
-        call: 737u32,
+        wire: 884u32,
+        call: 754u32,
         name: "cudnnSetReduceTensorDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18256,9 +19502,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetStream__cu118: CallDesc = CallDesc {
-        wire: 860u32,
-        call: 738u32,
+        wire: 885u32,
+        call: 755u32,
         name: "cudnnSetStream",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -18281,9 +19528,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetStream__cu126: CallDesc = CallDesc {
-        wire: 861u32,
-        call: 738u32,
+        wire: 886u32,
+        call: 755u32,
         name: "cudnnSetStream",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18306,9 +19554,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 862u32,
-        call: 739u32,
+        wire: 887u32,
+        call: 756u32,
         name: "cudnnSetTensor4dDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -18351,9 +19600,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 863u32,
-        call: 739u32,
+        wire: 888u32,
+        call: 756u32,
         name: "cudnnSetTensor4dDescriptor",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18396,9 +19646,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 864u32,
-        call: 740u32,
+        wire: 889u32,
+        call: 757u32,
         name: "cudnnSetTensor4dDescriptorEx",
+        form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -18453,9 +19704,10 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 865u32,
-        call: 740u32,
+        wire: 890u32,
+        call: 757u32,
         name: "cudnnSetTensor4dDescriptorEx",
+        form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18513,9 +19765,10 @@ pub mod cudnn {
 pub mod cufft {
     use chidori_protocol::desc::*;
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 1073u32,
-        call: 948u32,
+        wire: 1098u32,
+        call: 965u32,
         name: "cufftDestroy",
+        form: None,
         library: "cufft",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18534,9 +19787,10 @@ pub mod cufft {
         },
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 1074u32,
-        call: 949u32,
+        wire: 1099u32,
+        call: 966u32,
         name: "cufftResetPlanProperty",
+        form: None,
         library: "cufft",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18559,9 +19813,10 @@ pub mod cufft {
         },
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 1075u32,
-        call: 950u32,
+        wire: 1100u32,
+        call: 967u32,
         name: "cufftSetAutoAllocation",
+        form: None,
         library: "cufft",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18584,9 +19839,10 @@ pub mod cufft {
         },
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 1076u32,
-        call: 951u32,
+        wire: 1101u32,
+        call: 968u32,
         name: "cufftSetPlanPropertyInt64",
+        form: None,
         library: "cufft",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18613,9 +19869,10 @@ pub mod cufft {
         },
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 1077u32,
-        call: 952u32,
+        wire: 1102u32,
+        call: 969u32,
         name: "cufftSetStream",
+        form: None,
         library: "cufft",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18638,9 +19895,10 @@ pub mod cufft {
         },
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 1078u32,
-        call: 953u32,
+        wire: 1103u32,
+        call: 970u32,
         name: "cufftXtClearCallback",
+        form: None,
         library: "cufft",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18663,9 +19921,10 @@ pub mod cufft {
         },
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 1079u32,
-        call: 954u32,
+        wire: 1104u32,
+        call: 971u32,
         name: "cufftXtSetCallbackSharedSize",
+        form: None,
         library: "cufft",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18692,9 +19951,10 @@ pub mod cufft {
         },
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 1080u32,
-        call: 955u32,
+        wire: 1105u32,
+        call: 972u32,
         name: "cufftXtSetDistribution",
+        form: None,
         library: "cufft",
         versions: &["11.8"],
         class: Class::Sync,
@@ -18728,9 +19988,10 @@ pub mod cufft {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 1081u32,
-        call: 956u32,
+        wire: 1106u32,
+        call: 973u32,
         name: "curandCreateGenerator",
+        form: None,
         library: "curand",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18750,9 +20011,10 @@ pub mod curand {
         },
     };
     pub static curandCreateGeneratorHost: CallDesc = CallDesc {
-        wire: 1082u32,
-        call: 957u32,
+        wire: 1107u32,
+        call: 974u32,
         name: "curandCreateGeneratorHost",
+        form: None,
         library: "curand",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18772,9 +20034,10 @@ pub mod curand {
         },
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 1083u32,
-        call: 958u32,
+        wire: 1108u32,
+        call: 975u32,
         name: "curandCreatePoissonDistribution",
+        form: None,
         library: "curand",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18794,9 +20057,10 @@ pub mod curand {
         },
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 1084u32,
-        call: 959u32,
+        wire: 1109u32,
+        call: 976u32,
         name: "curandDestroyDistribution",
+        form: None,
         library: "curand",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18815,9 +20079,10 @@ pub mod curand {
         },
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 1085u32,
-        call: 960u32,
+        wire: 1110u32,
+        call: 977u32,
         name: "curandDestroyGenerator",
+        form: None,
         library: "curand",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18836,9 +20101,10 @@ pub mod curand {
         },
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 1086u32,
-        call: 961u32,
+        wire: 1111u32,
+        call: 978u32,
         name: "curandGenerateSeeds",
+        form: None,
         library: "curand",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18857,9 +20123,10 @@ pub mod curand {
         },
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 1087u32,
-        call: 962u32,
+        wire: 1112u32,
+        call: 979u32,
         name: "curandSetGeneratorOffset",
+        form: None,
         library: "curand",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18882,9 +20149,10 @@ pub mod curand {
         },
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 1088u32,
-        call: 963u32,
+        wire: 1113u32,
+        call: 980u32,
         name: "curandSetGeneratorOrdering",
+        form: None,
         library: "curand",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18907,9 +20175,10 @@ pub mod curand {
         },
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 1089u32,
-        call: 964u32,
+        wire: 1114u32,
+        call: 981u32,
         name: "curandSetPseudoRandomGeneratorSeed",
+        form: None,
         library: "curand",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18932,9 +20201,10 @@ pub mod curand {
         },
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 1090u32,
-        call: 965u32,
+        wire: 1115u32,
+        call: 982u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
+        form: None,
         library: "curand",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18957,9 +20227,10 @@ pub mod curand {
         },
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 1091u32,
-        call: 966u32,
+        wire: 1116u32,
+        call: 983u32,
         name: "curandSetStream",
+        form: None,
         library: "curand",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -18985,9 +20256,10 @@ pub mod curand {
 pub mod cusolver {
     use chidori_protocol::desc::*;
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 1154u32,
-        call: 1029u32,
+        wire: 1179u32,
+        call: 1046u32,
         name: "cusolverDnCreate",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19001,9 +20273,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 1155u32,
-        call: 1030u32,
+        wire: 1180u32,
+        call: 1047u32,
         name: "cusolverDnCreateGesvdjInfo",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19017,9 +20290,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 1156u32,
-        call: 1031u32,
+        wire: 1181u32,
+        call: 1048u32,
         name: "cusolverDnCreateParams",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19033,9 +20307,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 1157u32,
-        call: 1032u32,
+        wire: 1182u32,
+        call: 1049u32,
         name: "cusolverDnCreateSyevjInfo",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19049,9 +20324,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 1158u32,
-        call: 1033u32,
+        wire: 1183u32,
+        call: 1050u32,
         name: "cusolverDnDestroy",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19070,9 +20346,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 1159u32,
-        call: 1034u32,
+        wire: 1184u32,
+        call: 1051u32,
         name: "cusolverDnDestroyGesvdjInfo",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19091,9 +20368,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 1160u32,
-        call: 1035u32,
+        wire: 1185u32,
+        call: 1052u32,
         name: "cusolverDnDestroyParams",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19112,9 +20390,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 1161u32,
-        call: 1036u32,
+        wire: 1186u32,
+        call: 1053u32,
         name: "cusolverDnDestroySyevjInfo",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19133,9 +20412,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 1162u32,
-        call: 1037u32,
+        wire: 1187u32,
+        call: 1054u32,
         name: "cusolverDnGetStream",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19155,9 +20435,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 1163u32,
-        call: 1038u32,
+        wire: 1188u32,
+        call: 1055u32,
         name: "cusolverDnIRSInfosCreate",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19171,9 +20452,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 1164u32,
-        call: 1039u32,
+        wire: 1189u32,
+        call: 1056u32,
         name: "cusolverDnIRSInfosDestroy",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19192,9 +20474,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 1165u32,
-        call: 1040u32,
+        wire: 1190u32,
+        call: 1057u32,
         name: "cusolverDnIRSInfosRequestResidual",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19213,9 +20496,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 1166u32,
-        call: 1041u32,
+        wire: 1191u32,
+        call: 1058u32,
         name: "cusolverDnIRSParamsCreate",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19229,9 +20513,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 1167u32,
-        call: 1042u32,
+        wire: 1192u32,
+        call: 1059u32,
         name: "cusolverDnIRSParamsDestroy",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19250,9 +20535,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 1168u32,
-        call: 1043u32,
+        wire: 1193u32,
+        call: 1060u32,
         name: "cusolverDnIRSParamsDisableFallback",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19271,9 +20557,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 1169u32,
-        call: 1044u32,
+        wire: 1194u32,
+        call: 1061u32,
         name: "cusolverDnIRSParamsEnableFallback",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19292,9 +20579,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 1170u32,
-        call: 1045u32,
+        wire: 1195u32,
+        call: 1062u32,
         name: "cusolverDnIRSParamsSetMaxIters",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19317,9 +20605,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 1171u32,
-        call: 1046u32,
+        wire: 1196u32,
+        call: 1063u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19342,9 +20631,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 1172u32,
-        call: 1047u32,
+        wire: 1197u32,
+        call: 1064u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19367,9 +20657,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 1173u32,
-        call: 1048u32,
+        wire: 1198u32,
+        call: 1065u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19392,9 +20683,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 1174u32,
-        call: 1049u32,
+        wire: 1199u32,
+        call: 1066u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19417,9 +20709,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 1175u32,
-        call: 1050u32,
+        wire: 1200u32,
+        call: 1067u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19446,9 +20739,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 1176u32,
-        call: 1051u32,
+        wire: 1201u32,
+        call: 1068u32,
         name: "cusolverDnIRSParamsSetTol",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19471,9 +20765,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 1177u32,
-        call: 1052u32,
+        wire: 1202u32,
+        call: 1069u32,
         name: "cusolverDnIRSParamsSetTolInner",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19496,9 +20791,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1178u32,
-        call: 1053u32,
+        wire: 1203u32,
+        call: 1070u32,
         name: "cusolverDnLoggerForceDisable",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19512,9 +20808,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1179u32,
-        call: 1054u32,
+        wire: 1204u32,
+        call: 1071u32,
         name: "cusolverDnLoggerSetLevel",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19533,9 +20830,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 1180u32,
-        call: 1055u32,
+        wire: 1205u32,
+        call: 1072u32,
         name: "cusolverDnLoggerSetMask",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19554,9 +20852,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 1181u32,
-        call: 1056u32,
+        wire: 1206u32,
+        call: 1073u32,
         name: "cusolverDnSetAdvOptions",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19583,9 +20882,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 1182u32,
-        call: 1057u32,
+        wire: 1207u32,
+        call: 1074u32,
         name: "cusolverDnSetDeterministicMode",
+        form: None,
         library: "cusolver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19608,9 +20908,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 1183u32,
-        call: 1058u32,
+        wire: 1208u32,
+        call: 1075u32,
         name: "cusolverDnSetEmulationStrategy",
+        form: None,
         library: "cusolver",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -19633,9 +20934,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 1184u32,
-        call: 1059u32,
+        wire: 1209u32,
+        call: 1076u32,
         name: "cusolverDnSetMathMode",
+        form: None,
         library: "cusolver",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -19658,9 +20960,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 1185u32,
-        call: 1060u32,
+        wire: 1210u32,
+        call: 1077u32,
         name: "cusolverDnSetStream",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19683,9 +20986,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 1186u32,
-        call: 1061u32,
+        wire: 1211u32,
+        call: 1078u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19708,9 +21012,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 1187u32,
-        call: 1062u32,
+        wire: 1212u32,
+        call: 1079u32,
         name: "cusolverDnXgesvdjSetSortEig",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19733,9 +21038,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 1188u32,
-        call: 1063u32,
+        wire: 1213u32,
+        call: 1080u32,
         name: "cusolverDnXgesvdjSetTolerance",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19758,9 +21064,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 1189u32,
-        call: 1064u32,
+        wire: 1214u32,
+        call: 1081u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19783,9 +21090,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 1190u32,
-        call: 1065u32,
+        wire: 1215u32,
+        call: 1082u32,
         name: "cusolverDnXsyevjSetSortEig",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19808,9 +21116,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 1191u32,
-        call: 1066u32,
+        wire: 1216u32,
+        call: 1083u32,
         name: "cusolverDnXsyevjSetTolerance",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19833,9 +21142,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 1192u32,
-        call: 1067u32,
+        wire: 1217u32,
+        call: 1084u32,
         name: "cusolverRfAnalyze",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19854,9 +21164,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 1193u32,
-        call: 1068u32,
+        wire: 1218u32,
+        call: 1085u32,
         name: "cusolverRfBatchAnalyze",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19875,9 +21186,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 1194u32,
-        call: 1069u32,
+        wire: 1219u32,
+        call: 1086u32,
         name: "cusolverRfBatchRefactor",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19896,9 +21208,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 1195u32,
-        call: 1070u32,
+        wire: 1220u32,
+        call: 1087u32,
         name: "cusolverRfCreate",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19912,9 +21225,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 1196u32,
-        call: 1071u32,
+        wire: 1221u32,
+        call: 1088u32,
         name: "cusolverRfDestroy",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19933,9 +21247,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 1197u32,
-        call: 1072u32,
+        wire: 1222u32,
+        call: 1089u32,
         name: "cusolverRfRefactor",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19954,9 +21269,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 1198u32,
-        call: 1073u32,
+        wire: 1223u32,
+        call: 1090u32,
         name: "cusolverRfSetAlgs",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -19983,9 +21299,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 1199u32,
-        call: 1074u32,
+        wire: 1224u32,
+        call: 1091u32,
         name: "cusolverRfSetMatrixFormat",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20012,9 +21329,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 1200u32,
-        call: 1075u32,
+        wire: 1225u32,
+        call: 1092u32,
         name: "cusolverRfSetNumericProperties",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20041,9 +21359,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 1201u32,
-        call: 1076u32,
+        wire: 1226u32,
+        call: 1093u32,
         name: "cusolverRfSetResetValuesFastMode",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20066,9 +21385,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 1202u32,
-        call: 1077u32,
+        wire: 1227u32,
+        call: 1094u32,
         name: "cusolverSpCreate",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20082,9 +21402,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 1203u32,
-        call: 1078u32,
+        wire: 1228u32,
+        call: 1095u32,
         name: "cusolverSpCreateCsrqrInfo",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20098,9 +21419,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 1204u32,
-        call: 1079u32,
+        wire: 1229u32,
+        call: 1096u32,
         name: "cusolverSpDestroy",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20119,9 +21441,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 1205u32,
-        call: 1080u32,
+        wire: 1230u32,
+        call: 1097u32,
         name: "cusolverSpDestroyCsrqrInfo",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20140,9 +21463,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 1206u32,
-        call: 1081u32,
+        wire: 1231u32,
+        call: 1098u32,
         name: "cusolverSpGetStream",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20162,9 +21486,10 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 1207u32,
-        call: 1082u32,
+        wire: 1232u32,
+        call: 1099u32,
         name: "cusolverSpSetStream",
+        form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20190,9 +21515,10 @@ pub mod cusolver {
 pub mod cusparse {
     use chidori_protocol::desc::*;
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1092u32,
-        call: 967u32,
+        wire: 1117u32,
+        call: 984u32,
         name: "cusparseBsrSetStridedBatch",
+        form: None,
         library: "cusparse",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20227,9 +21553,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 1093u32,
-        call: 968u32,
+        wire: 1118u32,
+        call: 985u32,
         name: "cusparseCooSetStridedBatch",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20256,9 +21583,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 1094u32,
-        call: 969u32,
+        wire: 1119u32,
+        call: 986u32,
         name: "cusparseCopyMatDescr",
+        form: None,
         library: "cusparse",
         versions: &["11.8"],
         class: Class::Sync,
@@ -20281,9 +21609,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreate: CallDesc = CallDesc {
-        wire: 1095u32,
-        call: 970u32,
+        wire: 1120u32,
+        call: 987u32,
         name: "cusparseCreate",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20297,9 +21626,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 1096u32,
-        call: 971u32,
+        wire: 1121u32,
+        call: 988u32,
         name: "cusparseCreateBsric02Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20313,9 +21643,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 1097u32,
-        call: 972u32,
+        wire: 1122u32,
+        call: 989u32,
         name: "cusparseCreateBsrilu02Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20329,9 +21660,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 1098u32,
-        call: 973u32,
+        wire: 1123u32,
+        call: 990u32,
         name: "cusparseCreateBsrsm2Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20345,9 +21677,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 1099u32,
-        call: 974u32,
+        wire: 1124u32,
+        call: 991u32,
         name: "cusparseCreateBsrsv2Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20361,9 +21694,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 1100u32,
-        call: 975u32,
+        wire: 1125u32,
+        call: 992u32,
         name: "cusparseCreateColorInfo",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20377,9 +21711,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1101u32,
-        call: 976u32,
+        wire: 1126u32,
+        call: 993u32,
         name: "cusparseCreateCsrgemm2Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8"],
         class: Class::Sync,
@@ -20393,9 +21728,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 1102u32,
-        call: 977u32,
+        wire: 1127u32,
+        call: 994u32,
         name: "cusparseCreateCsric02Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20409,9 +21745,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 1103u32,
-        call: 978u32,
+        wire: 1128u32,
+        call: 995u32,
         name: "cusparseCreateCsrilu02Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20425,9 +21762,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 1104u32,
-        call: 979u32,
+        wire: 1129u32,
+        call: 996u32,
         name: "cusparseCreateCsrsm2Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8"],
         class: Class::Sync,
@@ -20441,9 +21779,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 1105u32,
-        call: 980u32,
+        wire: 1130u32,
+        call: 997u32,
         name: "cusparseCreateCsrsv2Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8"],
         class: Class::Sync,
@@ -20457,9 +21796,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1106u32,
-        call: 981u32,
+        wire: 1131u32,
+        call: 998u32,
         name: "cusparseCreateCsru2csrInfo",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20473,9 +21813,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 1107u32,
-        call: 982u32,
+        wire: 1132u32,
+        call: 999u32,
         name: "cusparseCreateMatDescr",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20489,9 +21830,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 1108u32,
-        call: 983u32,
+        wire: 1133u32,
+        call: 1000u32,
         name: "cusparseCreatePruneInfo",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20505,9 +21847,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1109u32,
-        call: 984u32,
+        wire: 1134u32,
+        call: 1001u32,
         name: "cusparseCsrSetStridedBatch",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20538,9 +21881,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 1110u32,
-        call: 985u32,
+        wire: 1135u32,
+        call: 1002u32,
         name: "cusparseDestroy",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20559,9 +21903,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 1111u32,
-        call: 986u32,
+        wire: 1136u32,
+        call: 1003u32,
         name: "cusparseDestroyBsric02Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20580,9 +21925,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 1112u32,
-        call: 987u32,
+        wire: 1137u32,
+        call: 1004u32,
         name: "cusparseDestroyBsrilu02Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20601,9 +21947,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 1113u32,
-        call: 988u32,
+        wire: 1138u32,
+        call: 1005u32,
         name: "cusparseDestroyBsrsm2Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20622,9 +21969,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 1114u32,
-        call: 989u32,
+        wire: 1139u32,
+        call: 1006u32,
         name: "cusparseDestroyBsrsv2Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20643,9 +21991,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 1115u32,
-        call: 990u32,
+        wire: 1140u32,
+        call: 1007u32,
         name: "cusparseDestroyColorInfo",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20664,9 +22013,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1116u32,
-        call: 991u32,
+        wire: 1141u32,
+        call: 1008u32,
         name: "cusparseDestroyCsrgemm2Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8"],
         class: Class::Sync,
@@ -20685,9 +22035,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 1117u32,
-        call: 992u32,
+        wire: 1142u32,
+        call: 1009u32,
         name: "cusparseDestroyCsric02Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20706,9 +22057,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 1118u32,
-        call: 993u32,
+        wire: 1143u32,
+        call: 1010u32,
         name: "cusparseDestroyCsrilu02Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20727,9 +22079,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 1119u32,
-        call: 994u32,
+        wire: 1144u32,
+        call: 1011u32,
         name: "cusparseDestroyCsrsm2Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8"],
         class: Class::Sync,
@@ -20748,9 +22101,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 1120u32,
-        call: 995u32,
+        wire: 1145u32,
+        call: 1012u32,
         name: "cusparseDestroyCsrsv2Info",
+        form: None,
         library: "cusparse",
         versions: &["11.8"],
         class: Class::Sync,
@@ -20769,9 +22123,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1121u32,
-        call: 996u32,
+        wire: 1146u32,
+        call: 1013u32,
         name: "cusparseDestroyCsru2csrInfo",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20790,9 +22145,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 1122u32,
-        call: 997u32,
+        wire: 1147u32,
+        call: 1014u32,
         name: "cusparseDestroyDnMat",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20811,9 +22167,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 1123u32,
-        call: 998u32,
+        wire: 1148u32,
+        call: 1015u32,
         name: "cusparseDestroyDnVec",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20832,9 +22189,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 1124u32,
-        call: 999u32,
+        wire: 1149u32,
+        call: 1016u32,
         name: "cusparseDestroyMatDescr",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20853,9 +22211,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 1125u32,
-        call: 1000u32,
+        wire: 1150u32,
+        call: 1017u32,
         name: "cusparseDestroyPruneInfo",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20874,9 +22233,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 1126u32,
-        call: 1001u32,
+        wire: 1151u32,
+        call: 1018u32,
         name: "cusparseDestroySpMat",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20895,9 +22255,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 1127u32,
-        call: 1002u32,
+        wire: 1152u32,
+        call: 1019u32,
         name: "cusparseDestroySpVec",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20916,9 +22277,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1128u32,
-        call: 1003u32,
+        wire: 1153u32,
+        call: 1020u32,
         name: "cusparseDnMatSetStridedBatch",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20945,9 +22307,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 1129u32,
-        call: 1004u32,
+        wire: 1154u32,
+        call: 1021u32,
         name: "cusparseGather",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20974,9 +22337,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 1130u32,
-        call: 1005u32,
+        wire: 1155u32,
+        call: 1022u32,
         name: "cusparseGetMatDiagType",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -20998,9 +22362,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 1131u32,
-        call: 1006u32,
+        wire: 1156u32,
+        call: 1023u32,
         name: "cusparseGetMatFillMode",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21022,9 +22387,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 1132u32,
-        call: 1007u32,
+        wire: 1157u32,
+        call: 1024u32,
         name: "cusparseGetMatIndexBase",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21046,9 +22412,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 1133u32,
-        call: 1008u32,
+        wire: 1158u32,
+        call: 1025u32,
         name: "cusparseGetMatType",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21070,9 +22437,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 1134u32,
-        call: 1009u32,
+        wire: 1159u32,
+        call: 1026u32,
         name: "cusparseGetStream",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21092,9 +22460,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1135u32,
-        call: 1010u32,
+        wire: 1160u32,
+        call: 1027u32,
         name: "cusparseLoggerForceDisable",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21108,9 +22477,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1136u32,
-        call: 1011u32,
+        wire: 1161u32,
+        call: 1028u32,
         name: "cusparseLoggerSetLevel",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21129,9 +22499,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 1137u32,
-        call: 1012u32,
+        wire: 1162u32,
+        call: 1029u32,
         name: "cusparseLoggerSetMask",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21150,9 +22521,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 1138u32,
-        call: 1013u32,
+        wire: 1163u32,
+        call: 1030u32,
         name: "cusparseScatter",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21179,9 +22551,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 1139u32,
-        call: 1014u32,
+        wire: 1164u32,
+        call: 1031u32,
         name: "cusparseSetColorAlgs",
+        form: None,
         library: "cusparse",
         versions: &["11.8"],
         class: Class::Sync,
@@ -21204,9 +22577,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 1140u32,
-        call: 1015u32,
+        wire: 1165u32,
+        call: 1032u32,
         name: "cusparseSetMatDiagType",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21229,9 +22603,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 1141u32,
-        call: 1016u32,
+        wire: 1166u32,
+        call: 1033u32,
         name: "cusparseSetMatFillMode",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21254,9 +22629,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 1142u32,
-        call: 1017u32,
+        wire: 1167u32,
+        call: 1034u32,
         name: "cusparseSetMatIndexBase",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21279,9 +22655,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 1143u32,
-        call: 1018u32,
+        wire: 1168u32,
+        call: 1035u32,
         name: "cusparseSetMatType",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21304,9 +22681,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetPointerMode: CallDesc = CallDesc {
-        wire: 1144u32,
-        call: 1019u32,
+        wire: 1169u32,
+        call: 1036u32,
         name: "cusparseSetPointerMode",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21329,9 +22707,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 1145u32,
-        call: 1020u32,
+        wire: 1170u32,
+        call: 1037u32,
         name: "cusparseSetStream",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21354,9 +22733,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 1146u32,
-        call: 1021u32,
+        wire: 1171u32,
+        call: 1038u32,
         name: "cusparseSpGEMM_createDescr",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21370,9 +22750,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 1147u32,
-        call: 1022u32,
+        wire: 1172u32,
+        call: 1039u32,
         name: "cusparseSpGEMM_destroyDescr",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21391,9 +22772,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 1148u32,
-        call: 1023u32,
+        wire: 1173u32,
+        call: 1040u32,
         name: "cusparseSpMMOp_destroyPlan",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21412,9 +22794,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1149u32,
-        call: 1024u32,
+        wire: 1174u32,
+        call: 1041u32,
         name: "cusparseSpMatSetStridedBatch",
+        form: None,
         library: "cusparse",
         versions: &["11.8"],
         class: Class::Sync,
@@ -21437,9 +22820,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 1150u32,
-        call: 1025u32,
+        wire: 1175u32,
+        call: 1042u32,
         name: "cusparseSpSM_createDescr",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21453,9 +22837,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 1151u32,
-        call: 1026u32,
+        wire: 1176u32,
+        call: 1043u32,
         name: "cusparseSpSM_destroyDescr",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21474,9 +22859,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 1152u32,
-        call: 1027u32,
+        wire: 1177u32,
+        call: 1044u32,
         name: "cusparseSpSV_createDescr",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21490,9 +22876,10 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 1153u32,
-        call: 1028u32,
+        wire: 1178u32,
+        call: 1045u32,
         name: "cusparseSpSV_destroyDescr",
+        form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21514,9 +22901,10 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 1276u32,
-        call: 1149u32,
+        wire: 1301u32,
+        call: 1166u32,
         name: "cusparseLtDestroy",
+        form: None,
         library: "cusparselt",
         versions: &["12.6"],
         class: Class::Sync,
@@ -21537,9 +22925,10 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 1277u32,
-        call: 1149u32,
+        wire: 1302u32,
+        call: 1166u32,
         name: "cusparseLtDestroy",
+        form: None,
         library: "cusparselt",
         versions: &["12.8"],
         class: Class::Sync,
@@ -21560,9 +22949,10 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 1278u32,
-        call: 1149u32,
+        wire: 1303u32,
+        call: 1166u32,
         name: "cusparseLtDestroy",
+        form: None,
         library: "cusparselt",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -21583,9 +22973,10 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 1279u32,
-        call: 1150u32,
+        wire: 1304u32,
+        call: 1167u32,
         name: "cusparseLtMatDescriptorDestroy",
+        form: None,
         library: "cusparselt",
         versions: &["12.6"],
         class: Class::Sync,
@@ -21606,9 +22997,10 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 1280u32,
-        call: 1150u32,
+        wire: 1305u32,
+        call: 1167u32,
         name: "cusparseLtMatDescriptorDestroy",
+        form: None,
         library: "cusparselt",
         versions: &["12.8"],
         class: Class::Sync,
@@ -21629,9 +23021,10 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 1281u32,
-        call: 1150u32,
+        wire: 1306u32,
+        call: 1167u32,
         name: "cusparseLtMatDescriptorDestroy",
+        form: None,
         library: "cusparselt",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -21652,9 +23045,10 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 1282u32,
-        call: 1151u32,
+        wire: 1307u32,
+        call: 1168u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
+        form: None,
         library: "cusparselt",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -21675,9 +23069,10 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 1283u32,
-        call: 1152u32,
+        wire: 1308u32,
+        call: 1169u32,
         name: "cusparseLtMatmulPlanDestroy",
+        form: None,
         library: "cusparselt",
         versions: &["12.6"],
         class: Class::Sync,
@@ -21698,9 +23093,10 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 1284u32,
-        call: 1152u32,
+        wire: 1309u32,
+        call: 1169u32,
         name: "cusparseLtMatmulPlanDestroy",
+        form: None,
         library: "cusparselt",
         versions: &["12.8"],
         class: Class::Sync,
@@ -21721,9 +23117,10 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 1285u32,
-        call: 1152u32,
+        wire: 1310u32,
+        call: 1169u32,
         name: "cusparseLtMatmulPlanDestroy",
+        form: None,
         library: "cusparselt",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -21746,10 +23143,19 @@ pub mod cusparselt {
 }
 pub mod driver {
     use chidori_protocol::desc::*;
+    static LEN_cuMemcpyDtoHAsync_v2__call_0: Len = Len::Param(2u8);
+    static LEN_cuMemcpyDtoHAsync_v2_ptsz__call_1: Len = Len::Param(2u8);
+    static LEN_cuMemcpyDtoH_v2__call_2: Len = Len::Param(2u8);
+    static LEN_cuMemcpyDtoH_v2_ptds__call_3: Len = Len::Param(2u8);
+    static LEN_cuMemcpyHtoDAsync_v2__call_4: Len = Len::Param(2u8);
+    static LEN_cuMemcpyHtoDAsync_v2_ptsz__call_5: Len = Len::Param(2u8);
+    static LEN_cuMemcpyHtoD_v2__call_6: Len = Len::Param(2u8);
+    static LEN_cuMemcpyHtoD_v2_ptds__call_7: Len = Len::Param(2u8);
     pub static cuArray3DCreate: CallDesc = CallDesc {
-        wire: 175u32,
-        call: 172u32,
+        wire: 195u32,
+        call: 184u32,
         name: "cuArray3DCreate",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21771,9 +23177,10 @@ pub mod driver {
         },
     };
     pub static cuArray3DCreate_v2: CallDesc = CallDesc {
-        wire: 176u32,
-        call: 173u32,
+        wire: 196u32,
+        call: 185u32,
         name: "cuArray3DCreate_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21795,9 +23202,10 @@ pub mod driver {
         },
     };
     pub static cuArrayCreate: CallDesc = CallDesc {
-        wire: 177u32,
-        call: 174u32,
+        wire: 197u32,
+        call: 186u32,
         name: "cuArrayCreate",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21819,9 +23227,10 @@ pub mod driver {
         },
     };
     pub static cuArrayCreate_v2: CallDesc = CallDesc {
-        wire: 178u32,
-        call: 175u32,
+        wire: 198u32,
+        call: 187u32,
         name: "cuArrayCreate_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21843,9 +23252,10 @@ pub mod driver {
         },
     };
     pub static cuArrayDestroy: CallDesc = CallDesc {
-        wire: 179u32,
-        call: 176u32,
+        wire: 199u32,
+        call: 188u32,
         name: "cuArrayDestroy",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21864,9 +23274,10 @@ pub mod driver {
         },
     };
     pub static cuArrayGetPlane: CallDesc = CallDesc {
-        wire: 180u32,
-        call: 177u32,
+        wire: 200u32,
+        call: 189u32,
         name: "cuArrayGetPlane",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21890,9 +23301,10 @@ pub mod driver {
         },
     };
     pub static cuCheckpointProcessGetRestoreThreadId: CallDesc = CallDesc {
-        wire: 181u32,
-        call: 178u32,
+        wire: 201u32,
+        call: 190u32,
         name: "cuCheckpointProcessGetRestoreThreadId",
+        form: None,
         library: "driver",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21917,9 +23329,10 @@ pub mod driver {
         },
     };
     pub static cuCheckpointProcessGetState: CallDesc = CallDesc {
-        wire: 182u32,
-        call: 179u32,
+        wire: 202u32,
+        call: 191u32,
         name: "cuCheckpointProcessGetState",
+        form: None,
         library: "driver",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21944,9 +23357,10 @@ pub mod driver {
         },
     };
     pub static cuCtxAttach: CallDesc = CallDesc {
-        wire: 183u32,
-        call: 180u32,
+        wire: 203u32,
+        call: 192u32,
         name: "cuCtxAttach",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21966,9 +23380,10 @@ pub mod driver {
         },
     };
     pub static cuCtxCreate: CallDesc = CallDesc {
-        wire: 184u32,
-        call: 181u32,
+        wire: 204u32,
+        call: 193u32,
         name: "cuCtxCreate",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -21992,9 +23407,10 @@ pub mod driver {
         },
     };
     pub static cuCtxCreate_v2: CallDesc = CallDesc {
-        wire: 185u32,
-        call: 182u32,
+        wire: 205u32,
+        call: 194u32,
         name: "cuCtxCreate_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22018,9 +23434,10 @@ pub mod driver {
         },
     };
     pub static cuCtxDestroy: CallDesc = CallDesc {
-        wire: 186u32,
-        call: 183u32,
+        wire: 206u32,
+        call: 195u32,
         name: "cuCtxDestroy",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22039,9 +23456,10 @@ pub mod driver {
         },
     };
     pub static cuCtxDestroy_v2: CallDesc = CallDesc {
-        wire: 187u32,
-        call: 184u32,
+        wire: 207u32,
+        call: 196u32,
         name: "cuCtxDestroy_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22060,9 +23478,10 @@ pub mod driver {
         },
     };
     pub static cuCtxDetach: CallDesc = CallDesc {
-        wire: 188u32,
-        call: 185u32,
+        wire: 208u32,
+        call: 197u32,
         name: "cuCtxDetach",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22081,9 +23500,10 @@ pub mod driver {
         },
     };
     pub static cuCtxDisablePeerAccess: CallDesc = CallDesc {
-        wire: 189u32,
-        call: 186u32,
+        wire: 209u32,
+        call: 198u32,
         name: "cuCtxDisablePeerAccess",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22102,9 +23522,10 @@ pub mod driver {
         },
     };
     pub static cuCtxEnablePeerAccess: CallDesc = CallDesc {
-        wire: 190u32,
-        call: 187u32,
+        wire: 210u32,
+        call: 199u32,
         name: "cuCtxEnablePeerAccess",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22127,9 +23548,10 @@ pub mod driver {
         },
     };
     pub static cuCtxFromGreenCtx: CallDesc = CallDesc {
-        wire: 191u32,
-        call: 188u32,
+        wire: 211u32,
+        call: 200u32,
         name: "cuCtxFromGreenCtx",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22149,9 +23571,10 @@ pub mod driver {
         },
     };
     pub static cuCtxGetApiVersion: CallDesc = CallDesc {
-        wire: 192u32,
-        call: 189u32,
+        wire: 212u32,
+        call: 201u32,
         name: "cuCtxGetApiVersion",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22176,9 +23599,10 @@ pub mod driver {
         },
     };
     pub static cuCtxGetCacheConfig: CallDesc = CallDesc {
-        wire: 193u32,
-        call: 190u32,
+        wire: 213u32,
+        call: 202u32,
         name: "cuCtxGetCacheConfig",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22199,9 +23623,10 @@ pub mod driver {
         },
     };
     pub static cuCtxGetCurrent: CallDesc = CallDesc {
-        wire: 194u32,
-        call: 191u32,
+        wire: 214u32,
+        call: 203u32,
         name: "cuCtxGetCurrent",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22215,9 +23640,10 @@ pub mod driver {
         },
     };
     pub static cuCtxGetDevice: CallDesc = CallDesc {
-        wire: 195u32,
-        call: 192u32,
+        wire: 215u32,
+        call: 204u32,
         name: "cuCtxGetDevice",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22238,9 +23664,10 @@ pub mod driver {
         },
     };
     pub static cuCtxGetDevice_v2: CallDesc = CallDesc {
-        wire: 196u32,
-        call: 193u32,
+        wire: 216u32,
+        call: 205u32,
         name: "cuCtxGetDevice_v2",
+        form: None,
         library: "driver",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -22265,9 +23692,10 @@ pub mod driver {
         },
     };
     pub static cuCtxGetFlags: CallDesc = CallDesc {
-        wire: 197u32,
-        call: 194u32,
+        wire: 217u32,
+        call: 206u32,
         name: "cuCtxGetFlags",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22288,9 +23716,10 @@ pub mod driver {
         },
     };
     pub static cuCtxGetId: CallDesc = CallDesc {
-        wire: 198u32,
-        call: 195u32,
+        wire: 218u32,
+        call: 207u32,
         name: "cuCtxGetId",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22315,9 +23744,10 @@ pub mod driver {
         },
     };
     pub static cuCtxGetLimit: CallDesc = CallDesc {
-        wire: 199u32,
-        call: 196u32,
+        wire: 219u32,
+        call: 208u32,
         name: "cuCtxGetLimit",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22342,9 +23772,10 @@ pub mod driver {
         },
     };
     pub static cuCtxGetSharedMemConfig: CallDesc = CallDesc {
-        wire: 200u32,
-        call: 197u32,
+        wire: 220u32,
+        call: 209u32,
         name: "cuCtxGetSharedMemConfig",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22365,9 +23796,10 @@ pub mod driver {
         },
     };
     pub static cuCtxGetStreamPriorityRange: CallDesc = CallDesc {
-        wire: 201u32,
-        call: 198u32,
+        wire: 221u32,
+        call: 210u32,
         name: "cuCtxGetStreamPriorityRange",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22394,9 +23826,10 @@ pub mod driver {
         },
     };
     pub static cuCtxPopCurrent: CallDesc = CallDesc {
-        wire: 202u32,
-        call: 199u32,
+        wire: 222u32,
+        call: 211u32,
         name: "cuCtxPopCurrent",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22410,9 +23843,10 @@ pub mod driver {
         },
     };
     pub static cuCtxPopCurrent_v2: CallDesc = CallDesc {
-        wire: 203u32,
-        call: 200u32,
+        wire: 223u32,
+        call: 212u32,
         name: "cuCtxPopCurrent_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22426,9 +23860,10 @@ pub mod driver {
         },
     };
     pub static cuCtxPushCurrent: CallDesc = CallDesc {
-        wire: 204u32,
-        call: 201u32,
+        wire: 224u32,
+        call: 213u32,
         name: "cuCtxPushCurrent",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22447,9 +23882,10 @@ pub mod driver {
         },
     };
     pub static cuCtxPushCurrent_v2: CallDesc = CallDesc {
-        wire: 205u32,
-        call: 202u32,
+        wire: 225u32,
+        call: 214u32,
         name: "cuCtxPushCurrent_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22468,9 +23904,10 @@ pub mod driver {
         },
     };
     pub static cuCtxRecordEvent: CallDesc = CallDesc {
-        wire: 206u32,
-        call: 203u32,
+        wire: 226u32,
+        call: 215u32,
         name: "cuCtxRecordEvent",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22493,9 +23930,10 @@ pub mod driver {
         },
     };
     pub static cuCtxResetPersistingL2Cache: CallDesc = CallDesc {
-        wire: 207u32,
-        call: 204u32,
+        wire: 227u32,
+        call: 216u32,
         name: "cuCtxResetPersistingL2Cache",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22509,9 +23947,10 @@ pub mod driver {
         },
     };
     pub static cuCtxSetCacheConfig: CallDesc = CallDesc {
-        wire: 208u32,
-        call: 205u32,
+        wire: 228u32,
+        call: 217u32,
         name: "cuCtxSetCacheConfig",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22530,9 +23969,10 @@ pub mod driver {
         },
     };
     pub static cuCtxSetCurrent: CallDesc = CallDesc {
-        wire: 209u32,
-        call: 206u32,
+        wire: 229u32,
+        call: 218u32,
         name: "cuCtxSetCurrent",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22551,9 +23991,10 @@ pub mod driver {
         },
     };
     pub static cuCtxSetFlags: CallDesc = CallDesc {
-        wire: 210u32,
-        call: 207u32,
+        wire: 230u32,
+        call: 219u32,
         name: "cuCtxSetFlags",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22572,9 +24013,10 @@ pub mod driver {
         },
     };
     pub static cuCtxSetLimit: CallDesc = CallDesc {
-        wire: 211u32,
-        call: 208u32,
+        wire: 231u32,
+        call: 220u32,
         name: "cuCtxSetLimit",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22597,9 +24039,10 @@ pub mod driver {
         },
     };
     pub static cuCtxSetSharedMemConfig: CallDesc = CallDesc {
-        wire: 212u32,
-        call: 209u32,
+        wire: 232u32,
+        call: 221u32,
         name: "cuCtxSetSharedMemConfig",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22618,9 +24061,10 @@ pub mod driver {
         },
     };
     pub static cuCtxSynchronize: CallDesc = CallDesc {
-        wire: 213u32,
-        call: 210u32,
+        wire: 233u32,
+        call: 222u32,
         name: "cuCtxSynchronize",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22634,9 +24078,10 @@ pub mod driver {
         },
     };
     pub static cuCtxSynchronize_v2: CallDesc = CallDesc {
-        wire: 214u32,
-        call: 211u32,
+        wire: 234u32,
+        call: 223u32,
         name: "cuCtxSynchronize_v2",
+        form: None,
         library: "driver",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -22655,9 +24100,10 @@ pub mod driver {
         },
     };
     pub static cuCtxWaitEvent: CallDesc = CallDesc {
-        wire: 215u32,
-        call: 212u32,
+        wire: 235u32,
+        call: 224u32,
         name: "cuCtxWaitEvent",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22680,9 +24126,10 @@ pub mod driver {
         },
     };
     pub static cuDestroyExternalMemory: CallDesc = CallDesc {
-        wire: 216u32,
-        call: 213u32,
+        wire: 236u32,
+        call: 225u32,
         name: "cuDestroyExternalMemory",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22701,9 +24148,10 @@ pub mod driver {
         },
     };
     pub static cuDestroyExternalSemaphore: CallDesc = CallDesc {
-        wire: 217u32,
-        call: 214u32,
+        wire: 237u32,
+        call: 226u32,
         name: "cuDestroyExternalSemaphore",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22722,100 +24170,10 @@ pub mod driver {
         },
     };
     pub static cuDeviceCanAccessPeer: CallDesc = CallDesc {
-        wire: 218u32,
-        call: 215u32,
+        wire: 238u32,
+        call: 227u32,
         name: "cuDeviceCanAccessPeer",
-        library: "driver",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-        },
-    };
-    pub static cuDeviceComputeCapability: CallDesc = CallDesc {
-        wire: 219u32,
-        call: 216u32,
-        name: "cuDeviceComputeCapability",
-        library: "driver",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-        },
-    };
-    pub static cuDeviceGet: CallDesc = CallDesc {
-        wire: 220u32,
-        call: 217u32,
-        name: "cuDeviceGet",
-        library: "driver",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-        },
-    };
-    pub static cuDeviceGetAttribute: CallDesc = CallDesc {
-        wire: 221u32,
-        call: 218u32,
-        name: "cuDeviceGetAttribute",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22844,9 +24202,10 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetByPCIBusId: CallDesc = CallDesc {
-        wire: 222u32,
-        call: 219u32,
+        wire: 239u32,
+        call: 228u32,
         name: "cuDeviceGetByPCIBusId",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22867,33 +24226,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuDeviceGetCount: CallDesc = CallDesc {
-        wire: 223u32,
-        call: 220u32,
-        name: "cuDeviceGetCount",
-        library: "driver",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-        },
-    };
     pub static cuDeviceGetDefaultMemPool: CallDesc = CallDesc {
-        wire: 224u32,
-        call: 221u32,
+        wire: 240u32,
+        call: 229u32,
         name: "cuDeviceGetDefaultMemPool",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22913,9 +24250,10 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetExecAffinitySupport: CallDesc = CallDesc {
-        wire: 225u32,
-        call: 222u32,
+        wire: 241u32,
+        call: 230u32,
         name: "cuDeviceGetExecAffinitySupport",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22944,9 +24282,10 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetMemPool: CallDesc = CallDesc {
-        wire: 226u32,
-        call: 223u32,
+        wire: 242u32,
+        call: 231u32,
         name: "cuDeviceGetMemPool",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -22966,9 +24305,10 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetP2PAttribute: CallDesc = CallDesc {
-        wire: 227u32,
-        call: 224u32,
+        wire: 243u32,
+        call: 232u32,
         name: "cuDeviceGetP2PAttribute",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23001,9 +24341,10 @@ pub mod driver {
         },
     };
     pub static cuDeviceGraphMemTrim: CallDesc = CallDesc {
-        wire: 228u32,
-        call: 225u32,
+        wire: 244u32,
+        call: 233u32,
         name: "cuDeviceGraphMemTrim",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23022,9 +24363,10 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxGetState: CallDesc = CallDesc {
-        wire: 229u32,
-        call: 226u32,
+        wire: 245u32,
+        call: 234u32,
         name: "cuDevicePrimaryCtxGetState",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23055,9 +24397,10 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxRelease: CallDesc = CallDesc {
-        wire: 230u32,
-        call: 227u32,
+        wire: 246u32,
+        call: 235u32,
         name: "cuDevicePrimaryCtxRelease",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23076,9 +24419,10 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxRelease_v2: CallDesc = CallDesc {
-        wire: 231u32,
-        call: 228u32,
+        wire: 247u32,
+        call: 236u32,
         name: "cuDevicePrimaryCtxRelease_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23097,9 +24441,10 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxReset: CallDesc = CallDesc {
-        wire: 232u32,
-        call: 229u32,
+        wire: 248u32,
+        call: 237u32,
         name: "cuDevicePrimaryCtxReset",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23118,9 +24463,10 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxReset_v2: CallDesc = CallDesc {
-        wire: 233u32,
-        call: 230u32,
+        wire: 249u32,
+        call: 238u32,
         name: "cuDevicePrimaryCtxReset_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23139,9 +24485,10 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxRetain: CallDesc = CallDesc {
-        wire: 234u32,
-        call: 231u32,
+        wire: 250u32,
+        call: 239u32,
         name: "cuDevicePrimaryCtxRetain",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23161,9 +24508,10 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxSetFlags: CallDesc = CallDesc {
-        wire: 235u32,
-        call: 232u32,
+        wire: 251u32,
+        call: 240u32,
         name: "cuDevicePrimaryCtxSetFlags",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23186,9 +24534,10 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxSetFlags_v2: CallDesc = CallDesc {
-        wire: 236u32,
-        call: 233u32,
+        wire: 252u32,
+        call: 241u32,
         name: "cuDevicePrimaryCtxSetFlags_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23211,9 +24560,10 @@ pub mod driver {
         },
     };
     pub static cuDeviceSetMemPool: CallDesc = CallDesc {
-        wire: 237u32,
-        call: 234u32,
+        wire: 253u32,
+        call: 242u32,
         name: "cuDeviceSetMemPool",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23236,9 +24586,10 @@ pub mod driver {
         },
     };
     pub static cuDeviceTotalMem: CallDesc = CallDesc {
-        wire: 238u32,
-        call: 235u32,
+        wire: 254u32,
+        call: 243u32,
         name: "cuDeviceTotalMem",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23262,37 +24613,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuDeviceTotalMem_v2: CallDesc = CallDesc {
-        wire: 239u32,
-        call: 236u32,
-        name: "cuDeviceTotalMem_v2",
-        library: "driver",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 8u32,
-                len: None,
-                record: None,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-        },
-    };
     pub static cuDeviceUnregisterAsyncNotification: CallDesc = CallDesc {
-        wire: 240u32,
-        call: 237u32,
+        wire: 255u32,
+        call: 244u32,
         name: "cuDeviceUnregisterAsyncNotification",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23314,33 +24639,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuDriverGetVersion: CallDesc = CallDesc {
-        wire: 241u32,
-        call: 238u32,
-        name: "cuDriverGetVersion",
-        library: "driver",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-        },
-    };
     pub static cuEventCreate: CallDesc = CallDesc {
-        wire: 242u32,
-        call: 239u32,
+        wire: 256u32,
+        call: 245u32,
         name: "cuEventCreate",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23360,9 +24663,10 @@ pub mod driver {
         },
     };
     pub static cuEventDestroy: CallDesc = CallDesc {
-        wire: 243u32,
-        call: 240u32,
+        wire: 257u32,
+        call: 246u32,
         name: "cuEventDestroy",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23381,9 +24685,10 @@ pub mod driver {
         },
     };
     pub static cuEventDestroy_v2: CallDesc = CallDesc {
-        wire: 244u32,
-        call: 241u32,
+        wire: 258u32,
+        call: 247u32,
         name: "cuEventDestroy_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23402,9 +24707,10 @@ pub mod driver {
         },
     };
     pub static cuEventElapsedTime: CallDesc = CallDesc {
-        wire: 245u32,
-        call: 242u32,
+        wire: 259u32,
+        call: 248u32,
         name: "cuEventElapsedTime",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23433,9 +24739,10 @@ pub mod driver {
         },
     };
     pub static cuEventElapsedTime_v2: CallDesc = CallDesc {
-        wire: 246u32,
-        call: 243u32,
+        wire: 260u32,
+        call: 249u32,
         name: "cuEventElapsedTime_v2",
+        form: None,
         library: "driver",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23464,9 +24771,10 @@ pub mod driver {
         },
     };
     pub static cuEventQuery: CallDesc = CallDesc {
-        wire: 247u32,
-        call: 244u32,
+        wire: 261u32,
+        call: 250u32,
         name: "cuEventQuery",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23485,12 +24793,13 @@ pub mod driver {
         },
     };
     pub static cuEventRecord: CallDesc = CallDesc {
-        wire: 248u32,
-        call: 245u32,
+        wire: 262u32,
+        call: 251u32,
         name: "cuEventRecord",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 4u16,
@@ -23510,9 +24819,10 @@ pub mod driver {
         },
     };
     pub static cuEventRecordWithFlags: CallDesc = CallDesc {
-        wire: 249u32,
-        call: 246u32,
+        wire: 263u32,
+        call: 252u32,
         name: "cuEventRecordWithFlags",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23539,9 +24849,10 @@ pub mod driver {
         },
     };
     pub static cuEventRecordWithFlags_ptsz: CallDesc = CallDesc {
-        wire: 250u32,
-        call: 247u32,
+        wire: 264u32,
+        call: 253u32,
         name: "cuEventRecordWithFlags_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23568,12 +24879,13 @@ pub mod driver {
         },
     };
     pub static cuEventRecord_ptsz: CallDesc = CallDesc {
-        wire: 251u32,
-        call: 248u32,
+        wire: 265u32,
+        call: 254u32,
         name: "cuEventRecord_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 4u16,
@@ -23593,9 +24905,10 @@ pub mod driver {
         },
     };
     pub static cuEventSynchronize: CallDesc = CallDesc {
-        wire: 252u32,
-        call: 249u32,
+        wire: 266u32,
+        call: 255u32,
         name: "cuEventSynchronize",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23614,9 +24927,10 @@ pub mod driver {
         },
     };
     pub static cuExternalMemoryGetMappedBuffer: CallDesc = CallDesc {
-        wire: 253u32,
-        call: 250u32,
+        wire: 267u32,
+        call: 256u32,
         name: "cuExternalMemoryGetMappedBuffer",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23647,9 +24961,10 @@ pub mod driver {
         },
     };
     pub static cuExternalMemoryGetMappedMipmappedArray: CallDesc = CallDesc {
-        wire: 254u32,
-        call: 251u32,
+        wire: 268u32,
+        call: 257u32,
         name: "cuExternalMemoryGetMappedMipmappedArray",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23675,9 +24990,10 @@ pub mod driver {
         },
     };
     pub static cuFlushGPUDirectRDMAWrites: CallDesc = CallDesc {
-        wire: 255u32,
-        call: 252u32,
+        wire: 269u32,
+        call: 258u32,
         name: "cuFlushGPUDirectRDMAWrites",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23700,9 +25016,10 @@ pub mod driver {
         },
     };
     pub static cuFuncGetAttribute: CallDesc = CallDesc {
-        wire: 256u32,
-        call: 253u32,
+        wire: 270u32,
+        call: 259u32,
         name: "cuFuncGetAttribute",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23731,9 +25048,10 @@ pub mod driver {
         },
     };
     pub static cuFuncGetModule: CallDesc = CallDesc {
-        wire: 257u32,
-        call: 254u32,
+        wire: 271u32,
+        call: 260u32,
         name: "cuFuncGetModule",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23753,9 +25071,10 @@ pub mod driver {
         },
     };
     pub static cuFuncIsLoaded: CallDesc = CallDesc {
-        wire: 258u32,
-        call: 255u32,
+        wire: 272u32,
+        call: 261u32,
         name: "cuFuncIsLoaded",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23780,9 +25099,10 @@ pub mod driver {
         },
     };
     pub static cuFuncLoad: CallDesc = CallDesc {
-        wire: 259u32,
-        call: 256u32,
+        wire: 273u32,
+        call: 262u32,
         name: "cuFuncLoad",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23801,9 +25121,10 @@ pub mod driver {
         },
     };
     pub static cuFuncSetAttribute: CallDesc = CallDesc {
-        wire: 260u32,
-        call: 257u32,
+        wire: 274u32,
+        call: 263u32,
         name: "cuFuncSetAttribute",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23830,9 +25151,10 @@ pub mod driver {
         },
     };
     pub static cuFuncSetBlockShape: CallDesc = CallDesc {
-        wire: 261u32,
-        call: 258u32,
+        wire: 275u32,
+        call: 264u32,
         name: "cuFuncSetBlockShape",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23863,9 +25185,10 @@ pub mod driver {
         },
     };
     pub static cuFuncSetCacheConfig: CallDesc = CallDesc {
-        wire: 262u32,
-        call: 259u32,
+        wire: 276u32,
+        call: 265u32,
         name: "cuFuncSetCacheConfig",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23888,9 +25211,10 @@ pub mod driver {
         },
     };
     pub static cuFuncSetSharedMemConfig: CallDesc = CallDesc {
-        wire: 263u32,
-        call: 260u32,
+        wire: 277u32,
+        call: 266u32,
         name: "cuFuncSetSharedMemConfig",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23913,9 +25237,10 @@ pub mod driver {
         },
     };
     pub static cuFuncSetSharedSize: CallDesc = CallDesc {
-        wire: 264u32,
-        call: 261u32,
+        wire: 278u32,
+        call: 267u32,
         name: "cuFuncSetSharedSize",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23938,9 +25263,10 @@ pub mod driver {
         },
     };
     pub static cuGraphChildGraphNodeGetGraph: CallDesc = CallDesc {
-        wire: 265u32,
-        call: 262u32,
+        wire: 279u32,
+        call: 268u32,
         name: "cuGraphChildGraphNodeGetGraph",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23960,9 +25286,10 @@ pub mod driver {
         },
     };
     pub static cuGraphClone: CallDesc = CallDesc {
-        wire: 266u32,
-        call: 263u32,
+        wire: 280u32,
+        call: 269u32,
         name: "cuGraphClone",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23982,9 +25309,10 @@ pub mod driver {
         },
     };
     pub static cuGraphConditionalHandleCreate: CallDesc = CallDesc {
-        wire: 267u32,
-        call: 264u32,
+        wire: 281u32,
+        call: 270u32,
         name: "cuGraphConditionalHandleCreate",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24021,9 +25349,10 @@ pub mod driver {
         },
     };
     pub static cuGraphCreate: CallDesc = CallDesc {
-        wire: 268u32,
-        call: 265u32,
+        wire: 282u32,
+        call: 271u32,
         name: "cuGraphCreate",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24043,9 +25372,10 @@ pub mod driver {
         },
     };
     pub static cuGraphDestroy: CallDesc = CallDesc {
-        wire: 269u32,
-        call: 266u32,
+        wire: 283u32,
+        call: 272u32,
         name: "cuGraphDestroy",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24064,9 +25394,10 @@ pub mod driver {
         },
     };
     pub static cuGraphDestroyNode: CallDesc = CallDesc {
-        wire: 270u32,
-        call: 267u32,
+        wire: 284u32,
+        call: 273u32,
         name: "cuGraphDestroyNode",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24085,9 +25416,10 @@ pub mod driver {
         },
     };
     pub static cuGraphEventRecordNodeGetEvent: CallDesc = CallDesc {
-        wire: 271u32,
-        call: 268u32,
+        wire: 285u32,
+        call: 274u32,
         name: "cuGraphEventRecordNodeGetEvent",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24107,9 +25439,10 @@ pub mod driver {
         },
     };
     pub static cuGraphEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 272u32,
-        call: 269u32,
+        wire: 286u32,
+        call: 275u32,
         name: "cuGraphEventRecordNodeSetEvent",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24132,9 +25465,10 @@ pub mod driver {
         },
     };
     pub static cuGraphEventWaitNodeGetEvent: CallDesc = CallDesc {
-        wire: 273u32,
-        call: 270u32,
+        wire: 287u32,
+        call: 276u32,
         name: "cuGraphEventWaitNodeGetEvent",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24154,9 +25488,10 @@ pub mod driver {
         },
     };
     pub static cuGraphEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 274u32,
-        call: 271u32,
+        wire: 288u32,
+        call: 277u32,
         name: "cuGraphEventWaitNodeSetEvent",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24179,9 +25514,10 @@ pub mod driver {
         },
     };
     pub static cuGraphExecChildGraphNodeSetParams: CallDesc = CallDesc {
-        wire: 275u32,
-        call: 272u32,
+        wire: 289u32,
+        call: 278u32,
         name: "cuGraphExecChildGraphNodeSetParams",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24208,9 +25544,10 @@ pub mod driver {
         },
     };
     pub static cuGraphExecDestroy: CallDesc = CallDesc {
-        wire: 276u32,
-        call: 273u32,
+        wire: 290u32,
+        call: 279u32,
         name: "cuGraphExecDestroy",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24229,9 +25566,10 @@ pub mod driver {
         },
     };
     pub static cuGraphExecEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 277u32,
-        call: 274u32,
+        wire: 291u32,
+        call: 280u32,
         name: "cuGraphExecEventRecordNodeSetEvent",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24258,9 +25596,10 @@ pub mod driver {
         },
     };
     pub static cuGraphExecEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 278u32,
-        call: 275u32,
+        wire: 292u32,
+        call: 281u32,
         name: "cuGraphExecEventWaitNodeSetEvent",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24287,9 +25626,10 @@ pub mod driver {
         },
     };
     pub static cuGraphExecGetFlags: CallDesc = CallDesc {
-        wire: 279u32,
-        call: 276u32,
+        wire: 293u32,
+        call: 282u32,
         name: "cuGraphExecGetFlags",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24314,9 +25654,10 @@ pub mod driver {
         },
     };
     pub static cuGraphExecGetId: CallDesc = CallDesc {
-        wire: 280u32,
-        call: 277u32,
+        wire: 294u32,
+        call: 283u32,
         name: "cuGraphExecGetId",
+        form: None,
         library: "driver",
         versions: &["13.1"],
         class: Class::Sync,
@@ -24341,9 +25682,10 @@ pub mod driver {
         },
     };
     pub static cuGraphExecMemsetNodeSetParams: CallDesc = CallDesc {
-        wire: 281u32,
-        call: 278u32,
+        wire: 295u32,
+        call: 284u32,
         name: "cuGraphExecMemsetNodeSetParams",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24376,9 +25718,10 @@ pub mod driver {
         },
     };
     pub static cuGraphExecUpdate: CallDesc = CallDesc {
-        wire: 282u32,
-        call: 279u32,
+        wire: 296u32,
+        call: 285u32,
         name: "cuGraphExecUpdate",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24408,9 +25751,10 @@ pub mod driver {
         },
     };
     pub static cuGraphGetEdges: CallDesc = CallDesc {
-        wire: 283u32,
-        call: 280u32,
+        wire: 297u32,
+        call: 286u32,
         name: "cuGraphGetEdges",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24437,9 +25781,10 @@ pub mod driver {
         },
     };
     pub static cuGraphGetId: CallDesc = CallDesc {
-        wire: 284u32,
-        call: 281u32,
+        wire: 298u32,
+        call: 287u32,
         name: "cuGraphGetId",
+        form: None,
         library: "driver",
         versions: &["13.1"],
         class: Class::Sync,
@@ -24464,9 +25809,10 @@ pub mod driver {
         },
     };
     pub static cuGraphGetNodes: CallDesc = CallDesc {
-        wire: 285u32,
-        call: 282u32,
+        wire: 299u32,
+        call: 288u32,
         name: "cuGraphGetNodes",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24492,9 +25838,10 @@ pub mod driver {
         },
     };
     pub static cuGraphGetRootNodes: CallDesc = CallDesc {
-        wire: 286u32,
-        call: 283u32,
+        wire: 300u32,
+        call: 289u32,
         name: "cuGraphGetRootNodes",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24520,9 +25867,10 @@ pub mod driver {
         },
     };
     pub static cuGraphInstantiateWithFlags: CallDesc = CallDesc {
-        wire: 287u32,
-        call: 284u32,
+        wire: 301u32,
+        call: 290u32,
         name: "cuGraphInstantiateWithFlags",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24546,9 +25894,10 @@ pub mod driver {
         },
     };
     pub static cuGraphKernelNodeCopyAttributes: CallDesc = CallDesc {
-        wire: 288u32,
-        call: 285u32,
+        wire: 302u32,
+        call: 291u32,
         name: "cuGraphKernelNodeCopyAttributes",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24571,9 +25920,10 @@ pub mod driver {
         },
     };
     pub static cuGraphLaunch: CallDesc = CallDesc {
-        wire: 289u32,
-        call: 286u32,
+        wire: 303u32,
+        call: 292u32,
         name: "cuGraphLaunch",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24596,9 +25946,10 @@ pub mod driver {
         },
     };
     pub static cuGraphLaunch_ptsz: CallDesc = CallDesc {
-        wire: 290u32,
-        call: 287u32,
+        wire: 304u32,
+        call: 293u32,
         name: "cuGraphLaunch_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24621,9 +25972,10 @@ pub mod driver {
         },
     };
     pub static cuGraphMemFreeNodeGetParams: CallDesc = CallDesc {
-        wire: 291u32,
-        call: 288u32,
+        wire: 305u32,
+        call: 294u32,
         name: "cuGraphMemFreeNodeGetParams",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24648,9 +26000,10 @@ pub mod driver {
         },
     };
     pub static cuGraphMemsetNodeSetParams: CallDesc = CallDesc {
-        wire: 292u32,
-        call: 289u32,
+        wire: 306u32,
+        call: 295u32,
         name: "cuGraphMemsetNodeSetParams",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24675,9 +26028,10 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeFindInClone: CallDesc = CallDesc {
-        wire: 293u32,
-        call: 290u32,
+        wire: 307u32,
+        call: 296u32,
         name: "cuGraphNodeFindInClone",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24701,9 +26055,10 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetContainingGraph: CallDesc = CallDesc {
-        wire: 294u32,
-        call: 291u32,
+        wire: 308u32,
+        call: 297u32,
         name: "cuGraphNodeGetContainingGraph",
+        form: None,
         library: "driver",
         versions: &["13.1"],
         class: Class::Sync,
@@ -24723,9 +26078,10 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetDependencies: CallDesc = CallDesc {
-        wire: 295u32,
-        call: 292u32,
+        wire: 309u32,
+        call: 298u32,
         name: "cuGraphNodeGetDependencies",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24751,9 +26107,10 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetDependentNodes: CallDesc = CallDesc {
-        wire: 296u32,
-        call: 293u32,
+        wire: 310u32,
+        call: 299u32,
         name: "cuGraphNodeGetDependentNodes",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24779,9 +26136,10 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetEnabled: CallDesc = CallDesc {
-        wire: 297u32,
-        call: 294u32,
+        wire: 311u32,
+        call: 300u32,
         name: "cuGraphNodeGetEnabled",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24810,9 +26168,10 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetLocalId: CallDesc = CallDesc {
-        wire: 298u32,
-        call: 295u32,
+        wire: 312u32,
+        call: 301u32,
         name: "cuGraphNodeGetLocalId",
+        form: None,
         library: "driver",
         versions: &["13.1"],
         class: Class::Sync,
@@ -24837,9 +26196,10 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetToolsId: CallDesc = CallDesc {
-        wire: 299u32,
-        call: 296u32,
+        wire: 313u32,
+        call: 302u32,
         name: "cuGraphNodeGetToolsId",
+        form: None,
         library: "driver",
         versions: &["13.1"],
         class: Class::Sync,
@@ -24864,9 +26224,10 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetType: CallDesc = CallDesc {
-        wire: 300u32,
-        call: 297u32,
+        wire: 314u32,
+        call: 303u32,
         name: "cuGraphNodeGetType",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24891,9 +26252,10 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeSetEnabled: CallDesc = CallDesc {
-        wire: 301u32,
-        call: 298u32,
+        wire: 315u32,
+        call: 304u32,
         name: "cuGraphNodeSetEnabled",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24920,9 +26282,10 @@ pub mod driver {
         },
     };
     pub static cuGraphReleaseUserObject: CallDesc = CallDesc {
-        wire: 302u32,
-        call: 299u32,
+        wire: 316u32,
+        call: 305u32,
         name: "cuGraphReleaseUserObject",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24949,9 +26312,10 @@ pub mod driver {
         },
     };
     pub static cuGraphRetainUserObject: CallDesc = CallDesc {
-        wire: 303u32,
-        call: 300u32,
+        wire: 317u32,
+        call: 306u32,
         name: "cuGraphRetainUserObject",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -24982,9 +26346,10 @@ pub mod driver {
         },
     };
     pub static cuGraphUpload: CallDesc = CallDesc {
-        wire: 304u32,
-        call: 301u32,
+        wire: 318u32,
+        call: 307u32,
         name: "cuGraphUpload",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25007,9 +26372,10 @@ pub mod driver {
         },
     };
     pub static cuGraphUpload_ptsz: CallDesc = CallDesc {
-        wire: 305u32,
-        call: 302u32,
+        wire: 319u32,
+        call: 308u32,
         name: "cuGraphUpload_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25032,9 +26398,10 @@ pub mod driver {
         },
     };
     pub static cuGraphicsMapResources: CallDesc = CallDesc {
-        wire: 306u32,
-        call: 303u32,
+        wire: 320u32,
+        call: 309u32,
         name: "cuGraphicsMapResources",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25058,9 +26425,10 @@ pub mod driver {
         },
     };
     pub static cuGraphicsMapResources_ptsz: CallDesc = CallDesc {
-        wire: 307u32,
-        call: 304u32,
+        wire: 321u32,
+        call: 310u32,
         name: "cuGraphicsMapResources_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25084,9 +26452,10 @@ pub mod driver {
         },
     };
     pub static cuGraphicsResourceGetMappedMipmappedArray: CallDesc = CallDesc {
-        wire: 308u32,
-        call: 305u32,
+        wire: 322u32,
+        call: 311u32,
         name: "cuGraphicsResourceGetMappedMipmappedArray",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25106,9 +26475,10 @@ pub mod driver {
         },
     };
     pub static cuGraphicsResourceSetMapFlags: CallDesc = CallDesc {
-        wire: 309u32,
-        call: 306u32,
+        wire: 323u32,
+        call: 312u32,
         name: "cuGraphicsResourceSetMapFlags",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25131,9 +26501,10 @@ pub mod driver {
         },
     };
     pub static cuGraphicsResourceSetMapFlags_v2: CallDesc = CallDesc {
-        wire: 310u32,
-        call: 307u32,
+        wire: 324u32,
+        call: 313u32,
         name: "cuGraphicsResourceSetMapFlags_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25156,9 +26527,10 @@ pub mod driver {
         },
     };
     pub static cuGraphicsSubResourceGetMappedArray: CallDesc = CallDesc {
-        wire: 311u32,
-        call: 308u32,
+        wire: 325u32,
+        call: 314u32,
         name: "cuGraphicsSubResourceGetMappedArray",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25186,9 +26558,10 @@ pub mod driver {
         },
     };
     pub static cuGraphicsUnmapResources: CallDesc = CallDesc {
-        wire: 312u32,
-        call: 309u32,
+        wire: 326u32,
+        call: 315u32,
         name: "cuGraphicsUnmapResources",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25212,9 +26585,10 @@ pub mod driver {
         },
     };
     pub static cuGraphicsUnmapResources_ptsz: CallDesc = CallDesc {
-        wire: 313u32,
-        call: 310u32,
+        wire: 327u32,
+        call: 316u32,
         name: "cuGraphicsUnmapResources_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25238,9 +26612,10 @@ pub mod driver {
         },
     };
     pub static cuGraphicsUnregisterResource: CallDesc = CallDesc {
-        wire: 314u32,
-        call: 311u32,
+        wire: 328u32,
+        call: 317u32,
         name: "cuGraphicsUnregisterResource",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25259,9 +26634,10 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxCreate: CallDesc = CallDesc {
-        wire: 315u32,
-        call: 312u32,
+        wire: 329u32,
+        call: 318u32,
         name: "cuGreenCtxCreate",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25289,9 +26665,10 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxDestroy: CallDesc = CallDesc {
-        wire: 316u32,
-        call: 313u32,
+        wire: 330u32,
+        call: 319u32,
         name: "cuGreenCtxDestroy",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25310,9 +26687,10 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxGetId: CallDesc = CallDesc {
-        wire: 317u32,
-        call: 314u32,
+        wire: 331u32,
+        call: 320u32,
         name: "cuGreenCtxGetId",
+        form: None,
         library: "driver",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -25337,9 +26715,10 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxRecordEvent: CallDesc = CallDesc {
-        wire: 318u32,
-        call: 315u32,
+        wire: 332u32,
+        call: 321u32,
         name: "cuGreenCtxRecordEvent",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25362,9 +26741,10 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxStreamCreate: CallDesc = CallDesc {
-        wire: 319u32,
-        call: 316u32,
+        wire: 333u32,
+        call: 322u32,
         name: "cuGreenCtxStreamCreate",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25392,9 +26772,10 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxWaitEvent: CallDesc = CallDesc {
-        wire: 320u32,
-        call: 317u32,
+        wire: 334u32,
+        call: 323u32,
         name: "cuGreenCtxWaitEvent",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25417,9 +26798,10 @@ pub mod driver {
         },
     };
     pub static cuInit: CallDesc = CallDesc {
-        wire: 321u32,
-        call: 318u32,
+        wire: 335u32,
+        call: 324u32,
         name: "cuInit",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25438,9 +26820,10 @@ pub mod driver {
         },
     };
     pub static cuIpcCloseMemHandle: CallDesc = CallDesc {
-        wire: 322u32,
-        call: 319u32,
+        wire: 336u32,
+        call: 325u32,
         name: "cuIpcCloseMemHandle",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25459,9 +26842,10 @@ pub mod driver {
         },
     };
     pub static cuIpcOpenEventHandle: CallDesc = CallDesc {
-        wire: 323u32,
-        call: 320u32,
+        wire: 337u32,
+        call: 326u32,
         name: "cuIpcOpenEventHandle",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25475,9 +26859,10 @@ pub mod driver {
         },
     };
     pub static cuIpcOpenMemHandle: CallDesc = CallDesc {
-        wire: 324u32,
-        call: 321u32,
+        wire: 338u32,
+        call: 327u32,
         name: "cuIpcOpenMemHandle",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25503,9 +26888,10 @@ pub mod driver {
         },
     };
     pub static cuIpcOpenMemHandle_v2: CallDesc = CallDesc {
-        wire: 325u32,
-        call: 322u32,
+        wire: 339u32,
+        call: 328u32,
         name: "cuIpcOpenMemHandle_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25531,9 +26917,10 @@ pub mod driver {
         },
     };
     pub static cuKernelGetAttribute: CallDesc = CallDesc {
-        wire: 326u32,
-        call: 323u32,
+        wire: 340u32,
+        call: 329u32,
         name: "cuKernelGetAttribute",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25566,9 +26953,10 @@ pub mod driver {
         },
     };
     pub static cuKernelGetFunction: CallDesc = CallDesc {
-        wire: 327u32,
-        call: 324u32,
+        wire: 341u32,
+        call: 330u32,
         name: "cuKernelGetFunction",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25588,9 +26976,10 @@ pub mod driver {
         },
     };
     pub static cuKernelGetLibrary: CallDesc = CallDesc {
-        wire: 328u32,
-        call: 325u32,
+        wire: 342u32,
+        call: 331u32,
         name: "cuKernelGetLibrary",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25610,9 +26999,10 @@ pub mod driver {
         },
     };
     pub static cuKernelSetAttribute: CallDesc = CallDesc {
-        wire: 329u32,
-        call: 326u32,
+        wire: 343u32,
+        call: 332u32,
         name: "cuKernelSetAttribute",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25643,9 +27033,10 @@ pub mod driver {
         },
     };
     pub static cuKernelSetCacheConfig: CallDesc = CallDesc {
-        wire: 330u32,
-        call: 327u32,
+        wire: 344u32,
+        call: 333u32,
         name: "cuKernelSetCacheConfig",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25672,9 +27063,10 @@ pub mod driver {
         },
     };
     pub static cuLaunch: CallDesc = CallDesc {
-        wire: 331u32,
-        call: 328u32,
+        wire: 345u32,
+        call: 334u32,
         name: "cuLaunch",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25693,9 +27085,10 @@ pub mod driver {
         },
     };
     pub static cuLaunchGrid: CallDesc = CallDesc {
-        wire: 332u32,
-        call: 329u32,
+        wire: 346u32,
+        call: 335u32,
         name: "cuLaunchGrid",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25722,9 +27115,10 @@ pub mod driver {
         },
     };
     pub static cuLaunchGridAsync: CallDesc = CallDesc {
-        wire: 333u32,
-        call: 330u32,
+        wire: 347u32,
+        call: 336u32,
         name: "cuLaunchGridAsync",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25754,10 +27148,71 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
+    pub static cuLaunchHostFunc__host: CallDesc = CallDesc {
+        wire: 348u32,
+        call: 337u32,
+        name: "cuLaunchHostFunc",
+        form: Some("host"),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cuLaunchHostFunc_ptsz__host: CallDesc = CallDesc {
+        wire: 349u32,
+        call: 338u32,
+        name: "cuLaunchHostFunc_ptsz",
+        form: Some("host"),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
     pub static cuLibraryEnumerateKernels: CallDesc = CallDesc {
-        wire: 334u32,
-        call: 331u32,
+        wire: 350u32,
+        call: 339u32,
         name: "cuLibraryEnumerateKernels",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25781,9 +27236,10 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetGlobal: CallDesc = CallDesc {
-        wire: 335u32,
-        call: 332u32,
+        wire: 351u32,
+        call: 340u32,
         name: "cuLibraryGetGlobal",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25815,9 +27271,10 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetKernel: CallDesc = CallDesc {
-        wire: 336u32,
-        call: 333u32,
+        wire: 352u32,
+        call: 341u32,
         name: "cuLibraryGetKernel",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25838,9 +27295,10 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetKernelCount: CallDesc = CallDesc {
-        wire: 337u32,
-        call: 334u32,
+        wire: 353u32,
+        call: 342u32,
         name: "cuLibraryGetKernelCount",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25865,9 +27323,10 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetManaged: CallDesc = CallDesc {
-        wire: 338u32,
-        call: 335u32,
+        wire: 354u32,
+        call: 343u32,
         name: "cuLibraryGetManaged",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25899,9 +27358,10 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetModule: CallDesc = CallDesc {
-        wire: 339u32,
-        call: 336u32,
+        wire: 355u32,
+        call: 344u32,
         name: "cuLibraryGetModule",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25921,9 +27381,10 @@ pub mod driver {
         },
     };
     pub static cuLibraryUnload: CallDesc = CallDesc {
-        wire: 340u32,
-        call: 337u32,
+        wire: 356u32,
+        call: 345u32,
         name: "cuLibraryUnload",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25942,9 +27403,10 @@ pub mod driver {
         },
     };
     pub static cuLinkDestroy: CallDesc = CallDesc {
-        wire: 341u32,
-        call: 338u32,
+        wire: 357u32,
+        call: 346u32,
         name: "cuLinkDestroy",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -25963,9 +27425,10 @@ pub mod driver {
         },
     };
     pub static cuLogsCurrent: CallDesc = CallDesc {
-        wire: 342u32,
-        call: 339u32,
+        wire: 358u32,
+        call: 347u32,
         name: "cuLogsCurrent",
+        form: None,
         library: "driver",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -25990,9 +27453,10 @@ pub mod driver {
         },
     };
     pub static cuLogsUnregisterCallback: CallDesc = CallDesc {
-        wire: 343u32,
-        call: 340u32,
+        wire: 359u32,
+        call: 348u32,
         name: "cuLogsUnregisterCallback",
+        form: None,
         library: "driver",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -26011,9 +27475,10 @@ pub mod driver {
         },
     };
     pub static cuMemAddressFree: CallDesc = CallDesc {
-        wire: 344u32,
-        call: 341u32,
+        wire: 360u32,
+        call: 349u32,
         name: "cuMemAddressFree",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26036,9 +27501,10 @@ pub mod driver {
         },
     };
     pub static cuMemAdvise: CallDesc = CallDesc {
-        wire: 345u32,
-        call: 342u32,
+        wire: 361u32,
+        call: 350u32,
         name: "cuMemAdvise",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26069,9 +27535,10 @@ pub mod driver {
         },
     };
     pub static cuMemAdvise_v2: CallDesc = CallDesc {
-        wire: 346u32,
-        call: 343u32,
+        wire: 362u32,
+        call: 351u32,
         name: "cuMemAdvise_v2",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26098,10 +27565,39 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
+    pub static cuMemAlloc_v2__call: CallDesc = CallDesc {
+        wire: 363u32,
+        call: 352u32,
+        name: "cuMemAlloc_v2",
+        form: Some("call"),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
     pub static cuMemFree: CallDesc = CallDesc {
-        wire: 347u32,
-        call: 344u32,
+        wire: 364u32,
+        call: 353u32,
         name: "cuMemFree",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26120,9 +27616,10 @@ pub mod driver {
         },
     };
     pub static cuMemFreeAsync: CallDesc = CallDesc {
-        wire: 348u32,
-        call: 345u32,
+        wire: 365u32,
+        call: 354u32,
         name: "cuMemFreeAsync",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26145,9 +27642,10 @@ pub mod driver {
         },
     };
     pub static cuMemFreeAsync_ptsz: CallDesc = CallDesc {
-        wire: 349u32,
-        call: 346u32,
+        wire: 366u32,
+        call: 355u32,
         name: "cuMemFreeAsync_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26169,10 +27667,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuMemFree_v2: CallDesc = CallDesc {
-        wire: 350u32,
-        call: 347u32,
+    pub static cuMemFree_v2__call: CallDesc = CallDesc {
+        wire: 367u32,
+        call: 356u32,
         name: "cuMemFree_v2",
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26191,9 +27690,10 @@ pub mod driver {
         },
     };
     pub static cuMemGetAccess: CallDesc = CallDesc {
-        wire: 351u32,
-        call: 348u32,
+        wire: 368u32,
+        call: 357u32,
         name: "cuMemGetAccess",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26224,9 +27724,10 @@ pub mod driver {
         },
     };
     pub static cuMemGetInfo: CallDesc = CallDesc {
-        wire: 352u32,
-        call: 349u32,
+        wire: 369u32,
+        call: 358u32,
         name: "cuMemGetInfo",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26253,9 +27754,10 @@ pub mod driver {
         },
     };
     pub static cuMemGetInfo_v2: CallDesc = CallDesc {
-        wire: 353u32,
-        call: 350u32,
+        wire: 370u32,
+        call: 359u32,
         name: "cuMemGetInfo_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26282,9 +27784,10 @@ pub mod driver {
         },
     };
     pub static cuMemMap: CallDesc = CallDesc {
-        wire: 354u32,
-        call: 351u32,
+        wire: 371u32,
+        call: 360u32,
         name: "cuMemMap",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26319,9 +27822,10 @@ pub mod driver {
         },
     };
     pub static cuMemPoolDestroy: CallDesc = CallDesc {
-        wire: 355u32,
-        call: 352u32,
+        wire: 372u32,
+        call: 361u32,
         name: "cuMemPoolDestroy",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26340,9 +27844,10 @@ pub mod driver {
         },
     };
     pub static cuMemPoolTrimTo: CallDesc = CallDesc {
-        wire: 356u32,
-        call: 353u32,
+        wire: 373u32,
+        call: 362u32,
         name: "cuMemPoolTrimTo",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26365,9 +27870,10 @@ pub mod driver {
         },
     };
     pub static cuMemPrefetchAsync: CallDesc = CallDesc {
-        wire: 357u32,
-        call: 354u32,
+        wire: 374u32,
+        call: 363u32,
         name: "cuMemPrefetchAsync",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26398,9 +27904,10 @@ pub mod driver {
         },
     };
     pub static cuMemPrefetchAsync_ptsz: CallDesc = CallDesc {
-        wire: 358u32,
-        call: 355u32,
+        wire: 375u32,
+        call: 364u32,
         name: "cuMemPrefetchAsync_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26431,9 +27938,10 @@ pub mod driver {
         },
     };
     pub static cuMemPrefetchAsync_v2: CallDesc = CallDesc {
-        wire: 359u32,
-        call: 356u32,
+        wire: 376u32,
+        call: 365u32,
         name: "cuMemPrefetchAsync_v2",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26465,9 +27973,10 @@ pub mod driver {
         },
     };
     pub static cuMemPrefetchAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 360u32,
-        call: 357u32,
+        wire: 377u32,
+        call: 366u32,
         name: "cuMemPrefetchAsync_v2_ptsz",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26499,9 +28008,10 @@ pub mod driver {
         },
     };
     pub static cuMemRelease: CallDesc = CallDesc {
-        wire: 361u32,
-        call: 358u32,
+        wire: 378u32,
+        call: 367u32,
         name: "cuMemRelease",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26520,9 +28030,10 @@ pub mod driver {
         },
     };
     pub static cuMemUnmap: CallDesc = CallDesc {
-        wire: 362u32,
-        call: 359u32,
+        wire: 379u32,
+        call: 368u32,
         name: "cuMemUnmap",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26545,9 +28056,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpy: CallDesc = CallDesc {
-        wire: 363u32,
-        call: 360u32,
+        wire: 380u32,
+        call: 369u32,
         name: "cuMemcpy",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26574,9 +28086,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAsync: CallDesc = CallDesc {
-        wire: 364u32,
-        call: 361u32,
+        wire: 381u32,
+        call: 370u32,
         name: "cuMemcpyAsync",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26607,9 +28120,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAsync_ptsz: CallDesc = CallDesc {
-        wire: 365u32,
-        call: 362u32,
+        wire: 382u32,
+        call: 371u32,
         name: "cuMemcpyAsync_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26640,9 +28154,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoA: CallDesc = CallDesc {
-        wire: 366u32,
-        call: 363u32,
+        wire: 383u32,
+        call: 372u32,
         name: "cuMemcpyAtoA",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26677,9 +28192,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoA_v2: CallDesc = CallDesc {
-        wire: 367u32,
-        call: 364u32,
+        wire: 384u32,
+        call: 373u32,
         name: "cuMemcpyAtoA_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26714,9 +28230,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 368u32,
-        call: 365u32,
+        wire: 385u32,
+        call: 374u32,
         name: "cuMemcpyAtoA_v2_ptds",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26751,9 +28268,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoD: CallDesc = CallDesc {
-        wire: 369u32,
-        call: 366u32,
+        wire: 386u32,
+        call: 375u32,
         name: "cuMemcpyAtoD",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26784,9 +28302,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoD_v2: CallDesc = CallDesc {
-        wire: 370u32,
-        call: 367u32,
+        wire: 387u32,
+        call: 376u32,
         name: "cuMemcpyAtoD_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26817,9 +28336,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 371u32,
-        call: 368u32,
+        wire: 388u32,
+        call: 377u32,
         name: "cuMemcpyAtoD_v2_ptds",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26850,9 +28370,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoA: CallDesc = CallDesc {
-        wire: 372u32,
-        call: 369u32,
+        wire: 389u32,
+        call: 378u32,
         name: "cuMemcpyDtoA",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26883,9 +28404,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoA_v2: CallDesc = CallDesc {
-        wire: 373u32,
-        call: 370u32,
+        wire: 390u32,
+        call: 379u32,
         name: "cuMemcpyDtoA_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26916,9 +28438,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 374u32,
-        call: 371u32,
+        wire: 391u32,
+        call: 380u32,
         name: "cuMemcpyDtoA_v2_ptds",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26949,9 +28472,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoD: CallDesc = CallDesc {
-        wire: 375u32,
-        call: 372u32,
+        wire: 392u32,
+        call: 381u32,
         name: "cuMemcpyDtoD",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -26978,9 +28502,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoDAsync: CallDesc = CallDesc {
-        wire: 376u32,
-        call: 373u32,
+        wire: 393u32,
+        call: 382u32,
         name: "cuMemcpyDtoDAsync",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27011,12 +28536,13 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoDAsync_v2: CallDesc = CallDesc {
-        wire: 377u32,
-        call: 374u32,
+        wire: 394u32,
+        call: 383u32,
         name: "cuMemcpyDtoDAsync_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 8u8,
@@ -27044,12 +28570,13 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoDAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 378u32,
-        call: 375u32,
+        wire: 395u32,
+        call: 384u32,
         name: "cuMemcpyDtoDAsync_v2_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 8u8,
@@ -27077,12 +28604,13 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoD_v2: CallDesc = CallDesc {
-        wire: 379u32,
-        call: 376u32,
+        wire: 396u32,
+        call: 385u32,
         name: "cuMemcpyDtoD_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 8u8,
@@ -27106,12 +28634,13 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 380u32,
-        call: 377u32,
+        wire: 397u32,
+        call: 386u32,
         name: "cuMemcpyDtoD_v2_ptds",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 8u8,
@@ -27134,10 +28663,283 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
+    pub static cuMemcpyDtoHAsync_v2__call: CallDesc = CallDesc {
+        wire: 398u32,
+        call: 387u32,
+        name: "cuMemcpyDtoHAsync_v2",
+        form: Some("call"),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyDtoHAsync_v2__call_0),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cuMemcpyDtoHAsync_v2_ptsz__call: CallDesc = CallDesc {
+        wire: 399u32,
+        call: 388u32,
+        name: "cuMemcpyDtoHAsync_v2_ptsz",
+        form: Some("call"),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyDtoHAsync_v2_ptsz__call_1),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cuMemcpyDtoH_v2__call: CallDesc = CallDesc {
+        wire: 400u32,
+        call: 389u32,
+        name: "cuMemcpyDtoH_v2",
+        form: Some("call"),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyDtoH_v2__call_2),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cuMemcpyDtoH_v2_ptds__call: CallDesc = CallDesc {
+        wire: 401u32,
+        call: 390u32,
+        name: "cuMemcpyDtoH_v2_ptds",
+        form: Some("call"),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyDtoH_v2_ptds__call_3),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cuMemcpyHtoDAsync_v2__call: CallDesc = CallDesc {
+        wire: 402u32,
+        call: 391u32,
+        name: "cuMemcpyHtoDAsync_v2",
+        form: Some("call"),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyHtoDAsync_v2__call_4),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cuMemcpyHtoDAsync_v2_ptsz__call: CallDesc = CallDesc {
+        wire: 403u32,
+        call: 392u32,
+        name: "cuMemcpyHtoDAsync_v2_ptsz",
+        form: Some("call"),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyHtoDAsync_v2_ptsz__call_5),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cuMemcpyHtoD_v2__call: CallDesc = CallDesc {
+        wire: 404u32,
+        call: 393u32,
+        name: "cuMemcpyHtoD_v2",
+        form: Some("call"),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyHtoD_v2__call_6),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cuMemcpyHtoD_v2_ptds__call: CallDesc = CallDesc {
+        wire: 405u32,
+        call: 394u32,
+        name: "cuMemcpyHtoD_v2_ptds",
+        form: Some("call"),
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyHtoD_v2_ptds__call_7),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
     pub static cuMemcpyPeer: CallDesc = CallDesc {
-        wire: 381u32,
-        call: 378u32,
+        wire: 406u32,
+        call: 395u32,
         name: "cuMemcpyPeer",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27172,9 +28974,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpyPeerAsync: CallDesc = CallDesc {
-        wire: 382u32,
-        call: 379u32,
+        wire: 407u32,
+        call: 396u32,
         name: "cuMemcpyPeerAsync",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27213,9 +29016,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpyPeerAsync_ptsz: CallDesc = CallDesc {
-        wire: 383u32,
-        call: 380u32,
+        wire: 408u32,
+        call: 397u32,
         name: "cuMemcpyPeerAsync_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27254,9 +29058,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpyPeer_ptds: CallDesc = CallDesc {
-        wire: 384u32,
-        call: 381u32,
+        wire: 409u32,
+        call: 398u32,
         name: "cuMemcpyPeer_ptds",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27291,9 +29096,10 @@ pub mod driver {
         },
     };
     pub static cuMemcpy_ptds: CallDesc = CallDesc {
-        wire: 385u32,
-        call: 382u32,
+        wire: 410u32,
+        call: 399u32,
         name: "cuMemcpy_ptds",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27320,9 +29126,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16: CallDesc = CallDesc {
-        wire: 386u32,
-        call: 383u32,
+        wire: 411u32,
+        call: 400u32,
         name: "cuMemsetD16",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27349,9 +29156,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16Async: CallDesc = CallDesc {
-        wire: 387u32,
-        call: 384u32,
+        wire: 412u32,
+        call: 401u32,
         name: "cuMemsetD16Async",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27382,9 +29190,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16Async_ptsz: CallDesc = CallDesc {
-        wire: 388u32,
-        call: 385u32,
+        wire: 413u32,
+        call: 402u32,
         name: "cuMemsetD16Async_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27415,9 +29224,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16_v2: CallDesc = CallDesc {
-        wire: 389u32,
-        call: 386u32,
+        wire: 414u32,
+        call: 403u32,
         name: "cuMemsetD16_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27444,9 +29254,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16_v2_ptds: CallDesc = CallDesc {
-        wire: 390u32,
-        call: 387u32,
+        wire: 415u32,
+        call: 404u32,
         name: "cuMemsetD16_v2_ptds",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27473,9 +29284,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16: CallDesc = CallDesc {
-        wire: 391u32,
-        call: 388u32,
+        wire: 416u32,
+        call: 405u32,
         name: "cuMemsetD2D16",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27510,9 +29322,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16Async: CallDesc = CallDesc {
-        wire: 392u32,
-        call: 389u32,
+        wire: 417u32,
+        call: 406u32,
         name: "cuMemsetD2D16Async",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27551,9 +29364,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16Async_ptsz: CallDesc = CallDesc {
-        wire: 393u32,
-        call: 390u32,
+        wire: 418u32,
+        call: 407u32,
         name: "cuMemsetD2D16Async_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27592,9 +29406,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16_v2: CallDesc = CallDesc {
-        wire: 394u32,
-        call: 391u32,
+        wire: 419u32,
+        call: 408u32,
         name: "cuMemsetD2D16_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27629,9 +29444,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16_v2_ptds: CallDesc = CallDesc {
-        wire: 395u32,
-        call: 392u32,
+        wire: 420u32,
+        call: 409u32,
         name: "cuMemsetD2D16_v2_ptds",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27666,9 +29482,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32: CallDesc = CallDesc {
-        wire: 396u32,
-        call: 393u32,
+        wire: 421u32,
+        call: 410u32,
         name: "cuMemsetD2D32",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27703,9 +29520,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32Async: CallDesc = CallDesc {
-        wire: 397u32,
-        call: 394u32,
+        wire: 422u32,
+        call: 411u32,
         name: "cuMemsetD2D32Async",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27744,9 +29562,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32Async_ptsz: CallDesc = CallDesc {
-        wire: 398u32,
-        call: 395u32,
+        wire: 423u32,
+        call: 412u32,
         name: "cuMemsetD2D32Async_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27785,9 +29604,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32_v2: CallDesc = CallDesc {
-        wire: 399u32,
-        call: 396u32,
+        wire: 424u32,
+        call: 413u32,
         name: "cuMemsetD2D32_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27822,9 +29642,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32_v2_ptds: CallDesc = CallDesc {
-        wire: 400u32,
-        call: 397u32,
+        wire: 425u32,
+        call: 414u32,
         name: "cuMemsetD2D32_v2_ptds",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27859,9 +29680,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8: CallDesc = CallDesc {
-        wire: 401u32,
-        call: 398u32,
+        wire: 426u32,
+        call: 415u32,
         name: "cuMemsetD2D8",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27896,9 +29718,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8Async: CallDesc = CallDesc {
-        wire: 402u32,
-        call: 399u32,
+        wire: 427u32,
+        call: 416u32,
         name: "cuMemsetD2D8Async",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27937,9 +29760,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8Async_ptsz: CallDesc = CallDesc {
-        wire: 403u32,
-        call: 400u32,
+        wire: 428u32,
+        call: 417u32,
         name: "cuMemsetD2D8Async_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -27978,9 +29802,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8_v2: CallDesc = CallDesc {
-        wire: 404u32,
-        call: 401u32,
+        wire: 429u32,
+        call: 418u32,
         name: "cuMemsetD2D8_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28015,9 +29840,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8_v2_ptds: CallDesc = CallDesc {
-        wire: 405u32,
-        call: 402u32,
+        wire: 430u32,
+        call: 419u32,
         name: "cuMemsetD2D8_v2_ptds",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28052,9 +29878,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32: CallDesc = CallDesc {
-        wire: 406u32,
-        call: 403u32,
+        wire: 431u32,
+        call: 420u32,
         name: "cuMemsetD32",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28081,12 +29908,13 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32Async: CallDesc = CallDesc {
-        wire: 407u32,
-        call: 404u32,
+        wire: 432u32,
+        call: 421u32,
         name: "cuMemsetD32Async",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 8u8,
@@ -28114,12 +29942,13 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32Async_ptsz: CallDesc = CallDesc {
-        wire: 408u32,
-        call: 405u32,
+        wire: 433u32,
+        call: 422u32,
         name: "cuMemsetD32Async_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 8u8,
@@ -28147,9 +29976,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32_v2: CallDesc = CallDesc {
-        wire: 409u32,
-        call: 406u32,
+        wire: 434u32,
+        call: 423u32,
         name: "cuMemsetD32_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28176,9 +30006,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32_v2_ptds: CallDesc = CallDesc {
-        wire: 410u32,
-        call: 407u32,
+        wire: 435u32,
+        call: 424u32,
         name: "cuMemsetD32_v2_ptds",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28205,9 +30036,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8: CallDesc = CallDesc {
-        wire: 411u32,
-        call: 408u32,
+        wire: 436u32,
+        call: 425u32,
         name: "cuMemsetD8",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28234,12 +30066,13 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8Async: CallDesc = CallDesc {
-        wire: 412u32,
-        call: 409u32,
+        wire: 437u32,
+        call: 426u32,
         name: "cuMemsetD8Async",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 8u8,
@@ -28267,12 +30100,13 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8Async_ptsz: CallDesc = CallDesc {
-        wire: 413u32,
-        call: 410u32,
+        wire: 438u32,
+        call: 427u32,
         name: "cuMemsetD8Async_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 8u8,
@@ -28300,9 +30134,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8_v2: CallDesc = CallDesc {
-        wire: 414u32,
-        call: 411u32,
+        wire: 439u32,
+        call: 428u32,
         name: "cuMemsetD8_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28329,9 +30164,10 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8_v2_ptds: CallDesc = CallDesc {
-        wire: 415u32,
-        call: 412u32,
+        wire: 440u32,
+        call: 429u32,
         name: "cuMemsetD8_v2_ptds",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28358,9 +30194,10 @@ pub mod driver {
         },
     };
     pub static cuMipmappedArrayDestroy: CallDesc = CallDesc {
-        wire: 416u32,
-        call: 413u32,
+        wire: 441u32,
+        call: 430u32,
         name: "cuMipmappedArrayDestroy",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28379,9 +30216,10 @@ pub mod driver {
         },
     };
     pub static cuMipmappedArrayGetLevel: CallDesc = CallDesc {
-        wire: 417u32,
-        call: 414u32,
+        wire: 442u32,
+        call: 431u32,
         name: "cuMipmappedArrayGetLevel",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28405,9 +30243,10 @@ pub mod driver {
         },
     };
     pub static cuModuleEnumerateFunctions: CallDesc = CallDesc {
-        wire: 418u32,
-        call: 415u32,
+        wire: 443u32,
+        call: 432u32,
         name: "cuModuleEnumerateFunctions",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28431,9 +30270,10 @@ pub mod driver {
         },
     };
     pub static cuModuleGetFunction: CallDesc = CallDesc {
-        wire: 419u32,
-        call: 416u32,
+        wire: 444u32,
+        call: 433u32,
         name: "cuModuleGetFunction",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28454,9 +30294,10 @@ pub mod driver {
         },
     };
     pub static cuModuleGetFunctionCount: CallDesc = CallDesc {
-        wire: 420u32,
-        call: 417u32,
+        wire: 445u32,
+        call: 434u32,
         name: "cuModuleGetFunctionCount",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28481,9 +30322,10 @@ pub mod driver {
         },
     };
     pub static cuModuleGetGlobal: CallDesc = CallDesc {
-        wire: 421u32,
-        call: 418u32,
+        wire: 446u32,
+        call: 435u32,
         name: "cuModuleGetGlobal",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28515,9 +30357,10 @@ pub mod driver {
         },
     };
     pub static cuModuleGetGlobal_v2: CallDesc = CallDesc {
-        wire: 422u32,
-        call: 419u32,
+        wire: 447u32,
+        call: 436u32,
         name: "cuModuleGetGlobal_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28549,9 +30392,10 @@ pub mod driver {
         },
     };
     pub static cuModuleGetLoadingMode: CallDesc = CallDesc {
-        wire: 423u32,
-        call: 420u32,
+        wire: 448u32,
+        call: 437u32,
         name: "cuModuleGetLoadingMode",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28572,9 +30416,10 @@ pub mod driver {
         },
     };
     pub static cuModuleGetSurfRef: CallDesc = CallDesc {
-        wire: 424u32,
-        call: 421u32,
+        wire: 449u32,
+        call: 438u32,
         name: "cuModuleGetSurfRef",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28595,9 +30440,10 @@ pub mod driver {
         },
     };
     pub static cuModuleGetTexRef: CallDesc = CallDesc {
-        wire: 425u32,
-        call: 422u32,
+        wire: 450u32,
+        call: 439u32,
         name: "cuModuleGetTexRef",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28618,9 +30464,10 @@ pub mod driver {
         },
     };
     pub static cuModuleUnload: CallDesc = CallDesc {
-        wire: 426u32,
-        call: 423u32,
+        wire: 451u32,
+        call: 440u32,
         name: "cuModuleUnload",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28639,9 +30486,10 @@ pub mod driver {
         },
     };
     pub static cuMulticastAddDevice: CallDesc = CallDesc {
-        wire: 427u32,
-        call: 424u32,
+        wire: 452u32,
+        call: 441u32,
         name: "cuMulticastAddDevice",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28664,9 +30512,10 @@ pub mod driver {
         },
     };
     pub static cuMulticastBindAddr: CallDesc = CallDesc {
-        wire: 428u32,
-        call: 425u32,
+        wire: 453u32,
+        call: 442u32,
         name: "cuMulticastBindAddr",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28701,9 +30550,10 @@ pub mod driver {
         },
     };
     pub static cuMulticastBindAddr_v2: CallDesc = CallDesc {
-        wire: 429u32,
-        call: 426u32,
+        wire: 454u32,
+        call: 443u32,
         name: "cuMulticastBindAddr_v2",
+        form: None,
         library: "driver",
         versions: &["13.1"],
         class: Class::Sync,
@@ -28742,9 +30592,10 @@ pub mod driver {
         },
     };
     pub static cuMulticastBindMem: CallDesc = CallDesc {
-        wire: 430u32,
-        call: 427u32,
+        wire: 455u32,
+        call: 444u32,
         name: "cuMulticastBindMem",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28783,9 +30634,10 @@ pub mod driver {
         },
     };
     pub static cuMulticastBindMem_v2: CallDesc = CallDesc {
-        wire: 431u32,
-        call: 428u32,
+        wire: 456u32,
+        call: 445u32,
         name: "cuMulticastBindMem_v2",
+        form: None,
         library: "driver",
         versions: &["13.1"],
         class: Class::Sync,
@@ -28828,9 +30680,10 @@ pub mod driver {
         },
     };
     pub static cuMulticastCreate: CallDesc = CallDesc {
-        wire: 432u32,
-        call: 429u32,
+        wire: 457u32,
+        call: 446u32,
         name: "cuMulticastCreate",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28857,9 +30710,10 @@ pub mod driver {
         },
     };
     pub static cuMulticastGetGranularity: CallDesc = CallDesc {
-        wire: 433u32,
-        call: 430u32,
+        wire: 458u32,
+        call: 447u32,
         name: "cuMulticastGetGranularity",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28890,9 +30744,10 @@ pub mod driver {
         },
     };
     pub static cuMulticastUnbind: CallDesc = CallDesc {
-        wire: 434u32,
-        call: 431u32,
+        wire: 459u32,
+        call: 448u32,
         name: "cuMulticastUnbind",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28923,9 +30778,10 @@ pub mod driver {
         },
     };
     pub static cuParamSetSize: CallDesc = CallDesc {
-        wire: 435u32,
-        call: 432u32,
+        wire: 460u32,
+        call: 449u32,
         name: "cuParamSetSize",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28948,9 +30804,10 @@ pub mod driver {
         },
     };
     pub static cuParamSetTexRef: CallDesc = CallDesc {
-        wire: 436u32,
-        call: 433u32,
+        wire: 461u32,
+        call: 450u32,
         name: "cuParamSetTexRef",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -28977,9 +30834,10 @@ pub mod driver {
         },
     };
     pub static cuParamSetf: CallDesc = CallDesc {
-        wire: 437u32,
-        call: 434u32,
+        wire: 462u32,
+        call: 451u32,
         name: "cuParamSetf",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29006,9 +30864,10 @@ pub mod driver {
         },
     };
     pub static cuParamSeti: CallDesc = CallDesc {
-        wire: 438u32,
-        call: 435u32,
+        wire: 463u32,
+        call: 452u32,
         name: "cuParamSeti",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29035,9 +30894,10 @@ pub mod driver {
         },
     };
     pub static cuStreamAttachMemAsync: CallDesc = CallDesc {
-        wire: 439u32,
-        call: 436u32,
+        wire: 464u32,
+        call: 453u32,
         name: "cuStreamAttachMemAsync",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29068,9 +30928,10 @@ pub mod driver {
         },
     };
     pub static cuStreamAttachMemAsync_ptsz: CallDesc = CallDesc {
-        wire: 440u32,
-        call: 437u32,
+        wire: 465u32,
+        call: 454u32,
         name: "cuStreamAttachMemAsync_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29101,9 +30962,10 @@ pub mod driver {
         },
     };
     pub static cuStreamBeginCapture: CallDesc = CallDesc {
-        wire: 441u32,
-        call: 438u32,
+        wire: 466u32,
+        call: 455u32,
         name: "cuStreamBeginCapture",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29122,9 +30984,10 @@ pub mod driver {
         },
     };
     pub static cuStreamBeginCapture_ptsz: CallDesc = CallDesc {
-        wire: 442u32,
-        call: 439u32,
+        wire: 467u32,
+        call: 456u32,
         name: "cuStreamBeginCapture_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29143,9 +31006,10 @@ pub mod driver {
         },
     };
     pub static cuStreamBeginCapture_v2: CallDesc = CallDesc {
-        wire: 443u32,
-        call: 440u32,
+        wire: 468u32,
+        call: 457u32,
         name: "cuStreamBeginCapture_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29168,9 +31032,10 @@ pub mod driver {
         },
     };
     pub static cuStreamBeginCapture_v2_ptsz: CallDesc = CallDesc {
-        wire: 444u32,
-        call: 441u32,
+        wire: 469u32,
+        call: 458u32,
         name: "cuStreamBeginCapture_v2_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29193,9 +31058,10 @@ pub mod driver {
         },
     };
     pub static cuStreamCopyAttributes: CallDesc = CallDesc {
-        wire: 445u32,
-        call: 442u32,
+        wire: 470u32,
+        call: 459u32,
         name: "cuStreamCopyAttributes",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29218,9 +31084,10 @@ pub mod driver {
         },
     };
     pub static cuStreamCopyAttributes_ptsz: CallDesc = CallDesc {
-        wire: 446u32,
-        call: 443u32,
+        wire: 471u32,
+        call: 460u32,
         name: "cuStreamCopyAttributes_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29243,9 +31110,10 @@ pub mod driver {
         },
     };
     pub static cuStreamCreate: CallDesc = CallDesc {
-        wire: 447u32,
-        call: 444u32,
+        wire: 472u32,
+        call: 461u32,
         name: "cuStreamCreate",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29265,9 +31133,10 @@ pub mod driver {
         },
     };
     pub static cuStreamCreateWithPriority: CallDesc = CallDesc {
-        wire: 448u32,
-        call: 445u32,
+        wire: 473u32,
+        call: 462u32,
         name: "cuStreamCreateWithPriority",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29291,9 +31160,10 @@ pub mod driver {
         },
     };
     pub static cuStreamDestroy: CallDesc = CallDesc {
-        wire: 449u32,
-        call: 446u32,
+        wire: 474u32,
+        call: 463u32,
         name: "cuStreamDestroy",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29312,9 +31182,10 @@ pub mod driver {
         },
     };
     pub static cuStreamDestroy_v2: CallDesc = CallDesc {
-        wire: 450u32,
-        call: 447u32,
+        wire: 475u32,
+        call: 464u32,
         name: "cuStreamDestroy_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29333,9 +31204,10 @@ pub mod driver {
         },
     };
     pub static cuStreamEndCapture: CallDesc = CallDesc {
-        wire: 451u32,
-        call: 448u32,
+        wire: 476u32,
+        call: 465u32,
         name: "cuStreamEndCapture",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29355,9 +31227,10 @@ pub mod driver {
         },
     };
     pub static cuStreamEndCapture_ptsz: CallDesc = CallDesc {
-        wire: 452u32,
-        call: 449u32,
+        wire: 477u32,
+        call: 466u32,
         name: "cuStreamEndCapture_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29377,9 +31250,10 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCaptureInfo: CallDesc = CallDesc {
-        wire: 453u32,
-        call: 450u32,
+        wire: 478u32,
+        call: 467u32,
         name: "cuStreamGetCaptureInfo",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29410,9 +31284,10 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCaptureInfo_ptsz: CallDesc = CallDesc {
-        wire: 454u32,
-        call: 451u32,
+        wire: 479u32,
+        call: 468u32,
         name: "cuStreamGetCaptureInfo_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29443,9 +31318,10 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCtx: CallDesc = CallDesc {
-        wire: 455u32,
-        call: 452u32,
+        wire: 480u32,
+        call: 469u32,
         name: "cuStreamGetCtx",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29465,9 +31341,10 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCtx_ptsz: CallDesc = CallDesc {
-        wire: 456u32,
-        call: 453u32,
+        wire: 481u32,
+        call: 470u32,
         name: "cuStreamGetCtx_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29487,9 +31364,10 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCtx_v2: CallDesc = CallDesc {
-        wire: 457u32,
-        call: 454u32,
+        wire: 482u32,
+        call: 471u32,
         name: "cuStreamGetCtx_v2",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29510,9 +31388,10 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCtx_v2_ptsz: CallDesc = CallDesc {
-        wire: 458u32,
-        call: 455u32,
+        wire: 483u32,
+        call: 472u32,
         name: "cuStreamGetCtx_v2_ptsz",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29533,9 +31412,10 @@ pub mod driver {
         },
     };
     pub static cuStreamGetDevice: CallDesc = CallDesc {
-        wire: 459u32,
-        call: 456u32,
+        wire: 484u32,
+        call: 473u32,
         name: "cuStreamGetDevice",
+        form: None,
         library: "driver",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29560,9 +31440,10 @@ pub mod driver {
         },
     };
     pub static cuStreamGetDevice_ptsz: CallDesc = CallDesc {
-        wire: 460u32,
-        call: 457u32,
+        wire: 485u32,
+        call: 474u32,
         name: "cuStreamGetDevice_ptsz",
+        form: None,
         library: "driver",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29587,9 +31468,10 @@ pub mod driver {
         },
     };
     pub static cuStreamGetFlags: CallDesc = CallDesc {
-        wire: 461u32,
-        call: 458u32,
+        wire: 486u32,
+        call: 475u32,
         name: "cuStreamGetFlags",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29614,9 +31496,10 @@ pub mod driver {
         },
     };
     pub static cuStreamGetFlags_ptsz: CallDesc = CallDesc {
-        wire: 462u32,
-        call: 459u32,
+        wire: 487u32,
+        call: 476u32,
         name: "cuStreamGetFlags_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29641,9 +31524,10 @@ pub mod driver {
         },
     };
     pub static cuStreamGetGreenCtx: CallDesc = CallDesc {
-        wire: 463u32,
-        call: 460u32,
+        wire: 488u32,
+        call: 477u32,
         name: "cuStreamGetGreenCtx",
+        form: None,
         library: "driver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29663,9 +31547,10 @@ pub mod driver {
         },
     };
     pub static cuStreamGetId: CallDesc = CallDesc {
-        wire: 464u32,
-        call: 461u32,
+        wire: 489u32,
+        call: 478u32,
         name: "cuStreamGetId",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29690,9 +31575,10 @@ pub mod driver {
         },
     };
     pub static cuStreamGetId_ptsz: CallDesc = CallDesc {
-        wire: 465u32,
-        call: 462u32,
+        wire: 490u32,
+        call: 479u32,
         name: "cuStreamGetId_ptsz",
+        form: None,
         library: "driver",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29717,9 +31603,10 @@ pub mod driver {
         },
     };
     pub static cuStreamGetPriority: CallDesc = CallDesc {
-        wire: 466u32,
-        call: 463u32,
+        wire: 491u32,
+        call: 480u32,
         name: "cuStreamGetPriority",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29744,9 +31631,10 @@ pub mod driver {
         },
     };
     pub static cuStreamGetPriority_ptsz: CallDesc = CallDesc {
-        wire: 467u32,
-        call: 464u32,
+        wire: 492u32,
+        call: 481u32,
         name: "cuStreamGetPriority_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29771,9 +31659,10 @@ pub mod driver {
         },
     };
     pub static cuStreamIsCapturing: CallDesc = CallDesc {
-        wire: 468u32,
-        call: 465u32,
+        wire: 493u32,
+        call: 482u32,
         name: "cuStreamIsCapturing",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29798,9 +31687,10 @@ pub mod driver {
         },
     };
     pub static cuStreamIsCapturing_ptsz: CallDesc = CallDesc {
-        wire: 469u32,
-        call: 466u32,
+        wire: 494u32,
+        call: 483u32,
         name: "cuStreamIsCapturing_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29825,9 +31715,10 @@ pub mod driver {
         },
     };
     pub static cuStreamQuery: CallDesc = CallDesc {
-        wire: 470u32,
-        call: 467u32,
+        wire: 495u32,
+        call: 484u32,
         name: "cuStreamQuery",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29846,9 +31737,10 @@ pub mod driver {
         },
     };
     pub static cuStreamQuery_ptsz: CallDesc = CallDesc {
-        wire: 471u32,
-        call: 468u32,
+        wire: 496u32,
+        call: 485u32,
         name: "cuStreamQuery_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29867,9 +31759,10 @@ pub mod driver {
         },
     };
     pub static cuStreamSynchronize: CallDesc = CallDesc {
-        wire: 472u32,
-        call: 469u32,
+        wire: 497u32,
+        call: 486u32,
         name: "cuStreamSynchronize",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29888,9 +31781,10 @@ pub mod driver {
         },
     };
     pub static cuStreamSynchronize_ptsz: CallDesc = CallDesc {
-        wire: 473u32,
-        call: 470u32,
+        wire: 498u32,
+        call: 487u32,
         name: "cuStreamSynchronize_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29909,9 +31803,10 @@ pub mod driver {
         },
     };
     pub static cuStreamUpdateCaptureDependencies: CallDesc = CallDesc {
-        wire: 474u32,
-        call: 471u32,
+        wire: 499u32,
+        call: 488u32,
         name: "cuStreamUpdateCaptureDependencies",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29939,9 +31834,10 @@ pub mod driver {
         },
     };
     pub static cuStreamUpdateCaptureDependencies_ptsz: CallDesc = CallDesc {
-        wire: 475u32,
-        call: 472u32,
+        wire: 500u32,
+        call: 489u32,
         name: "cuStreamUpdateCaptureDependencies_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -29969,12 +31865,13 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitEvent: CallDesc = CallDesc {
-        wire: 476u32,
-        call: 473u32,
+        wire: 501u32,
+        call: 490u32,
         name: "cuStreamWaitEvent",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 22u16,
@@ -29998,12 +31895,13 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitEvent_ptsz: CallDesc = CallDesc {
-        wire: 477u32,
-        call: 474u32,
+        wire: 502u32,
+        call: 491u32,
         name: "cuStreamWaitEvent_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 22u16,
@@ -30027,9 +31925,10 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue32: CallDesc = CallDesc {
-        wire: 478u32,
-        call: 475u32,
+        wire: 503u32,
+        call: 492u32,
         name: "cuStreamWaitValue32",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30060,9 +31959,10 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue32_ptsz: CallDesc = CallDesc {
-        wire: 479u32,
-        call: 476u32,
+        wire: 504u32,
+        call: 493u32,
         name: "cuStreamWaitValue32_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30093,9 +31993,10 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue32_v2: CallDesc = CallDesc {
-        wire: 480u32,
-        call: 477u32,
+        wire: 505u32,
+        call: 494u32,
         name: "cuStreamWaitValue32_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30126,9 +32027,10 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 481u32,
-        call: 478u32,
+        wire: 506u32,
+        call: 495u32,
         name: "cuStreamWaitValue32_v2_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30159,9 +32061,10 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue64: CallDesc = CallDesc {
-        wire: 482u32,
-        call: 479u32,
+        wire: 507u32,
+        call: 496u32,
         name: "cuStreamWaitValue64",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30192,9 +32095,10 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue64_ptsz: CallDesc = CallDesc {
-        wire: 483u32,
-        call: 480u32,
+        wire: 508u32,
+        call: 497u32,
         name: "cuStreamWaitValue64_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30225,9 +32129,10 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue64_v2: CallDesc = CallDesc {
-        wire: 484u32,
-        call: 481u32,
+        wire: 509u32,
+        call: 498u32,
         name: "cuStreamWaitValue64_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30258,9 +32163,10 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 485u32,
-        call: 482u32,
+        wire: 510u32,
+        call: 499u32,
         name: "cuStreamWaitValue64_v2_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30291,9 +32197,10 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue32: CallDesc = CallDesc {
-        wire: 486u32,
-        call: 483u32,
+        wire: 511u32,
+        call: 500u32,
         name: "cuStreamWriteValue32",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30324,9 +32231,10 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue32_ptsz: CallDesc = CallDesc {
-        wire: 487u32,
-        call: 484u32,
+        wire: 512u32,
+        call: 501u32,
         name: "cuStreamWriteValue32_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30357,9 +32265,10 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue32_v2: CallDesc = CallDesc {
-        wire: 488u32,
-        call: 485u32,
+        wire: 513u32,
+        call: 502u32,
         name: "cuStreamWriteValue32_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30390,9 +32299,10 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 489u32,
-        call: 486u32,
+        wire: 514u32,
+        call: 503u32,
         name: "cuStreamWriteValue32_v2_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30423,9 +32333,10 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue64: CallDesc = CallDesc {
-        wire: 490u32,
-        call: 487u32,
+        wire: 515u32,
+        call: 504u32,
         name: "cuStreamWriteValue64",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30456,9 +32367,10 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue64_ptsz: CallDesc = CallDesc {
-        wire: 491u32,
-        call: 488u32,
+        wire: 516u32,
+        call: 505u32,
         name: "cuStreamWriteValue64_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30489,9 +32401,10 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue64_v2: CallDesc = CallDesc {
-        wire: 492u32,
-        call: 489u32,
+        wire: 517u32,
+        call: 506u32,
         name: "cuStreamWriteValue64_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30522,9 +32435,10 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 493u32,
-        call: 490u32,
+        wire: 518u32,
+        call: 507u32,
         name: "cuStreamWriteValue64_v2_ptsz",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30555,9 +32469,10 @@ pub mod driver {
         },
     };
     pub static cuSurfObjectDestroy: CallDesc = CallDesc {
-        wire: 494u32,
-        call: 491u32,
+        wire: 519u32,
+        call: 508u32,
         name: "cuSurfObjectDestroy",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30576,9 +32491,10 @@ pub mod driver {
         },
     };
     pub static cuSurfRefGetArray: CallDesc = CallDesc {
-        wire: 495u32,
-        call: 492u32,
+        wire: 520u32,
+        call: 509u32,
         name: "cuSurfRefGetArray",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30598,9 +32514,10 @@ pub mod driver {
         },
     };
     pub static cuSurfRefSetArray: CallDesc = CallDesc {
-        wire: 496u32,
-        call: 493u32,
+        wire: 521u32,
+        call: 510u32,
         name: "cuSurfRefSetArray",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30627,9 +32544,10 @@ pub mod driver {
         },
     };
     pub static cuTexObjectDestroy: CallDesc = CallDesc {
-        wire: 497u32,
-        call: 494u32,
+        wire: 522u32,
+        call: 511u32,
         name: "cuTexObjectDestroy",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30648,9 +32566,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefCreate: CallDesc = CallDesc {
-        wire: 498u32,
-        call: 495u32,
+        wire: 523u32,
+        call: 512u32,
         name: "cuTexRefCreate",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30664,9 +32583,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefDestroy: CallDesc = CallDesc {
-        wire: 499u32,
-        call: 496u32,
+        wire: 524u32,
+        call: 513u32,
         name: "cuTexRefDestroy",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30685,9 +32605,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetAddress: CallDesc = CallDesc {
-        wire: 500u32,
-        call: 497u32,
+        wire: 525u32,
+        call: 514u32,
         name: "cuTexRefGetAddress",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30712,9 +32633,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetAddressMode: CallDesc = CallDesc {
-        wire: 501u32,
-        call: 498u32,
+        wire: 526u32,
+        call: 515u32,
         name: "cuTexRefGetAddressMode",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30743,9 +32665,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetAddress_v2: CallDesc = CallDesc {
-        wire: 502u32,
-        call: 499u32,
+        wire: 527u32,
+        call: 516u32,
         name: "cuTexRefGetAddress_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30770,9 +32693,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetArray: CallDesc = CallDesc {
-        wire: 503u32,
-        call: 500u32,
+        wire: 528u32,
+        call: 517u32,
         name: "cuTexRefGetArray",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30792,9 +32716,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetBorderColor: CallDesc = CallDesc {
-        wire: 504u32,
-        call: 501u32,
+        wire: 529u32,
+        call: 518u32,
         name: "cuTexRefGetBorderColor",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30819,9 +32744,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetFilterMode: CallDesc = CallDesc {
-        wire: 505u32,
-        call: 502u32,
+        wire: 530u32,
+        call: 519u32,
         name: "cuTexRefGetFilterMode",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30846,9 +32772,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetFlags: CallDesc = CallDesc {
-        wire: 506u32,
-        call: 503u32,
+        wire: 531u32,
+        call: 520u32,
         name: "cuTexRefGetFlags",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30873,9 +32800,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 507u32,
-        call: 504u32,
+        wire: 532u32,
+        call: 521u32,
         name: "cuTexRefGetMaxAnisotropy",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30900,9 +32828,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 508u32,
-        call: 505u32,
+        wire: 533u32,
+        call: 522u32,
         name: "cuTexRefGetMipmapFilterMode",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30927,9 +32856,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 509u32,
-        call: 506u32,
+        wire: 534u32,
+        call: 523u32,
         name: "cuTexRefGetMipmapLevelBias",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30954,9 +32884,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 510u32,
-        call: 507u32,
+        wire: 535u32,
+        call: 524u32,
         name: "cuTexRefGetMipmapLevelClamp",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -30987,9 +32918,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMipmappedArray: CallDesc = CallDesc {
-        wire: 511u32,
-        call: 508u32,
+        wire: 536u32,
+        call: 525u32,
         name: "cuTexRefGetMipmappedArray",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31009,9 +32941,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress: CallDesc = CallDesc {
-        wire: 512u32,
-        call: 509u32,
+        wire: 537u32,
+        call: 526u32,
         name: "cuTexRefSetAddress",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31044,9 +32977,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress2D: CallDesc = CallDesc {
-        wire: 513u32,
-        call: 510u32,
+        wire: 538u32,
+        call: 527u32,
         name: "cuTexRefSetAddress2D",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31079,9 +33013,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress2D_v2: CallDesc = CallDesc {
-        wire: 514u32,
-        call: 511u32,
+        wire: 539u32,
+        call: 528u32,
         name: "cuTexRefSetAddress2D_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31114,9 +33049,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress2D_v3: CallDesc = CallDesc {
-        wire: 515u32,
-        call: 512u32,
+        wire: 540u32,
+        call: 529u32,
         name: "cuTexRefSetAddress2D_v3",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31149,9 +33085,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddressMode: CallDesc = CallDesc {
-        wire: 516u32,
-        call: 513u32,
+        wire: 541u32,
+        call: 530u32,
         name: "cuTexRefSetAddressMode",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31178,9 +33115,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress_v2: CallDesc = CallDesc {
-        wire: 517u32,
-        call: 514u32,
+        wire: 542u32,
+        call: 531u32,
         name: "cuTexRefSetAddress_v2",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31213,9 +33151,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetArray: CallDesc = CallDesc {
-        wire: 518u32,
-        call: 515u32,
+        wire: 543u32,
+        call: 532u32,
         name: "cuTexRefSetArray",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31242,9 +33181,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetBorderColor: CallDesc = CallDesc {
-        wire: 519u32,
-        call: 516u32,
+        wire: 544u32,
+        call: 533u32,
         name: "cuTexRefSetBorderColor",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31269,9 +33209,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetFilterMode: CallDesc = CallDesc {
-        wire: 520u32,
-        call: 517u32,
+        wire: 545u32,
+        call: 534u32,
         name: "cuTexRefSetFilterMode",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31294,9 +33235,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetFlags: CallDesc = CallDesc {
-        wire: 521u32,
-        call: 518u32,
+        wire: 546u32,
+        call: 535u32,
         name: "cuTexRefSetFlags",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31319,9 +33261,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetFormat: CallDesc = CallDesc {
-        wire: 522u32,
-        call: 519u32,
+        wire: 547u32,
+        call: 536u32,
         name: "cuTexRefSetFormat",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31348,9 +33291,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 523u32,
-        call: 520u32,
+        wire: 548u32,
+        call: 537u32,
         name: "cuTexRefSetMaxAnisotropy",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31373,9 +33317,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 524u32,
-        call: 521u32,
+        wire: 549u32,
+        call: 538u32,
         name: "cuTexRefSetMipmapFilterMode",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31398,9 +33343,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 525u32,
-        call: 522u32,
+        wire: 550u32,
+        call: 539u32,
         name: "cuTexRefSetMipmapLevelBias",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31423,9 +33369,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 526u32,
-        call: 523u32,
+        wire: 551u32,
+        call: 540u32,
         name: "cuTexRefSetMipmapLevelClamp",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31452,9 +33399,10 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMipmappedArray: CallDesc = CallDesc {
-        wire: 527u32,
-        call: 524u32,
+        wire: 552u32,
+        call: 541u32,
         name: "cuTexRefSetMipmappedArray",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31481,9 +33429,10 @@ pub mod driver {
         },
     };
     pub static cuThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
-        wire: 528u32,
-        call: 525u32,
+        wire: 553u32,
+        call: 542u32,
         name: "cuThreadExchangeStreamCaptureMode",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31504,9 +33453,10 @@ pub mod driver {
         },
     };
     pub static cuUserObjectRelease: CallDesc = CallDesc {
-        wire: 529u32,
-        call: 526u32,
+        wire: 554u32,
+        call: 543u32,
         name: "cuUserObjectRelease",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31529,9 +33479,10 @@ pub mod driver {
         },
     };
     pub static cuUserObjectRetain: CallDesc = CallDesc {
-        wire: 530u32,
-        call: 527u32,
+        wire: 555u32,
+        call: 544u32,
         name: "cuUserObjectRetain",
+        form: None,
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31557,9 +33508,10 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 1254u32,
-        call: 1129u32,
+        wire: 1279u32,
+        call: 1146u32,
         name: "ncclCommAbort",
+        form: None,
         library: "nccl",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31578,9 +33530,10 @@ pub mod nccl {
         },
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 1255u32,
-        call: 1130u32,
+        wire: 1280u32,
+        call: 1147u32,
         name: "ncclCommDestroy",
+        form: None,
         library: "nccl",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31599,9 +33552,10 @@ pub mod nccl {
         },
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 1256u32,
-        call: 1131u32,
+        wire: 1281u32,
+        call: 1148u32,
         name: "ncclCommFinalize",
+        form: None,
         library: "nccl",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31620,9 +33574,10 @@ pub mod nccl {
         },
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 1257u32,
-        call: 1132u32,
+        wire: 1282u32,
+        call: 1149u32,
         name: "ncclCommInitRank",
+        form: None,
         library: "nccl",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31647,9 +33602,10 @@ pub mod nccl {
         },
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 1258u32,
-        call: 1133u32,
+        wire: 1283u32,
+        call: 1150u32,
         name: "ncclCommRevoke",
+        form: None,
         library: "nccl",
         versions: &["13.1"],
         class: Class::Sync,
@@ -31672,9 +33628,10 @@ pub mod nccl {
         },
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 1259u32,
-        call: 1134u32,
+        wire: 1284u32,
+        call: 1151u32,
         name: "ncclCommWindowDeregister",
+        form: None,
         library: "nccl",
         versions: &["12.8", "13.0"],
         class: Class::Sync,
@@ -31697,9 +33654,10 @@ pub mod nccl {
         },
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 1260u32,
-        call: 1134u32,
+        wire: 1285u32,
+        call: 1151u32,
         name: "ncclCommWindowDeregister",
+        form: None,
         library: "nccl",
         versions: &["13.1"],
         class: Class::Sync,
@@ -31722,9 +33680,10 @@ pub mod nccl {
         },
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 1261u32,
-        call: 1135u32,
+        wire: 1286u32,
+        call: 1152u32,
         name: "ncclGroupEnd",
+        form: None,
         library: "nccl",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31738,9 +33697,10 @@ pub mod nccl {
         },
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 1262u32,
-        call: 1136u32,
+        wire: 1287u32,
+        call: 1153u32,
         name: "ncclGroupStart",
+        form: None,
         library: "nccl",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31754,9 +33714,10 @@ pub mod nccl {
         },
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 1263u32,
-        call: 1137u32,
+        wire: 1288u32,
+        call: 1154u32,
         name: "ncclRedOpDestroy",
+        form: None,
         library: "nccl",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31779,9 +33740,10 @@ pub mod nccl {
         },
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 1264u32,
-        call: 1138u32,
+        wire: 1289u32,
+        call: 1155u32,
         name: "ncclResetDebugInit",
+        form: None,
         library: "nccl",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31795,9 +33757,10 @@ pub mod nccl {
         },
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 1265u32,
-        call: 1139u32,
+        wire: 1290u32,
+        call: 1156u32,
         name: "pncclCommAbort",
+        form: None,
         library: "nccl",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31816,9 +33779,10 @@ pub mod nccl {
         },
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 1266u32,
-        call: 1140u32,
+        wire: 1291u32,
+        call: 1157u32,
         name: "pncclCommDestroy",
+        form: None,
         library: "nccl",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31837,9 +33801,10 @@ pub mod nccl {
         },
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 1267u32,
-        call: 1141u32,
+        wire: 1292u32,
+        call: 1158u32,
         name: "pncclCommFinalize",
+        form: None,
         library: "nccl",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31858,9 +33823,10 @@ pub mod nccl {
         },
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 1268u32,
-        call: 1142u32,
+        wire: 1293u32,
+        call: 1159u32,
         name: "pncclCommInitRank",
+        form: None,
         library: "nccl",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31885,9 +33851,10 @@ pub mod nccl {
         },
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 1269u32,
-        call: 1143u32,
+        wire: 1294u32,
+        call: 1160u32,
         name: "pncclCommRevoke",
+        form: None,
         library: "nccl",
         versions: &["13.1"],
         class: Class::Sync,
@@ -31910,9 +33877,10 @@ pub mod nccl {
         },
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 1270u32,
-        call: 1144u32,
+        wire: 1295u32,
+        call: 1161u32,
         name: "pncclCommWindowDeregister",
+        form: None,
         library: "nccl",
         versions: &["12.8", "13.0"],
         class: Class::Sync,
@@ -31935,9 +33903,10 @@ pub mod nccl {
         },
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 1271u32,
-        call: 1144u32,
+        wire: 1296u32,
+        call: 1161u32,
         name: "pncclCommWindowDeregister",
+        form: None,
         library: "nccl",
         versions: &["13.1"],
         class: Class::Sync,
@@ -31960,9 +33929,10 @@ pub mod nccl {
         },
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 1272u32,
-        call: 1145u32,
+        wire: 1297u32,
+        call: 1162u32,
         name: "pncclGroupEnd",
+        form: None,
         library: "nccl",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31976,9 +33946,10 @@ pub mod nccl {
         },
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 1273u32,
-        call: 1146u32,
+        wire: 1298u32,
+        call: 1163u32,
         name: "pncclGroupStart",
+        form: None,
         library: "nccl",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31992,9 +33963,10 @@ pub mod nccl {
         },
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 1274u32,
-        call: 1147u32,
+        wire: 1299u32,
+        call: 1164u32,
         name: "pncclRedOpDestroy",
+        form: None,
         library: "nccl",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -32017,9 +33989,10 @@ pub mod nccl {
         },
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 1275u32,
-        call: 1148u32,
+        wire: 1300u32,
+        call: 1165u32,
         name: "pncclResetDebugInit",
+        form: None,
         library: "nccl",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -32036,9 +34009,10 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 1223u32,
-        call: 1098u32,
+        wire: 1248u32,
+        call: 1115u32,
         name: "__nvJitLinkComplete_12_1",
+        form: None,
         library: "nvjitlink",
         versions: &["12.1"],
         class: Class::Sync,
@@ -32057,9 +34031,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 1224u32,
-        call: 1099u32,
+        wire: 1249u32,
+        call: 1116u32,
         name: "__nvJitLinkComplete_12_6",
+        form: None,
         library: "nvjitlink",
         versions: &["12.6"],
         class: Class::Sync,
@@ -32078,9 +34053,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 1225u32,
-        call: 1100u32,
+        wire: 1250u32,
+        call: 1117u32,
         name: "__nvJitLinkComplete_12_8",
+        form: None,
         library: "nvjitlink",
         versions: &["12.8"],
         class: Class::Sync,
@@ -32099,9 +34075,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 1226u32,
-        call: 1101u32,
+        wire: 1251u32,
+        call: 1118u32,
         name: "__nvJitLinkComplete_13_0",
+        form: None,
         library: "nvjitlink",
         versions: &["13.0"],
         class: Class::Sync,
@@ -32120,9 +34097,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 1227u32,
-        call: 1102u32,
+        wire: 1252u32,
+        call: 1119u32,
         name: "__nvJitLinkComplete_13_1",
+        form: None,
         library: "nvjitlink",
         versions: &["13.1"],
         class: Class::Sync,
@@ -32141,9 +34119,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 1228u32,
-        call: 1103u32,
+        wire: 1253u32,
+        call: 1120u32,
         name: "__nvJitLinkDestroy_12_1",
+        form: None,
         library: "nvjitlink",
         versions: &["12.1"],
         class: Class::Sync,
@@ -32157,9 +34136,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 1229u32,
-        call: 1104u32,
+        wire: 1254u32,
+        call: 1121u32,
         name: "__nvJitLinkDestroy_12_6",
+        form: None,
         library: "nvjitlink",
         versions: &["12.6"],
         class: Class::Sync,
@@ -32173,9 +34153,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 1230u32,
-        call: 1105u32,
+        wire: 1255u32,
+        call: 1122u32,
         name: "__nvJitLinkDestroy_12_8",
+        form: None,
         library: "nvjitlink",
         versions: &["12.8"],
         class: Class::Sync,
@@ -32189,9 +34170,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 1231u32,
-        call: 1106u32,
+        wire: 1256u32,
+        call: 1123u32,
         name: "__nvJitLinkDestroy_13_0",
+        form: None,
         library: "nvjitlink",
         versions: &["13.0"],
         class: Class::Sync,
@@ -32205,9 +34187,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 1232u32,
-        call: 1107u32,
+        wire: 1257u32,
+        call: 1124u32,
         name: "__nvJitLinkDestroy_13_1",
+        form: None,
         library: "nvjitlink",
         versions: &["13.1"],
         class: Class::Sync,
@@ -32221,9 +34204,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 1233u32,
-        call: 1108u32,
+        wire: 1258u32,
+        call: 1125u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
+        form: None,
         library: "nvjitlink",
         versions: &["12.1"],
         class: Class::Sync,
@@ -32248,9 +34232,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 1234u32,
-        call: 1109u32,
+        wire: 1259u32,
+        call: 1126u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
+        form: None,
         library: "nvjitlink",
         versions: &["12.6"],
         class: Class::Sync,
@@ -32275,9 +34260,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 1235u32,
-        call: 1110u32,
+        wire: 1260u32,
+        call: 1127u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
+        form: None,
         library: "nvjitlink",
         versions: &["12.8"],
         class: Class::Sync,
@@ -32302,9 +34288,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 1236u32,
-        call: 1111u32,
+        wire: 1261u32,
+        call: 1128u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
+        form: None,
         library: "nvjitlink",
         versions: &["13.0"],
         class: Class::Sync,
@@ -32329,9 +34316,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 1237u32,
-        call: 1112u32,
+        wire: 1262u32,
+        call: 1129u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
+        form: None,
         library: "nvjitlink",
         versions: &["13.1"],
         class: Class::Sync,
@@ -32356,9 +34344,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 1238u32,
-        call: 1113u32,
+        wire: 1263u32,
+        call: 1130u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
+        form: None,
         library: "nvjitlink",
         versions: &["12.1"],
         class: Class::Sync,
@@ -32383,9 +34372,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 1239u32,
-        call: 1114u32,
+        wire: 1264u32,
+        call: 1131u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
+        form: None,
         library: "nvjitlink",
         versions: &["12.6"],
         class: Class::Sync,
@@ -32410,9 +34400,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 1240u32,
-        call: 1115u32,
+        wire: 1265u32,
+        call: 1132u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
+        form: None,
         library: "nvjitlink",
         versions: &["12.8"],
         class: Class::Sync,
@@ -32437,9 +34428,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 1241u32,
-        call: 1116u32,
+        wire: 1266u32,
+        call: 1133u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
+        form: None,
         library: "nvjitlink",
         versions: &["13.0"],
         class: Class::Sync,
@@ -32464,9 +34456,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 1242u32,
-        call: 1117u32,
+        wire: 1267u32,
+        call: 1134u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
+        form: None,
         library: "nvjitlink",
         versions: &["13.1"],
         class: Class::Sync,
@@ -32491,9 +34484,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 1243u32,
-        call: 1118u32,
+        wire: 1268u32,
+        call: 1135u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
+        form: None,
         library: "nvjitlink",
         versions: &["12.1"],
         class: Class::Sync,
@@ -32518,9 +34512,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 1244u32,
-        call: 1119u32,
+        wire: 1269u32,
+        call: 1136u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
+        form: None,
         library: "nvjitlink",
         versions: &["12.6"],
         class: Class::Sync,
@@ -32545,9 +34540,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 1245u32,
-        call: 1120u32,
+        wire: 1270u32,
+        call: 1137u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
+        form: None,
         library: "nvjitlink",
         versions: &["12.8"],
         class: Class::Sync,
@@ -32572,9 +34568,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 1246u32,
-        call: 1121u32,
+        wire: 1271u32,
+        call: 1138u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
+        form: None,
         library: "nvjitlink",
         versions: &["13.0"],
         class: Class::Sync,
@@ -32599,9 +34596,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 1247u32,
-        call: 1122u32,
+        wire: 1272u32,
+        call: 1139u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
+        form: None,
         library: "nvjitlink",
         versions: &["13.1"],
         class: Class::Sync,
@@ -32626,9 +34624,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 1248u32,
-        call: 1123u32,
+        wire: 1273u32,
+        call: 1140u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
+        form: None,
         library: "nvjitlink",
         versions: &["12.1"],
         class: Class::Sync,
@@ -32653,9 +34652,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 1249u32,
-        call: 1124u32,
+        wire: 1274u32,
+        call: 1141u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
+        form: None,
         library: "nvjitlink",
         versions: &["12.6"],
         class: Class::Sync,
@@ -32680,9 +34680,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 1250u32,
-        call: 1125u32,
+        wire: 1275u32,
+        call: 1142u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
+        form: None,
         library: "nvjitlink",
         versions: &["12.8"],
         class: Class::Sync,
@@ -32707,9 +34708,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 1251u32,
-        call: 1126u32,
+        wire: 1276u32,
+        call: 1143u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
+        form: None,
         library: "nvjitlink",
         versions: &["13.0"],
         class: Class::Sync,
@@ -32734,9 +34736,10 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 1252u32,
-        call: 1127u32,
+        wire: 1277u32,
+        call: 1144u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
+        form: None,
         library: "nvjitlink",
         versions: &["13.1"],
         class: Class::Sync,
@@ -32761,9 +34764,10 @@ pub mod nvjitlink {
         },
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 1253u32,
-        call: 1128u32,
+        wire: 1278u32,
+        call: 1145u32,
         name: "nvJitLinkVersion",
+        form: None,
         library: "nvjitlink",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -32793,9 +34797,10 @@ pub mod nvjitlink {
 pub mod nvml {
     use chidori_protocol::desc::*;
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 866u32,
-        call: 741u32,
+        wire: 891u32,
+        call: 758u32,
         name: "nvmlComputeInstanceDestroy",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -32814,9 +34819,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 867u32,
-        call: 742u32,
+        wire: 892u32,
+        call: 759u32,
         name: "nvmlDeviceCcuGetStreamState",
+        form: None,
         library: "nvml",
         versions: &["12.1"],
         class: Class::Sync,
@@ -32841,9 +34847,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 868u32,
-        call: 743u32,
+        wire: 893u32,
+        call: 760u32,
         name: "nvmlDeviceCcuSetStreamState",
+        form: None,
         library: "nvml",
         versions: &["12.1"],
         class: Class::Sync,
@@ -32866,9 +34873,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 869u32,
-        call: 744u32,
+        wire: 894u32,
+        call: 761u32,
         name: "nvmlDeviceClearAccountingPids",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -32887,9 +34895,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 870u32,
-        call: 745u32,
+        wire: 895u32,
+        call: 762u32,
         name: "nvmlDeviceClearCpuAffinity",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -32908,9 +34917,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 871u32,
-        call: 746u32,
+        wire: 896u32,
+        call: 763u32,
         name: "nvmlDeviceClearEccErrorCounts",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -32933,9 +34943,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 872u32,
-        call: 747u32,
+        wire: 897u32,
+        call: 764u32,
         name: "nvmlDeviceCreateGpuInstance",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -32959,9 +34970,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 873u32,
-        call: 748u32,
+        wire: 898u32,
+        call: 765u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -32991,9 +35003,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 874u32,
-        call: 749u32,
+        wire: 899u32,
+        call: 766u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33024,9 +35037,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 875u32,
-        call: 750u32,
+        wire: 900u32,
+        call: 767u32,
         name: "nvmlDeviceGetAPIRestriction",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33055,9 +35069,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 876u32,
-        call: 751u32,
+        wire: 901u32,
+        call: 768u32,
         name: "nvmlDeviceGetAccountingBufferSize",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33082,9 +35097,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 877u32,
-        call: 752u32,
+        wire: 902u32,
+        call: 769u32,
         name: "nvmlDeviceGetAccountingMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33109,9 +35125,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 878u32,
-        call: 753u32,
+        wire: 903u32,
+        call: 770u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33136,9 +35153,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 879u32,
-        call: 754u32,
+        wire: 904u32,
+        call: 771u32,
         name: "nvmlDeviceGetApplicationsClock",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33167,9 +35185,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 880u32,
-        call: 755u32,
+        wire: 905u32,
+        call: 772u32,
         name: "nvmlDeviceGetArchitecture",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33194,9 +35213,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 881u32,
-        call: 756u32,
+        wire: 906u32,
+        call: 773u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33227,9 +35247,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 882u32,
-        call: 757u32,
+        wire: 907u32,
+        call: 774u32,
         name: "nvmlDeviceGetBoardId",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33254,9 +35275,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 883u32,
-        call: 758u32,
+        wire: 908u32,
+        call: 775u32,
         name: "nvmlDeviceGetBrand",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33281,9 +35303,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 884u32,
-        call: 759u32,
+        wire: 909u32,
+        call: 776u32,
         name: "nvmlDeviceGetBusType",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33308,9 +35331,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 885u32,
-        call: 760u32,
+        wire: 910u32,
+        call: 777u32,
         name: "nvmlDeviceGetClock",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33343,9 +35367,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 886u32,
-        call: 761u32,
+        wire: 911u32,
+        call: 778u32,
         name: "nvmlDeviceGetClockInfo",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33374,9 +35399,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 887u32,
-        call: 762u32,
+        wire: 912u32,
+        call: 779u32,
         name: "nvmlDeviceGetComputeInstanceId",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33401,9 +35427,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 888u32,
-        call: 763u32,
+        wire: 913u32,
+        call: 780u32,
         name: "nvmlDeviceGetComputeMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33428,9 +35455,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCount: CallDesc = CallDesc {
-        wire: 889u32,
-        call: 764u32,
+        wire: 914u32,
+        call: 781u32,
         name: "nvmlDeviceGetCount",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33451,9 +35479,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCount_v2: CallDesc = CallDesc {
-        wire: 890u32,
-        call: 765u32,
+        wire: 915u32,
+        call: 782u32,
         name: "nvmlDeviceGetCount_v2",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33474,9 +35503,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 891u32,
-        call: 766u32,
+        wire: 916u32,
+        call: 783u32,
         name: "nvmlDeviceGetCudaComputeCapability",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33507,9 +35537,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 892u32,
-        call: 767u32,
+        wire: 917u32,
+        call: 784u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33534,9 +35565,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 893u32,
-        call: 768u32,
+        wire: 918u32,
+        call: 785u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33561,9 +35593,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 894u32,
-        call: 769u32,
+        wire: 919u32,
+        call: 786u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33588,9 +35621,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 895u32,
-        call: 770u32,
+        wire: 920u32,
+        call: 787u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33615,9 +35649,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 896u32,
-        call: 771u32,
+        wire: 921u32,
+        call: 788u32,
         name: "nvmlDeviceGetDecoderUtilization",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33648,9 +35683,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 897u32,
-        call: 772u32,
+        wire: 922u32,
+        call: 789u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33679,9 +35715,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 898u32,
-        call: 773u32,
+        wire: 923u32,
+        call: 790u32,
         name: "nvmlDeviceGetDefaultEccMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33706,9 +35743,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 899u32,
-        call: 774u32,
+        wire: 924u32,
+        call: 791u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33728,9 +35766,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 900u32,
-        call: 775u32,
+        wire: 925u32,
+        call: 792u32,
         name: "nvmlDeviceGetDisplayActive",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33755,9 +35794,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 901u32,
-        call: 776u32,
+        wire: 926u32,
+        call: 793u32,
         name: "nvmlDeviceGetDisplayMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33782,9 +35822,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 902u32,
-        call: 777u32,
+        wire: 927u32,
+        call: 794u32,
         name: "nvmlDeviceGetDriverModel",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33815,9 +35856,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 903u32,
-        call: 778u32,
+        wire: 928u32,
+        call: 795u32,
         name: "nvmlDeviceGetDriverModel_v2",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33848,9 +35890,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 904u32,
-        call: 779u32,
+        wire: 929u32,
+        call: 796u32,
         name: "nvmlDeviceGetEccMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33881,9 +35924,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 905u32,
-        call: 780u32,
+        wire: 930u32,
+        call: 797u32,
         name: "nvmlDeviceGetEncoderCapacity",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33912,9 +35956,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 906u32,
-        call: 781u32,
+        wire: 931u32,
+        call: 798u32,
         name: "nvmlDeviceGetEncoderUtilization",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33945,9 +35990,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 907u32,
-        call: 782u32,
+        wire: 932u32,
+        call: 799u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -33972,9 +36018,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 908u32,
-        call: 783u32,
+        wire: 933u32,
+        call: 800u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
+        form: None,
         library: "nvml",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34003,9 +36050,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 909u32,
-        call: 784u32,
+        wire: 934u32,
+        call: 801u32,
         name: "nvmlDeviceGetFanSpeed",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34030,9 +36078,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 910u32,
-        call: 785u32,
+        wire: 935u32,
+        call: 802u32,
         name: "nvmlDeviceGetFanSpeed_v2",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34061,9 +36110,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 911u32,
-        call: 786u32,
+        wire: 936u32,
+        call: 803u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34094,9 +36144,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 912u32,
-        call: 787u32,
+        wire: 937u32,
+        call: 804u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34121,9 +36172,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 913u32,
-        call: 788u32,
+        wire: 938u32,
+        call: 805u32,
         name: "nvmlDeviceGetGpuInstanceById",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34147,9 +36199,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 914u32,
-        call: 789u32,
+        wire: 939u32,
+        call: 806u32,
         name: "nvmlDeviceGetGpuInstanceId",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34174,9 +36227,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 915u32,
-        call: 790u32,
+        wire: 940u32,
+        call: 807u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34205,9 +36259,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 916u32,
-        call: 791u32,
+        wire: 941u32,
+        call: 808u32,
         name: "nvmlDeviceGetGpuInstances",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34237,9 +36292,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 917u32,
-        call: 792u32,
+        wire: 942u32,
+        call: 809u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
+        form: None,
         library: "nvml",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34264,9 +36320,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 918u32,
-        call: 793u32,
+        wire: 943u32,
+        call: 810u32,
         name: "nvmlDeviceGetGpuOperationMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34297,9 +36354,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 919u32,
-        call: 794u32,
+        wire: 944u32,
+        call: 811u32,
         name: "nvmlDeviceGetGspFirmwareMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34330,9 +36388,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 920u32,
-        call: 795u32,
+        wire: 945u32,
+        call: 812u32,
         name: "nvmlDeviceGetHandleByIndex",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34352,9 +36411,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 921u32,
-        call: 796u32,
+        wire: 946u32,
+        call: 813u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34374,9 +36434,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 922u32,
-        call: 797u32,
+        wire: 947u32,
+        call: 814u32,
         name: "nvmlDeviceGetHandleByPciBusId",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34390,9 +36451,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 923u32,
-        call: 798u32,
+        wire: 948u32,
+        call: 815u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34406,9 +36468,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 924u32,
-        call: 799u32,
+        wire: 949u32,
+        call: 816u32,
         name: "nvmlDeviceGetHandleBySerial",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34422,9 +36485,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 925u32,
-        call: 800u32,
+        wire: 950u32,
+        call: 817u32,
         name: "nvmlDeviceGetHandleByUUID",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34438,9 +36502,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 926u32,
-        call: 801u32,
+        wire: 951u32,
+        call: 818u32,
         name: "nvmlDeviceGetHandleByUUIDV",
+        form: None,
         library: "nvml",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -34462,9 +36527,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 927u32,
-        call: 802u32,
+        wire: 952u32,
+        call: 819u32,
         name: "nvmlDeviceGetHostVgpuMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34489,9 +36555,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 928u32,
-        call: 803u32,
+        wire: 953u32,
+        call: 820u32,
         name: "nvmlDeviceGetIndex",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34516,9 +36583,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 929u32,
-        call: 804u32,
+        wire: 954u32,
+        call: 821u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34543,9 +36611,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 930u32,
-        call: 805u32,
+        wire: 955u32,
+        call: 822u32,
         name: "nvmlDeviceGetIrqNum",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34570,9 +36639,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 931u32,
-        call: 806u32,
+        wire: 956u32,
+        call: 823u32,
         name: "nvmlDeviceGetJpgUtilization",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34603,9 +36673,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 932u32,
-        call: 807u32,
+        wire: 957u32,
+        call: 824u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34636,9 +36707,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 933u32,
-        call: 808u32,
+        wire: 958u32,
+        call: 825u32,
         name: "nvmlDeviceGetMaxClockInfo",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34667,9 +36739,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 934u32,
-        call: 809u32,
+        wire: 959u32,
+        call: 826u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34698,9 +36771,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 935u32,
-        call: 810u32,
+        wire: 960u32,
+        call: 827u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34725,9 +36799,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 936u32,
-        call: 811u32,
+        wire: 961u32,
+        call: 828u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34752,9 +36827,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 937u32,
-        call: 812u32,
+        wire: 962u32,
+        call: 829u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34779,9 +36855,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 938u32,
-        call: 813u32,
+        wire: 963u32,
+        call: 830u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34812,9 +36889,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 939u32,
-        call: 814u32,
+        wire: 964u32,
+        call: 831u32,
         name: "nvmlDeviceGetMemClkVfOffset",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34839,9 +36917,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 940u32,
-        call: 815u32,
+        wire: 965u32,
+        call: 832u32,
         name: "nvmlDeviceGetMemoryBusWidth",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34866,9 +36945,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 941u32,
-        call: 816u32,
+        wire: 966u32,
+        call: 833u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34892,9 +36972,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 942u32,
-        call: 817u32,
+        wire: 967u32,
+        call: 834u32,
         name: "nvmlDeviceGetMigMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34925,9 +37006,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 943u32,
-        call: 818u32,
+        wire: 968u32,
+        call: 835u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34966,9 +37048,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 944u32,
-        call: 819u32,
+        wire: 969u32,
+        call: 836u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -34999,9 +37082,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 945u32,
-        call: 820u32,
+        wire: 970u32,
+        call: 837u32,
         name: "nvmlDeviceGetMinorNumber",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35026,9 +37110,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 946u32,
-        call: 821u32,
+        wire: 971u32,
+        call: 838u32,
         name: "nvmlDeviceGetModuleId",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35053,9 +37138,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 947u32,
-        call: 822u32,
+        wire: 972u32,
+        call: 839u32,
         name: "nvmlDeviceGetMultiGpuBoard",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35080,9 +37166,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 948u32,
-        call: 823u32,
+        wire: 973u32,
+        call: 840u32,
         name: "nvmlDeviceGetNumFans",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35107,9 +37194,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 949u32,
-        call: 824u32,
+        wire: 974u32,
+        call: 841u32,
         name: "nvmlDeviceGetNumGpuCores",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35134,9 +37222,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 950u32,
-        call: 825u32,
+        wire: 975u32,
+        call: 842u32,
         name: "nvmlDeviceGetNumaNodeId",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35161,9 +37250,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 951u32,
-        call: 826u32,
+        wire: 976u32,
+        call: 843u32,
         name: "nvmlDeviceGetNvLinkCapability",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35196,9 +37286,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 952u32,
-        call: 827u32,
+        wire: 977u32,
+        call: 844u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35227,9 +37318,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 953u32,
-        call: 828u32,
+        wire: 978u32,
+        call: 845u32,
         name: "nvmlDeviceGetNvLinkState",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35258,9 +37350,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 954u32,
-        call: 829u32,
+        wire: 979u32,
+        call: 846u32,
         name: "nvmlDeviceGetNvLinkVersion",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35289,9 +37382,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 955u32,
-        call: 830u32,
+        wire: 980u32,
+        call: 847u32,
         name: "nvmlDeviceGetOfaUtilization",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35322,9 +37416,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 956u32,
-        call: 831u32,
+        wire: 981u32,
+        call: 848u32,
         name: "nvmlDeviceGetP2PStatus",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35357,9 +37452,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 957u32,
-        call: 832u32,
+        wire: 982u32,
+        call: 849u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35384,9 +37480,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 958u32,
-        call: 833u32,
+        wire: 983u32,
+        call: 850u32,
         name: "nvmlDeviceGetPcieReplayCounter",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35411,9 +37508,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 959u32,
-        call: 834u32,
+        wire: 984u32,
+        call: 851u32,
         name: "nvmlDeviceGetPcieSpeed",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35438,9 +37536,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 960u32,
-        call: 835u32,
+        wire: 985u32,
+        call: 852u32,
         name: "nvmlDeviceGetPerformanceState",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35465,9 +37564,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 961u32,
-        call: 836u32,
+        wire: 986u32,
+        call: 853u32,
         name: "nvmlDeviceGetPersistenceMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35492,9 +37592,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 962u32,
-        call: 837u32,
+        wire: 987u32,
+        call: 854u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35519,9 +37620,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 963u32,
-        call: 838u32,
+        wire: 988u32,
+        call: 855u32,
         name: "nvmlDeviceGetPowerManagementLimit",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35546,9 +37648,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 964u32,
-        call: 839u32,
+        wire: 989u32,
+        call: 856u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35579,9 +37682,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 965u32,
-        call: 840u32,
+        wire: 990u32,
+        call: 857u32,
         name: "nvmlDeviceGetPowerManagementMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35606,9 +37710,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 966u32,
-        call: 841u32,
+        wire: 991u32,
+        call: 858u32,
         name: "nvmlDeviceGetPowerMode",
+        form: None,
         library: "nvml",
         versions: &["11.8"],
         class: Class::Sync,
@@ -35633,9 +37738,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 967u32,
-        call: 842u32,
+        wire: 992u32,
+        call: 859u32,
         name: "nvmlDeviceGetPowerSource",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35660,9 +37766,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 968u32,
-        call: 843u32,
+        wire: 993u32,
+        call: 860u32,
         name: "nvmlDeviceGetPowerState",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35687,9 +37794,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 969u32,
-        call: 844u32,
+        wire: 994u32,
+        call: 861u32,
         name: "nvmlDeviceGetPowerUsage",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35714,9 +37822,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 970u32,
-        call: 845u32,
+        wire: 995u32,
+        call: 862u32,
         name: "nvmlDeviceGetRemappedRows",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35759,9 +37868,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 971u32,
-        call: 846u32,
+        wire: 996u32,
+        call: 863u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35786,9 +37896,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 972u32,
-        call: 847u32,
+        wire: 997u32,
+        call: 864u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35813,9 +37924,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 973u32,
-        call: 848u32,
+        wire: 998u32,
+        call: 865u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35840,9 +37952,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 974u32,
-        call: 849u32,
+        wire: 999u32,
+        call: 866u32,
         name: "nvmlDeviceGetSupportedEventTypes",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35867,9 +37980,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 975u32,
-        call: 850u32,
+        wire: 1000u32,
+        call: 867u32,
         name: "nvmlDeviceGetSupportedPowerModes",
+        form: None,
         library: "nvml",
         versions: &["11.8"],
         class: Class::Sync,
@@ -35894,9 +38008,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 976u32,
-        call: 851u32,
+        wire: 1001u32,
+        call: 868u32,
         name: "nvmlDeviceGetTargetFanSpeed",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35925,9 +38040,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 977u32,
-        call: 852u32,
+        wire: 1002u32,
+        call: 869u32,
         name: "nvmlDeviceGetTemperature",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35956,9 +38072,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 978u32,
-        call: 853u32,
+        wire: 1003u32,
+        call: 870u32,
         name: "nvmlDeviceGetTemperatureThreshold",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -35987,9 +38104,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 979u32,
-        call: 854u32,
+        wire: 1004u32,
+        call: 871u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36018,9 +38136,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 980u32,
-        call: 855u32,
+        wire: 1005u32,
+        call: 872u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36050,9 +38169,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 981u32,
-        call: 856u32,
+        wire: 1006u32,
+        call: 873u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36077,9 +38197,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 982u32,
-        call: 857u32,
+        wire: 1007u32,
+        call: 874u32,
         name: "nvmlDeviceGetVgpuCapabilities",
+        form: None,
         library: "nvml",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36108,9 +38229,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 983u32,
-        call: 858u32,
+        wire: 1008u32,
+        call: 875u32,
         name: "nvmlDeviceGetVirtualizationMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36135,9 +38257,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 984u32,
-        call: 859u32,
+        wire: 1009u32,
+        call: 876u32,
         name: "nvmlDeviceIsMigDeviceHandle",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36162,9 +38285,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 985u32,
-        call: 860u32,
+        wire: 1010u32,
+        call: 877u32,
         name: "nvmlDeviceOnSameBoard",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36193,9 +38317,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 986u32,
-        call: 861u32,
+        wire: 1011u32,
+        call: 878u32,
         name: "nvmlDeviceRegisterEvents",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36222,9 +38347,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 987u32,
-        call: 862u32,
+        wire: 1012u32,
+        call: 879u32,
         name: "nvmlDeviceResetApplicationsClocks",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36243,9 +38369,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 988u32,
-        call: 863u32,
+        wire: 1013u32,
+        call: 880u32,
         name: "nvmlDeviceResetGpuLockedClocks",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36264,9 +38391,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 989u32,
-        call: 864u32,
+        wire: 1014u32,
+        call: 881u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36285,9 +38413,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 990u32,
-        call: 865u32,
+        wire: 1015u32,
+        call: 882u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36310,9 +38439,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 991u32,
-        call: 866u32,
+        wire: 1016u32,
+        call: 883u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36339,9 +38469,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 992u32,
-        call: 867u32,
+        wire: 1017u32,
+        call: 884u32,
         name: "nvmlDeviceSetAPIRestriction",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36368,9 +38499,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 993u32,
-        call: 868u32,
+        wire: 1018u32,
+        call: 885u32,
         name: "nvmlDeviceSetAccountingMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36393,9 +38525,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 994u32,
-        call: 869u32,
+        wire: 1019u32,
+        call: 886u32,
         name: "nvmlDeviceSetApplicationsClocks",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36422,9 +38555,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 995u32,
-        call: 870u32,
+        wire: 1020u32,
+        call: 887u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36447,9 +38581,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 996u32,
-        call: 871u32,
+        wire: 1021u32,
+        call: 888u32,
         name: "nvmlDeviceSetComputeMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36472,9 +38607,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 997u32,
-        call: 872u32,
+        wire: 1022u32,
+        call: 889u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36497,9 +38633,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 998u32,
-        call: 873u32,
+        wire: 1023u32,
+        call: 890u32,
         name: "nvmlDeviceSetCpuAffinity",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36518,9 +38655,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 999u32,
-        call: 874u32,
+        wire: 1024u32,
+        call: 891u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36547,9 +38685,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1000u32,
-        call: 875u32,
+        wire: 1025u32,
+        call: 892u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36572,9 +38711,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 1001u32,
-        call: 876u32,
+        wire: 1026u32,
+        call: 893u32,
         name: "nvmlDeviceSetDramEncryptionMode",
+        form: None,
         library: "nvml",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36599,9 +38739,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 1002u32,
-        call: 877u32,
+        wire: 1027u32,
+        call: 894u32,
         name: "nvmlDeviceSetDriverModel",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36628,9 +38769,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 1003u32,
-        call: 878u32,
+        wire: 1028u32,
+        call: 895u32,
         name: "nvmlDeviceSetEccMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36653,9 +38795,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 1004u32,
-        call: 879u32,
+        wire: 1029u32,
+        call: 896u32,
         name: "nvmlDeviceSetFanControlPolicy",
+        form: None,
         library: "nvml",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36682,9 +38825,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1005u32,
-        call: 880u32,
+        wire: 1030u32,
+        call: 897u32,
         name: "nvmlDeviceSetFanSpeed_v2",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36711,9 +38855,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1006u32,
-        call: 881u32,
+        wire: 1031u32,
+        call: 898u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36736,9 +38881,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1007u32,
-        call: 882u32,
+        wire: 1032u32,
+        call: 899u32,
         name: "nvmlDeviceSetGpuLockedClocks",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36765,9 +38911,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1008u32,
-        call: 883u32,
+        wire: 1033u32,
+        call: 900u32,
         name: "nvmlDeviceSetGpuOperationMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36790,9 +38937,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1009u32,
-        call: 884u32,
+        wire: 1034u32,
+        call: 901u32,
         name: "nvmlDeviceSetMemClkVfOffset",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36815,9 +38963,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1010u32,
-        call: 885u32,
+        wire: 1035u32,
+        call: 902u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36844,9 +38993,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 1011u32,
-        call: 886u32,
+        wire: 1036u32,
+        call: 903u32,
         name: "nvmlDeviceSetMigMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36875,9 +39025,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 1012u32,
-        call: 887u32,
+        wire: 1037u32,
+        call: 904u32,
         name: "nvmlDeviceSetPersistenceMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36900,9 +39051,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1013u32,
-        call: 888u32,
+        wire: 1038u32,
+        call: 905u32,
         name: "nvmlDeviceSetPowerManagementLimit",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36925,9 +39077,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 1014u32,
-        call: 889u32,
+        wire: 1039u32,
+        call: 906u32,
         name: "nvmlDeviceSetPowerMode",
+        form: None,
         library: "nvml",
         versions: &["11.8"],
         class: Class::Sync,
@@ -36950,9 +39103,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1015u32,
-        call: 890u32,
+        wire: 1040u32,
+        call: 907u32,
         name: "nvmlDeviceSetTemperatureThreshold",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -36981,9 +39135,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1016u32,
-        call: 891u32,
+        wire: 1041u32,
+        call: 908u32,
         name: "nvmlDeviceSetVgpuCapabilities",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37010,9 +39165,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1017u32,
-        call: 892u32,
+        wire: 1042u32,
+        call: 909u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37037,9 +39193,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1018u32,
-        call: 893u32,
+        wire: 1043u32,
+        call: 910u32,
         name: "nvmlDeviceSetVirtualizationMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37062,9 +39219,10 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 1019u32,
-        call: 894u32,
+        wire: 1044u32,
+        call: 911u32,
         name: "nvmlDeviceValidateInforom",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37083,9 +39241,10 @@ pub mod nvml {
         },
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 1020u32,
-        call: 895u32,
+        wire: 1045u32,
+        call: 912u32,
         name: "nvmlEventSetCreate",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37099,9 +39258,10 @@ pub mod nvml {
         },
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 1021u32,
-        call: 896u32,
+        wire: 1046u32,
+        call: 913u32,
         name: "nvmlEventSetFree",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37120,9 +39280,10 @@ pub mod nvml {
         },
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 1022u32,
-        call: 897u32,
+        wire: 1047u32,
+        call: 914u32,
         name: "nvmlGetExcludedDeviceCount",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37143,9 +39304,10 @@ pub mod nvml {
         },
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 1023u32,
-        call: 898u32,
+        wire: 1048u32,
+        call: 915u32,
         name: "nvmlGetVgpuDriverCapabilities",
+        form: None,
         library: "nvml",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37170,9 +39332,10 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 1024u32,
-        call: 899u32,
+        wire: 1049u32,
+        call: 916u32,
         name: "nvmlGpmMigSampleGet",
+        form: None,
         library: "nvml",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37199,9 +39362,10 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 1025u32,
-        call: 900u32,
+        wire: 1050u32,
+        call: 917u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37226,9 +39390,10 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 1026u32,
-        call: 901u32,
+        wire: 1051u32,
+        call: 918u32,
         name: "nvmlGpmSampleAlloc",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37242,9 +39407,10 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 1027u32,
-        call: 902u32,
+        wire: 1052u32,
+        call: 919u32,
         name: "nvmlGpmSampleFree",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37263,9 +39429,10 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 1028u32,
-        call: 903u32,
+        wire: 1053u32,
+        call: 920u32,
         name: "nvmlGpmSampleGet",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37288,9 +39455,10 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 1029u32,
-        call: 904u32,
+        wire: 1054u32,
+        call: 921u32,
         name: "nvmlGpmSetStreamingEnabled",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37313,9 +39481,10 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 1030u32,
-        call: 905u32,
+        wire: 1055u32,
+        call: 922u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37339,9 +39508,10 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1031u32,
-        call: 906u32,
+        wire: 1056u32,
+        call: 923u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
+        form: None,
         library: "nvml",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37371,9 +39541,10 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 1032u32,
-        call: 907u32,
+        wire: 1057u32,
+        call: 924u32,
         name: "nvmlGpuInstanceDestroy",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37392,9 +39563,10 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 1033u32,
-        call: 908u32,
+        wire: 1058u32,
+        call: 925u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37418,9 +39590,10 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1034u32,
-        call: 909u32,
+        wire: 1059u32,
+        call: 926u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37449,9 +39622,10 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 1035u32,
-        call: 910u32,
+        wire: 1060u32,
+        call: 927u32,
         name: "nvmlGpuInstanceGetComputeInstances",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37481,9 +39655,10 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1036u32,
-        call: 911u32,
+        wire: 1061u32,
+        call: 928u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
+        form: None,
         library: "nvml",
         versions: &["13.0", "13.1"],
         class: Class::Sync,
@@ -37508,9 +39683,10 @@ pub mod nvml {
         },
     };
     pub static nvmlInit: CallDesc = CallDesc {
-        wire: 1037u32,
-        call: 912u32,
+        wire: 1062u32,
+        call: 929u32,
         name: "nvmlInit",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37524,9 +39700,10 @@ pub mod nvml {
         },
     };
     pub static nvmlInitWithFlags: CallDesc = CallDesc {
-        wire: 1038u32,
-        call: 913u32,
+        wire: 1063u32,
+        call: 930u32,
         name: "nvmlInitWithFlags",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37545,9 +39722,10 @@ pub mod nvml {
         },
     };
     pub static nvmlInit_v2: CallDesc = CallDesc {
-        wire: 1039u32,
-        call: 914u32,
+        wire: 1064u32,
+        call: 931u32,
         name: "nvmlInit_v2",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37561,9 +39739,10 @@ pub mod nvml {
         },
     };
     pub static nvmlShutdown: CallDesc = CallDesc {
-        wire: 1040u32,
-        call: 915u32,
+        wire: 1065u32,
+        call: 932u32,
         name: "nvmlShutdown",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37577,9 +39756,10 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1041u32,
-        call: 916u32,
+        wire: 1066u32,
+        call: 933u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37600,9 +39780,10 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 1042u32,
-        call: 917u32,
+        wire: 1067u32,
+        call: 934u32,
         name: "nvmlSystemGetCudaDriverVersion",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37623,9 +39804,10 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 1043u32,
-        call: 918u32,
+        wire: 1068u32,
+        call: 935u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37646,9 +39828,10 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1044u32,
-        call: 919u32,
+        wire: 1069u32,
+        call: 936u32,
         name: "nvmlSystemGetNvlinkBwMode",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37669,9 +39852,10 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1045u32,
-        call: 920u32,
+        wire: 1070u32,
+        call: 937u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37690,9 +39874,10 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1046u32,
-        call: 921u32,
+        wire: 1071u32,
+        call: 938u32,
         name: "nvmlSystemSetNvlinkBwMode",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37711,9 +39896,10 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 1047u32,
-        call: 922u32,
+        wire: 1072u32,
+        call: 939u32,
         name: "nvmlUnitGetCount",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37734,9 +39920,10 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 1048u32,
-        call: 923u32,
+        wire: 1073u32,
+        call: 940u32,
         name: "nvmlUnitGetDevices",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37762,9 +39949,10 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1049u32,
-        call: 924u32,
+        wire: 1074u32,
+        call: 941u32,
         name: "nvmlUnitGetHandleByIndex",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37784,9 +39972,10 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 1050u32,
-        call: 925u32,
+        wire: 1075u32,
+        call: 942u32,
         name: "nvmlUnitGetTemperature",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37815,9 +40004,10 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 1051u32,
-        call: 926u32,
+        wire: 1076u32,
+        call: 943u32,
         name: "nvmlUnitSetLedState",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37840,9 +40030,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1052u32,
-        call: 927u32,
+        wire: 1077u32,
+        call: 944u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37861,9 +40052,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1053u32,
-        call: 928u32,
+        wire: 1078u32,
+        call: 945u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37888,9 +40080,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 1054u32,
-        call: 929u32,
+        wire: 1079u32,
+        call: 946u32,
         name: "nvmlVgpuInstanceGetEccMode",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37915,9 +40108,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1055u32,
-        call: 930u32,
+        wire: 1080u32,
+        call: 947u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37942,9 +40136,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 1056u32,
-        call: 931u32,
+        wire: 1081u32,
+        call: 948u32,
         name: "nvmlVgpuInstanceGetFbUsage",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37969,9 +40164,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1057u32,
-        call: 932u32,
+        wire: 1082u32,
+        call: 949u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37996,9 +40192,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1058u32,
-        call: 933u32,
+        wire: 1083u32,
+        call: 950u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38023,9 +40220,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 1059u32,
-        call: 934u32,
+        wire: 1084u32,
+        call: 951u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38050,9 +40248,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 1060u32,
-        call: 935u32,
+        wire: 1085u32,
+        call: 952u32,
         name: "nvmlVgpuInstanceGetType",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38077,9 +40276,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1061u32,
-        call: 936u32,
+        wire: 1086u32,
+        call: 953u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38102,9 +40302,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 1062u32,
-        call: 937u32,
+        wire: 1087u32,
+        call: 954u32,
         name: "nvmlVgpuTypeGetCapabilities",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38133,9 +40334,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 1063u32,
-        call: 938u32,
+        wire: 1088u32,
+        call: 955u32,
         name: "nvmlVgpuTypeGetDeviceID",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38166,9 +40368,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 1064u32,
-        call: 939u32,
+        wire: 1089u32,
+        call: 956u32,
         name: "nvmlVgpuTypeGetFbReservation",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38193,9 +40396,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1065u32,
-        call: 940u32,
+        wire: 1090u32,
+        call: 957u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38220,9 +40424,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 1066u32,
-        call: 941u32,
+        wire: 1091u32,
+        call: 958u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38247,9 +40452,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 1067u32,
-        call: 942u32,
+        wire: 1092u32,
+        call: 959u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38274,9 +40480,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 1068u32,
-        call: 943u32,
+        wire: 1093u32,
+        call: 960u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
+        form: None,
         library: "nvml",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38301,9 +40508,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 1069u32,
-        call: 944u32,
+        wire: 1094u32,
+        call: 961u32,
         name: "nvmlVgpuTypeGetMaxInstances",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38332,9 +40540,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 1070u32,
-        call: 945u32,
+        wire: 1095u32,
+        call: 962u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38359,9 +40568,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 1071u32,
-        call: 946u32,
+        wire: 1096u32,
+        call: 963u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38386,9 +40596,10 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 1072u32,
-        call: 947u32,
+        wire: 1097u32,
+        call: 964u32,
         name: "nvmlVgpuTypeGetResolution",
+        form: None,
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38426,9 +40637,10 @@ pub mod nvml {
 pub mod nvrtc {
     use chidori_protocol::desc::*;
     pub static nvrtcAddNameExpression: CallDesc = CallDesc {
-        wire: 1208u32,
-        call: 1083u32,
+        wire: 1233u32,
+        call: 1100u32,
         name: "nvrtcAddNameExpression",
+        form: None,
         library: "nvrtc",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38448,9 +40660,10 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcDestroyProgram: CallDesc = CallDesc {
-        wire: 1209u32,
-        call: 1084u32,
+        wire: 1234u32,
+        call: 1101u32,
         name: "nvrtcDestroyProgram",
+        form: None,
         library: "nvrtc",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38464,9 +40677,10 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetCUBINSize: CallDesc = CallDesc {
-        wire: 1210u32,
-        call: 1085u32,
+        wire: 1235u32,
+        call: 1102u32,
         name: "nvrtcGetCUBINSize",
+        form: None,
         library: "nvrtc",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38491,9 +40705,10 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetLTOIRSize: CallDesc = CallDesc {
-        wire: 1211u32,
-        call: 1086u32,
+        wire: 1236u32,
+        call: 1103u32,
         name: "nvrtcGetLTOIRSize",
+        form: None,
         library: "nvrtc",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38518,9 +40733,10 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetNVVMSize: CallDesc = CallDesc {
-        wire: 1212u32,
-        call: 1087u32,
+        wire: 1237u32,
+        call: 1104u32,
         name: "nvrtcGetNVVMSize",
+        form: None,
         library: "nvrtc",
         versions: &["11.8", "12.1", "12.6", "12.8"],
         class: Class::Sync,
@@ -38545,9 +40761,10 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 1213u32,
-        call: 1088u32,
+        wire: 1238u32,
+        call: 1105u32,
         name: "nvrtcGetNumSupportedArchs",
+        form: None,
         library: "nvrtc",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38568,9 +40785,10 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetOptiXIRSize: CallDesc = CallDesc {
-        wire: 1214u32,
-        call: 1089u32,
+        wire: 1239u32,
+        call: 1106u32,
         name: "nvrtcGetOptiXIRSize",
+        form: None,
         library: "nvrtc",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38595,9 +40813,10 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHCreateStatus: CallDesc = CallDesc {
-        wire: 1215u32,
-        call: 1090u32,
+        wire: 1240u32,
+        call: 1107u32,
         name: "nvrtcGetPCHCreateStatus",
+        form: None,
         library: "nvrtc",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38616,9 +40835,10 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 1216u32,
-        call: 1091u32,
+        wire: 1241u32,
+        call: 1108u32,
         name: "nvrtcGetPCHHeapSize",
+        form: None,
         library: "nvrtc",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38639,9 +40859,10 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHHeapSizeRequired: CallDesc = CallDesc {
-        wire: 1217u32,
-        call: 1092u32,
+        wire: 1242u32,
+        call: 1109u32,
         name: "nvrtcGetPCHHeapSizeRequired",
+        form: None,
         library: "nvrtc",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38666,9 +40887,10 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPTXSize: CallDesc = CallDesc {
-        wire: 1218u32,
-        call: 1093u32,
+        wire: 1243u32,
+        call: 1110u32,
         name: "nvrtcGetPTXSize",
+        form: None,
         library: "nvrtc",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38693,9 +40915,10 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetProgramLogSize: CallDesc = CallDesc {
-        wire: 1219u32,
-        call: 1094u32,
+        wire: 1244u32,
+        call: 1111u32,
         name: "nvrtcGetProgramLogSize",
+        form: None,
         library: "nvrtc",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38720,9 +40943,10 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetSupportedArchs: CallDesc = CallDesc {
-        wire: 1220u32,
-        call: 1095u32,
+        wire: 1245u32,
+        call: 1112u32,
         name: "nvrtcGetSupportedArchs",
+        form: None,
         library: "nvrtc",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38743,9 +40967,10 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 1221u32,
-        call: 1096u32,
+        wire: 1246u32,
+        call: 1113u32,
         name: "nvrtcSetPCHHeapSize",
+        form: None,
         library: "nvrtc",
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -38764,9 +40989,10 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 1222u32,
-        call: 1097u32,
+        wire: 1247u32,
+        call: 1114u32,
         name: "nvrtcVersion",
+        form: None,
         library: "nvrtc",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,

@@ -1,19 +1,59 @@
 //! Hand-written runtime functions: nvcc's registration and launch API.
-#![allow(non_snake_case)]
+//!
+//! Every `unsafe fn` here has the safety contract of the CUDA function of the same name:
+//! pointer arguments must be what that function's documentation requires.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::cell::RefCell;
 use std::ffi::c_void;
+use std::sync::Arc;
 
+use chidori_cuda::calls::cudart as calls;
 use chidori_cuda::types::dim3;
+use chidori_protocol::messages::PropValue;
 
+use crate::conn::{self, Conn};
+use crate::custom::memory::{self, CopyForms};
 use crate::registry;
+use crate::state::{self, Memory};
 
-/// cudaErrorInvalidValue / cudaErrorInvalidDeviceFunction / cudaErrorMissingConfiguration /
-/// cudaErrorNoDevice (identical in every supported version).
+/// Runtime status values (identical in every supported version).
+const SUCCESS: u32 = 0;
 const INVALID_VALUE: u32 = 1;
-const INVALID_DEVICE_FUNCTION: u32 = 98;
+const MEMORY_ALLOCATION: u32 = 2;
+const INVALID_MEMCPY_DIRECTION: u32 = 21;
 const MISSING_CONFIGURATION: u32 = 52;
+const INVALID_DEVICE_FUNCTION: u32 = 98;
 const NO_DEVICE: u32 = 100;
+const INVALID_DEVICE: u32 = 101;
+const HOST_MEMORY_ALREADY_REGISTERED: u32 = 712;
+const HOST_MEMORY_NOT_REGISTERED: u32 = 713;
+
+/// The connection, or the runtime's "no device" (the reason was logged once).
+fn connection() -> Result<Arc<Conn>, u32> {
+    conn::get().map_err(|_| NO_DEVICE)
+}
+
+/// Run a hand-written runtime function: FFI guard, trace, and the thread's last error.
+fn runtime(name: &'static str, body: impl FnOnce() -> Result<u32, u32>) -> u32 {
+    crate::guard::ffi(name, INVALID_VALUE, || {
+        crate::trace::local(name);
+        let status = body().unwrap_or_else(|e| e);
+        state::set_last_error(status);
+        status
+    })
+}
+
+/// # Safety
+/// `p` must be null or writable for a `T`.
+unsafe fn put<T>(p: *mut c_void, v: T) -> Result<(), u32> {
+    if p.is_null() {
+        return Err(INVALID_VALUE);
+    }
+    // SAFETY: per the contract.
+    unsafe { std::ptr::write_unaligned(p as *mut T, v) };
+    Ok(())
+}
 
 /// # Safety
 /// `fatCubin` is nvcc's fat binary wrapper.
@@ -204,6 +244,459 @@ pub unsafe fn __cudaGetKernel(kernelPtr: *mut c_void, entryFuncAddr: *mut c_void
             None => INVALID_DEVICE_FUNCTION,
         }
     })
+}
+
+// ---- Devices, answered from the handshake's profile ----
+
+pub unsafe fn cudaGetDeviceCount(count: *mut c_void) -> u32 {
+    runtime("cudaGetDeviceCount", || {
+        let n = match conn::get() {
+            Ok(c) => c.profile.devices.len() as i32,
+            Err(_) => {
+                // SAFETY: the caller's int.
+                let _ = unsafe { put(count, 0i32) };
+                return Err(NO_DEVICE);
+            }
+        };
+        // SAFETY: the caller's int.
+        unsafe { put(count, n) }?;
+        Ok(SUCCESS)
+    })
+}
+
+pub unsafe fn cudaGetDevice(device: *mut c_void) -> u32 {
+    // SAFETY: the caller's int.
+    runtime("cudaGetDevice", || unsafe { put(device, state::current_device()) }.map(|_| SUCCESS))
+}
+
+pub unsafe fn cudaSetDevice(device: i32) -> u32 {
+    runtime("cudaSetDevice", || {
+        let conn = connection()?;
+        if conn.profile.device(device).is_none() {
+            return Err(INVALID_DEVICE);
+        }
+        state::set_current_device(device);
+        // The server's executor for this thread follows (in order with later calls).
+        // SAFETY: a value argument.
+        Ok(unsafe { crate::runtime::call_on(&conn, &calls::cudaSetDevice__call, &[device as u64]) } as u32)
+    })
+}
+
+fn device_props(version: &'static str, prop: *mut c_void, device: i32) -> u32 {
+    runtime("cudaGetDeviceProperties", || {
+        let conn = connection()?;
+        let d = conn.profile.device(device).ok_or(INVALID_DEVICE)?;
+        if prop.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        // SAFETY: the caller's cudaDeviceProp of its own version's layout.
+        if unsafe { state::device_props(version, d, prop as *mut u8) } { Ok(SUCCESS) } else { Err(INVALID_VALUE) }
+    })
+}
+
+pub unsafe fn cudaGetDeviceProperties__cu118(prop: *mut c_void, device: i32) -> u32 {
+    device_props("11.8", prop, device)
+}
+
+/// libcudart.so.12's `cudaGetDeviceProperties_v2` (12.x headers map the plain name to it).
+pub unsafe fn cudaGetDeviceProperties_v2(prop: *mut c_void, device: i32) -> u32 {
+    device_props("12.8", prop, device)
+}
+
+pub unsafe fn cudaGetDeviceProperties__cu130(prop: *mut c_void, device: i32) -> u32 {
+    device_props("13.0", prop, device)
+}
+
+pub unsafe fn cudaDeviceGetAttribute(value: *mut c_void, attr: u32, device: i32) -> u32 {
+    runtime("cudaDeviceGetAttribute", || {
+        let conn = connection()?;
+        let d = conn.profile.device(device).ok_or(INVALID_DEVICE)?;
+        let v = *d.attributes.get(&(attr as i32)).ok_or(INVALID_VALUE)?;
+        // SAFETY: the caller's int.
+        unsafe { put(value, v) }?;
+        Ok(SUCCESS)
+    })
+}
+
+pub unsafe fn cudaDriverGetVersion(driverVersion: *mut c_void) -> u32 {
+    runtime("cudaDriverGetVersion", || {
+        // "0 if no driver is installed": without a server there is none.
+        let v = conn::get().map(|c| c.profile.driver_version).unwrap_or(0);
+        // SAFETY: the caller's int.
+        unsafe { put(driverVersion, v) }?;
+        Ok(SUCCESS)
+    })
+}
+
+fn runtime_version(version: i32, out: *mut c_void) -> u32 {
+    // SAFETY: the caller's int.
+    runtime("cudaRuntimeGetVersion", || unsafe { put(out, version) }.map(|_| SUCCESS))
+}
+
+pub unsafe fn cudaRuntimeGetVersion__cu118(runtimeVersion: *mut c_void) -> u32 {
+    runtime_version(11080, runtimeVersion)
+}
+
+pub unsafe fn cudaRuntimeGetVersion__cu121(runtimeVersion: *mut c_void) -> u32 {
+    runtime_version(12080, runtimeVersion)
+}
+
+pub unsafe fn cudaRuntimeGetVersion__cu130(runtimeVersion: *mut c_void) -> u32 {
+    runtime_version(13000, runtimeVersion)
+}
+
+pub unsafe fn cudaGetLastError() -> u32 {
+    crate::guard::ffi("cudaGetLastError", SUCCESS, state::take_last_error)
+}
+
+pub unsafe fn cudaPeekAtLastError() -> u32 {
+    crate::guard::ffi("cudaPeekAtLastError", SUCCESS, state::peek_last_error)
+}
+
+// ---- Device memory: forwarded, recorded in the interval map ----
+
+fn record_alloc(status: u32, dev_ptr: *mut c_void, len: u64) {
+    if status == SUCCESS && !dev_ptr.is_null() {
+        // SAFETY: the server just wrote the allocation's address there.
+        let base = unsafe { std::ptr::read_unaligned(dev_ptr as *const u64) };
+        if base != 0 {
+            state::add(base, len, Memory::Device { device: state::current_device() });
+        }
+    }
+}
+
+pub unsafe fn cudaMalloc(devPtr: *mut c_void, size: usize) -> u32 {
+    runtime("cudaMalloc", || {
+        let conn = connection()?;
+        // SAFETY: devPtr is the caller's void**, size a value.
+        let s =
+            unsafe { crate::runtime::call_on(&conn, &calls::cudaMalloc__call, &[devPtr as u64, size as u64]) } as u32;
+        record_alloc(s, devPtr, size as u64);
+        Ok(s)
+    })
+}
+
+fn malloc_async(
+    desc: &'static chidori_protocol::desc::CallDesc,
+    dev_ptr: *mut c_void,
+    size: usize,
+    stream: *mut c_void,
+) -> u32 {
+    runtime("cudaMallocAsync", || {
+        let conn = connection()?;
+        // SAFETY: as cudaMalloc.
+        let s = unsafe { crate::runtime::call_on(&conn, desc, &[dev_ptr as u64, size as u64, stream as u64]) } as u32;
+        record_alloc(s, dev_ptr, size as u64);
+        Ok(s)
+    })
+}
+
+pub unsafe fn cudaMallocAsync(devPtr: *mut c_void, size: usize, hStream: *mut c_void) -> u32 {
+    malloc_async(&calls::cudaMallocAsync__call, devPtr, size, hStream)
+}
+
+pub unsafe fn cudaMallocAsync_ptsz(devPtr: *mut c_void, size: usize, hStream: *mut c_void) -> u32 {
+    malloc_async(&calls::cudaMallocAsync_ptsz__call, devPtr, size, hStream)
+}
+
+pub unsafe fn cudaMallocPitch(devPtr: *mut c_void, pitch: *mut c_void, width: usize, height: usize) -> u32 {
+    runtime("cudaMallocPitch", || {
+        let conn = connection()?;
+        // SAFETY: the caller's void** and size_t*.
+        let s = unsafe {
+            crate::runtime::call_on(
+                &conn,
+                &calls::cudaMallocPitch__call,
+                &[devPtr as u64, pitch as u64, width as u64, height as u64],
+            )
+        } as u32;
+        if s == SUCCESS && !pitch.is_null() {
+            // SAFETY: written by the reply.
+            let p = unsafe { std::ptr::read_unaligned(pitch as *const u64) };
+            record_alloc(s, devPtr, p.saturating_mul(height as u64));
+        }
+        Ok(s)
+    })
+}
+
+fn free(desc: &'static chidori_protocol::desc::CallDesc, args: &[u64]) -> u32 {
+    runtime("cudaFree", || {
+        let conn = connection()?;
+        // SAFETY: a device address and possibly a stream handle, by value.
+        let s = unsafe { crate::runtime::call_on(&conn, desc, args) } as u32;
+        if s == SUCCESS && args[0] != 0 {
+            state::remove(args[0]);
+        }
+        Ok(s)
+    })
+}
+
+/// cudaFree(NULL) is forwarded too: programs call it to create the context.
+pub unsafe fn cudaFree(devPtr: *mut c_void) -> u32 {
+    free(&calls::cudaFree__call, &[devPtr as u64])
+}
+
+pub unsafe fn cudaFreeAsync(devPtr: *mut c_void, hStream: *mut c_void) -> u32 {
+    free(&calls::cudaFreeAsync__call, &[devPtr as u64, hStream as u64])
+}
+
+pub unsafe fn cudaFreeAsync_ptsz(devPtr: *mut c_void, hStream: *mut c_void) -> u32 {
+    free(&calls::cudaFreeAsync_ptsz__call, &[devPtr as u64, hStream as u64])
+}
+
+// ---- Pinned host memory: client memory, recorded as pinned ----
+
+pub unsafe fn cudaMallocHost(ptr: *mut c_void, size: usize) -> u32 {
+    // SAFETY: same contract.
+    unsafe { cudaHostAlloc(ptr, size, 0) }
+}
+
+pub unsafe fn cudaHostAlloc(pHost: *mut c_void, size: usize, flags: u32) -> u32 {
+    runtime("cudaHostAlloc", || {
+        if pHost.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let p = memory::host_alloc(size, flags).ok_or(MEMORY_ALLOCATION)?;
+        // SAFETY: the caller's void**.
+        unsafe { put(pHost, p) }?;
+        Ok(SUCCESS)
+    })
+}
+
+pub unsafe fn cudaFreeHost(ptr: *mut c_void) -> u32 {
+    runtime("cudaFreeHost", || if memory::host_free(ptr) { Ok(SUCCESS) } else { Err(INVALID_VALUE) })
+}
+
+pub unsafe fn cudaHostRegister(ptr: *mut c_void, size: usize, flags: u32) -> u32 {
+    runtime("cudaHostRegister", || {
+        if ptr.is_null() || size == 0 {
+            return Err(INVALID_VALUE);
+        }
+        if state::find(ptr as u64).is_some() || state::find(ptr as u64 + size as u64 - 1).is_some() {
+            return Err(HOST_MEMORY_ALREADY_REGISTERED);
+        }
+        state::add(ptr as u64, size as u64, Memory::Registered { flags });
+        Ok(SUCCESS)
+    })
+}
+
+pub unsafe fn cudaHostUnregister(ptr: *mut c_void) -> u32 {
+    runtime("cudaHostUnregister", || match state::find(ptr as u64) {
+        Some(r) if r.base == ptr as u64 && matches!(r.memory, Memory::Registered { .. }) => {
+            state::remove(r.base);
+            Ok(SUCCESS)
+        }
+        _ => Err(HOST_MEMORY_NOT_REGISTERED),
+    })
+}
+
+pub unsafe fn cudaHostGetFlags(pFlags: *mut c_void, pHost: *mut c_void) -> u32 {
+    runtime("cudaHostGetFlags", || match state::find(pHost as u64).map(|r| r.memory) {
+        // SAFETY: the caller's unsigned int.
+        Some(Memory::Pinned { flags } | Memory::Registered { flags }) => unsafe { put(pFlags, flags) }.map(|_| SUCCESS),
+        _ => Err(INVALID_VALUE),
+    })
+}
+
+/// cudaPointerGetAttributes in the caller's layout (24 bytes before CUDA 13, 88 after).
+fn pointer_attributes(version: &str, attributes: *mut c_void, ptr: *mut c_void) -> u32 {
+    runtime("cudaPointerGetAttributes", || {
+        if attributes.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let map = chidori_cuda::structs::get(version, "cudaPointerAttributes").ok_or(INVALID_VALUE)?;
+        let addr = ptr as u64;
+        // cudaMemoryType: 0 unregistered, 1 host, 2 device; device -2 is cudaInvalidDeviceId.
+        let (kind, device, device_ptr, host_ptr) = match state::find(addr).map(|r| r.memory) {
+            Some(Memory::Device { device }) => (2, device, addr, 0),
+            Some(Memory::Pinned { .. } | Memory::Registered { .. }) => (1, state::current_device(), 0, addr),
+            None => (0, -2, 0, 0),
+        };
+        // SAFETY: the caller's struct of this version's layout.
+        unsafe {
+            state::write_record(map, attributes as *mut u8, |f| match f.name {
+                "type" => Some(PropValue::Int(kind)),
+                "device" => Some(PropValue::Int(i64::from(device))),
+                "devicePointer" => Some(PropValue::Int(device_ptr as i64)),
+                "hostPointer" => Some(PropValue::Int(host_ptr as i64)),
+                _ => None,
+            })
+        };
+        Ok(SUCCESS)
+    })
+}
+
+pub unsafe fn cudaPointerGetAttributes__cu118(attributes: *mut c_void, ptr: *mut c_void) -> u32 {
+    pointer_attributes("11.8", attributes, ptr)
+}
+
+pub unsafe fn cudaPointerGetAttributes__cu130(attributes: *mut c_void, ptr: *mut c_void) -> u32 {
+    pointer_attributes("13.0", attributes, ptr)
+}
+
+// ---- Copies ----
+
+static MEMCPY: CopyForms =
+    CopyForms { h2d: &calls::cudaMemcpy__h2d, d2h: &calls::cudaMemcpy__d2h, d2d: &calls::cudaMemcpy__d2d };
+static MEMCPY_PTDS: CopyForms = CopyForms {
+    h2d: &calls::cudaMemcpy_ptds__h2d,
+    d2h: &calls::cudaMemcpy_ptds__d2h,
+    d2d: &calls::cudaMemcpy_ptds__d2d,
+};
+static MEMCPY_ASYNC: CopyForms = CopyForms {
+    h2d: &calls::cudaMemcpyAsync__h2d,
+    d2h: &calls::cudaMemcpyAsync__d2h,
+    d2d: &calls::cudaMemcpyAsync__d2d,
+};
+static MEMCPY_ASYNC_PTSZ: CopyForms = CopyForms {
+    h2d: &calls::cudaMemcpyAsync_ptsz__h2d,
+    d2h: &calls::cudaMemcpyAsync_ptsz__d2h,
+    d2d: &calls::cudaMemcpyAsync_ptsz__d2d,
+};
+
+fn memcpy(forms: &CopyForms, dst: u64, src: u64, count: u64, kind: u32, tail: &[u64], asynchronous: bool) -> u32 {
+    runtime("cudaMemcpy", || {
+        let direction = memory::direction(kind, dst, src).ok_or(INVALID_MEMCPY_DIRECTION)?;
+        if direction == (false, false) && !asynchronous {
+            // A host-to-host copy needs no server, but is ordered after earlier copies.
+            state::wait_deferred();
+        }
+        let conn = connection()?;
+        // SAFETY: host pointers are the caller's buffers of `count` bytes (CUDA's contract).
+        Ok(unsafe { memory::copy(&conn, forms, dst, src, count, direction, tail, asynchronous) } as u32)
+    })
+}
+
+pub unsafe fn cudaMemcpy(dst: *mut c_void, src: *mut c_void, count: usize, kind: u32) -> u32 {
+    memcpy(&MEMCPY, dst as u64, src as u64, count as u64, kind, &[], false)
+}
+
+pub unsafe fn cudaMemcpy_ptds(dst: *mut c_void, src: *mut c_void, count: usize, kind: u32) -> u32 {
+    memcpy(&MEMCPY_PTDS, dst as u64, src as u64, count as u64, kind, &[], false)
+}
+
+pub unsafe fn cudaMemcpyAsync(dst: *mut c_void, src: *mut c_void, count: usize, kind: u32, stream: *mut c_void) -> u32 {
+    memcpy(&MEMCPY_ASYNC, dst as u64, src as u64, count as u64, kind, &[stream as u64], true)
+}
+
+pub unsafe fn cudaMemcpyAsync_ptsz(
+    dst: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    memcpy(&MEMCPY_ASYNC_PTSZ, dst as u64, src as u64, count as u64, kind, &[stream as u64], true)
+}
+
+// ---- Host callbacks: run on the client, in stream order ----
+
+fn host_function(desc: &'static chidori_protocol::desc::CallDesc, stream: u64, run: conn::CallbackFn) -> u32 {
+    runtime("cudaLaunchHostFunc", || {
+        let conn = connection()?;
+        let id = conn.register_callback(run);
+        // SAFETY: values only: the stream, the callback id in place of the function pointer.
+        let s = unsafe { crate::runtime::call_on(&conn, desc, &[stream, id, 0]) } as u32;
+        if s != SUCCESS {
+            conn.drop_callback(id);
+        }
+        Ok(s)
+    })
+}
+
+type HostFn = unsafe extern "C" fn(*mut c_void);
+type StreamCallback = unsafe extern "C" fn(*mut c_void, u32, *mut c_void);
+
+fn launch_host_func(
+    desc: &'static chidori_protocol::desc::CallDesc,
+    stream: *mut c_void,
+    f: *mut c_void,
+    user: *mut c_void,
+) -> u32 {
+    if f.is_null() {
+        return INVALID_VALUE;
+    }
+    let (f, user) = (f as usize, user as usize);
+    host_function(
+        desc,
+        stream as u64,
+        Box::new(move |_status| {
+            // SAFETY: the program's cudaHostFn_t and its user data, called as CUDA would.
+            unsafe { std::mem::transmute::<usize, HostFn>(f)(user as *mut c_void) }
+        }),
+    )
+}
+
+pub unsafe fn cudaLaunchHostFunc(stream: *mut c_void, r#fn: *mut c_void, userData: *mut c_void) -> u32 {
+    launch_host_func(&calls::cudaLaunchHostFunc__host, stream, r#fn, userData)
+}
+
+pub unsafe fn cudaLaunchHostFunc_ptsz(stream: *mut c_void, r#fn: *mut c_void, userData: *mut c_void) -> u32 {
+    launch_host_func(&calls::cudaLaunchHostFunc_ptsz__host, stream, r#fn, userData)
+}
+
+fn stream_callback(
+    desc: &'static chidori_protocol::desc::CallDesc,
+    stream: *mut c_void,
+    cb: *mut c_void,
+    user: *mut c_void,
+) -> u32 {
+    if cb.is_null() {
+        return INVALID_VALUE;
+    }
+    let (s, cb, user) = (stream as usize, cb as usize, user as usize);
+    host_function(
+        desc,
+        s as u64,
+        Box::new(move |status| {
+            // SAFETY: the program's cudaStreamCallback_t, called with CUDA's arguments.
+            unsafe {
+                std::mem::transmute::<usize, StreamCallback>(cb)(s as *mut c_void, status as u32, user as *mut c_void)
+            }
+        }),
+    )
+}
+
+pub unsafe fn cudaStreamAddCallback(
+    stream: *mut c_void,
+    callback: *mut c_void,
+    userData: *mut c_void,
+    flags: u32,
+) -> u32 {
+    let _ = flags;
+    stream_callback(&calls::cudaStreamAddCallback__host, stream, callback, userData)
+}
+
+pub unsafe fn cudaStreamAddCallback_ptsz(
+    stream: *mut c_void,
+    callback: *mut c_void,
+    userData: *mut c_void,
+    flags: u32,
+) -> u32 {
+    let _ = flags;
+    stream_callback(&calls::cudaStreamAddCallback_ptsz__host, stream, callback, userData)
+}
+
+/// Kernel attributes need the kernel's module on the server (issue 4); unknown functions
+/// are cudaErrorInvalidDeviceFunction as in CUDA.
+fn func_attributes(attr: *mut c_void, func: *mut c_void) -> u32 {
+    runtime("cudaFuncGetAttributes", || {
+        if attr.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        match registry::kernel_by_host_fun(func as usize) {
+            Some(_) => Err(INVALID_DEVICE_FUNCTION),
+            None => Err(INVALID_DEVICE_FUNCTION),
+        }
+    })
+}
+
+pub unsafe fn cudaFuncGetAttributes__cu118(attr: *mut c_void, func: *mut c_void) -> u32 {
+    func_attributes(attr, func)
+}
+
+pub unsafe fn cudaFuncGetAttributes__cu121(attr: *mut c_void, func: *mut c_void) -> u32 {
+    func_attributes(attr, func)
 }
 
 /// # Safety

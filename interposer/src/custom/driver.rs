@@ -1,5 +1,8 @@
 //! Hand-written driver API functions.
-#![allow(non_snake_case)]
+//!
+//! Every `unsafe fn` here has the safety contract of the CUDA function of the same name:
+//! pointer arguments must be what that function's documentation requires.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::ffi::c_void;
 
@@ -38,4 +41,393 @@ pub unsafe fn cuGetErrorName(error: u32, pStr: *mut c_void) -> u32 {
 /// `pStr` must be null or point to writable `const char*` storage.
 pub unsafe fn cuGetErrorString(error: u32, pStr: *mut c_void) -> u32 {
     lookup(error, false, pStr)
+}
+
+// ---- Devices, answered from the handshake's profile ----
+
+use std::sync::Arc;
+
+use chidori_cuda::calls::driver as calls;
+
+use crate::conn::{self, Conn};
+use crate::custom::memory;
+use crate::state::{self, Memory};
+
+const SUCCESS: u32 = 0;
+const OUT_OF_MEMORY: u32 = 2;
+const NO_DEVICE: u32 = 100;
+const INVALID_DEVICE: u32 = 101;
+const HOST_MEMORY_ALREADY_REGISTERED: u32 = 712;
+const HOST_MEMORY_NOT_REGISTERED: u32 = 713;
+
+fn connection() -> Result<Arc<Conn>, u32> {
+    conn::get().map_err(|_| NO_DEVICE)
+}
+
+fn driver(name: &'static str, body: impl FnOnce() -> Result<u32, u32>) -> u32 {
+    crate::guard::ffi(name, INVALID_VALUE, || {
+        crate::trace::local(name);
+        body().unwrap_or_else(|e| e)
+    })
+}
+
+/// # Safety
+/// `p` must be null or writable for a `T`.
+unsafe fn put<T>(p: *mut c_void, v: T) -> Result<u32, u32> {
+    if p.is_null() {
+        return Err(INVALID_VALUE);
+    }
+    // SAFETY: per the contract.
+    unsafe { std::ptr::write_unaligned(p as *mut T, v) };
+    Ok(SUCCESS)
+}
+
+pub unsafe fn cuDeviceGetCount(count: *mut c_void) -> u32 {
+    driver("cuDeviceGetCount", || {
+        let n = connection().map(|c| c.profile.devices.len() as i32);
+        // SAFETY: the caller's int.
+        unsafe { put(count, *n.as_ref().unwrap_or(&0)) }?;
+        n.map(|_| SUCCESS)
+    })
+}
+
+pub unsafe fn cuDeviceGet(device: *mut c_void, ordinal: i32) -> u32 {
+    driver("cuDeviceGet", || {
+        connection()?.profile.device(ordinal).ok_or(INVALID_DEVICE)?;
+        // SAFETY: the caller's CUdevice (int).
+        unsafe { put(device, ordinal) }
+    })
+}
+
+pub unsafe fn cuDeviceGetName(name: *mut c_void, len: i32, dev: i32) -> u32 {
+    driver("cuDeviceGetName", || {
+        let conn = connection()?;
+        let d = conn.profile.device(dev).ok_or(INVALID_DEVICE)?;
+        if name.is_null() || len <= 0 {
+            return Err(INVALID_VALUE);
+        }
+        let n = d.name.len().min(len as usize - 1);
+        // SAFETY: the caller's buffer of `len` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(d.name.as_ptr(), name as *mut u8, n);
+            *(name as *mut u8).add(n) = 0;
+        }
+        Ok(SUCCESS)
+    })
+}
+
+pub unsafe fn cuDeviceGetAttribute(pi: *mut c_void, attrib: u32, dev: i32) -> u32 {
+    driver("cuDeviceGetAttribute", || {
+        let conn = connection()?;
+        let d = conn.profile.device(dev).ok_or(INVALID_DEVICE)?;
+        let v = *d.attributes.get(&(attrib as i32)).ok_or(INVALID_VALUE)?;
+        // SAFETY: the caller's int.
+        unsafe { put(pi, v) }
+    })
+}
+
+pub unsafe fn cuDeviceTotalMem_v2(bytes: *mut c_void, dev: i32) -> u32 {
+    driver("cuDeviceTotalMem_v2", || {
+        let conn = connection()?;
+        let d = conn.profile.device(dev).ok_or(INVALID_DEVICE)?;
+        // SAFETY: the caller's size_t.
+        unsafe { put(bytes, d.total_mem as usize) }
+    })
+}
+
+fn uuid(out: *mut c_void, dev: i32) -> u32 {
+    driver("cuDeviceGetUuid", || {
+        let conn = connection()?;
+        let d = conn.profile.device(dev).ok_or(INVALID_DEVICE)?;
+        // SAFETY: the caller's CUuuid (16 bytes).
+        unsafe { put(out, d.uuid) }
+    })
+}
+
+pub unsafe fn cuDeviceGetUuid(uuid_out: *mut c_void, dev: i32) -> u32 {
+    uuid(uuid_out, dev)
+}
+
+pub unsafe fn cuDeviceGetUuid_v2(uuid_out: *mut c_void, dev: i32) -> u32 {
+    uuid(uuid_out, dev)
+}
+
+pub unsafe fn cuDriverGetVersion(driverVersion: *mut c_void) -> u32 {
+    driver("cuDriverGetVersion", || {
+        let v = connection()?.profile.driver_version;
+        // SAFETY: the caller's int.
+        unsafe { put(driverVersion, v) }
+    })
+}
+
+pub unsafe fn cuDeviceComputeCapability(major: *mut c_void, minor: *mut c_void, dev: i32) -> u32 {
+    driver("cuDeviceComputeCapability", || {
+        let conn = connection()?;
+        let d = conn.profile.device(dev).ok_or(INVALID_DEVICE)?;
+        // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
+        let (a, b) = (d.attributes.get(&75).copied().unwrap_or(0), d.attributes.get(&76).copied().unwrap_or(0));
+        // SAFETY: the caller's ints.
+        unsafe {
+            put(major, a)?;
+            put(minor, b)
+        }
+    })
+}
+
+// ---- Memory ----
+
+pub unsafe fn cuMemAlloc_v2(dptr: *mut c_void, bytesize: usize) -> u32 {
+    driver("cuMemAlloc_v2", || {
+        let conn = connection()?;
+        // SAFETY: the caller's CUdeviceptr*, a size.
+        let s = unsafe { crate::runtime::call_on(&conn, &calls::cuMemAlloc_v2__call, &[dptr as u64, bytesize as u64]) }
+            as u32;
+        if s == SUCCESS && !dptr.is_null() {
+            // SAFETY: written by the reply.
+            let base = unsafe { std::ptr::read_unaligned(dptr as *const u64) };
+            state::add(base, bytesize as u64, Memory::Device { device: state::current_device() });
+        }
+        Ok(s)
+    })
+}
+
+pub unsafe fn cuMemFree_v2(dptr: u64) -> u32 {
+    driver("cuMemFree_v2", || {
+        let conn = connection()?;
+        // SAFETY: a device address by value.
+        let s = unsafe { crate::runtime::call_on(&conn, &calls::cuMemFree_v2__call, &[dptr]) } as u32;
+        if s == SUCCESS {
+            state::remove(dptr);
+        }
+        Ok(s)
+    })
+}
+
+pub unsafe fn cuMemAllocHost_v2(pp: *mut c_void, bytesize: usize) -> u32 {
+    // SAFETY: same contract.
+    unsafe { cuMemHostAlloc(pp, bytesize, 0) }
+}
+
+pub unsafe fn cuMemHostAlloc(pp: *mut c_void, bytesize: usize, Flags: u32) -> u32 {
+    driver("cuMemHostAlloc", || {
+        if pp.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let p = memory::host_alloc(bytesize, Flags).ok_or(OUT_OF_MEMORY)?;
+        // SAFETY: the caller's void**.
+        unsafe { put(pp, p) }
+    })
+}
+
+pub unsafe fn cuMemFreeHost(p: *mut c_void) -> u32 {
+    driver("cuMemFreeHost", || if memory::host_free(p) { Ok(SUCCESS) } else { Err(INVALID_VALUE) })
+}
+
+pub unsafe fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, Flags: u32) -> u32 {
+    driver("cuMemHostRegister_v2", || {
+        if p.is_null() || bytesize == 0 {
+            return Err(INVALID_VALUE);
+        }
+        if state::find(p as u64).is_some() {
+            return Err(HOST_MEMORY_ALREADY_REGISTERED);
+        }
+        state::add(p as u64, bytesize as u64, Memory::Registered { flags: Flags });
+        Ok(SUCCESS)
+    })
+}
+
+pub unsafe fn cuMemHostUnregister(p: *mut c_void) -> u32 {
+    driver("cuMemHostUnregister", || match state::find(p as u64) {
+        Some(r) if r.base == p as u64 && matches!(r.memory, Memory::Registered { .. }) => {
+            state::remove(r.base);
+            Ok(SUCCESS)
+        }
+        _ => Err(HOST_MEMORY_NOT_REGISTERED),
+    })
+}
+
+/// Answered from the interval map: Triton asks this for every pointer argument of every
+/// launch, so it must cost no round trip.
+pub unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: u32, ptr: u64) -> u32 {
+    driver("cuPointerGetAttribute", || {
+        let range = state::find(ptr).ok_or(INVALID_VALUE)?;
+        let device = match range.memory {
+            Memory::Device { device } => Some(device),
+            _ => None,
+        };
+        // SAFETY (all arms): `data` is the caller's storage of the attribute's type.
+        unsafe {
+            match attribute {
+                // MEMORY_TYPE: CU_MEMORYTYPE_HOST 1, DEVICE 2.
+                2 => put(data, if device.is_some() { 2u32 } else { 1u32 }),
+                // DEVICE_POINTER / HOST_POINTER.
+                3 => put(data, if device.is_some() { ptr } else { 0 }),
+                4 => put(data, if device.is_some() { 0 } else { ptr }),
+                // IS_MANAGED, MAPPED.
+                8 => put(data, 0u32),
+                13 => put(data, u32::from(device.is_some())),
+                // DEVICE_ORDINAL.
+                9 => put(data, device.unwrap_or(state::current_device())),
+                // RANGE_START_ADDR, RANGE_SIZE.
+                11 => put(data, range.base),
+                12 => put(data, range.len as usize),
+                _ => Err(INVALID_VALUE),
+            }
+        }
+    })
+}
+
+// ---- Copies, in chunks ----
+
+fn copy(
+    name: &'static str,
+    desc: &'static chidori_protocol::desc::CallDesc,
+    dst: u64,
+    src: u64,
+    n: u64,
+    tail: &[u64],
+) -> u32 {
+    driver(name, || {
+        let conn = connection()?;
+        let chunks: Vec<Vec<u64>> = (0..n.max(1))
+            .step_by(memory::CHUNK as usize)
+            .map(|off| {
+                let mut a = vec![dst + off, src + off, memory::CHUNK.min(n - off)];
+                a.extend_from_slice(tail);
+                a
+            })
+            .collect();
+        if n == 0 {
+            return Ok(SUCCESS);
+        }
+        // SAFETY: host pointers are the caller's buffers of `n` bytes (CUDA's contract).
+        Ok(unsafe { crate::runtime::call_pipelined(&conn, desc, &chunks) } as u32)
+    })
+}
+
+pub unsafe fn cuMemcpyHtoD_v2(dstDevice: u64, srcHost: *mut c_void, ByteCount: usize) -> u32 {
+    copy("cuMemcpyHtoD_v2", &calls::cuMemcpyHtoD_v2__call, dstDevice, srcHost as u64, ByteCount as u64, &[])
+}
+
+pub unsafe fn cuMemcpyHtoD_v2_ptds(dstDevice: u64, srcHost: *mut c_void, ByteCount: usize) -> u32 {
+    copy("cuMemcpyHtoD_v2", &calls::cuMemcpyHtoD_v2_ptds__call, dstDevice, srcHost as u64, ByteCount as u64, &[])
+}
+
+pub unsafe fn cuMemcpyDtoH_v2(dstHost: *mut c_void, srcDevice: u64, ByteCount: usize) -> u32 {
+    copy("cuMemcpyDtoH_v2", &calls::cuMemcpyDtoH_v2__call, dstHost as u64, srcDevice, ByteCount as u64, &[])
+}
+
+pub unsafe fn cuMemcpyDtoH_v2_ptds(dstHost: *mut c_void, srcDevice: u64, ByteCount: usize) -> u32 {
+    copy("cuMemcpyDtoH_v2", &calls::cuMemcpyDtoH_v2_ptds__call, dstHost as u64, srcDevice, ByteCount as u64, &[])
+}
+
+pub unsafe fn cuMemcpyHtoDAsync_v2(
+    dstDevice: u64,
+    srcHost: *mut c_void,
+    ByteCount: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    copy(
+        "cuMemcpyHtoDAsync_v2",
+        &calls::cuMemcpyHtoDAsync_v2__call,
+        dstDevice,
+        srcHost as u64,
+        ByteCount as u64,
+        &[hStream as u64],
+    )
+}
+
+pub unsafe fn cuMemcpyHtoDAsync_v2_ptsz(
+    dstDevice: u64,
+    srcHost: *mut c_void,
+    ByteCount: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    copy(
+        "cuMemcpyHtoDAsync_v2",
+        &calls::cuMemcpyHtoDAsync_v2_ptsz__call,
+        dstDevice,
+        srcHost as u64,
+        ByteCount as u64,
+        &[hStream as u64],
+    )
+}
+
+fn copy_dtoh_async(desc: &'static chidori_protocol::desc::CallDesc, dst: u64, src: u64, n: u64, stream: u64) -> u32 {
+    if !state::is_pinned(dst) {
+        // Pageable destination: synchronous, as in CUDA.
+        return copy("cuMemcpyDtoHAsync_v2", desc, dst, src, n, &[stream]);
+    }
+    driver("cuMemcpyDtoHAsync_v2", || {
+        let conn = connection()?;
+        for off in (0..n).step_by(memory::CHUNK as usize) {
+            let a = [dst + off, src + off, memory::CHUNK.min(n - off), stream];
+            // SAFETY: the pinned destination stays valid until the program synchronizes.
+            if unsafe { crate::runtime::send_deferred(&conn, desc, &a) }.is_none() {
+                return Err(NO_DEVICE);
+            }
+        }
+        Ok(SUCCESS)
+    })
+}
+
+pub unsafe fn cuMemcpyDtoHAsync_v2(
+    dstHost: *mut c_void,
+    srcDevice: u64,
+    ByteCount: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    copy_dtoh_async(&calls::cuMemcpyDtoHAsync_v2__call, dstHost as u64, srcDevice, ByteCount as u64, hStream as u64)
+}
+
+pub unsafe fn cuMemcpyDtoHAsync_v2_ptsz(
+    dstHost: *mut c_void,
+    srcDevice: u64,
+    ByteCount: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    copy_dtoh_async(
+        &calls::cuMemcpyDtoHAsync_v2_ptsz__call,
+        dstHost as u64,
+        srcDevice,
+        ByteCount as u64,
+        hStream as u64,
+    )
+}
+
+// ---- Host functions ----
+
+type HostFn = unsafe extern "C" fn(*mut c_void);
+
+fn launch_host_func(
+    desc: &'static chidori_protocol::desc::CallDesc,
+    stream: *mut c_void,
+    f: *mut c_void,
+    user: *mut c_void,
+) -> u32 {
+    driver("cuLaunchHostFunc", || {
+        if f.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let conn = connection()?;
+        let (f, user) = (f as usize, user as usize);
+        let id = conn.register_callback(Box::new(move |_status| {
+            // SAFETY: the program's CUhostFn and its user data, called as the driver would.
+            unsafe { std::mem::transmute::<usize, HostFn>(f)(user as *mut c_void) }
+        }));
+        // SAFETY: values only: the stream, the callback id in place of the function.
+        let s = unsafe { crate::runtime::call_on(&conn, desc, &[stream as u64, id, 0]) } as u32;
+        if s != SUCCESS {
+            conn.drop_callback(id);
+        }
+        Ok(s)
+    })
+}
+
+pub unsafe fn cuLaunchHostFunc(hStream: *mut c_void, r#fn: *mut c_void, userData: *mut c_void) -> u32 {
+    launch_host_func(&calls::cuLaunchHostFunc__host, hStream, r#fn, userData)
+}
+
+pub unsafe fn cuLaunchHostFunc_ptsz(hStream: *mut c_void, r#fn: *mut c_void, userData: *mut c_void) -> u32 {
+    launch_host_func(&calls::cuLaunchHostFunc_ptsz__host, hStream, r#fn, userData)
 }

@@ -4,3 +4,4 @@
 
 pub mod cudart;
 pub mod driver;
+pub mod memory;

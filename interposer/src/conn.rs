@@ -1,0 +1,540 @@
+//! The connection to `chidori serve`: made lazily on the first call that needs the server,
+//! once per process (a forked child makes its own). Application threads write whole frames
+//! themselves, under one lock, with vectored writes straight from their buffers; one mio
+//! I/O thread reads, delivers replies (writing outputs into the caller's memory), runs the
+//! heartbeat, and answers the server's pings and host-callback requests.
+
+use std::collections::HashMap;
+use std::io::{IoSlice, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use chidori_protocol::frame::{self, Frame, FrameError, HEADER_LEN, Header, Kind};
+use chidori_protocol::messages::{self, AsyncError, Goodbye, Hello, HostCallback, Refuse, Reply, Welcome};
+use chidori_protocol::{PROTOCOL_VERSION, env};
+
+/// Where a reply's output bytes go: the caller's memory.
+#[derive(Clone, Copy)]
+pub struct OutTarget {
+    pub param: usize,
+    pub ptr: usize,
+    pub len: usize,
+}
+
+/// The outcome of a call: the raw return value, or why there is none.
+pub type Outcome = Result<u64, String>;
+
+pub struct Slot {
+    done: Mutex<Option<Outcome>>,
+    ready: Condvar,
+}
+
+impl Slot {
+    fn new() -> Arc<Slot> {
+        Arc::new(Slot { done: Mutex::new(None), ready: Condvar::new() })
+    }
+
+    fn complete(&self, outcome: Outcome) {
+        let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        *d = Some(outcome);
+        self.ready.notify_all();
+    }
+
+    /// Wait for the reply; spins briefly first, since loopback replies come within tens of µs.
+    pub fn wait(&self) -> Outcome {
+        let start = Instant::now();
+        loop {
+            if let Ok(mut d) = self.done.try_lock()
+                && let Some(o) = d.take()
+            {
+                return o;
+            }
+            if start.elapsed() > Duration::from_micros(50) {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(o) = d.take() {
+                return o;
+            }
+            d = self.ready.wait(d).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+struct Pending {
+    slot: Arc<Slot>,
+    outs: Vec<OutTarget>,
+}
+
+/// Host callbacks waiting to run: id → (function, user data, kind).
+pub type CallbackFn = Box<dyn FnOnce(i64) + Send>;
+
+pub struct Conn {
+    pub server: String,
+    pub welcome: Welcome,
+    pub profile: crate::state::Profile,
+    pid: u32,
+    writer: Mutex<TcpStream>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    next_seq: AtomicU64,
+    broken: OnceLock<String>,
+    /// Deferred statuses of failed asynchronous calls, per library, reported by the next
+    /// synchronizing call of that library.
+    deferred: Mutex<Vec<(&'static str, i64)>>,
+    callbacks: Mutex<HashMap<u64, CallbackFn>>,
+    next_callback: AtomicU64,
+    callback_queue: Mutex<std::sync::mpsc::Sender<(u64, u64, i64)>>,
+    last_heard: Mutex<Instant>,
+}
+
+static CONN: Mutex<Option<Result<Arc<Conn>, String>>> = Mutex::new(None);
+
+/// The process's connection, made on first use. Err: why there is none (logged once).
+pub fn get() -> Result<Arc<Conn>, String> {
+    let mut slot = CONN.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(existing) = slot.as_ref() {
+        match existing {
+            // A forked child must not write into its parent's connection.
+            Ok(c) if c.pid != std::process::id() => {}
+            other => return other.clone(),
+        }
+    }
+    let made = connect().map(Arc::new);
+    if let Err(e) = &made {
+        tracing::error!("{e}");
+    }
+    if let Ok(c) = &made {
+        start_io_thread(c.clone());
+        crate::trace::register_exit_report();
+    }
+    *slot = Some(made.clone());
+    made
+}
+
+/// The connection if one was already made (no connecting), for cheap checks.
+pub fn existing() -> Option<Arc<Conn>> {
+    CONN.lock().ok()?.as_ref()?.as_ref().ok().cloned()
+}
+
+fn server_address() -> Result<String, String> {
+    let server = std::env::var(env::SERVER).map_err(|_| {
+        format!("no Chidori server configured ({} is unset): run the program with `chidori run -s HOST`", env::SERVER)
+    })?;
+    Ok(if server.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
+        server
+    } else {
+        format!("{server}:{}", env::DEFAULT_PORT)
+    })
+}
+
+fn heartbeat() -> Duration {
+    let secs = std::env::var(env::HEARTBEAT_SECS).ok().and_then(|s| s.parse().ok()).unwrap_or(5u64);
+    Duration::from_secs(secs.max(1))
+}
+
+fn connect() -> Result<Conn, String> {
+    let server = server_address()?;
+    let addrs: Vec<_> =
+        server.to_socket_addrs().map_err(|e| format!("cannot resolve Chidori server {server}: {e}"))?.collect();
+    let mut last = None;
+    let mut stream = None;
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, Duration::from_secs(5)) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let stream = stream.ok_or_else(|| {
+        format!(
+            "cannot reach Chidori server {server}: {} (is `chidori serve` running there, and the port open?)",
+            last.map(|e| e.to_string()).unwrap_or_else(|| "no address".into())
+        )
+    })?;
+    stream.set_nodelay(true).ok();
+    let hello = Hello {
+        protocol: PROTOCOL_VERSION,
+        schema: chidori_cuda::calls::SCHEMA_HASH,
+        client_version: env!("CARGO_PKG_VERSION").to_owned(),
+        pid: std::process::id(),
+        host: hostname(),
+        program: std::env::args().collect::<Vec<_>>().join(" "),
+    };
+    let bytes =
+        frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &messages::encode(&hello), &[]).map_err(|e| e.to_string())?;
+    (&stream).write_all(&bytes).map_err(|e| format!("Chidori server {server}: {e}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(60))).ok();
+    let frame = read_blocking(&mut &stream).map_err(|e| match e {
+        FrameError::Version { got } => format!(
+            "Chidori server {server} speaks protocol {got}, this client {PROTOCOL_VERSION}: install the same Chidori release on both machines"
+        ),
+        other => format!("Chidori server {server}: {other}"),
+    })?;
+    let welcome: Welcome = match frame.header.kind {
+        Kind::Welcome => messages::decode(&frame, "welcome").map_err(|e| format!("Chidori server {server}: {e}"))?,
+        Kind::Refuse => {
+            let refuse: Refuse =
+                messages::decode(&frame, "refusal").map_err(|e| format!("Chidori server {server}: {e}"))?;
+            return Err(format!("Chidori server {server} refused the session: {}", refuse.message));
+        }
+        other => return Err(format!("Chidori server {server} answered {other:?} to hello")),
+    };
+    if welcome.devices.is_empty() {
+        return Err(format!("Chidori server {server} has no GPU"));
+    }
+    tracing::info!(
+        "connected to Chidori server {server} ({} backend, {}, driver {})",
+        welcome.backend,
+        welcome.devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", "),
+        welcome.driver_version
+    );
+    stream.set_read_timeout(None).ok();
+    stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let conn = Conn {
+        server,
+        profile: crate::state::Profile::from_welcome(&welcome),
+        welcome,
+        pid: std::process::id(),
+        writer: Mutex::new(stream),
+        pending: Mutex::new(HashMap::new()),
+        next_seq: AtomicU64::new(1),
+        broken: OnceLock::new(),
+        deferred: Mutex::new(Vec::new()),
+        callbacks: Mutex::new(HashMap::new()),
+        next_callback: AtomicU64::new(1),
+        callback_queue: Mutex::new(tx),
+        last_heard: Mutex::new(Instant::now()),
+    };
+    start_callback_thread(rx);
+    Ok(conn)
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is writable for its length; gethostname NUL-terminates within it.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "?".into();
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+fn read_blocking(r: &mut impl Read) -> Result<Frame, FrameError> {
+    let mut head = [0u8; HEADER_LEN];
+    r.read_exact(&mut head).map_err(|_| FrameError::Truncated("header (the server closed the connection)"))?;
+    let header = Header::decode(&head)?;
+    let mut rest = vec![0u8; header.archive_len as usize + header.bulk_len as usize];
+    r.read_exact(&mut rest).map_err(|_| FrameError::Truncated("frame"))?;
+    let mut full = head.to_vec();
+    full.extend_from_slice(&rest);
+    Frame::decode(&full).map(|(f, _)| f)
+}
+
+impl Conn {
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.get().map(String::as_str)
+    }
+
+    fn fail(&self, reason: String) {
+        if self.broken.set(reason.clone()).is_ok() {
+            tracing::error!("{reason}; CUDA calls fail from now on");
+        }
+        let pending: Vec<Pending> =
+            self.pending.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, p)| p).collect();
+        for p in pending {
+            p.slot.complete(Err(reason.clone()));
+        }
+    }
+
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Expect a reply to `seq`: the I/O thread writes its outputs to `outs` and completes
+    /// the returned slot. Register before sending, so a fast reply finds it.
+    pub fn expect(&self, seq: u64, outs: Vec<OutTarget>) -> Arc<Slot> {
+        let slot = Slot::new();
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(seq, Pending { slot: slot.clone(), outs });
+        if let Some(reason) = self.broken() {
+            slot.complete(Err(reason.to_owned()));
+        }
+        slot
+    }
+
+    pub fn forget(&self, seq: u64) {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&seq);
+    }
+
+    /// Send one frame: header, archive and the bulk parts, in one vectored write where the
+    /// socket takes it (waiting for room otherwise). Frames never interleave.
+    pub fn send(&self, header: Header, archive: &[u8], bulk: &[&[u8]]) -> Result<(), String> {
+        if let Some(reason) = self.broken() {
+            return Err(reason.to_owned());
+        }
+        let total: usize = bulk.iter().map(|b| b.len()).sum();
+        // A frame over the limits is this call's error, not the connection's.
+        let head = frame::assemble(header, archive, total).map_err(|e| e.to_string())?;
+        let mut slices = Vec::with_capacity(2 + bulk.len());
+        slices.push(IoSlice::new(&head));
+        slices.push(IoSlice::new(archive));
+        slices.extend(bulk.iter().map(|b| IoSlice::new(b)));
+        let stream = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let result = write_vectored_all(&stream, &mut slices);
+        drop(stream);
+        result.map_err(|e| {
+            let reason = format!("lost the connection to Chidori server {}: {e}", self.server);
+            self.fail(reason.clone());
+            reason
+        })
+    }
+
+    pub fn defer_error(&self, library: &'static str, status: i64) {
+        self.deferred.lock().unwrap_or_else(|p| p.into_inner()).push((library, status));
+    }
+
+    /// The first deferred status of `library`, removed.
+    pub fn take_deferred(&self, library: &str) -> Option<i64> {
+        let mut d = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        let i = d.iter().position(|(l, _)| *l == library)?;
+        Some(d.remove(i).1)
+    }
+
+    pub fn register_callback(&self, f: CallbackFn) -> u64 {
+        let id = self.next_callback.fetch_add(1, Ordering::Relaxed);
+        self.callbacks.lock().unwrap_or_else(|p| p.into_inner()).insert(id, f);
+        id
+    }
+
+    pub fn drop_callback(&self, id: u64) {
+        self.callbacks.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+    }
+}
+
+/// Write every slice; on a full socket buffer wait until it has room.
+fn write_vectored_all(mut stream: &TcpStream, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+    IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        match stream.write_vectored(slices) {
+            Ok(0) => return Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "connection closed")),
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let mut pfd = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+                // SAFETY: one valid pollfd; a timeout bounds the wait.
+                let rc = unsafe { libc::poll(&mut pfd, 1, 30_000) };
+                if rc == 0 {
+                    return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the server accepts no data"));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn start_io_thread(conn: Arc<Conn>) {
+    let spawned = std::thread::Builder::new().name("chidori-io".into()).spawn(move || {
+        if let Err(reason) = io_loop(&conn) {
+            conn.fail(reason);
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::error!("cannot start the Chidori I/O thread: {e}");
+    }
+}
+
+const SOCKET: mio::Token = mio::Token(0);
+
+fn io_loop(conn: &Arc<Conn>) -> Result<(), String> {
+    let std_stream = conn.writer.lock().unwrap_or_else(|p| p.into_inner()).try_clone().map_err(|e| e.to_string())?;
+    let mut stream = mio::net::TcpStream::from_std(std_stream);
+    let mut poll = mio::Poll::new().map_err(|e| e.to_string())?;
+    poll.registry().register(&mut stream, SOCKET, mio::Interest::READABLE).map_err(|e| e.to_string())?;
+    let mut events = mio::Events::with_capacity(16);
+    let mut decoder = Decoder::default();
+    let heartbeat = heartbeat();
+    let mut pinged = 0;
+    loop {
+        if let Err(e) = poll.poll(&mut events, Some(heartbeat)) {
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e.to_string());
+        }
+        if events.is_empty() {
+            // Silence: ask whether the server is alive; three unanswered pings end it.
+            let silent = conn.last_heard.lock().unwrap_or_else(|p| p.into_inner()).elapsed();
+            if silent >= heartbeat {
+                pinged += 1;
+                if pinged > 3 {
+                    return Err(format!(
+                        "Chidori server {} stopped answering (no heartbeat for {} s)",
+                        conn.server,
+                        silent.as_secs()
+                    ));
+                }
+                conn.send(Header::new(Kind::Ping, 0, 0, 0), &[], &[])?;
+            }
+            continue;
+        }
+        loop {
+            match decoder.fill(&mut stream) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => return Err(format!("lost the connection to Chidori server {}: {e}", conn.server)),
+            }
+            while let Some(frame) =
+                decoder.next().map_err(|e| format!("Chidori server {} sent a bad frame: {e}", conn.server))?
+            {
+                pinged = 0;
+                *conn.last_heard.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                handle(conn, frame)?;
+            }
+        }
+    }
+}
+
+fn handle(conn: &Arc<Conn>, frame: Frame) -> Result<(), String> {
+    match frame.header.kind {
+        Kind::Reply => {
+            let pending = conn.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&frame.header.seq);
+            let Some(pending) = pending else {
+                return Err(format!(
+                    "Chidori server {} answered a call never made (seq {})",
+                    conn.server, frame.header.seq
+                ));
+            };
+            let reply = messages::access::<Reply>(&frame, "reply").map_err(|e| e.to_string())?;
+            let lens: Vec<u64> = reply.lens.iter().map(|l| l.to_native()).collect();
+            let parts = frame.split_bulk(lens.iter().copied()).map_err(|e| e.to_string())?;
+            for out in &pending.outs {
+                let Some(bytes) = parts.get(out.param) else { continue };
+                let n = bytes.len().min(out.len);
+                // SAFETY: `ptr` is the caller's output buffer of `len` bytes; the caller is
+                // blocked waiting for this reply (or, for deferred copies, promised not to
+                // touch it before synchronizing).
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.ptr as *mut u8, n) };
+            }
+            if let Some(message) = reply.error.as_ref() {
+                crate::log::once_owned(message.as_str(), || tracing::warn!("server: {message}"));
+            }
+            pending.slot.complete(Ok(reply.ret.to_native()));
+        }
+        Kind::AsyncError => {
+            let err: AsyncError = messages::decode(&frame, "async error").map_err(|e| e.to_string())?;
+            let library =
+                chidori_cuda::calls::VARIANTS.get(frame.header.call as usize).map(|d| d.library).unwrap_or("cudart");
+            if let Some(m) = &err.message {
+                tracing::debug!("server: {m}");
+            }
+            conn.defer_error(library, err.status);
+        }
+        Kind::Ping => conn.send(Header::new(Kind::Pong, 0, 0, frame.header.seq), &[], &[])?,
+        Kind::Pong => {}
+        Kind::HostCallback => {
+            let cb: HostCallback = messages::decode(&frame, "host callback").map_err(|e| e.to_string())?;
+            let queue = conn.callback_queue.lock().unwrap_or_else(|p| p.into_inner());
+            queue.send((cb.id, cb.token, cb.status)).map_err(|_| "the callback thread is gone".to_owned())?;
+        }
+        Kind::Goodbye => {
+            let bye: Goodbye = messages::decode(&frame, "goodbye").map_err(|e| e.to_string())?;
+            return Err(format!("Chidori server {} ended the session: {}", conn.server, bye.reason));
+        }
+        other => return Err(format!("unexpected {other:?} frame from the server")),
+    }
+    Ok(())
+}
+
+/// Host callbacks run here, one at a time in arrival order (the order of their streams),
+/// never on the I/O thread.
+fn start_callback_thread(rx: std::sync::mpsc::Receiver<(u64, u64, i64)>) {
+    let _ = std::thread::Builder::new().name("chidori-callback".into()).spawn(move || {
+        while let Ok((id, token, status)) = rx.recv() {
+            let Some(conn) = existing() else { continue };
+            let f = conn.callbacks.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            if let Some(f) = f {
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(status)));
+            }
+            let done = messages::HostCallbackDone { token };
+            let _ = conn.send(Header::new(Kind::HostCallbackDone, 0, 0, 0), &messages::encode(&done), &[]);
+        }
+    });
+}
+
+/// Incremental frame decoding from a non-blocking socket: `buf[start..end]` holds bytes
+/// received but not yet decoded.
+struct Decoder {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl Default for Decoder {
+    fn default() -> Self {
+        Decoder { buf: vec![0; 1 << 20], start: 0, end: 0 }
+    }
+}
+
+impl Decoder {
+    /// Read what is available. Ok(false): nothing more right now.
+    fn fill(&mut self, stream: &mut impl Read) -> std::io::Result<bool> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        if self.end == self.buf.len() {
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            } else {
+                let grown = self.buf.len() * 2;
+                self.buf.resize(grown, 0);
+            }
+        }
+        match stream.read(&mut self.buf[self.end..]) {
+            Ok(0) => Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the server closed the connection")),
+            Ok(n) => {
+                self.end += n;
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn next(&mut self) -> Result<Option<Frame>, FrameError> {
+        let avail = &self.buf[self.start..self.end];
+        if avail.len() < HEADER_LEN {
+            return Ok(None);
+        }
+        let header = Header::decode(avail[..HEADER_LEN].try_into().expect("header length"))?;
+        let total = HEADER_LEN + header.archive_len as usize + header.bulk_len as usize;
+        if avail.len() < total {
+            // Make room for the whole frame (large bulk sections) in one buffer.
+            if self.start + total > self.buf.len() {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+                if total > self.buf.len() {
+                    self.buf.resize(total, 0);
+                }
+            }
+            return Ok(None);
+        }
+        let (frame, used) = Frame::decode(avail)?;
+        self.start += used;
+        Ok(Some(frame))
+    }
+}

@@ -1,0 +1,287 @@
+//! Client-side CUDA state: what is answered without a round trip.
+//!
+//! * The device profile from the handshake (properties, attributes).
+//! * Per-thread runtime state: current device, sticky last error.
+//! * The interval map of device and pinned allocations, for pointer attributes and
+//!   `cudaMemcpyDefault`. Device ranges are also reserved in this process's address space
+//!   (PROT_NONE), so no later host allocation of the client can alias a device address.
+//! * Deferred replies (asynchronous copies into pinned memory) that synchronizing calls
+//!   wait for.
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+
+use chidori_cuda::structs::{FieldMap, StructMap};
+use chidori_protocol::desc::CallDesc;
+use chidori_protocol::messages::{PropValue, Welcome};
+
+use crate::conn::Slot;
+
+/// A device as the handshake described it, indexed for lookups.
+pub struct DeviceView {
+    pub name: String,
+    pub uuid: [u8; 16],
+    pub total_mem: u64,
+    pub attributes: HashMap<i32, i32>,
+    pub props: HashMap<String, PropValue>,
+}
+
+pub struct Profile {
+    pub devices: Vec<DeviceView>,
+    pub driver_version: i32,
+}
+
+impl Profile {
+    pub fn from_welcome(w: &Welcome) -> Profile {
+        Profile {
+            driver_version: w.driver_version,
+            devices: w
+                .devices
+                .iter()
+                .map(|d| DeviceView {
+                    name: d.name.clone(),
+                    uuid: d.uuid,
+                    total_mem: d.total_mem,
+                    attributes: d.attributes.iter().copied().collect(),
+                    props: d.props.iter().cloned().collect(),
+                })
+                .collect(),
+        }
+    }
+
+    pub fn device(&self, ordinal: i32) -> Option<&DeviceView> {
+        usize::try_from(ordinal).ok().and_then(|i| self.devices.get(i))
+    }
+}
+
+/// `cudaDeviceProp` fields that CUDA 13 removed, and the attribute each one mirrors.
+const DERIVED_PROPS: &[(&str, i32)] = &[
+    ("clockRate", 13),
+    ("deviceOverlap", 15),
+    ("kernelExecTimeoutEnabled", 17),
+    ("computeMode", 20),
+    ("memoryClockRate", 36),
+    ("maxTexture1DLinear", 69),
+    ("singleToDoublePrecisionPerfRatio", 87),
+    ("cooperativeMultiDeviceLaunch", 96),
+];
+
+/// Write a record field by field into `dst` (zeroed first) in the layout `map`.
+///
+/// # Safety
+/// `dst` must be writable for `map.size` bytes.
+pub unsafe fn write_record(map: &StructMap, dst: *mut u8, value: impl Fn(&FieldMap) -> Option<PropValue>) {
+    // SAFETY: per the contract.
+    let out = unsafe { std::slice::from_raw_parts_mut(dst, map.size as usize) };
+    out.fill(0);
+    for f in map.fields {
+        let Some(v) = value(f) else { continue };
+        let Some(slot) = out.get_mut(f.offset as usize..(f.offset + f.size) as usize) else { continue };
+        match v {
+            PropValue::Int(i) => {
+                let bytes = i.to_le_bytes();
+                let n = slot.len().min(8);
+                slot[..n].copy_from_slice(&bytes[..n]);
+            }
+            PropValue::Ints(items) => {
+                let n = element_count(f.ty).unwrap_or(items.len()).max(1);
+                let width = (f.size as usize / n).min(8);
+                for (i, item) in items.iter().take(n).enumerate() {
+                    let at = i * width;
+                    slot[at..at + width].copy_from_slice(&item.to_le_bytes()[..width]);
+                }
+            }
+            PropValue::Text(t) => {
+                let n = t.len().min(slot.len().saturating_sub(1));
+                slot[..n].copy_from_slice(&t.as_bytes()[..n]);
+            }
+            PropValue::Bytes(b) => {
+                let n = b.len().min(slot.len());
+                slot[..n].copy_from_slice(&b[..n]);
+            }
+        }
+    }
+}
+
+/// N of an IR array type `[T; N]`.
+fn element_count(ty: &str) -> Option<usize> {
+    ty.strip_prefix('[')?.strip_suffix(']')?.rsplit_once(';')?.1.trim().parse().ok()
+}
+
+/// Fill a `cudaDeviceProp` of CUDA `version`'s layout for `device`.
+///
+/// # Safety
+/// `dst` must be writable for the size of that version's cudaDeviceProp.
+pub unsafe fn device_props(version: &str, device: &DeviceView, dst: *mut u8) -> bool {
+    let Some(map) = chidori_cuda::structs::get(version, "cudaDeviceProp") else { return false };
+    // SAFETY: per the contract.
+    unsafe {
+        write_record(map, dst, |f| {
+            if let Some(v) = device.props.get(f.name) {
+                return Some(v.clone());
+            }
+            DERIVED_PROPS
+                .iter()
+                .find(|(n, _)| *n == f.name)
+                .and_then(|(_, attr)| device.attributes.get(attr))
+                .map(|v| PropValue::Int(i64::from(*v)))
+        })
+    };
+    true
+}
+
+thread_local! {
+    static CURRENT_DEVICE: Cell<i32> = const { Cell::new(0) };
+    static LAST_ERROR: Cell<u32> = const { Cell::new(0) };
+}
+
+pub fn current_device() -> i32 {
+    CURRENT_DEVICE.with(Cell::get)
+}
+
+pub fn set_current_device(d: i32) {
+    CURRENT_DEVICE.with(|c| c.set(d));
+}
+
+/// Record a runtime error as the thread's last error (kept until cudaGetLastError).
+pub fn set_last_error(e: u32) {
+    if e != 0 {
+        LAST_ERROR.with(|c| c.set(e));
+    }
+}
+
+pub fn take_last_error() -> u32 {
+    LAST_ERROR.with(|c| c.replace(0))
+}
+
+pub fn peek_last_error() -> u32 {
+    LAST_ERROR.with(Cell::get)
+}
+
+/// What a client address range is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Memory {
+    /// Device memory of `device` (the server's address).
+    Device { device: i32 },
+    /// Client memory allocated as pinned (cudaHostAlloc and friends).
+    Pinned { flags: u32 },
+    /// Client memory the program registered (cudaHostRegister).
+    Registered { flags: u32 },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Range {
+    pub base: u64,
+    pub len: u64,
+    pub memory: Memory,
+    /// Whether `[base, base+len)` is reserved (PROT_NONE) in this process.
+    reserved: bool,
+}
+
+static RANGES: RwLock<BTreeMap<u64, Range>> = RwLock::new(BTreeMap::new());
+
+/// Record a range. Device ranges are reserved in the client's address space when free.
+pub fn add(base: u64, len: u64, memory: Memory) {
+    let reserved = matches!(memory, Memory::Device { .. }) && reserve(base, len);
+    let mut r = RANGES.write().unwrap_or_else(|p| p.into_inner());
+    r.insert(base, Range { base, len, memory, reserved });
+}
+
+/// Forget the range starting at `base`.
+pub fn remove(base: u64) -> Option<Range> {
+    let removed = RANGES.write().unwrap_or_else(|p| p.into_inner()).remove(&base);
+    if let Some(r) = removed.filter(|r| r.reserved) {
+        // SAFETY: the range was reserved by `reserve` with exactly this base and length.
+        unsafe { libc::munmap(r.base as *mut libc::c_void, page_round(r.len.max(1)) as usize) };
+    }
+    removed
+}
+
+/// The range containing `addr`.
+pub fn find(addr: u64) -> Option<Range> {
+    let r = RANGES.read().unwrap_or_else(|p| p.into_inner());
+    let (_, range) = r.range(..=addr).next_back()?;
+    (addr < range.base.saturating_add(range.len.max(1))).then_some(*range)
+}
+
+pub fn is_device(addr: u64) -> bool {
+    matches!(find(addr), Some(Range { memory: Memory::Device { .. }, .. }))
+}
+
+pub fn is_pinned(addr: u64) -> bool {
+    matches!(find(addr), Some(Range { memory: Memory::Pinned { .. } | Memory::Registered { .. }, .. }))
+}
+
+fn page_round(n: u64) -> u64 {
+    n.div_ceil(4096) * 4096
+}
+
+/// Reserve `[base, base+len)` so that no client host mapping can land there later.
+fn reserve(base: u64, len: u64) -> bool {
+    if !base.is_multiple_of(4096) {
+        return false;
+    }
+    let len = page_round(len.max(1));
+    // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; it fails instead.
+    let p = unsafe {
+        libc::mmap(
+            base as *mut libc::c_void,
+            len as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        crate::log::once("address-overlap", || {
+            tracing::warn!(
+                "device allocation at {base:#x} overlaps client memory; cudaMemcpyDefault on such addresses is ambiguous"
+            )
+        });
+        return false;
+    }
+    if p as u64 != base {
+        // An old kernel ignored the hint: give the wrong mapping back.
+        // SAFETY: p is the mapping just created with this length.
+        unsafe { libc::munmap(p, len as usize) };
+        return false;
+    }
+    true
+}
+
+/// Replies that land in the background (asynchronous device-to-host copies into pinned
+/// memory). Synchronizing calls wait for them.
+static DEFERRED: Mutex<Vec<Arc<Slot>>> = Mutex::new(Vec::new());
+static HAS_DEFERRED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn defer(_desc: &CallDesc, slot: Arc<Slot>) {
+    DEFERRED.lock().unwrap_or_else(|p| p.into_inner()).push(slot);
+    HAS_DEFERRED.store(true, std::sync::atomic::Ordering::Release);
+}
+
+/// Wait until every deferred reply so far has landed. Returns the first failure status.
+pub fn wait_deferred() -> Option<u64> {
+    if !HAS_DEFERRED.load(std::sync::atomic::Ordering::Acquire) {
+        return None;
+    }
+    let slots: Vec<Arc<Slot>> = {
+        let mut d = DEFERRED.lock().unwrap_or_else(|p| p.into_inner());
+        HAS_DEFERRED.store(false, std::sync::atomic::Ordering::Release);
+        std::mem::take(&mut *d)
+    };
+    let mut first = None;
+    for s in slots {
+        match s.wait() {
+            Ok(0) => {}
+            Ok(status) => {
+                first.get_or_insert(status);
+            }
+            Err(_) => {
+                first.get_or_insert(u64::MAX);
+            }
+        }
+    }
+    first
+}

@@ -1,0 +1,32 @@
+//! What executes calls on the server.
+
+use chidori_protocol::desc::CallDesc;
+use chidori_protocol::messages::Device;
+
+/// A host function installed on a stream: called when the stream reaches it with the
+/// stream's status; returns when the client has run its callback.
+pub type HostFn = Box<dyn FnOnce(i64) + Send>;
+
+pub trait Backend: Send + Sync + 'static {
+    /// "real" or "emulated".
+    fn name(&self) -> &'static str;
+    fn driver_version(&self) -> i32;
+    /// (Chidori library name, CUDA version) of every library available to calls.
+    fn libraries(&self) -> Vec<(String, String)>;
+    fn devices(&self) -> Vec<Device>;
+    /// The CUDA version whose record layouts the backend's copy of `library` uses.
+    fn layout_version(&self, library: &str) -> Option<String>;
+    /// Called on each executor thread before its first call.
+    fn thread_init(&self) {}
+    /// Execute a call with its raw arguments (values, device addresses, and addresses of
+    /// the worker's own buffers for host memory). Err: the call cannot run on this backend
+    /// (missing library or function); the caller answers NOT_SUPPORTED with the message.
+    ///
+    /// # Safety
+    /// `args` must match `desc`: every host-buffer argument points at live worker memory of
+    /// the size the descriptor implies.
+    unsafe fn invoke(&self, desc: &'static CallDesc, args: &[u64]) -> Result<u64, String>;
+    /// Enqueue `host` on `stream` (cudaLaunchHostFunc semantics). Returns the status of the
+    /// enqueueing call in the library of `desc`.
+    fn host_fn(&self, desc: &'static CallDesc, stream: u64, host: HostFn) -> Result<u64, String>;
+}

@@ -1,0 +1,362 @@
+//! The emulated backend, for tests without a GPU: every device query comes from a
+//! recorded profile of a real GPU, allocations live in host memory at synthetic device
+//! addresses, copies, memsets, streams and events run in order (each stream operation
+//! completes when it is issued), and kernel launches answer not-supported. It is a test
+//! backend: nothing computes on it.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use chidori_protocol::desc::{CallDesc, Wire};
+use chidori_protocol::messages::Device;
+
+use crate::backend::{Backend, HostFn};
+use crate::profile::Profile;
+
+/// Status values shared by the runtime and the driver for what the emulation reports.
+const SUCCESS: u64 = 0;
+const INVALID_VALUE: u64 = 1;
+const OUT_OF_MEMORY: u64 = 2;
+const INVALID_HANDLE: u64 = 400;
+
+/// Where synthetic device addresses start: far from where Linux maps host memory.
+const DEVICE_BASE: u64 = 0x7e00_0000_0000;
+const ALIGN: u64 = 512;
+
+pub struct Emulated {
+    profile: Profile,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    allocations: BTreeMap<u64, Vec<u8>>,
+    next: u64,
+    used: u64,
+    streams: HashSet<u64>,
+    events: HashMap<u64, Option<Instant>>,
+    contexts: HashSet<u64>,
+    next_handle: u64,
+}
+
+impl State {
+    fn handle(&mut self) -> u64 {
+        self.next_handle += 16;
+        0x5e00_0000 + self.next_handle
+    }
+
+    /// The allocation containing `[addr, addr + len)`, and the offset of `addr` in it.
+    fn find(&mut self, addr: u64, len: u64) -> Option<(&mut Vec<u8>, usize)> {
+        let (base, buf) = self.allocations.range_mut(..=addr).next_back()?;
+        let offset = addr - *base;
+        let end = offset.checked_add(len)?;
+        if end > buf.len() as u64 {
+            return None;
+        }
+        Some((buf, offset as usize))
+    }
+}
+
+impl Emulated {
+    pub fn new(profile: Profile) -> Emulated {
+        Emulated { profile, state: Mutex::new(State { next: DEVICE_BASE, ..State::default() }) }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn total_mem(&self) -> u64 {
+        self.profile.devices.first().map(|d| d.total_mem).unwrap_or(0)
+    }
+
+    fn alloc(&self, size: u64) -> Result<u64, u64> {
+        let mut s = self.state();
+        if s.used.saturating_add(size) > self.total_mem() || size > (64 << 30) {
+            return Err(OUT_OF_MEMORY);
+        }
+        let len = usize::try_from(size).map_err(|_| OUT_OF_MEMORY)?;
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(len).map_err(|_| OUT_OF_MEMORY)?;
+        buf.resize(len, 0);
+        let addr = s.next;
+        s.next = addr + size.max(1).div_ceil(ALIGN) * ALIGN + ALIGN;
+        s.used += size;
+        s.allocations.insert(addr, buf);
+        Ok(addr)
+    }
+
+    fn free(&self, addr: u64) -> u64 {
+        if addr == 0 {
+            return SUCCESS;
+        }
+        let mut s = self.state();
+        match s.allocations.remove(&addr) {
+            Some(buf) => {
+                s.used -= buf.len() as u64;
+                SUCCESS
+            }
+            None => INVALID_VALUE,
+        }
+    }
+
+    /// Copy `len` bytes; `dst`/`src` are device addresses when the flags say so, else
+    /// worker buffers the session allocated for this call.
+    ///
+    /// # Safety
+    /// Host pointers must be valid for `len` bytes.
+    unsafe fn copy(&self, dst: u64, dst_device: bool, src: u64, src_device: bool, len: u64) -> u64 {
+        if len == 0 {
+            return SUCCESS;
+        }
+        let Ok(n) = usize::try_from(len) else { return INVALID_VALUE };
+        let mut s = self.state();
+        let data: Vec<u8> = if src_device {
+            match s.find(src, len) {
+                Some((buf, off)) => buf[off..off + n].to_vec(),
+                None => return INVALID_VALUE,
+            }
+        } else {
+            // SAFETY: host pointers are the session's buffers of at least `len` bytes.
+            unsafe { std::slice::from_raw_parts(src as *const u8, n) }.to_vec()
+        };
+        if dst_device {
+            match s.find(dst, len) {
+                Some((buf, off)) => buf[off..off + n].copy_from_slice(&data),
+                None => return INVALID_VALUE,
+            }
+        } else {
+            // SAFETY: as above, for the destination.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst as *mut u8, n) };
+        }
+        SUCCESS
+    }
+
+    fn memset(&self, dst: u64, value: u8, count: u64, width: u64) -> u64 {
+        let Some(len) = count.checked_mul(width) else { return INVALID_VALUE };
+        let mut s = self.state();
+        let Some((buf, off)) = s.find(dst, len) else { return INVALID_VALUE };
+        buf[off..off + len as usize].fill(value);
+        SUCCESS
+    }
+
+    fn memset32(&self, dst: u64, value: u32, count: u64) -> u64 {
+        let Some(len) = count.checked_mul(4) else { return INVALID_VALUE };
+        let mut s = self.state();
+        let Some((buf, off)) = s.find(dst, len) else { return INVALID_VALUE };
+        for chunk in buf[off..off + len as usize].chunks_exact_mut(4) {
+            chunk.copy_from_slice(&value.to_le_bytes());
+        }
+        SUCCESS
+    }
+
+    fn new_handle(&self, kind: HandleSet) -> u64 {
+        let mut s = self.state();
+        let h = s.handle();
+        match kind {
+            HandleSet::Stream => s.streams.insert(h),
+            HandleSet::Event => s.events.insert(h, None).is_none(),
+            HandleSet::Context => s.contexts.insert(h),
+        };
+        h
+    }
+
+    fn stream_ok(&self, stream: u64) -> bool {
+        stream <= 2 || self.state().streams.contains(&stream)
+    }
+}
+
+enum HandleSet {
+    Stream,
+    Event,
+    Context,
+}
+
+/// # Safety
+/// `ptr` must be a worker buffer of at least 8 bytes.
+unsafe fn put_u64(ptr: u64, v: u64) {
+    // SAFETY: per the contract.
+    unsafe { std::ptr::write_unaligned(ptr as *mut u64, v) }
+}
+
+/// # Safety
+/// `ptr` must be a worker buffer of at least 4 bytes.
+unsafe fn put_u32(ptr: u64, v: u32) {
+    // SAFETY: per the contract.
+    unsafe { std::ptr::write_unaligned(ptr as *mut u32, v) }
+}
+
+impl Backend for Emulated {
+    fn name(&self) -> &'static str {
+        "emulated"
+    }
+
+    fn driver_version(&self) -> i32 {
+        self.profile.driver_version
+    }
+
+    fn libraries(&self) -> Vec<(String, String)> {
+        vec![
+            ("cudart".into(), crate::profile::PROPS_VERSION.into()),
+            ("driver".into(), crate::profile::PROPS_VERSION.into()),
+        ]
+    }
+
+    fn devices(&self) -> Vec<Device> {
+        self.profile.devices.clone()
+    }
+
+    fn layout_version(&self, library: &str) -> Option<String> {
+        matches!(library, "cudart" | "driver").then(|| crate::profile::PROPS_VERSION.to_owned())
+    }
+
+    unsafe fn invoke(&self, desc: &'static CallDesc, a: &[u64]) -> Result<u64, String> {
+        let name = desc.name.trim_end_matches("_ptds").trim_end_matches("_ptsz");
+        let device = |i: usize| matches!(desc.params.get(i), Some(Wire::Device));
+        // SAFETY (all arms): out-parameters are worker buffers sized by the descriptor;
+        // device addresses are only looked up in the allocation map, never dereferenced.
+        let status = unsafe {
+            match (desc.library, name) {
+                ("cudart", "cudaMalloc" | "cudaMallocAsync") | ("driver", "cuMemAlloc_v2" | "cuMemAllocAsync") => {
+                    match self.alloc(a[1]) {
+                        Ok(p) => {
+                            put_u64(a[0], p);
+                            SUCCESS
+                        }
+                        Err(e) => e,
+                    }
+                }
+                ("cudart", "cudaMallocPitch") => {
+                    let pitch = a[2].div_ceil(ALIGN) * ALIGN;
+                    match pitch.checked_mul(a[3]).map(|n| self.alloc(n)) {
+                        Some(Ok(p)) => {
+                            put_u64(a[0], p);
+                            put_u64(a[1], pitch);
+                            SUCCESS
+                        }
+                        Some(Err(e)) => e,
+                        None => INVALID_VALUE,
+                    }
+                }
+                ("cudart", "cudaFree" | "cudaFreeAsync") | ("driver", "cuMemFree_v2" | "cuMemFreeAsync") => {
+                    self.free(a[0])
+                }
+                ("cudart", "cudaMemGetInfo") | ("driver", "cuMemGetInfo_v2") => {
+                    let used = self.state().used;
+                    put_u64(a[0], self.total_mem().saturating_sub(used));
+                    put_u64(a[1], self.total_mem());
+                    SUCCESS
+                }
+                ("cudart", "cudaMemcpy" | "cudaMemcpyAsync") => {
+                    if !self.stream_ok(if name == "cudaMemcpyAsync" { a[4] } else { 0 }) {
+                        INVALID_HANDLE
+                    } else {
+                        self.copy(a[0], device(0), a[1], device(1), a[2])
+                    }
+                }
+                ("driver", "cuMemcpyHtoD_v2" | "cuMemcpyHtoDAsync_v2") => self.copy(a[0], true, a[1], false, a[2]),
+                ("driver", "cuMemcpyDtoH_v2" | "cuMemcpyDtoHAsync_v2") => self.copy(a[0], false, a[1], true, a[2]),
+                ("driver", "cuMemcpyDtoD_v2" | "cuMemcpyDtoDAsync_v2" | "cuMemcpy" | "cuMemcpyAsync") => {
+                    self.copy(a[0], true, a[1], true, a[2])
+                }
+                ("cudart", "cudaMemset" | "cudaMemsetAsync") => self.memset(a[0], a[1] as u8, a[2], 1),
+                ("driver", "cuMemsetD8_v2" | "cuMemsetD8Async") => self.memset(a[0], a[1] as u8, a[2], 1),
+                ("driver", "cuMemsetD32_v2" | "cuMemsetD32Async") => self.memset32(a[0], a[1] as u32, a[2]),
+                ("cudart", "cudaStreamCreate" | "cudaStreamCreateWithFlags" | "cudaStreamCreateWithPriority")
+                | ("driver", "cuStreamCreate" | "cuStreamCreateWithPriority") => {
+                    put_u64(a[0], self.new_handle(HandleSet::Stream));
+                    SUCCESS
+                }
+                ("cudart", "cudaStreamDestroy") | ("driver", "cuStreamDestroy_v2") => {
+                    if self.state().streams.remove(&a[0]) { SUCCESS } else { INVALID_HANDLE }
+                }
+                ("cudart", "cudaStreamSynchronize" | "cudaStreamQuery")
+                | ("driver", "cuStreamSynchronize" | "cuStreamQuery") => {
+                    if self.stream_ok(a[0]) {
+                        SUCCESS
+                    } else {
+                        INVALID_HANDLE
+                    }
+                }
+                ("cudart", "cudaStreamWaitEvent") | ("driver", "cuStreamWaitEvent") => {
+                    if self.stream_ok(a[0]) && self.state().events.contains_key(&a[1]) {
+                        SUCCESS
+                    } else {
+                        INVALID_HANDLE
+                    }
+                }
+                ("cudart", "cudaEventCreate" | "cudaEventCreateWithFlags") | ("driver", "cuEventCreate") => {
+                    put_u64(a[0], self.new_handle(HandleSet::Event));
+                    SUCCESS
+                }
+                ("cudart", "cudaEventRecord" | "cudaEventRecordWithFlags")
+                | ("driver", "cuEventRecord" | "cuEventRecordWithFlags") => {
+                    let stream_ok = self.stream_ok(a[1]);
+                    match self.state().events.get_mut(&a[0]) {
+                        Some(t) if stream_ok => {
+                            *t = Some(Instant::now());
+                            SUCCESS
+                        }
+                        _ => INVALID_HANDLE,
+                    }
+                }
+                ("cudart", "cudaEventSynchronize" | "cudaEventQuery")
+                | ("driver", "cuEventSynchronize" | "cuEventQuery") => {
+                    if self.state().events.contains_key(&a[0]) {
+                        SUCCESS
+                    } else {
+                        INVALID_HANDLE
+                    }
+                }
+                ("cudart", "cudaEventElapsedTime" | "cudaEventElapsedTime_v2")
+                | ("driver", "cuEventElapsedTime" | "cuEventElapsedTime_v2") => {
+                    let s = self.state();
+                    match (s.events.get(&a[1]), s.events.get(&a[2])) {
+                        (Some(Some(t0)), Some(Some(t1))) => {
+                            let ms = t1.saturating_duration_since(*t0).as_secs_f64() * 1e3;
+                            put_u32(a[0], (ms as f32).to_bits());
+                            SUCCESS
+                        }
+                        // cudaErrorInvalidResourceHandle for unknown events, NotReady (600)
+                        // for events never recorded.
+                        (Some(_), Some(_)) => 600,
+                        _ => INVALID_HANDLE,
+                    }
+                }
+                ("cudart", "cudaEventDestroy") | ("driver", "cuEventDestroy_v2") => {
+                    if self.state().events.remove(&a[0]).is_some() { SUCCESS } else { INVALID_HANDLE }
+                }
+                ("cudart", "cudaDeviceSynchronize" | "cudaSetDevice" | "cudaDeviceReset" | "cudaFree0")
+                | ("driver", "cuInit" | "cuCtxSynchronize") => SUCCESS,
+                ("driver", "cuDevicePrimaryCtxRetain" | "cuCtxCreate_v2") => {
+                    put_u64(a[0], self.new_handle(HandleSet::Context));
+                    SUCCESS
+                }
+                ("driver", "cuCtxSetCurrent" | "cuCtxPushCurrent_v2" | "cuDevicePrimaryCtxRelease_v2") => SUCCESS,
+                ("driver", "cuCtxGetCurrent") => {
+                    let ctx = self.state().contexts.iter().next().copied().unwrap_or(0);
+                    put_u64(a[0], ctx);
+                    SUCCESS
+                }
+                _ => {
+                    return Err(format!(
+                        "{} is not emulated (the emulated backend runs no kernels or libraries)",
+                        desc.name
+                    ));
+                }
+            }
+        };
+        Ok(status)
+    }
+
+    fn host_fn(&self, _desc: &'static CallDesc, stream: u64, host: HostFn) -> Result<u64, String> {
+        if !self.stream_ok(stream) {
+            return Ok(INVALID_HANDLE);
+        }
+        // Every earlier operation of the stream has completed: the stream reaches the host
+        // function now.
+        host(0);
+        Ok(SUCCESS)
+    }
+}

@@ -1,0 +1,78 @@
+//! The session's typed handle tables. Handles a client sees are the server's own values
+//! (so nested structures pass untouched), but every handle a call passes in is checked
+//! against the table of its kind: a wrong, stale or foreign value is an error reply, never
+//! a dereference.
+
+use std::collections::HashSet;
+
+use chidori_cuda::handles::KINDS;
+use chidori_protocol::desc::HandleKind;
+
+pub struct Handles {
+    tables: Vec<HashSet<u64>>,
+    stream_kind: Option<HandleKind>,
+}
+
+impl Default for Handles {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Handles {
+    pub fn new() -> Handles {
+        let stream_kind = KINDS.iter().position(|k| *k == "CUstream_st").map(|i| i as HandleKind);
+        Handles { tables: vec![HashSet::new(); KINDS.len()], stream_kind }
+    }
+
+    /// Whether `value` may be passed as a handle of `kind`. NULL is left to the library
+    /// (it means "default" for some handles and is an error it reports for others); the
+    /// stream sentinels cudaStreamLegacy (1) and cudaStreamPerThread (2) are always valid.
+    pub fn check(&self, kind: HandleKind, value: u64) -> bool {
+        if value == 0 {
+            return true;
+        }
+        if Some(kind) == self.stream_kind && (value == 1 || value == 2) {
+            return true;
+        }
+        self.tables.get(usize::from(kind)).is_some_and(|t| t.contains(&value))
+    }
+
+    pub fn insert(&mut self, kind: HandleKind, value: u64) {
+        if value != 0
+            && let Some(t) = self.tables.get_mut(usize::from(kind)) {
+                t.insert(value);
+            }
+    }
+
+    pub fn remove(&mut self, kind: HandleKind, value: u64) {
+        if let Some(t) = self.tables.get_mut(usize::from(kind)) {
+            t.remove(&value);
+        }
+    }
+
+    /// Name of a handle kind, for error messages.
+    pub fn name(kind: HandleKind) -> &'static str {
+        KINDS.get(usize::from(kind)).copied().unwrap_or("handle")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_created_handles_pass() {
+        let mut h = Handles::new();
+        let stream = KINDS.iter().position(|k| *k == "CUstream_st").unwrap() as HandleKind;
+        assert!(h.check(stream, 0) && h.check(stream, 1) && h.check(stream, 2));
+        assert!(!h.check(stream, 0xdead_beef));
+        h.insert(stream, 0xdead_beef);
+        assert!(h.check(stream, 0xdead_beef));
+        h.remove(stream, 0xdead_beef);
+        assert!(!h.check(stream, 0xdead_beef));
+        let other = if stream == 0 { 1 } else { 0 };
+        h.insert(other, 0x1234);
+        assert!(!h.check(stream, 0x1234), "a handle of another kind is foreign");
+    }
+}

@@ -1,0 +1,21 @@
+//! The server side of Chidori.
+//!
+//! * [`supervisor`]: `chidori serve`. Listens, checks each client's protocol version, and
+//!   hands the connection to a freshly spawned session worker process. It never creates a
+//!   CUDA context.
+//! * [`session`]: one worker process per client connection: validates every frame,
+//!   checks handles against the session's typed tables, executes calls on one executor
+//!   thread per client thread, answers heartbeats. Its exit frees everything the session
+//!   held on the GPU.
+//! * [`backend`]: what executes calls: [`real`] (the NVIDIA libraries, loaded at run time)
+//!   or [`emulated`] (a recorded device profile and host memory, for tests without a GPU).
+
+pub mod backend;
+pub mod emulated;
+pub mod handles;
+pub mod io;
+pub mod loader;
+pub mod profile;
+pub mod real;
+pub mod session;
+pub mod supervisor;

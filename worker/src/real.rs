@@ -1,0 +1,236 @@
+//! The real backend: NVIDIA's libraries, loaded at run time, called with the client's
+//! arguments through the generated typed trampolines.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use anyhow::{Context, Result, bail};
+use chidori_cuda::calls::VARIANTS;
+use chidori_protocol::desc::CallDesc;
+use chidori_protocol::messages::Device;
+
+use crate::backend::{Backend, HostFn};
+use crate::loader::{self, Library};
+
+pub struct Real {
+    dirs: Vec<PathBuf>,
+    driver: Library,
+    cudart: Library,
+    libraries: Mutex<HashMap<String, Arc<Result<Library, String>>>>,
+    symbols: Vec<OnceLock<Option<usize>>>,
+    layout: String,
+    driver_version: i32,
+    devices: Vec<Device>,
+}
+
+/// The CUDA versions Chidori has struct maps for, oldest first.
+fn layout_for(version: i32) -> String {
+    let (major, minor) = (version / 1000, (version % 1000) / 10);
+    let mut best = "11.8".to_owned();
+    for (v, _) in chidori_cuda::structs::BY_VERSION {
+        let mut it = v.split('.').map(|p| p.parse::<i32>().unwrap_or(0));
+        let (a, b) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+        if (a, b) <= (major, minor) {
+            best = (*v).to_owned();
+        }
+    }
+    best
+}
+
+fn sonames(library: &str) -> Vec<&'static str> {
+    chidori_cuda::libraries::LIBRARIES
+        .iter()
+        .find(|l| l.name == library)
+        .map(|l| l.shims.iter().rev().map(|s| s.soname).collect())
+        .unwrap_or_default()
+}
+
+macro_rules! fn_ptr {
+    ($lib:expr, $name:literal, $ty:ty) => {{
+        let p = $lib.symbol($name).with_context(|| format!("{} lacks {}", $lib.path, $name))?;
+        // SAFETY: the symbol of this name has this C signature in every CUDA version.
+        unsafe { std::mem::transmute::<*const c_void, $ty>(p) }
+    }};
+}
+
+impl Real {
+    /// Load the driver and runtime and read every device's profile. Fails with a message a
+    /// user can act on when there is no driver or no GPU.
+    pub fn new(extra_dirs: &[PathBuf]) -> Result<Real> {
+        let dirs = loader::search_dirs(extra_dirs);
+        let driver = loader::load(&["libcuda.so.1"], &dirs).map_err(|e| anyhow::anyhow!("no NVIDIA driver: {e}"))?;
+        let cudart = loader::load(&sonames("cudart"), &dirs).map_err(|e| anyhow::anyhow!("no CUDA runtime: {e}"))?;
+        let cu_init = fn_ptr!(driver, "cuInit", unsafe extern "C" fn(u32) -> i32);
+        let cu_driver_version = fn_ptr!(driver, "cuDriverGetVersion", unsafe extern "C" fn(*mut i32) -> i32);
+        let cu_count = fn_ptr!(driver, "cuDeviceGetCount", unsafe extern "C" fn(*mut i32) -> i32);
+        let cu_get = fn_ptr!(driver, "cuDeviceGet", unsafe extern "C" fn(*mut i32, i32) -> i32);
+        let cu_name = fn_ptr!(driver, "cuDeviceGetName", unsafe extern "C" fn(*mut u8, i32, i32) -> i32);
+        let cu_total = fn_ptr!(driver, "cuDeviceTotalMem_v2", unsafe extern "C" fn(*mut usize, i32) -> i32);
+        let cu_uuid = fn_ptr!(driver, "cuDeviceGetUuid", unsafe extern "C" fn(*mut u8, i32) -> i32);
+        let cu_attr = fn_ptr!(driver, "cuDeviceGetAttribute", unsafe extern "C" fn(*mut i32, i32, i32) -> i32);
+        let rt_version = fn_ptr!(cudart, "cudaRuntimeGetVersion", unsafe extern "C" fn(*mut i32) -> i32);
+        let props_fn = cudart
+            .symbol("cudaGetDeviceProperties_v2")
+            .or_else(|| cudart.symbol("cudaGetDeviceProperties"))
+            .context("the CUDA runtime lacks cudaGetDeviceProperties")?;
+        // SAFETY: (cudaDeviceProp*, int) -> cudaError_t in every version; the buffer below is
+        // larger than any version's struct.
+        let props_fn: unsafe extern "C" fn(*mut u8, i32) -> i32 = unsafe { std::mem::transmute(props_fn) };
+        // SAFETY (block): each call passes valid out-pointers of the documented types.
+        unsafe {
+            let rc = cu_init(0);
+            if rc != 0 {
+                bail!("cuInit failed with status {rc}: is the NVIDIA driver loaded and a GPU visible?");
+            }
+            let mut driver_version = 0;
+            cu_driver_version(&mut driver_version);
+            let mut runtime_version = 0;
+            rt_version(&mut runtime_version);
+            let layout = layout_for(runtime_version);
+            let map = chidori_cuda::structs::get(&layout, "cudaDeviceProp").context("no cudaDeviceProp map")?;
+            let mut count = 0;
+            cu_count(&mut count);
+            if count == 0 {
+                bail!("no CUDA GPU is visible to the server (check CUDA_VISIBLE_DEVICES and --gpu)");
+            }
+            let mut devices = Vec::new();
+            for ordinal in 0..count {
+                let mut dev = 0;
+                cu_get(&mut dev, ordinal);
+                let mut name = [0u8; 256];
+                cu_name(name.as_mut_ptr(), 256, dev);
+                let mut total = 0usize;
+                cu_total(&mut total, dev);
+                let mut uuid = [0u8; 16];
+                cu_uuid(uuid.as_mut_ptr(), dev);
+                let mut attributes = Vec::new();
+                for attr in 1..=256 {
+                    let mut v = 0;
+                    if cu_attr(&mut v, attr, dev) == 0 {
+                        attributes.push((attr, v));
+                    }
+                }
+                let mut raw = vec![0u8; 4096];
+                let rc = props_fn(raw.as_mut_ptr(), ordinal);
+                if rc != 0 {
+                    bail!("cudaGetDeviceProperties({ordinal}) failed with status {rc}");
+                }
+                let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+                devices.push(Device {
+                    ordinal: ordinal as u32,
+                    name: String::from_utf8_lossy(&name[..end]).into_owned(),
+                    uuid,
+                    total_mem: total as u64,
+                    attributes,
+                    props: crate::profile::decode_props(map, &raw),
+                    props_version: layout.clone(),
+                });
+            }
+            Ok(Real {
+                dirs,
+                driver,
+                cudart,
+                libraries: Mutex::new(HashMap::new()),
+                symbols: (0..VARIANTS.len()).map(|_| OnceLock::new()).collect(),
+                layout,
+                driver_version,
+                devices,
+            })
+        }
+    }
+
+    fn library(&self, name: &str) -> Arc<Result<Library, String>> {
+        let mut libs = self.libraries.lock().unwrap_or_else(|p| p.into_inner());
+        libs.entry(name.to_owned()).or_insert_with(|| Arc::new(loader::load(&sonames(name), &self.dirs))).clone()
+    }
+
+    fn symbol(&self, desc: &'static CallDesc) -> Result<*const c_void, String> {
+        let slot = self.symbols.get(desc.wire as usize).ok_or("unknown call")?;
+        let found = *slot.get_or_init(|| {
+            let lib = match desc.library {
+                "driver" => self.driver.symbol(desc.name),
+                "cudart" => self.cudart.symbol(desc.name),
+                other => match &*self.library(other) {
+                    Ok(lib) => lib.symbol(desc.name),
+                    Err(e) => {
+                        tracing::warn!("{e}");
+                        None
+                    }
+                },
+            };
+            lib.map(|p| p as usize)
+        });
+        found.map(|p| p as *const c_void).ok_or_else(|| format!("the server's {} has no {}", desc.library, desc.name))
+    }
+}
+
+impl Backend for Real {
+    fn name(&self) -> &'static str {
+        "real"
+    }
+
+    fn driver_version(&self) -> i32 {
+        self.driver_version
+    }
+
+    fn libraries(&self) -> Vec<(String, String)> {
+        vec![("cudart".into(), self.layout.clone()), ("driver".into(), self.layout.clone())]
+    }
+
+    fn devices(&self) -> Vec<Device> {
+        self.devices.clone()
+    }
+
+    fn layout_version(&self, _library: &str) -> Option<String> {
+        Some(self.layout.clone())
+    }
+
+    unsafe fn invoke(&self, desc: &'static CallDesc, args: &[u64]) -> Result<u64, String> {
+        let f = self.symbol(desc)?;
+        // SAFETY: `f` is the real function named by the descriptor and `args` match it.
+        unsafe { chidori_worker_gen::invoke(desc.call, f, args) }
+            .ok_or_else(|| format!("no trampoline for {}", desc.name))
+    }
+
+    fn host_fn(&self, desc: &'static CallDesc, stream: u64, host: HostFn) -> Result<u64, String> {
+        let ctx = Box::into_raw(Box::new(host)) as *mut c_void;
+        let base = desc.name.trim_end_matches("_ptsz");
+        let status = match base {
+            "cudaStreamAddCallback" => {
+                let f = self.cudart.symbol(desc.name).ok_or("no cudaStreamAddCallback")?;
+                // SAFETY: the documented signature; the trampoline consumes `ctx` exactly once.
+                let f: unsafe extern "C" fn(u64, unsafe extern "C" fn(u64, u32, *mut c_void), *mut c_void, u32) -> u32 =
+                    unsafe { std::mem::transmute(f) };
+                unsafe { f(stream, stream_callback, ctx, 0) }
+            }
+            _ => {
+                let lib = if desc.library == "driver" { &self.driver } else { &self.cudart };
+                let f = lib.symbol(desc.name).ok_or_else(|| format!("no {}", desc.name))?;
+                // SAFETY: cudaLaunchHostFunc and cuLaunchHostFunc share this signature.
+                let f: unsafe extern "C" fn(u64, unsafe extern "C" fn(*mut c_void), *mut c_void) -> u32 =
+                    unsafe { std::mem::transmute(f) };
+                unsafe { f(stream, host_trampoline, ctx) }
+            }
+        };
+        if status != 0 {
+            // The function was not enqueued: reclaim the closure.
+            // SAFETY: ctx came from Box::into_raw above and was not consumed.
+            drop(unsafe { Box::from_raw(ctx as *mut HostFn) });
+        }
+        Ok(u64::from(status))
+    }
+}
+
+unsafe extern "C" fn host_trampoline(ctx: *mut c_void) {
+    // SAFETY: ctx is the Box<HostFn> leaked by host_fn, consumed exactly once here.
+    let host = unsafe { Box::from_raw(ctx as *mut HostFn) };
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| host(0)));
+}
+
+unsafe extern "C" fn stream_callback(_stream: u64, status: u32, ctx: *mut c_void) {
+    // SAFETY: as host_trampoline.
+    let host = unsafe { Box::from_raw(ctx as *mut HostFn) };
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| host(i64::from(status))));
+}

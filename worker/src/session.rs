@@ -1,0 +1,480 @@
+//! One session: the worker process that owns a client's CUDA context.
+//!
+//! The main thread reads frames, validates them and routes calls to one executor thread
+//! per client thread (so per-thread CUDA state, such as the current device or the
+//! per-thread default stream, matches the client's). It answers heartbeats itself, so a
+//! long GPU wait never looks like a dead server. A malformed frame ends the session with a
+//! logged reason; the process exit releases everything the session held on the GPU.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use chidori_cuda::calls::{SCHEMA_HASH, VARIANTS};
+use chidori_cuda::structs;
+use chidori_protocol::PROTOCOL_VERSION;
+use chidori_protocol::desc::{CallDesc, Dir, HandleKind, Ret, Wire};
+use chidori_protocol::frame::{Frame, Header, Kind};
+use chidori_protocol::messages::{
+    self, AsyncError, Call, Goodbye, Hello, HostCallback, HostCallbackDone, NULL_LEN, Refuse, RefuseReason, Reply,
+    Welcome,
+};
+
+use crate::backend::Backend;
+use crate::handles::Handles;
+use crate::io::{ReadError, Writer, read_frame};
+
+/// Largest host buffer one call may move (a frame's bulk section is smaller still).
+const MAX_BUFFER: u64 = chidori_protocol::frame::MAX_BULK;
+
+pub struct Options {
+    /// Silence after which the worker sends a heartbeat; three unanswered ones end the session.
+    pub heartbeat: Duration,
+}
+
+struct Session {
+    backend: Arc<dyn Backend>,
+    handles: Mutex<Handles>,
+    writer: Writer<TcpStream>,
+    /// Host callbacks waiting for the client: id → wake-up.
+    callbacks: Mutex<HashMap<u64, mpsc::Sender<()>>>,
+    next_callback: AtomicU64,
+}
+
+/// Why a session ends badly: the frame or call that broke the protocol.
+#[derive(Debug)]
+struct Fatal(String);
+
+/// Run a session on an accepted connection until the client leaves.
+pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options: Options) -> Result<()> {
+    stream.set_nodelay(true).ok();
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut reader = stream.try_clone()?;
+    let writer = Writer::new(stream.try_clone()?);
+    let frame = read_frame(&mut reader).map_err(|e| anyhow::anyhow!("reading the client's hello: {e}"))?;
+    if frame.header.kind != Kind::Hello {
+        bail!("first frame is {:?}, not Hello", frame.header.kind);
+    }
+    let hello: Hello = messages::decode(&frame, "hello")?;
+    let refuse = |reason, message: String| -> Result<()> {
+        let msg = Refuse { reason, message: message.clone() };
+        writer.send(Header::new(Kind::Refuse, 0, 0, 0), &messages::encode(&msg), &[])?;
+        bail!("refused {} (pid {}): {message}", hello.host, hello.pid)
+    };
+    if hello.protocol != PROTOCOL_VERSION {
+        return refuse(
+            RefuseReason::Protocol,
+            format!(
+                "client speaks protocol {}, server {PROTOCOL_VERSION}: install the same Chidori release on both",
+                hello.protocol
+            ),
+        );
+    }
+    if hello.schema != SCHEMA_HASH {
+        return refuse(
+            RefuseReason::Schema,
+            format!(
+                "client and server were generated from different CUDA specs (schema {:016x} vs {SCHEMA_HASH:016x}): install the same Chidori release on both",
+                hello.schema
+            ),
+        );
+    }
+    let backend = match backend {
+        Ok(b) => b,
+        Err(e) => return refuse(RefuseReason::NoGpu, e),
+    };
+    let welcome = Welcome {
+        server_version: env!("CARGO_PKG_VERSION").to_owned(),
+        backend: backend.name().to_owned(),
+        session: u64::from(std::process::id()),
+        driver_version: backend.driver_version(),
+        libraries: backend.libraries(),
+        devices: backend.devices(),
+    };
+    writer.send(Header::new(Kind::Welcome, 0, 0, 0), &messages::encode(&welcome), &[])?;
+    tracing::info!("session for {} pid {} ({}) open, backend {}", hello.host, hello.pid, hello.program, backend.name());
+
+    let session = Arc::new(Session {
+        backend,
+        handles: Mutex::new(Handles::new()),
+        writer,
+        callbacks: Mutex::new(HashMap::new()),
+        next_callback: AtomicU64::new(1),
+    });
+    reader.set_read_timeout(Some(options.heartbeat))?;
+    let result = serve(&session, &mut reader);
+    match &result {
+        Ok(()) => tracing::info!("session for {} pid {} closed by the client", hello.host, hello.pid),
+        Err(e) => {
+            tracing::warn!("session for {} pid {} ends: {e}", hello.host, hello.pid);
+            let bye = Goodbye { reason: e.to_string() };
+            let _ = session.writer.send(Header::new(Kind::Goodbye, 0, 0, 0), &messages::encode(&bye), &[]);
+        }
+    }
+    result
+}
+
+fn serve(session: &Arc<Session>, reader: &mut impl Read) -> Result<()> {
+    let mut executors: HashMap<u32, mpsc::Sender<Frame>> = HashMap::new();
+    let (fatal_tx, fatal_rx) = mpsc::channel::<Fatal>();
+    let mut silent = 0;
+    loop {
+        if let Ok(Fatal(reason)) = fatal_rx.try_recv() {
+            bail!("{reason}");
+        }
+        let frame = match read_frame(reader) {
+            Ok(f) => f,
+            Err(ReadError::Closed) => return Ok(()),
+            Err(ReadError::Timeout) => {
+                silent += 1;
+                if silent > 3 {
+                    bail!("the client stopped answering heartbeats");
+                }
+                session.writer.send(Header::new(Kind::Ping, 0, 0, 0), &[], &[])?;
+                continue;
+            }
+            Err(e) => bail!("malformed frame: {e}"),
+        };
+        silent = 0;
+        match frame.header.kind {
+            Kind::Call => {
+                let thread = frame.header.thread;
+                let tx = executors.entry(thread).or_insert_with(|| spawn_executor(session.clone(), fatal_tx.clone()));
+                if tx.send(frame).is_err() {
+                    bail!("executor of client thread {thread} is gone");
+                }
+            }
+            Kind::Ping => session.writer.send(Header::new(Kind::Pong, 0, 0, frame.header.seq), &[], &[])?,
+            Kind::Pong => {}
+            Kind::HostCallbackDone => {
+                let done: HostCallbackDone = messages::decode(&frame, "callback done")?;
+                let waiter = session.callbacks.lock().unwrap_or_else(|p| p.into_inner()).remove(&done.token);
+                match waiter {
+                    Some(tx) => {
+                        let _ = tx.send(());
+                    }
+                    None => bail!("completion of unknown host callback {}", done.token),
+                }
+            }
+            Kind::Goodbye => return Ok(()),
+            other => bail!("unexpected {other:?} frame from the client"),
+        }
+    }
+}
+
+fn spawn_executor(session: Arc<Session>, fatal: mpsc::Sender<Fatal>) -> mpsc::Sender<Frame> {
+    let (tx, rx) = mpsc::channel::<Frame>();
+    std::thread::Builder::new()
+        .name("chidori-exec".into())
+        .spawn(move || {
+            session.backend.thread_init();
+            while let Ok(frame) = rx.recv() {
+                if let Err(Fatal(reason)) = execute(&session, &frame) {
+                    let _ = fatal.send(Fatal(reason.clone()));
+                    // The main thread may be blocked reading: end the process from here so
+                    // the client learns at once. Exit releases the GPU state of the session.
+                    tracing::warn!("session ends: {reason}");
+                    let bye = Goodbye { reason };
+                    let _ = session.writer.send(Header::new(Kind::Goodbye, 0, 0, 0), &messages::encode(&bye), &[]);
+                    std::process::exit(2);
+                }
+            }
+        })
+        .expect("spawning an executor thread");
+    tx
+}
+
+/// Host memory of one call: each buffer owns 8-byte-aligned storage.
+struct Buffer {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl Buffer {
+    fn zeroed(len: usize) -> Buffer {
+        Buffer { words: vec![0u64; len.div_ceil(8)], len }
+    }
+
+    fn from(bytes: &[u8]) -> Buffer {
+        let mut b = Buffer::zeroed(bytes.len());
+        b.bytes_mut().copy_from_slice(bytes);
+        b
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: words holds at least len bytes.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr() as *const u8, self.len) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr() as *mut u8, self.len) }
+    }
+
+    fn addr(&mut self) -> u64 {
+        self.words.as_mut_ptr() as u64
+    }
+}
+
+/// A record in the client's layout and the server's, when they differ.
+struct Translation {
+    client: &'static structs::StructMap,
+    server: &'static structs::StructMap,
+}
+
+fn translation(session: &Session, desc: &CallDesc, record: Option<&str>) -> Option<Translation> {
+    let record = record?;
+    let client_version = desc.versions.last()?;
+    let server_version = session.backend.layout_version(desc.library)?;
+    let client = structs::get(client_version, record)?;
+    let server = structs::get(&server_version, record)?;
+    (client != server).then_some(Translation { client, server })
+}
+
+/// Copy a record field by field (by name) from one layout to another; fields missing on
+/// one side are zero.
+fn translate(from: &structs::StructMap, to: &structs::StructMap, src: &[u8], dst: &mut [u8]) {
+    dst.fill(0);
+    for f in to.fields {
+        let Some(g) = from.fields.iter().find(|g| g.name == f.name) else { continue };
+        let n = f.size.min(g.size) as usize;
+        let (s, d) = (g.offset as usize, f.offset as usize);
+        if let (Some(src), Some(dst)) = (src.get(s..s + n), dst.get_mut(d..d + n)) {
+            dst.copy_from_slice(src);
+        }
+    }
+}
+
+fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
+    let header = frame.header;
+    let desc: &'static CallDesc =
+        VARIANTS.get(header.call as usize).copied().ok_or_else(|| Fatal(format!("unknown call {}", header.call)))?;
+    let call = messages::access::<Call>(frame, "call").map_err(|e| Fatal(e.to_string()))?;
+    let n = desc.params.len();
+    if call.args.len() != n || call.lens.len() != n {
+        return Err(Fatal(format!("{}: {} arguments for {n} parameters", desc.name, call.args.len())));
+    }
+    let mut args: Vec<u64> = call.args.iter().map(|a| a.to_native()).collect();
+    let lens: Vec<u64> = call.lens.iter().map(|l| l.to_native()).collect();
+    // Forms with a fixed direction: the kind argument of cudaMemcpy* is what the form says,
+    // whatever the client sent.
+    if let (Some(form), "cudaMemcpy" | "cudaMemcpyAsync" | "cudaMemcpy_ptds" | "cudaMemcpyAsync_ptsz") =
+        (desc.form, desc.name)
+    {
+        args[3] = match form {
+            "h2d" => 1,
+            "d2h" => 2,
+            _ => 3,
+        };
+    }
+    let fail =
+        |status: i64, message: String| -> Result<(), Fatal> { reply_error(session, &header, desc, status, message) };
+
+    // Lay out the host memory of the call.
+    let mut bulk_at = 0usize;
+    let mut take = |len: u64| -> Result<&[u8], Fatal> {
+        let len = usize::try_from(len).map_err(|_| Fatal("length overflow".into()))?;
+        let end = bulk_at.checked_add(len).ok_or_else(|| Fatal("length overflow".into()))?;
+        let s = frame.bulk.get(bulk_at..end).ok_or_else(|| Fatal(format!("{}: bulk section too short", desc.name)))?;
+        bulk_at = end;
+        Ok(s)
+    };
+    let mut raw = vec![0u64; n];
+    let mut buffers: Vec<Option<Buffer>> = (0..n).map(|_| None).collect();
+    let mut translations: Vec<Option<Translation>> = (0..n).map(|_| None).collect();
+    let mut destroyed: Vec<(HandleKind, u64)> = Vec::new();
+    for (i, wire) in desc.params.iter().enumerate() {
+        let (a, len) = (args[i], lens[i]);
+        match *wire {
+            Wire::Val { .. } | Wire::Device => raw[i] = a,
+            Wire::Null => raw[i] = 0,
+            Wire::Handle { kind, destroy } => {
+                let ok = session.handles.lock().unwrap_or_else(|p| p.into_inner()).check(kind, a);
+                if !ok {
+                    return fail(
+                        desc.codes.invalid_handle,
+                        format!("{}: {a:#x} is not a {} of this session", desc.name, Handles::name(kind)),
+                    );
+                }
+                if destroy {
+                    destroyed.push((kind, a));
+                }
+                raw[i] = a;
+            }
+            Wire::ByValRecord { bytes } => {
+                if len != u64::from(bytes) {
+                    return Err(Fatal(format!("{}: record of {len} bytes, expected {bytes}", desc.name)));
+                }
+                let mut b = Buffer::from(take(len)?);
+                raw[i] = b.addr();
+                buffers[i] = Some(b);
+            }
+            Wire::OutHandle { .. } => {
+                if len != NULL_LEN {
+                    let mut b = Buffer::zeroed(8);
+                    raw[i] = b.addr();
+                    buffers[i] = Some(b);
+                }
+            }
+            Wire::Str => {
+                if len == NULL_LEN {
+                    continue;
+                }
+                let s = take(len)?;
+                if s.last() != Some(&0) {
+                    return Err(Fatal(format!("{}: string argument is not NUL-terminated", desc.name)));
+                }
+                let mut b = Buffer::from(s);
+                raw[i] = b.addr();
+                buffers[i] = Some(b);
+            }
+            Wire::Buf { dir, elem, len: count, record } => {
+                if len == NULL_LEN {
+                    continue;
+                }
+                let count = match count {
+                    Some(expr) => expr.eval(&args).ok_or_else(|| Fatal(format!("{}: bad length", desc.name)))?,
+                    None => 1,
+                };
+                let expected = count.checked_mul(u64::from(elem)).filter(|&b| b <= MAX_BUFFER);
+                if expected != Some(len) {
+                    return Err(Fatal(format!(
+                        "{}: buffer {i} of {len} bytes, the arguments say {count} × {elem}",
+                        desc.name
+                    )));
+                }
+                let t = translation(session, desc, record);
+                let mut b = match (&t, dir) {
+                    (Some(t), _) => {
+                        let mut b = Buffer::zeroed(t.server.size as usize);
+                        if dir != Dir::Out {
+                            translate(t.client, t.server, take(len)?, b.bytes_mut());
+                        }
+                        b
+                    }
+                    (None, Dir::Out) => Buffer::zeroed(len as usize),
+                    (None, _) => Buffer::from(take(len)?),
+                };
+                raw[i] = b.addr();
+                buffers[i] = Some(b);
+                translations[i] = t;
+            }
+        }
+    }
+    if bulk_at != frame.bulk.len() {
+        return Err(Fatal(format!("{}: {} unexpected bulk bytes", desc.name, frame.bulk.len() - bulk_at)));
+    }
+
+    let ret = if desc.form == Some("host") {
+        host_function(session, desc, &raw)
+    } else {
+        // SAFETY: raw holds values, device addresses and addresses of `buffers`, laid out
+        // by the descriptor the generated trampoline was made from.
+        unsafe { session.backend.invoke(desc, &raw) }
+    };
+    let ret = match ret {
+        Ok(r) => r,
+        Err(message) => {
+            tracing::warn!("{message}");
+            return fail(desc.codes.not_supported, message);
+        }
+    };
+    let ok = desc.ret != Ret::Status || ret == desc.codes.success as u64;
+    if ok {
+        let mut handles = session.handles.lock().unwrap_or_else(|p| p.into_inner());
+        for (i, wire) in desc.params.iter().enumerate() {
+            if let (Wire::OutHandle { kind }, Some(b)) = (wire, &buffers[i]) {
+                handles.insert(*kind, u64::from_le_bytes(b.bytes()[..8].try_into().expect("8 bytes")));
+            }
+        }
+        for (kind, value) in destroyed {
+            handles.remove(kind, value);
+        }
+    }
+    if !desc.waits() {
+        if !ok {
+            return reply_error(
+                session,
+                &header,
+                desc,
+                ret as i64,
+                format!("{} failed with status {}", desc.name, ret as i64),
+            );
+        }
+        return Ok(());
+    }
+    // Outputs, in parameter order.
+    let mut out_lens = vec![0u64; n];
+    let mut outs: Vec<Vec<u8>> = Vec::new();
+    for (i, wire) in desc.params.iter().enumerate() {
+        let is_out = matches!(wire, Wire::OutHandle { .. } | Wire::Buf { dir: Dir::Out | Dir::InOut, .. });
+        let Some(b) = buffers[i].as_ref().filter(|_| is_out) else { continue };
+        let bytes = match &translations[i] {
+            Some(t) => {
+                let mut client = vec![0u8; t.client.size as usize];
+                translate(t.server, t.client, b.bytes(), &mut client);
+                client
+            }
+            None => b.bytes().to_vec(),
+        };
+        out_lens[i] = bytes.len() as u64;
+        outs.push(bytes);
+    }
+    let reply = Reply { ret, lens: out_lens, error: None };
+    let parts: Vec<&[u8]> = outs.iter().map(|o| o.as_slice()).collect();
+    let h = Header::new(Kind::Reply, header.call, header.thread, header.seq);
+    session.writer.send(h, &messages::encode(&reply), &parts).map_err(|e| Fatal(format!("writing a reply: {e}")))
+}
+
+/// A call that could not run: a Reply with the status (sync) or an AsyncError (async).
+fn reply_error(session: &Session, header: &Header, desc: &CallDesc, status: i64, message: String) -> Result<(), Fatal> {
+    let result = if desc.waits() {
+        let reply = Reply { ret: status as u64, lens: vec![0; desc.params.len()], error: Some(message) };
+        session.writer.send(
+            Header::new(Kind::Reply, header.call, header.thread, header.seq),
+            &messages::encode(&reply),
+            &[],
+        )
+    } else {
+        let err = AsyncError { status, message: Some(message) };
+        session.writer.send(
+            Header::new(Kind::AsyncError, header.call, header.thread, header.seq),
+            &messages::encode(&err),
+            &[],
+        )
+    };
+    result.map_err(|e| Fatal(format!("writing a reply: {e}")))
+}
+
+/// cudaLaunchHostFunc and friends: the client's function stays on the client; the
+/// server's stream runs a host function that asks the client to run it and waits.
+fn host_function(session: &Arc<Session>, desc: &'static CallDesc, raw: &[u64]) -> Result<u64, String> {
+    let stream = raw[0];
+    let client_id = raw[1];
+    let id = session.next_callback.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = mpsc::channel();
+    session.callbacks.lock().unwrap_or_else(|p| p.into_inner()).insert(id, tx);
+    let owner = session.clone();
+    let host = Box::new(move |status: i64| {
+        let msg = HostCallback { id: client_id, token: id, status };
+        let h = Header::new(Kind::HostCallback, 0, 0, 0);
+        if owner.writer.send(h, &messages::encode(&msg), &[]).is_ok() {
+            // Until the client ran the function; a lost client ends the process anyway.
+            let _ = rx.recv();
+        }
+    });
+    session.backend.host_fn(desc, stream, host)
+}
+
+/// Open a session on the connection inherited as file descriptor `fd`.
+pub fn run_on_fd(fd: i32, backend: Result<Arc<dyn Backend>, String>, options: Options) -> Result<()> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the supervisor passes an open connected socket at `fd` and nothing else owns it.
+    let stream = unsafe { TcpStream::from_raw_fd(fd) };
+    run(stream, backend, options).context("session")
+}
