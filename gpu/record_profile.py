@@ -80,6 +80,10 @@ def main():
     cudart_ir = ir("13.0", "cudart")
     attrs = next(i for i in driver_ir if i.get("kind") == "enum" and i["name"] == "CUdevice_attribute_enum")
     records = {i["name"]: i for i in cudart_ir if i.get("kind") == "record"}
+    # Typedef names of records (cudaUUID_t → CUuuid_st) decode as the record.
+    for i in cudart_ir:
+        if i.get("kind") == "typedef" and i["ty"] in records:
+            records[i["name"]] = records[i["ty"]]
     prop = records["cudaDeviceProp"]
 
     cuda = ctypes.CDLL("libcuda.so.1")

@@ -59,6 +59,11 @@ pub fn load(path: &Path) -> Result<Profile> {
         attributes.sort();
         let mut props = Vec::new();
         for field in map.fields {
+            if field.name == "uuid" {
+                // The device's UUID as cuDeviceGetUuid reported it.
+                props.push((field.name.to_owned(), PropValue::Bytes(uuid.to_vec())));
+                continue;
+            }
             let Some(value) = d.props.get(field.name) else { continue };
             let value = match value {
                 serde_json::Value::Number(n) => PropValue::Int(n.as_i64().unwrap_or(0)),
