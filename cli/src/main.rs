@@ -1,5 +1,6 @@
 //! `chidori`: run unmodified CUDA programs on a GPU in another machine.
 
+mod check;
 mod run;
 mod serve;
 

@@ -1,4 +1,4 @@
-//! `chidori run`: preload the shims next to this binary and exec the command.
+//! `chidori run`: check the server, preload the shims next to this binary, exec the command.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -9,9 +9,18 @@ use chidori_protocol::env;
 
 #[derive(clap::Args)]
 pub struct RunArgs {
-    /// The `chidori serve` to use, HOST[:PORT].
+    /// The `chidori serve` to use, HOST[:PORT] (default port 43211).
     #[arg(short = 's', long = "server", env = env::SERVER, value_name = "HOST[:PORT]")]
-    pub server: Option<String>,
+    pub server: String,
+    /// Log what the interposer does (connection, unsupported functions) to stderr.
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// At exit, print per-function call counts, round trips, bytes each way and time waiting.
+    #[arg(long)]
+    pub trace: bool,
+    /// Do not check that the server answers before starting the command.
+    #[arg(long)]
+    pub no_check: bool,
     /// Directory holding libchidori.so and the shims (default: ../lib next to this binary).
     #[arg(long, value_name = "DIR")]
     pub lib_dir: Option<PathBuf>,
@@ -52,6 +61,9 @@ pub fn lib_dir(explicit: Option<PathBuf>) -> Result<PathBuf> {
 pub fn run(args: RunArgs) -> Result<()> {
     let dir = lib_dir(args.lib_dir)?;
     let shims = shims(&dir)?;
+    if !args.no_check {
+        crate::check::check(&args.server)?;
+    }
     let mut preload = OsString::new();
     for (i, shim) in shims.iter().enumerate() {
         if i > 0 {
@@ -65,9 +77,14 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let (program, rest) = args.command.split_first().context("no command given")?;
     let mut cmd = std::process::Command::new(program);
-    cmd.args(rest).env("LD_PRELOAD", &preload);
-    if let Some(server) = &args.server {
-        cmd.env(env::SERVER, server);
+    cmd.args(rest).env("LD_PRELOAD", &preload).env(env::SERVER, &args.server);
+    // Triton links its launchers with -lcuda and dlopens libcuda.so.1 from here.
+    cmd.env("TRITON_LIBCUDA_PATH", &dir);
+    if args.verbose {
+        cmd.env(env::LOG, "info");
+    }
+    if args.trace {
+        cmd.env(env::TRACE, "-");
     }
     let err = cmd.exec();
     bail!("could not run {}: {err}", program.to_string_lossy())

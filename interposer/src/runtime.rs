@@ -161,10 +161,12 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     let received: usize = prepared.outs.iter().map(|o| o.len).sum();
     crate::trace::record(desc, true, sent_bytes, received, start);
     // A deferred failure of an earlier asynchronous call surfaces here.
-    if desc.ret == Ret::Status && ret == desc.codes.success as u64
-        && let Some(status) = conn.take_deferred(desc.library) {
-            return status as u64;
-        }
+    if desc.ret == Ret::Status
+        && ret == desc.codes.success as u64
+        && let Some(status) = conn.take_deferred(desc.library)
+    {
+        return status as u64;
+    }
     ret
 }
 
@@ -264,9 +266,10 @@ pub unsafe fn call_pipelined(conn: &Conn, desc: &'static CallDesc, calls: &[Vec<
     crate::state::wait_deferred();
     crate::trace::bytes(desc.name, calls.len() as u64, sent, received, start.elapsed());
     if first == success(desc)
-        && let Some(status) = conn.take_deferred(desc.library) {
-            return status as u64;
-        }
+        && let Some(status) = conn.take_deferred(desc.library)
+    {
+        return status as u64;
+    }
     first
 }
 

@@ -40,9 +40,10 @@ impl Handles {
 
     pub fn insert(&mut self, kind: HandleKind, value: u64) {
         if value != 0
-            && let Some(t) = self.tables.get_mut(usize::from(kind)) {
-                t.insert(value);
-            }
+            && let Some(t) = self.tables.get_mut(usize::from(kind))
+        {
+            t.insert(value);
+        }
     }
 
     pub fn remove(&mut self, kind: HandleKind, value: u64) {

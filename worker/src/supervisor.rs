@@ -89,6 +89,7 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     })?;
     let addr = listener.local_addr()?;
     tracing::info!("chidori serve listening on {addr}: {found}");
+    // One line on stderr that scripts and tests wait for (it names the port when --port 0).
     eprintln!("chidori serve: listening on {addr}; {found}");
     for conn in listener.incoming() {
         let stream = match conn {

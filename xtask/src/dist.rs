@@ -39,6 +39,10 @@ pub fn run(root: &Path, profile: &str) -> Result<PathBuf> {
     std::fs::copy(built.join("chidori"), bin.join("chidori"))?;
     build_shims(root, &lib)?;
     std::os::unix::fs::symlink("libcuda.so.1", lib.join("libcuda.so"))?;
+    // The recorded device profile the emulated backend answers from by default.
+    let profiles = dist.join("share/chidori/profiles");
+    std::fs::create_dir_all(&profiles)?;
+    std::fs::copy(root.join("worker/profiles/nvidia-h200.json"), profiles.join("nvidia-h200.json"))?;
     eprintln!("dist: {}", dist.display());
     Ok(dist)
 }
@@ -58,7 +62,15 @@ pub fn build_shims(root: &Path, lib: &Path) -> Result<()> {
             .arg(format!("-Wl,-soname,{soname}"))
             .arg(format!("-Wl,--version-script,{}", shims.join(format!("{soname}.map")).display()))
             .arg(format!("-L{}", lib.display()))
-            .args(["-lchidori", "-Wl,-rpath,$ORIGIN", "-Wl,-z,defs", "-Wl,--hash-style=both"])
+            // DT_RPATH (not RUNPATH): searched before LD_LIBRARY_PATH, so a shim always loads
+            // its own sibling libchidori.so.
+            .args([
+                "-lchidori",
+                "-Wl,-rpath,$ORIGIN",
+                "-Wl,--disable-new-dtags",
+                "-Wl,-z,defs",
+                "-Wl,--hash-style=both",
+            ])
             .status()
             .with_context(|| format!("running {cc} (a C compiler is needed to assemble the shims)"))?;
         if !status.success() {

@@ -13,11 +13,18 @@ pub mod ir;
 pub mod irgen;
 pub mod libraries;
 pub mod lock;
+pub mod matrix;
 
 use std::path::{Path, PathBuf};
 
-/// The workspace root (the directory holding `xtask/`).
+/// The workspace root (the directory holding `xtask/`): the current directory when it is a
+/// checkout (a prebuilt xtask binary on another machine), else where this crate was built.
 pub fn project_root() -> PathBuf {
+    if let Ok(cwd) = std::env::current_dir() {
+        if cwd.join("xtask").is_dir() && cwd.join("generated/ir").is_dir() {
+            return cwd;
+        }
+    }
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 pub mod model;

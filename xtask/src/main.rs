@@ -57,6 +57,31 @@ enum Command {
     /// Per library and CUDA version: exported, forwarded, hand-written, NOT_SUPPORTED; and
     /// the functions torch imports that still answer NOT_SUPPORTED.
     Coverage,
+    /// The version-translation matrix: C programs built against each CUDA version's headers,
+    /// run through `chidori run` (an emulated server unless --server is given).
+    Matrix {
+        /// Use this server instead of starting an emulated one.
+        #[arg(long)]
+        server: Option<String>,
+        /// Device profile the results are checked against (default: the committed H200 one).
+        #[arg(long)]
+        profile: Option<std::path::PathBuf>,
+        /// Only this CUDA version.
+        #[arg(long)]
+        cuda: Option<String>,
+        /// Where the programs are built (or, with --prebuilt, found).
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// Only build the programs.
+        #[arg(long)]
+        build_only: bool,
+        /// Do not build; run the programs already in --dir.
+        #[arg(long)]
+        prebuilt: bool,
+        /// The chidori binary (default: target/dist/bin/chidori).
+        #[arg(long)]
+        chidori: Option<std::path::PathBuf>,
+    },
     /// Print what the model makes of every function (development aid).
     Stats,
 }
@@ -94,6 +119,33 @@ fn main() -> Result<()> {
             let model = xtask::codegen::build_model(&root)?;
             print!("{}", xtask::coverage::report(&root, &model)?);
             Ok(())
+        }
+        Command::Matrix { server, profile, cuda, dir, build_only, prebuilt, chidori } => {
+            let (dist_chidori, lib, dist_profile) = xtask::matrix::dist_paths(&root);
+            let chidori = chidori.unwrap_or(dist_chidori);
+            let profile = profile.unwrap_or(dist_profile);
+            let dir = dir.unwrap_or_else(|| root.join("target/matrix"));
+            let versions = match cuda {
+                Some(v) => vec![v],
+                None => xtask::matrix::versions(&root)?,
+            };
+            if !prebuilt {
+                xtask::matrix::build(&root, &versions, &dir, &lib)?;
+            }
+            if build_only {
+                return Ok(());
+            }
+            let emulated;
+            let server = match server {
+                Some(s) => s,
+                None => {
+                    emulated = xtask::matrix::EmulatedServer::start(&chidori, &profile)?;
+                    emulated.address.clone()
+                }
+            };
+            let rows = xtask::matrix::run(&root, &dir, &versions, &chidori, &server, &profile)?;
+            print!("{}", xtask::matrix::table(&rows));
+            if rows.iter().all(|r| r.ok()) { Ok(()) } else { anyhow::bail!("the version matrix has failures") }
         }
         Command::Stats => {
             let all = xtask::ir::load_all(&root)?;

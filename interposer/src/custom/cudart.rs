@@ -591,12 +591,16 @@ pub unsafe fn cudaMemcpyAsync_ptsz(
 
 // ---- Host callbacks: run on the client, in stream order ----
 
-fn host_function(desc: &'static chidori_protocol::desc::CallDesc, stream: u64, run: conn::CallbackFn) -> u32 {
+/// `args`: the call's arguments; the function pointer (index 1) is replaced by the id of
+/// the registered closure and the user data (index 2) stays on the client.
+fn host_function(desc: &'static chidori_protocol::desc::CallDesc, mut args: Vec<u64>, run: conn::CallbackFn) -> u32 {
     runtime("cudaLaunchHostFunc", || {
         let conn = connection()?;
         let id = conn.register_callback(run);
-        // SAFETY: values only: the stream, the callback id in place of the function pointer.
-        let s = unsafe { crate::runtime::call_on(&conn, desc, &[stream, id, 0]) } as u32;
+        args[1] = id;
+        args[2] = 0;
+        // SAFETY: values only: the stream, the callback id, flags.
+        let s = unsafe { crate::runtime::call_on(&conn, desc, &args) } as u32;
         if s != SUCCESS {
             conn.drop_callback(id);
         }
@@ -619,7 +623,7 @@ fn launch_host_func(
     let (f, user) = (f as usize, user as usize);
     host_function(
         desc,
-        stream as u64,
+        vec![stream as u64, 0, 0],
         Box::new(move |_status| {
             // SAFETY: the program's cudaHostFn_t and its user data, called as CUDA would.
             unsafe { std::mem::transmute::<usize, HostFn>(f)(user as *mut c_void) }
@@ -640,6 +644,7 @@ fn stream_callback(
     stream: *mut c_void,
     cb: *mut c_void,
     user: *mut c_void,
+    flags: u32,
 ) -> u32 {
     if cb.is_null() {
         return INVALID_VALUE;
@@ -647,7 +652,7 @@ fn stream_callback(
     let (s, cb, user) = (stream as usize, cb as usize, user as usize);
     host_function(
         desc,
-        s as u64,
+        vec![s as u64, 0, 0, u64::from(flags)],
         Box::new(move |status| {
             // SAFETY: the program's cudaStreamCallback_t, called with CUDA's arguments.
             unsafe {
@@ -663,8 +668,7 @@ pub unsafe fn cudaStreamAddCallback(
     userData: *mut c_void,
     flags: u32,
 ) -> u32 {
-    let _ = flags;
-    stream_callback(&calls::cudaStreamAddCallback__host, stream, callback, userData)
+    stream_callback(&calls::cudaStreamAddCallback__host, stream, callback, userData, flags)
 }
 
 pub unsafe fn cudaStreamAddCallback_ptsz(
@@ -673,8 +677,7 @@ pub unsafe fn cudaStreamAddCallback_ptsz(
     userData: *mut c_void,
     flags: u32,
 ) -> u32 {
-    let _ = flags;
-    stream_callback(&calls::cudaStreamAddCallback_ptsz__host, stream, callback, userData)
+    stream_callback(&calls::cudaStreamAddCallback_ptsz__host, stream, callback, userData, flags)
 }
 
 /// Kernel attributes need the kernel's module on the server (issue 4); unknown functions
