@@ -20,10 +20,11 @@ use std::path::{Path, PathBuf};
 /// The workspace root (the directory holding `xtask/`): the current directory when it is a
 /// checkout (a prebuilt xtask binary on another machine), else where this crate was built.
 pub fn project_root() -> PathBuf {
-    if let Ok(cwd) = std::env::current_dir() {
-        if cwd.join("xtask").is_dir() && cwd.join("generated/ir").is_dir() {
-            return cwd;
-        }
+    if let Ok(cwd) = std::env::current_dir()
+        && cwd.join("xtask").is_dir()
+        && cwd.join("generated/ir").is_dir()
+    {
+        return cwd;
     }
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
