@@ -59,11 +59,11 @@ pub fn lib_dir(explicit: Option<PathBuf>) -> Result<PathBuf> {
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let dir = lib_dir(args.lib_dir)?;
-    let shims = shims(&dir)?;
     if !args.no_check {
         crate::check::check(&args.server)?;
     }
+    let dir = lib_dir(args.lib_dir)?;
+    let shims = shims(&dir)?;
     let mut preload = OsString::new();
     for (i, shim) in shims.iter().enumerate() {
         if i > 0 {

@@ -97,6 +97,7 @@ static CONN: Mutex<Option<Result<Arc<Conn>, String>>> = Mutex::new(None);
 
 /// The process's connection, made on first use. Err: why there is none (logged once).
 pub fn get() -> Result<Arc<Conn>, String> {
+    crate::log::init();
     let mut slot = CONN.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(existing) = slot.as_ref() {
         match existing {

@@ -29,8 +29,15 @@ pub fn scratch(name: &str) -> PathBuf {
 pub fn shim_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let core = build_dir().join("libchidori.so");
-        assert!(core.exists(), "{} is missing: it is built with the chidori-interposer dependency", core.display());
+        // Building the chidori-interposer dependency of a test emits its cdylib into deps/
+        // (only a direct `cargo build` copies it up): take the newest of the two.
+        let candidates = [build_dir().join("deps/libchidori.so"), build_dir().join("libchidori.so")];
+        let core = candidates
+            .iter()
+            .filter_map(|p| Some((std::fs::metadata(p).ok()?.modified().ok()?, p)))
+            .max()
+            .map(|(_, p)| p.clone())
+            .expect("libchidori.so is missing: it is built with the chidori-interposer dependency");
         let dir = scratch("shims");
         std::fs::copy(&core, dir.join("libchidori.so")).expect("copying libchidori.so");
         xtask::dist::build_shims(&root(), &dir).expect("linking the shims");

@@ -332,11 +332,13 @@ impl Row {
 }
 
 /// Run the built programs through `chidori run` against `server` and compare with `profile`.
+/// `lib_dir`: the shims, when not in `../lib` next to the chidori binary.
 pub fn run(
     root: &Path,
     built: &Path,
     versions: &[String],
     chidori: &Path,
+    lib_dir: Option<&Path>,
     server: &str,
     profile: &Path,
 ) -> Result<Vec<Row>> {
@@ -348,11 +350,12 @@ pub fn run(
     let mut rows = Vec::new();
     for v in versions {
         let start = std::time::Instant::now();
-        let out = Command::new(chidori)
-            .args(["run", "-s", server, "--"])
-            .arg(built.join(format!("matrix-{v}")))
-            .output()
-            .context("running chidori run")?;
+        let mut cmd = Command::new(chidori);
+        cmd.args(["run", "-s", server]);
+        if let Some(dir) = lib_dir {
+            cmd.arg("--lib-dir").arg(dir);
+        }
+        let out = cmd.arg("--").arg(built.join(format!("matrix-{v}"))).output().context("running chidori run")?;
         let mut row = Row { cuda: v.clone(), seconds: start.elapsed().as_secs_f64(), ..Row::default() };
         let stdout = String::from_utf8_lossy(&out.stdout);
         let expected = expected_props(root, v, &profile)?;
@@ -457,6 +460,19 @@ impl EmulatedServer {
         // Keep draining the server's log so it never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines.by_ref() {});
         Ok(EmulatedServer { child, address })
+    }
+}
+
+impl EmulatedServer {
+    /// Process id of the supervisor.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Stop the supervisor now (its session workers keep running until their clients go).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

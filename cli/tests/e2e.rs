@@ -1,0 +1,281 @@
+//! End-to-end tests of `chidori serve` and `chidori run` on the emulated backend: the
+//! version matrix, and the reliability promises (bad frames end only their session, a
+//! killed client frees its session, a dead or hung server is a clear error, not a hang).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use chidori_protocol::frame::{self, Frame, HEADER_LEN, Header, Kind};
+use xtask::matrix::EmulatedServer;
+
+fn chidori() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_chidori"))
+}
+
+fn profile() -> PathBuf {
+    chidori_tests::root().join("worker/profiles/nvidia-h200.json")
+}
+
+fn server() -> EmulatedServer {
+    EmulatedServer::start(&chidori(), &profile()).expect("starting an emulated server")
+}
+
+/// Compile a C program against the CUDA 13.0 runtime headers and the 13.0 shim.
+fn program(name: &str, source: &str) -> PathBuf {
+    let dir = chidori_tests::scratch(name);
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let exe = dir.join(name);
+    let include = chidori_tests::runtime_headers("13.0");
+    let stub = chidori_tests::root().join("headers/stub");
+    chidori_tests::cc(
+        &src,
+        &exe,
+        &[
+            &format!("-I{}", include.display()),
+            &format!("-I{}", stub.display()),
+            &format!("-L{}", chidori_tests::shim_dir().display()),
+            "-l:libcudart.so.13",
+        ],
+    );
+    exe
+}
+
+fn run_cmd(server: &str, exe: &Path) -> Command {
+    let mut cmd = Command::new(chidori());
+    cmd.args(["run", "-s", server, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(exe);
+    cmd
+}
+
+/// Children of `pid` (the session workers of a supervisor).
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else { continue };
+        // pid (comm) state ppid …: comm may hold spaces, so split after the last ')'.
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let ppid: u32 = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        if ppid == pid && !rest.trim_start().starts_with('Z') {
+            out.push(child);
+        }
+    }
+    out
+}
+
+fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < timeout, "{what} did not happen within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    start.elapsed()
+}
+
+#[test]
+fn the_version_matrix_passes_for_every_cuda_version() {
+    let root = chidori_tests::root();
+    let versions = xtask::matrix::versions(&root).unwrap();
+    assert_eq!(versions.len(), 6);
+    let built = chidori_tests::scratch("matrix");
+    xtask::matrix::build(&root, &versions, &built, chidori_tests::shim_dir()).unwrap();
+    let server = server();
+    let rows = xtask::matrix::run(&root, &built, &versions, &chidori(), Some(chidori_tests::shim_dir()), &server.address, &profile())
+        .unwrap();
+    let table = xtask::matrix::table(&rows);
+    assert!(rows.iter().all(|r| r.ok()), "\n{table}");
+}
+
+/// A program that connects, then waits for a line on stdin before its next call.
+const WAITER: &str = r#"
+#include <stdio.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  void *d; int e = cudaMalloc(&d, 1 << 20);
+  printf("READY %d\n", e); fflush(stdout);
+  char line[16]; if (!fgets(line, sizeof line, stdin)) return 3;
+  e = cudaMalloc(&d, 1 << 20);
+  printf("AFTER %d\n", e); fflush(stdout);
+  return 0;
+}
+"#;
+
+fn start_waiter(server: &str, exe: &Path, envs: &[(&str, &str)]) -> (Child, BufReader<std::process::ChildStdout>) {
+    let mut cmd = run_cmd(server, exe);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "READY 0", "the waiter could not connect");
+    (child, out)
+}
+
+fn finish_waiter(mut child: Child, mut out: BufReader<std::process::ChildStdout>) -> (String, String) {
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child.wait().unwrap();
+    (rest, err)
+}
+
+#[test]
+fn killing_a_client_ends_its_session_worker() {
+    let server = server();
+    let supervisor = server.pid();
+    let exe = program("waiter-kill", WAITER);
+    let (mut child, _out) = start_waiter(&server.address, &exe, &[]);
+    wait_for("a session worker", Duration::from_secs(5), || children(supervisor).len() == 1);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let took = wait_for("the session worker's exit", Duration::from_secs(5), || children(supervisor).is_empty());
+    eprintln!("session worker gone {took:?} after the client was killed");
+}
+
+#[test]
+fn a_dead_server_is_a_clear_error_not_a_hang() {
+    let mut server = server();
+    let exe = program("waiter-dead", WAITER);
+    let (child, out) = start_waiter(&server.address, &exe, &[]);
+    let workers = children(server.pid());
+    server.kill();
+    for w in workers {
+        // SAFETY: sending a signal to a process we started.
+        unsafe { libc::kill(w as i32, libc::SIGKILL) };
+    }
+    let start = Instant::now();
+    let (rest, err) = finish_waiter(child, out);
+    assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
+    assert!(rest.contains("AFTER 100"), "stdout: {rest}");
+    assert!(err.contains(&server.address), "the error must name the server: {err}");
+}
+
+#[test]
+fn a_hung_server_is_detected_by_heartbeats() {
+    let server = server();
+    let exe = program("waiter-hung", WAITER);
+    let (child, out) = start_waiter(&server.address, &exe, &[("CHIDORI_HEARTBEAT_SECS", "1")]);
+    let workers = children(server.pid());
+    assert_eq!(workers.len(), 1);
+    // SAFETY: stopping a process we started (it is killed with the server).
+    unsafe { libc::kill(workers[0] as i32, libc::SIGSTOP) };
+    let start = Instant::now();
+    let (rest, err) = finish_waiter(child, out);
+    // SAFETY: as above.
+    unsafe { libc::kill(workers[0] as i32, libc::SIGKILL) };
+    assert!(start.elapsed() < Duration::from_secs(15), "took {:?}", start.elapsed());
+    assert!(rest.contains("AFTER 100"), "stdout: {rest}");
+    assert!(err.contains("stopped answering"), "stderr: {err}");
+}
+
+/// Send raw bytes as a client and return whether the server closed the connection.
+fn server_closes_after(addr: &str, bytes: &[u8]) -> bool {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut sink = Vec::new();
+    // Whatever the server answers (a Refuse or a Goodbye), it must end with a close.
+    s.read_to_end(&mut sink).is_ok() || sink.is_empty()
+}
+
+fn hello() -> Vec<u8> {
+    let hello = chidori_protocol::messages::Hello {
+        protocol: chidori_protocol::PROTOCOL_VERSION,
+        schema: chidori_cuda_schema(),
+        client_version: "test".into(),
+        pid: 1,
+        host: "test".into(),
+        program: "test".into(),
+    };
+    frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &chidori_protocol::messages::encode(&hello), &[]).unwrap()
+}
+
+fn chidori_cuda_schema() -> u64 {
+    chidori_cuda::calls::SCHEMA_HASH
+}
+
+#[test]
+fn malformed_input_ends_only_its_session() {
+    let server = server();
+    let addr = server.address.clone();
+    // Garbage instead of a frame.
+    assert!(server_closes_after(&addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
+    // A truncated header, and a valid hello followed by a truncated call.
+    assert!(server_closes_after(&addr, &hello()[..10]));
+    let mut truncated = hello();
+    let call = frame::to_vec(Header::new(Kind::Call, 0, 1, 1), &[0u8; 64], &[&[1, 2, 3]]).unwrap();
+    truncated.extend_from_slice(&call[..call.len() - 2]);
+    assert!(server_closes_after(&addr, &truncated));
+    // Absurd lengths: a header announcing a 4 GiB bulk section.
+    let mut absurd = hello();
+    let mut h = Header::new(Kind::Call, 0, 1, 1).encode();
+    h[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
+    absurd.extend_from_slice(&h);
+    assert!(server_closes_after(&addr, &absurd));
+    // An archive that does not validate, and an unknown call id.
+    let mut bad_archive = hello();
+    bad_archive.extend_from_slice(&frame::to_vec(Header::new(Kind::Call, 0, 1, 1), &[0xff; 48], &[]).unwrap());
+    assert!(server_closes_after(&addr, &bad_archive));
+    let mut unknown = hello();
+    let call = chidori_protocol::messages::encode(&chidori_protocol::messages::Call::default());
+    unknown.extend_from_slice(&frame::to_vec(Header::new(Kind::Call, u32::MAX, 1, 1), &call, &[]).unwrap());
+    assert!(server_closes_after(&addr, &unknown));
+    // Another protocol version is refused with a Refuse frame.
+    let mut old = hello();
+    old[4] = 99;
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&old).unwrap();
+    let mut head = [0u8; HEADER_LEN];
+    s.read_exact(&mut head).unwrap();
+    assert_eq!(Header::decode(&head).unwrap().kind, Kind::Refuse);
+    // The server still serves a well-behaved client.
+    let exe = program("healthy", "#include <cuda_runtime_api.h>\nint main(void){void*d;return cudaMalloc(&d,64);}\n");
+    let status = run_cmd(&addr, &exe).status().unwrap();
+    assert!(status.success());
+    let _ = Frame::decode(&[]);
+}
+
+#[test]
+fn unreachable_servers_and_other_releases_are_explained() {
+    let out = Command::new(chidori()).args(["run", "-s", "127.0.0.1:1", "--", "true"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("127.0.0.1:1") && err.contains("chidori serve"), "{err}");
+    // A fake server of another protocol version.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        if let Ok((mut s, _)) = listener.accept() {
+            let mut head = [0u8; HEADER_LEN];
+            let _ = s.read_exact(&mut head);
+            let mut h = Header::new(Kind::Welcome, 0, 0, 0).encode();
+            h[4] = 99;
+            let _ = s.write_all(&h);
+        }
+    });
+    let out = Command::new(chidori()).args(["run", "-s", &addr, "--", "true"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("protocol 99"), "{err}");
+}
+
+#[test]
+fn serve_explains_a_missing_gpu() {
+    let out = Command::new(chidori()).args(["serve", "--backend", "real", "--port", "0"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    // Without a driver (CI) serve refuses to start and says why; with one it would serve.
+    if !Path::new("/proc/driver/nvidia").exists() {
+        assert!(!out.status.success());
+        assert!(err.contains("NVIDIA driver") || err.contains("GPU"), "{err}");
+    }
+}
