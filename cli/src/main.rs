@@ -39,11 +39,22 @@ pub fn init_logging() {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(color).try_init();
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    match cli.command {
+    let result: Result<()> = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Serve(args) => serve::serve(args),
         Command::Session(args) => serve::session(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The chain of causes, one line; a backtrace only when CHIDORI_LOG asks for debug.
+            eprintln!("chidori: {e:#}");
+            if std::env::var(chidori_protocol::env::LOG).is_ok_and(|l| l.contains("debug") || l.contains("trace")) {
+                eprintln!("{}", e.backtrace());
+            }
+            std::process::ExitCode::from(2)
+        }
     }
 }

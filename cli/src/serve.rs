@@ -41,6 +41,12 @@ pub struct ServeArgs {
     /// Seconds of silence before a heartbeat; a client missing three is gone.
     #[arg(long, env = env::HEARTBEAT_SECS, default_value_t = 5)]
     pub heartbeat_secs: u64,
+    /// Directory of the module cache (default: ~/.cache/chidori/modules).
+    #[arg(long, env = env::MODULE_CACHE, value_name = "DIR")]
+    pub module_cache: Option<PathBuf>,
+    /// Size bound of the module cache, in MiB (0: no cache on disk).
+    #[arg(long, default_value_t = 4096)]
+    pub module_cache_mb: u64,
 }
 
 #[derive(clap::Args)]
@@ -53,6 +59,10 @@ pub struct SessionArgs {
     pub cuda_lib_dirs: Vec<PathBuf>,
     #[arg(long, default_value_t = 5)]
     pub heartbeat_secs: u64,
+    #[arg(long)]
+    pub module_cache: Option<PathBuf>,
+    #[arg(long, default_value_t = 4096)]
+    pub module_cache_mb: u64,
     /// Load the backend, print what it found, exit.
     #[arg(long)]
     pub probe: bool,
@@ -79,6 +89,8 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         gpus: args.gpus,
         backend,
         heartbeat: Duration::from_secs(args.heartbeat_secs.max(1)),
+        module_cache: args.module_cache.unwrap_or_else(chidori_worker::cache::default_dir),
+        module_cache_mb: args.module_cache_mb,
         exe: std::env::current_exe().context("locating the chidori binary")?,
     };
     supervisor::serve(options)
@@ -115,7 +127,12 @@ pub fn session(args: SessionArgs) -> Result<()> {
             }
         }
     }
-    let options = chidori_worker::session::Options { heartbeat: Duration::from_secs(args.heartbeat_secs.max(1)) };
+    let module_cache = match (args.module_cache, args.module_cache_mb) {
+        (Some(dir), mb) if mb > 0 => Some(chidori_worker::cache::ModuleCache::new(dir, mb << 20)),
+        _ => None,
+    };
+    let options =
+        chidori_worker::session::Options { heartbeat: Duration::from_secs(args.heartbeat_secs.max(1)), module_cache };
     let result = chidori_worker::session::run_on_fd(supervisor::SESSION_FD, backend, options);
     // Executors may be blocked inside CUDA: end the process, which frees the session's GPU state.
     std::process::exit(if result.is_ok() { 0 } else { 1 })

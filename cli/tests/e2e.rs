@@ -83,8 +83,16 @@ fn the_version_matrix_passes_for_every_cuda_version() {
     let built = chidori_tests::scratch("matrix");
     xtask::matrix::build(&root, &versions, &built, chidori_tests::shim_dir()).unwrap();
     let server = server();
-    let rows = xtask::matrix::run(&root, &built, &versions, &chidori(), Some(chidori_tests::shim_dir()), &server.address, &profile())
-        .unwrap();
+    let rows = xtask::matrix::run(
+        &root,
+        &built,
+        &versions,
+        &chidori(),
+        Some(chidori_tests::shim_dir()),
+        &server.address,
+        &profile(),
+    )
+    .unwrap();
     let table = xtask::matrix::table(&rows);
     assert!(rows.iter().all(|r| r.ok()), "\n{table}");
 }

@@ -1002,6 +1002,23 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetAttributes__cu121(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaFuncGetAttributes__cu121(attr, func) }
 }
+///`cudaFuncSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaFuncSetAttribute(
+    func: *mut c_void,
+    attr: u32,
+    value: i32,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaFuncSetAttribute(func, attr, value) }
+}
+///`cudaFuncSetCacheConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaFuncSetCacheConfig(
+    func: *mut c_void,
+    cacheConfig: u32,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaFuncSetCacheConfig(func, cacheConfig) }
+}
 ///`cudaGetDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetDevice(device: *mut c_void) -> u32 {
@@ -1058,6 +1075,14 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetErrorString(error: u32) -> *mut
         crate::runtime::error_string("13.1", "cudart", error as i64) as *mut c_void
     }
 }
+///`cudaGetKernel` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetKernel(
+    kernelPtr: *mut c_void,
+    entryFuncAddr: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaGetKernel(kernelPtr, entryFuncAddr) }
+}
 ///`cudaGetLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetLastError() -> u32 {
@@ -1080,6 +1105,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetMipmappedArrayLevel(
             ],
         ) as u32
     }
+}
+///`cudaGetSymbolAddress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetSymbolAddress(
+    devPtr: *mut c_void,
+    symbol: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaGetSymbolAddress(devPtr, symbol) }
+}
+///`cudaGetSymbolSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetSymbolSize(
+    size: *mut c_void,
+    symbol: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaGetSymbolSize(size, symbol) }
 }
 ///`cudaGetTextureAlignmentOffset` for CUDA 11.8 (sync).
 #[unsafe(no_mangle)]
@@ -1394,23 +1435,14 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetId(
         ) as u32
     }
 }
-///`cudaGraphGetNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphGetNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetNodes(
     graph: *mut c_void,
     nodes: *mut c_void,
     numNodes: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaGraphGetNodes,
-            &[
-                (graph) as usize as u64,
-                (nodes) as usize as u64,
-                (numNodes) as usize as u64,
-            ],
-        ) as u32
-    }
+    unsafe { crate::custom::cudart::cudaGraphGetNodes(graph, nodes, numNodes) }
 }
 ///`cudaGraphGetRootNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -1471,7 +1503,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeCopyAttributes(
         ) as u32
     }
 }
-///`cudaGraphLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphLaunch(
     graphExec: *mut c_void,
@@ -1484,7 +1516,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphLaunch(
         ) as u32
     }
 }
-///`cudaGraphLaunch_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphLaunch_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphLaunch_ptsz(
     graphExec: *mut c_void,
@@ -1887,6 +1919,48 @@ pub unsafe extern "C" fn __chidori_cudart_cudaKernelSetAttributeForDevice(
         ) as u32
     }
 }
+///`cudaLaunchCooperativeKernel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchCooperativeKernel(
+    func: *mut c_void,
+    gridDim: chidori_cuda::types::dim3,
+    blockDim: chidori_cuda::types::dim3,
+    args: *mut c_void,
+    sharedMem: usize,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaLaunchCooperativeKernel(
+            func,
+            gridDim,
+            blockDim,
+            args,
+            sharedMem,
+            stream,
+        )
+    }
+}
+///`cudaLaunchCooperativeKernel_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchCooperativeKernel_ptsz(
+    func: *mut c_void,
+    gridDim: chidori_cuda::types::dim3,
+    blockDim: chidori_cuda::types::dim3,
+    args: *mut c_void,
+    sharedMem: usize,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaLaunchCooperativeKernel_ptsz(
+            func,
+            gridDim,
+            blockDim,
+            args,
+            sharedMem,
+            stream,
+        )
+    }
+}
 ///`cudaLaunchHostFunc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLaunchHostFunc(
@@ -1904,6 +1978,138 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchHostFunc_ptsz(
     userData: *mut c_void,
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaLaunchHostFunc_ptsz(stream, r#fn, userData) }
+}
+///`cudaLaunchKernel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernel(
+    func: *mut c_void,
+    gridDim: chidori_cuda::types::dim3,
+    blockDim: chidori_cuda::types::dim3,
+    args: *mut c_void,
+    sharedMem: usize,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaLaunchKernel(
+            func,
+            gridDim,
+            blockDim,
+            args,
+            sharedMem,
+            stream,
+        )
+    }
+}
+///`cudaLaunchKernelExC` for CUDA 11.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC__cu118(
+    config: *mut c_void,
+    func: *mut c_void,
+    args: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaLaunchKernelExC__cu118(config, func, args) }
+}
+///`cudaLaunchKernelExC` for CUDA 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC__cu121(
+    config: *mut c_void,
+    func: *mut c_void,
+    args: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaLaunchKernelExC__cu121(config, func, args) }
+}
+///`cudaLaunchKernelExC` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC__cu126(
+    config: *mut c_void,
+    func: *mut c_void,
+    args: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaLaunchKernelExC__cu126(config, func, args) }
+}
+///`cudaLaunchKernelExC` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC__cu128(
+    config: *mut c_void,
+    func: *mut c_void,
+    args: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaLaunchKernelExC__cu128(config, func, args) }
+}
+///`cudaLaunchKernelExC` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC__cu130(
+    config: *mut c_void,
+    func: *mut c_void,
+    args: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaLaunchKernelExC__cu130(config, func, args) }
+}
+///`cudaLaunchKernelExC_ptsz` for CUDA 11.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC_ptsz__cu118(
+    config: *mut c_void,
+    func: *mut c_void,
+    args: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaLaunchKernelExC_ptsz__cu118(config, func, args) }
+}
+///`cudaLaunchKernelExC_ptsz` for CUDA 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC_ptsz__cu121(
+    config: *mut c_void,
+    func: *mut c_void,
+    args: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaLaunchKernelExC_ptsz__cu121(config, func, args) }
+}
+///`cudaLaunchKernelExC_ptsz` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC_ptsz__cu126(
+    config: *mut c_void,
+    func: *mut c_void,
+    args: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaLaunchKernelExC_ptsz__cu126(config, func, args) }
+}
+///`cudaLaunchKernelExC_ptsz` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC_ptsz__cu128(
+    config: *mut c_void,
+    func: *mut c_void,
+    args: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaLaunchKernelExC_ptsz__cu128(config, func, args) }
+}
+///`cudaLaunchKernelExC_ptsz` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC_ptsz__cu130(
+    config: *mut c_void,
+    func: *mut c_void,
+    args: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaLaunchKernelExC_ptsz__cu130(config, func, args) }
+}
+///`cudaLaunchKernel_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernel_ptsz(
+    func: *mut c_void,
+    gridDim: chidori_cuda::types::dim3,
+    blockDim: chidori_cuda::types::dim3,
+    args: *mut c_void,
+    sharedMem: usize,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaLaunchKernel_ptsz(
+            func,
+            gridDim,
+            blockDim,
+            args,
+            sharedMem,
+            stream,
+        )
+    }
 }
 ///`cudaLibraryEnumerateKernels` for CUDA 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -2121,6 +2327,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaMemcpy(dst, src, count, kind) }
 }
+///`cudaMemcpy2D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2D(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaMemcpy2D(
+            dst,
+            dpitch,
+            src,
+            spitch,
+            width,
+            height,
+            kind,
+        )
+    }
+}
 ///`cudaMemcpy2DArrayToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DArrayToArray(
@@ -2179,6 +2408,79 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DArrayToArray_ptds(
                 (kind) as u64,
             ],
         ) as u32
+    }
+}
+///`cudaMemcpy2DAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DAsync(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaMemcpy2DAsync(
+            dst,
+            dpitch,
+            src,
+            spitch,
+            width,
+            height,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpy2DAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DAsync_ptsz(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaMemcpy2DAsync_ptsz(
+            dst,
+            dpitch,
+            src,
+            spitch,
+            width,
+            height,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpy2D_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2D_ptds(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaMemcpy2D_ptds(
+            dst,
+            dpitch,
+            src,
+            spitch,
+            width,
+            height,
+            kind,
+        )
     }
 }
 ///`cudaMemcpyArrayToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2259,6 +2561,148 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyAsync_ptsz(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaMemcpyAsync_ptsz(dst, src, count, kind, stream) }
 }
+///`cudaMemcpyFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbol(
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaMemcpyFromSymbol(dst, symbol, count, offset, kind)
+    }
+}
+///`cudaMemcpyFromSymbolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbolAsync(
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaMemcpyFromSymbolAsync(
+            dst,
+            symbol,
+            count,
+            offset,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyFromSymbolAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbolAsync_ptsz(
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaMemcpyFromSymbolAsync_ptsz(
+            dst,
+            symbol,
+            count,
+            offset,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyFromSymbol_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbol_ptds(
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaMemcpyFromSymbol_ptds(
+            dst,
+            symbol,
+            count,
+            offset,
+            kind,
+        )
+    }
+}
+///`cudaMemcpyToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbol(
+    symbol: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaMemcpyToSymbol(symbol, src, count, offset, kind)
+    }
+}
+///`cudaMemcpyToSymbolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbolAsync(
+    symbol: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaMemcpyToSymbolAsync(
+            symbol,
+            src,
+            count,
+            offset,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyToSymbolAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbolAsync_ptsz(
+    symbol: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaMemcpyToSymbolAsync_ptsz(
+            symbol,
+            src,
+            count,
+            offset,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyToSymbol_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbol_ptds(
+    symbol: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaMemcpyToSymbol_ptds(symbol, src, count, offset, kind)
+    }
+}
 ///`cudaMemcpy_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy_ptds(
@@ -2280,6 +2724,98 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemset(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaMemset,
             &[(devPtr) as usize as u64, (value) as i64 as u64, (count) as u64],
+        ) as u32
+    }
+}
+///`cudaMemset2D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemset2D(
+    devPtr: *mut c_void,
+    pitch: usize,
+    value: i32,
+    width: usize,
+    height: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemset2D,
+            &[
+                (devPtr) as usize as u64,
+                (pitch) as u64,
+                (value) as i64 as u64,
+                (width) as u64,
+                (height) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemset2DAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemset2DAsync(
+    devPtr: *mut c_void,
+    pitch: usize,
+    value: i32,
+    width: usize,
+    height: usize,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemset2DAsync,
+            &[
+                (devPtr) as usize as u64,
+                (pitch) as u64,
+                (value) as i64 as u64,
+                (width) as u64,
+                (height) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemset2DAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemset2DAsync_ptsz(
+    devPtr: *mut c_void,
+    pitch: usize,
+    value: i32,
+    width: usize,
+    height: usize,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemset2DAsync_ptsz,
+            &[
+                (devPtr) as usize as u64,
+                (pitch) as u64,
+                (value) as i64 as u64,
+                (width) as u64,
+                (height) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemset2D_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemset2D_ptds(
+    devPtr: *mut c_void,
+    pitch: usize,
+    value: i32,
+    width: usize,
+    height: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemset2D_ptds,
+            &[
+                (devPtr) as usize as u64,
+                (pitch) as u64,
+                (value) as i64 as u64,
+                (width) as u64,
+                (height) as u64,
+            ],
         ) as u32
     }
 }
@@ -2335,6 +2871,42 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemset_ptds(
             &chidori_cuda::calls::cudart::cudaMemset_ptds,
             &[(devPtr) as usize as u64, (value) as i64 as u64, (count) as u64],
         ) as u32
+    }
+}
+///`cudaOccupancyMaxActiveBlocksPerMultiprocessor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+    numBlocks: *mut c_void,
+    func: *mut c_void,
+    blockSize: i32,
+    dynamicSMemSize: usize,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            numBlocks,
+            func,
+            blockSize,
+            dynamicSMemSize,
+        )
+    }
+}
+///`cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    numBlocks: *mut c_void,
+    func: *mut c_void,
+    blockSize: i32,
+    dynamicSMemSize: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+            numBlocks,
+            func,
+            blockSize,
+            dynamicSMemSize,
+            flags,
+        )
     }
 }
 ///`cudaPeekAtLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).

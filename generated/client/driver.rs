@@ -2125,6 +2125,64 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunch(f: *mut c_void) -> u32 {
         ) as u32
     }
 }
+///`cuLaunchCooperativeKernel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchCooperativeKernel(
+    f: *mut c_void,
+    gridDimX: u32,
+    gridDimY: u32,
+    gridDimZ: u32,
+    blockDimX: u32,
+    blockDimY: u32,
+    blockDimZ: u32,
+    sharedMemBytes: u32,
+    hStream: *mut c_void,
+    kernelParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuLaunchCooperativeKernel(
+            f,
+            gridDimX,
+            gridDimY,
+            gridDimZ,
+            blockDimX,
+            blockDimY,
+            blockDimZ,
+            sharedMemBytes,
+            hStream,
+            kernelParams,
+        )
+    }
+}
+///`cuLaunchCooperativeKernel_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchCooperativeKernel_ptsz(
+    f: *mut c_void,
+    gridDimX: u32,
+    gridDimY: u32,
+    gridDimZ: u32,
+    blockDimX: u32,
+    blockDimY: u32,
+    blockDimZ: u32,
+    sharedMemBytes: u32,
+    hStream: *mut c_void,
+    kernelParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuLaunchCooperativeKernel_ptsz(
+            f,
+            gridDimX,
+            gridDimY,
+            gridDimZ,
+            blockDimX,
+            blockDimY,
+            blockDimZ,
+            sharedMemBytes,
+            hStream,
+            kernelParams,
+        )
+    }
+}
 ///`cuLaunchGrid` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLaunchGrid(
@@ -2180,6 +2238,213 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchHostFunc_ptsz(
     userData: *mut c_void,
 ) -> u32 {
     unsafe { crate::custom::driver::cuLaunchHostFunc_ptsz(hStream, r#fn, userData) }
+}
+///`cuLaunchKernel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchKernel(
+    f: *mut c_void,
+    gridDimX: u32,
+    gridDimY: u32,
+    gridDimZ: u32,
+    blockDimX: u32,
+    blockDimY: u32,
+    blockDimZ: u32,
+    sharedMemBytes: u32,
+    hStream: *mut c_void,
+    kernelParams: *mut c_void,
+    extra: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuLaunchKernel(
+            f,
+            gridDimX,
+            gridDimY,
+            gridDimZ,
+            blockDimX,
+            blockDimY,
+            blockDimZ,
+            sharedMemBytes,
+            hStream,
+            kernelParams,
+            extra,
+        )
+    }
+}
+///`cuLaunchKernelEx` for CUDA 11.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx__cu118(
+    config: *mut c_void,
+    f: *mut c_void,
+    kernelParams: *mut c_void,
+    extra: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuLaunchKernelEx__cu118(config, f, kernelParams, extra)
+    }
+}
+///`cuLaunchKernelEx` for CUDA 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx__cu121(
+    config: *mut c_void,
+    f: *mut c_void,
+    kernelParams: *mut c_void,
+    extra: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuLaunchKernelEx__cu121(config, f, kernelParams, extra)
+    }
+}
+///`cuLaunchKernelEx` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx__cu126(
+    config: *mut c_void,
+    f: *mut c_void,
+    kernelParams: *mut c_void,
+    extra: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuLaunchKernelEx__cu126(config, f, kernelParams, extra)
+    }
+}
+///`cuLaunchKernelEx` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx__cu128(
+    config: *mut c_void,
+    f: *mut c_void,
+    kernelParams: *mut c_void,
+    extra: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuLaunchKernelEx__cu128(config, f, kernelParams, extra)
+    }
+}
+///`cuLaunchKernelEx` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx__cu130(
+    config: *mut c_void,
+    f: *mut c_void,
+    kernelParams: *mut c_void,
+    extra: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuLaunchKernelEx__cu130(config, f, kernelParams, extra)
+    }
+}
+///`cuLaunchKernelEx_ptsz` for CUDA 11.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx_ptsz__cu118(
+    config: *mut c_void,
+    f: *mut c_void,
+    kernelParams: *mut c_void,
+    extra: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuLaunchKernelEx_ptsz__cu118(
+            config,
+            f,
+            kernelParams,
+            extra,
+        )
+    }
+}
+///`cuLaunchKernelEx_ptsz` for CUDA 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx_ptsz__cu121(
+    config: *mut c_void,
+    f: *mut c_void,
+    kernelParams: *mut c_void,
+    extra: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuLaunchKernelEx_ptsz__cu121(
+            config,
+            f,
+            kernelParams,
+            extra,
+        )
+    }
+}
+///`cuLaunchKernelEx_ptsz` for CUDA 12.6 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx_ptsz__cu126(
+    config: *mut c_void,
+    f: *mut c_void,
+    kernelParams: *mut c_void,
+    extra: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuLaunchKernelEx_ptsz__cu126(
+            config,
+            f,
+            kernelParams,
+            extra,
+        )
+    }
+}
+///`cuLaunchKernelEx_ptsz` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx_ptsz__cu128(
+    config: *mut c_void,
+    f: *mut c_void,
+    kernelParams: *mut c_void,
+    extra: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuLaunchKernelEx_ptsz__cu128(
+            config,
+            f,
+            kernelParams,
+            extra,
+        )
+    }
+}
+///`cuLaunchKernelEx_ptsz` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx_ptsz__cu130(
+    config: *mut c_void,
+    f: *mut c_void,
+    kernelParams: *mut c_void,
+    extra: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuLaunchKernelEx_ptsz__cu130(
+            config,
+            f,
+            kernelParams,
+            extra,
+        )
+    }
+}
+///`cuLaunchKernel_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchKernel_ptsz(
+    f: *mut c_void,
+    gridDimX: u32,
+    gridDimY: u32,
+    gridDimZ: u32,
+    blockDimX: u32,
+    blockDimY: u32,
+    blockDimZ: u32,
+    sharedMemBytes: u32,
+    hStream: *mut c_void,
+    kernelParams: *mut c_void,
+    extra: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuLaunchKernel_ptsz(
+            f,
+            gridDimX,
+            gridDimY,
+            gridDimZ,
+            blockDimX,
+            blockDimY,
+            blockDimZ,
+            sharedMemBytes,
+            hStream,
+            kernelParams,
+            extra,
+        )
+    }
 }
 ///`cuLibraryEnumerateKernels` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -3899,15 +4164,45 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleGetTexRef(
         ) as u32
     }
 }
-///`cuModuleUnload` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuModuleLoadData` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuModuleLoadData(
+    module: *mut c_void,
+    image: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::driver::cuModuleLoadData(module, image) }
+}
+///`cuModuleLoadDataEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuModuleLoadDataEx(
+    module: *mut c_void,
+    image: *mut c_void,
+    numOptions: u32,
+    options: *mut c_void,
+    optionValues: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuModuleLoadDataEx(
+            module,
+            image,
+            numOptions,
+            options,
+            optionValues,
+        )
+    }
+}
+///`cuModuleLoadFatBinary` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuModuleLoadFatBinary(
+    module: *mut c_void,
+    fatCubin: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::driver::cuModuleLoadFatBinary(module, fatCubin) }
+}
+///`cuModuleUnload` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuModuleUnload(hmod: *mut c_void) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuModuleUnload,
-            &[(hmod) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuModuleUnload(hmod) }
 }
 ///`cuMulticastAddDevice` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -4057,6 +4352,48 @@ pub unsafe extern "C" fn __chidori_driver_cuMulticastUnbind(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuMulticastUnbind,
             &[(mcHandle) as u64, (dev) as i64 as u64, (mcOffset) as u64, (size) as u64],
+        ) as u32
+    }
+}
+///`cuOccupancyMaxActiveBlocksPerMultiprocessor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    numBlocks: *mut c_void,
+    func: *mut c_void,
+    blockSize: i32,
+    dynamicSMemSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuOccupancyMaxActiveBlocksPerMultiprocessor,
+            &[
+                (numBlocks) as usize as u64,
+                (func) as usize as u64,
+                (blockSize) as i64 as u64,
+                (dynamicSMemSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    numBlocks: *mut c_void,
+    func: *mut c_void,
+    blockSize: i32,
+    dynamicSMemSize: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
+            &[
+                (numBlocks) as usize as u64,
+                (func) as usize as u64,
+                (blockSize) as i64 as u64,
+                (dynamicSMemSize) as u64,
+                (flags) as u64,
+            ],
         ) as u32
     }
 }

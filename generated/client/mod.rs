@@ -514,6 +514,14 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             Some(driver::__chidori_driver_cuKernelSetCacheConfig as *const c_void)
         }
         "cuLaunch" => Some(driver::__chidori_driver_cuLaunch as *const c_void),
+        "cuLaunchCooperativeKernel" => {
+            Some(driver::__chidori_driver_cuLaunchCooperativeKernel as *const c_void)
+        }
+        "cuLaunchCooperativeKernel_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuLaunchCooperativeKernel_ptsz as *const c_void,
+            )
+        }
         "cuLaunchGrid" => Some(driver::__chidori_driver_cuLaunchGrid as *const c_void),
         "cuLaunchGridAsync" => {
             Some(driver::__chidori_driver_cuLaunchGridAsync as *const c_void)
@@ -523,6 +531,18 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuLaunchHostFunc_ptsz" => {
             Some(driver::__chidori_driver_cuLaunchHostFunc_ptsz as *const c_void)
+        }
+        "cuLaunchKernel" => {
+            Some(driver::__chidori_driver_cuLaunchKernel as *const c_void)
+        }
+        "cuLaunchKernelEx" => {
+            Some(driver::__chidori_driver_cuLaunchKernelEx__cu130 as *const c_void)
+        }
+        "cuLaunchKernelEx_ptsz" => {
+            Some(driver::__chidori_driver_cuLaunchKernelEx_ptsz__cu130 as *const c_void)
+        }
+        "cuLaunchKernel_ptsz" => {
+            Some(driver::__chidori_driver_cuLaunchKernel_ptsz as *const c_void)
         }
         "cuLibraryEnumerateKernels" => {
             Some(driver::__chidori_driver_cuLibraryEnumerateKernels as *const c_void)
@@ -790,6 +810,15 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuModuleGetTexRef" => {
             Some(driver::__chidori_driver_cuModuleGetTexRef as *const c_void)
         }
+        "cuModuleLoadData" => {
+            Some(driver::__chidori_driver_cuModuleLoadData as *const c_void)
+        }
+        "cuModuleLoadDataEx" => {
+            Some(driver::__chidori_driver_cuModuleLoadDataEx as *const c_void)
+        }
+        "cuModuleLoadFatBinary" => {
+            Some(driver::__chidori_driver_cuModuleLoadFatBinary as *const c_void)
+        }
         "cuModuleUnload" => {
             Some(driver::__chidori_driver_cuModuleUnload as *const c_void)
         }
@@ -816,6 +845,18 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuMulticastUnbind" => {
             Some(driver::__chidori_driver_cuMulticastUnbind as *const c_void)
+        }
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor" => {
+            Some(
+                driver::__chidori_driver_cuOccupancyMaxActiveBlocksPerMultiprocessor
+                    as *const c_void,
+            )
+        }
+        "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags" => {
+            Some(
+                driver::__chidori_driver_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags
+                    as *const c_void,
+            )
         }
         "cuParamSetSize" => {
             Some(driver::__chidori_driver_cuParamSetSize as *const c_void)

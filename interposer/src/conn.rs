@@ -13,7 +13,9 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use chidori_protocol::frame::{self, Frame, FrameError, HEADER_LEN, Header, Kind};
-use chidori_protocol::messages::{self, AsyncError, Goodbye, Hello, HostCallback, Refuse, Reply, Welcome};
+use chidori_protocol::messages::{
+    self, AsyncError, Goodbye, Hello, HostCallback, Refuse, Reply, Service, ServiceReply, Welcome,
+};
 use chidori_protocol::{PROTOCOL_VERSION, env};
 
 /// Where a reply's output bytes go: the caller's memory.
@@ -30,11 +32,13 @@ pub type Outcome = Result<u64, String>;
 pub struct Slot {
     done: Mutex<Option<Outcome>>,
     ready: Condvar,
+    /// The answer to a service request.
+    service: Mutex<Option<ServiceReply>>,
 }
 
 impl Slot {
     fn new() -> Arc<Slot> {
-        Arc::new(Slot { done: Mutex::new(None), ready: Condvar::new() })
+        Arc::new(Slot { done: Mutex::new(None), ready: Condvar::new(), service: Mutex::new(None) })
     }
 
     fn complete(&self, outcome: Outcome) {
@@ -299,6 +303,28 @@ impl Conn {
         })
     }
 
+    /// A Chidori request (module loading, kernel metadata), answered on the calling
+    /// thread's server executor in order with its calls.
+    pub fn service(&self, request: &Service, bulk: &[&[u8]]) -> Result<ServiceReply, String> {
+        let seq = self.next_seq();
+        let slot = self.expect(seq, Vec::new());
+        let header = Header::new(Kind::Service, 0, crate::runtime::thread_id(), seq);
+        if let Err(e) = self.send(header, &messages::encode(request), bulk) {
+            self.forget(seq);
+            return Err(e);
+        }
+        slot.wait()?;
+        let reply = slot.service.lock().unwrap_or_else(|p| p.into_inner()).take();
+        reply.ok_or_else(|| "the server's answer was not a service reply".to_owned())
+    }
+
+    /// Send a kernel launch (fire-and-forget; a failure comes back as a deferred status).
+    pub fn launch(&self, launch: &messages::Launch, params: &[u8]) -> Result<(), String> {
+        let seq = self.next_seq();
+        let header = Header::new(Kind::Launch, 0, crate::runtime::thread_id(), seq);
+        self.send(header, &messages::encode(launch), &[params])
+    }
+
     pub fn defer_error(&self, library: &'static str, status: i64) {
         self.deferred.lock().unwrap_or_else(|p| p.into_inner()).push((library, status));
     }
@@ -439,6 +465,18 @@ fn handle(conn: &Arc<Conn>, frame: Frame) -> Result<(), String> {
                 tracing::debug!("server: {m}");
             }
             conn.defer_error(library, err.status);
+        }
+        Kind::ServiceReply => {
+            let pending = conn.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&frame.header.seq);
+            let Some(pending) = pending else {
+                return Err(format!(
+                    "Chidori server {} answered a request never made (seq {})",
+                    conn.server, frame.header.seq
+                ));
+            };
+            let reply: ServiceReply = messages::decode(&frame, "service reply").map_err(|e| e.to_string())?;
+            *pending.slot.service.lock().unwrap_or_else(|p| p.into_inner()) = Some(reply);
+            pending.slot.complete(Ok(0));
         }
         Kind::Ping => conn.send(Header::new(Kind::Pong, 0, 0, frame.header.seq), &[], &[])?,
         Kind::Pong => {}

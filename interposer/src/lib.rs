@@ -7,8 +7,10 @@
 
 pub mod conn;
 pub mod custom;
+pub mod fatbin;
 pub mod guard;
 pub mod log;
+pub mod modules;
 pub mod registry;
 pub mod runtime;
 pub mod state;

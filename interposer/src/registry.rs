@@ -27,6 +27,8 @@ pub struct Module {
     pub wrapper: *const FatbinWrapper,
     /// Set by `__cudaRegisterFatBinaryEnd`.
     pub complete: bool,
+    /// The module on the server, once a kernel or variable of it was used.
+    pub loaded: Mutex<Option<std::sync::Arc<crate::modules::Loaded>>>,
 }
 
 /// One registered kernel; its address is the `cudaKernel_t` handed out by `__cudaGetKernel`.
@@ -34,6 +36,8 @@ pub struct Kernel {
     pub module: *const Module,
     pub host_fun: usize,
     pub name: &'static CStr,
+    /// The server's function and parameter layout, once resolved.
+    pub resolved: std::sync::OnceLock<crate::modules::Function>,
 }
 
 /// One registered `__device__`/`__constant__` variable.
@@ -43,13 +47,27 @@ pub struct Variable {
     pub size: usize,
     pub constant: bool,
     pub managed: bool,
+    /// The variable's device address, once resolved.
+    pub address: std::sync::OnceLock<u64>,
 }
+
+// SAFETY: records are immutable after registration except for their synchronized fields;
+// the raw pointers address the application's static data or other leaked records.
+unsafe impl Sync for Module {}
+// SAFETY: as above.
+unsafe impl Send for Module {}
+// SAFETY: as above.
+unsafe impl Sync for Kernel {}
+// SAFETY: as above.
+unsafe impl Sync for Variable {}
 
 #[derive(Default)]
 pub struct Registry {
     pub modules: Vec<&'static Module>,
     pub kernels: HashMap<usize, &'static Kernel>,
     pub variables: HashMap<usize, &'static Variable>,
+    /// Addresses of the kernel records, the `cudaKernel_t` values handed out.
+    pub kernel_records: std::collections::HashSet<usize>,
 }
 
 // SAFETY: the raw pointers inside the records are addresses of the application's static
@@ -69,7 +87,8 @@ fn with<T>(f: impl FnOnce(&mut Registry) -> T) -> T {
 
 /// `__cudaRegisterFatBinary`: returns the module handle.
 pub fn register_fatbin(wrapper: *const c_void) -> *mut c_void {
-    let module: &'static Module = Box::leak(Box::new(Module { wrapper: wrapper.cast(), complete: false }));
+    let module: &'static Module =
+        Box::leak(Box::new(Module { wrapper: wrapper.cast(), complete: false, loaded: Mutex::new(None) }));
     with(|r| r.modules.push(module));
     module as *const Module as *mut c_void
 }
@@ -91,9 +110,11 @@ pub unsafe fn register_kernel(module: *mut c_void, host_fun: usize, name: *const
     }
     // SAFETY: nvcc passes the mangled name literal of the kernel, which lives in .rodata.
     let name: &'static CStr = unsafe { CStr::from_ptr(name) };
-    let kernel: &'static Kernel = Box::leak(Box::new(Kernel { module: module.cast(), host_fun, name }));
+    let kernel: &'static Kernel =
+        Box::leak(Box::new(Kernel { module: module.cast(), host_fun, name, resolved: std::sync::OnceLock::new() }));
     with(|r| {
         r.kernels.insert(host_fun, kernel);
+        r.kernel_records.insert(kernel as *const Kernel as usize);
     });
 }
 
@@ -112,8 +133,14 @@ pub unsafe fn register_variable(
     }
     // SAFETY: nvcc passes the variable's name literal, which lives in .rodata.
     let name: &'static CStr = unsafe { CStr::from_ptr(name) };
-    let variable: &'static Variable =
-        Box::leak(Box::new(Variable { module: module.cast(), name, size, constant, managed }));
+    let variable: &'static Variable = Box::leak(Box::new(Variable {
+        module: module.cast(),
+        name,
+        size,
+        constant,
+        managed,
+        address: std::sync::OnceLock::new(),
+    }));
     with(|r| {
         r.variables.insert(host_var, variable);
     });
@@ -121,6 +148,16 @@ pub unsafe fn register_variable(
 
 pub fn kernel_by_host_fun(host_fun: usize) -> Option<&'static Kernel> {
     with(|r| r.kernels.get(&host_fun).copied())
+}
+
+pub fn variable_by_host_var(host_var: usize) -> Option<&'static Variable> {
+    with(|r| r.variables.get(&host_var).copied())
+}
+
+/// A `cudaKernel_t` handed out by `__cudaGetKernel`, checked against the registry.
+pub fn kernel_by_handle(handle: usize) -> Option<&'static Kernel> {
+    // SAFETY: only addresses of leaked kernel records are in the set.
+    with(|r| r.kernel_records.contains(&handle).then(|| unsafe { &*(handle as *const Kernel) }))
 }
 
 #[cfg(test)]

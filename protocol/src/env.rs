@@ -34,3 +34,7 @@ pub const TRACE: &str = "CHIDORI_TRACE";
 /// Seconds without any frame after which either side sends a heartbeat, and after three of
 /// which it gives up on the peer (default 5).
 pub const HEARTBEAT_SECS: &str = "CHIDORI_HEARTBEAT_SECS";
+
+/// Directory of the server's module cache (module images by hash, so the second run of a
+/// program uploads nothing).
+pub const MODULE_CACHE: &str = "CHIDORI_MODULE_CACHE";

@@ -40,6 +40,13 @@ pub enum Kind {
     HostCallbackDone = 10,
     /// Either way, then close: [`crate::messages::Goodbye`].
     Goodbye = 11,
+    /// Client → server: a kernel launch ([`crate::messages::Launch`] + packed parameters).
+    /// No reply; a failure comes back as an AsyncError.
+    Launch = 12,
+    /// Client → server: a Chidori request ([`crate::messages::Service`]), answered by
+    /// [`Kind::ServiceReply`].
+    Service = 13,
+    ServiceReply = 14,
 }
 
 impl Kind {
@@ -56,6 +63,9 @@ impl Kind {
             9 => Kind::HostCallback,
             10 => Kind::HostCallbackDone,
             11 => Kind::Goodbye,
+            12 => Kind::Launch,
+            13 => Kind::Service,
+            14 => Kind::ServiceReply,
             _ => return None,
         })
     }
@@ -226,7 +236,7 @@ mod tests {
     use super::*;
 
     fn kinds() -> impl Strategy<Value = Kind> {
-        (1u8..=11).prop_map(|k| Kind::from_u8(k).unwrap())
+        (1u8..=14).prop_map(|k| Kind::from_u8(k).unwrap())
     }
 
     proptest! {

@@ -125,6 +125,73 @@ pub struct Goodbye {
     pub reason: String,
 }
 
+/// Which API a launch came from: its failure is reported in that library's status codes.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Runtime,
+    Driver,
+}
+
+/// Client → server: launch `function` (a kernel or function handle of this session) on
+/// `stream`. The bulk section holds the parameters packed by the kernel's layout.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Launch {
+    pub function: u64,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u32,
+    pub stream: u64,
+    /// Launch attributes: (CUlaunchAttributeID, its 64-byte value).
+    pub attributes: Vec<(u32, Vec<u8>)>,
+    pub cooperative: bool,
+    pub api: Api,
+}
+
+/// One kernel of a loaded module: name, handle, and parameter layout (offset, size).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct KernelInfo {
+    pub name: String,
+    pub handle: u64,
+    pub params: Vec<(u32, u32)>,
+}
+
+/// Chidori's own requests: module loading and kernel metadata.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum Service {
+    /// Load the module whose image has this sha256 (from the session, or the server's
+    /// module cache); answered by `Module` or `NeedUpload`.
+    LoadModule { hash: [u8; 32] },
+    /// The image of `hash` is in the bulk section; answered by `Module`.
+    UploadModule { hash: [u8; 32] },
+    /// Address and size of a `__device__`/`__constant__` variable of a loaded module.
+    Global { module: u64, name: String },
+    /// Parameter layout of a function (from cuModuleGetFunction).
+    FunctionParams { function: u64 },
+}
+
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum ServiceReply {
+    /// `library` is the loaded image; `module` its CUmodule in the current context.
+    Module {
+        library: u64,
+        module: u64,
+        kernels: Vec<KernelInfo>,
+    },
+    NeedUpload,
+    Global {
+        address: u64,
+        size: u64,
+    },
+    Params {
+        params: Vec<(u32, u32)>,
+    },
+    /// `status` in the driver's codes.
+    Error {
+        status: i64,
+        message: String,
+    },
+}
+
 /// Serialize a message into an archive.
 pub fn encode<T>(value: &T) -> rkyv::util::AlignedVec
 where

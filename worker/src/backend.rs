@@ -1,7 +1,7 @@
 //! What executes calls on the server.
 
 use chidori_protocol::desc::CallDesc;
-use chidori_protocol::messages::Device;
+use chidori_protocol::messages::{Device, KernelInfo, Launch};
 
 /// A host function installed on a stream: called when the stream reaches it with the
 /// stream's status; returns when the client has run its callback.
@@ -29,4 +29,18 @@ pub trait Backend: Send + Sync + 'static {
     /// Enqueue `host` on `stream` (cudaLaunchHostFunc semantics). Returns the status of the
     /// enqueueing call in the library of `desc`.
     fn host_fn(&self, desc: &'static CallDesc, stream: u64, host: HostFn) -> Result<u64, String>;
+    /// Load a module image (fat binary, cubin or PTX) into the current context: the library
+    /// handle, its module in this context, and every kernel as a function of that context
+    /// with its parameter layout. Err: (driver status, message).
+    fn load_module(&self, image: &[u8]) -> Result<(u64, u64, Vec<KernelInfo>), (i64, String)>;
+    /// Address and size of a global variable of a loaded library.
+    fn global(&self, library: u64, name: &str) -> Result<(u64, u64), (i64, String)>;
+    /// Parameter layout of a function handle.
+    fn function_params(&self, function: u64) -> Result<Vec<(u32, u32)>, (i64, String)>;
+    /// Launch with parameters packed by `layout` in `params`; returns the driver status.
+    ///
+    /// # Safety
+    /// `launch.function` must be a function of this session and `layout` its parameter
+    /// layout, with `params` covering every (offset, size).
+    unsafe fn launch(&self, launch: &Launch, params: &mut [u8], layout: &[(u32, u32)]) -> i64;
 }

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use chidori_protocol::desc::{CallDesc, Wire};
-use chidori_protocol::messages::Device;
+use chidori_protocol::messages::{Device, KernelInfo, Launch};
 
 use crate::backend::{Backend, HostFn};
 use crate::profile::Profile;
@@ -19,6 +19,8 @@ const SUCCESS: u64 = 0;
 const INVALID_VALUE: u64 = 1;
 const OUT_OF_MEMORY: u64 = 2;
 const INVALID_HANDLE: u64 = 400;
+/// cudaErrorNotSupported / CUDA_ERROR_NOT_SUPPORTED.
+const NOT_SUPPORTED: i64 = 801;
 
 /// Where synthetic device addresses start: far from where Linux maps host memory.
 const DEVICE_BASE: u64 = 0x7e00_0000_0000;
@@ -348,6 +350,22 @@ impl Backend for Emulated {
             }
         };
         Ok(status)
+    }
+
+    fn load_module(&self, _image: &[u8]) -> Result<(u64, u64, Vec<KernelInfo>), (i64, String)> {
+        Err((NOT_SUPPORTED, "the emulated backend runs no kernels".into()))
+    }
+
+    fn global(&self, _library: u64, _name: &str) -> Result<(u64, u64), (i64, String)> {
+        Err((NOT_SUPPORTED, "the emulated backend has no modules".into()))
+    }
+
+    fn function_params(&self, _function: u64) -> Result<Vec<(u32, u32)>, (i64, String)> {
+        Err((NOT_SUPPORTED, "the emulated backend has no functions".into()))
+    }
+
+    unsafe fn launch(&self, _launch: &Launch, _params: &mut [u8], _layout: &[(u32, u32)]) -> i64 {
+        NOT_SUPPORTED
     }
 
     fn host_fn(&self, _desc: &'static CallDesc, stream: u64, host: HostFn) -> Result<u64, String> {

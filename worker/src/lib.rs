@@ -11,6 +11,7 @@
 //!   or [`emulated`] (a recorded device profile and host memory, for tests without a GPU).
 
 pub mod backend;
+pub mod cache;
 pub mod emulated;
 pub mod handles;
 pub mod io;

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use anyhow::{Context, Result, bail};
 use chidori_cuda::calls::VARIANTS;
 use chidori_protocol::desc::CallDesc;
-use chidori_protocol::messages::Device;
+use chidori_protocol::messages::{Device, KernelInfo, Launch};
 
 use crate::backend::{Backend, HostFn};
 use crate::loader::{self, Library};
@@ -23,6 +23,68 @@ pub struct Real {
     layout: String,
     driver_version: i32,
     devices: Vec<Device>,
+    module_api: ModuleApi,
+}
+
+type CuResult = i32;
+
+/// The driver functions module loading and launching use, resolved once.
+struct ModuleApi {
+    library_load_data: unsafe extern "C" fn(
+        *mut u64,
+        *const c_void,
+        *mut c_void,
+        *mut c_void,
+        u32,
+        *mut c_void,
+        *mut c_void,
+        u32,
+    ) -> CuResult,
+    library_get_module: unsafe extern "C" fn(*mut u64, u64) -> CuResult,
+    library_get_kernel_count: unsafe extern "C" fn(*mut u32, u64) -> CuResult,
+    library_enumerate_kernels: unsafe extern "C" fn(*mut u64, u32, u64) -> CuResult,
+    library_get_global: unsafe extern "C" fn(*mut u64, *mut usize, u64, *const i8) -> CuResult,
+    kernel_get_function: unsafe extern "C" fn(*mut u64, u64) -> CuResult,
+    kernel_get_name: unsafe extern "C" fn(*mut *const i8, u64) -> CuResult,
+    func_get_param_info: unsafe extern "C" fn(u64, usize, *mut usize, *mut usize) -> CuResult,
+    launch_kernel_ex: unsafe extern "C" fn(*const LaunchConfig, u64, *mut *mut c_void, *mut *mut c_void) -> CuResult,
+    rt_free: unsafe extern "C" fn(*mut c_void) -> u32,
+}
+
+/// CUlaunchConfig (56 bytes in every CUDA 12 and 13 release).
+#[repr(C)]
+struct LaunchConfig {
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem: u32,
+    stream: u64,
+    attrs: *mut LaunchAttribute,
+    num_attrs: u32,
+}
+
+/// CUlaunchAttribute: id, padding, 64-byte value.
+#[repr(C)]
+struct LaunchAttribute {
+    id: u32,
+    pad: u32,
+    value: [u8; 64],
+}
+
+const _: () = {
+    assert!(size_of::<LaunchConfig>() == 56);
+    assert!(std::mem::offset_of!(LaunchConfig, stream) == 32);
+    assert!(size_of::<LaunchAttribute>() == 72);
+};
+
+/// CU_LAUNCH_ATTRIBUTE_COOPERATIVE.
+const ATTRIBUTE_COOPERATIVE: u32 = 2;
+
+fn cstr(p: *const i8) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: the driver returns NUL-terminated names it owns.
+    unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
 /// The CUDA versions Chidori has struct maps for, oldest first.
@@ -47,7 +109,19 @@ fn sonames(library: &str) -> Vec<&'static str> {
         .unwrap_or_default()
 }
 
+/// The function pointer `name` of `lib`, typed by its destination field.
+fn symbol_as<F: Copy>(lib: &Library, name: &str) -> Result<F> {
+    const { assert!(size_of::<F>() == size_of::<*const c_void>()) };
+    let p = lib.symbol(name).with_context(|| format!("{} lacks {name}", lib.path))?;
+    // SAFETY: F is a function pointer type (same size, checked above) whose C signature the
+    // caller states in its field declaration, matching the CUDA headers of every version.
+    Ok(unsafe { std::mem::transmute_copy::<*const c_void, F>(&p) })
+}
+
 macro_rules! fn_ptr {
+    ($lib:expr, $name:literal, _) => {
+        symbol_as(&$lib, $name)?
+    };
     ($lib:expr, $name:literal, $ty:ty) => {{
         let p = $lib.symbol($name).with_context(|| format!("{} lacks {}", $lib.path, $name))?;
         // SAFETY: the symbol of this name has this C signature in every CUDA version.
@@ -78,6 +152,18 @@ impl Real {
         // SAFETY: (cudaDeviceProp*, int) -> cudaError_t in every version; the buffer below is
         // larger than any version's struct.
         let props_fn: unsafe extern "C" fn(*mut u8, i32) -> i32 = unsafe { std::mem::transmute(props_fn) };
+        let module_api = ModuleApi {
+            library_load_data: fn_ptr!(driver, "cuLibraryLoadData", _),
+            library_get_module: fn_ptr!(driver, "cuLibraryGetModule", _),
+            library_get_kernel_count: fn_ptr!(driver, "cuLibraryGetKernelCount", _),
+            library_enumerate_kernels: fn_ptr!(driver, "cuLibraryEnumerateKernels", _),
+            library_get_global: fn_ptr!(driver, "cuLibraryGetGlobal", _),
+            kernel_get_function: fn_ptr!(driver, "cuKernelGetFunction", _),
+            kernel_get_name: fn_ptr!(driver, "cuKernelGetName", _),
+            func_get_param_info: fn_ptr!(driver, "cuFuncGetParamInfo", _),
+            launch_kernel_ex: fn_ptr!(driver, "cuLaunchKernelEx", _),
+            rt_free: fn_ptr!(cudart, "cudaFree", _),
+        };
         // SAFETY (block): each call passes valid out-pointers of the documented types.
         unsafe {
             let rc = cu_init(0);
@@ -129,6 +215,7 @@ impl Real {
                 });
             }
             Ok(Real {
+                module_api,
                 dirs,
                 driver,
                 cudart,
@@ -185,6 +272,109 @@ impl Backend for Real {
 
     fn layout_version(&self, _library: &str) -> Option<String> {
         Some(self.layout.clone())
+    }
+
+    fn thread_init(&self) {
+        // The runtime's primary context becomes current on this thread, as cudart does on a
+        // program's threads: kernels and driver calls of this client thread run in it.
+        // SAFETY: cudaFree(NULL) only initializes.
+        unsafe { (self.module_api.rt_free)(std::ptr::null_mut()) };
+    }
+
+    fn load_module(&self, image: &[u8]) -> Result<(u64, u64, Vec<KernelInfo>), (i64, String)> {
+        let api = &self.module_api;
+        let check = |rc: CuResult, what: &str| -> Result<(), (i64, String)> {
+            if rc == 0 { Ok(()) } else { Err((i64::from(rc), format!("{what} failed with status {rc}"))) }
+        };
+        let null = std::ptr::null_mut();
+        // SAFETY (block): the image stays alive for the call (the driver copies it); every
+        // out-pointer is a local of the right type.
+        unsafe {
+            let mut library = 0u64;
+            check(
+                (api.library_load_data)(&mut library, image.as_ptr().cast(), null, null, 0, null, null, 0),
+                "cuLibraryLoadData",
+            )?;
+            let mut module = 0u64;
+            check((api.library_get_module)(&mut module, library), "cuLibraryGetModule")?;
+            let mut count = 0u32;
+            check((api.library_get_kernel_count)(&mut count, library), "cuLibraryGetKernelCount")?;
+            let mut kernels = vec![0u64; count as usize];
+            if count > 0 {
+                check(
+                    (api.library_enumerate_kernels)(kernels.as_mut_ptr(), count, library),
+                    "cuLibraryEnumerateKernels",
+                )?;
+            }
+            let mut infos = Vec::new();
+            for kernel in kernels {
+                let mut name = std::ptr::null();
+                check((api.kernel_get_name)(&mut name, kernel), "cuKernelGetName")?;
+                let mut function = 0u64;
+                check((api.kernel_get_function)(&mut function, kernel), "cuKernelGetFunction")?;
+                let params = self.function_params(function)?;
+                infos.push(KernelInfo { name: cstr(name), handle: function, params });
+            }
+            Ok((library, module, infos))
+        }
+    }
+
+    fn global(&self, library: u64, name: &str) -> Result<(u64, u64), (i64, String)> {
+        let name = std::ffi::CString::new(name).map_err(|_| (1, "bad symbol name".to_owned()))?;
+        let (mut address, mut size) = (0u64, 0usize);
+        // SAFETY: out-pointers are locals; name is NUL-terminated.
+        let rc = unsafe { (self.module_api.library_get_global)(&mut address, &mut size, library, name.as_ptr()) };
+        if rc != 0 {
+            return Err((i64::from(rc), format!("cuLibraryGetGlobal failed with status {rc}")));
+        }
+        Ok((address, size as u64))
+    }
+
+    fn function_params(&self, function: u64) -> Result<Vec<(u32, u32)>, (i64, String)> {
+        let mut params = Vec::new();
+        for i in 0.. {
+            let (mut offset, mut size) = (0usize, 0usize);
+            // SAFETY: out-pointers are locals; past the last parameter the driver answers
+            // CUDA_ERROR_INVALID_VALUE, which ends the list.
+            let rc = unsafe { (self.module_api.func_get_param_info)(function, i, &mut offset, &mut size) };
+            if rc != 0 {
+                break;
+            }
+            params.push((offset as u32, size as u32));
+        }
+        Ok(params)
+    }
+
+    unsafe fn launch(&self, launch: &Launch, params: &mut [u8], layout: &[(u32, u32)]) -> i64 {
+        let mut pointers: Vec<*mut c_void> =
+            layout.iter().map(|(offset, _)| params.as_mut_ptr().wrapping_add(*offset as usize).cast()).collect();
+        let mut attrs: Vec<LaunchAttribute> = launch
+            .attributes
+            .iter()
+            .map(|(id, v)| {
+                let mut value = [0u8; 64];
+                let n = v.len().min(64);
+                value[..n].copy_from_slice(&v[..n]);
+                LaunchAttribute { id: *id, pad: 0, value }
+            })
+            .collect();
+        if launch.cooperative {
+            let mut value = [0u8; 64];
+            value[..4].copy_from_slice(&1i32.to_le_bytes());
+            attrs.push(LaunchAttribute { id: ATTRIBUTE_COOPERATIVE, pad: 0, value });
+        }
+        let config = LaunchConfig {
+            grid: launch.grid,
+            block: launch.block,
+            shared_mem: launch.shared_mem,
+            stream: launch.stream,
+            attrs: attrs.as_mut_ptr(),
+            num_attrs: attrs.len() as u32,
+        };
+        // SAFETY: per the contract, the pointers address each parameter inside `params`.
+        i64::from(unsafe {
+            (self.module_api.launch_kernel_ex)(&config, launch.function, pointers.as_mut_ptr(), std::ptr::null_mut())
+        })
     }
 
     unsafe fn invoke(&self, desc: &'static CallDesc, args: &[u64]) -> Result<u64, String> {

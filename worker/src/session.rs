@@ -21,13 +21,17 @@ use chidori_protocol::PROTOCOL_VERSION;
 use chidori_protocol::desc::{CallDesc, Dir, HandleKind, Ret, Wire};
 use chidori_protocol::frame::{Frame, Header, Kind};
 use chidori_protocol::messages::{
-    self, AsyncError, Call, Goodbye, Hello, HostCallback, HostCallbackDone, NULL_LEN, Refuse, RefuseReason, Reply,
-    Welcome,
+    self, Api, AsyncError, Call, Goodbye, Hello, HostCallback, HostCallbackDone, KernelInfo, Launch, NULL_LEN, Refuse,
+    RefuseReason, Reply, Service, ServiceReply, Welcome,
 };
 
 use crate::backend::Backend;
+use crate::cache::{self, ModuleCache};
 use crate::handles::Handles;
 use crate::io::{ReadError, Writer, read_frame};
+
+/// A kernel's parameters: (offset, size) each, in order.
+type ParamLayout = Arc<Vec<(u32, u32)>>;
 
 /// Largest host buffer one call may move (a frame's bulk section is smaller still).
 const MAX_BUFFER: u64 = chidori_protocol::frame::MAX_BULK;
@@ -35,6 +39,16 @@ const MAX_BUFFER: u64 = chidori_protocol::frame::MAX_BULK;
 pub struct Options {
     /// Silence after which the worker sends a heartbeat; three unanswered ones end the session.
     pub heartbeat: Duration,
+    /// Where module images are kept across sessions (None: only in memory).
+    pub module_cache: Option<ModuleCache>,
+}
+
+/// A module loaded in this session.
+#[derive(Clone)]
+struct Loaded {
+    library: u64,
+    module: u64,
+    kernels: Vec<KernelInfo>,
 }
 
 struct Session {
@@ -44,6 +58,11 @@ struct Session {
     /// Host callbacks waiting for the client: id → wake-up.
     callbacks: Mutex<HashMap<u64, mpsc::Sender<()>>>,
     next_callback: AtomicU64,
+    module_cache: Option<ModuleCache>,
+    modules: Mutex<HashMap<[u8; 32], Loaded>>,
+    libraries: Mutex<std::collections::HashSet<u64>>,
+    /// Parameter layouts of every function this session may launch.
+    layouts: Mutex<HashMap<u64, ParamLayout>>,
 }
 
 /// Why a session ends badly: the frame or call that broke the protocol.
@@ -105,6 +124,10 @@ pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options
         writer,
         callbacks: Mutex::new(HashMap::new()),
         next_callback: AtomicU64::new(1),
+        module_cache: options.module_cache,
+        modules: Mutex::new(HashMap::new()),
+        libraries: Mutex::new(std::collections::HashSet::new()),
+        layouts: Mutex::new(HashMap::new()),
     });
     reader.set_read_timeout(Some(options.heartbeat))?;
     let result = serve(&session, &mut reader);
@@ -142,7 +165,7 @@ fn serve(session: &Arc<Session>, reader: &mut impl Read) -> Result<()> {
         };
         silent = 0;
         match frame.header.kind {
-            Kind::Call => {
+            Kind::Call | Kind::Launch | Kind::Service => {
                 let thread = frame.header.thread;
                 let tx = executors.entry(thread).or_insert_with(|| spawn_executor(session.clone(), fatal_tx.clone()));
                 if tx.send(frame).is_err() {
@@ -174,7 +197,12 @@ fn spawn_executor(session: Arc<Session>, fatal: mpsc::Sender<Fatal>) -> mpsc::Se
         .spawn(move || {
             session.backend.thread_init();
             while let Ok(frame) = rx.recv() {
-                if let Err(Fatal(reason)) = execute(&session, &frame) {
+                let result = match frame.header.kind {
+                    Kind::Launch => launch(&session, &frame),
+                    Kind::Service => service(&session, &frame),
+                    _ => execute(&session, &frame),
+                };
+                if let Err(Fatal(reason)) = result {
                     let _ = fatal.send(Fatal(reason.clone()));
                     // The main thread may be blocked reading: end the process from here so
                     // the client learns at once. Exit releases the GPU state of the session.
@@ -477,4 +505,141 @@ pub fn run_on_fd(fd: i32, backend: Result<Arc<dyn Backend>, String>, options: Op
     // SAFETY: the supervisor passes an open connected socket at `fd` and nothing else owns it.
     let stream = unsafe { TcpStream::from_raw_fd(fd) };
     run(stream, backend, options).context("session")
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The wire id an AsyncError of a launch carries: the library whose codes it uses.
+pub const LAUNCH_ERROR_RUNTIME: u32 = u32::MAX;
+pub const LAUNCH_ERROR_DRIVER: u32 = u32::MAX - 1;
+
+fn kind_index(name: &str) -> Option<HandleKind> {
+    chidori_cuda::handles::KINDS.iter().position(|k| *k == name).map(|i| i as HandleKind)
+}
+
+/// The parameter layout of a function this session may launch: one from a loaded module,
+/// or one from cuModuleGetFunction (asked of the driver once).
+fn layout_of(session: &Session, function: u64) -> Option<ParamLayout> {
+    if let Some(l) = lock(&session.layouts).get(&function) {
+        return Some(l.clone());
+    }
+    let known = kind_index("CUfunc_st").is_some_and(|k| lock(&session.handles).check(k, function)) && function != 0;
+    if !known {
+        return None;
+    }
+    let params = Arc::new(session.backend.function_params(function).ok()?);
+    lock(&session.layouts).insert(function, params.clone());
+    Some(params)
+}
+
+fn launch(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
+    let l: Launch = messages::decode(frame, "launch").map_err(|e| Fatal(e.to_string()))?;
+    let error_call = match l.api {
+        Api::Runtime => LAUNCH_ERROR_RUNTIME,
+        Api::Driver => LAUNCH_ERROR_DRIVER,
+    };
+    let fail = |status: i64, message: String| -> Result<(), Fatal> {
+        let err = AsyncError { status, message: Some(message) };
+        let h = Header::new(Kind::AsyncError, error_call, frame.header.thread, frame.header.seq);
+        session.writer.send(h, &messages::encode(&err), &[]).map_err(|e| Fatal(format!("writing a reply: {e}")))
+    };
+    let Some(layout) = layout_of(session, l.function) else {
+        // cudaErrorInvalidResourceHandle / CUDA_ERROR_INVALID_HANDLE.
+        return fail(400, format!("launch of {:#x}, which is no function of this session", l.function));
+    };
+    if let Some(stream) = kind_index("CUstream_st")
+        && !lock(&session.handles).check(stream, l.stream)
+    {
+        return fail(400, format!("launch on {:#x}, which is no stream of this session", l.stream));
+    }
+    // The kernel reads every parameter the layout names: pad a short buffer with zeros.
+    let needed = layout.iter().map(|(o, s)| (*o + *s) as usize).max().unwrap_or(0);
+    let mut params = vec![0u8; needed.max(frame.bulk.len())];
+    params[..frame.bulk.len()].copy_from_slice(&frame.bulk);
+    // SAFETY: the function is one of this session's, `layout` is its parameter layout and
+    // `params` covers it.
+    let status = unsafe { session.backend.launch(&l, &mut params, &layout) };
+    if status != 0 {
+        return fail(status, format!("kernel launch failed with status {status}"));
+    }
+    Ok(())
+}
+
+fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
+    let request: Service = messages::decode(frame, "service").map_err(|e| Fatal(e.to_string()))?;
+    let reply = match request {
+        Service::LoadModule { hash } => {
+            let known = lock(&session.modules).get(&hash).cloned();
+            match known {
+                Some(m) => module_reply(&m),
+                None => match session.module_cache.as_ref().and_then(|c| c.get(&hash)) {
+                    Some(image) => load(session, hash, &image),
+                    None => ServiceReply::NeedUpload,
+                },
+            }
+        }
+        Service::UploadModule { hash } => {
+            if cache::sha256(&frame.bulk) != hash {
+                return Err(Fatal("uploaded module does not match its hash".into()));
+            }
+            if let Some(c) = &session.module_cache {
+                c.put(&hash, &frame.bulk);
+            }
+            load(session, hash, &frame.bulk)
+        }
+        Service::Global { module, name } => {
+            if !lock(&session.libraries).contains(&module) {
+                ServiceReply::Error { status: 400, message: format!("{module:#x} is no module of this session") }
+            } else {
+                match session.backend.global(module, &name) {
+                    Ok((address, size)) => ServiceReply::Global { address, size },
+                    Err((status, message)) => ServiceReply::Error { status, message },
+                }
+            }
+        }
+        Service::FunctionParams { function } => match layout_of(session, function) {
+            Some(l) => ServiceReply::Params { params: l.to_vec() },
+            None => {
+                ServiceReply::Error { status: 400, message: format!("{function:#x} is no function of this session") }
+            }
+        },
+    };
+    let h = Header::new(Kind::ServiceReply, 0, frame.header.thread, frame.header.seq);
+    session.writer.send(h, &messages::encode(&reply), &[]).map_err(|e| Fatal(format!("writing a reply: {e}")))
+}
+
+fn module_reply(m: &Loaded) -> ServiceReply {
+    ServiceReply::Module { library: m.library, module: m.module, kernels: m.kernels.clone() }
+}
+
+fn load(session: &Session, hash: [u8; 32], image: &[u8]) -> ServiceReply {
+    match session.backend.load_module(image) {
+        Ok((library, module, kernels)) => {
+            let loaded = Loaded { library, module, kernels };
+            {
+                let mut layouts = lock(&session.layouts);
+                for k in &loaded.kernels {
+                    layouts.insert(k.handle, Arc::new(k.params.clone()));
+                }
+            }
+            let mut handles = lock(&session.handles);
+            if let Some(kind) = kind_index("CUfunc_st") {
+                for k in &loaded.kernels {
+                    handles.insert(kind, k.handle);
+                }
+            }
+            if let Some(kind) = kind_index("CUmod_st") {
+                handles.insert(kind, module);
+            }
+            drop(handles);
+            lock(&session.libraries).insert(library);
+            tracing::debug!("module {} loaded: {} kernels", cache::hex(&hash), loaded.kernels.len());
+            let reply = module_reply(&loaded);
+            lock(&session.modules).insert(hash, loaded);
+            reply
+        }
+        Err((status, message)) => ServiceReply::Error { status, message },
+    }
 }

@@ -30,6 +30,8 @@ pub struct ServeOptions {
     pub gpus: Vec<u32>,
     pub backend: BackendChoice,
     pub heartbeat: Duration,
+    pub module_cache: PathBuf,
+    pub module_cache_mb: u64,
     /// The chidori binary that runs sessions (`chidori session`).
     pub exe: PathBuf,
 }
@@ -37,7 +39,15 @@ pub struct ServeOptions {
 impl ServeOptions {
     /// Arguments of `chidori session` for this configuration.
     fn session_args(&self) -> Vec<String> {
-        let mut args = vec!["session".to_owned(), "--heartbeat-secs".to_owned(), self.heartbeat.as_secs().to_string()];
+        let mut args = vec![
+            "session".to_owned(),
+            "--heartbeat-secs".to_owned(),
+            self.heartbeat.as_secs().to_string(),
+            "--module-cache".to_owned(),
+            self.module_cache.display().to_string(),
+            "--module-cache-mb".to_owned(),
+            self.module_cache_mb.to_string(),
+        ];
         match &self.backend {
             BackendChoice::Real { cuda_lib_dirs } => {
                 args.push("--backend".into());

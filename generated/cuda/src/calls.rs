@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 7181867020086726831u64;
+pub const SCHEMA_HASH: u64 = 15443901610628361988u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 1170usize] = [
+pub static FUNCTIONS: [&str; 1179usize] = [
     "cublasCreate_v2",
     "cublasDestroy_v2",
     "cublasDzasum",
@@ -190,14 +190,22 @@ pub static FUNCTIONS: [&str; 1170usize] = [
     "cudaMemPoolDestroy",
     "cudaMemPoolTrimTo",
     "cudaMemcpy",
+    "cudaMemcpy2D",
     "cudaMemcpy2DArrayToArray",
     "cudaMemcpy2DArrayToArray_ptds",
+    "cudaMemcpy2DAsync",
+    "cudaMemcpy2DAsync_ptsz",
+    "cudaMemcpy2D_ptds",
     "cudaMemcpyArrayToArray",
     "cudaMemcpyArrayToArray_ptds",
     "cudaMemcpyAsync",
     "cudaMemcpyAsync_ptsz",
     "cudaMemcpy_ptds",
     "cudaMemset",
+    "cudaMemset2D",
+    "cudaMemset2DAsync",
+    "cudaMemset2DAsync_ptsz",
+    "cudaMemset2D_ptds",
     "cudaMemsetAsync",
     "cudaMemsetAsync_ptsz",
     "cudaMemset_ptds",
@@ -799,7 +807,6 @@ pub static FUNCTIONS: [&str; 1170usize] = [
     "cuModuleGetLoadingMode",
     "cuModuleGetSurfRef",
     "cuModuleGetTexRef",
-    "cuModuleUnload",
     "cuMulticastAddDevice",
     "cuMulticastBindAddr",
     "cuMulticastBindAddr_v2",
@@ -808,6 +815,8 @@ pub static FUNCTIONS: [&str; 1170usize] = [
     "cuMulticastCreate",
     "cuMulticastGetGranularity",
     "cuMulticastUnbind",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
     "cuParamSetSize",
     "cuParamSetTexRef",
     "cuParamSetf",
@@ -1179,7 +1188,7 @@ pub static FUNCTIONS: [&str; 1170usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 1170usize] = [
+pub static LIBRARY_OF: [&str; 1179usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -1236,6 +1245,14 @@ pub static LIBRARY_OF: [&str; 1170usize] = [
     "cublaslt",
     "cublaslt",
     "cublaslt",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
     "cudart",
     "cudart",
     "cudart",
@@ -1716,6 +1733,7 @@ pub static LIBRARY_OF: [&str; 1170usize] = [
     "cusparselt",
     "cusparselt",
     "cusparselt",
+    "driver",
     "driver",
     "driver",
     "driver",
@@ -2435,7 +2453,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaGraphExecUpdate__cu118,
     &cudart::cudaGraphGetEdges__cu118,
     &cudart::cudaGraphGetId,
-    &cudart::cudaGraphGetNodes,
+    &cudart::cudaGraphGetNodes__count,
     &cudart::cudaGraphGetRootNodes,
     &cudart::cudaGraphInstantiate__cu121,
     &cudart::cudaGraphInstantiateWithFlags,
@@ -2485,8 +2503,20 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaMemcpy__d2d,
     &cudart::cudaMemcpy__d2h,
     &cudart::cudaMemcpy__h2d,
+    &cudart::cudaMemcpy2D__d2d,
+    &cudart::cudaMemcpy2D__d2h,
+    &cudart::cudaMemcpy2D__h2d,
     &cudart::cudaMemcpy2DArrayToArray,
     &cudart::cudaMemcpy2DArrayToArray_ptds,
+    &cudart::cudaMemcpy2DAsync__d2d,
+    &cudart::cudaMemcpy2DAsync__d2h,
+    &cudart::cudaMemcpy2DAsync__h2d,
+    &cudart::cudaMemcpy2DAsync_ptsz__d2d,
+    &cudart::cudaMemcpy2DAsync_ptsz__d2h,
+    &cudart::cudaMemcpy2DAsync_ptsz__h2d,
+    &cudart::cudaMemcpy2D_ptds__d2d,
+    &cudart::cudaMemcpy2D_ptds__d2h,
+    &cudart::cudaMemcpy2D_ptds__h2d,
     &cudart::cudaMemcpyArrayToArray,
     &cudart::cudaMemcpyArrayToArray_ptds,
     &cudart::cudaMemcpyAsync__d2d,
@@ -2499,6 +2529,10 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaMemcpy_ptds__d2h,
     &cudart::cudaMemcpy_ptds__h2d,
     &cudart::cudaMemset,
+    &cudart::cudaMemset2D,
+    &cudart::cudaMemset2DAsync,
+    &cudart::cudaMemset2DAsync_ptsz,
+    &cudart::cudaMemset2D_ptds,
     &cudart::cudaMemsetAsync,
     &cudart::cudaMemsetAsync_ptsz,
     &cudart::cudaMemset_ptds,
@@ -2804,7 +2838,6 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuModuleGetLoadingMode,
     &driver::cuModuleGetSurfRef,
     &driver::cuModuleGetTexRef,
-    &driver::cuModuleUnload,
     &driver::cuMulticastAddDevice,
     &driver::cuMulticastBindAddr,
     &driver::cuMulticastBindAddr_v2,
@@ -2813,6 +2846,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuMulticastCreate,
     &driver::cuMulticastGetGranularity,
     &driver::cuMulticastUnbind,
+    &driver::cuOccupancyMaxActiveBlocksPerMultiprocessor,
+    &driver::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
     &driver::cuParamSetSize,
     &driver::cuParamSetTexRef,
     &driver::cuParamSetf,
@@ -3668,8 +3703,8 @@ pub static VARIANTS: &[&CallDesc] = &[
 pub mod cublas {
     use chidori_protocol::desc::*;
     pub static cublasCreate_v2: CallDesc = CallDesc {
-        wire: 556u32,
-        call: 545u32,
+        wire: 573u32,
+        call: 554u32,
         name: "cublasCreate_v2",
         form: None,
         library: "cublas",
@@ -3685,8 +3720,8 @@ pub mod cublas {
         },
     };
     pub static cublasDestroy_v2: CallDesc = CallDesc {
-        wire: 557u32,
-        call: 546u32,
+        wire: 574u32,
+        call: 555u32,
         name: "cublasDestroy_v2",
         form: None,
         library: "cublas",
@@ -3707,8 +3742,8 @@ pub mod cublas {
         },
     };
     pub static cublasDzasum: CallDesc = CallDesc {
-        wire: 558u32,
-        call: 547u32,
+        wire: 575u32,
+        call: 556u32,
         name: "cublasDzasum",
         form: None,
         library: "cublas",
@@ -3742,8 +3777,8 @@ pub mod cublas {
         },
     };
     pub static cublasDznrm2: CallDesc = CallDesc {
-        wire: 559u32,
-        call: 548u32,
+        wire: 576u32,
+        call: 557u32,
         name: "cublasDznrm2",
         form: None,
         library: "cublas",
@@ -3777,8 +3812,8 @@ pub mod cublas {
         },
     };
     pub static cublasGetCudartVersion: CallDesc = CallDesc {
-        wire: 560u32,
-        call: 549u32,
+        wire: 577u32,
+        call: 558u32,
         name: "cublasGetCudartVersion",
         form: None,
         library: "cublas",
@@ -3797,8 +3832,8 @@ pub mod cublas {
         },
     };
     pub static cublasGetError: CallDesc = CallDesc {
-        wire: 561u32,
-        call: 550u32,
+        wire: 578u32,
+        call: 559u32,
         name: "cublasGetError",
         form: None,
         library: "cublas",
@@ -3814,8 +3849,8 @@ pub mod cublas {
         },
     };
     pub static cublasGetStream_v2: CallDesc = CallDesc {
-        wire: 562u32,
-        call: 551u32,
+        wire: 579u32,
+        call: 560u32,
         name: "cublasGetStream_v2",
         form: None,
         library: "cublas",
@@ -3837,8 +3872,8 @@ pub mod cublas {
         },
     };
     pub static cublasIcamax: CallDesc = CallDesc {
-        wire: 563u32,
-        call: 552u32,
+        wire: 580u32,
+        call: 561u32,
         name: "cublasIcamax",
         form: None,
         library: "cublas",
@@ -3872,8 +3907,8 @@ pub mod cublas {
         },
     };
     pub static cublasIcamin: CallDesc = CallDesc {
-        wire: 564u32,
-        call: 553u32,
+        wire: 581u32,
+        call: 562u32,
         name: "cublasIcamin",
         form: None,
         library: "cublas",
@@ -3907,8 +3942,8 @@ pub mod cublas {
         },
     };
     pub static cublasInit: CallDesc = CallDesc {
-        wire: 565u32,
-        call: 554u32,
+        wire: 582u32,
+        call: 563u32,
         name: "cublasInit",
         form: None,
         library: "cublas",
@@ -3924,8 +3959,8 @@ pub mod cublas {
         },
     };
     pub static cublasIzamax: CallDesc = CallDesc {
-        wire: 566u32,
-        call: 555u32,
+        wire: 583u32,
+        call: 564u32,
         name: "cublasIzamax",
         form: None,
         library: "cublas",
@@ -3959,8 +3994,8 @@ pub mod cublas {
         },
     };
     pub static cublasIzamin: CallDesc = CallDesc {
-        wire: 567u32,
-        call: 556u32,
+        wire: 584u32,
+        call: 565u32,
         name: "cublasIzamin",
         form: None,
         library: "cublas",
@@ -3994,8 +4029,8 @@ pub mod cublas {
         },
     };
     pub static cublasScasum: CallDesc = CallDesc {
-        wire: 568u32,
-        call: 557u32,
+        wire: 585u32,
+        call: 566u32,
         name: "cublasScasum",
         form: None,
         library: "cublas",
@@ -4029,8 +4064,8 @@ pub mod cublas {
         },
     };
     pub static cublasScnrm2: CallDesc = CallDesc {
-        wire: 569u32,
-        call: 558u32,
+        wire: 586u32,
+        call: 567u32,
         name: "cublasScnrm2",
         form: None,
         library: "cublas",
@@ -4064,8 +4099,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetAtomicsMode: CallDesc = CallDesc {
-        wire: 570u32,
-        call: 559u32,
+        wire: 587u32,
+        call: 568u32,
         name: "cublasSetAtomicsMode",
         form: None,
         library: "cublas",
@@ -4090,8 +4125,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetEmulationSpecialValuesSupport: CallDesc = CallDesc {
-        wire: 571u32,
-        call: 560u32,
+        wire: 588u32,
+        call: 569u32,
         name: "cublasSetEmulationSpecialValuesSupport",
         form: None,
         library: "cublas",
@@ -4116,8 +4151,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 572u32,
-        call: 561u32,
+        wire: 589u32,
+        call: 570u32,
         name: "cublasSetEmulationStrategy",
         form: None,
         library: "cublas",
@@ -4142,8 +4177,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetFixedPointEmulationMantissaBitOffset: CallDesc = CallDesc {
-        wire: 573u32,
-        call: 562u32,
+        wire: 590u32,
+        call: 571u32,
         name: "cublasSetFixedPointEmulationMantissaBitOffset",
         form: None,
         library: "cublas",
@@ -4168,8 +4203,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetFixedPointEmulationMantissaControl: CallDesc = CallDesc {
-        wire: 574u32,
-        call: 563u32,
+        wire: 591u32,
+        call: 572u32,
         name: "cublasSetFixedPointEmulationMantissaControl",
         form: None,
         library: "cublas",
@@ -4194,8 +4229,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetFixedPointEmulationMaxMantissaBitCount: CallDesc = CallDesc {
-        wire: 575u32,
-        call: 564u32,
+        wire: 592u32,
+        call: 573u32,
         name: "cublasSetFixedPointEmulationMaxMantissaBitCount",
         form: None,
         library: "cublas",
@@ -4220,8 +4255,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetKernelStream: CallDesc = CallDesc {
-        wire: 576u32,
-        call: 565u32,
+        wire: 593u32,
+        call: 574u32,
         name: "cublasSetKernelStream",
         form: None,
         library: "cublas",
@@ -4242,8 +4277,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetMathMode: CallDesc = CallDesc {
-        wire: 577u32,
-        call: 566u32,
+        wire: 594u32,
+        call: 575u32,
         name: "cublasSetMathMode",
         form: None,
         library: "cublas",
@@ -4268,8 +4303,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetPointerMode_v2: CallDesc = CallDesc {
-        wire: 578u32,
-        call: 567u32,
+        wire: 595u32,
+        call: 576u32,
         name: "cublasSetPointerMode_v2",
         form: None,
         library: "cublas",
@@ -4294,8 +4329,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetSmCountTarget: CallDesc = CallDesc {
-        wire: 579u32,
-        call: 568u32,
+        wire: 596u32,
+        call: 577u32,
         name: "cublasSetSmCountTarget",
         form: None,
         library: "cublas",
@@ -4320,8 +4355,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetStream_v2: CallDesc = CallDesc {
-        wire: 580u32,
-        call: 569u32,
+        wire: 597u32,
+        call: 578u32,
         name: "cublasSetStream_v2",
         form: None,
         library: "cublas",
@@ -4346,8 +4381,8 @@ pub mod cublas {
         },
     };
     pub static cublasShutdown: CallDesc = CallDesc {
-        wire: 581u32,
-        call: 570u32,
+        wire: 598u32,
+        call: 579u32,
         name: "cublasShutdown",
         form: None,
         library: "cublas",
@@ -4363,8 +4398,8 @@ pub mod cublas {
         },
     };
     pub static cublasXerbla: CallDesc = CallDesc {
-        wire: 582u32,
-        call: 571u32,
+        wire: 599u32,
+        call: 580u32,
         name: "cublasXerbla",
         form: None,
         library: "cublas",
@@ -4386,8 +4421,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtCreate: CallDesc = CallDesc {
-        wire: 583u32,
-        call: 572u32,
+        wire: 600u32,
+        call: 581u32,
         name: "cublasXtCreate",
         form: None,
         library: "cublas",
@@ -4403,8 +4438,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtDestroy: CallDesc = CallDesc {
-        wire: 584u32,
-        call: 573u32,
+        wire: 601u32,
+        call: 582u32,
         name: "cublasXtDestroy",
         form: None,
         library: "cublas",
@@ -4425,8 +4460,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtSetBlockDim: CallDesc = CallDesc {
-        wire: 585u32,
-        call: 574u32,
+        wire: 602u32,
+        call: 583u32,
         name: "cublasXtSetBlockDim",
         form: None,
         library: "cublas",
@@ -4451,8 +4486,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtSetCpuRatio: CallDesc = CallDesc {
-        wire: 586u32,
-        call: 575u32,
+        wire: 603u32,
+        call: 584u32,
         name: "cublasXtSetCpuRatio",
         form: None,
         library: "cublas",
@@ -4485,8 +4520,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtSetPinningMemMode: CallDesc = CallDesc {
-        wire: 587u32,
-        call: 576u32,
+        wire: 604u32,
+        call: 585u32,
         name: "cublasXtSetPinningMemMode",
         form: None,
         library: "cublas",
@@ -4514,8 +4549,8 @@ pub mod cublas {
 pub mod cublaslt {
     use chidori_protocol::desc::*;
     pub static cublasLtCreate: CallDesc = CallDesc {
-        wire: 588u32,
-        call: 577u32,
+        wire: 605u32,
+        call: 586u32,
         name: "cublasLtCreate",
         form: None,
         library: "cublaslt",
@@ -4531,8 +4566,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtDestroy: CallDesc = CallDesc {
-        wire: 589u32,
-        call: 578u32,
+        wire: 606u32,
+        call: 587u32,
         name: "cublasLtDestroy",
         form: None,
         library: "cublaslt",
@@ -4553,8 +4588,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtDisableCpuInstructionsSetMask: CallDesc = CallDesc {
-        wire: 590u32,
-        call: 579u32,
+        wire: 607u32,
+        call: 588u32,
         name: "cublasLtDisableCpuInstructionsSetMask",
         form: None,
         library: "cublaslt",
@@ -4578,8 +4613,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtEmulationDescCreate: CallDesc = CallDesc {
-        wire: 591u32,
-        call: 580u32,
+        wire: 608u32,
+        call: 589u32,
         name: "cublasLtEmulationDescCreate",
         form: None,
         library: "cublaslt",
@@ -4595,8 +4630,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtEmulationDescDestroy: CallDesc = CallDesc {
-        wire: 592u32,
-        call: 581u32,
+        wire: 609u32,
+        call: 590u32,
         name: "cublasLtEmulationDescDestroy",
         form: None,
         library: "cublaslt",
@@ -4617,8 +4652,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtEmulationDescInit_internal: CallDesc = CallDesc {
-        wire: 593u32,
-        call: 582u32,
+        wire: 610u32,
+        call: 591u32,
         name: "cublasLtEmulationDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -4643,8 +4678,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtGetCudartVersion: CallDesc = CallDesc {
-        wire: 594u32,
-        call: 583u32,
+        wire: 611u32,
+        call: 592u32,
         name: "cublasLtGetCudartVersion",
         form: None,
         library: "cublaslt",
@@ -4663,8 +4698,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtGetVersion: CallDesc = CallDesc {
-        wire: 595u32,
-        call: 584u32,
+        wire: 612u32,
+        call: 593u32,
         name: "cublasLtGetVersion",
         form: None,
         library: "cublaslt",
@@ -4683,8 +4718,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtHeuristicsCacheSetCapacity: CallDesc = CallDesc {
-        wire: 596u32,
-        call: 585u32,
+        wire: 613u32,
+        call: 594u32,
         name: "cublasLtHeuristicsCacheSetCapacity",
         form: None,
         library: "cublaslt",
@@ -4705,8 +4740,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtLoggerForceDisable: CallDesc = CallDesc {
-        wire: 597u32,
-        call: 586u32,
+        wire: 614u32,
+        call: 595u32,
         name: "cublasLtLoggerForceDisable",
         form: None,
         library: "cublaslt",
@@ -4722,8 +4757,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtLoggerSetLevel: CallDesc = CallDesc {
-        wire: 598u32,
-        call: 587u32,
+        wire: 615u32,
+        call: 596u32,
         name: "cublasLtLoggerSetLevel",
         form: None,
         library: "cublaslt",
@@ -4744,8 +4779,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtLoggerSetMask: CallDesc = CallDesc {
-        wire: 599u32,
-        call: 588u32,
+        wire: 616u32,
+        call: 597u32,
         name: "cublasLtLoggerSetMask",
         form: None,
         library: "cublaslt",
@@ -4766,8 +4801,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescCreate__cu118: CallDesc = CallDesc {
-        wire: 600u32,
-        call: 589u32,
+        wire: 617u32,
+        call: 598u32,
         name: "cublasLtMatmulDescCreate",
         form: None,
         library: "cublaslt",
@@ -4793,8 +4828,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescCreate__cu126: CallDesc = CallDesc {
-        wire: 601u32,
-        call: 589u32,
+        wire: 618u32,
+        call: 598u32,
         name: "cublasLtMatmulDescCreate",
         form: None,
         library: "cublaslt",
@@ -4820,8 +4855,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescDestroy__cu118: CallDesc = CallDesc {
-        wire: 602u32,
-        call: 590u32,
+        wire: 619u32,
+        call: 599u32,
         name: "cublasLtMatmulDescDestroy",
         form: None,
         library: "cublaslt",
@@ -4842,8 +4877,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescDestroy__cu126: CallDesc = CallDesc {
-        wire: 603u32,
-        call: 590u32,
+        wire: 620u32,
+        call: 599u32,
         name: "cublasLtMatmulDescDestroy",
         form: None,
         library: "cublaslt",
@@ -4864,8 +4899,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescInit_internal__cu118: CallDesc = CallDesc {
-        wire: 604u32,
-        call: 591u32,
+        wire: 621u32,
+        call: 600u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -4898,8 +4933,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescInit_internal__cu126: CallDesc = CallDesc {
-        wire: 605u32,
-        call: 591u32,
+        wire: 622u32,
+        call: 600u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -4932,8 +4967,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceCreate__cu118: CallDesc = CallDesc {
-        wire: 606u32,
-        call: 592u32,
+        wire: 623u32,
+        call: 601u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: None,
         library: "cublaslt",
@@ -4949,8 +4984,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceCreate__cu121: CallDesc = CallDesc {
-        wire: 607u32,
-        call: 592u32,
+        wire: 624u32,
+        call: 601u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: None,
         library: "cublaslt",
@@ -4966,8 +5001,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceDestroy__cu118: CallDesc = CallDesc {
-        wire: 608u32,
-        call: 593u32,
+        wire: 625u32,
+        call: 602u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: None,
         library: "cublaslt",
@@ -4988,8 +5023,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceDestroy__cu121: CallDesc = CallDesc {
-        wire: 609u32,
-        call: 593u32,
+        wire: 626u32,
+        call: 602u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: None,
         library: "cublaslt",
@@ -5010,8 +5045,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu118: CallDesc = CallDesc {
-        wire: 610u32,
-        call: 594u32,
+        wire: 627u32,
+        call: 603u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -5036,8 +5071,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu121: CallDesc = CallDesc {
-        wire: 611u32,
-        call: 594u32,
+        wire: 628u32,
+        call: 603u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -5062,8 +5097,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixLayoutCreate: CallDesc = CallDesc {
-        wire: 612u32,
-        call: 595u32,
+        wire: 629u32,
+        call: 604u32,
         name: "cublasLtMatrixLayoutCreate",
         form: None,
         library: "cublaslt",
@@ -5097,8 +5132,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixLayoutDestroy: CallDesc = CallDesc {
-        wire: 613u32,
-        call: 596u32,
+        wire: 630u32,
+        call: 605u32,
         name: "cublasLtMatrixLayoutDestroy",
         form: None,
         library: "cublaslt",
@@ -5119,8 +5154,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixLayoutInit_internal: CallDesc = CallDesc {
-        wire: 614u32,
-        call: 597u32,
+        wire: 631u32,
+        call: 606u32,
         name: "cublasLtMatrixLayoutInit_internal",
         form: None,
         library: "cublaslt",
@@ -5161,8 +5196,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixTransformDescCreate: CallDesc = CallDesc {
-        wire: 615u32,
-        call: 598u32,
+        wire: 632u32,
+        call: 607u32,
         name: "cublasLtMatrixTransformDescCreate",
         form: None,
         library: "cublaslt",
@@ -5184,8 +5219,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixTransformDescDestroy: CallDesc = CallDesc {
-        wire: 616u32,
-        call: 599u32,
+        wire: 633u32,
+        call: 608u32,
         name: "cublasLtMatrixTransformDescDestroy",
         form: None,
         library: "cublaslt",
@@ -5206,8 +5241,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixTransformDescInit_internal: CallDesc = CallDesc {
-        wire: 617u32,
-        call: 600u32,
+        wire: 634u32,
+        call: 609u32,
         name: "cublasLtMatrixTransformDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -5240,12 +5275,60 @@ pub mod cudart {
     use chidori_protocol::desc::*;
     static LEN_cudaMemcpy__d2h_0: Len = Len::Param(2u8);
     static LEN_cudaMemcpy__h2d_1: Len = Len::Param(2u8);
-    static LEN_cudaMemcpyAsync__d2h_2: Len = Len::Param(2u8);
-    static LEN_cudaMemcpyAsync__h2d_3: Len = Len::Param(2u8);
-    static LEN_cudaMemcpyAsync_ptsz__d2h_4: Len = Len::Param(2u8);
-    static LEN_cudaMemcpyAsync_ptsz__h2d_5: Len = Len::Param(2u8);
-    static LEN_cudaMemcpy_ptds__d2h_6: Len = Len::Param(2u8);
-    static LEN_cudaMemcpy_ptds__h2d_7: Len = Len::Param(2u8);
+    static LEN_cudaMemcpy2D__d2h_2: Len = Len::Param(4u8);
+    static LEN_cudaMemcpy2D__d2h_3: Len = Len::Param(5u8);
+    static LEN_cudaMemcpy2D__d2h_4: Len = Len::Mul(
+        &LEN_cudaMemcpy2D__d2h_2,
+        &LEN_cudaMemcpy2D__d2h_3,
+    );
+    static LEN_cudaMemcpy2D__h2d_5: Len = Len::Param(4u8);
+    static LEN_cudaMemcpy2D__h2d_6: Len = Len::Param(5u8);
+    static LEN_cudaMemcpy2D__h2d_7: Len = Len::Mul(
+        &LEN_cudaMemcpy2D__h2d_5,
+        &LEN_cudaMemcpy2D__h2d_6,
+    );
+    static LEN_cudaMemcpy2DAsync__d2h_8: Len = Len::Param(4u8);
+    static LEN_cudaMemcpy2DAsync__d2h_9: Len = Len::Param(5u8);
+    static LEN_cudaMemcpy2DAsync__d2h_10: Len = Len::Mul(
+        &LEN_cudaMemcpy2DAsync__d2h_8,
+        &LEN_cudaMemcpy2DAsync__d2h_9,
+    );
+    static LEN_cudaMemcpy2DAsync__h2d_11: Len = Len::Param(4u8);
+    static LEN_cudaMemcpy2DAsync__h2d_12: Len = Len::Param(5u8);
+    static LEN_cudaMemcpy2DAsync__h2d_13: Len = Len::Mul(
+        &LEN_cudaMemcpy2DAsync__h2d_11,
+        &LEN_cudaMemcpy2DAsync__h2d_12,
+    );
+    static LEN_cudaMemcpy2DAsync_ptsz__d2h_14: Len = Len::Param(4u8);
+    static LEN_cudaMemcpy2DAsync_ptsz__d2h_15: Len = Len::Param(5u8);
+    static LEN_cudaMemcpy2DAsync_ptsz__d2h_16: Len = Len::Mul(
+        &LEN_cudaMemcpy2DAsync_ptsz__d2h_14,
+        &LEN_cudaMemcpy2DAsync_ptsz__d2h_15,
+    );
+    static LEN_cudaMemcpy2DAsync_ptsz__h2d_17: Len = Len::Param(4u8);
+    static LEN_cudaMemcpy2DAsync_ptsz__h2d_18: Len = Len::Param(5u8);
+    static LEN_cudaMemcpy2DAsync_ptsz__h2d_19: Len = Len::Mul(
+        &LEN_cudaMemcpy2DAsync_ptsz__h2d_17,
+        &LEN_cudaMemcpy2DAsync_ptsz__h2d_18,
+    );
+    static LEN_cudaMemcpy2D_ptds__d2h_20: Len = Len::Param(4u8);
+    static LEN_cudaMemcpy2D_ptds__d2h_21: Len = Len::Param(5u8);
+    static LEN_cudaMemcpy2D_ptds__d2h_22: Len = Len::Mul(
+        &LEN_cudaMemcpy2D_ptds__d2h_20,
+        &LEN_cudaMemcpy2D_ptds__d2h_21,
+    );
+    static LEN_cudaMemcpy2D_ptds__h2d_23: Len = Len::Param(4u8);
+    static LEN_cudaMemcpy2D_ptds__h2d_24: Len = Len::Param(5u8);
+    static LEN_cudaMemcpy2D_ptds__h2d_25: Len = Len::Mul(
+        &LEN_cudaMemcpy2D_ptds__h2d_23,
+        &LEN_cudaMemcpy2D_ptds__h2d_24,
+    );
+    static LEN_cudaMemcpyAsync__d2h_26: Len = Len::Param(2u8);
+    static LEN_cudaMemcpyAsync__h2d_27: Len = Len::Param(2u8);
+    static LEN_cudaMemcpyAsync_ptsz__d2h_28: Len = Len::Param(2u8);
+    static LEN_cudaMemcpyAsync_ptsz__h2d_29: Len = Len::Param(2u8);
+    static LEN_cudaMemcpy_ptds__d2h_30: Len = Len::Param(2u8);
+    static LEN_cudaMemcpy_ptds__h2d_31: Len = Len::Param(2u8);
     pub static cudaArrayGetPlane: CallDesc = CallDesc {
         wire: 0u32,
         call: 0u32,
@@ -7381,11 +7464,11 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaGraphGetNodes: CallDesc = CallDesc {
+    pub static cudaGraphGetNodes__count: CallDesc = CallDesc {
         wire: 82u32,
         call: 79u32,
         name: "cudaGraphGetNodes",
-        form: None,
+        form: Some("count"),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -7394,9 +7477,9 @@ pub mod cudart {
                 kind: 12u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 11u16 },
+            Wire::Null,
             Wire::Buf {
-                dir: Dir::Out,
+                dir: Dir::InOut,
                 elem: 8u32,
                 len: None,
                 record: None,
@@ -7526,7 +7609,7 @@ pub mod cudart {
         form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 10u16,
@@ -7552,7 +7635,7 @@ pub mod cudart {
         form: None,
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 10u16,
@@ -8789,9 +8872,139 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaMemcpy2DArrayToArray: CallDesc = CallDesc {
+    pub static cudaMemcpy2D__d2d: CallDesc = CallDesc {
         wire: 132u32,
         call: 127u32,
+        name: "cudaMemcpy2D",
+        form: Some("d2d"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpy2D__d2h: CallDesc = CallDesc {
+        wire: 133u32,
+        call: 127u32,
+        name: "cudaMemcpy2D",
+        form: Some("d2h"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemcpy2D__d2h_4),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpy2D__h2d: CallDesc = CallDesc {
+        wire: 134u32,
+        call: 127u32,
+        name: "cudaMemcpy2D",
+        form: Some("h2d"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemcpy2D__h2d_7),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpy2DArrayToArray: CallDesc = CallDesc {
+        wire: 135u32,
+        call: 128u32,
         name: "cudaMemcpy2DArrayToArray",
         form: None,
         library: "cudart",
@@ -8844,8 +9057,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy2DArrayToArray_ptds: CallDesc = CallDesc {
-        wire: 133u32,
-        call: 128u32,
+        wire: 136u32,
+        call: 129u32,
         name: "cudaMemcpy2DArrayToArray_ptds",
         form: None,
         library: "cudart",
@@ -8897,9 +9110,423 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
+    pub static cudaMemcpy2DAsync__d2d: CallDesc = CallDesc {
+        wire: 137u32,
+        call: 130u32,
+        name: "cudaMemcpy2DAsync",
+        form: Some("d2d"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpy2DAsync__d2h: CallDesc = CallDesc {
+        wire: 138u32,
+        call: 130u32,
+        name: "cudaMemcpy2DAsync",
+        form: Some("d2h"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemcpy2DAsync__d2h_10),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpy2DAsync__h2d: CallDesc = CallDesc {
+        wire: 139u32,
+        call: 130u32,
+        name: "cudaMemcpy2DAsync",
+        form: Some("h2d"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemcpy2DAsync__h2d_13),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpy2DAsync_ptsz__d2d: CallDesc = CallDesc {
+        wire: 140u32,
+        call: 131u32,
+        name: "cudaMemcpy2DAsync_ptsz",
+        form: Some("d2d"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpy2DAsync_ptsz__d2h: CallDesc = CallDesc {
+        wire: 141u32,
+        call: 131u32,
+        name: "cudaMemcpy2DAsync_ptsz",
+        form: Some("d2h"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemcpy2DAsync_ptsz__d2h_16),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpy2DAsync_ptsz__h2d: CallDesc = CallDesc {
+        wire: 142u32,
+        call: 131u32,
+        name: "cudaMemcpy2DAsync_ptsz",
+        form: Some("h2d"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemcpy2DAsync_ptsz__h2d_19),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpy2D_ptds__d2d: CallDesc = CallDesc {
+        wire: 143u32,
+        call: 132u32,
+        name: "cudaMemcpy2D_ptds",
+        form: Some("d2d"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpy2D_ptds__d2h: CallDesc = CallDesc {
+        wire: 144u32,
+        call: 132u32,
+        name: "cudaMemcpy2D_ptds",
+        form: Some("d2h"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemcpy2D_ptds__d2h_22),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemcpy2D_ptds__h2d: CallDesc = CallDesc {
+        wire: 145u32,
+        call: 132u32,
+        name: "cudaMemcpy2D_ptds",
+        form: Some("h2d"),
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemcpy2D_ptds__h2d_25),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
     pub static cudaMemcpyArrayToArray: CallDesc = CallDesc {
-        wire: 134u32,
-        call: 129u32,
+        wire: 146u32,
+        call: 133u32,
         name: "cudaMemcpyArrayToArray",
         form: None,
         library: "cudart",
@@ -8948,8 +9575,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpyArrayToArray_ptds: CallDesc = CallDesc {
-        wire: 135u32,
-        call: 130u32,
+        wire: 147u32,
+        call: 134u32,
         name: "cudaMemcpyArrayToArray_ptds",
         form: None,
         library: "cudart",
@@ -8998,8 +9625,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpyAsync__d2d: CallDesc = CallDesc {
-        wire: 136u32,
-        call: 131u32,
+        wire: 148u32,
+        call: 135u32,
         name: "cudaMemcpyAsync",
         form: Some("d2d"),
         library: "cudart",
@@ -9030,8 +9657,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpyAsync__d2h: CallDesc = CallDesc {
-        wire: 137u32,
-        call: 131u32,
+        wire: 149u32,
+        call: 135u32,
         name: "cudaMemcpyAsync",
         form: Some("d2h"),
         library: "cudart",
@@ -9041,7 +9668,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpyAsync__d2h_2),
+                len: Some(&LEN_cudaMemcpyAsync__d2h_26),
                 record: None,
             },
             Wire::Device,
@@ -9067,8 +9694,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpyAsync__h2d: CallDesc = CallDesc {
-        wire: 138u32,
-        call: 131u32,
+        wire: 150u32,
+        call: 135u32,
         name: "cudaMemcpyAsync",
         form: Some("h2d"),
         library: "cudart",
@@ -9079,7 +9706,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpyAsync__h2d_3),
+                len: Some(&LEN_cudaMemcpyAsync__h2d_27),
                 record: None,
             },
             Wire::Val {
@@ -9104,8 +9731,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpyAsync_ptsz__d2d: CallDesc = CallDesc {
-        wire: 139u32,
-        call: 132u32,
+        wire: 151u32,
+        call: 136u32,
         name: "cudaMemcpyAsync_ptsz",
         form: Some("d2d"),
         library: "cudart",
@@ -9136,8 +9763,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpyAsync_ptsz__d2h: CallDesc = CallDesc {
-        wire: 140u32,
-        call: 132u32,
+        wire: 152u32,
+        call: 136u32,
         name: "cudaMemcpyAsync_ptsz",
         form: Some("d2h"),
         library: "cudart",
@@ -9147,7 +9774,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpyAsync_ptsz__d2h_4),
+                len: Some(&LEN_cudaMemcpyAsync_ptsz__d2h_28),
                 record: None,
             },
             Wire::Device,
@@ -9173,8 +9800,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpyAsync_ptsz__h2d: CallDesc = CallDesc {
-        wire: 141u32,
-        call: 132u32,
+        wire: 153u32,
+        call: 136u32,
         name: "cudaMemcpyAsync_ptsz",
         form: Some("h2d"),
         library: "cudart",
@@ -9185,7 +9812,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpyAsync_ptsz__h2d_5),
+                len: Some(&LEN_cudaMemcpyAsync_ptsz__h2d_29),
                 record: None,
             },
             Wire::Val {
@@ -9210,8 +9837,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy_ptds__d2d: CallDesc = CallDesc {
-        wire: 142u32,
-        call: 133u32,
+        wire: 154u32,
+        call: 137u32,
         name: "cudaMemcpy_ptds",
         form: Some("d2d"),
         library: "cudart",
@@ -9238,8 +9865,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy_ptds__d2h: CallDesc = CallDesc {
-        wire: 143u32,
-        call: 133u32,
+        wire: 155u32,
+        call: 137u32,
         name: "cudaMemcpy_ptds",
         form: Some("d2h"),
         library: "cudart",
@@ -9249,7 +9876,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpy_ptds__d2h_6),
+                len: Some(&LEN_cudaMemcpy_ptds__d2h_30),
                 record: None,
             },
             Wire::Device,
@@ -9271,8 +9898,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy_ptds__h2d: CallDesc = CallDesc {
-        wire: 144u32,
-        call: 133u32,
+        wire: 156u32,
+        call: 137u32,
         name: "cudaMemcpy_ptds",
         form: Some("h2d"),
         library: "cudart",
@@ -9283,7 +9910,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpy_ptds__h2d_7),
+                len: Some(&LEN_cudaMemcpy_ptds__h2d_31),
                 record: None,
             },
             Wire::Val {
@@ -9304,8 +9931,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemset: CallDesc = CallDesc {
-        wire: 145u32,
-        call: 134u32,
+        wire: 157u32,
+        call: 138u32,
         name: "cudaMemset",
         form: None,
         library: "cudart",
@@ -9330,9 +9957,157 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
+    pub static cudaMemset2D: CallDesc = CallDesc {
+        wire: 158u32,
+        call: 139u32,
+        name: "cudaMemset2D",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemset2DAsync: CallDesc = CallDesc {
+        wire: 159u32,
+        call: 140u32,
+        name: "cudaMemset2DAsync",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemset2DAsync_ptsz: CallDesc = CallDesc {
+        wire: 160u32,
+        call: 141u32,
+        name: "cudaMemset2DAsync_ptsz",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemset2D_ptds: CallDesc = CallDesc {
+        wire: 161u32,
+        call: 142u32,
+        name: "cudaMemset2D_ptds",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
     pub static cudaMemsetAsync: CallDesc = CallDesc {
-        wire: 146u32,
-        call: 135u32,
+        wire: 162u32,
+        call: 143u32,
         name: "cudaMemsetAsync",
         form: None,
         library: "cudart",
@@ -9362,8 +10137,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemsetAsync_ptsz: CallDesc = CallDesc {
-        wire: 147u32,
-        call: 136u32,
+        wire: 163u32,
+        call: 144u32,
         name: "cudaMemsetAsync_ptsz",
         form: None,
         library: "cudart",
@@ -9393,8 +10168,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemset_ptds: CallDesc = CallDesc {
-        wire: 148u32,
-        call: 137u32,
+        wire: 164u32,
+        call: 145u32,
         name: "cudaMemset_ptds",
         form: None,
         library: "cudart",
@@ -9420,8 +10195,8 @@ pub mod cudart {
         },
     };
     pub static cudaSetDevice__call: CallDesc = CallDesc {
-        wire: 149u32,
-        call: 138u32,
+        wire: 165u32,
+        call: 146u32,
         name: "cudaSetDevice",
         form: Some("call"),
         library: "cudart",
@@ -9442,8 +10217,8 @@ pub mod cudart {
         },
     };
     pub static cudaSetDeviceFlags: CallDesc = CallDesc {
-        wire: 150u32,
-        call: 139u32,
+        wire: 166u32,
+        call: 147u32,
         name: "cudaSetDeviceFlags",
         form: None,
         library: "cudart",
@@ -9464,8 +10239,8 @@ pub mod cudart {
         },
     };
     pub static cudaSetDoubleForDevice: CallDesc = CallDesc {
-        wire: 151u32,
-        call: 140u32,
+        wire: 167u32,
+        call: 148u32,
         name: "cudaSetDoubleForDevice",
         form: None,
         library: "cudart",
@@ -9488,8 +10263,8 @@ pub mod cudart {
         },
     };
     pub static cudaSetDoubleForHost: CallDesc = CallDesc {
-        wire: 152u32,
-        call: 141u32,
+        wire: 168u32,
+        call: 149u32,
         name: "cudaSetDoubleForHost",
         form: None,
         library: "cudart",
@@ -9512,8 +10287,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamAddCallback__host: CallDesc = CallDesc {
-        wire: 153u32,
-        call: 142u32,
+        wire: 169u32,
+        call: 150u32,
         name: "cudaStreamAddCallback",
         form: Some("host"),
         library: "cudart",
@@ -9546,8 +10321,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamAddCallback_ptsz__host: CallDesc = CallDesc {
-        wire: 154u32,
-        call: 143u32,
+        wire: 170u32,
+        call: 151u32,
         name: "cudaStreamAddCallback_ptsz",
         form: Some("host"),
         library: "cudart",
@@ -9580,8 +10355,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamBeginCapture: CallDesc = CallDesc {
-        wire: 155u32,
-        call: 144u32,
+        wire: 171u32,
+        call: 152u32,
         name: "cudaStreamBeginCapture",
         form: None,
         library: "cudart",
@@ -9606,8 +10381,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamBeginCapture_ptsz: CallDesc = CallDesc {
-        wire: 156u32,
-        call: 145u32,
+        wire: 172u32,
+        call: 153u32,
         name: "cudaStreamBeginCapture_ptsz",
         form: None,
         library: "cudart",
@@ -9632,8 +10407,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamCopyAttributes: CallDesc = CallDesc {
-        wire: 157u32,
-        call: 146u32,
+        wire: 173u32,
+        call: 154u32,
         name: "cudaStreamCopyAttributes",
         form: None,
         library: "cudart",
@@ -9658,8 +10433,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamCopyAttributes_ptsz: CallDesc = CallDesc {
-        wire: 158u32,
-        call: 147u32,
+        wire: 174u32,
+        call: 155u32,
         name: "cudaStreamCopyAttributes_ptsz",
         form: None,
         library: "cudart",
@@ -9684,8 +10459,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamCreate: CallDesc = CallDesc {
-        wire: 159u32,
-        call: 148u32,
+        wire: 175u32,
+        call: 156u32,
         name: "cudaStreamCreate",
         form: None,
         library: "cudart",
@@ -9701,8 +10476,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamCreateWithFlags: CallDesc = CallDesc {
-        wire: 160u32,
-        call: 149u32,
+        wire: 176u32,
+        call: 157u32,
         name: "cudaStreamCreateWithFlags",
         form: None,
         library: "cudart",
@@ -9724,8 +10499,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamCreateWithPriority: CallDesc = CallDesc {
-        wire: 161u32,
-        call: 150u32,
+        wire: 177u32,
+        call: 158u32,
         name: "cudaStreamCreateWithPriority",
         form: None,
         library: "cudart",
@@ -9751,8 +10526,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamDestroy: CallDesc = CallDesc {
-        wire: 162u32,
-        call: 151u32,
+        wire: 178u32,
+        call: 159u32,
         name: "cudaStreamDestroy",
         form: None,
         library: "cudart",
@@ -9773,8 +10548,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamEndCapture: CallDesc = CallDesc {
-        wire: 163u32,
-        call: 152u32,
+        wire: 179u32,
+        call: 160u32,
         name: "cudaStreamEndCapture",
         form: None,
         library: "cudart",
@@ -9796,8 +10571,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamEndCapture_ptsz: CallDesc = CallDesc {
-        wire: 164u32,
-        call: 153u32,
+        wire: 180u32,
+        call: 161u32,
         name: "cudaStreamEndCapture_ptsz",
         form: None,
         library: "cudart",
@@ -9819,8 +10594,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetCaptureInfo__cu118: CallDesc = CallDesc {
-        wire: 165u32,
-        call: 154u32,
+        wire: 181u32,
+        call: 162u32,
         name: "cudaStreamGetCaptureInfo",
         form: None,
         library: "cudart",
@@ -9853,8 +10628,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetCaptureInfo_ptsz__cu118: CallDesc = CallDesc {
-        wire: 166u32,
-        call: 155u32,
+        wire: 182u32,
+        call: 163u32,
         name: "cudaStreamGetCaptureInfo_ptsz",
         form: None,
         library: "cudart",
@@ -9887,8 +10662,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetDevice: CallDesc = CallDesc {
-        wire: 167u32,
-        call: 156u32,
+        wire: 183u32,
+        call: 164u32,
         name: "cudaStreamGetDevice",
         form: None,
         library: "cudart",
@@ -9915,8 +10690,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetDevice_ptsz: CallDesc = CallDesc {
-        wire: 168u32,
-        call: 157u32,
+        wire: 184u32,
+        call: 165u32,
         name: "cudaStreamGetDevice_ptsz",
         form: None,
         library: "cudart",
@@ -9943,8 +10718,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetFlags: CallDesc = CallDesc {
-        wire: 169u32,
-        call: 158u32,
+        wire: 185u32,
+        call: 166u32,
         name: "cudaStreamGetFlags",
         form: None,
         library: "cudart",
@@ -9971,8 +10746,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetFlags_ptsz: CallDesc = CallDesc {
-        wire: 170u32,
-        call: 159u32,
+        wire: 186u32,
+        call: 167u32,
         name: "cudaStreamGetFlags_ptsz",
         form: None,
         library: "cudart",
@@ -9999,8 +10774,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetId: CallDesc = CallDesc {
-        wire: 171u32,
-        call: 160u32,
+        wire: 187u32,
+        call: 168u32,
         name: "cudaStreamGetId",
         form: None,
         library: "cudart",
@@ -10027,8 +10802,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetId_ptsz: CallDesc = CallDesc {
-        wire: 172u32,
-        call: 161u32,
+        wire: 188u32,
+        call: 169u32,
         name: "cudaStreamGetId_ptsz",
         form: None,
         library: "cudart",
@@ -10055,8 +10830,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetPriority: CallDesc = CallDesc {
-        wire: 173u32,
-        call: 162u32,
+        wire: 189u32,
+        call: 170u32,
         name: "cudaStreamGetPriority",
         form: None,
         library: "cudart",
@@ -10083,8 +10858,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetPriority_ptsz: CallDesc = CallDesc {
-        wire: 174u32,
-        call: 163u32,
+        wire: 190u32,
+        call: 171u32,
         name: "cudaStreamGetPriority_ptsz",
         form: None,
         library: "cudart",
@@ -10111,8 +10886,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamIsCapturing: CallDesc = CallDesc {
-        wire: 175u32,
-        call: 164u32,
+        wire: 191u32,
+        call: 172u32,
         name: "cudaStreamIsCapturing",
         form: None,
         library: "cudart",
@@ -10139,8 +10914,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamIsCapturing_ptsz: CallDesc = CallDesc {
-        wire: 176u32,
-        call: 165u32,
+        wire: 192u32,
+        call: 173u32,
         name: "cudaStreamIsCapturing_ptsz",
         form: None,
         library: "cudart",
@@ -10167,8 +10942,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamQuery: CallDesc = CallDesc {
-        wire: 177u32,
-        call: 166u32,
+        wire: 193u32,
+        call: 174u32,
         name: "cudaStreamQuery",
         form: None,
         library: "cudart",
@@ -10189,8 +10964,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamQuery_ptsz: CallDesc = CallDesc {
-        wire: 178u32,
-        call: 167u32,
+        wire: 194u32,
+        call: 175u32,
         name: "cudaStreamQuery_ptsz",
         form: None,
         library: "cudart",
@@ -10211,8 +10986,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamSynchronize: CallDesc = CallDesc {
-        wire: 179u32,
-        call: 168u32,
+        wire: 195u32,
+        call: 176u32,
         name: "cudaStreamSynchronize",
         form: None,
         library: "cudart",
@@ -10233,8 +11008,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamSynchronize_ptsz: CallDesc = CallDesc {
-        wire: 180u32,
-        call: 169u32,
+        wire: 196u32,
+        call: 177u32,
         name: "cudaStreamSynchronize_ptsz",
         form: None,
         library: "cudart",
@@ -10255,8 +11030,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamUpdateCaptureDependencies__cu118: CallDesc = CallDesc {
-        wire: 181u32,
-        call: 170u32,
+        wire: 197u32,
+        call: 178u32,
         name: "cudaStreamUpdateCaptureDependencies",
         form: None,
         library: "cudart",
@@ -10286,8 +11061,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamUpdateCaptureDependencies_ptsz__cu126: CallDesc = CallDesc {
-        wire: 182u32,
-        call: 171u32,
+        wire: 198u32,
+        call: 179u32,
         name: "cudaStreamUpdateCaptureDependencies_ptsz",
         form: None,
         library: "cudart",
@@ -10317,8 +11092,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamWaitEvent: CallDesc = CallDesc {
-        wire: 183u32,
-        call: 172u32,
+        wire: 199u32,
+        call: 180u32,
         name: "cudaStreamWaitEvent",
         form: None,
         library: "cudart",
@@ -10347,8 +11122,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamWaitEvent_ptsz: CallDesc = CallDesc {
-        wire: 184u32,
-        call: 173u32,
+        wire: 200u32,
+        call: 181u32,
         name: "cudaStreamWaitEvent_ptsz",
         form: None,
         library: "cudart",
@@ -10377,8 +11152,8 @@ pub mod cudart {
         },
     };
     pub static cudaThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
-        wire: 185u32,
-        call: 174u32,
+        wire: 201u32,
+        call: 182u32,
         name: "cudaThreadExchangeStreamCaptureMode",
         form: None,
         library: "cudart",
@@ -10401,8 +11176,8 @@ pub mod cudart {
         },
     };
     pub static cudaThreadExit: CallDesc = CallDesc {
-        wire: 186u32,
-        call: 175u32,
+        wire: 202u32,
+        call: 183u32,
         name: "cudaThreadExit",
         form: None,
         library: "cudart",
@@ -10418,8 +11193,8 @@ pub mod cudart {
         },
     };
     pub static cudaThreadGetCacheConfig: CallDesc = CallDesc {
-        wire: 187u32,
-        call: 176u32,
+        wire: 203u32,
+        call: 184u32,
         name: "cudaThreadGetCacheConfig",
         form: None,
         library: "cudart",
@@ -10442,8 +11217,8 @@ pub mod cudart {
         },
     };
     pub static cudaThreadGetLimit: CallDesc = CallDesc {
-        wire: 188u32,
-        call: 177u32,
+        wire: 204u32,
+        call: 185u32,
         name: "cudaThreadGetLimit",
         form: None,
         library: "cudart",
@@ -10470,8 +11245,8 @@ pub mod cudart {
         },
     };
     pub static cudaThreadSetCacheConfig: CallDesc = CallDesc {
-        wire: 189u32,
-        call: 178u32,
+        wire: 205u32,
+        call: 186u32,
         name: "cudaThreadSetCacheConfig",
         form: None,
         library: "cudart",
@@ -10492,8 +11267,8 @@ pub mod cudart {
         },
     };
     pub static cudaThreadSetLimit: CallDesc = CallDesc {
-        wire: 190u32,
-        call: 179u32,
+        wire: 206u32,
+        call: 187u32,
         name: "cudaThreadSetLimit",
         form: None,
         library: "cudart",
@@ -10518,8 +11293,8 @@ pub mod cudart {
         },
     };
     pub static cudaThreadSynchronize: CallDesc = CallDesc {
-        wire: 191u32,
-        call: 180u32,
+        wire: 207u32,
+        call: 188u32,
         name: "cudaThreadSynchronize",
         form: None,
         library: "cudart",
@@ -10535,8 +11310,8 @@ pub mod cudart {
         },
     };
     pub static cudaUnbindTexture: CallDesc = CallDesc {
-        wire: 192u32,
-        call: 181u32,
+        wire: 208u32,
+        call: 189u32,
         name: "cudaUnbindTexture",
         form: None,
         library: "cudart",
@@ -10559,8 +11334,8 @@ pub mod cudart {
         },
     };
     pub static cudaUserObjectRelease: CallDesc = CallDesc {
-        wire: 193u32,
-        call: 182u32,
+        wire: 209u32,
+        call: 190u32,
         name: "cudaUserObjectRelease",
         form: None,
         library: "cudart",
@@ -10585,8 +11360,8 @@ pub mod cudart {
         },
     };
     pub static cudaUserObjectRetain: CallDesc = CallDesc {
-        wire: 194u32,
-        call: 183u32,
+        wire: 210u32,
+        call: 191u32,
         name: "cudaUserObjectRetain",
         form: None,
         library: "cudart",
@@ -10614,8 +11389,8 @@ pub mod cudart {
 pub mod cudnn {
     use chidori_protocol::desc::*;
     pub static cudnnAdvInferVersionCheck: CallDesc = CallDesc {
-        wire: 618u32,
-        call: 601u32,
+        wire: 635u32,
+        call: 610u32,
         name: "cudnnAdvInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -10631,8 +11406,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnAdvTrainVersionCheck: CallDesc = CallDesc {
-        wire: 619u32,
-        call: 602u32,
+        wire: 636u32,
+        call: 611u32,
         name: "cudnnAdvTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -10648,8 +11423,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnAdvVersionCheck: CallDesc = CallDesc {
-        wire: 620u32,
-        call: 603u32,
+        wire: 637u32,
+        call: 612u32,
         name: "cudnnAdvVersionCheck",
         form: None,
         library: "cudnn",
@@ -10665,8 +11440,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 621u32,
-        call: 604u32,
+        wire: 638u32,
+        call: 613u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -10695,8 +11470,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 622u32,
-        call: 604u32,
+        wire: 639u32,
+        call: 613u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -10725,8 +11500,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 623u32,
-        call: 605u32,
+        wire: 640u32,
+        call: 614u32,
         name: "cudnnCnnInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -10742,8 +11517,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 624u32,
-        call: 606u32,
+        wire: 641u32,
+        call: 615u32,
         name: "cudnnCnnTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -10759,8 +11534,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 625u32,
-        call: 607u32,
+        wire: 642u32,
+        call: 616u32,
         name: "cudnnCnnVersionCheck",
         form: None,
         library: "cudnn",
@@ -10776,8 +11551,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 626u32,
-        call: 608u32,
+        wire: 643u32,
+        call: 617u32,
         name: "cudnnCopyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -10802,8 +11577,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 627u32,
-        call: 609u32,
+        wire: 644u32,
+        call: 618u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -10819,8 +11594,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 628u32,
-        call: 609u32,
+        wire: 645u32,
+        call: 618u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -10836,8 +11611,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 629u32,
-        call: 610u32,
+        wire: 646u32,
+        call: 619u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -10853,8 +11628,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 630u32,
-        call: 610u32,
+        wire: 647u32,
+        call: 619u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -10870,8 +11645,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 631u32,
-        call: 611u32,
+        wire: 648u32,
+        call: 620u32,
         name: "cudnnCreateAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -10887,8 +11662,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 632u32,
-        call: 612u32,
+        wire: 649u32,
+        call: 621u32,
         name: "cudnnCreateAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -10910,8 +11685,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 633u32,
-        call: 613u32,
+        wire: 650u32,
+        call: 622u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -10927,8 +11702,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 634u32,
-        call: 613u32,
+        wire: 651u32,
+        call: 622u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -10944,8 +11719,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 635u32,
-        call: 614u32,
+        wire: 652u32,
+        call: 623u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -10961,8 +11736,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 636u32,
-        call: 614u32,
+        wire: 653u32,
+        call: 623u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -10978,8 +11753,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 637u32,
-        call: 615u32,
+        wire: 654u32,
+        call: 624u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -10995,8 +11770,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 638u32,
-        call: 615u32,
+        wire: 655u32,
+        call: 624u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -11012,8 +11787,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 639u32,
-        call: 616u32,
+        wire: 656u32,
+        call: 625u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -11029,8 +11804,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 640u32,
-        call: 616u32,
+        wire: 657u32,
+        call: 625u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -11046,8 +11821,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 641u32,
-        call: 617u32,
+        wire: 658u32,
+        call: 626u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -11063,8 +11838,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 642u32,
-        call: 617u32,
+        wire: 659u32,
+        call: 626u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -11080,8 +11855,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 643u32,
-        call: 618u32,
+        wire: 660u32,
+        call: 627u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -11103,8 +11878,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 644u32,
-        call: 618u32,
+        wire: 661u32,
+        call: 627u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -11126,8 +11901,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 645u32,
-        call: 619u32,
+        wire: 662u32,
+        call: 628u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -11149,8 +11924,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 646u32,
-        call: 619u32,
+        wire: 663u32,
+        call: 628u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -11172,8 +11947,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 647u32,
-        call: 620u32,
+        wire: 664u32,
+        call: 629u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -11195,8 +11970,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 648u32,
-        call: 620u32,
+        wire: 665u32,
+        call: 629u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -11218,8 +11993,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 649u32,
-        call: 621u32,
+        wire: 666u32,
+        call: 630u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -11235,8 +12010,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 650u32,
-        call: 621u32,
+        wire: 667u32,
+        call: 630u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -11252,8 +12027,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 651u32,
-        call: 622u32,
+        wire: 668u32,
+        call: 631u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -11269,8 +12044,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 652u32,
-        call: 622u32,
+        wire: 669u32,
+        call: 631u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -11286,8 +12061,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 653u32,
-        call: 623u32,
+        wire: 670u32,
+        call: 632u32,
         name: "cudnnCreatePersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -11317,8 +12092,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 654u32,
-        call: 624u32,
+        wire: 671u32,
+        call: 633u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -11334,8 +12109,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 655u32,
-        call: 624u32,
+        wire: 672u32,
+        call: 633u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -11351,8 +12126,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 656u32,
-        call: 625u32,
+        wire: 673u32,
+        call: 634u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -11368,8 +12143,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 657u32,
-        call: 625u32,
+        wire: 674u32,
+        call: 634u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -11385,8 +12160,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 658u32,
-        call: 626u32,
+        wire: 675u32,
+        call: 635u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -11402,8 +12177,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 659u32,
-        call: 626u32,
+        wire: 676u32,
+        call: 635u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -11419,8 +12194,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 660u32,
-        call: 627u32,
+        wire: 677u32,
+        call: 636u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -11436,8 +12211,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 661u32,
-        call: 627u32,
+        wire: 678u32,
+        call: 636u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -11453,8 +12228,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 662u32,
-        call: 628u32,
+        wire: 679u32,
+        call: 637u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -11470,8 +12245,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 663u32,
-        call: 628u32,
+        wire: 680u32,
+        call: 637u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -11487,8 +12262,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 664u32,
-        call: 629u32,
+        wire: 681u32,
+        call: 638u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -11504,8 +12279,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 665u32,
-        call: 629u32,
+        wire: 682u32,
+        call: 638u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -11521,8 +12296,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 666u32,
-        call: 630u32,
+        wire: 683u32,
+        call: 639u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -11538,8 +12313,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 667u32,
-        call: 630u32,
+        wire: 684u32,
+        call: 639u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -11555,8 +12330,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 668u32,
-        call: 631u32,
+        wire: 685u32,
+        call: 640u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -11572,8 +12347,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 669u32,
-        call: 631u32,
+        wire: 686u32,
+        call: 640u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -11589,8 +12364,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 670u32,
-        call: 632u32,
+        wire: 687u32,
+        call: 641u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -11619,8 +12394,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 671u32,
-        call: 632u32,
+        wire: 688u32,
+        call: 641u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -11649,8 +12424,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 672u32,
-        call: 633u32,
+        wire: 689u32,
+        call: 642u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -11687,8 +12462,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 673u32,
-        call: 633u32,
+        wire: 690u32,
+        call: 642u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -11725,8 +12500,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroy__cu118: CallDesc = CallDesc {
-        wire: 674u32,
-        call: 634u32,
+        wire: 691u32,
+        call: 643u32,
         name: "cudnnDestroy",
         form: None,
         library: "cudnn",
@@ -11747,8 +12522,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroy__cu126: CallDesc = CallDesc {
-        wire: 675u32,
-        call: 634u32,
+        wire: 692u32,
+        call: 643u32,
         name: "cudnnDestroy",
         form: None,
         library: "cudnn",
@@ -11769,8 +12544,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 676u32,
-        call: 635u32,
+        wire: 693u32,
+        call: 644u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -11791,8 +12566,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 677u32,
-        call: 635u32,
+        wire: 694u32,
+        call: 644u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -11813,8 +12588,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 678u32,
-        call: 636u32,
+        wire: 695u32,
+        call: 645u32,
         name: "cudnnDestroyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -11835,8 +12610,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 679u32,
-        call: 637u32,
+        wire: 696u32,
+        call: 646u32,
         name: "cudnnDestroyAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -11858,8 +12633,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 680u32,
-        call: 638u32,
+        wire: 697u32,
+        call: 647u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -11880,8 +12655,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 681u32,
-        call: 638u32,
+        wire: 698u32,
+        call: 647u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -11902,8 +12677,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 682u32,
-        call: 639u32,
+        wire: 699u32,
+        call: 648u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -11924,8 +12699,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 683u32,
-        call: 639u32,
+        wire: 700u32,
+        call: 648u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -11946,8 +12721,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 684u32,
-        call: 640u32,
+        wire: 701u32,
+        call: 649u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -11968,8 +12743,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 685u32,
-        call: 640u32,
+        wire: 702u32,
+        call: 649u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -11990,8 +12765,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 686u32,
-        call: 641u32,
+        wire: 703u32,
+        call: 650u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -12012,8 +12787,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 687u32,
-        call: 641u32,
+        wire: 704u32,
+        call: 650u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -12034,8 +12809,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 688u32,
-        call: 642u32,
+        wire: 705u32,
+        call: 651u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -12056,8 +12831,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 689u32,
-        call: 642u32,
+        wire: 706u32,
+        call: 651u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -12078,8 +12853,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 690u32,
-        call: 643u32,
+        wire: 707u32,
+        call: 652u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -12100,8 +12875,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 691u32,
-        call: 643u32,
+        wire: 708u32,
+        call: 652u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -12122,8 +12897,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 692u32,
-        call: 644u32,
+        wire: 709u32,
+        call: 653u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -12144,8 +12919,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 693u32,
-        call: 644u32,
+        wire: 710u32,
+        call: 653u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -12166,8 +12941,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 694u32,
-        call: 645u32,
+        wire: 711u32,
+        call: 654u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -12188,8 +12963,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 695u32,
-        call: 645u32,
+        wire: 712u32,
+        call: 654u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -12210,8 +12985,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 696u32,
-        call: 646u32,
+        wire: 713u32,
+        call: 655u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -12232,8 +13007,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 697u32,
-        call: 646u32,
+        wire: 714u32,
+        call: 655u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -12254,8 +13029,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 698u32,
-        call: 647u32,
+        wire: 715u32,
+        call: 656u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -12276,8 +13051,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 699u32,
-        call: 647u32,
+        wire: 716u32,
+        call: 656u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -12298,8 +13073,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 700u32,
-        call: 648u32,
+        wire: 717u32,
+        call: 657u32,
         name: "cudnnDestroyPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -12320,8 +13095,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 701u32,
-        call: 649u32,
+        wire: 718u32,
+        call: 658u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -12342,8 +13117,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 702u32,
-        call: 649u32,
+        wire: 719u32,
+        call: 658u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -12364,8 +13139,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 703u32,
-        call: 650u32,
+        wire: 720u32,
+        call: 659u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -12386,8 +13161,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 704u32,
-        call: 650u32,
+        wire: 721u32,
+        call: 659u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -12408,8 +13183,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 705u32,
-        call: 651u32,
+        wire: 722u32,
+        call: 660u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -12430,8 +13205,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 706u32,
-        call: 651u32,
+        wire: 723u32,
+        call: 660u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -12452,8 +13227,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 707u32,
-        call: 652u32,
+        wire: 724u32,
+        call: 661u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -12474,8 +13249,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 708u32,
-        call: 652u32,
+        wire: 725u32,
+        call: 661u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -12496,8 +13271,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 709u32,
-        call: 653u32,
+        wire: 726u32,
+        call: 662u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -12518,8 +13293,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 710u32,
-        call: 653u32,
+        wire: 727u32,
+        call: 662u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -12540,8 +13315,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 711u32,
-        call: 654u32,
+        wire: 728u32,
+        call: 663u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -12562,8 +13337,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 712u32,
-        call: 654u32,
+        wire: 729u32,
+        call: 663u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -12584,8 +13359,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 713u32,
-        call: 655u32,
+        wire: 730u32,
+        call: 664u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -12606,8 +13381,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 714u32,
-        call: 655u32,
+        wire: 731u32,
+        call: 664u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -12628,8 +13403,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 715u32,
-        call: 656u32,
+        wire: 732u32,
+        call: 665u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -12650,8 +13425,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 716u32,
-        call: 656u32,
+        wire: 733u32,
+        call: 665u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -12672,8 +13447,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 717u32,
-        call: 657u32,
+        wire: 734u32,
+        call: 666u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -12700,8 +13475,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 718u32,
-        call: 657u32,
+        wire: 735u32,
+        call: 666u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -12728,8 +13503,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 719u32,
-        call: 658u32,
+        wire: 736u32,
+        call: 667u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -12756,8 +13531,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 720u32,
-        call: 658u32,
+        wire: 737u32,
+        call: 667u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -12784,8 +13559,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 721u32,
-        call: 659u32,
+        wire: 738u32,
+        call: 668u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -12814,8 +13589,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 722u32,
-        call: 659u32,
+        wire: 739u32,
+        call: 668u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -12844,8 +13619,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 723u32,
-        call: 660u32,
+        wire: 740u32,
+        call: 669u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -12884,8 +13659,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 724u32,
-        call: 660u32,
+        wire: 741u32,
+        call: 669u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -12924,8 +13699,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 725u32,
-        call: 661u32,
+        wire: 742u32,
+        call: 670u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -12952,8 +13727,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 726u32,
-        call: 661u32,
+        wire: 743u32,
+        call: 670u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -12980,8 +13755,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 727u32,
-        call: 662u32,
+        wire: 744u32,
+        call: 671u32,
         name: "cudnnGetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -13021,8 +13796,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 728u32,
-        call: 663u32,
+        wire: 745u32,
+        call: 672u32,
         name: "cudnnGetAlgorithmSpaceSize",
         form: None,
         library: "cudnn",
@@ -13053,8 +13828,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 729u32,
-        call: 664u32,
+        wire: 746u32,
+        call: 673u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -13117,8 +13892,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 730u32,
-        call: 664u32,
+        wire: 747u32,
+        call: 673u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -13181,8 +13956,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 731u32,
-        call: 665u32,
+        wire: 748u32,
+        call: 674u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -13237,8 +14012,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 732u32,
-        call: 665u32,
+        wire: 749u32,
+        call: 674u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -13293,8 +14068,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 733u32,
-        call: 666u32,
+        wire: 750u32,
+        call: 675u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -13337,8 +14112,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 734u32,
-        call: 666u32,
+        wire: 751u32,
+        call: 675u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -13381,8 +14156,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 735u32,
-        call: 667u32,
+        wire: 752u32,
+        call: 676u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -13409,8 +14184,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 736u32,
-        call: 667u32,
+        wire: 753u32,
+        call: 676u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -13437,8 +14212,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 737u32,
-        call: 668u32,
+        wire: 754u32,
+        call: 677u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -13477,8 +14252,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 738u32,
-        call: 668u32,
+        wire: 755u32,
+        call: 677u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -13517,8 +14292,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 739u32,
-        call: 669u32,
+        wire: 756u32,
+        call: 678u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -13561,8 +14336,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 740u32,
-        call: 669u32,
+        wire: 757u32,
+        call: 678u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -13605,8 +14380,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 741u32,
-        call: 670u32,
+        wire: 758u32,
+        call: 679u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -13675,8 +14450,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 742u32,
-        call: 670u32,
+        wire: 759u32,
+        call: 679u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -13745,8 +14520,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 743u32,
-        call: 671u32,
+        wire: 760u32,
+        call: 680u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -13799,8 +14574,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 744u32,
-        call: 671u32,
+        wire: 761u32,
+        call: 680u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -13853,8 +14628,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 745u32,
-        call: 672u32,
+        wire: 762u32,
+        call: 681u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -13881,8 +14656,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 746u32,
-        call: 672u32,
+        wire: 763u32,
+        call: 681u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -13909,8 +14684,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 747u32,
-        call: 673u32,
+        wire: 764u32,
+        call: 682u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -13957,8 +14732,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 748u32,
-        call: 673u32,
+        wire: 765u32,
+        call: 682u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -14005,8 +14780,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 749u32,
-        call: 674u32,
+        wire: 766u32,
+        call: 683u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -14033,8 +14808,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 750u32,
-        call: 674u32,
+        wire: 767u32,
+        call: 683u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -14061,8 +14836,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 751u32,
-        call: 675u32,
+        wire: 768u32,
+        call: 684u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -14109,8 +14884,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 752u32,
-        call: 675u32,
+        wire: 769u32,
+        call: 684u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -14157,8 +14932,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 753u32,
-        call: 676u32,
+        wire: 770u32,
+        call: 685u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -14185,8 +14960,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 754u32,
-        call: 676u32,
+        wire: 771u32,
+        call: 685u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -14213,8 +14988,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 755u32,
-        call: 677u32,
+        wire: 772u32,
+        call: 686u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -14261,8 +15036,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 756u32,
-        call: 677u32,
+        wire: 773u32,
+        call: 686u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -14309,8 +15084,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 757u32,
-        call: 678u32,
+        wire: 774u32,
+        call: 687u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -14337,8 +15112,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 758u32,
-        call: 678u32,
+        wire: 775u32,
+        call: 687u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -14365,8 +15140,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 759u32,
-        call: 679u32,
+        wire: 776u32,
+        call: 688u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -14393,8 +15168,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 760u32,
-        call: 679u32,
+        wire: 777u32,
+        call: 688u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -14421,8 +15196,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 761u32,
-        call: 680u32,
+        wire: 778u32,
+        call: 689u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -14461,8 +15236,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 762u32,
-        call: 680u32,
+        wire: 779u32,
+        call: 689u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -14501,8 +15276,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 763u32,
-        call: 681u32,
+        wire: 780u32,
+        call: 690u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -14529,8 +15304,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 764u32,
-        call: 681u32,
+        wire: 781u32,
+        call: 690u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -14557,8 +15332,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCudartVersion__cu118: CallDesc = CallDesc {
-        wire: 765u32,
-        call: 682u32,
+        wire: 782u32,
+        call: 691u32,
         name: "cudnnGetCudartVersion",
         form: None,
         library: "cudnn",
@@ -14577,8 +15352,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCudartVersion__cu126: CallDesc = CallDesc {
-        wire: 766u32,
-        call: 682u32,
+        wire: 783u32,
+        call: 691u32,
         name: "cudnnGetCudartVersion",
         form: None,
         library: "cudnn",
@@ -14597,8 +15372,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 767u32,
-        call: 683u32,
+        wire: 784u32,
+        call: 692u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -14655,8 +15430,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 768u32,
-        call: 683u32,
+        wire: 785u32,
+        call: 692u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -14713,8 +15488,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 769u32,
-        call: 684u32,
+        wire: 786u32,
+        call: 693u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -14763,8 +15538,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 770u32,
-        call: 684u32,
+        wire: 787u32,
+        call: 693u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -14813,8 +15588,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 771u32,
-        call: 685u32,
+        wire: 788u32,
+        call: 694u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -14841,8 +15616,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 772u32,
-        call: 685u32,
+        wire: 789u32,
+        call: 694u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -14869,8 +15644,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 773u32,
-        call: 686u32,
+        wire: 790u32,
+        call: 695u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -14943,8 +15718,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 774u32,
-        call: 686u32,
+        wire: 791u32,
+        call: 695u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -15017,8 +15792,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 775u32,
-        call: 687u32,
+        wire: 792u32,
+        call: 696u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -15063,8 +15838,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 776u32,
-        call: 687u32,
+        wire: 793u32,
+        call: 696u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -15109,8 +15884,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 777u32,
-        call: 688u32,
+        wire: 794u32,
+        call: 697u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -15129,8 +15904,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 778u32,
-        call: 688u32,
+        wire: 795u32,
+        call: 697u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -15149,8 +15924,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 779u32,
-        call: 689u32,
+        wire: 796u32,
+        call: 698u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -15225,8 +16000,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 780u32,
-        call: 689u32,
+        wire: 797u32,
+        call: 698u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -15301,8 +16076,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 781u32,
-        call: 690u32,
+        wire: 798u32,
+        call: 699u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -15369,8 +16144,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 782u32,
-        call: 690u32,
+        wire: 799u32,
+        call: 699u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -15437,8 +16212,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 783u32,
-        call: 691u32,
+        wire: 800u32,
+        call: 700u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -15489,8 +16264,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 784u32,
-        call: 691u32,
+        wire: 801u32,
+        call: 700u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -15541,8 +16316,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 785u32,
-        call: 692u32,
+        wire: 802u32,
+        call: 701u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -15581,8 +16356,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 786u32,
-        call: 692u32,
+        wire: 803u32,
+        call: 701u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -15621,8 +16396,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 787u32,
-        call: 693u32,
+        wire: 804u32,
+        call: 702u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -15691,8 +16466,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 788u32,
-        call: 693u32,
+        wire: 805u32,
+        call: 702u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -15761,8 +16536,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 789u32,
-        call: 694u32,
+        wire: 806u32,
+        call: 703u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -15811,8 +16586,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 790u32,
-        call: 694u32,
+        wire: 807u32,
+        call: 703u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -15861,8 +16636,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 791u32,
-        call: 695u32,
+        wire: 808u32,
+        call: 704u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -15923,8 +16698,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 792u32,
-        call: 695u32,
+        wire: 809u32,
+        call: 704u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -15985,8 +16760,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 793u32,
-        call: 696u32,
+        wire: 810u32,
+        call: 705u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -16021,8 +16796,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 794u32,
-        call: 696u32,
+        wire: 811u32,
+        call: 705u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -16057,8 +16832,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 795u32,
-        call: 697u32,
+        wire: 812u32,
+        call: 706u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -16085,8 +16860,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 796u32,
-        call: 697u32,
+        wire: 813u32,
+        call: 706u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -16113,8 +16888,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 797u32,
-        call: 698u32,
+        wire: 814u32,
+        call: 707u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -16145,8 +16920,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 798u32,
-        call: 699u32,
+        wire: 815u32,
+        call: 708u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -16177,8 +16952,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 799u32,
-        call: 700u32,
+        wire: 816u32,
+        call: 709u32,
         name: "cudnnGetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -16205,8 +16980,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 800u32,
-        call: 701u32,
+        wire: 817u32,
+        call: 710u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -16237,8 +17012,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 801u32,
-        call: 702u32,
+        wire: 818u32,
+        call: 711u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -16269,8 +17044,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 802u32,
-        call: 703u32,
+        wire: 819u32,
+        call: 712u32,
         name: "cudnnGetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -16297,8 +17072,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 803u32,
-        call: 704u32,
+        wire: 820u32,
+        call: 713u32,
         name: "cudnnGetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -16325,8 +17100,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 804u32,
-        call: 705u32,
+        wire: 821u32,
+        call: 714u32,
         name: "cudnnGetRNNParamsSize",
         form: None,
         library: "cudnn",
@@ -16365,8 +17140,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 805u32,
-        call: 706u32,
+        wire: 822u32,
+        call: 715u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -16397,8 +17172,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 806u32,
-        call: 706u32,
+        wire: 823u32,
+        call: 715u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -16429,8 +17204,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 807u32,
-        call: 707u32,
+        wire: 824u32,
+        call: 716u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -16481,8 +17256,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 808u32,
-        call: 707u32,
+        wire: 825u32,
+        call: 716u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -16533,8 +17308,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 809u32,
-        call: 708u32,
+        wire: 826u32,
+        call: 717u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -16573,8 +17348,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 810u32,
-        call: 708u32,
+        wire: 827u32,
+        call: 717u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -16613,8 +17388,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 811u32,
-        call: 709u32,
+        wire: 828u32,
+        call: 718u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -16653,8 +17428,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 812u32,
-        call: 709u32,
+        wire: 829u32,
+        call: 718u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -16693,8 +17468,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetStream__cu118: CallDesc = CallDesc {
-        wire: 813u32,
-        call: 710u32,
+        wire: 830u32,
+        call: 719u32,
         name: "cudnnGetStream",
         form: None,
         library: "cudnn",
@@ -16716,8 +17491,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetStream__cu126: CallDesc = CallDesc {
-        wire: 814u32,
-        call: 710u32,
+        wire: 831u32,
+        call: 719u32,
         name: "cudnnGetStream",
         form: None,
         library: "cudnn",
@@ -16739,8 +17514,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 815u32,
-        call: 711u32,
+        wire: 832u32,
+        call: 720u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -16815,8 +17590,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 816u32,
-        call: 711u32,
+        wire: 833u32,
+        call: 720u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -16891,8 +17666,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 817u32,
-        call: 712u32,
+        wire: 834u32,
+        call: 721u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -16941,8 +17716,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 818u32,
-        call: 712u32,
+        wire: 835u32,
+        call: 721u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -16991,8 +17766,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 819u32,
-        call: 713u32,
+        wire: 836u32,
+        call: 722u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -17019,8 +17794,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 820u32,
-        call: 713u32,
+        wire: 837u32,
+        call: 722u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -17047,8 +17822,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 821u32,
-        call: 714u32,
+        wire: 838u32,
+        call: 723u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -17103,8 +17878,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 822u32,
-        call: 714u32,
+        wire: 839u32,
+        call: 723u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -17159,8 +17934,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetVersion__cu118: CallDesc = CallDesc {
-        wire: 823u32,
-        call: 715u32,
+        wire: 840u32,
+        call: 724u32,
         name: "cudnnGetVersion",
         form: None,
         library: "cudnn",
@@ -17179,8 +17954,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetVersion__cu126: CallDesc = CallDesc {
-        wire: 824u32,
-        call: 715u32,
+        wire: 841u32,
+        call: 724u32,
         name: "cudnnGetVersion",
         form: None,
         library: "cudnn",
@@ -17199,8 +17974,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 825u32,
-        call: 716u32,
+        wire: 842u32,
+        call: 725u32,
         name: "cudnnGraphVersionCheck",
         form: None,
         library: "cudnn",
@@ -17216,8 +17991,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 826u32,
-        call: 717u32,
+        wire: 843u32,
+        call: 726u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -17252,8 +18027,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 827u32,
-        call: 717u32,
+        wire: 844u32,
+        call: 726u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -17288,8 +18063,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 828u32,
-        call: 718u32,
+        wire: 845u32,
+        call: 727u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -17324,8 +18099,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 829u32,
-        call: 718u32,
+        wire: 846u32,
+        call: 727u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -17360,8 +18135,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 830u32,
-        call: 719u32,
+        wire: 847u32,
+        call: 728u32,
         name: "cudnnOpsInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -17377,8 +18152,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 831u32,
-        call: 720u32,
+        wire: 848u32,
+        call: 729u32,
         name: "cudnnOpsTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -17394,8 +18169,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 832u32,
-        call: 721u32,
+        wire: 849u32,
+        call: 730u32,
         name: "cudnnOpsVersionCheck",
         form: None,
         library: "cudnn",
@@ -17411,8 +18186,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 833u32,
-        call: 722u32,
+        wire: 850u32,
+        call: 731u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -17447,8 +18222,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 834u32,
-        call: 722u32,
+        wire: 851u32,
+        call: 731u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -17483,8 +18258,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 835u32,
-        call: 723u32,
+        wire: 852u32,
+        call: 732u32,
         name: "cudnnRNNGetClip",
         form: None,
         library: "cudnn",
@@ -17533,8 +18308,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 836u32,
-        call: 724u32,
+        wire: 853u32,
+        call: 733u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -17579,8 +18354,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 837u32,
-        call: 724u32,
+        wire: 854u32,
+        call: 733u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -17625,8 +18400,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 838u32,
-        call: 725u32,
+        wire: 855u32,
+        call: 734u32,
         name: "cudnnRNNGetClip_v9",
         form: None,
         library: "cudnn",
@@ -17665,8 +18440,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 839u32,
-        call: 726u32,
+        wire: 856u32,
+        call: 735u32,
         name: "cudnnRNNSetClip",
         form: None,
         library: "cudnn",
@@ -17707,8 +18482,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 840u32,
-        call: 727u32,
+        wire: 857u32,
+        call: 736u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -17745,8 +18520,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 841u32,
-        call: 727u32,
+        wire: 858u32,
+        call: 736u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -17783,8 +18558,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 842u32,
-        call: 728u32,
+        wire: 859u32,
+        call: 737u32,
         name: "cudnnRNNSetClip_v9",
         form: None,
         library: "cudnn",
@@ -17817,8 +18592,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 843u32,
-        call: 729u32,
+        wire: 860u32,
+        call: 738u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -17851,8 +18626,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 844u32,
-        call: 729u32,
+        wire: 861u32,
+        call: 738u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -17885,8 +18660,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 845u32,
-        call: 730u32,
+        wire: 862u32,
+        call: 739u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -17911,8 +18686,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 846u32,
-        call: 730u32,
+        wire: 863u32,
+        call: 739u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -17937,8 +18712,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 847u32,
-        call: 731u32,
+        wire: 864u32,
+        call: 740u32,
         name: "cudnnSetAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -17960,8 +18735,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 848u32,
-        call: 732u32,
+        wire: 865u32,
+        call: 741u32,
         name: "cudnnSetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -17998,8 +18773,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 849u32,
-        call: 733u32,
+        wire: 866u32,
+        call: 742u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -18096,8 +18871,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 850u32,
-        call: 733u32,
+        wire: 867u32,
+        call: 742u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -18194,8 +18969,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 851u32,
-        call: 734u32,
+        wire: 868u32,
+        call: 743u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -18220,8 +18995,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 852u32,
-        call: 734u32,
+        wire: 869u32,
+        call: 743u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -18246,8 +19021,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 853u32,
-        call: 735u32,
+        wire: 870u32,
+        call: 744u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -18280,8 +19055,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 854u32,
-        call: 735u32,
+        wire: 871u32,
+        call: 744u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -18314,8 +19089,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 855u32,
-        call: 736u32,
+        wire: 872u32,
+        call: 745u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -18352,8 +19127,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 856u32,
-        call: 736u32,
+        wire: 873u32,
+        call: 745u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -18390,8 +19165,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 857u32,
-        call: 737u32,
+        wire: 874u32,
+        call: 746u32,
         name: "cudnnSetCTCLossDescriptor_v9",
         form: None,
         library: "cudnn",
@@ -18428,8 +19203,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 858u32,
-        call: 738u32,
+        wire: 875u32,
+        call: 747u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -18482,8 +19257,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 859u32,
-        call: 738u32,
+        wire: 876u32,
+        call: 747u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -18536,8 +19311,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 860u32,
-        call: 739u32,
+        wire: 877u32,
+        call: 748u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -18562,8 +19337,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 861u32,
-        call: 739u32,
+        wire: 878u32,
+        call: 748u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -18588,8 +19363,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 862u32,
-        call: 740u32,
+        wire: 879u32,
+        call: 749u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -18614,8 +19389,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 863u32,
-        call: 740u32,
+        wire: 880u32,
+        call: 749u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -18640,8 +19415,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 864u32,
-        call: 741u32,
+        wire: 881u32,
+        call: 750u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -18666,8 +19441,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 865u32,
-        call: 741u32,
+        wire: 882u32,
+        call: 750u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -18692,8 +19467,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 866u32,
-        call: 742u32,
+        wire: 883u32,
+        call: 751u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -18738,8 +19513,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 867u32,
-        call: 742u32,
+        wire: 884u32,
+        call: 751u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -18784,8 +19559,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 868u32,
-        call: 743u32,
+        wire: 885u32,
+        call: 752u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -18822,8 +19597,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 869u32,
-        call: 743u32,
+        wire: 886u32,
+        call: 752u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -18860,8 +19635,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 870u32,
-        call: 744u32,
+        wire: 887u32,
+        call: 753u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -18894,8 +19669,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 871u32,
-        call: 744u32,
+        wire: 888u32,
+        call: 753u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -18928,8 +19703,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 872u32,
-        call: 745u32,
+        wire: 889u32,
+        call: 754u32,
         name: "cudnnSetPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -18954,8 +19729,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 873u32,
-        call: 746u32,
+        wire: 890u32,
+        call: 755u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -19008,8 +19783,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 874u32,
-        call: 746u32,
+        wire: 891u32,
+        call: 755u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -19062,8 +19837,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 875u32,
-        call: 747u32,
+        wire: 892u32,
+        call: 756u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -19092,8 +19867,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 876u32,
-        call: 748u32,
+        wire: 893u32,
+        call: 757u32,
         name: "cudnnSetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -19118,8 +19893,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 877u32,
-        call: 749u32,
+        wire: 894u32,
+        call: 758u32,
         name: "cudnnSetRNNDescriptor_v6",
         form: None,
         library: "cudnn",
@@ -19176,8 +19951,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 878u32,
-        call: 750u32,
+        wire: 895u32,
+        call: 759u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -19254,8 +20029,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 879u32,
-        call: 750u32,
+        wire: 896u32,
+        call: 759u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -19332,8 +20107,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 880u32,
-        call: 751u32,
+        wire: 897u32,
+        call: 760u32,
         name: "cudnnSetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -19358,8 +20133,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 881u32,
-        call: 752u32,
+        wire: 898u32,
+        call: 761u32,
         name: "cudnnSetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -19384,8 +20159,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 882u32,
-        call: 753u32,
+        wire: 899u32,
+        call: 762u32,
         name: "cudnnSetRNNProjectionLayers",
         form: None,
         library: "cudnn",
@@ -19418,8 +20193,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 883u32,
-        call: 754u32,
+        wire: 900u32,
+        call: 763u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -19460,8 +20235,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 884u32,
-        call: 754u32,
+        wire: 901u32,
+        call: 763u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -19502,8 +20277,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetStream__cu118: CallDesc = CallDesc {
-        wire: 885u32,
-        call: 755u32,
+        wire: 902u32,
+        call: 764u32,
         name: "cudnnSetStream",
         form: None,
         library: "cudnn",
@@ -19528,8 +20303,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetStream__cu126: CallDesc = CallDesc {
-        wire: 886u32,
-        call: 755u32,
+        wire: 903u32,
+        call: 764u32,
         name: "cudnnSetStream",
         form: None,
         library: "cudnn",
@@ -19554,8 +20329,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 887u32,
-        call: 756u32,
+        wire: 904u32,
+        call: 765u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -19600,8 +20375,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 888u32,
-        call: 756u32,
+        wire: 905u32,
+        call: 765u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -19646,8 +20421,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 889u32,
-        call: 757u32,
+        wire: 906u32,
+        call: 766u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -19704,8 +20479,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 890u32,
-        call: 757u32,
+        wire: 907u32,
+        call: 766u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -19765,8 +20540,8 @@ pub mod cudnn {
 pub mod cufft {
     use chidori_protocol::desc::*;
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 1098u32,
-        call: 965u32,
+        wire: 1115u32,
+        call: 974u32,
         name: "cufftDestroy",
         form: None,
         library: "cufft",
@@ -19787,8 +20562,8 @@ pub mod cufft {
         },
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 1099u32,
-        call: 966u32,
+        wire: 1116u32,
+        call: 975u32,
         name: "cufftResetPlanProperty",
         form: None,
         library: "cufft",
@@ -19813,8 +20588,8 @@ pub mod cufft {
         },
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 1100u32,
-        call: 967u32,
+        wire: 1117u32,
+        call: 976u32,
         name: "cufftSetAutoAllocation",
         form: None,
         library: "cufft",
@@ -19839,8 +20614,8 @@ pub mod cufft {
         },
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 1101u32,
-        call: 968u32,
+        wire: 1118u32,
+        call: 977u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -19869,8 +20644,8 @@ pub mod cufft {
         },
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 1102u32,
-        call: 969u32,
+        wire: 1119u32,
+        call: 978u32,
         name: "cufftSetStream",
         form: None,
         library: "cufft",
@@ -19895,8 +20670,8 @@ pub mod cufft {
         },
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 1103u32,
-        call: 970u32,
+        wire: 1120u32,
+        call: 979u32,
         name: "cufftXtClearCallback",
         form: None,
         library: "cufft",
@@ -19921,8 +20696,8 @@ pub mod cufft {
         },
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 1104u32,
-        call: 971u32,
+        wire: 1121u32,
+        call: 980u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
         library: "cufft",
@@ -19951,8 +20726,8 @@ pub mod cufft {
         },
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 1105u32,
-        call: 972u32,
+        wire: 1122u32,
+        call: 981u32,
         name: "cufftXtSetDistribution",
         form: None,
         library: "cufft",
@@ -19988,8 +20763,8 @@ pub mod cufft {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 1106u32,
-        call: 973u32,
+        wire: 1123u32,
+        call: 982u32,
         name: "curandCreateGenerator",
         form: None,
         library: "curand",
@@ -20011,8 +20786,8 @@ pub mod curand {
         },
     };
     pub static curandCreateGeneratorHost: CallDesc = CallDesc {
-        wire: 1107u32,
-        call: 974u32,
+        wire: 1124u32,
+        call: 983u32,
         name: "curandCreateGeneratorHost",
         form: None,
         library: "curand",
@@ -20034,8 +20809,8 @@ pub mod curand {
         },
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 1108u32,
-        call: 975u32,
+        wire: 1125u32,
+        call: 984u32,
         name: "curandCreatePoissonDistribution",
         form: None,
         library: "curand",
@@ -20057,8 +20832,8 @@ pub mod curand {
         },
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 1109u32,
-        call: 976u32,
+        wire: 1126u32,
+        call: 985u32,
         name: "curandDestroyDistribution",
         form: None,
         library: "curand",
@@ -20079,8 +20854,8 @@ pub mod curand {
         },
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 1110u32,
-        call: 977u32,
+        wire: 1127u32,
+        call: 986u32,
         name: "curandDestroyGenerator",
         form: None,
         library: "curand",
@@ -20101,8 +20876,8 @@ pub mod curand {
         },
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 1111u32,
-        call: 978u32,
+        wire: 1128u32,
+        call: 987u32,
         name: "curandGenerateSeeds",
         form: None,
         library: "curand",
@@ -20123,8 +20898,8 @@ pub mod curand {
         },
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 1112u32,
-        call: 979u32,
+        wire: 1129u32,
+        call: 988u32,
         name: "curandSetGeneratorOffset",
         form: None,
         library: "curand",
@@ -20149,8 +20924,8 @@ pub mod curand {
         },
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 1113u32,
-        call: 980u32,
+        wire: 1130u32,
+        call: 989u32,
         name: "curandSetGeneratorOrdering",
         form: None,
         library: "curand",
@@ -20175,8 +20950,8 @@ pub mod curand {
         },
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 1114u32,
-        call: 981u32,
+        wire: 1131u32,
+        call: 990u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
         library: "curand",
@@ -20201,8 +20976,8 @@ pub mod curand {
         },
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 1115u32,
-        call: 982u32,
+        wire: 1132u32,
+        call: 991u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
         library: "curand",
@@ -20227,8 +21002,8 @@ pub mod curand {
         },
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 1116u32,
-        call: 983u32,
+        wire: 1133u32,
+        call: 992u32,
         name: "curandSetStream",
         form: None,
         library: "curand",
@@ -20256,8 +21031,8 @@ pub mod curand {
 pub mod cusolver {
     use chidori_protocol::desc::*;
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 1179u32,
-        call: 1046u32,
+        wire: 1196u32,
+        call: 1055u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -20273,8 +21048,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 1180u32,
-        call: 1047u32,
+        wire: 1197u32,
+        call: 1056u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -20290,8 +21065,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 1181u32,
-        call: 1048u32,
+        wire: 1198u32,
+        call: 1057u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -20307,8 +21082,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 1182u32,
-        call: 1049u32,
+        wire: 1199u32,
+        call: 1058u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -20324,8 +21099,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 1183u32,
-        call: 1050u32,
+        wire: 1200u32,
+        call: 1059u32,
         name: "cusolverDnDestroy",
         form: None,
         library: "cusolver",
@@ -20346,8 +21121,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 1184u32,
-        call: 1051u32,
+        wire: 1201u32,
+        call: 1060u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -20368,8 +21143,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 1185u32,
-        call: 1052u32,
+        wire: 1202u32,
+        call: 1061u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
@@ -20390,8 +21165,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 1186u32,
-        call: 1053u32,
+        wire: 1203u32,
+        call: 1062u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
@@ -20412,8 +21187,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 1187u32,
-        call: 1054u32,
+        wire: 1204u32,
+        call: 1063u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -20435,8 +21210,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 1188u32,
-        call: 1055u32,
+        wire: 1205u32,
+        call: 1064u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -20452,8 +21227,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 1189u32,
-        call: 1056u32,
+        wire: 1206u32,
+        call: 1065u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
@@ -20474,8 +21249,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 1190u32,
-        call: 1057u32,
+        wire: 1207u32,
+        call: 1066u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
@@ -20496,8 +21271,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 1191u32,
-        call: 1058u32,
+        wire: 1208u32,
+        call: 1067u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -20513,8 +21288,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 1192u32,
-        call: 1059u32,
+        wire: 1209u32,
+        call: 1068u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
@@ -20535,8 +21310,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 1193u32,
-        call: 1060u32,
+        wire: 1210u32,
+        call: 1069u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
@@ -20557,8 +21332,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 1194u32,
-        call: 1061u32,
+        wire: 1211u32,
+        call: 1070u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
@@ -20579,8 +21354,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 1195u32,
-        call: 1062u32,
+        wire: 1212u32,
+        call: 1071u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
@@ -20605,8 +21380,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 1196u32,
-        call: 1063u32,
+        wire: 1213u32,
+        call: 1072u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
@@ -20631,8 +21406,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 1197u32,
-        call: 1064u32,
+        wire: 1214u32,
+        call: 1073u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
@@ -20657,8 +21432,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 1198u32,
-        call: 1065u32,
+        wire: 1215u32,
+        call: 1074u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
@@ -20683,8 +21458,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 1199u32,
-        call: 1066u32,
+        wire: 1216u32,
+        call: 1075u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
@@ -20709,8 +21484,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 1200u32,
-        call: 1067u32,
+        wire: 1217u32,
+        call: 1076u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
@@ -20739,8 +21514,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 1201u32,
-        call: 1068u32,
+        wire: 1218u32,
+        call: 1077u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
@@ -20765,8 +21540,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 1202u32,
-        call: 1069u32,
+        wire: 1219u32,
+        call: 1078u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
@@ -20791,8 +21566,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1203u32,
-        call: 1070u32,
+        wire: 1220u32,
+        call: 1079u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
@@ -20808,8 +21583,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1204u32,
-        call: 1071u32,
+        wire: 1221u32,
+        call: 1080u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
@@ -20830,8 +21605,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 1205u32,
-        call: 1072u32,
+        wire: 1222u32,
+        call: 1081u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
@@ -20852,8 +21627,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 1206u32,
-        call: 1073u32,
+        wire: 1223u32,
+        call: 1082u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
@@ -20882,8 +21657,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 1207u32,
-        call: 1074u32,
+        wire: 1224u32,
+        call: 1083u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
@@ -20908,8 +21683,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 1208u32,
-        call: 1075u32,
+        wire: 1225u32,
+        call: 1084u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
@@ -20934,8 +21709,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 1209u32,
-        call: 1076u32,
+        wire: 1226u32,
+        call: 1085u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
@@ -20960,8 +21735,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 1210u32,
-        call: 1077u32,
+        wire: 1227u32,
+        call: 1086u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
@@ -20986,8 +21761,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 1211u32,
-        call: 1078u32,
+        wire: 1228u32,
+        call: 1087u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -21012,8 +21787,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 1212u32,
-        call: 1079u32,
+        wire: 1229u32,
+        call: 1088u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
@@ -21038,8 +21813,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 1213u32,
-        call: 1080u32,
+        wire: 1230u32,
+        call: 1089u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
@@ -21064,8 +21839,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 1214u32,
-        call: 1081u32,
+        wire: 1231u32,
+        call: 1090u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -21090,8 +21865,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 1215u32,
-        call: 1082u32,
+        wire: 1232u32,
+        call: 1091u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
@@ -21116,8 +21891,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 1216u32,
-        call: 1083u32,
+        wire: 1233u32,
+        call: 1092u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
@@ -21142,8 +21917,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 1217u32,
-        call: 1084u32,
+        wire: 1234u32,
+        call: 1093u32,
         name: "cusolverRfAnalyze",
         form: None,
         library: "cusolver",
@@ -21164,8 +21939,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 1218u32,
-        call: 1085u32,
+        wire: 1235u32,
+        call: 1094u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
@@ -21186,8 +21961,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 1219u32,
-        call: 1086u32,
+        wire: 1236u32,
+        call: 1095u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
@@ -21208,8 +21983,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 1220u32,
-        call: 1087u32,
+        wire: 1237u32,
+        call: 1096u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -21225,8 +22000,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 1221u32,
-        call: 1088u32,
+        wire: 1238u32,
+        call: 1097u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
@@ -21247,8 +22022,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 1222u32,
-        call: 1089u32,
+        wire: 1239u32,
+        call: 1098u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
@@ -21269,8 +22044,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 1223u32,
-        call: 1090u32,
+        wire: 1240u32,
+        call: 1099u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
@@ -21299,8 +22074,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 1224u32,
-        call: 1091u32,
+        wire: 1241u32,
+        call: 1100u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
@@ -21329,8 +22104,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 1225u32,
-        call: 1092u32,
+        wire: 1242u32,
+        call: 1101u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
@@ -21359,8 +22134,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 1226u32,
-        call: 1093u32,
+        wire: 1243u32,
+        call: 1102u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
@@ -21385,8 +22160,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 1227u32,
-        call: 1094u32,
+        wire: 1244u32,
+        call: 1103u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -21402,8 +22177,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 1228u32,
-        call: 1095u32,
+        wire: 1245u32,
+        call: 1104u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -21419,8 +22194,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 1229u32,
-        call: 1096u32,
+        wire: 1246u32,
+        call: 1105u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
@@ -21441,8 +22216,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 1230u32,
-        call: 1097u32,
+        wire: 1247u32,
+        call: 1106u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -21463,8 +22238,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 1231u32,
-        call: 1098u32,
+        wire: 1248u32,
+        call: 1107u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -21486,8 +22261,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 1232u32,
-        call: 1099u32,
+        wire: 1249u32,
+        call: 1108u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
@@ -21515,8 +22290,8 @@ pub mod cusolver {
 pub mod cusparse {
     use chidori_protocol::desc::*;
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1117u32,
-        call: 984u32,
+        wire: 1134u32,
+        call: 993u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -21553,8 +22328,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 1118u32,
-        call: 985u32,
+        wire: 1135u32,
+        call: 994u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -21583,8 +22358,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 1119u32,
-        call: 986u32,
+        wire: 1136u32,
+        call: 995u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
@@ -21609,8 +22384,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreate: CallDesc = CallDesc {
-        wire: 1120u32,
-        call: 987u32,
+        wire: 1137u32,
+        call: 996u32,
         name: "cusparseCreate",
         form: None,
         library: "cusparse",
@@ -21626,8 +22401,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 1121u32,
-        call: 988u32,
+        wire: 1138u32,
+        call: 997u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -21643,8 +22418,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 1122u32,
-        call: 989u32,
+        wire: 1139u32,
+        call: 998u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -21660,8 +22435,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 1123u32,
-        call: 990u32,
+        wire: 1140u32,
+        call: 999u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -21677,8 +22452,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 1124u32,
-        call: 991u32,
+        wire: 1141u32,
+        call: 1000u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -21694,8 +22469,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 1125u32,
-        call: 992u32,
+        wire: 1142u32,
+        call: 1001u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -21711,8 +22486,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1126u32,
-        call: 993u32,
+        wire: 1143u32,
+        call: 1002u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -21728,8 +22503,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 1127u32,
-        call: 994u32,
+        wire: 1144u32,
+        call: 1003u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -21745,8 +22520,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 1128u32,
-        call: 995u32,
+        wire: 1145u32,
+        call: 1004u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -21762,8 +22537,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 1129u32,
-        call: 996u32,
+        wire: 1146u32,
+        call: 1005u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -21779,8 +22554,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 1130u32,
-        call: 997u32,
+        wire: 1147u32,
+        call: 1006u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -21796,8 +22571,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1131u32,
-        call: 998u32,
+        wire: 1148u32,
+        call: 1007u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -21813,8 +22588,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 1132u32,
-        call: 999u32,
+        wire: 1149u32,
+        call: 1008u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -21830,8 +22605,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 1133u32,
-        call: 1000u32,
+        wire: 1150u32,
+        call: 1009u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -21847,8 +22622,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1134u32,
-        call: 1001u32,
+        wire: 1151u32,
+        call: 1010u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -21881,8 +22656,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 1135u32,
-        call: 1002u32,
+        wire: 1152u32,
+        call: 1011u32,
         name: "cusparseDestroy",
         form: None,
         library: "cusparse",
@@ -21903,8 +22678,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 1136u32,
-        call: 1003u32,
+        wire: 1153u32,
+        call: 1012u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
@@ -21925,8 +22700,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 1137u32,
-        call: 1004u32,
+        wire: 1154u32,
+        call: 1013u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -21947,8 +22722,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 1138u32,
-        call: 1005u32,
+        wire: 1155u32,
+        call: 1014u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -21969,8 +22744,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 1139u32,
-        call: 1006u32,
+        wire: 1156u32,
+        call: 1015u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -21991,8 +22766,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 1140u32,
-        call: 1007u32,
+        wire: 1157u32,
+        call: 1016u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
@@ -22013,8 +22788,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1141u32,
-        call: 1008u32,
+        wire: 1158u32,
+        call: 1017u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -22035,8 +22810,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 1142u32,
-        call: 1009u32,
+        wire: 1159u32,
+        call: 1018u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
@@ -22057,8 +22832,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 1143u32,
-        call: 1010u32,
+        wire: 1160u32,
+        call: 1019u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -22079,8 +22854,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 1144u32,
-        call: 1011u32,
+        wire: 1161u32,
+        call: 1020u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -22101,8 +22876,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 1145u32,
-        call: 1012u32,
+        wire: 1162u32,
+        call: 1021u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -22123,8 +22898,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1146u32,
-        call: 1013u32,
+        wire: 1163u32,
+        call: 1022u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -22145,8 +22920,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 1147u32,
-        call: 1014u32,
+        wire: 1164u32,
+        call: 1023u32,
         name: "cusparseDestroyDnMat",
         form: None,
         library: "cusparse",
@@ -22167,8 +22942,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 1148u32,
-        call: 1015u32,
+        wire: 1165u32,
+        call: 1024u32,
         name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
@@ -22189,8 +22964,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 1149u32,
-        call: 1016u32,
+        wire: 1166u32,
+        call: 1025u32,
         name: "cusparseDestroyMatDescr",
         form: None,
         library: "cusparse",
@@ -22211,8 +22986,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 1150u32,
-        call: 1017u32,
+        wire: 1167u32,
+        call: 1026u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
@@ -22233,8 +23008,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 1151u32,
-        call: 1018u32,
+        wire: 1168u32,
+        call: 1027u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
@@ -22255,8 +23030,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 1152u32,
-        call: 1019u32,
+        wire: 1169u32,
+        call: 1028u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
@@ -22277,8 +23052,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1153u32,
-        call: 1020u32,
+        wire: 1170u32,
+        call: 1029u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -22307,8 +23082,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 1154u32,
-        call: 1021u32,
+        wire: 1171u32,
+        call: 1030u32,
         name: "cusparseGather",
         form: None,
         library: "cusparse",
@@ -22337,8 +23112,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 1155u32,
-        call: 1022u32,
+        wire: 1172u32,
+        call: 1031u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -22362,8 +23137,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 1156u32,
-        call: 1023u32,
+        wire: 1173u32,
+        call: 1032u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -22387,8 +23162,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 1157u32,
-        call: 1024u32,
+        wire: 1174u32,
+        call: 1033u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -22412,8 +23187,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 1158u32,
-        call: 1025u32,
+        wire: 1175u32,
+        call: 1034u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -22437,8 +23212,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 1159u32,
-        call: 1026u32,
+        wire: 1176u32,
+        call: 1035u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -22460,8 +23235,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1160u32,
-        call: 1027u32,
+        wire: 1177u32,
+        call: 1036u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
@@ -22477,8 +23252,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1161u32,
-        call: 1028u32,
+        wire: 1178u32,
+        call: 1037u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
@@ -22499,8 +23274,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 1162u32,
-        call: 1029u32,
+        wire: 1179u32,
+        call: 1038u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
@@ -22521,8 +23296,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 1163u32,
-        call: 1030u32,
+        wire: 1180u32,
+        call: 1039u32,
         name: "cusparseScatter",
         form: None,
         library: "cusparse",
@@ -22551,8 +23326,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 1164u32,
-        call: 1031u32,
+        wire: 1181u32,
+        call: 1040u32,
         name: "cusparseSetColorAlgs",
         form: None,
         library: "cusparse",
@@ -22577,8 +23352,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 1165u32,
-        call: 1032u32,
+        wire: 1182u32,
+        call: 1041u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
@@ -22603,8 +23378,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 1166u32,
-        call: 1033u32,
+        wire: 1183u32,
+        call: 1042u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
@@ -22629,8 +23404,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 1167u32,
-        call: 1034u32,
+        wire: 1184u32,
+        call: 1043u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -22655,8 +23430,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 1168u32,
-        call: 1035u32,
+        wire: 1185u32,
+        call: 1044u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
@@ -22681,8 +23456,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetPointerMode: CallDesc = CallDesc {
-        wire: 1169u32,
-        call: 1036u32,
+        wire: 1186u32,
+        call: 1045u32,
         name: "cusparseSetPointerMode",
         form: None,
         library: "cusparse",
@@ -22707,8 +23482,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 1170u32,
-        call: 1037u32,
+        wire: 1187u32,
+        call: 1046u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
@@ -22733,8 +23508,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 1171u32,
-        call: 1038u32,
+        wire: 1188u32,
+        call: 1047u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -22750,8 +23525,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 1172u32,
-        call: 1039u32,
+        wire: 1189u32,
+        call: 1048u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -22772,8 +23547,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 1173u32,
-        call: 1040u32,
+        wire: 1190u32,
+        call: 1049u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
         library: "cusparse",
@@ -22794,8 +23569,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1174u32,
-        call: 1041u32,
+        wire: 1191u32,
+        call: 1050u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -22820,8 +23595,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 1175u32,
-        call: 1042u32,
+        wire: 1192u32,
+        call: 1051u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -22837,8 +23612,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 1176u32,
-        call: 1043u32,
+        wire: 1193u32,
+        call: 1052u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -22859,8 +23634,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 1177u32,
-        call: 1044u32,
+        wire: 1194u32,
+        call: 1053u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -22876,8 +23651,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 1178u32,
-        call: 1045u32,
+        wire: 1195u32,
+        call: 1054u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
@@ -22901,8 +23676,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 1301u32,
-        call: 1166u32,
+        wire: 1318u32,
+        call: 1175u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -22925,8 +23700,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 1302u32,
-        call: 1166u32,
+        wire: 1319u32,
+        call: 1175u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -22949,8 +23724,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 1303u32,
-        call: 1166u32,
+        wire: 1320u32,
+        call: 1175u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -22973,8 +23748,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 1304u32,
-        call: 1167u32,
+        wire: 1321u32,
+        call: 1176u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -22997,8 +23772,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 1305u32,
-        call: 1167u32,
+        wire: 1322u32,
+        call: 1176u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -23021,8 +23796,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 1306u32,
-        call: 1167u32,
+        wire: 1323u32,
+        call: 1176u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -23045,8 +23820,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 1307u32,
-        call: 1168u32,
+        wire: 1324u32,
+        call: 1177u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -23069,8 +23844,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 1308u32,
-        call: 1169u32,
+        wire: 1325u32,
+        call: 1178u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -23093,8 +23868,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 1309u32,
-        call: 1169u32,
+        wire: 1326u32,
+        call: 1178u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -23117,8 +23892,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 1310u32,
-        call: 1169u32,
+        wire: 1327u32,
+        call: 1178u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -23152,8 +23927,8 @@ pub mod driver {
     static LEN_cuMemcpyHtoD_v2__call_6: Len = Len::Param(2u8);
     static LEN_cuMemcpyHtoD_v2_ptds__call_7: Len = Len::Param(2u8);
     pub static cuArray3DCreate: CallDesc = CallDesc {
-        wire: 195u32,
-        call: 184u32,
+        wire: 211u32,
+        call: 192u32,
         name: "cuArray3DCreate",
         form: None,
         library: "driver",
@@ -23177,8 +23952,8 @@ pub mod driver {
         },
     };
     pub static cuArray3DCreate_v2: CallDesc = CallDesc {
-        wire: 196u32,
-        call: 185u32,
+        wire: 212u32,
+        call: 193u32,
         name: "cuArray3DCreate_v2",
         form: None,
         library: "driver",
@@ -23202,8 +23977,8 @@ pub mod driver {
         },
     };
     pub static cuArrayCreate: CallDesc = CallDesc {
-        wire: 197u32,
-        call: 186u32,
+        wire: 213u32,
+        call: 194u32,
         name: "cuArrayCreate",
         form: None,
         library: "driver",
@@ -23227,8 +24002,8 @@ pub mod driver {
         },
     };
     pub static cuArrayCreate_v2: CallDesc = CallDesc {
-        wire: 198u32,
-        call: 187u32,
+        wire: 214u32,
+        call: 195u32,
         name: "cuArrayCreate_v2",
         form: None,
         library: "driver",
@@ -23252,8 +24027,8 @@ pub mod driver {
         },
     };
     pub static cuArrayDestroy: CallDesc = CallDesc {
-        wire: 199u32,
-        call: 188u32,
+        wire: 215u32,
+        call: 196u32,
         name: "cuArrayDestroy",
         form: None,
         library: "driver",
@@ -23274,8 +24049,8 @@ pub mod driver {
         },
     };
     pub static cuArrayGetPlane: CallDesc = CallDesc {
-        wire: 200u32,
-        call: 189u32,
+        wire: 216u32,
+        call: 197u32,
         name: "cuArrayGetPlane",
         form: None,
         library: "driver",
@@ -23301,8 +24076,8 @@ pub mod driver {
         },
     };
     pub static cuCheckpointProcessGetRestoreThreadId: CallDesc = CallDesc {
-        wire: 201u32,
-        call: 190u32,
+        wire: 217u32,
+        call: 198u32,
         name: "cuCheckpointProcessGetRestoreThreadId",
         form: None,
         library: "driver",
@@ -23329,8 +24104,8 @@ pub mod driver {
         },
     };
     pub static cuCheckpointProcessGetState: CallDesc = CallDesc {
-        wire: 202u32,
-        call: 191u32,
+        wire: 218u32,
+        call: 199u32,
         name: "cuCheckpointProcessGetState",
         form: None,
         library: "driver",
@@ -23357,8 +24132,8 @@ pub mod driver {
         },
     };
     pub static cuCtxAttach: CallDesc = CallDesc {
-        wire: 203u32,
-        call: 192u32,
+        wire: 219u32,
+        call: 200u32,
         name: "cuCtxAttach",
         form: None,
         library: "driver",
@@ -23380,8 +24155,8 @@ pub mod driver {
         },
     };
     pub static cuCtxCreate: CallDesc = CallDesc {
-        wire: 204u32,
-        call: 193u32,
+        wire: 220u32,
+        call: 201u32,
         name: "cuCtxCreate",
         form: None,
         library: "driver",
@@ -23407,8 +24182,8 @@ pub mod driver {
         },
     };
     pub static cuCtxCreate_v2: CallDesc = CallDesc {
-        wire: 205u32,
-        call: 194u32,
+        wire: 221u32,
+        call: 202u32,
         name: "cuCtxCreate_v2",
         form: None,
         library: "driver",
@@ -23434,8 +24209,8 @@ pub mod driver {
         },
     };
     pub static cuCtxDestroy: CallDesc = CallDesc {
-        wire: 206u32,
-        call: 195u32,
+        wire: 222u32,
+        call: 203u32,
         name: "cuCtxDestroy",
         form: None,
         library: "driver",
@@ -23456,8 +24231,8 @@ pub mod driver {
         },
     };
     pub static cuCtxDestroy_v2: CallDesc = CallDesc {
-        wire: 207u32,
-        call: 196u32,
+        wire: 223u32,
+        call: 204u32,
         name: "cuCtxDestroy_v2",
         form: None,
         library: "driver",
@@ -23478,8 +24253,8 @@ pub mod driver {
         },
     };
     pub static cuCtxDetach: CallDesc = CallDesc {
-        wire: 208u32,
-        call: 197u32,
+        wire: 224u32,
+        call: 205u32,
         name: "cuCtxDetach",
         form: None,
         library: "driver",
@@ -23500,8 +24275,8 @@ pub mod driver {
         },
     };
     pub static cuCtxDisablePeerAccess: CallDesc = CallDesc {
-        wire: 209u32,
-        call: 198u32,
+        wire: 225u32,
+        call: 206u32,
         name: "cuCtxDisablePeerAccess",
         form: None,
         library: "driver",
@@ -23522,8 +24297,8 @@ pub mod driver {
         },
     };
     pub static cuCtxEnablePeerAccess: CallDesc = CallDesc {
-        wire: 210u32,
-        call: 199u32,
+        wire: 226u32,
+        call: 207u32,
         name: "cuCtxEnablePeerAccess",
         form: None,
         library: "driver",
@@ -23548,8 +24323,8 @@ pub mod driver {
         },
     };
     pub static cuCtxFromGreenCtx: CallDesc = CallDesc {
-        wire: 211u32,
-        call: 200u32,
+        wire: 227u32,
+        call: 208u32,
         name: "cuCtxFromGreenCtx",
         form: None,
         library: "driver",
@@ -23571,8 +24346,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetApiVersion: CallDesc = CallDesc {
-        wire: 212u32,
-        call: 201u32,
+        wire: 228u32,
+        call: 209u32,
         name: "cuCtxGetApiVersion",
         form: None,
         library: "driver",
@@ -23599,8 +24374,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetCacheConfig: CallDesc = CallDesc {
-        wire: 213u32,
-        call: 202u32,
+        wire: 229u32,
+        call: 210u32,
         name: "cuCtxGetCacheConfig",
         form: None,
         library: "driver",
@@ -23623,8 +24398,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetCurrent: CallDesc = CallDesc {
-        wire: 214u32,
-        call: 203u32,
+        wire: 230u32,
+        call: 211u32,
         name: "cuCtxGetCurrent",
         form: None,
         library: "driver",
@@ -23640,8 +24415,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetDevice: CallDesc = CallDesc {
-        wire: 215u32,
-        call: 204u32,
+        wire: 231u32,
+        call: 212u32,
         name: "cuCtxGetDevice",
         form: None,
         library: "driver",
@@ -23664,8 +24439,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetDevice_v2: CallDesc = CallDesc {
-        wire: 216u32,
-        call: 205u32,
+        wire: 232u32,
+        call: 213u32,
         name: "cuCtxGetDevice_v2",
         form: None,
         library: "driver",
@@ -23692,8 +24467,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetFlags: CallDesc = CallDesc {
-        wire: 217u32,
-        call: 206u32,
+        wire: 233u32,
+        call: 214u32,
         name: "cuCtxGetFlags",
         form: None,
         library: "driver",
@@ -23716,8 +24491,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetId: CallDesc = CallDesc {
-        wire: 218u32,
-        call: 207u32,
+        wire: 234u32,
+        call: 215u32,
         name: "cuCtxGetId",
         form: None,
         library: "driver",
@@ -23744,8 +24519,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetLimit: CallDesc = CallDesc {
-        wire: 219u32,
-        call: 208u32,
+        wire: 235u32,
+        call: 216u32,
         name: "cuCtxGetLimit",
         form: None,
         library: "driver",
@@ -23772,8 +24547,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetSharedMemConfig: CallDesc = CallDesc {
-        wire: 220u32,
-        call: 209u32,
+        wire: 236u32,
+        call: 217u32,
         name: "cuCtxGetSharedMemConfig",
         form: None,
         library: "driver",
@@ -23796,8 +24571,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetStreamPriorityRange: CallDesc = CallDesc {
-        wire: 221u32,
-        call: 210u32,
+        wire: 237u32,
+        call: 218u32,
         name: "cuCtxGetStreamPriorityRange",
         form: None,
         library: "driver",
@@ -23826,8 +24601,8 @@ pub mod driver {
         },
     };
     pub static cuCtxPopCurrent: CallDesc = CallDesc {
-        wire: 222u32,
-        call: 211u32,
+        wire: 238u32,
+        call: 219u32,
         name: "cuCtxPopCurrent",
         form: None,
         library: "driver",
@@ -23843,8 +24618,8 @@ pub mod driver {
         },
     };
     pub static cuCtxPopCurrent_v2: CallDesc = CallDesc {
-        wire: 223u32,
-        call: 212u32,
+        wire: 239u32,
+        call: 220u32,
         name: "cuCtxPopCurrent_v2",
         form: None,
         library: "driver",
@@ -23860,8 +24635,8 @@ pub mod driver {
         },
     };
     pub static cuCtxPushCurrent: CallDesc = CallDesc {
-        wire: 224u32,
-        call: 213u32,
+        wire: 240u32,
+        call: 221u32,
         name: "cuCtxPushCurrent",
         form: None,
         library: "driver",
@@ -23882,8 +24657,8 @@ pub mod driver {
         },
     };
     pub static cuCtxPushCurrent_v2: CallDesc = CallDesc {
-        wire: 225u32,
-        call: 214u32,
+        wire: 241u32,
+        call: 222u32,
         name: "cuCtxPushCurrent_v2",
         form: None,
         library: "driver",
@@ -23904,8 +24679,8 @@ pub mod driver {
         },
     };
     pub static cuCtxRecordEvent: CallDesc = CallDesc {
-        wire: 226u32,
-        call: 215u32,
+        wire: 242u32,
+        call: 223u32,
         name: "cuCtxRecordEvent",
         form: None,
         library: "driver",
@@ -23930,8 +24705,8 @@ pub mod driver {
         },
     };
     pub static cuCtxResetPersistingL2Cache: CallDesc = CallDesc {
-        wire: 227u32,
-        call: 216u32,
+        wire: 243u32,
+        call: 224u32,
         name: "cuCtxResetPersistingL2Cache",
         form: None,
         library: "driver",
@@ -23947,8 +24722,8 @@ pub mod driver {
         },
     };
     pub static cuCtxSetCacheConfig: CallDesc = CallDesc {
-        wire: 228u32,
-        call: 217u32,
+        wire: 244u32,
+        call: 225u32,
         name: "cuCtxSetCacheConfig",
         form: None,
         library: "driver",
@@ -23969,8 +24744,8 @@ pub mod driver {
         },
     };
     pub static cuCtxSetCurrent: CallDesc = CallDesc {
-        wire: 229u32,
-        call: 218u32,
+        wire: 245u32,
+        call: 226u32,
         name: "cuCtxSetCurrent",
         form: None,
         library: "driver",
@@ -23991,8 +24766,8 @@ pub mod driver {
         },
     };
     pub static cuCtxSetFlags: CallDesc = CallDesc {
-        wire: 230u32,
-        call: 219u32,
+        wire: 246u32,
+        call: 227u32,
         name: "cuCtxSetFlags",
         form: None,
         library: "driver",
@@ -24013,8 +24788,8 @@ pub mod driver {
         },
     };
     pub static cuCtxSetLimit: CallDesc = CallDesc {
-        wire: 231u32,
-        call: 220u32,
+        wire: 247u32,
+        call: 228u32,
         name: "cuCtxSetLimit",
         form: None,
         library: "driver",
@@ -24039,8 +24814,8 @@ pub mod driver {
         },
     };
     pub static cuCtxSetSharedMemConfig: CallDesc = CallDesc {
-        wire: 232u32,
-        call: 221u32,
+        wire: 248u32,
+        call: 229u32,
         name: "cuCtxSetSharedMemConfig",
         form: None,
         library: "driver",
@@ -24061,8 +24836,8 @@ pub mod driver {
         },
     };
     pub static cuCtxSynchronize: CallDesc = CallDesc {
-        wire: 233u32,
-        call: 222u32,
+        wire: 249u32,
+        call: 230u32,
         name: "cuCtxSynchronize",
         form: None,
         library: "driver",
@@ -24078,8 +24853,8 @@ pub mod driver {
         },
     };
     pub static cuCtxSynchronize_v2: CallDesc = CallDesc {
-        wire: 234u32,
-        call: 223u32,
+        wire: 250u32,
+        call: 231u32,
         name: "cuCtxSynchronize_v2",
         form: None,
         library: "driver",
@@ -24100,8 +24875,8 @@ pub mod driver {
         },
     };
     pub static cuCtxWaitEvent: CallDesc = CallDesc {
-        wire: 235u32,
-        call: 224u32,
+        wire: 251u32,
+        call: 232u32,
         name: "cuCtxWaitEvent",
         form: None,
         library: "driver",
@@ -24126,8 +24901,8 @@ pub mod driver {
         },
     };
     pub static cuDestroyExternalMemory: CallDesc = CallDesc {
-        wire: 236u32,
-        call: 225u32,
+        wire: 252u32,
+        call: 233u32,
         name: "cuDestroyExternalMemory",
         form: None,
         library: "driver",
@@ -24148,8 +24923,8 @@ pub mod driver {
         },
     };
     pub static cuDestroyExternalSemaphore: CallDesc = CallDesc {
-        wire: 237u32,
-        call: 226u32,
+        wire: 253u32,
+        call: 234u32,
         name: "cuDestroyExternalSemaphore",
         form: None,
         library: "driver",
@@ -24170,8 +24945,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceCanAccessPeer: CallDesc = CallDesc {
-        wire: 238u32,
-        call: 227u32,
+        wire: 254u32,
+        call: 235u32,
         name: "cuDeviceCanAccessPeer",
         form: None,
         library: "driver",
@@ -24202,8 +24977,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetByPCIBusId: CallDesc = CallDesc {
-        wire: 239u32,
-        call: 228u32,
+        wire: 255u32,
+        call: 236u32,
         name: "cuDeviceGetByPCIBusId",
         form: None,
         library: "driver",
@@ -24227,8 +25002,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetDefaultMemPool: CallDesc = CallDesc {
-        wire: 240u32,
-        call: 229u32,
+        wire: 256u32,
+        call: 237u32,
         name: "cuDeviceGetDefaultMemPool",
         form: None,
         library: "driver",
@@ -24250,8 +25025,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetExecAffinitySupport: CallDesc = CallDesc {
-        wire: 241u32,
-        call: 230u32,
+        wire: 257u32,
+        call: 238u32,
         name: "cuDeviceGetExecAffinitySupport",
         form: None,
         library: "driver",
@@ -24282,8 +25057,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetMemPool: CallDesc = CallDesc {
-        wire: 242u32,
-        call: 231u32,
+        wire: 258u32,
+        call: 239u32,
         name: "cuDeviceGetMemPool",
         form: None,
         library: "driver",
@@ -24305,8 +25080,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetP2PAttribute: CallDesc = CallDesc {
-        wire: 243u32,
-        call: 232u32,
+        wire: 259u32,
+        call: 240u32,
         name: "cuDeviceGetP2PAttribute",
         form: None,
         library: "driver",
@@ -24341,8 +25116,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceGraphMemTrim: CallDesc = CallDesc {
-        wire: 244u32,
-        call: 233u32,
+        wire: 260u32,
+        call: 241u32,
         name: "cuDeviceGraphMemTrim",
         form: None,
         library: "driver",
@@ -24363,8 +25138,8 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxGetState: CallDesc = CallDesc {
-        wire: 245u32,
-        call: 234u32,
+        wire: 261u32,
+        call: 242u32,
         name: "cuDevicePrimaryCtxGetState",
         form: None,
         library: "driver",
@@ -24397,8 +25172,8 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxRelease: CallDesc = CallDesc {
-        wire: 246u32,
-        call: 235u32,
+        wire: 262u32,
+        call: 243u32,
         name: "cuDevicePrimaryCtxRelease",
         form: None,
         library: "driver",
@@ -24419,8 +25194,8 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxRelease_v2: CallDesc = CallDesc {
-        wire: 247u32,
-        call: 236u32,
+        wire: 263u32,
+        call: 244u32,
         name: "cuDevicePrimaryCtxRelease_v2",
         form: None,
         library: "driver",
@@ -24441,8 +25216,8 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxReset: CallDesc = CallDesc {
-        wire: 248u32,
-        call: 237u32,
+        wire: 264u32,
+        call: 245u32,
         name: "cuDevicePrimaryCtxReset",
         form: None,
         library: "driver",
@@ -24463,8 +25238,8 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxReset_v2: CallDesc = CallDesc {
-        wire: 249u32,
-        call: 238u32,
+        wire: 265u32,
+        call: 246u32,
         name: "cuDevicePrimaryCtxReset_v2",
         form: None,
         library: "driver",
@@ -24485,8 +25260,8 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxRetain: CallDesc = CallDesc {
-        wire: 250u32,
-        call: 239u32,
+        wire: 266u32,
+        call: 247u32,
         name: "cuDevicePrimaryCtxRetain",
         form: None,
         library: "driver",
@@ -24508,8 +25283,8 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxSetFlags: CallDesc = CallDesc {
-        wire: 251u32,
-        call: 240u32,
+        wire: 267u32,
+        call: 248u32,
         name: "cuDevicePrimaryCtxSetFlags",
         form: None,
         library: "driver",
@@ -24534,8 +25309,8 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxSetFlags_v2: CallDesc = CallDesc {
-        wire: 252u32,
-        call: 241u32,
+        wire: 268u32,
+        call: 249u32,
         name: "cuDevicePrimaryCtxSetFlags_v2",
         form: None,
         library: "driver",
@@ -24560,8 +25335,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceSetMemPool: CallDesc = CallDesc {
-        wire: 253u32,
-        call: 242u32,
+        wire: 269u32,
+        call: 250u32,
         name: "cuDeviceSetMemPool",
         form: None,
         library: "driver",
@@ -24586,8 +25361,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceTotalMem: CallDesc = CallDesc {
-        wire: 254u32,
-        call: 243u32,
+        wire: 270u32,
+        call: 251u32,
         name: "cuDeviceTotalMem",
         form: None,
         library: "driver",
@@ -24614,8 +25389,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceUnregisterAsyncNotification: CallDesc = CallDesc {
-        wire: 255u32,
-        call: 244u32,
+        wire: 271u32,
+        call: 252u32,
         name: "cuDeviceUnregisterAsyncNotification",
         form: None,
         library: "driver",
@@ -24640,8 +25415,8 @@ pub mod driver {
         },
     };
     pub static cuEventCreate: CallDesc = CallDesc {
-        wire: 256u32,
-        call: 245u32,
+        wire: 272u32,
+        call: 253u32,
         name: "cuEventCreate",
         form: None,
         library: "driver",
@@ -24663,8 +25438,8 @@ pub mod driver {
         },
     };
     pub static cuEventDestroy: CallDesc = CallDesc {
-        wire: 257u32,
-        call: 246u32,
+        wire: 273u32,
+        call: 254u32,
         name: "cuEventDestroy",
         form: None,
         library: "driver",
@@ -24685,8 +25460,8 @@ pub mod driver {
         },
     };
     pub static cuEventDestroy_v2: CallDesc = CallDesc {
-        wire: 258u32,
-        call: 247u32,
+        wire: 274u32,
+        call: 255u32,
         name: "cuEventDestroy_v2",
         form: None,
         library: "driver",
@@ -24707,8 +25482,8 @@ pub mod driver {
         },
     };
     pub static cuEventElapsedTime: CallDesc = CallDesc {
-        wire: 259u32,
-        call: 248u32,
+        wire: 275u32,
+        call: 256u32,
         name: "cuEventElapsedTime",
         form: None,
         library: "driver",
@@ -24739,8 +25514,8 @@ pub mod driver {
         },
     };
     pub static cuEventElapsedTime_v2: CallDesc = CallDesc {
-        wire: 260u32,
-        call: 249u32,
+        wire: 276u32,
+        call: 257u32,
         name: "cuEventElapsedTime_v2",
         form: None,
         library: "driver",
@@ -24771,8 +25546,8 @@ pub mod driver {
         },
     };
     pub static cuEventQuery: CallDesc = CallDesc {
-        wire: 261u32,
-        call: 250u32,
+        wire: 277u32,
+        call: 258u32,
         name: "cuEventQuery",
         form: None,
         library: "driver",
@@ -24793,8 +25568,8 @@ pub mod driver {
         },
     };
     pub static cuEventRecord: CallDesc = CallDesc {
-        wire: 262u32,
-        call: 251u32,
+        wire: 278u32,
+        call: 259u32,
         name: "cuEventRecord",
         form: None,
         library: "driver",
@@ -24819,8 +25594,8 @@ pub mod driver {
         },
     };
     pub static cuEventRecordWithFlags: CallDesc = CallDesc {
-        wire: 263u32,
-        call: 252u32,
+        wire: 279u32,
+        call: 260u32,
         name: "cuEventRecordWithFlags",
         form: None,
         library: "driver",
@@ -24849,8 +25624,8 @@ pub mod driver {
         },
     };
     pub static cuEventRecordWithFlags_ptsz: CallDesc = CallDesc {
-        wire: 264u32,
-        call: 253u32,
+        wire: 280u32,
+        call: 261u32,
         name: "cuEventRecordWithFlags_ptsz",
         form: None,
         library: "driver",
@@ -24879,8 +25654,8 @@ pub mod driver {
         },
     };
     pub static cuEventRecord_ptsz: CallDesc = CallDesc {
-        wire: 265u32,
-        call: 254u32,
+        wire: 281u32,
+        call: 262u32,
         name: "cuEventRecord_ptsz",
         form: None,
         library: "driver",
@@ -24905,8 +25680,8 @@ pub mod driver {
         },
     };
     pub static cuEventSynchronize: CallDesc = CallDesc {
-        wire: 266u32,
-        call: 255u32,
+        wire: 282u32,
+        call: 263u32,
         name: "cuEventSynchronize",
         form: None,
         library: "driver",
@@ -24927,8 +25702,8 @@ pub mod driver {
         },
     };
     pub static cuExternalMemoryGetMappedBuffer: CallDesc = CallDesc {
-        wire: 267u32,
-        call: 256u32,
+        wire: 283u32,
+        call: 264u32,
         name: "cuExternalMemoryGetMappedBuffer",
         form: None,
         library: "driver",
@@ -24961,8 +25736,8 @@ pub mod driver {
         },
     };
     pub static cuExternalMemoryGetMappedMipmappedArray: CallDesc = CallDesc {
-        wire: 268u32,
-        call: 257u32,
+        wire: 284u32,
+        call: 265u32,
         name: "cuExternalMemoryGetMappedMipmappedArray",
         form: None,
         library: "driver",
@@ -24990,8 +25765,8 @@ pub mod driver {
         },
     };
     pub static cuFlushGPUDirectRDMAWrites: CallDesc = CallDesc {
-        wire: 269u32,
-        call: 258u32,
+        wire: 285u32,
+        call: 266u32,
         name: "cuFlushGPUDirectRDMAWrites",
         form: None,
         library: "driver",
@@ -25016,8 +25791,8 @@ pub mod driver {
         },
     };
     pub static cuFuncGetAttribute: CallDesc = CallDesc {
-        wire: 270u32,
-        call: 259u32,
+        wire: 286u32,
+        call: 267u32,
         name: "cuFuncGetAttribute",
         form: None,
         library: "driver",
@@ -25048,8 +25823,8 @@ pub mod driver {
         },
     };
     pub static cuFuncGetModule: CallDesc = CallDesc {
-        wire: 271u32,
-        call: 260u32,
+        wire: 287u32,
+        call: 268u32,
         name: "cuFuncGetModule",
         form: None,
         library: "driver",
@@ -25071,8 +25846,8 @@ pub mod driver {
         },
     };
     pub static cuFuncIsLoaded: CallDesc = CallDesc {
-        wire: 272u32,
-        call: 261u32,
+        wire: 288u32,
+        call: 269u32,
         name: "cuFuncIsLoaded",
         form: None,
         library: "driver",
@@ -25099,8 +25874,8 @@ pub mod driver {
         },
     };
     pub static cuFuncLoad: CallDesc = CallDesc {
-        wire: 273u32,
-        call: 262u32,
+        wire: 289u32,
+        call: 270u32,
         name: "cuFuncLoad",
         form: None,
         library: "driver",
@@ -25121,8 +25896,8 @@ pub mod driver {
         },
     };
     pub static cuFuncSetAttribute: CallDesc = CallDesc {
-        wire: 274u32,
-        call: 263u32,
+        wire: 290u32,
+        call: 271u32,
         name: "cuFuncSetAttribute",
         form: None,
         library: "driver",
@@ -25151,8 +25926,8 @@ pub mod driver {
         },
     };
     pub static cuFuncSetBlockShape: CallDesc = CallDesc {
-        wire: 275u32,
-        call: 264u32,
+        wire: 291u32,
+        call: 272u32,
         name: "cuFuncSetBlockShape",
         form: None,
         library: "driver",
@@ -25185,8 +25960,8 @@ pub mod driver {
         },
     };
     pub static cuFuncSetCacheConfig: CallDesc = CallDesc {
-        wire: 276u32,
-        call: 265u32,
+        wire: 292u32,
+        call: 273u32,
         name: "cuFuncSetCacheConfig",
         form: None,
         library: "driver",
@@ -25211,8 +25986,8 @@ pub mod driver {
         },
     };
     pub static cuFuncSetSharedMemConfig: CallDesc = CallDesc {
-        wire: 277u32,
-        call: 266u32,
+        wire: 293u32,
+        call: 274u32,
         name: "cuFuncSetSharedMemConfig",
         form: None,
         library: "driver",
@@ -25237,8 +26012,8 @@ pub mod driver {
         },
     };
     pub static cuFuncSetSharedSize: CallDesc = CallDesc {
-        wire: 278u32,
-        call: 267u32,
+        wire: 294u32,
+        call: 275u32,
         name: "cuFuncSetSharedSize",
         form: None,
         library: "driver",
@@ -25263,8 +26038,8 @@ pub mod driver {
         },
     };
     pub static cuGraphChildGraphNodeGetGraph: CallDesc = CallDesc {
-        wire: 279u32,
-        call: 268u32,
+        wire: 295u32,
+        call: 276u32,
         name: "cuGraphChildGraphNodeGetGraph",
         form: None,
         library: "driver",
@@ -25286,8 +26061,8 @@ pub mod driver {
         },
     };
     pub static cuGraphClone: CallDesc = CallDesc {
-        wire: 280u32,
-        call: 269u32,
+        wire: 296u32,
+        call: 277u32,
         name: "cuGraphClone",
         form: None,
         library: "driver",
@@ -25309,8 +26084,8 @@ pub mod driver {
         },
     };
     pub static cuGraphConditionalHandleCreate: CallDesc = CallDesc {
-        wire: 281u32,
-        call: 270u32,
+        wire: 297u32,
+        call: 278u32,
         name: "cuGraphConditionalHandleCreate",
         form: None,
         library: "driver",
@@ -25349,8 +26124,8 @@ pub mod driver {
         },
     };
     pub static cuGraphCreate: CallDesc = CallDesc {
-        wire: 282u32,
-        call: 271u32,
+        wire: 298u32,
+        call: 279u32,
         name: "cuGraphCreate",
         form: None,
         library: "driver",
@@ -25372,8 +26147,8 @@ pub mod driver {
         },
     };
     pub static cuGraphDestroy: CallDesc = CallDesc {
-        wire: 283u32,
-        call: 272u32,
+        wire: 299u32,
+        call: 280u32,
         name: "cuGraphDestroy",
         form: None,
         library: "driver",
@@ -25394,8 +26169,8 @@ pub mod driver {
         },
     };
     pub static cuGraphDestroyNode: CallDesc = CallDesc {
-        wire: 284u32,
-        call: 273u32,
+        wire: 300u32,
+        call: 281u32,
         name: "cuGraphDestroyNode",
         form: None,
         library: "driver",
@@ -25416,8 +26191,8 @@ pub mod driver {
         },
     };
     pub static cuGraphEventRecordNodeGetEvent: CallDesc = CallDesc {
-        wire: 285u32,
-        call: 274u32,
+        wire: 301u32,
+        call: 282u32,
         name: "cuGraphEventRecordNodeGetEvent",
         form: None,
         library: "driver",
@@ -25439,8 +26214,8 @@ pub mod driver {
         },
     };
     pub static cuGraphEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 286u32,
-        call: 275u32,
+        wire: 302u32,
+        call: 283u32,
         name: "cuGraphEventRecordNodeSetEvent",
         form: None,
         library: "driver",
@@ -25465,8 +26240,8 @@ pub mod driver {
         },
     };
     pub static cuGraphEventWaitNodeGetEvent: CallDesc = CallDesc {
-        wire: 287u32,
-        call: 276u32,
+        wire: 303u32,
+        call: 284u32,
         name: "cuGraphEventWaitNodeGetEvent",
         form: None,
         library: "driver",
@@ -25488,8 +26263,8 @@ pub mod driver {
         },
     };
     pub static cuGraphEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 288u32,
-        call: 277u32,
+        wire: 304u32,
+        call: 285u32,
         name: "cuGraphEventWaitNodeSetEvent",
         form: None,
         library: "driver",
@@ -25514,8 +26289,8 @@ pub mod driver {
         },
     };
     pub static cuGraphExecChildGraphNodeSetParams: CallDesc = CallDesc {
-        wire: 289u32,
-        call: 278u32,
+        wire: 305u32,
+        call: 286u32,
         name: "cuGraphExecChildGraphNodeSetParams",
         form: None,
         library: "driver",
@@ -25544,8 +26319,8 @@ pub mod driver {
         },
     };
     pub static cuGraphExecDestroy: CallDesc = CallDesc {
-        wire: 290u32,
-        call: 279u32,
+        wire: 306u32,
+        call: 287u32,
         name: "cuGraphExecDestroy",
         form: None,
         library: "driver",
@@ -25566,8 +26341,8 @@ pub mod driver {
         },
     };
     pub static cuGraphExecEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 291u32,
-        call: 280u32,
+        wire: 307u32,
+        call: 288u32,
         name: "cuGraphExecEventRecordNodeSetEvent",
         form: None,
         library: "driver",
@@ -25596,8 +26371,8 @@ pub mod driver {
         },
     };
     pub static cuGraphExecEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 292u32,
-        call: 281u32,
+        wire: 308u32,
+        call: 289u32,
         name: "cuGraphExecEventWaitNodeSetEvent",
         form: None,
         library: "driver",
@@ -25626,8 +26401,8 @@ pub mod driver {
         },
     };
     pub static cuGraphExecGetFlags: CallDesc = CallDesc {
-        wire: 293u32,
-        call: 282u32,
+        wire: 309u32,
+        call: 290u32,
         name: "cuGraphExecGetFlags",
         form: None,
         library: "driver",
@@ -25654,8 +26429,8 @@ pub mod driver {
         },
     };
     pub static cuGraphExecGetId: CallDesc = CallDesc {
-        wire: 294u32,
-        call: 283u32,
+        wire: 310u32,
+        call: 291u32,
         name: "cuGraphExecGetId",
         form: None,
         library: "driver",
@@ -25682,8 +26457,8 @@ pub mod driver {
         },
     };
     pub static cuGraphExecMemsetNodeSetParams: CallDesc = CallDesc {
-        wire: 295u32,
-        call: 284u32,
+        wire: 311u32,
+        call: 292u32,
         name: "cuGraphExecMemsetNodeSetParams",
         form: None,
         library: "driver",
@@ -25718,8 +26493,8 @@ pub mod driver {
         },
     };
     pub static cuGraphExecUpdate: CallDesc = CallDesc {
-        wire: 296u32,
-        call: 285u32,
+        wire: 312u32,
+        call: 293u32,
         name: "cuGraphExecUpdate",
         form: None,
         library: "driver",
@@ -25751,8 +26526,8 @@ pub mod driver {
         },
     };
     pub static cuGraphGetEdges: CallDesc = CallDesc {
-        wire: 297u32,
-        call: 286u32,
+        wire: 313u32,
+        call: 294u32,
         name: "cuGraphGetEdges",
         form: None,
         library: "driver",
@@ -25781,8 +26556,8 @@ pub mod driver {
         },
     };
     pub static cuGraphGetId: CallDesc = CallDesc {
-        wire: 298u32,
-        call: 287u32,
+        wire: 314u32,
+        call: 295u32,
         name: "cuGraphGetId",
         form: None,
         library: "driver",
@@ -25809,8 +26584,8 @@ pub mod driver {
         },
     };
     pub static cuGraphGetNodes: CallDesc = CallDesc {
-        wire: 299u32,
-        call: 288u32,
+        wire: 315u32,
+        call: 296u32,
         name: "cuGraphGetNodes",
         form: None,
         library: "driver",
@@ -25838,8 +26613,8 @@ pub mod driver {
         },
     };
     pub static cuGraphGetRootNodes: CallDesc = CallDesc {
-        wire: 300u32,
-        call: 289u32,
+        wire: 316u32,
+        call: 297u32,
         name: "cuGraphGetRootNodes",
         form: None,
         library: "driver",
@@ -25867,8 +26642,8 @@ pub mod driver {
         },
     };
     pub static cuGraphInstantiateWithFlags: CallDesc = CallDesc {
-        wire: 301u32,
-        call: 290u32,
+        wire: 317u32,
+        call: 298u32,
         name: "cuGraphInstantiateWithFlags",
         form: None,
         library: "driver",
@@ -25894,8 +26669,8 @@ pub mod driver {
         },
     };
     pub static cuGraphKernelNodeCopyAttributes: CallDesc = CallDesc {
-        wire: 302u32,
-        call: 291u32,
+        wire: 318u32,
+        call: 299u32,
         name: "cuGraphKernelNodeCopyAttributes",
         form: None,
         library: "driver",
@@ -25920,8 +26695,8 @@ pub mod driver {
         },
     };
     pub static cuGraphLaunch: CallDesc = CallDesc {
-        wire: 303u32,
-        call: 292u32,
+        wire: 319u32,
+        call: 300u32,
         name: "cuGraphLaunch",
         form: None,
         library: "driver",
@@ -25946,8 +26721,8 @@ pub mod driver {
         },
     };
     pub static cuGraphLaunch_ptsz: CallDesc = CallDesc {
-        wire: 304u32,
-        call: 293u32,
+        wire: 320u32,
+        call: 301u32,
         name: "cuGraphLaunch_ptsz",
         form: None,
         library: "driver",
@@ -25972,8 +26747,8 @@ pub mod driver {
         },
     };
     pub static cuGraphMemFreeNodeGetParams: CallDesc = CallDesc {
-        wire: 305u32,
-        call: 294u32,
+        wire: 321u32,
+        call: 302u32,
         name: "cuGraphMemFreeNodeGetParams",
         form: None,
         library: "driver",
@@ -26000,8 +26775,8 @@ pub mod driver {
         },
     };
     pub static cuGraphMemsetNodeSetParams: CallDesc = CallDesc {
-        wire: 306u32,
-        call: 295u32,
+        wire: 322u32,
+        call: 303u32,
         name: "cuGraphMemsetNodeSetParams",
         form: None,
         library: "driver",
@@ -26028,8 +26803,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeFindInClone: CallDesc = CallDesc {
-        wire: 307u32,
-        call: 296u32,
+        wire: 323u32,
+        call: 304u32,
         name: "cuGraphNodeFindInClone",
         form: None,
         library: "driver",
@@ -26055,8 +26830,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetContainingGraph: CallDesc = CallDesc {
-        wire: 308u32,
-        call: 297u32,
+        wire: 324u32,
+        call: 305u32,
         name: "cuGraphNodeGetContainingGraph",
         form: None,
         library: "driver",
@@ -26078,8 +26853,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetDependencies: CallDesc = CallDesc {
-        wire: 309u32,
-        call: 298u32,
+        wire: 325u32,
+        call: 306u32,
         name: "cuGraphNodeGetDependencies",
         form: None,
         library: "driver",
@@ -26107,8 +26882,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetDependentNodes: CallDesc = CallDesc {
-        wire: 310u32,
-        call: 299u32,
+        wire: 326u32,
+        call: 307u32,
         name: "cuGraphNodeGetDependentNodes",
         form: None,
         library: "driver",
@@ -26136,8 +26911,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetEnabled: CallDesc = CallDesc {
-        wire: 311u32,
-        call: 300u32,
+        wire: 327u32,
+        call: 308u32,
         name: "cuGraphNodeGetEnabled",
         form: None,
         library: "driver",
@@ -26168,8 +26943,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetLocalId: CallDesc = CallDesc {
-        wire: 312u32,
-        call: 301u32,
+        wire: 328u32,
+        call: 309u32,
         name: "cuGraphNodeGetLocalId",
         form: None,
         library: "driver",
@@ -26196,8 +26971,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetToolsId: CallDesc = CallDesc {
-        wire: 313u32,
-        call: 302u32,
+        wire: 329u32,
+        call: 310u32,
         name: "cuGraphNodeGetToolsId",
         form: None,
         library: "driver",
@@ -26224,8 +26999,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetType: CallDesc = CallDesc {
-        wire: 314u32,
-        call: 303u32,
+        wire: 330u32,
+        call: 311u32,
         name: "cuGraphNodeGetType",
         form: None,
         library: "driver",
@@ -26252,8 +27027,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeSetEnabled: CallDesc = CallDesc {
-        wire: 315u32,
-        call: 304u32,
+        wire: 331u32,
+        call: 312u32,
         name: "cuGraphNodeSetEnabled",
         form: None,
         library: "driver",
@@ -26282,8 +27057,8 @@ pub mod driver {
         },
     };
     pub static cuGraphReleaseUserObject: CallDesc = CallDesc {
-        wire: 316u32,
-        call: 305u32,
+        wire: 332u32,
+        call: 313u32,
         name: "cuGraphReleaseUserObject",
         form: None,
         library: "driver",
@@ -26312,8 +27087,8 @@ pub mod driver {
         },
     };
     pub static cuGraphRetainUserObject: CallDesc = CallDesc {
-        wire: 317u32,
-        call: 306u32,
+        wire: 333u32,
+        call: 314u32,
         name: "cuGraphRetainUserObject",
         form: None,
         library: "driver",
@@ -26346,8 +27121,8 @@ pub mod driver {
         },
     };
     pub static cuGraphUpload: CallDesc = CallDesc {
-        wire: 318u32,
-        call: 307u32,
+        wire: 334u32,
+        call: 315u32,
         name: "cuGraphUpload",
         form: None,
         library: "driver",
@@ -26372,8 +27147,8 @@ pub mod driver {
         },
     };
     pub static cuGraphUpload_ptsz: CallDesc = CallDesc {
-        wire: 319u32,
-        call: 308u32,
+        wire: 335u32,
+        call: 316u32,
         name: "cuGraphUpload_ptsz",
         form: None,
         library: "driver",
@@ -26398,8 +27173,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsMapResources: CallDesc = CallDesc {
-        wire: 320u32,
-        call: 309u32,
+        wire: 336u32,
+        call: 317u32,
         name: "cuGraphicsMapResources",
         form: None,
         library: "driver",
@@ -26425,8 +27200,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsMapResources_ptsz: CallDesc = CallDesc {
-        wire: 321u32,
-        call: 310u32,
+        wire: 337u32,
+        call: 318u32,
         name: "cuGraphicsMapResources_ptsz",
         form: None,
         library: "driver",
@@ -26452,8 +27227,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsResourceGetMappedMipmappedArray: CallDesc = CallDesc {
-        wire: 322u32,
-        call: 311u32,
+        wire: 338u32,
+        call: 319u32,
         name: "cuGraphicsResourceGetMappedMipmappedArray",
         form: None,
         library: "driver",
@@ -26475,8 +27250,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsResourceSetMapFlags: CallDesc = CallDesc {
-        wire: 323u32,
-        call: 312u32,
+        wire: 339u32,
+        call: 320u32,
         name: "cuGraphicsResourceSetMapFlags",
         form: None,
         library: "driver",
@@ -26501,8 +27276,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsResourceSetMapFlags_v2: CallDesc = CallDesc {
-        wire: 324u32,
-        call: 313u32,
+        wire: 340u32,
+        call: 321u32,
         name: "cuGraphicsResourceSetMapFlags_v2",
         form: None,
         library: "driver",
@@ -26527,8 +27302,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsSubResourceGetMappedArray: CallDesc = CallDesc {
-        wire: 325u32,
-        call: 314u32,
+        wire: 341u32,
+        call: 322u32,
         name: "cuGraphicsSubResourceGetMappedArray",
         form: None,
         library: "driver",
@@ -26558,8 +27333,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsUnmapResources: CallDesc = CallDesc {
-        wire: 326u32,
-        call: 315u32,
+        wire: 342u32,
+        call: 323u32,
         name: "cuGraphicsUnmapResources",
         form: None,
         library: "driver",
@@ -26585,8 +27360,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsUnmapResources_ptsz: CallDesc = CallDesc {
-        wire: 327u32,
-        call: 316u32,
+        wire: 343u32,
+        call: 324u32,
         name: "cuGraphicsUnmapResources_ptsz",
         form: None,
         library: "driver",
@@ -26612,8 +27387,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsUnregisterResource: CallDesc = CallDesc {
-        wire: 328u32,
-        call: 317u32,
+        wire: 344u32,
+        call: 325u32,
         name: "cuGraphicsUnregisterResource",
         form: None,
         library: "driver",
@@ -26634,8 +27409,8 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxCreate: CallDesc = CallDesc {
-        wire: 329u32,
-        call: 318u32,
+        wire: 345u32,
+        call: 326u32,
         name: "cuGreenCtxCreate",
         form: None,
         library: "driver",
@@ -26665,8 +27440,8 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxDestroy: CallDesc = CallDesc {
-        wire: 330u32,
-        call: 319u32,
+        wire: 346u32,
+        call: 327u32,
         name: "cuGreenCtxDestroy",
         form: None,
         library: "driver",
@@ -26687,8 +27462,8 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxGetId: CallDesc = CallDesc {
-        wire: 331u32,
-        call: 320u32,
+        wire: 347u32,
+        call: 328u32,
         name: "cuGreenCtxGetId",
         form: None,
         library: "driver",
@@ -26715,8 +27490,8 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxRecordEvent: CallDesc = CallDesc {
-        wire: 332u32,
-        call: 321u32,
+        wire: 348u32,
+        call: 329u32,
         name: "cuGreenCtxRecordEvent",
         form: None,
         library: "driver",
@@ -26741,8 +27516,8 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxStreamCreate: CallDesc = CallDesc {
-        wire: 333u32,
-        call: 322u32,
+        wire: 349u32,
+        call: 330u32,
         name: "cuGreenCtxStreamCreate",
         form: None,
         library: "driver",
@@ -26772,8 +27547,8 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxWaitEvent: CallDesc = CallDesc {
-        wire: 334u32,
-        call: 323u32,
+        wire: 350u32,
+        call: 331u32,
         name: "cuGreenCtxWaitEvent",
         form: None,
         library: "driver",
@@ -26798,8 +27573,8 @@ pub mod driver {
         },
     };
     pub static cuInit: CallDesc = CallDesc {
-        wire: 335u32,
-        call: 324u32,
+        wire: 351u32,
+        call: 332u32,
         name: "cuInit",
         form: None,
         library: "driver",
@@ -26820,8 +27595,8 @@ pub mod driver {
         },
     };
     pub static cuIpcCloseMemHandle: CallDesc = CallDesc {
-        wire: 336u32,
-        call: 325u32,
+        wire: 352u32,
+        call: 333u32,
         name: "cuIpcCloseMemHandle",
         form: None,
         library: "driver",
@@ -26842,8 +27617,8 @@ pub mod driver {
         },
     };
     pub static cuIpcOpenEventHandle: CallDesc = CallDesc {
-        wire: 337u32,
-        call: 326u32,
+        wire: 353u32,
+        call: 334u32,
         name: "cuIpcOpenEventHandle",
         form: None,
         library: "driver",
@@ -26859,8 +27634,8 @@ pub mod driver {
         },
     };
     pub static cuIpcOpenMemHandle: CallDesc = CallDesc {
-        wire: 338u32,
-        call: 327u32,
+        wire: 354u32,
+        call: 335u32,
         name: "cuIpcOpenMemHandle",
         form: None,
         library: "driver",
@@ -26888,8 +27663,8 @@ pub mod driver {
         },
     };
     pub static cuIpcOpenMemHandle_v2: CallDesc = CallDesc {
-        wire: 339u32,
-        call: 328u32,
+        wire: 355u32,
+        call: 336u32,
         name: "cuIpcOpenMemHandle_v2",
         form: None,
         library: "driver",
@@ -26917,8 +27692,8 @@ pub mod driver {
         },
     };
     pub static cuKernelGetAttribute: CallDesc = CallDesc {
-        wire: 340u32,
-        call: 329u32,
+        wire: 356u32,
+        call: 337u32,
         name: "cuKernelGetAttribute",
         form: None,
         library: "driver",
@@ -26953,8 +27728,8 @@ pub mod driver {
         },
     };
     pub static cuKernelGetFunction: CallDesc = CallDesc {
-        wire: 341u32,
-        call: 330u32,
+        wire: 357u32,
+        call: 338u32,
         name: "cuKernelGetFunction",
         form: None,
         library: "driver",
@@ -26976,8 +27751,8 @@ pub mod driver {
         },
     };
     pub static cuKernelGetLibrary: CallDesc = CallDesc {
-        wire: 342u32,
-        call: 331u32,
+        wire: 358u32,
+        call: 339u32,
         name: "cuKernelGetLibrary",
         form: None,
         library: "driver",
@@ -26999,8 +27774,8 @@ pub mod driver {
         },
     };
     pub static cuKernelSetAttribute: CallDesc = CallDesc {
-        wire: 343u32,
-        call: 332u32,
+        wire: 359u32,
+        call: 340u32,
         name: "cuKernelSetAttribute",
         form: None,
         library: "driver",
@@ -27033,8 +27808,8 @@ pub mod driver {
         },
     };
     pub static cuKernelSetCacheConfig: CallDesc = CallDesc {
-        wire: 344u32,
-        call: 333u32,
+        wire: 360u32,
+        call: 341u32,
         name: "cuKernelSetCacheConfig",
         form: None,
         library: "driver",
@@ -27063,8 +27838,8 @@ pub mod driver {
         },
     };
     pub static cuLaunch: CallDesc = CallDesc {
-        wire: 345u32,
-        call: 334u32,
+        wire: 361u32,
+        call: 342u32,
         name: "cuLaunch",
         form: None,
         library: "driver",
@@ -27085,8 +27860,8 @@ pub mod driver {
         },
     };
     pub static cuLaunchGrid: CallDesc = CallDesc {
-        wire: 346u32,
-        call: 335u32,
+        wire: 362u32,
+        call: 343u32,
         name: "cuLaunchGrid",
         form: None,
         library: "driver",
@@ -27115,8 +27890,8 @@ pub mod driver {
         },
     };
     pub static cuLaunchGridAsync: CallDesc = CallDesc {
-        wire: 347u32,
-        call: 336u32,
+        wire: 363u32,
+        call: 344u32,
         name: "cuLaunchGridAsync",
         form: None,
         library: "driver",
@@ -27149,8 +27924,8 @@ pub mod driver {
         },
     };
     pub static cuLaunchHostFunc__host: CallDesc = CallDesc {
-        wire: 348u32,
-        call: 337u32,
+        wire: 364u32,
+        call: 345u32,
         name: "cuLaunchHostFunc",
         form: Some("host"),
         library: "driver",
@@ -27179,8 +27954,8 @@ pub mod driver {
         },
     };
     pub static cuLaunchHostFunc_ptsz__host: CallDesc = CallDesc {
-        wire: 349u32,
-        call: 338u32,
+        wire: 365u32,
+        call: 346u32,
         name: "cuLaunchHostFunc_ptsz",
         form: Some("host"),
         library: "driver",
@@ -27209,8 +27984,8 @@ pub mod driver {
         },
     };
     pub static cuLibraryEnumerateKernels: CallDesc = CallDesc {
-        wire: 350u32,
-        call: 339u32,
+        wire: 366u32,
+        call: 347u32,
         name: "cuLibraryEnumerateKernels",
         form: None,
         library: "driver",
@@ -27236,8 +28011,8 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetGlobal: CallDesc = CallDesc {
-        wire: 351u32,
-        call: 340u32,
+        wire: 367u32,
+        call: 348u32,
         name: "cuLibraryGetGlobal",
         form: None,
         library: "driver",
@@ -27271,8 +28046,8 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetKernel: CallDesc = CallDesc {
-        wire: 352u32,
-        call: 341u32,
+        wire: 368u32,
+        call: 349u32,
         name: "cuLibraryGetKernel",
         form: None,
         library: "driver",
@@ -27295,8 +28070,8 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetKernelCount: CallDesc = CallDesc {
-        wire: 353u32,
-        call: 342u32,
+        wire: 369u32,
+        call: 350u32,
         name: "cuLibraryGetKernelCount",
         form: None,
         library: "driver",
@@ -27323,8 +28098,8 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetManaged: CallDesc = CallDesc {
-        wire: 354u32,
-        call: 343u32,
+        wire: 370u32,
+        call: 351u32,
         name: "cuLibraryGetManaged",
         form: None,
         library: "driver",
@@ -27358,8 +28133,8 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetModule: CallDesc = CallDesc {
-        wire: 355u32,
-        call: 344u32,
+        wire: 371u32,
+        call: 352u32,
         name: "cuLibraryGetModule",
         form: None,
         library: "driver",
@@ -27381,8 +28156,8 @@ pub mod driver {
         },
     };
     pub static cuLibraryUnload: CallDesc = CallDesc {
-        wire: 356u32,
-        call: 345u32,
+        wire: 372u32,
+        call: 353u32,
         name: "cuLibraryUnload",
         form: None,
         library: "driver",
@@ -27403,8 +28178,8 @@ pub mod driver {
         },
     };
     pub static cuLinkDestroy: CallDesc = CallDesc {
-        wire: 357u32,
-        call: 346u32,
+        wire: 373u32,
+        call: 354u32,
         name: "cuLinkDestroy",
         form: None,
         library: "driver",
@@ -27425,8 +28200,8 @@ pub mod driver {
         },
     };
     pub static cuLogsCurrent: CallDesc = CallDesc {
-        wire: 358u32,
-        call: 347u32,
+        wire: 374u32,
+        call: 355u32,
         name: "cuLogsCurrent",
         form: None,
         library: "driver",
@@ -27453,8 +28228,8 @@ pub mod driver {
         },
     };
     pub static cuLogsUnregisterCallback: CallDesc = CallDesc {
-        wire: 359u32,
-        call: 348u32,
+        wire: 375u32,
+        call: 356u32,
         name: "cuLogsUnregisterCallback",
         form: None,
         library: "driver",
@@ -27475,8 +28250,8 @@ pub mod driver {
         },
     };
     pub static cuMemAddressFree: CallDesc = CallDesc {
-        wire: 360u32,
-        call: 349u32,
+        wire: 376u32,
+        call: 357u32,
         name: "cuMemAddressFree",
         form: None,
         library: "driver",
@@ -27501,8 +28276,8 @@ pub mod driver {
         },
     };
     pub static cuMemAdvise: CallDesc = CallDesc {
-        wire: 361u32,
-        call: 350u32,
+        wire: 377u32,
+        call: 358u32,
         name: "cuMemAdvise",
         form: None,
         library: "driver",
@@ -27535,8 +28310,8 @@ pub mod driver {
         },
     };
     pub static cuMemAdvise_v2: CallDesc = CallDesc {
-        wire: 362u32,
-        call: 351u32,
+        wire: 378u32,
+        call: 359u32,
         name: "cuMemAdvise_v2",
         form: None,
         library: "driver",
@@ -27566,8 +28341,8 @@ pub mod driver {
         },
     };
     pub static cuMemAlloc_v2__call: CallDesc = CallDesc {
-        wire: 363u32,
-        call: 352u32,
+        wire: 379u32,
+        call: 360u32,
         name: "cuMemAlloc_v2",
         form: Some("call"),
         library: "driver",
@@ -27594,8 +28369,8 @@ pub mod driver {
         },
     };
     pub static cuMemFree: CallDesc = CallDesc {
-        wire: 364u32,
-        call: 353u32,
+        wire: 380u32,
+        call: 361u32,
         name: "cuMemFree",
         form: None,
         library: "driver",
@@ -27616,8 +28391,8 @@ pub mod driver {
         },
     };
     pub static cuMemFreeAsync: CallDesc = CallDesc {
-        wire: 365u32,
-        call: 354u32,
+        wire: 381u32,
+        call: 362u32,
         name: "cuMemFreeAsync",
         form: None,
         library: "driver",
@@ -27642,8 +28417,8 @@ pub mod driver {
         },
     };
     pub static cuMemFreeAsync_ptsz: CallDesc = CallDesc {
-        wire: 366u32,
-        call: 355u32,
+        wire: 382u32,
+        call: 363u32,
         name: "cuMemFreeAsync_ptsz",
         form: None,
         library: "driver",
@@ -27668,8 +28443,8 @@ pub mod driver {
         },
     };
     pub static cuMemFree_v2__call: CallDesc = CallDesc {
-        wire: 367u32,
-        call: 356u32,
+        wire: 383u32,
+        call: 364u32,
         name: "cuMemFree_v2",
         form: Some("call"),
         library: "driver",
@@ -27690,8 +28465,8 @@ pub mod driver {
         },
     };
     pub static cuMemGetAccess: CallDesc = CallDesc {
-        wire: 368u32,
-        call: 357u32,
+        wire: 384u32,
+        call: 365u32,
         name: "cuMemGetAccess",
         form: None,
         library: "driver",
@@ -27724,8 +28499,8 @@ pub mod driver {
         },
     };
     pub static cuMemGetInfo: CallDesc = CallDesc {
-        wire: 369u32,
-        call: 358u32,
+        wire: 385u32,
+        call: 366u32,
         name: "cuMemGetInfo",
         form: None,
         library: "driver",
@@ -27754,8 +28529,8 @@ pub mod driver {
         },
     };
     pub static cuMemGetInfo_v2: CallDesc = CallDesc {
-        wire: 370u32,
-        call: 359u32,
+        wire: 386u32,
+        call: 367u32,
         name: "cuMemGetInfo_v2",
         form: None,
         library: "driver",
@@ -27784,8 +28559,8 @@ pub mod driver {
         },
     };
     pub static cuMemMap: CallDesc = CallDesc {
-        wire: 371u32,
-        call: 360u32,
+        wire: 387u32,
+        call: 368u32,
         name: "cuMemMap",
         form: None,
         library: "driver",
@@ -27822,8 +28597,8 @@ pub mod driver {
         },
     };
     pub static cuMemPoolDestroy: CallDesc = CallDesc {
-        wire: 372u32,
-        call: 361u32,
+        wire: 388u32,
+        call: 369u32,
         name: "cuMemPoolDestroy",
         form: None,
         library: "driver",
@@ -27844,8 +28619,8 @@ pub mod driver {
         },
     };
     pub static cuMemPoolTrimTo: CallDesc = CallDesc {
-        wire: 373u32,
-        call: 362u32,
+        wire: 389u32,
+        call: 370u32,
         name: "cuMemPoolTrimTo",
         form: None,
         library: "driver",
@@ -27870,8 +28645,8 @@ pub mod driver {
         },
     };
     pub static cuMemPrefetchAsync: CallDesc = CallDesc {
-        wire: 374u32,
-        call: 363u32,
+        wire: 390u32,
+        call: 371u32,
         name: "cuMemPrefetchAsync",
         form: None,
         library: "driver",
@@ -27904,8 +28679,8 @@ pub mod driver {
         },
     };
     pub static cuMemPrefetchAsync_ptsz: CallDesc = CallDesc {
-        wire: 375u32,
-        call: 364u32,
+        wire: 391u32,
+        call: 372u32,
         name: "cuMemPrefetchAsync_ptsz",
         form: None,
         library: "driver",
@@ -27938,8 +28713,8 @@ pub mod driver {
         },
     };
     pub static cuMemPrefetchAsync_v2: CallDesc = CallDesc {
-        wire: 376u32,
-        call: 365u32,
+        wire: 392u32,
+        call: 373u32,
         name: "cuMemPrefetchAsync_v2",
         form: None,
         library: "driver",
@@ -27973,8 +28748,8 @@ pub mod driver {
         },
     };
     pub static cuMemPrefetchAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 377u32,
-        call: 366u32,
+        wire: 393u32,
+        call: 374u32,
         name: "cuMemPrefetchAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -28008,8 +28783,8 @@ pub mod driver {
         },
     };
     pub static cuMemRelease: CallDesc = CallDesc {
-        wire: 378u32,
-        call: 367u32,
+        wire: 394u32,
+        call: 375u32,
         name: "cuMemRelease",
         form: None,
         library: "driver",
@@ -28030,8 +28805,8 @@ pub mod driver {
         },
     };
     pub static cuMemUnmap: CallDesc = CallDesc {
-        wire: 379u32,
-        call: 368u32,
+        wire: 395u32,
+        call: 376u32,
         name: "cuMemUnmap",
         form: None,
         library: "driver",
@@ -28056,8 +28831,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpy: CallDesc = CallDesc {
-        wire: 380u32,
-        call: 369u32,
+        wire: 396u32,
+        call: 377u32,
         name: "cuMemcpy",
         form: None,
         library: "driver",
@@ -28086,8 +28861,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAsync: CallDesc = CallDesc {
-        wire: 381u32,
-        call: 370u32,
+        wire: 397u32,
+        call: 378u32,
         name: "cuMemcpyAsync",
         form: None,
         library: "driver",
@@ -28120,8 +28895,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAsync_ptsz: CallDesc = CallDesc {
-        wire: 382u32,
-        call: 371u32,
+        wire: 398u32,
+        call: 379u32,
         name: "cuMemcpyAsync_ptsz",
         form: None,
         library: "driver",
@@ -28154,8 +28929,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoA: CallDesc = CallDesc {
-        wire: 383u32,
-        call: 372u32,
+        wire: 399u32,
+        call: 380u32,
         name: "cuMemcpyAtoA",
         form: None,
         library: "driver",
@@ -28192,8 +28967,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoA_v2: CallDesc = CallDesc {
-        wire: 384u32,
-        call: 373u32,
+        wire: 400u32,
+        call: 381u32,
         name: "cuMemcpyAtoA_v2",
         form: None,
         library: "driver",
@@ -28230,8 +29005,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 385u32,
-        call: 374u32,
+        wire: 401u32,
+        call: 382u32,
         name: "cuMemcpyAtoA_v2_ptds",
         form: None,
         library: "driver",
@@ -28268,8 +29043,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoD: CallDesc = CallDesc {
-        wire: 386u32,
-        call: 375u32,
+        wire: 402u32,
+        call: 383u32,
         name: "cuMemcpyAtoD",
         form: None,
         library: "driver",
@@ -28302,8 +29077,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoD_v2: CallDesc = CallDesc {
-        wire: 387u32,
-        call: 376u32,
+        wire: 403u32,
+        call: 384u32,
         name: "cuMemcpyAtoD_v2",
         form: None,
         library: "driver",
@@ -28336,8 +29111,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 388u32,
-        call: 377u32,
+        wire: 404u32,
+        call: 385u32,
         name: "cuMemcpyAtoD_v2_ptds",
         form: None,
         library: "driver",
@@ -28370,8 +29145,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoA: CallDesc = CallDesc {
-        wire: 389u32,
-        call: 378u32,
+        wire: 405u32,
+        call: 386u32,
         name: "cuMemcpyDtoA",
         form: None,
         library: "driver",
@@ -28404,8 +29179,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoA_v2: CallDesc = CallDesc {
-        wire: 390u32,
-        call: 379u32,
+        wire: 406u32,
+        call: 387u32,
         name: "cuMemcpyDtoA_v2",
         form: None,
         library: "driver",
@@ -28438,8 +29213,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 391u32,
-        call: 380u32,
+        wire: 407u32,
+        call: 388u32,
         name: "cuMemcpyDtoA_v2_ptds",
         form: None,
         library: "driver",
@@ -28472,8 +29247,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoD: CallDesc = CallDesc {
-        wire: 392u32,
-        call: 381u32,
+        wire: 408u32,
+        call: 389u32,
         name: "cuMemcpyDtoD",
         form: None,
         library: "driver",
@@ -28502,8 +29277,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoDAsync: CallDesc = CallDesc {
-        wire: 393u32,
-        call: 382u32,
+        wire: 409u32,
+        call: 390u32,
         name: "cuMemcpyDtoDAsync",
         form: None,
         library: "driver",
@@ -28536,8 +29311,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoDAsync_v2: CallDesc = CallDesc {
-        wire: 394u32,
-        call: 383u32,
+        wire: 410u32,
+        call: 391u32,
         name: "cuMemcpyDtoDAsync_v2",
         form: None,
         library: "driver",
@@ -28570,8 +29345,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoDAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 395u32,
-        call: 384u32,
+        wire: 411u32,
+        call: 392u32,
         name: "cuMemcpyDtoDAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -28604,8 +29379,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoD_v2: CallDesc = CallDesc {
-        wire: 396u32,
-        call: 385u32,
+        wire: 412u32,
+        call: 393u32,
         name: "cuMemcpyDtoD_v2",
         form: None,
         library: "driver",
@@ -28634,8 +29409,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 397u32,
-        call: 386u32,
+        wire: 413u32,
+        call: 394u32,
         name: "cuMemcpyDtoD_v2_ptds",
         form: None,
         library: "driver",
@@ -28664,8 +29439,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoHAsync_v2__call: CallDesc = CallDesc {
-        wire: 398u32,
-        call: 387u32,
+        wire: 414u32,
+        call: 395u32,
         name: "cuMemcpyDtoHAsync_v2",
         form: Some("call"),
         library: "driver",
@@ -28700,8 +29475,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoHAsync_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 399u32,
-        call: 388u32,
+        wire: 415u32,
+        call: 396u32,
         name: "cuMemcpyDtoHAsync_v2_ptsz",
         form: Some("call"),
         library: "driver",
@@ -28736,8 +29511,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoH_v2__call: CallDesc = CallDesc {
-        wire: 400u32,
-        call: 389u32,
+        wire: 416u32,
+        call: 397u32,
         name: "cuMemcpyDtoH_v2",
         form: Some("call"),
         library: "driver",
@@ -28768,8 +29543,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoH_v2_ptds__call: CallDesc = CallDesc {
-        wire: 401u32,
-        call: 390u32,
+        wire: 417u32,
+        call: 398u32,
         name: "cuMemcpyDtoH_v2_ptds",
         form: Some("call"),
         library: "driver",
@@ -28800,8 +29575,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyHtoDAsync_v2__call: CallDesc = CallDesc {
-        wire: 402u32,
-        call: 391u32,
+        wire: 418u32,
+        call: 399u32,
         name: "cuMemcpyHtoDAsync_v2",
         form: Some("call"),
         library: "driver",
@@ -28836,8 +29611,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyHtoDAsync_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 403u32,
-        call: 392u32,
+        wire: 419u32,
+        call: 400u32,
         name: "cuMemcpyHtoDAsync_v2_ptsz",
         form: Some("call"),
         library: "driver",
@@ -28872,8 +29647,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyHtoD_v2__call: CallDesc = CallDesc {
-        wire: 404u32,
-        call: 393u32,
+        wire: 420u32,
+        call: 401u32,
         name: "cuMemcpyHtoD_v2",
         form: Some("call"),
         library: "driver",
@@ -28904,8 +29679,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyHtoD_v2_ptds__call: CallDesc = CallDesc {
-        wire: 405u32,
-        call: 394u32,
+        wire: 421u32,
+        call: 402u32,
         name: "cuMemcpyHtoD_v2_ptds",
         form: Some("call"),
         library: "driver",
@@ -28936,8 +29711,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyPeer: CallDesc = CallDesc {
-        wire: 406u32,
-        call: 395u32,
+        wire: 422u32,
+        call: 403u32,
         name: "cuMemcpyPeer",
         form: None,
         library: "driver",
@@ -28974,8 +29749,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyPeerAsync: CallDesc = CallDesc {
-        wire: 407u32,
-        call: 396u32,
+        wire: 423u32,
+        call: 404u32,
         name: "cuMemcpyPeerAsync",
         form: None,
         library: "driver",
@@ -29016,8 +29791,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyPeerAsync_ptsz: CallDesc = CallDesc {
-        wire: 408u32,
-        call: 397u32,
+        wire: 424u32,
+        call: 405u32,
         name: "cuMemcpyPeerAsync_ptsz",
         form: None,
         library: "driver",
@@ -29058,8 +29833,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyPeer_ptds: CallDesc = CallDesc {
-        wire: 409u32,
-        call: 398u32,
+        wire: 425u32,
+        call: 406u32,
         name: "cuMemcpyPeer_ptds",
         form: None,
         library: "driver",
@@ -29096,8 +29871,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpy_ptds: CallDesc = CallDesc {
-        wire: 410u32,
-        call: 399u32,
+        wire: 426u32,
+        call: 407u32,
         name: "cuMemcpy_ptds",
         form: None,
         library: "driver",
@@ -29126,8 +29901,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16: CallDesc = CallDesc {
-        wire: 411u32,
-        call: 400u32,
+        wire: 427u32,
+        call: 408u32,
         name: "cuMemsetD16",
         form: None,
         library: "driver",
@@ -29156,8 +29931,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16Async: CallDesc = CallDesc {
-        wire: 412u32,
-        call: 401u32,
+        wire: 428u32,
+        call: 409u32,
         name: "cuMemsetD16Async",
         form: None,
         library: "driver",
@@ -29190,8 +29965,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16Async_ptsz: CallDesc = CallDesc {
-        wire: 413u32,
-        call: 402u32,
+        wire: 429u32,
+        call: 410u32,
         name: "cuMemsetD16Async_ptsz",
         form: None,
         library: "driver",
@@ -29224,8 +29999,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16_v2: CallDesc = CallDesc {
-        wire: 414u32,
-        call: 403u32,
+        wire: 430u32,
+        call: 411u32,
         name: "cuMemsetD16_v2",
         form: None,
         library: "driver",
@@ -29254,8 +30029,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16_v2_ptds: CallDesc = CallDesc {
-        wire: 415u32,
-        call: 404u32,
+        wire: 431u32,
+        call: 412u32,
         name: "cuMemsetD16_v2_ptds",
         form: None,
         library: "driver",
@@ -29284,8 +30059,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16: CallDesc = CallDesc {
-        wire: 416u32,
-        call: 405u32,
+        wire: 432u32,
+        call: 413u32,
         name: "cuMemsetD2D16",
         form: None,
         library: "driver",
@@ -29322,8 +30097,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16Async: CallDesc = CallDesc {
-        wire: 417u32,
-        call: 406u32,
+        wire: 433u32,
+        call: 414u32,
         name: "cuMemsetD2D16Async",
         form: None,
         library: "driver",
@@ -29364,8 +30139,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16Async_ptsz: CallDesc = CallDesc {
-        wire: 418u32,
-        call: 407u32,
+        wire: 434u32,
+        call: 415u32,
         name: "cuMemsetD2D16Async_ptsz",
         form: None,
         library: "driver",
@@ -29406,8 +30181,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16_v2: CallDesc = CallDesc {
-        wire: 419u32,
-        call: 408u32,
+        wire: 435u32,
+        call: 416u32,
         name: "cuMemsetD2D16_v2",
         form: None,
         library: "driver",
@@ -29444,8 +30219,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16_v2_ptds: CallDesc = CallDesc {
-        wire: 420u32,
-        call: 409u32,
+        wire: 436u32,
+        call: 417u32,
         name: "cuMemsetD2D16_v2_ptds",
         form: None,
         library: "driver",
@@ -29482,8 +30257,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32: CallDesc = CallDesc {
-        wire: 421u32,
-        call: 410u32,
+        wire: 437u32,
+        call: 418u32,
         name: "cuMemsetD2D32",
         form: None,
         library: "driver",
@@ -29520,8 +30295,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32Async: CallDesc = CallDesc {
-        wire: 422u32,
-        call: 411u32,
+        wire: 438u32,
+        call: 419u32,
         name: "cuMemsetD2D32Async",
         form: None,
         library: "driver",
@@ -29562,8 +30337,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32Async_ptsz: CallDesc = CallDesc {
-        wire: 423u32,
-        call: 412u32,
+        wire: 439u32,
+        call: 420u32,
         name: "cuMemsetD2D32Async_ptsz",
         form: None,
         library: "driver",
@@ -29604,8 +30379,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32_v2: CallDesc = CallDesc {
-        wire: 424u32,
-        call: 413u32,
+        wire: 440u32,
+        call: 421u32,
         name: "cuMemsetD2D32_v2",
         form: None,
         library: "driver",
@@ -29642,8 +30417,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32_v2_ptds: CallDesc = CallDesc {
-        wire: 425u32,
-        call: 414u32,
+        wire: 441u32,
+        call: 422u32,
         name: "cuMemsetD2D32_v2_ptds",
         form: None,
         library: "driver",
@@ -29680,8 +30455,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8: CallDesc = CallDesc {
-        wire: 426u32,
-        call: 415u32,
+        wire: 442u32,
+        call: 423u32,
         name: "cuMemsetD2D8",
         form: None,
         library: "driver",
@@ -29718,8 +30493,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8Async: CallDesc = CallDesc {
-        wire: 427u32,
-        call: 416u32,
+        wire: 443u32,
+        call: 424u32,
         name: "cuMemsetD2D8Async",
         form: None,
         library: "driver",
@@ -29760,8 +30535,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8Async_ptsz: CallDesc = CallDesc {
-        wire: 428u32,
-        call: 417u32,
+        wire: 444u32,
+        call: 425u32,
         name: "cuMemsetD2D8Async_ptsz",
         form: None,
         library: "driver",
@@ -29802,8 +30577,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8_v2: CallDesc = CallDesc {
-        wire: 429u32,
-        call: 418u32,
+        wire: 445u32,
+        call: 426u32,
         name: "cuMemsetD2D8_v2",
         form: None,
         library: "driver",
@@ -29840,8 +30615,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8_v2_ptds: CallDesc = CallDesc {
-        wire: 430u32,
-        call: 419u32,
+        wire: 446u32,
+        call: 427u32,
         name: "cuMemsetD2D8_v2_ptds",
         form: None,
         library: "driver",
@@ -29878,8 +30653,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32: CallDesc = CallDesc {
-        wire: 431u32,
-        call: 420u32,
+        wire: 447u32,
+        call: 428u32,
         name: "cuMemsetD32",
         form: None,
         library: "driver",
@@ -29908,8 +30683,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32Async: CallDesc = CallDesc {
-        wire: 432u32,
-        call: 421u32,
+        wire: 448u32,
+        call: 429u32,
         name: "cuMemsetD32Async",
         form: None,
         library: "driver",
@@ -29942,8 +30717,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32Async_ptsz: CallDesc = CallDesc {
-        wire: 433u32,
-        call: 422u32,
+        wire: 449u32,
+        call: 430u32,
         name: "cuMemsetD32Async_ptsz",
         form: None,
         library: "driver",
@@ -29976,8 +30751,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32_v2: CallDesc = CallDesc {
-        wire: 434u32,
-        call: 423u32,
+        wire: 450u32,
+        call: 431u32,
         name: "cuMemsetD32_v2",
         form: None,
         library: "driver",
@@ -30006,8 +30781,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32_v2_ptds: CallDesc = CallDesc {
-        wire: 435u32,
-        call: 424u32,
+        wire: 451u32,
+        call: 432u32,
         name: "cuMemsetD32_v2_ptds",
         form: None,
         library: "driver",
@@ -30036,8 +30811,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8: CallDesc = CallDesc {
-        wire: 436u32,
-        call: 425u32,
+        wire: 452u32,
+        call: 433u32,
         name: "cuMemsetD8",
         form: None,
         library: "driver",
@@ -30066,8 +30841,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8Async: CallDesc = CallDesc {
-        wire: 437u32,
-        call: 426u32,
+        wire: 453u32,
+        call: 434u32,
         name: "cuMemsetD8Async",
         form: None,
         library: "driver",
@@ -30100,8 +30875,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8Async_ptsz: CallDesc = CallDesc {
-        wire: 438u32,
-        call: 427u32,
+        wire: 454u32,
+        call: 435u32,
         name: "cuMemsetD8Async_ptsz",
         form: None,
         library: "driver",
@@ -30134,8 +30909,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8_v2: CallDesc = CallDesc {
-        wire: 439u32,
-        call: 428u32,
+        wire: 455u32,
+        call: 436u32,
         name: "cuMemsetD8_v2",
         form: None,
         library: "driver",
@@ -30164,8 +30939,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8_v2_ptds: CallDesc = CallDesc {
-        wire: 440u32,
-        call: 429u32,
+        wire: 456u32,
+        call: 437u32,
         name: "cuMemsetD8_v2_ptds",
         form: None,
         library: "driver",
@@ -30194,8 +30969,8 @@ pub mod driver {
         },
     };
     pub static cuMipmappedArrayDestroy: CallDesc = CallDesc {
-        wire: 441u32,
-        call: 430u32,
+        wire: 457u32,
+        call: 438u32,
         name: "cuMipmappedArrayDestroy",
         form: None,
         library: "driver",
@@ -30216,8 +30991,8 @@ pub mod driver {
         },
     };
     pub static cuMipmappedArrayGetLevel: CallDesc = CallDesc {
-        wire: 442u32,
-        call: 431u32,
+        wire: 458u32,
+        call: 439u32,
         name: "cuMipmappedArrayGetLevel",
         form: None,
         library: "driver",
@@ -30243,8 +31018,8 @@ pub mod driver {
         },
     };
     pub static cuModuleEnumerateFunctions: CallDesc = CallDesc {
-        wire: 443u32,
-        call: 432u32,
+        wire: 459u32,
+        call: 440u32,
         name: "cuModuleEnumerateFunctions",
         form: None,
         library: "driver",
@@ -30270,8 +31045,8 @@ pub mod driver {
         },
     };
     pub static cuModuleGetFunction: CallDesc = CallDesc {
-        wire: 444u32,
-        call: 433u32,
+        wire: 460u32,
+        call: 441u32,
         name: "cuModuleGetFunction",
         form: None,
         library: "driver",
@@ -30294,8 +31069,8 @@ pub mod driver {
         },
     };
     pub static cuModuleGetFunctionCount: CallDesc = CallDesc {
-        wire: 445u32,
-        call: 434u32,
+        wire: 461u32,
+        call: 442u32,
         name: "cuModuleGetFunctionCount",
         form: None,
         library: "driver",
@@ -30322,8 +31097,8 @@ pub mod driver {
         },
     };
     pub static cuModuleGetGlobal: CallDesc = CallDesc {
-        wire: 446u32,
-        call: 435u32,
+        wire: 462u32,
+        call: 443u32,
         name: "cuModuleGetGlobal",
         form: None,
         library: "driver",
@@ -30357,8 +31132,8 @@ pub mod driver {
         },
     };
     pub static cuModuleGetGlobal_v2: CallDesc = CallDesc {
-        wire: 447u32,
-        call: 436u32,
+        wire: 463u32,
+        call: 444u32,
         name: "cuModuleGetGlobal_v2",
         form: None,
         library: "driver",
@@ -30392,8 +31167,8 @@ pub mod driver {
         },
     };
     pub static cuModuleGetLoadingMode: CallDesc = CallDesc {
-        wire: 448u32,
-        call: 437u32,
+        wire: 464u32,
+        call: 445u32,
         name: "cuModuleGetLoadingMode",
         form: None,
         library: "driver",
@@ -30416,8 +31191,8 @@ pub mod driver {
         },
     };
     pub static cuModuleGetSurfRef: CallDesc = CallDesc {
-        wire: 449u32,
-        call: 438u32,
+        wire: 465u32,
+        call: 446u32,
         name: "cuModuleGetSurfRef",
         form: None,
         library: "driver",
@@ -30440,8 +31215,8 @@ pub mod driver {
         },
     };
     pub static cuModuleGetTexRef: CallDesc = CallDesc {
-        wire: 450u32,
-        call: 439u32,
+        wire: 466u32,
+        call: 447u32,
         name: "cuModuleGetTexRef",
         form: None,
         library: "driver",
@@ -30463,31 +31238,9 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuModuleUnload: CallDesc = CallDesc {
-        wire: 451u32,
-        call: 440u32,
-        name: "cuModuleUnload",
-        form: None,
-        library: "driver",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 21u16,
-                destroy: true,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-        },
-    };
     pub static cuMulticastAddDevice: CallDesc = CallDesc {
-        wire: 452u32,
-        call: 441u32,
+        wire: 467u32,
+        call: 448u32,
         name: "cuMulticastAddDevice",
         form: None,
         library: "driver",
@@ -30512,8 +31265,8 @@ pub mod driver {
         },
     };
     pub static cuMulticastBindAddr: CallDesc = CallDesc {
-        wire: 453u32,
-        call: 442u32,
+        wire: 468u32,
+        call: 449u32,
         name: "cuMulticastBindAddr",
         form: None,
         library: "driver",
@@ -30550,8 +31303,8 @@ pub mod driver {
         },
     };
     pub static cuMulticastBindAddr_v2: CallDesc = CallDesc {
-        wire: 454u32,
-        call: 443u32,
+        wire: 469u32,
+        call: 450u32,
         name: "cuMulticastBindAddr_v2",
         form: None,
         library: "driver",
@@ -30592,8 +31345,8 @@ pub mod driver {
         },
     };
     pub static cuMulticastBindMem: CallDesc = CallDesc {
-        wire: 455u32,
-        call: 444u32,
+        wire: 470u32,
+        call: 451u32,
         name: "cuMulticastBindMem",
         form: None,
         library: "driver",
@@ -30634,8 +31387,8 @@ pub mod driver {
         },
     };
     pub static cuMulticastBindMem_v2: CallDesc = CallDesc {
-        wire: 456u32,
-        call: 445u32,
+        wire: 471u32,
+        call: 452u32,
         name: "cuMulticastBindMem_v2",
         form: None,
         library: "driver",
@@ -30680,8 +31433,8 @@ pub mod driver {
         },
     };
     pub static cuMulticastCreate: CallDesc = CallDesc {
-        wire: 457u32,
-        call: 446u32,
+        wire: 472u32,
+        call: 453u32,
         name: "cuMulticastCreate",
         form: None,
         library: "driver",
@@ -30710,8 +31463,8 @@ pub mod driver {
         },
     };
     pub static cuMulticastGetGranularity: CallDesc = CallDesc {
-        wire: 458u32,
-        call: 447u32,
+        wire: 473u32,
+        call: 454u32,
         name: "cuMulticastGetGranularity",
         form: None,
         library: "driver",
@@ -30744,8 +31497,8 @@ pub mod driver {
         },
     };
     pub static cuMulticastUnbind: CallDesc = CallDesc {
-        wire: 459u32,
-        call: 448u32,
+        wire: 474u32,
+        call: 455u32,
         name: "cuMulticastUnbind",
         form: None,
         library: "driver",
@@ -30777,9 +31530,85 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
+    pub static cuOccupancyMaxActiveBlocksPerMultiprocessor: CallDesc = CallDesc {
+        wire: 475u32,
+        call: 456u32,
+        name: "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 9u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags: CallDesc = CallDesc {
+        wire: 476u32,
+        call: 457u32,
+        name: "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 9u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
     pub static cuParamSetSize: CallDesc = CallDesc {
-        wire: 460u32,
-        call: 449u32,
+        wire: 477u32,
+        call: 458u32,
         name: "cuParamSetSize",
         form: None,
         library: "driver",
@@ -30804,8 +31633,8 @@ pub mod driver {
         },
     };
     pub static cuParamSetTexRef: CallDesc = CallDesc {
-        wire: 461u32,
-        call: 450u32,
+        wire: 478u32,
+        call: 459u32,
         name: "cuParamSetTexRef",
         form: None,
         library: "driver",
@@ -30834,8 +31663,8 @@ pub mod driver {
         },
     };
     pub static cuParamSetf: CallDesc = CallDesc {
-        wire: 462u32,
-        call: 451u32,
+        wire: 479u32,
+        call: 460u32,
         name: "cuParamSetf",
         form: None,
         library: "driver",
@@ -30864,8 +31693,8 @@ pub mod driver {
         },
     };
     pub static cuParamSeti: CallDesc = CallDesc {
-        wire: 463u32,
-        call: 452u32,
+        wire: 480u32,
+        call: 461u32,
         name: "cuParamSeti",
         form: None,
         library: "driver",
@@ -30894,8 +31723,8 @@ pub mod driver {
         },
     };
     pub static cuStreamAttachMemAsync: CallDesc = CallDesc {
-        wire: 464u32,
-        call: 453u32,
+        wire: 481u32,
+        call: 462u32,
         name: "cuStreamAttachMemAsync",
         form: None,
         library: "driver",
@@ -30928,8 +31757,8 @@ pub mod driver {
         },
     };
     pub static cuStreamAttachMemAsync_ptsz: CallDesc = CallDesc {
-        wire: 465u32,
-        call: 454u32,
+        wire: 482u32,
+        call: 463u32,
         name: "cuStreamAttachMemAsync_ptsz",
         form: None,
         library: "driver",
@@ -30962,8 +31791,8 @@ pub mod driver {
         },
     };
     pub static cuStreamBeginCapture: CallDesc = CallDesc {
-        wire: 466u32,
-        call: 455u32,
+        wire: 483u32,
+        call: 464u32,
         name: "cuStreamBeginCapture",
         form: None,
         library: "driver",
@@ -30984,8 +31813,8 @@ pub mod driver {
         },
     };
     pub static cuStreamBeginCapture_ptsz: CallDesc = CallDesc {
-        wire: 467u32,
-        call: 456u32,
+        wire: 484u32,
+        call: 465u32,
         name: "cuStreamBeginCapture_ptsz",
         form: None,
         library: "driver",
@@ -31006,8 +31835,8 @@ pub mod driver {
         },
     };
     pub static cuStreamBeginCapture_v2: CallDesc = CallDesc {
-        wire: 468u32,
-        call: 457u32,
+        wire: 485u32,
+        call: 466u32,
         name: "cuStreamBeginCapture_v2",
         form: None,
         library: "driver",
@@ -31032,8 +31861,8 @@ pub mod driver {
         },
     };
     pub static cuStreamBeginCapture_v2_ptsz: CallDesc = CallDesc {
-        wire: 469u32,
-        call: 458u32,
+        wire: 486u32,
+        call: 467u32,
         name: "cuStreamBeginCapture_v2_ptsz",
         form: None,
         library: "driver",
@@ -31058,8 +31887,8 @@ pub mod driver {
         },
     };
     pub static cuStreamCopyAttributes: CallDesc = CallDesc {
-        wire: 470u32,
-        call: 459u32,
+        wire: 487u32,
+        call: 468u32,
         name: "cuStreamCopyAttributes",
         form: None,
         library: "driver",
@@ -31084,8 +31913,8 @@ pub mod driver {
         },
     };
     pub static cuStreamCopyAttributes_ptsz: CallDesc = CallDesc {
-        wire: 471u32,
-        call: 460u32,
+        wire: 488u32,
+        call: 469u32,
         name: "cuStreamCopyAttributes_ptsz",
         form: None,
         library: "driver",
@@ -31110,8 +31939,8 @@ pub mod driver {
         },
     };
     pub static cuStreamCreate: CallDesc = CallDesc {
-        wire: 472u32,
-        call: 461u32,
+        wire: 489u32,
+        call: 470u32,
         name: "cuStreamCreate",
         form: None,
         library: "driver",
@@ -31133,8 +31962,8 @@ pub mod driver {
         },
     };
     pub static cuStreamCreateWithPriority: CallDesc = CallDesc {
-        wire: 473u32,
-        call: 462u32,
+        wire: 490u32,
+        call: 471u32,
         name: "cuStreamCreateWithPriority",
         form: None,
         library: "driver",
@@ -31160,8 +31989,8 @@ pub mod driver {
         },
     };
     pub static cuStreamDestroy: CallDesc = CallDesc {
-        wire: 474u32,
-        call: 463u32,
+        wire: 491u32,
+        call: 472u32,
         name: "cuStreamDestroy",
         form: None,
         library: "driver",
@@ -31182,8 +32011,8 @@ pub mod driver {
         },
     };
     pub static cuStreamDestroy_v2: CallDesc = CallDesc {
-        wire: 475u32,
-        call: 464u32,
+        wire: 492u32,
+        call: 473u32,
         name: "cuStreamDestroy_v2",
         form: None,
         library: "driver",
@@ -31204,8 +32033,8 @@ pub mod driver {
         },
     };
     pub static cuStreamEndCapture: CallDesc = CallDesc {
-        wire: 476u32,
-        call: 465u32,
+        wire: 493u32,
+        call: 474u32,
         name: "cuStreamEndCapture",
         form: None,
         library: "driver",
@@ -31227,8 +32056,8 @@ pub mod driver {
         },
     };
     pub static cuStreamEndCapture_ptsz: CallDesc = CallDesc {
-        wire: 477u32,
-        call: 466u32,
+        wire: 494u32,
+        call: 475u32,
         name: "cuStreamEndCapture_ptsz",
         form: None,
         library: "driver",
@@ -31250,8 +32079,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCaptureInfo: CallDesc = CallDesc {
-        wire: 478u32,
-        call: 467u32,
+        wire: 495u32,
+        call: 476u32,
         name: "cuStreamGetCaptureInfo",
         form: None,
         library: "driver",
@@ -31284,8 +32113,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCaptureInfo_ptsz: CallDesc = CallDesc {
-        wire: 479u32,
-        call: 468u32,
+        wire: 496u32,
+        call: 477u32,
         name: "cuStreamGetCaptureInfo_ptsz",
         form: None,
         library: "driver",
@@ -31318,8 +32147,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCtx: CallDesc = CallDesc {
-        wire: 480u32,
-        call: 469u32,
+        wire: 497u32,
+        call: 478u32,
         name: "cuStreamGetCtx",
         form: None,
         library: "driver",
@@ -31341,8 +32170,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCtx_ptsz: CallDesc = CallDesc {
-        wire: 481u32,
-        call: 470u32,
+        wire: 498u32,
+        call: 479u32,
         name: "cuStreamGetCtx_ptsz",
         form: None,
         library: "driver",
@@ -31364,8 +32193,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCtx_v2: CallDesc = CallDesc {
-        wire: 482u32,
-        call: 471u32,
+        wire: 499u32,
+        call: 480u32,
         name: "cuStreamGetCtx_v2",
         form: None,
         library: "driver",
@@ -31388,8 +32217,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCtx_v2_ptsz: CallDesc = CallDesc {
-        wire: 483u32,
-        call: 472u32,
+        wire: 500u32,
+        call: 481u32,
         name: "cuStreamGetCtx_v2_ptsz",
         form: None,
         library: "driver",
@@ -31412,8 +32241,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetDevice: CallDesc = CallDesc {
-        wire: 484u32,
-        call: 473u32,
+        wire: 501u32,
+        call: 482u32,
         name: "cuStreamGetDevice",
         form: None,
         library: "driver",
@@ -31440,8 +32269,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetDevice_ptsz: CallDesc = CallDesc {
-        wire: 485u32,
-        call: 474u32,
+        wire: 502u32,
+        call: 483u32,
         name: "cuStreamGetDevice_ptsz",
         form: None,
         library: "driver",
@@ -31468,8 +32297,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetFlags: CallDesc = CallDesc {
-        wire: 486u32,
-        call: 475u32,
+        wire: 503u32,
+        call: 484u32,
         name: "cuStreamGetFlags",
         form: None,
         library: "driver",
@@ -31496,8 +32325,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetFlags_ptsz: CallDesc = CallDesc {
-        wire: 487u32,
-        call: 476u32,
+        wire: 504u32,
+        call: 485u32,
         name: "cuStreamGetFlags_ptsz",
         form: None,
         library: "driver",
@@ -31524,8 +32353,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetGreenCtx: CallDesc = CallDesc {
-        wire: 488u32,
-        call: 477u32,
+        wire: 505u32,
+        call: 486u32,
         name: "cuStreamGetGreenCtx",
         form: None,
         library: "driver",
@@ -31547,8 +32376,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetId: CallDesc = CallDesc {
-        wire: 489u32,
-        call: 478u32,
+        wire: 506u32,
+        call: 487u32,
         name: "cuStreamGetId",
         form: None,
         library: "driver",
@@ -31575,8 +32404,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetId_ptsz: CallDesc = CallDesc {
-        wire: 490u32,
-        call: 479u32,
+        wire: 507u32,
+        call: 488u32,
         name: "cuStreamGetId_ptsz",
         form: None,
         library: "driver",
@@ -31603,8 +32432,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetPriority: CallDesc = CallDesc {
-        wire: 491u32,
-        call: 480u32,
+        wire: 508u32,
+        call: 489u32,
         name: "cuStreamGetPriority",
         form: None,
         library: "driver",
@@ -31631,8 +32460,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetPriority_ptsz: CallDesc = CallDesc {
-        wire: 492u32,
-        call: 481u32,
+        wire: 509u32,
+        call: 490u32,
         name: "cuStreamGetPriority_ptsz",
         form: None,
         library: "driver",
@@ -31659,8 +32488,8 @@ pub mod driver {
         },
     };
     pub static cuStreamIsCapturing: CallDesc = CallDesc {
-        wire: 493u32,
-        call: 482u32,
+        wire: 510u32,
+        call: 491u32,
         name: "cuStreamIsCapturing",
         form: None,
         library: "driver",
@@ -31687,8 +32516,8 @@ pub mod driver {
         },
     };
     pub static cuStreamIsCapturing_ptsz: CallDesc = CallDesc {
-        wire: 494u32,
-        call: 483u32,
+        wire: 511u32,
+        call: 492u32,
         name: "cuStreamIsCapturing_ptsz",
         form: None,
         library: "driver",
@@ -31715,8 +32544,8 @@ pub mod driver {
         },
     };
     pub static cuStreamQuery: CallDesc = CallDesc {
-        wire: 495u32,
-        call: 484u32,
+        wire: 512u32,
+        call: 493u32,
         name: "cuStreamQuery",
         form: None,
         library: "driver",
@@ -31737,8 +32566,8 @@ pub mod driver {
         },
     };
     pub static cuStreamQuery_ptsz: CallDesc = CallDesc {
-        wire: 496u32,
-        call: 485u32,
+        wire: 513u32,
+        call: 494u32,
         name: "cuStreamQuery_ptsz",
         form: None,
         library: "driver",
@@ -31759,8 +32588,8 @@ pub mod driver {
         },
     };
     pub static cuStreamSynchronize: CallDesc = CallDesc {
-        wire: 497u32,
-        call: 486u32,
+        wire: 514u32,
+        call: 495u32,
         name: "cuStreamSynchronize",
         form: None,
         library: "driver",
@@ -31781,8 +32610,8 @@ pub mod driver {
         },
     };
     pub static cuStreamSynchronize_ptsz: CallDesc = CallDesc {
-        wire: 498u32,
-        call: 487u32,
+        wire: 515u32,
+        call: 496u32,
         name: "cuStreamSynchronize_ptsz",
         form: None,
         library: "driver",
@@ -31803,8 +32632,8 @@ pub mod driver {
         },
     };
     pub static cuStreamUpdateCaptureDependencies: CallDesc = CallDesc {
-        wire: 499u32,
-        call: 488u32,
+        wire: 516u32,
+        call: 497u32,
         name: "cuStreamUpdateCaptureDependencies",
         form: None,
         library: "driver",
@@ -31834,8 +32663,8 @@ pub mod driver {
         },
     };
     pub static cuStreamUpdateCaptureDependencies_ptsz: CallDesc = CallDesc {
-        wire: 500u32,
-        call: 489u32,
+        wire: 517u32,
+        call: 498u32,
         name: "cuStreamUpdateCaptureDependencies_ptsz",
         form: None,
         library: "driver",
@@ -31865,8 +32694,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitEvent: CallDesc = CallDesc {
-        wire: 501u32,
-        call: 490u32,
+        wire: 518u32,
+        call: 499u32,
         name: "cuStreamWaitEvent",
         form: None,
         library: "driver",
@@ -31895,8 +32724,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitEvent_ptsz: CallDesc = CallDesc {
-        wire: 502u32,
-        call: 491u32,
+        wire: 519u32,
+        call: 500u32,
         name: "cuStreamWaitEvent_ptsz",
         form: None,
         library: "driver",
@@ -31925,8 +32754,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue32: CallDesc = CallDesc {
-        wire: 503u32,
-        call: 492u32,
+        wire: 520u32,
+        call: 501u32,
         name: "cuStreamWaitValue32",
         form: None,
         library: "driver",
@@ -31959,8 +32788,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue32_ptsz: CallDesc = CallDesc {
-        wire: 504u32,
-        call: 493u32,
+        wire: 521u32,
+        call: 502u32,
         name: "cuStreamWaitValue32_ptsz",
         form: None,
         library: "driver",
@@ -31993,8 +32822,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue32_v2: CallDesc = CallDesc {
-        wire: 505u32,
-        call: 494u32,
+        wire: 522u32,
+        call: 503u32,
         name: "cuStreamWaitValue32_v2",
         form: None,
         library: "driver",
@@ -32027,8 +32856,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 506u32,
-        call: 495u32,
+        wire: 523u32,
+        call: 504u32,
         name: "cuStreamWaitValue32_v2_ptsz",
         form: None,
         library: "driver",
@@ -32061,8 +32890,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue64: CallDesc = CallDesc {
-        wire: 507u32,
-        call: 496u32,
+        wire: 524u32,
+        call: 505u32,
         name: "cuStreamWaitValue64",
         form: None,
         library: "driver",
@@ -32095,8 +32924,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue64_ptsz: CallDesc = CallDesc {
-        wire: 508u32,
-        call: 497u32,
+        wire: 525u32,
+        call: 506u32,
         name: "cuStreamWaitValue64_ptsz",
         form: None,
         library: "driver",
@@ -32129,8 +32958,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue64_v2: CallDesc = CallDesc {
-        wire: 509u32,
-        call: 498u32,
+        wire: 526u32,
+        call: 507u32,
         name: "cuStreamWaitValue64_v2",
         form: None,
         library: "driver",
@@ -32163,8 +32992,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 510u32,
-        call: 499u32,
+        wire: 527u32,
+        call: 508u32,
         name: "cuStreamWaitValue64_v2_ptsz",
         form: None,
         library: "driver",
@@ -32197,8 +33026,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue32: CallDesc = CallDesc {
-        wire: 511u32,
-        call: 500u32,
+        wire: 528u32,
+        call: 509u32,
         name: "cuStreamWriteValue32",
         form: None,
         library: "driver",
@@ -32231,8 +33060,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue32_ptsz: CallDesc = CallDesc {
-        wire: 512u32,
-        call: 501u32,
+        wire: 529u32,
+        call: 510u32,
         name: "cuStreamWriteValue32_ptsz",
         form: None,
         library: "driver",
@@ -32265,8 +33094,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue32_v2: CallDesc = CallDesc {
-        wire: 513u32,
-        call: 502u32,
+        wire: 530u32,
+        call: 511u32,
         name: "cuStreamWriteValue32_v2",
         form: None,
         library: "driver",
@@ -32299,8 +33128,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 514u32,
-        call: 503u32,
+        wire: 531u32,
+        call: 512u32,
         name: "cuStreamWriteValue32_v2_ptsz",
         form: None,
         library: "driver",
@@ -32333,8 +33162,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue64: CallDesc = CallDesc {
-        wire: 515u32,
-        call: 504u32,
+        wire: 532u32,
+        call: 513u32,
         name: "cuStreamWriteValue64",
         form: None,
         library: "driver",
@@ -32367,8 +33196,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue64_ptsz: CallDesc = CallDesc {
-        wire: 516u32,
-        call: 505u32,
+        wire: 533u32,
+        call: 514u32,
         name: "cuStreamWriteValue64_ptsz",
         form: None,
         library: "driver",
@@ -32401,8 +33230,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue64_v2: CallDesc = CallDesc {
-        wire: 517u32,
-        call: 506u32,
+        wire: 534u32,
+        call: 515u32,
         name: "cuStreamWriteValue64_v2",
         form: None,
         library: "driver",
@@ -32435,8 +33264,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 518u32,
-        call: 507u32,
+        wire: 535u32,
+        call: 516u32,
         name: "cuStreamWriteValue64_v2_ptsz",
         form: None,
         library: "driver",
@@ -32469,8 +33298,8 @@ pub mod driver {
         },
     };
     pub static cuSurfObjectDestroy: CallDesc = CallDesc {
-        wire: 519u32,
-        call: 508u32,
+        wire: 536u32,
+        call: 517u32,
         name: "cuSurfObjectDestroy",
         form: None,
         library: "driver",
@@ -32491,8 +33320,8 @@ pub mod driver {
         },
     };
     pub static cuSurfRefGetArray: CallDesc = CallDesc {
-        wire: 520u32,
-        call: 509u32,
+        wire: 537u32,
+        call: 518u32,
         name: "cuSurfRefGetArray",
         form: None,
         library: "driver",
@@ -32514,8 +33343,8 @@ pub mod driver {
         },
     };
     pub static cuSurfRefSetArray: CallDesc = CallDesc {
-        wire: 521u32,
-        call: 510u32,
+        wire: 538u32,
+        call: 519u32,
         name: "cuSurfRefSetArray",
         form: None,
         library: "driver",
@@ -32544,8 +33373,8 @@ pub mod driver {
         },
     };
     pub static cuTexObjectDestroy: CallDesc = CallDesc {
-        wire: 522u32,
-        call: 511u32,
+        wire: 539u32,
+        call: 520u32,
         name: "cuTexObjectDestroy",
         form: None,
         library: "driver",
@@ -32566,8 +33395,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefCreate: CallDesc = CallDesc {
-        wire: 523u32,
-        call: 512u32,
+        wire: 540u32,
+        call: 521u32,
         name: "cuTexRefCreate",
         form: None,
         library: "driver",
@@ -32583,8 +33412,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefDestroy: CallDesc = CallDesc {
-        wire: 524u32,
-        call: 513u32,
+        wire: 541u32,
+        call: 522u32,
         name: "cuTexRefDestroy",
         form: None,
         library: "driver",
@@ -32605,8 +33434,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetAddress: CallDesc = CallDesc {
-        wire: 525u32,
-        call: 514u32,
+        wire: 542u32,
+        call: 523u32,
         name: "cuTexRefGetAddress",
         form: None,
         library: "driver",
@@ -32633,8 +33462,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetAddressMode: CallDesc = CallDesc {
-        wire: 526u32,
-        call: 515u32,
+        wire: 543u32,
+        call: 524u32,
         name: "cuTexRefGetAddressMode",
         form: None,
         library: "driver",
@@ -32665,8 +33494,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetAddress_v2: CallDesc = CallDesc {
-        wire: 527u32,
-        call: 516u32,
+        wire: 544u32,
+        call: 525u32,
         name: "cuTexRefGetAddress_v2",
         form: None,
         library: "driver",
@@ -32693,8 +33522,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetArray: CallDesc = CallDesc {
-        wire: 528u32,
-        call: 517u32,
+        wire: 545u32,
+        call: 526u32,
         name: "cuTexRefGetArray",
         form: None,
         library: "driver",
@@ -32716,8 +33545,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetBorderColor: CallDesc = CallDesc {
-        wire: 529u32,
-        call: 518u32,
+        wire: 546u32,
+        call: 527u32,
         name: "cuTexRefGetBorderColor",
         form: None,
         library: "driver",
@@ -32744,8 +33573,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetFilterMode: CallDesc = CallDesc {
-        wire: 530u32,
-        call: 519u32,
+        wire: 547u32,
+        call: 528u32,
         name: "cuTexRefGetFilterMode",
         form: None,
         library: "driver",
@@ -32772,8 +33601,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetFlags: CallDesc = CallDesc {
-        wire: 531u32,
-        call: 520u32,
+        wire: 548u32,
+        call: 529u32,
         name: "cuTexRefGetFlags",
         form: None,
         library: "driver",
@@ -32800,8 +33629,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 532u32,
-        call: 521u32,
+        wire: 549u32,
+        call: 530u32,
         name: "cuTexRefGetMaxAnisotropy",
         form: None,
         library: "driver",
@@ -32828,8 +33657,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 533u32,
-        call: 522u32,
+        wire: 550u32,
+        call: 531u32,
         name: "cuTexRefGetMipmapFilterMode",
         form: None,
         library: "driver",
@@ -32856,8 +33685,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 534u32,
-        call: 523u32,
+        wire: 551u32,
+        call: 532u32,
         name: "cuTexRefGetMipmapLevelBias",
         form: None,
         library: "driver",
@@ -32884,8 +33713,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 535u32,
-        call: 524u32,
+        wire: 552u32,
+        call: 533u32,
         name: "cuTexRefGetMipmapLevelClamp",
         form: None,
         library: "driver",
@@ -32918,8 +33747,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMipmappedArray: CallDesc = CallDesc {
-        wire: 536u32,
-        call: 525u32,
+        wire: 553u32,
+        call: 534u32,
         name: "cuTexRefGetMipmappedArray",
         form: None,
         library: "driver",
@@ -32941,8 +33770,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress: CallDesc = CallDesc {
-        wire: 537u32,
-        call: 526u32,
+        wire: 554u32,
+        call: 535u32,
         name: "cuTexRefSetAddress",
         form: None,
         library: "driver",
@@ -32977,8 +33806,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress2D: CallDesc = CallDesc {
-        wire: 538u32,
-        call: 527u32,
+        wire: 555u32,
+        call: 536u32,
         name: "cuTexRefSetAddress2D",
         form: None,
         library: "driver",
@@ -33013,8 +33842,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress2D_v2: CallDesc = CallDesc {
-        wire: 539u32,
-        call: 528u32,
+        wire: 556u32,
+        call: 537u32,
         name: "cuTexRefSetAddress2D_v2",
         form: None,
         library: "driver",
@@ -33049,8 +33878,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress2D_v3: CallDesc = CallDesc {
-        wire: 540u32,
-        call: 529u32,
+        wire: 557u32,
+        call: 538u32,
         name: "cuTexRefSetAddress2D_v3",
         form: None,
         library: "driver",
@@ -33085,8 +33914,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddressMode: CallDesc = CallDesc {
-        wire: 541u32,
-        call: 530u32,
+        wire: 558u32,
+        call: 539u32,
         name: "cuTexRefSetAddressMode",
         form: None,
         library: "driver",
@@ -33115,8 +33944,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress_v2: CallDesc = CallDesc {
-        wire: 542u32,
-        call: 531u32,
+        wire: 559u32,
+        call: 540u32,
         name: "cuTexRefSetAddress_v2",
         form: None,
         library: "driver",
@@ -33151,8 +33980,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetArray: CallDesc = CallDesc {
-        wire: 543u32,
-        call: 532u32,
+        wire: 560u32,
+        call: 541u32,
         name: "cuTexRefSetArray",
         form: None,
         library: "driver",
@@ -33181,8 +34010,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetBorderColor: CallDesc = CallDesc {
-        wire: 544u32,
-        call: 533u32,
+        wire: 561u32,
+        call: 542u32,
         name: "cuTexRefSetBorderColor",
         form: None,
         library: "driver",
@@ -33209,8 +34038,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetFilterMode: CallDesc = CallDesc {
-        wire: 545u32,
-        call: 534u32,
+        wire: 562u32,
+        call: 543u32,
         name: "cuTexRefSetFilterMode",
         form: None,
         library: "driver",
@@ -33235,8 +34064,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetFlags: CallDesc = CallDesc {
-        wire: 546u32,
-        call: 535u32,
+        wire: 563u32,
+        call: 544u32,
         name: "cuTexRefSetFlags",
         form: None,
         library: "driver",
@@ -33261,8 +34090,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetFormat: CallDesc = CallDesc {
-        wire: 547u32,
-        call: 536u32,
+        wire: 564u32,
+        call: 545u32,
         name: "cuTexRefSetFormat",
         form: None,
         library: "driver",
@@ -33291,8 +34120,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 548u32,
-        call: 537u32,
+        wire: 565u32,
+        call: 546u32,
         name: "cuTexRefSetMaxAnisotropy",
         form: None,
         library: "driver",
@@ -33317,8 +34146,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 549u32,
-        call: 538u32,
+        wire: 566u32,
+        call: 547u32,
         name: "cuTexRefSetMipmapFilterMode",
         form: None,
         library: "driver",
@@ -33343,8 +34172,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 550u32,
-        call: 539u32,
+        wire: 567u32,
+        call: 548u32,
         name: "cuTexRefSetMipmapLevelBias",
         form: None,
         library: "driver",
@@ -33369,8 +34198,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 551u32,
-        call: 540u32,
+        wire: 568u32,
+        call: 549u32,
         name: "cuTexRefSetMipmapLevelClamp",
         form: None,
         library: "driver",
@@ -33399,8 +34228,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMipmappedArray: CallDesc = CallDesc {
-        wire: 552u32,
-        call: 541u32,
+        wire: 569u32,
+        call: 550u32,
         name: "cuTexRefSetMipmappedArray",
         form: None,
         library: "driver",
@@ -33429,8 +34258,8 @@ pub mod driver {
         },
     };
     pub static cuThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
-        wire: 553u32,
-        call: 542u32,
+        wire: 570u32,
+        call: 551u32,
         name: "cuThreadExchangeStreamCaptureMode",
         form: None,
         library: "driver",
@@ -33453,8 +34282,8 @@ pub mod driver {
         },
     };
     pub static cuUserObjectRelease: CallDesc = CallDesc {
-        wire: 554u32,
-        call: 543u32,
+        wire: 571u32,
+        call: 552u32,
         name: "cuUserObjectRelease",
         form: None,
         library: "driver",
@@ -33479,8 +34308,8 @@ pub mod driver {
         },
     };
     pub static cuUserObjectRetain: CallDesc = CallDesc {
-        wire: 555u32,
-        call: 544u32,
+        wire: 572u32,
+        call: 553u32,
         name: "cuUserObjectRetain",
         form: None,
         library: "driver",
@@ -33508,8 +34337,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 1279u32,
-        call: 1146u32,
+        wire: 1296u32,
+        call: 1155u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -33530,8 +34359,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 1280u32,
-        call: 1147u32,
+        wire: 1297u32,
+        call: 1156u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -33552,8 +34381,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 1281u32,
-        call: 1148u32,
+        wire: 1298u32,
+        call: 1157u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -33574,8 +34403,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 1282u32,
-        call: 1149u32,
+        wire: 1299u32,
+        call: 1158u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -33602,8 +34431,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 1283u32,
-        call: 1150u32,
+        wire: 1300u32,
+        call: 1159u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -33628,8 +34457,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 1284u32,
-        call: 1151u32,
+        wire: 1301u32,
+        call: 1160u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -33654,8 +34483,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 1285u32,
-        call: 1151u32,
+        wire: 1302u32,
+        call: 1160u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -33680,8 +34509,8 @@ pub mod nccl {
         },
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 1286u32,
-        call: 1152u32,
+        wire: 1303u32,
+        call: 1161u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -33697,8 +34526,8 @@ pub mod nccl {
         },
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 1287u32,
-        call: 1153u32,
+        wire: 1304u32,
+        call: 1162u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -33714,8 +34543,8 @@ pub mod nccl {
         },
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 1288u32,
-        call: 1154u32,
+        wire: 1305u32,
+        call: 1163u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -33740,8 +34569,8 @@ pub mod nccl {
         },
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 1289u32,
-        call: 1155u32,
+        wire: 1306u32,
+        call: 1164u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -33757,8 +34586,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 1290u32,
-        call: 1156u32,
+        wire: 1307u32,
+        call: 1165u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -33779,8 +34608,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 1291u32,
-        call: 1157u32,
+        wire: 1308u32,
+        call: 1166u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -33801,8 +34630,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 1292u32,
-        call: 1158u32,
+        wire: 1309u32,
+        call: 1167u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -33823,8 +34652,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 1293u32,
-        call: 1159u32,
+        wire: 1310u32,
+        call: 1168u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -33851,8 +34680,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 1294u32,
-        call: 1160u32,
+        wire: 1311u32,
+        call: 1169u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -33877,8 +34706,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 1295u32,
-        call: 1161u32,
+        wire: 1312u32,
+        call: 1170u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -33903,8 +34732,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 1296u32,
-        call: 1161u32,
+        wire: 1313u32,
+        call: 1170u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -33929,8 +34758,8 @@ pub mod nccl {
         },
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 1297u32,
-        call: 1162u32,
+        wire: 1314u32,
+        call: 1171u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -33946,8 +34775,8 @@ pub mod nccl {
         },
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 1298u32,
-        call: 1163u32,
+        wire: 1315u32,
+        call: 1172u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -33963,8 +34792,8 @@ pub mod nccl {
         },
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 1299u32,
-        call: 1164u32,
+        wire: 1316u32,
+        call: 1173u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -33989,8 +34818,8 @@ pub mod nccl {
         },
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 1300u32,
-        call: 1165u32,
+        wire: 1317u32,
+        call: 1174u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -34009,8 +34838,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 1248u32,
-        call: 1115u32,
+        wire: 1265u32,
+        call: 1124u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -34031,8 +34860,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 1249u32,
-        call: 1116u32,
+        wire: 1266u32,
+        call: 1125u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -34053,8 +34882,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 1250u32,
-        call: 1117u32,
+        wire: 1267u32,
+        call: 1126u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -34075,8 +34904,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 1251u32,
-        call: 1118u32,
+        wire: 1268u32,
+        call: 1127u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -34097,8 +34926,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 1252u32,
-        call: 1119u32,
+        wire: 1269u32,
+        call: 1128u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -34119,8 +34948,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 1253u32,
-        call: 1120u32,
+        wire: 1270u32,
+        call: 1129u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -34136,8 +34965,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 1254u32,
-        call: 1121u32,
+        wire: 1271u32,
+        call: 1130u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -34153,8 +34982,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 1255u32,
-        call: 1122u32,
+        wire: 1272u32,
+        call: 1131u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -34170,8 +34999,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 1256u32,
-        call: 1123u32,
+        wire: 1273u32,
+        call: 1132u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -34187,8 +35016,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 1257u32,
-        call: 1124u32,
+        wire: 1274u32,
+        call: 1133u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -34204,8 +35033,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 1258u32,
-        call: 1125u32,
+        wire: 1275u32,
+        call: 1134u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -34232,8 +35061,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 1259u32,
-        call: 1126u32,
+        wire: 1276u32,
+        call: 1135u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -34260,8 +35089,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 1260u32,
-        call: 1127u32,
+        wire: 1277u32,
+        call: 1136u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -34288,8 +35117,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 1261u32,
-        call: 1128u32,
+        wire: 1278u32,
+        call: 1137u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -34316,8 +35145,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 1262u32,
-        call: 1129u32,
+        wire: 1279u32,
+        call: 1138u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -34344,8 +35173,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 1263u32,
-        call: 1130u32,
+        wire: 1280u32,
+        call: 1139u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -34372,8 +35201,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 1264u32,
-        call: 1131u32,
+        wire: 1281u32,
+        call: 1140u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -34400,8 +35229,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 1265u32,
-        call: 1132u32,
+        wire: 1282u32,
+        call: 1141u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -34428,8 +35257,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 1266u32,
-        call: 1133u32,
+        wire: 1283u32,
+        call: 1142u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -34456,8 +35285,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 1267u32,
-        call: 1134u32,
+        wire: 1284u32,
+        call: 1143u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -34484,8 +35313,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 1268u32,
-        call: 1135u32,
+        wire: 1285u32,
+        call: 1144u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -34512,8 +35341,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 1269u32,
-        call: 1136u32,
+        wire: 1286u32,
+        call: 1145u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -34540,8 +35369,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 1270u32,
-        call: 1137u32,
+        wire: 1287u32,
+        call: 1146u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -34568,8 +35397,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 1271u32,
-        call: 1138u32,
+        wire: 1288u32,
+        call: 1147u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -34596,8 +35425,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 1272u32,
-        call: 1139u32,
+        wire: 1289u32,
+        call: 1148u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -34624,8 +35453,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 1273u32,
-        call: 1140u32,
+        wire: 1290u32,
+        call: 1149u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -34652,8 +35481,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 1274u32,
-        call: 1141u32,
+        wire: 1291u32,
+        call: 1150u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -34680,8 +35509,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 1275u32,
-        call: 1142u32,
+        wire: 1292u32,
+        call: 1151u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -34708,8 +35537,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 1276u32,
-        call: 1143u32,
+        wire: 1293u32,
+        call: 1152u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -34736,8 +35565,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 1277u32,
-        call: 1144u32,
+        wire: 1294u32,
+        call: 1153u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -34764,8 +35593,8 @@ pub mod nvjitlink {
         },
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 1278u32,
-        call: 1145u32,
+        wire: 1295u32,
+        call: 1154u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -34797,8 +35626,8 @@ pub mod nvjitlink {
 pub mod nvml {
     use chidori_protocol::desc::*;
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 891u32,
-        call: 758u32,
+        wire: 908u32,
+        call: 767u32,
         name: "nvmlComputeInstanceDestroy",
         form: None,
         library: "nvml",
@@ -34819,8 +35648,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 892u32,
-        call: 759u32,
+        wire: 909u32,
+        call: 768u32,
         name: "nvmlDeviceCcuGetStreamState",
         form: None,
         library: "nvml",
@@ -34847,8 +35676,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 893u32,
-        call: 760u32,
+        wire: 910u32,
+        call: 769u32,
         name: "nvmlDeviceCcuSetStreamState",
         form: None,
         library: "nvml",
@@ -34873,8 +35702,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 894u32,
-        call: 761u32,
+        wire: 911u32,
+        call: 770u32,
         name: "nvmlDeviceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -34895,8 +35724,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 895u32,
-        call: 762u32,
+        wire: 912u32,
+        call: 771u32,
         name: "nvmlDeviceClearCpuAffinity",
         form: None,
         library: "nvml",
@@ -34917,8 +35746,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 896u32,
-        call: 763u32,
+        wire: 913u32,
+        call: 772u32,
         name: "nvmlDeviceClearEccErrorCounts",
         form: None,
         library: "nvml",
@@ -34943,8 +35772,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 897u32,
-        call: 764u32,
+        wire: 914u32,
+        call: 773u32,
         name: "nvmlDeviceCreateGpuInstance",
         form: None,
         library: "nvml",
@@ -34970,8 +35799,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 898u32,
-        call: 765u32,
+        wire: 915u32,
+        call: 774u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -35003,8 +35832,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 899u32,
-        call: 766u32,
+        wire: 916u32,
+        call: 775u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -35037,8 +35866,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 900u32,
-        call: 767u32,
+        wire: 917u32,
+        call: 776u32,
         name: "nvmlDeviceGetAPIRestriction",
         form: None,
         library: "nvml",
@@ -35069,8 +35898,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 901u32,
-        call: 768u32,
+        wire: 918u32,
+        call: 777u32,
         name: "nvmlDeviceGetAccountingBufferSize",
         form: None,
         library: "nvml",
@@ -35097,8 +35926,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 902u32,
-        call: 769u32,
+        wire: 919u32,
+        call: 778u32,
         name: "nvmlDeviceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -35125,8 +35954,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 903u32,
-        call: 770u32,
+        wire: 920u32,
+        call: 779u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
         form: None,
         library: "nvml",
@@ -35153,8 +35982,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 904u32,
-        call: 771u32,
+        wire: 921u32,
+        call: 780u32,
         name: "nvmlDeviceGetApplicationsClock",
         form: None,
         library: "nvml",
@@ -35185,8 +36014,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 905u32,
-        call: 772u32,
+        wire: 922u32,
+        call: 781u32,
         name: "nvmlDeviceGetArchitecture",
         form: None,
         library: "nvml",
@@ -35213,8 +36042,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 906u32,
-        call: 773u32,
+        wire: 923u32,
+        call: 782u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -35247,8 +36076,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 907u32,
-        call: 774u32,
+        wire: 924u32,
+        call: 783u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
         library: "nvml",
@@ -35275,8 +36104,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 908u32,
-        call: 775u32,
+        wire: 925u32,
+        call: 784u32,
         name: "nvmlDeviceGetBrand",
         form: None,
         library: "nvml",
@@ -35303,8 +36132,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 909u32,
-        call: 776u32,
+        wire: 926u32,
+        call: 785u32,
         name: "nvmlDeviceGetBusType",
         form: None,
         library: "nvml",
@@ -35331,8 +36160,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 910u32,
-        call: 777u32,
+        wire: 927u32,
+        call: 786u32,
         name: "nvmlDeviceGetClock",
         form: None,
         library: "nvml",
@@ -35367,8 +36196,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 911u32,
-        call: 778u32,
+        wire: 928u32,
+        call: 787u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
         library: "nvml",
@@ -35399,8 +36228,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 912u32,
-        call: 779u32,
+        wire: 929u32,
+        call: 788u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
         library: "nvml",
@@ -35427,8 +36256,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 913u32,
-        call: 780u32,
+        wire: 930u32,
+        call: 789u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
         library: "nvml",
@@ -35455,8 +36284,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCount: CallDesc = CallDesc {
-        wire: 914u32,
-        call: 781u32,
+        wire: 931u32,
+        call: 790u32,
         name: "nvmlDeviceGetCount",
         form: None,
         library: "nvml",
@@ -35479,8 +36308,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCount_v2: CallDesc = CallDesc {
-        wire: 915u32,
-        call: 782u32,
+        wire: 932u32,
+        call: 791u32,
         name: "nvmlDeviceGetCount_v2",
         form: None,
         library: "nvml",
@@ -35503,8 +36332,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 916u32,
-        call: 783u32,
+        wire: 933u32,
+        call: 792u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
         library: "nvml",
@@ -35537,8 +36366,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 917u32,
-        call: 784u32,
+        wire: 934u32,
+        call: 793u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -35565,8 +36394,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 918u32,
-        call: 785u32,
+        wire: 935u32,
+        call: 794u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -35593,8 +36422,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 919u32,
-        call: 786u32,
+        wire: 936u32,
+        call: 795u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
         library: "nvml",
@@ -35621,8 +36450,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 920u32,
-        call: 787u32,
+        wire: 937u32,
+        call: 796u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -35649,8 +36478,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 921u32,
-        call: 788u32,
+        wire: 938u32,
+        call: 797u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
         library: "nvml",
@@ -35683,8 +36512,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 922u32,
-        call: 789u32,
+        wire: 939u32,
+        call: 798u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
         library: "nvml",
@@ -35715,8 +36544,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 923u32,
-        call: 790u32,
+        wire: 940u32,
+        call: 799u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
         library: "nvml",
@@ -35743,8 +36572,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 924u32,
-        call: 791u32,
+        wire: 941u32,
+        call: 800u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -35766,8 +36595,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 925u32,
-        call: 792u32,
+        wire: 942u32,
+        call: 801u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
         library: "nvml",
@@ -35794,8 +36623,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 926u32,
-        call: 793u32,
+        wire: 943u32,
+        call: 802u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
         library: "nvml",
@@ -35822,8 +36651,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 927u32,
-        call: 794u32,
+        wire: 944u32,
+        call: 803u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
         library: "nvml",
@@ -35856,8 +36685,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 928u32,
-        call: 795u32,
+        wire: 945u32,
+        call: 804u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
         library: "nvml",
@@ -35890,8 +36719,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 929u32,
-        call: 796u32,
+        wire: 946u32,
+        call: 805u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
         library: "nvml",
@@ -35924,8 +36753,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 930u32,
-        call: 797u32,
+        wire: 947u32,
+        call: 806u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -35956,8 +36785,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 931u32,
-        call: 798u32,
+        wire: 948u32,
+        call: 807u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
         library: "nvml",
@@ -35990,8 +36819,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 932u32,
-        call: 799u32,
+        wire: 949u32,
+        call: 808u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
         library: "nvml",
@@ -36018,8 +36847,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 933u32,
-        call: 800u32,
+        wire: 950u32,
+        call: 809u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
         library: "nvml",
@@ -36050,8 +36879,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 934u32,
-        call: 801u32,
+        wire: 951u32,
+        call: 810u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
         library: "nvml",
@@ -36078,8 +36907,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 935u32,
-        call: 802u32,
+        wire: 952u32,
+        call: 811u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -36110,8 +36939,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 936u32,
-        call: 803u32,
+        wire: 953u32,
+        call: 812u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -36144,8 +36973,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 937u32,
-        call: 804u32,
+        wire: 954u32,
+        call: 813u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -36172,8 +37001,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 938u32,
-        call: 805u32,
+        wire: 955u32,
+        call: 814u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
         library: "nvml",
@@ -36199,8 +37028,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 939u32,
-        call: 806u32,
+        wire: 956u32,
+        call: 815u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -36227,8 +37056,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 940u32,
-        call: 807u32,
+        wire: 957u32,
+        call: 816u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -36259,8 +37088,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 941u32,
-        call: 808u32,
+        wire: 958u32,
+        call: 817u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
         library: "nvml",
@@ -36292,8 +37121,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 942u32,
-        call: 809u32,
+        wire: 959u32,
+        call: 818u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -36320,8 +37149,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 943u32,
-        call: 810u32,
+        wire: 960u32,
+        call: 819u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -36354,8 +37183,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 944u32,
-        call: 811u32,
+        wire: 961u32,
+        call: 820u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
         library: "nvml",
@@ -36388,8 +37217,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 945u32,
-        call: 812u32,
+        wire: 962u32,
+        call: 821u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -36411,8 +37240,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 946u32,
-        call: 813u32,
+        wire: 963u32,
+        call: 822u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
         library: "nvml",
@@ -36434,8 +37263,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 947u32,
-        call: 814u32,
+        wire: 964u32,
+        call: 823u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
         library: "nvml",
@@ -36451,8 +37280,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 948u32,
-        call: 815u32,
+        wire: 965u32,
+        call: 824u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
         library: "nvml",
@@ -36468,8 +37297,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 949u32,
-        call: 816u32,
+        wire: 966u32,
+        call: 825u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
         library: "nvml",
@@ -36485,8 +37314,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 950u32,
-        call: 817u32,
+        wire: 967u32,
+        call: 826u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
         library: "nvml",
@@ -36502,8 +37331,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 951u32,
-        call: 818u32,
+        wire: 968u32,
+        call: 827u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
         library: "nvml",
@@ -36527,8 +37356,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 952u32,
-        call: 819u32,
+        wire: 969u32,
+        call: 828u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
         library: "nvml",
@@ -36555,8 +37384,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 953u32,
-        call: 820u32,
+        wire: 970u32,
+        call: 829u32,
         name: "nvmlDeviceGetIndex",
         form: None,
         library: "nvml",
@@ -36583,8 +37412,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 954u32,
-        call: 821u32,
+        wire: 971u32,
+        call: 830u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
         library: "nvml",
@@ -36611,8 +37440,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 955u32,
-        call: 822u32,
+        wire: 972u32,
+        call: 831u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
         library: "nvml",
@@ -36639,8 +37468,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 956u32,
-        call: 823u32,
+        wire: 973u32,
+        call: 832u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
         library: "nvml",
@@ -36673,8 +37502,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 957u32,
-        call: 824u32,
+        wire: 974u32,
+        call: 833u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
         library: "nvml",
@@ -36707,8 +37536,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 958u32,
-        call: 825u32,
+        wire: 975u32,
+        call: 834u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
         library: "nvml",
@@ -36739,8 +37568,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 959u32,
-        call: 826u32,
+        wire: 976u32,
+        call: 835u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
         library: "nvml",
@@ -36771,8 +37600,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 960u32,
-        call: 827u32,
+        wire: 977u32,
+        call: 836u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
         library: "nvml",
@@ -36799,8 +37628,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 961u32,
-        call: 828u32,
+        wire: 978u32,
+        call: 837u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -36827,8 +37656,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 962u32,
-        call: 829u32,
+        wire: 979u32,
+        call: 838u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -36855,8 +37684,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 963u32,
-        call: 830u32,
+        wire: 980u32,
+        call: 839u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -36889,8 +37718,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 964u32,
-        call: 831u32,
+        wire: 981u32,
+        call: 840u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -36917,8 +37746,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 965u32,
-        call: 832u32,
+        wire: 982u32,
+        call: 841u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
         library: "nvml",
@@ -36945,8 +37774,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 966u32,
-        call: 833u32,
+        wire: 983u32,
+        call: 842u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
         library: "nvml",
@@ -36972,8 +37801,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 967u32,
-        call: 834u32,
+        wire: 984u32,
+        call: 843u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
         library: "nvml",
@@ -37006,8 +37835,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 968u32,
-        call: 835u32,
+        wire: 985u32,
+        call: 844u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
         library: "nvml",
@@ -37048,8 +37877,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 969u32,
-        call: 836u32,
+        wire: 986u32,
+        call: 845u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
         library: "nvml",
@@ -37082,8 +37911,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 970u32,
-        call: 837u32,
+        wire: 987u32,
+        call: 846u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
         library: "nvml",
@@ -37110,8 +37939,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 971u32,
-        call: 838u32,
+        wire: 988u32,
+        call: 847u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
         library: "nvml",
@@ -37138,8 +37967,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 972u32,
-        call: 839u32,
+        wire: 989u32,
+        call: 848u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
         library: "nvml",
@@ -37166,8 +37995,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 973u32,
-        call: 840u32,
+        wire: 990u32,
+        call: 849u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
         library: "nvml",
@@ -37194,8 +38023,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 974u32,
-        call: 841u32,
+        wire: 991u32,
+        call: 850u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
         library: "nvml",
@@ -37222,8 +38051,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 975u32,
-        call: 842u32,
+        wire: 992u32,
+        call: 851u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
         library: "nvml",
@@ -37250,8 +38079,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 976u32,
-        call: 843u32,
+        wire: 993u32,
+        call: 852u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
         library: "nvml",
@@ -37286,8 +38115,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 977u32,
-        call: 844u32,
+        wire: 994u32,
+        call: 853u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
         library: "nvml",
@@ -37318,8 +38147,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 978u32,
-        call: 845u32,
+        wire: 995u32,
+        call: 854u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
         library: "nvml",
@@ -37350,8 +38179,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 979u32,
-        call: 846u32,
+        wire: 996u32,
+        call: 855u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
         library: "nvml",
@@ -37382,8 +38211,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 980u32,
-        call: 847u32,
+        wire: 997u32,
+        call: 856u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
         library: "nvml",
@@ -37416,8 +38245,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 981u32,
-        call: 848u32,
+        wire: 998u32,
+        call: 857u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
         library: "nvml",
@@ -37452,8 +38281,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 982u32,
-        call: 849u32,
+        wire: 999u32,
+        call: 858u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
         library: "nvml",
@@ -37480,8 +38309,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 983u32,
-        call: 850u32,
+        wire: 1000u32,
+        call: 859u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
         library: "nvml",
@@ -37508,8 +38337,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 984u32,
-        call: 851u32,
+        wire: 1001u32,
+        call: 860u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
         library: "nvml",
@@ -37536,8 +38365,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 985u32,
-        call: 852u32,
+        wire: 1002u32,
+        call: 861u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
         library: "nvml",
@@ -37564,8 +38393,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 986u32,
-        call: 853u32,
+        wire: 1003u32,
+        call: 862u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
         library: "nvml",
@@ -37592,8 +38421,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 987u32,
-        call: 854u32,
+        wire: 1004u32,
+        call: 863u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
         library: "nvml",
@@ -37620,8 +38449,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 988u32,
-        call: 855u32,
+        wire: 1005u32,
+        call: 864u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -37648,8 +38477,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 989u32,
-        call: 856u32,
+        wire: 1006u32,
+        call: 865u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
         library: "nvml",
@@ -37682,8 +38511,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 990u32,
-        call: 857u32,
+        wire: 1007u32,
+        call: 866u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
         library: "nvml",
@@ -37710,8 +38539,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 991u32,
-        call: 858u32,
+        wire: 1008u32,
+        call: 867u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
         library: "nvml",
@@ -37738,8 +38567,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 992u32,
-        call: 859u32,
+        wire: 1009u32,
+        call: 868u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
         library: "nvml",
@@ -37766,8 +38595,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 993u32,
-        call: 860u32,
+        wire: 1010u32,
+        call: 869u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
         library: "nvml",
@@ -37794,8 +38623,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 994u32,
-        call: 861u32,
+        wire: 1011u32,
+        call: 870u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
         library: "nvml",
@@ -37822,8 +38651,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 995u32,
-        call: 862u32,
+        wire: 1012u32,
+        call: 871u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
         library: "nvml",
@@ -37868,8 +38697,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 996u32,
-        call: 863u32,
+        wire: 1013u32,
+        call: 872u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
         library: "nvml",
@@ -37896,8 +38725,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 997u32,
-        call: 864u32,
+        wire: 1014u32,
+        call: 873u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
         library: "nvml",
@@ -37924,8 +38753,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 998u32,
-        call: 865u32,
+        wire: 1015u32,
+        call: 874u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -37952,8 +38781,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 999u32,
-        call: 866u32,
+        wire: 1016u32,
+        call: 875u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
         library: "nvml",
@@ -37980,8 +38809,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 1000u32,
-        call: 867u32,
+        wire: 1017u32,
+        call: 876u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
         library: "nvml",
@@ -38008,8 +38837,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 1001u32,
-        call: 868u32,
+        wire: 1018u32,
+        call: 877u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
         library: "nvml",
@@ -38040,8 +38869,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 1002u32,
-        call: 869u32,
+        wire: 1019u32,
+        call: 878u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
         library: "nvml",
@@ -38072,8 +38901,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1003u32,
-        call: 870u32,
+        wire: 1020u32,
+        call: 879u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -38104,8 +38933,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 1004u32,
-        call: 871u32,
+        wire: 1021u32,
+        call: 880u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
         library: "nvml",
@@ -38136,8 +38965,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 1005u32,
-        call: 872u32,
+        wire: 1022u32,
+        call: 881u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
         library: "nvml",
@@ -38169,8 +38998,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 1006u32,
-        call: 873u32,
+        wire: 1023u32,
+        call: 882u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
         library: "nvml",
@@ -38197,8 +39026,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1007u32,
-        call: 874u32,
+        wire: 1024u32,
+        call: 883u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -38229,8 +39058,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1008u32,
-        call: 875u32,
+        wire: 1025u32,
+        call: 884u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -38257,8 +39086,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1009u32,
-        call: 876u32,
+        wire: 1026u32,
+        call: 885u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -38285,8 +39114,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 1010u32,
-        call: 877u32,
+        wire: 1027u32,
+        call: 886u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
         library: "nvml",
@@ -38317,8 +39146,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 1011u32,
-        call: 878u32,
+        wire: 1028u32,
+        call: 887u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
         library: "nvml",
@@ -38347,8 +39176,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1012u32,
-        call: 879u32,
+        wire: 1029u32,
+        call: 888u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -38369,8 +39198,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1013u32,
-        call: 880u32,
+        wire: 1030u32,
+        call: 889u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -38391,8 +39220,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1014u32,
-        call: 881u32,
+        wire: 1031u32,
+        call: 890u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -38413,8 +39242,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 1015u32,
-        call: 882u32,
+        wire: 1032u32,
+        call: 891u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
         library: "nvml",
@@ -38439,8 +39268,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1016u32,
-        call: 883u32,
+        wire: 1033u32,
+        call: 892u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -38469,8 +39298,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 1017u32,
-        call: 884u32,
+        wire: 1034u32,
+        call: 893u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
         library: "nvml",
@@ -38499,8 +39328,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 1018u32,
-        call: 885u32,
+        wire: 1035u32,
+        call: 894u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
         library: "nvml",
@@ -38525,8 +39354,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1019u32,
-        call: 886u32,
+        wire: 1036u32,
+        call: 895u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -38555,8 +39384,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1020u32,
-        call: 887u32,
+        wire: 1037u32,
+        call: 896u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -38581,8 +39410,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 1021u32,
-        call: 888u32,
+        wire: 1038u32,
+        call: 897u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
         library: "nvml",
@@ -38607,8 +39436,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 1022u32,
-        call: 889u32,
+        wire: 1039u32,
+        call: 898u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
         library: "nvml",
@@ -38633,8 +39462,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 1023u32,
-        call: 890u32,
+        wire: 1040u32,
+        call: 899u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
         library: "nvml",
@@ -38655,8 +39484,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1024u32,
-        call: 891u32,
+        wire: 1041u32,
+        call: 900u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -38685,8 +39514,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1025u32,
-        call: 892u32,
+        wire: 1042u32,
+        call: 901u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -38711,8 +39540,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 1026u32,
-        call: 893u32,
+        wire: 1043u32,
+        call: 902u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
         library: "nvml",
@@ -38739,8 +39568,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 1027u32,
-        call: 894u32,
+        wire: 1044u32,
+        call: 903u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
         library: "nvml",
@@ -38769,8 +39598,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 1028u32,
-        call: 895u32,
+        wire: 1045u32,
+        call: 904u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
         library: "nvml",
@@ -38795,8 +39624,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 1029u32,
-        call: 896u32,
+        wire: 1046u32,
+        call: 905u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
         library: "nvml",
@@ -38825,8 +39654,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1030u32,
-        call: 897u32,
+        wire: 1047u32,
+        call: 906u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -38855,8 +39684,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1031u32,
-        call: 898u32,
+        wire: 1048u32,
+        call: 907u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -38881,8 +39710,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1032u32,
-        call: 899u32,
+        wire: 1049u32,
+        call: 908u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -38911,8 +39740,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1033u32,
-        call: 900u32,
+        wire: 1050u32,
+        call: 909u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -38937,8 +39766,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1034u32,
-        call: 901u32,
+        wire: 1051u32,
+        call: 910u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -38963,8 +39792,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1035u32,
-        call: 902u32,
+        wire: 1052u32,
+        call: 911u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -38993,8 +39822,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 1036u32,
-        call: 903u32,
+        wire: 1053u32,
+        call: 912u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
         library: "nvml",
@@ -39025,8 +39854,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 1037u32,
-        call: 904u32,
+        wire: 1054u32,
+        call: 913u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
         library: "nvml",
@@ -39051,8 +39880,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1038u32,
-        call: 905u32,
+        wire: 1055u32,
+        call: 914u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -39077,8 +39906,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 1039u32,
-        call: 906u32,
+        wire: 1056u32,
+        call: 915u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
         library: "nvml",
@@ -39103,8 +39932,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1040u32,
-        call: 907u32,
+        wire: 1057u32,
+        call: 916u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -39135,8 +39964,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1041u32,
-        call: 908u32,
+        wire: 1058u32,
+        call: 917u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -39165,8 +39994,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1042u32,
-        call: 909u32,
+        wire: 1059u32,
+        call: 918u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -39193,8 +40022,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1043u32,
-        call: 910u32,
+        wire: 1060u32,
+        call: 919u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -39219,8 +40048,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 1044u32,
-        call: 911u32,
+        wire: 1061u32,
+        call: 920u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
         library: "nvml",
@@ -39241,8 +40070,8 @@ pub mod nvml {
         },
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 1045u32,
-        call: 912u32,
+        wire: 1062u32,
+        call: 921u32,
         name: "nvmlEventSetCreate",
         form: None,
         library: "nvml",
@@ -39258,8 +40087,8 @@ pub mod nvml {
         },
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 1046u32,
-        call: 913u32,
+        wire: 1063u32,
+        call: 922u32,
         name: "nvmlEventSetFree",
         form: None,
         library: "nvml",
@@ -39280,8 +40109,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 1047u32,
-        call: 914u32,
+        wire: 1064u32,
+        call: 923u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
         library: "nvml",
@@ -39304,8 +40133,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 1048u32,
-        call: 915u32,
+        wire: 1065u32,
+        call: 924u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
         library: "nvml",
@@ -39332,8 +40161,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 1049u32,
-        call: 916u32,
+        wire: 1066u32,
+        call: 925u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
         library: "nvml",
@@ -39362,8 +40191,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 1050u32,
-        call: 917u32,
+        wire: 1067u32,
+        call: 926u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
         library: "nvml",
@@ -39390,8 +40219,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 1051u32,
-        call: 918u32,
+        wire: 1068u32,
+        call: 927u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
         library: "nvml",
@@ -39407,8 +40236,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 1052u32,
-        call: 919u32,
+        wire: 1069u32,
+        call: 928u32,
         name: "nvmlGpmSampleFree",
         form: None,
         library: "nvml",
@@ -39429,8 +40258,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 1053u32,
-        call: 920u32,
+        wire: 1070u32,
+        call: 929u32,
         name: "nvmlGpmSampleGet",
         form: None,
         library: "nvml",
@@ -39455,8 +40284,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 1054u32,
-        call: 921u32,
+        wire: 1071u32,
+        call: 930u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
         library: "nvml",
@@ -39481,8 +40310,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 1055u32,
-        call: 922u32,
+        wire: 1072u32,
+        call: 931u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
         library: "nvml",
@@ -39508,8 +40337,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1056u32,
-        call: 923u32,
+        wire: 1073u32,
+        call: 932u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -39541,8 +40370,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 1057u32,
-        call: 924u32,
+        wire: 1074u32,
+        call: 933u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
         library: "nvml",
@@ -39563,8 +40392,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 1058u32,
-        call: 925u32,
+        wire: 1075u32,
+        call: 934u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
         library: "nvml",
@@ -39590,8 +40419,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1059u32,
-        call: 926u32,
+        wire: 1076u32,
+        call: 935u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -39622,8 +40451,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 1060u32,
-        call: 927u32,
+        wire: 1077u32,
+        call: 936u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
         library: "nvml",
@@ -39655,8 +40484,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1061u32,
-        call: 928u32,
+        wire: 1078u32,
+        call: 937u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -39683,8 +40512,8 @@ pub mod nvml {
         },
     };
     pub static nvmlInit: CallDesc = CallDesc {
-        wire: 1062u32,
-        call: 929u32,
+        wire: 1079u32,
+        call: 938u32,
         name: "nvmlInit",
         form: None,
         library: "nvml",
@@ -39700,8 +40529,8 @@ pub mod nvml {
         },
     };
     pub static nvmlInitWithFlags: CallDesc = CallDesc {
-        wire: 1063u32,
-        call: 930u32,
+        wire: 1080u32,
+        call: 939u32,
         name: "nvmlInitWithFlags",
         form: None,
         library: "nvml",
@@ -39722,8 +40551,8 @@ pub mod nvml {
         },
     };
     pub static nvmlInit_v2: CallDesc = CallDesc {
-        wire: 1064u32,
-        call: 931u32,
+        wire: 1081u32,
+        call: 940u32,
         name: "nvmlInit_v2",
         form: None,
         library: "nvml",
@@ -39739,8 +40568,8 @@ pub mod nvml {
         },
     };
     pub static nvmlShutdown: CallDesc = CallDesc {
-        wire: 1065u32,
-        call: 932u32,
+        wire: 1082u32,
+        call: 941u32,
         name: "nvmlShutdown",
         form: None,
         library: "nvml",
@@ -39756,8 +40585,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1066u32,
-        call: 933u32,
+        wire: 1083u32,
+        call: 942u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -39780,8 +40609,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 1067u32,
-        call: 934u32,
+        wire: 1084u32,
+        call: 943u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
         library: "nvml",
@@ -39804,8 +40633,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 1068u32,
-        call: 935u32,
+        wire: 1085u32,
+        call: 944u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
         library: "nvml",
@@ -39828,8 +40657,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1069u32,
-        call: 936u32,
+        wire: 1086u32,
+        call: 945u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -39852,8 +40681,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1070u32,
-        call: 937u32,
+        wire: 1087u32,
+        call: 946u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -39874,8 +40703,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1071u32,
-        call: 938u32,
+        wire: 1088u32,
+        call: 947u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -39896,8 +40725,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 1072u32,
-        call: 939u32,
+        wire: 1089u32,
+        call: 948u32,
         name: "nvmlUnitGetCount",
         form: None,
         library: "nvml",
@@ -39920,8 +40749,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 1073u32,
-        call: 940u32,
+        wire: 1090u32,
+        call: 949u32,
         name: "nvmlUnitGetDevices",
         form: None,
         library: "nvml",
@@ -39949,8 +40778,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1074u32,
-        call: 941u32,
+        wire: 1091u32,
+        call: 950u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -39972,8 +40801,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 1075u32,
-        call: 942u32,
+        wire: 1092u32,
+        call: 951u32,
         name: "nvmlUnitGetTemperature",
         form: None,
         library: "nvml",
@@ -40004,8 +40833,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 1076u32,
-        call: 943u32,
+        wire: 1093u32,
+        call: 952u32,
         name: "nvmlUnitSetLedState",
         form: None,
         library: "nvml",
@@ -40030,8 +40859,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1077u32,
-        call: 944u32,
+        wire: 1094u32,
+        call: 953u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -40052,8 +40881,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1078u32,
-        call: 945u32,
+        wire: 1095u32,
+        call: 954u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -40080,8 +40909,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 1079u32,
-        call: 946u32,
+        wire: 1096u32,
+        call: 955u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
         library: "nvml",
@@ -40108,8 +40937,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1080u32,
-        call: 947u32,
+        wire: 1097u32,
+        call: 956u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -40136,8 +40965,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 1081u32,
-        call: 948u32,
+        wire: 1098u32,
+        call: 957u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
         library: "nvml",
@@ -40164,8 +40993,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1082u32,
-        call: 949u32,
+        wire: 1099u32,
+        call: 958u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -40192,8 +41021,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1083u32,
-        call: 950u32,
+        wire: 1100u32,
+        call: 959u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -40220,8 +41049,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 1084u32,
-        call: 951u32,
+        wire: 1101u32,
+        call: 960u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
         library: "nvml",
@@ -40248,8 +41077,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 1085u32,
-        call: 952u32,
+        wire: 1102u32,
+        call: 961u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
         library: "nvml",
@@ -40276,8 +41105,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1086u32,
-        call: 953u32,
+        wire: 1103u32,
+        call: 962u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -40302,8 +41131,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 1087u32,
-        call: 954u32,
+        wire: 1104u32,
+        call: 963u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
         library: "nvml",
@@ -40334,8 +41163,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 1088u32,
-        call: 955u32,
+        wire: 1105u32,
+        call: 964u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
         library: "nvml",
@@ -40368,8 +41197,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 1089u32,
-        call: 956u32,
+        wire: 1106u32,
+        call: 965u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
         library: "nvml",
@@ -40396,8 +41225,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1090u32,
-        call: 957u32,
+        wire: 1107u32,
+        call: 966u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -40424,8 +41253,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 1091u32,
-        call: 958u32,
+        wire: 1108u32,
+        call: 967u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
         library: "nvml",
@@ -40452,8 +41281,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 1092u32,
-        call: 959u32,
+        wire: 1109u32,
+        call: 968u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
         library: "nvml",
@@ -40480,8 +41309,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 1093u32,
-        call: 960u32,
+        wire: 1110u32,
+        call: 969u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
         library: "nvml",
@@ -40508,8 +41337,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 1094u32,
-        call: 961u32,
+        wire: 1111u32,
+        call: 970u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
         library: "nvml",
@@ -40540,8 +41369,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 1095u32,
-        call: 962u32,
+        wire: 1112u32,
+        call: 971u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
         library: "nvml",
@@ -40568,8 +41397,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 1096u32,
-        call: 963u32,
+        wire: 1113u32,
+        call: 972u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
         library: "nvml",
@@ -40596,8 +41425,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 1097u32,
-        call: 964u32,
+        wire: 1114u32,
+        call: 973u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
         library: "nvml",
@@ -40637,8 +41466,8 @@ pub mod nvml {
 pub mod nvrtc {
     use chidori_protocol::desc::*;
     pub static nvrtcAddNameExpression: CallDesc = CallDesc {
-        wire: 1233u32,
-        call: 1100u32,
+        wire: 1250u32,
+        call: 1109u32,
         name: "nvrtcAddNameExpression",
         form: None,
         library: "nvrtc",
@@ -40660,8 +41489,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcDestroyProgram: CallDesc = CallDesc {
-        wire: 1234u32,
-        call: 1101u32,
+        wire: 1251u32,
+        call: 1110u32,
         name: "nvrtcDestroyProgram",
         form: None,
         library: "nvrtc",
@@ -40677,8 +41506,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetCUBINSize: CallDesc = CallDesc {
-        wire: 1235u32,
-        call: 1102u32,
+        wire: 1252u32,
+        call: 1111u32,
         name: "nvrtcGetCUBINSize",
         form: None,
         library: "nvrtc",
@@ -40705,8 +41534,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetLTOIRSize: CallDesc = CallDesc {
-        wire: 1236u32,
-        call: 1103u32,
+        wire: 1253u32,
+        call: 1112u32,
         name: "nvrtcGetLTOIRSize",
         form: None,
         library: "nvrtc",
@@ -40733,8 +41562,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetNVVMSize: CallDesc = CallDesc {
-        wire: 1237u32,
-        call: 1104u32,
+        wire: 1254u32,
+        call: 1113u32,
         name: "nvrtcGetNVVMSize",
         form: None,
         library: "nvrtc",
@@ -40761,8 +41590,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 1238u32,
-        call: 1105u32,
+        wire: 1255u32,
+        call: 1114u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -40785,8 +41614,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetOptiXIRSize: CallDesc = CallDesc {
-        wire: 1239u32,
-        call: 1106u32,
+        wire: 1256u32,
+        call: 1115u32,
         name: "nvrtcGetOptiXIRSize",
         form: None,
         library: "nvrtc",
@@ -40813,8 +41642,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHCreateStatus: CallDesc = CallDesc {
-        wire: 1240u32,
-        call: 1107u32,
+        wire: 1257u32,
+        call: 1116u32,
         name: "nvrtcGetPCHCreateStatus",
         form: None,
         library: "nvrtc",
@@ -40835,8 +41664,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 1241u32,
-        call: 1108u32,
+        wire: 1258u32,
+        call: 1117u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -40859,8 +41688,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHHeapSizeRequired: CallDesc = CallDesc {
-        wire: 1242u32,
-        call: 1109u32,
+        wire: 1259u32,
+        call: 1118u32,
         name: "nvrtcGetPCHHeapSizeRequired",
         form: None,
         library: "nvrtc",
@@ -40887,8 +41716,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPTXSize: CallDesc = CallDesc {
-        wire: 1243u32,
-        call: 1110u32,
+        wire: 1260u32,
+        call: 1119u32,
         name: "nvrtcGetPTXSize",
         form: None,
         library: "nvrtc",
@@ -40915,8 +41744,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetProgramLogSize: CallDesc = CallDesc {
-        wire: 1244u32,
-        call: 1111u32,
+        wire: 1261u32,
+        call: 1120u32,
         name: "nvrtcGetProgramLogSize",
         form: None,
         library: "nvrtc",
@@ -40943,8 +41772,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetSupportedArchs: CallDesc = CallDesc {
-        wire: 1245u32,
-        call: 1112u32,
+        wire: 1262u32,
+        call: 1121u32,
         name: "nvrtcGetSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -40967,8 +41796,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 1246u32,
-        call: 1113u32,
+        wire: 1263u32,
+        call: 1122u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -40989,8 +41818,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 1247u32,
-        call: 1114u32,
+        wire: 1264u32,
+        call: 1123u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",

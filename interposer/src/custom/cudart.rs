@@ -680,42 +680,7 @@ pub unsafe fn cudaStreamAddCallback_ptsz(
     stream_callback(&calls::cudaStreamAddCallback_ptsz__host, stream, callback, userData, flags)
 }
 
-/// Kernel attributes need the kernel's module on the server (issue 4); unknown functions
-/// are cudaErrorInvalidDeviceFunction as in CUDA.
-fn func_attributes(attr: *mut c_void, func: *mut c_void) -> u32 {
-    runtime("cudaFuncGetAttributes", || {
-        if attr.is_null() {
-            return Err(INVALID_VALUE);
-        }
-        match registry::kernel_by_host_fun(func as usize) {
-            Some(_) => Err(INVALID_DEVICE_FUNCTION),
-            None => Err(INVALID_DEVICE_FUNCTION),
-        }
-    })
-}
-
-pub unsafe fn cudaFuncGetAttributes__cu118(attr: *mut c_void, func: *mut c_void) -> u32 {
-    func_attributes(attr, func)
-}
-
-pub unsafe fn cudaFuncGetAttributes__cu121(attr: *mut c_void, func: *mut c_void) -> u32 {
-    func_attributes(attr, func)
-}
-
-/// # Safety
-/// Arguments as nvcc's launch stub passes them.
-pub unsafe fn __cudaLaunchKernel(
-    kernel: *mut c_void,
-    gridDim: dim3,
-    blockDim: dim3,
-    args: *mut c_void,
-    sharedMem: usize,
-    stream: *mut c_void,
-) -> u32 {
-    let _ = (kernel, gridDim, blockDim, args, sharedMem, stream);
-    // Kernels need the transport and module upload (a later issue).
-    NO_DEVICE
-}
+pub use super::kernels::*;
 
 /// # Safety
 /// As [`__cudaLaunchKernel`].
@@ -729,4 +694,28 @@ pub unsafe fn __cudaLaunchKernel_ptsz(
 ) -> u32 {
     // SAFETY: same contract.
     unsafe { __cudaLaunchKernel(kernel, gridDim, blockDim, args, sharedMem, stream) }
+}
+
+pub unsafe fn cudaLaunchKernel_ptsz(
+    func: *mut c_void,
+    gridDim: dim3,
+    blockDim: dim3,
+    args: *mut c_void,
+    sharedMem: usize,
+    stream: *mut c_void,
+) -> u32 {
+    // SAFETY: same contract.
+    unsafe { cudaLaunchKernel(func, gridDim, blockDim, args, sharedMem, stream) }
+}
+
+pub unsafe fn cudaLaunchCooperativeKernel_ptsz(
+    func: *mut c_void,
+    gridDim: dim3,
+    blockDim: dim3,
+    args: *mut c_void,
+    sharedMem: usize,
+    stream: *mut c_void,
+) -> u32 {
+    // SAFETY: same contract.
+    unsafe { cudaLaunchCooperativeKernel(func, gridDim, blockDim, args, sharedMem, stream) }
 }

@@ -431,3 +431,274 @@ pub unsafe fn cuLaunchHostFunc(hStream: *mut c_void, r#fn: *mut c_void, userData
 pub unsafe fn cuLaunchHostFunc_ptsz(hStream: *mut c_void, r#fn: *mut c_void, userData: *mut c_void) -> u32 {
     launch_host_func(&calls::cuLaunchHostFunc_ptsz__host, hStream, r#fn, userData)
 }
+
+// ---- Modules and launches ----
+
+use chidori_protocol::messages::Api;
+
+use crate::modules::{self, LaunchShape};
+
+fn module_load(module: *mut c_void, image: *mut c_void) -> u32 {
+    driver("cuModuleLoadData", || {
+        if module.is_null() || image.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let conn = connection()?;
+        // SAFETY: `image` is a fat binary, cubin or PTX per cuModuleLoadData's contract.
+        let bytes = unsafe { std::slice::from_raw_parts(image as *const u8, modules::image_len(image as *const u8)) };
+        let loaded = modules::load_image(&conn, bytes)?;
+        // SAFETY: the caller's CUmodule*.
+        unsafe { put(module, loaded.module) }
+    })
+}
+
+pub unsafe fn cuModuleLoadData(module: *mut c_void, image: *mut c_void) -> u32 {
+    module_load(module, image)
+}
+
+/// JIT options tune compilation on the server's driver; the image is what matters.
+pub unsafe fn cuModuleLoadDataEx(
+    module: *mut c_void,
+    image: *mut c_void,
+    numOptions: u32,
+    options: *mut c_void,
+    optionValues: *mut c_void,
+) -> u32 {
+    let _ = (numOptions, options, optionValues);
+    module_load(module, image)
+}
+
+pub unsafe fn cuModuleLoadFatBinary(module: *mut c_void, fatCubin: *mut c_void) -> u32 {
+    module_load(module, fatCubin)
+}
+
+/// Modules stay loaded for the session on the server.
+pub unsafe fn cuModuleUnload(hmod: *mut c_void) -> u32 {
+    driver("cuModuleUnload", || if hmod.is_null() { Err(INVALID_VALUE) } else { Ok(SUCCESS) })
+}
+
+/// CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE.
+const PARAM_END: usize = 0;
+const PARAM_BUFFER_POINTER: usize = 1;
+const PARAM_BUFFER_SIZE: usize = 2;
+
+/// The packed parameters of a driver launch: from `kernelParams` (a pointer per parameter)
+/// or from `extra` (an already packed buffer).
+fn driver_params(
+    conn: &Conn,
+    f: u64,
+    params: *mut c_void,
+    extra: *mut c_void,
+) -> Result<(modules::Function, Vec<u8>), u32> {
+    let layout = modules::function_params(conn, f)?;
+    let function = modules::Function { handle: f, params: layout.clone() };
+    if !params.is_null() {
+        // SAFETY: kernelParams holds a pointer per parameter (launch contract).
+        return Ok((function, unsafe { modules::pack(&layout, params as *const *const u8) }));
+    }
+    if extra.is_null() {
+        return Ok((function, unsafe { modules::pack(&layout, std::ptr::null()) }));
+    }
+    // SAFETY: `extra` is a CU_LAUNCH_PARAM_END-terminated list of (key, value) pointers.
+    unsafe {
+        let mut p = extra as *const usize;
+        let (mut buffer, mut size) = (std::ptr::null::<u8>(), 0usize);
+        while *p != PARAM_END {
+            match *p {
+                PARAM_BUFFER_POINTER => buffer = *p.add(1) as *const u8,
+                PARAM_BUFFER_SIZE => size = *(*p.add(1) as *const usize),
+                _ => return Err(INVALID_VALUE),
+            }
+            p = p.add(2);
+        }
+        if buffer.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        Ok((function, std::slice::from_raw_parts(buffer, size).to_vec()))
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    f: *mut c_void,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem: u32,
+    stream: *mut c_void,
+    params: *mut c_void,
+    extra: *mut c_void,
+    attributes: Vec<(u32, Vec<u8>)>,
+    cooperative: bool,
+) -> u32 {
+    driver("cuLaunchKernel", || {
+        let conn = connection()?;
+        let (function, packed) = driver_params(&conn, f as u64, params, extra)?;
+        let shape =
+            LaunchShape { grid, block, shared_mem, stream: stream as u64, attributes, cooperative, api: Api::Driver };
+        modules::launch(&conn, &function, shape, &packed)?;
+        Ok(SUCCESS)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cuLaunchKernel(
+    f: *mut c_void,
+    gridDimX: u32,
+    gridDimY: u32,
+    gridDimZ: u32,
+    blockDimX: u32,
+    blockDimY: u32,
+    blockDimZ: u32,
+    sharedMemBytes: u32,
+    hStream: *mut c_void,
+    kernelParams: *mut c_void,
+    extra: *mut c_void,
+) -> u32 {
+    launch(
+        f,
+        [gridDimX, gridDimY, gridDimZ],
+        [blockDimX, blockDimY, blockDimZ],
+        sharedMemBytes,
+        hStream,
+        kernelParams,
+        extra,
+        Vec::new(),
+        false,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cuLaunchKernel_ptsz(
+    f: *mut c_void,
+    gridDimX: u32,
+    gridDimY: u32,
+    gridDimZ: u32,
+    blockDimX: u32,
+    blockDimY: u32,
+    blockDimZ: u32,
+    sharedMemBytes: u32,
+    hStream: *mut c_void,
+    kernelParams: *mut c_void,
+    extra: *mut c_void,
+) -> u32 {
+    // SAFETY: same contract.
+    unsafe {
+        cuLaunchKernel(
+            f,
+            gridDimX,
+            gridDimY,
+            gridDimZ,
+            blockDimX,
+            blockDimY,
+            blockDimZ,
+            sharedMemBytes,
+            hStream,
+            kernelParams,
+            extra,
+        )
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cuLaunchCooperativeKernel(
+    f: *mut c_void,
+    gridDimX: u32,
+    gridDimY: u32,
+    gridDimZ: u32,
+    blockDimX: u32,
+    blockDimY: u32,
+    blockDimZ: u32,
+    sharedMemBytes: u32,
+    hStream: *mut c_void,
+    kernelParams: *mut c_void,
+) -> u32 {
+    launch(
+        f,
+        [gridDimX, gridDimY, gridDimZ],
+        [blockDimX, blockDimY, blockDimZ],
+        sharedMemBytes,
+        hStream,
+        kernelParams,
+        std::ptr::null_mut(),
+        Vec::new(),
+        true,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cuLaunchCooperativeKernel_ptsz(
+    f: *mut c_void,
+    gridDimX: u32,
+    gridDimY: u32,
+    gridDimZ: u32,
+    blockDimX: u32,
+    blockDimY: u32,
+    blockDimZ: u32,
+    sharedMemBytes: u32,
+    hStream: *mut c_void,
+    kernelParams: *mut c_void,
+) -> u32 {
+    // SAFETY: same contract.
+    unsafe {
+        cuLaunchCooperativeKernel(
+            f,
+            gridDimX,
+            gridDimY,
+            gridDimZ,
+            blockDimX,
+            blockDimY,
+            blockDimZ,
+            sharedMemBytes,
+            hStream,
+            kernelParams,
+        )
+    }
+}
+
+/// cuLaunchKernelEx: CUlaunchConfig is 56 bytes in every release (gridDimX..Z@0,
+/// blockDimX..Z@12, sharedMemBytes@24, hStream@32, attrs@40, numAttrs@48).
+fn launch_ex(config: *mut c_void, f: *mut c_void, params: *mut c_void, extra: *mut c_void) -> u32 {
+    if config.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: the caller's CUlaunchConfig and its attribute array (72 bytes each).
+    let (grid, block, smem, stream, attributes) = unsafe {
+        let c = config as *const u8;
+        let u = |at: usize| std::ptr::read_unaligned(c.add(at) as *const u32);
+        let stream = std::ptr::read_unaligned(c.add(32) as *const *mut c_void);
+        let attrs = std::ptr::read_unaligned(c.add(40) as *const *const u8);
+        let n = u(48) as usize;
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            if attrs.is_null() {
+                break;
+            }
+            let a = attrs.add(i * 72);
+            out.push((std::ptr::read_unaligned(a as *const u32), std::slice::from_raw_parts(a.add(8), 64).to_vec()));
+        }
+        ([u(0), u(4), u(8)], [u(12), u(16), u(20)], u(24), stream, out)
+    };
+    launch(f, grid, block, smem, stream, params, extra, attributes, false)
+}
+
+macro_rules! launch_ex_variants {
+    ($($name:ident),*) => {$(
+        pub unsafe fn $name(config: *mut c_void, f: *mut c_void, kernelParams: *mut c_void, extra: *mut c_void) -> u32 {
+            launch_ex(config, f, kernelParams, extra)
+        }
+    )*};
+}
+
+// CUlaunchAttributeValue grew members inside its 64 bytes between releases: one ABI.
+launch_ex_variants!(
+    cuLaunchKernelEx__cu118,
+    cuLaunchKernelEx__cu121,
+    cuLaunchKernelEx__cu126,
+    cuLaunchKernelEx__cu128,
+    cuLaunchKernelEx__cu130,
+    cuLaunchKernelEx_ptsz__cu118,
+    cuLaunchKernelEx_ptsz__cu121,
+    cuLaunchKernelEx_ptsz__cu126,
+    cuLaunchKernelEx_ptsz__cu128,
+    cuLaunchKernelEx_ptsz__cu130
+);

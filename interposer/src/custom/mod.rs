@@ -4,4 +4,5 @@
 
 pub mod cudart;
 pub mod driver;
+pub mod kernels;
 pub mod memory;

@@ -1,0 +1,696 @@
+//! Hand-written runtime functions for kernels and symbols: launches through the registry
+//! (the module is loaded on the server the first time one of its kernels runs), symbol
+//! copies (the variable's module likewise), kernel attributes and occupancy (asked of the
+//! driver with the kernel's function handle, once per kernel).
+//!
+//! Every `unsafe fn` here has the safety contract of the CUDA function of the same name.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use chidori_cuda::calls::{cudart as calls, driver as dcalls};
+use chidori_cuda::types::dim3;
+use chidori_protocol::messages::{Api, PropValue};
+
+use crate::conn::{self, Conn};
+use crate::custom::memory::{self, CopyForms};
+use crate::modules::{self, LaunchShape};
+use crate::registry;
+use crate::state;
+
+const SUCCESS: u32 = 0;
+const INVALID_VALUE: u32 = 1;
+const INVALID_DEVICE_FUNCTION: u32 = 98;
+const INVALID_SYMBOL: u32 = 13;
+const NO_DEVICE: u32 = 100;
+
+fn connection() -> Result<Arc<Conn>, u32> {
+    conn::get().map_err(|_| NO_DEVICE)
+}
+
+fn runtime(name: &'static str, body: impl FnOnce() -> Result<u32, u32>) -> u32 {
+    crate::guard::ffi(name, INVALID_VALUE, || {
+        let status = body().unwrap_or_else(|e| e);
+        state::set_last_error(status);
+        status
+    })
+}
+
+/// Map a driver status of module loading to the runtime's.
+fn runtime_status(driver: u32) -> u32 {
+    match driver {
+        NO_DEVICE => NO_DEVICE,
+        // CUDA_ERROR_NOT_SUPPORTED (the emulated backend), cudaErrorNotSupported.
+        801 => 801,
+        // CUDA_ERROR_NO_BINARY_FOR_GPU → cudaErrorNoKernelImageForDevice.
+        209 => 209,
+        _ => INVALID_DEVICE_FUNCTION,
+    }
+}
+
+fn kernel_of(host_fun: *mut c_void) -> Result<&'static registry::Kernel, u32> {
+    registry::kernel_by_host_fun(host_fun as usize).ok_or(INVALID_DEVICE_FUNCTION)
+}
+
+fn function_of(conn: &Conn, kernel: &registry::Kernel) -> Result<modules::Function, u32> {
+    modules::resolve(conn, kernel).map_err(runtime_status)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    kernel: Result<&'static registry::Kernel, u32>,
+    grid: dim3,
+    block: dim3,
+    args: *mut c_void,
+    shared_mem: usize,
+    stream: *mut c_void,
+    attributes: Vec<(u32, Vec<u8>)>,
+    cooperative: bool,
+) -> u32 {
+    runtime("cudaLaunchKernel", || {
+        let kernel = kernel?;
+        let conn = connection()?;
+        let f = function_of(&conn, kernel)?;
+        // SAFETY: `args` holds a pointer to each kernel argument (the launch contract).
+        let packed = unsafe { modules::pack(&f.params, args as *const *const u8) };
+        let shape = LaunchShape {
+            grid: [grid.x, grid.y, grid.z],
+            block: [block.x, block.y, block.z],
+            shared_mem: u32::try_from(shared_mem).map_err(|_| INVALID_VALUE)?,
+            stream: stream as u64,
+            attributes,
+            cooperative,
+            api: Api::Runtime,
+        };
+        modules::launch(&conn, &f, shape, &packed)?;
+        Ok(SUCCESS)
+    })
+}
+
+pub unsafe fn __cudaLaunchKernel(
+    kernel: *mut c_void,
+    gridDim: dim3,
+    blockDim: dim3,
+    args: *mut c_void,
+    sharedMem: usize,
+    stream: *mut c_void,
+) -> u32 {
+    let k = registry::kernel_by_handle(kernel as usize).ok_or(INVALID_DEVICE_FUNCTION);
+    launch(k, gridDim, blockDim, args, sharedMem, stream, Vec::new(), false)
+}
+
+pub unsafe fn cudaLaunchKernel(
+    func: *mut c_void,
+    gridDim: dim3,
+    blockDim: dim3,
+    args: *mut c_void,
+    sharedMem: usize,
+    stream: *mut c_void,
+) -> u32 {
+    launch(kernel_of(func), gridDim, blockDim, args, sharedMem, stream, Vec::new(), false)
+}
+
+pub unsafe fn cudaLaunchCooperativeKernel(
+    func: *mut c_void,
+    gridDim: dim3,
+    blockDim: dim3,
+    args: *mut c_void,
+    sharedMem: usize,
+    stream: *mut c_void,
+) -> u32 {
+    launch(kernel_of(func), gridDim, blockDim, args, sharedMem, stream, Vec::new(), true)
+}
+
+/// cudaLaunchKernelExC: `config` is a cudaLaunchConfig_t (56 bytes in every version:
+/// gridDim@0, blockDim@12, dynamicSmemBytes@24, stream@32, attrs@40, numAttrs@48), each
+/// attribute an id and a 64-byte value at 8 (72 bytes).
+fn launch_ex(config: *mut c_void, func: *mut c_void, args: *mut c_void) -> u32 {
+    if config.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: the caller's cudaLaunchConfig_t and its attribute array.
+    let (grid, block, smem, stream, attributes) = unsafe {
+        let c = config as *const u8;
+        let grid = std::ptr::read_unaligned(c as *const dim3);
+        let block = std::ptr::read_unaligned(c.add(12) as *const dim3);
+        let smem = std::ptr::read_unaligned(c.add(24) as *const usize);
+        let stream = std::ptr::read_unaligned(c.add(32) as *const *mut c_void);
+        let attrs = std::ptr::read_unaligned(c.add(40) as *const *const u8);
+        let n = std::ptr::read_unaligned(c.add(48) as *const u32) as usize;
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            if attrs.is_null() {
+                break;
+            }
+            let a = attrs.add(i * 72);
+            let id = std::ptr::read_unaligned(a as *const u32);
+            out.push((id, std::slice::from_raw_parts(a.add(8), 64).to_vec()));
+        }
+        (grid, block, smem, stream, out)
+    };
+    launch(kernel_of(func), grid, block, args, smem, stream, attributes, false)
+}
+
+macro_rules! launch_ex_variants {
+    ($($name:ident),*) => {$(
+        pub unsafe fn $name(config: *mut c_void, func: *mut c_void, args: *mut c_void) -> u32 {
+            launch_ex(config, func, args)
+        }
+    )*};
+}
+
+// cudaLaunchAttributeValue grew members between releases inside its 64 bytes: one ABI.
+launch_ex_variants!(
+    cudaLaunchKernelExC__cu118,
+    cudaLaunchKernelExC__cu121,
+    cudaLaunchKernelExC__cu126,
+    cudaLaunchKernelExC__cu128,
+    cudaLaunchKernelExC__cu130,
+    cudaLaunchKernelExC_ptsz__cu118,
+    cudaLaunchKernelExC_ptsz__cu121,
+    cudaLaunchKernelExC_ptsz__cu126,
+    cudaLaunchKernelExC_ptsz__cu128,
+    cudaLaunchKernelExC_ptsz__cu130
+);
+
+pub unsafe fn cudaGetKernel(kernelPtr: *mut c_void, entryFuncAddr: *mut c_void) -> u32 {
+    // SAFETY: same contract.
+    unsafe { super::cudart::__cudaGetKernel(kernelPtr, entryFuncAddr) }
+}
+
+// ---- Kernel attributes and occupancy: asked of the driver with the function handle ----
+
+/// cudaFuncAttributes fields and the CUfunction_attribute each one is.
+const FUNC_ATTRIBUTES: &[(&str, u32)] = &[
+    ("maxThreadsPerBlock", 0),
+    ("sharedSizeBytes", 1),
+    ("constSizeBytes", 2),
+    ("localSizeBytes", 3),
+    ("numRegs", 4),
+    ("ptxVersion", 5),
+    ("binaryVersion", 6),
+    ("cacheModeCA", 7),
+    ("maxDynamicSharedSizeBytes", 8),
+    ("preferredShmemCarveout", 9),
+    ("clusterDimMustBeSet", 10),
+    ("requiredClusterWidth", 11),
+    ("requiredClusterHeight", 12),
+    ("requiredClusterDepth", 13),
+    ("clusterSchedulingPolicyPreference", 14),
+    ("nonPortableClusterSizeAllowed", 15),
+];
+
+fn func_attributes(version: &str, attr: *mut c_void, func: *mut c_void) -> u32 {
+    runtime("cudaFuncGetAttributes", || {
+        if attr.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let kernel = kernel_of(func)?;
+        let conn = connection()?;
+        let f = function_of(&conn, kernel)?;
+        let map = chidori_cuda::structs::get(version, "cudaFuncAttributes").ok_or(INVALID_VALUE)?;
+        let wanted: Vec<&(&str, u32)> =
+            FUNC_ATTRIBUTES.iter().filter(|(n, _)| map.fields.iter().any(|m| m.name == *n)).collect();
+        let mut values = vec![0i32; wanted.len()];
+        let calls: Vec<Vec<u64>> = wanted
+            .iter()
+            .zip(values.iter_mut())
+            .map(|((_, id), v)| vec![v as *mut i32 as u64, u64::from(*id), f.handle])
+            .collect();
+        // One round trip for all of them.
+        // SAFETY: each call writes one int into `values`.
+        let s = unsafe { crate::runtime::call_pipelined(&conn, &dcalls::cuFuncGetAttribute, &calls) } as u32;
+        if s != SUCCESS {
+            return Err(INVALID_DEVICE_FUNCTION);
+        }
+        let by_name: HashMap<&str, i64> = wanted.iter().zip(&values).map(|((n, _), v)| (*n, i64::from(*v))).collect();
+        // SAFETY: the caller's struct of its version's layout.
+        unsafe { state::write_record(map, attr as *mut u8, |f| by_name.get(f.name).map(|v| PropValue::Int(*v))) };
+        Ok(SUCCESS)
+    })
+}
+
+pub unsafe fn cudaFuncGetAttributes__cu118(attr: *mut c_void, func: *mut c_void) -> u32 {
+    func_attributes("11.8", attr, func)
+}
+
+pub unsafe fn cudaFuncGetAttributes__cu121(attr: *mut c_void, func: *mut c_void) -> u32 {
+    func_attributes("13.0", attr, func)
+}
+
+pub unsafe fn cudaFuncSetAttribute(func: *mut c_void, attr: u32, value: i32) -> u32 {
+    runtime("cudaFuncSetAttribute", || {
+        let kernel = kernel_of(func)?;
+        let conn = connection()?;
+        let f = function_of(&conn, kernel)?;
+        // cudaFuncAttribute values are CUfunction_attribute values.
+        // SAFETY: value arguments only.
+        Ok(unsafe {
+            crate::runtime::call_on(&conn, &dcalls::cuFuncSetAttribute, &[f.handle, u64::from(attr), value as u64])
+        } as u32)
+    })
+}
+
+pub unsafe fn cudaFuncSetCacheConfig(func: *mut c_void, cacheConfig: u32) -> u32 {
+    runtime("cudaFuncSetCacheConfig", || {
+        let kernel = kernel_of(func)?;
+        let conn = connection()?;
+        let f = function_of(&conn, kernel)?;
+        // SAFETY: value arguments only.
+        Ok(
+            unsafe {
+                crate::runtime::call_on(&conn, &dcalls::cuFuncSetCacheConfig, &[f.handle, u64::from(cacheConfig)])
+            } as u32,
+        )
+    })
+}
+
+/// Occupancy answers, per (function, block size, shared memory, flags): they never change.
+/// (function, block size, dynamic shared memory, flags) → active blocks per SM.
+type OccupancyKey = (u64, i32, usize, u32);
+
+static OCCUPANCY: Mutex<Option<HashMap<OccupancyKey, i32>>> = Mutex::new(None);
+
+fn occupancy(num_blocks: *mut c_void, func: *mut c_void, block_size: i32, smem: usize, flags: u32) -> u32 {
+    runtime("cudaOccupancyMaxActiveBlocksPerMultiprocessor", || {
+        if num_blocks.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let kernel = kernel_of(func)?;
+        let conn = connection()?;
+        let f = function_of(&conn, kernel)?;
+        let key = (f.handle, block_size, smem, flags);
+        let cached = OCCUPANCY.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(|m| m.get(&key).copied());
+        let n = match cached {
+            Some(n) => n,
+            None => {
+                let mut n = 0i32;
+                let args = [&mut n as *mut i32 as u64, f.handle, block_size as u64, smem as u64, u64::from(flags)];
+                // SAFETY: writes one int into `n`.
+                let s = unsafe {
+                    crate::runtime::call_on(&conn, &dcalls::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, &args)
+                } as u32;
+                if s != SUCCESS {
+                    return Err(INVALID_VALUE);
+                }
+                OCCUPANCY.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(key, n);
+                n
+            }
+        };
+        // SAFETY: the caller's int.
+        unsafe { std::ptr::write_unaligned(num_blocks as *mut i32, n) };
+        Ok(SUCCESS)
+    })
+}
+
+pub unsafe fn cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+    numBlocks: *mut c_void,
+    func: *mut c_void,
+    blockSize: i32,
+    dynamicSMemSize: usize,
+) -> u32 {
+    occupancy(numBlocks, func, blockSize, dynamicSMemSize, 0)
+}
+
+pub unsafe fn cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    numBlocks: *mut c_void,
+    func: *mut c_void,
+    blockSize: i32,
+    dynamicSMemSize: usize,
+    flags: u32,
+) -> u32 {
+    occupancy(numBlocks, func, blockSize, dynamicSMemSize, flags)
+}
+
+// ---- Symbols ----
+
+fn symbol_address(conn: &Conn, symbol: *mut c_void) -> Result<(u64, usize), u32> {
+    let var = registry::variable_by_host_var(symbol as usize).ok_or(INVALID_SYMBOL)?;
+    let address = modules::variable_address(conn, var).map_err(|_| INVALID_SYMBOL)?;
+    Ok((address, var.size))
+}
+
+static MEMCPY: CopyForms =
+    CopyForms { h2d: &calls::cudaMemcpy__h2d, d2h: &calls::cudaMemcpy__d2h, d2d: &calls::cudaMemcpy__d2d };
+static MEMCPY_ASYNC: CopyForms = CopyForms {
+    h2d: &calls::cudaMemcpyAsync__h2d,
+    d2h: &calls::cudaMemcpyAsync__d2h,
+    d2d: &calls::cudaMemcpyAsync__d2d,
+};
+
+/// kind: cudaMemcpyHostToDevice (1), DeviceToDevice (3) or Default (4, decided by `src`).
+fn to_symbol(
+    symbol: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+    stream: Option<*mut c_void>,
+) -> u32 {
+    runtime("cudaMemcpyToSymbol", || {
+        let conn = connection()?;
+        let (address, size) = symbol_address(&conn, symbol)?;
+        if offset.checked_add(count).is_none_or(|end| end > size) {
+            return Err(INVALID_VALUE);
+        }
+        let src_dev = match kind {
+            1 => false,
+            3 => true,
+            4 => state::is_device(src as u64),
+            _ => return Err(21),
+        };
+        let (forms, tail) = match stream {
+            Some(s) => (&MEMCPY_ASYNC, vec![s as u64]),
+            None => (&MEMCPY, Vec::new()),
+        };
+        // SAFETY: `src` is the caller's buffer of `count` bytes.
+        Ok(unsafe {
+            memory::copy(
+                &conn,
+                forms,
+                address + offset as u64,
+                src as u64,
+                count as u64,
+                (true, src_dev),
+                &tail,
+                stream.is_some(),
+            )
+        } as u32)
+    })
+}
+
+fn from_symbol(
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+    stream: Option<*mut c_void>,
+) -> u32 {
+    runtime("cudaMemcpyFromSymbol", || {
+        let conn = connection()?;
+        let (address, size) = symbol_address(&conn, symbol)?;
+        if offset.checked_add(count).is_none_or(|end| end > size) {
+            return Err(INVALID_VALUE);
+        }
+        let dst_dev = match kind {
+            2 => false,
+            3 => true,
+            4 => state::is_device(dst as u64),
+            _ => return Err(21),
+        };
+        let (forms, tail) = match stream {
+            Some(s) => (&MEMCPY_ASYNC, vec![s as u64]),
+            None => (&MEMCPY, Vec::new()),
+        };
+        // SAFETY: `dst` is the caller's buffer of `count` bytes.
+        Ok(unsafe {
+            memory::copy(
+                &conn,
+                forms,
+                dst as u64,
+                address + offset as u64,
+                count as u64,
+                (dst_dev, true),
+                &tail,
+                stream.is_some(),
+            )
+        } as u32)
+    })
+}
+
+pub unsafe fn cudaMemcpyToSymbol(symbol: *mut c_void, src: *mut c_void, count: usize, offset: usize, kind: u32) -> u32 {
+    to_symbol(symbol, src, count, offset, kind, None)
+}
+
+pub unsafe fn cudaMemcpyToSymbol_ptds(
+    symbol: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    to_symbol(symbol, src, count, offset, kind, None)
+}
+
+pub unsafe fn cudaMemcpyToSymbolAsync(
+    symbol: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    to_symbol(symbol, src, count, offset, kind, Some(stream))
+}
+
+pub unsafe fn cudaMemcpyToSymbolAsync_ptsz(
+    symbol: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    to_symbol(symbol, src, count, offset, kind, Some(stream))
+}
+
+pub unsafe fn cudaMemcpyFromSymbol(
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    from_symbol(dst, symbol, count, offset, kind, None)
+}
+
+pub unsafe fn cudaMemcpyFromSymbol_ptds(
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    from_symbol(dst, symbol, count, offset, kind, None)
+}
+
+pub unsafe fn cudaMemcpyFromSymbolAsync(
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    from_symbol(dst, symbol, count, offset, kind, Some(stream))
+}
+
+pub unsafe fn cudaMemcpyFromSymbolAsync_ptsz(
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    from_symbol(dst, symbol, count, offset, kind, Some(stream))
+}
+
+pub unsafe fn cudaGetSymbolAddress(devPtr: *mut c_void, symbol: *mut c_void) -> u32 {
+    runtime("cudaGetSymbolAddress", || {
+        if devPtr.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let conn = connection()?;
+        let (address, size) = symbol_address(&conn, symbol)?;
+        state::add(address, size as u64, state::Memory::Device { device: state::current_device() });
+        // SAFETY: the caller's void**.
+        unsafe { std::ptr::write_unaligned(devPtr as *mut u64, address) };
+        Ok(SUCCESS)
+    })
+}
+
+pub unsafe fn cudaGetSymbolSize(size: *mut c_void, symbol: *mut c_void) -> u32 {
+    runtime("cudaGetSymbolSize", || {
+        if size.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let var = registry::variable_by_host_var(symbol as usize).ok_or(INVALID_SYMBOL)?;
+        // SAFETY: the caller's size_t.
+        unsafe { std::ptr::write_unaligned(size as *mut usize, var.size) };
+        Ok(SUCCESS)
+    })
+}
+
+// ---- 2D copies ----
+
+struct Copy2d {
+    dst: u64,
+    dpitch: usize,
+    src: u64,
+    spitch: usize,
+    width: usize,
+    height: usize,
+}
+
+/// A 2D copy: host rows are gathered into (or scattered from) one contiguous buffer whose
+/// pitch on the wire is the width.
+fn copy_2d(forms: &CopyForms, c: Copy2d, kind: u32, tail: &[u64]) -> u32 {
+    runtime("cudaMemcpy2D", || {
+        if c.width > c.dpitch || c.width > c.spitch {
+            return Err(INVALID_VALUE);
+        }
+        let direction = memory::direction(kind, c.dst, c.src).ok_or(21u32)?;
+        let conn = connection()?;
+        let n = c.width * c.height;
+        let with = |dst: u64, dpitch: usize, src: u64, spitch: usize, kind: u64| -> Vec<u64> {
+            let mut a = vec![dst, dpitch as u64, src, spitch as u64, c.width as u64, c.height as u64, kind];
+            a.extend_from_slice(tail);
+            a
+        };
+        // SAFETY (all arms): host rows lie in the caller's buffers per its pitches.
+        unsafe {
+            match direction {
+                (true, false) => {
+                    let mut rows = Vec::with_capacity(n);
+                    for r in 0..c.height {
+                        rows.extend_from_slice(std::slice::from_raw_parts(
+                            (c.src as usize + r * c.spitch) as *const u8,
+                            c.width,
+                        ));
+                    }
+                    let args = with(c.dst, c.dpitch, rows.as_ptr() as u64, c.width, 1);
+                    Ok(crate::runtime::call_on(&conn, forms.h2d, &args) as u32)
+                }
+                (false, true) => {
+                    let mut rows = vec![0u8; n];
+                    let args = with(rows.as_mut_ptr() as u64, c.width, c.src, c.spitch, 2);
+                    let s = crate::runtime::call_on(&conn, forms.d2h, &args) as u32;
+                    if s == SUCCESS {
+                        for r in 0..c.height {
+                            std::ptr::copy_nonoverlapping(
+                                rows.as_ptr().add(r * c.width),
+                                (c.dst as usize + r * c.dpitch) as *mut u8,
+                                c.width,
+                            );
+                        }
+                    }
+                    Ok(s)
+                }
+                (true, true) => {
+                    Ok(crate::runtime::call_on(&conn, forms.d2d, &with(c.dst, c.dpitch, c.src, c.spitch, 3)) as u32)
+                }
+                (false, false) => {
+                    for r in 0..c.height {
+                        std::ptr::copy(
+                            (c.src as usize + r * c.spitch) as *const u8,
+                            (c.dst as usize + r * c.dpitch) as *mut u8,
+                            c.width,
+                        );
+                    }
+                    Ok(SUCCESS)
+                }
+            }
+        }
+    })
+}
+
+static MEMCPY2D: CopyForms =
+    CopyForms { h2d: &calls::cudaMemcpy2D__h2d, d2h: &calls::cudaMemcpy2D__d2h, d2d: &calls::cudaMemcpy2D__d2d };
+static MEMCPY2D_PTDS: CopyForms = CopyForms {
+    h2d: &calls::cudaMemcpy2D_ptds__h2d,
+    d2h: &calls::cudaMemcpy2D_ptds__d2h,
+    d2d: &calls::cudaMemcpy2D_ptds__d2d,
+};
+static MEMCPY2D_ASYNC: CopyForms = CopyForms {
+    h2d: &calls::cudaMemcpy2DAsync__h2d,
+    d2h: &calls::cudaMemcpy2DAsync__d2h,
+    d2d: &calls::cudaMemcpy2DAsync__d2d,
+};
+static MEMCPY2D_ASYNC_PTSZ: CopyForms = CopyForms {
+    h2d: &calls::cudaMemcpy2DAsync_ptsz__h2d,
+    d2h: &calls::cudaMemcpy2DAsync_ptsz__d2h,
+    d2d: &calls::cudaMemcpy2DAsync_ptsz__d2d,
+};
+
+pub unsafe fn cudaMemcpy2D(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+) -> u32 {
+    copy_2d(&MEMCPY2D, Copy2d { dst: dst as u64, dpitch, src: src as u64, spitch, width, height }, kind, &[])
+}
+
+pub unsafe fn cudaMemcpy2D_ptds(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+) -> u32 {
+    copy_2d(&MEMCPY2D_PTDS, Copy2d { dst: dst as u64, dpitch, src: src as u64, spitch, width, height }, kind, &[])
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cudaMemcpy2DAsync(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    copy_2d(
+        &MEMCPY2D_ASYNC,
+        Copy2d { dst: dst as u64, dpitch, src: src as u64, spitch, width, height },
+        kind,
+        &[stream as u64],
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cudaMemcpy2DAsync_ptsz(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    copy_2d(
+        &MEMCPY2D_ASYNC_PTSZ,
+        Copy2d { dst: dst as u64, dpitch, src: src as u64, spitch, width, height },
+        kind,
+        &[stream as u64],
+    )
+}
+
+/// Node counts travel; node arrays are not supported yet.
+pub unsafe fn cudaGraphGetNodes(graph: *mut c_void, nodes: *mut c_void, numNodes: *mut c_void) -> u32 {
+    runtime("cudaGraphGetNodes", || {
+        if !nodes.is_null() {
+            crate::log::once("cudaGraphGetNodes-array", || {
+                tracing::warn!("cudaGraphGetNodes with a node array is not supported by Chidori; only counts")
+            });
+            return Err(801);
+        }
+        let conn = connection()?;
+        // SAFETY: numNodes is the caller's size_t.
+        Ok(unsafe {
+            crate::runtime::call_on(&conn, &calls::cudaGraphGetNodes__count, &[graph as u64, 0, numNodes as u64])
+        } as u32)
+    })
+}

@@ -1,0 +1,270 @@
+//! Modules on the server, loaded lazily: the first time one of a fat binary's kernels or
+//! variables is used, the client sends the content hash of the image the server's GPU
+//! needs (only its cubin and PTX entries where the fat binary allows); the server loads it
+//! from its module cache or asks for the bytes. One round trip brings back every kernel of
+//! the module with its function handle and parameter layout.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use chidori_protocol::messages::{Api, Launch, Service, ServiceReply};
+use sha2::{Digest, Sha256};
+
+use crate::conn::Conn;
+use crate::registry::{self, FATBIN_WRAPPER_MAGIC, FatbinWrapper};
+
+/// A function the client can launch: the server's handle and the parameter layout.
+#[derive(Clone, Debug)]
+pub struct Function {
+    pub handle: u64,
+    pub params: Arc<[(u32, u32)]>,
+}
+
+/// A module loaded on the server.
+#[derive(Debug)]
+pub struct Loaded {
+    pub library: u64,
+    pub module: u64,
+    pub kernels: HashMap<String, Function>,
+}
+
+/// Driver status values used here.
+pub const NOT_FOUND: u32 = 500;
+pub const INVALID_IMAGE: u32 = 200;
+pub const NO_DEVICE: u32 = 100;
+
+/// Parameter layouts of functions from cuModuleGetFunction, fetched once each.
+/// A kernel's parameters: (offset, size) each, in order.
+pub type ParamLayout = Arc<[(u32, u32)]>;
+
+static FUNCTIONS: Mutex<Option<HashMap<u64, ParamLayout>>> = Mutex::new(None);
+
+fn remember(handle: u64, params: Arc<[(u32, u32)]>) {
+    FUNCTIONS.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(handle, params);
+}
+
+/// The compute capability (90 for sm_90) of the current device of the server.
+fn server_sm(conn: &Conn) -> u32 {
+    let d = conn.profile.device(crate::state::current_device()).or_else(|| conn.profile.device(0));
+    d.map(|d| {
+        let major = d.attributes.get(&75).copied().unwrap_or(0);
+        let minor = d.attributes.get(&76).copied().unwrap_or(0);
+        (major * 10 + minor) as u32
+    })
+    .unwrap_or(0)
+}
+
+/// Load `image` on the server (uploading it only when the server has not seen it).
+/// Err: a driver status, logged once with the reason.
+pub fn load_image(conn: &Conn, image: &[u8]) -> Result<Arc<Loaded>, u32> {
+    let hash: [u8; 32] = Sha256::digest(image).into();
+    let start = Instant::now();
+    let mut reply = conn.service(&Service::LoadModule { hash }, &[]).map_err(|_| NO_DEVICE)?;
+    let mut uploaded = 0u64;
+    if reply == ServiceReply::NeedUpload {
+        if image.len() > (1 << 20) {
+            tracing::info!("uploading a module of {} MiB (once: the server caches it)", image.len() >> 20);
+        }
+        reply = conn.service(&Service::UploadModule { hash }, &[image]).map_err(|_| NO_DEVICE)?;
+        uploaded = image.len() as u64;
+    }
+    crate::trace::bytes("(module load)", 1 + u64::from(uploaded > 0), uploaded, 0, start.elapsed());
+    match reply {
+        ServiceReply::Module { library, module, kernels } => {
+            let fallback = nv_info_params(image);
+            let kernels = kernels
+                .into_iter()
+                .map(|k| {
+                    // Drivers before 12.4 cannot tell parameter layouts: the cubin can.
+                    let params: Arc<[(u32, u32)]> = match (k.params.is_empty(), fallback.get(&k.name)) {
+                        (true, Some(p)) => p.clone().into(),
+                        _ => k.params.into(),
+                    };
+                    remember(k.handle, params.clone());
+                    (k.name, Function { handle: k.handle, params })
+                })
+                .collect();
+            Ok(Arc::new(Loaded { library, module, kernels }))
+        }
+        ServiceReply::Error { status, message } => {
+            crate::log::once_owned(&message, || tracing::warn!("loading a module on the server: {message}"));
+            Err(status as u32)
+        }
+        other => {
+            tracing::warn!("unexpected answer to a module load: {other:?}");
+            Err(INVALID_IMAGE)
+        }
+    }
+}
+
+/// Parameter layouts from the image's cubins (used only when the driver gives none).
+fn nv_info_params(image: &[u8]) -> HashMap<String, Vec<(u32, u32)>> {
+    let mut out = HashMap::new();
+    if let Ok(entries) = crate::fatbin::entries(image) {
+        for e in entries.iter().filter(|e| e.is_elf()) {
+            if let Ok(cubin) = e.decompressed() {
+                out.extend(crate::fatbin::kernel_params(&cubin));
+            }
+        }
+    } else if image.starts_with(b"\x7fELF") {
+        out = crate::fatbin::kernel_params(image);
+    }
+    out
+}
+
+/// The image of a registered fat binary: only what the server's GPU runs, when the fat
+/// binary has it; else the whole fat binary.
+fn image_of(conn: &Conn, module: &registry::Module) -> Result<Vec<u8>, u32> {
+    // SAFETY: nvcc-generated constructors register pointers to their static wrappers.
+    let wrapper: &FatbinWrapper = unsafe { module.wrapper.as_ref() }.ok_or(INVALID_IMAGE)?;
+    if wrapper.magic != FATBIN_WRAPPER_MAGIC || wrapper.data.is_null() {
+        return Err(INVALID_IMAGE);
+    }
+    // SAFETY: the fat binary header is 16 bytes at `data`; its size field covers the rest,
+    // all in the program's .nv_fatbin section.
+    let header = unsafe { std::slice::from_raw_parts(wrapper.data as *const u8, 16) };
+    let len = crate::fatbin::total_len(header).map_err(|_| INVALID_IMAGE)?;
+    // SAFETY: as above.
+    let whole = unsafe { std::slice::from_raw_parts(wrapper.data as *const u8, len) };
+    Ok(match crate::fatbin::select(whole, server_sm(conn)) {
+        Ok(Some(picked)) => picked,
+        _ => whole.to_vec(),
+    })
+}
+
+/// The server-side module of a registered fat binary, loading it on first use.
+pub fn ensure(conn: &Conn, module: &registry::Module) -> Result<Arc<Loaded>, u32> {
+    let mut slot = module.loaded.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(m) = slot.as_ref() {
+        return Ok(m.clone());
+    }
+    let image = image_of(conn, module)?;
+    let loaded = load_image(conn, &image)?;
+    *slot = Some(loaded.clone());
+    Ok(loaded)
+}
+
+/// The server function of a registered kernel.
+pub fn resolve(conn: &Conn, kernel: &registry::Kernel) -> Result<Function, u32> {
+    if let Some(f) = kernel.resolved.get() {
+        return Ok(f.clone());
+    }
+    // SAFETY: kernel records point at their leaked module record.
+    let module = unsafe { kernel.module.as_ref() }.ok_or(NOT_FOUND)?;
+    let loaded = ensure(conn, module)?;
+    let name = kernel.name.to_string_lossy();
+    let f = loaded.kernels.get(name.as_ref()).cloned().ok_or_else(|| {
+        crate::log::once_owned(&name, || tracing::warn!("the server's module has no kernel {name}"));
+        NOT_FOUND
+    })?;
+    Ok(kernel.resolved.get_or_init(|| f).clone())
+}
+
+/// The device address of a registered variable.
+pub fn variable_address(conn: &Conn, var: &registry::Variable) -> Result<u64, u32> {
+    if let Some(a) = var.address.get() {
+        return Ok(*a);
+    }
+    // SAFETY: variable records point at their leaked module record.
+    let module = unsafe { var.module.as_ref() }.ok_or(NOT_FOUND)?;
+    let loaded = ensure(conn, module)?;
+    let name = var.name.to_string_lossy().into_owned();
+    match conn.service(&Service::Global { module: loaded.library, name }, &[]).map_err(|_| NO_DEVICE)? {
+        ServiceReply::Global { address, .. } => Ok(*var.address.get_or_init(|| address)),
+        ServiceReply::Error { status, message } => {
+            crate::log::once_owned(&message, || tracing::warn!("{message}"));
+            Err(status as u32)
+        }
+        _ => Err(NOT_FOUND),
+    }
+}
+
+/// The parameter layout of a function handle from cuModuleGetFunction.
+pub fn function_params(conn: &Conn, handle: u64) -> Result<Arc<[(u32, u32)]>, u32> {
+    if let Some(p) = FUNCTIONS.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(|m| m.get(&handle)) {
+        return Ok(p.clone());
+    }
+    match conn.service(&Service::FunctionParams { function: handle }, &[]).map_err(|_| NO_DEVICE)? {
+        ServiceReply::Params { params } => {
+            let params: Arc<[(u32, u32)]> = params.into();
+            remember(handle, params.clone());
+            Ok(params)
+        }
+        ServiceReply::Error { status, .. } => Err(status as u32),
+        _ => Err(NOT_FOUND),
+    }
+}
+
+/// Pack launch arguments (`args[i]` points at parameter i) by the parameter layout.
+///
+/// # Safety
+/// `args` must hold one valid pointer per parameter, each to `size` readable bytes.
+pub unsafe fn pack(params: &[(u32, u32)], args: *const *const u8) -> Vec<u8> {
+    let total = params.iter().map(|(o, s)| (*o + *s) as usize).max().unwrap_or(0);
+    let mut buf = vec![0u8; total];
+    if args.is_null() {
+        return buf;
+    }
+    for (i, (offset, size)) in params.iter().enumerate() {
+        // SAFETY: per the contract.
+        let p = unsafe { *args.add(i) };
+        if !p.is_null() {
+            // SAFETY: per the contract; the destination range lies inside `buf`.
+            unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr().add(*offset as usize), *size as usize) };
+        }
+    }
+    buf
+}
+
+/// Everything about one launch but the function.
+pub struct LaunchShape {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u32,
+    pub stream: u64,
+    pub attributes: Vec<(u32, Vec<u8>)>,
+    pub cooperative: bool,
+    pub api: Api,
+}
+
+/// Launch `function` with packed parameters (fire-and-forget).
+pub fn launch(conn: &Conn, function: &Function, shape: LaunchShape, packed: &[u8]) -> Result<(), u32> {
+    let l = Launch {
+        function: function.handle,
+        grid: shape.grid,
+        block: shape.block,
+        shared_mem: shape.shared_mem,
+        stream: shape.stream,
+        attributes: shape.attributes,
+        cooperative: shape.cooperative,
+        api: shape.api,
+    };
+    crate::trace::local("(kernel launch)");
+    conn.launch(&l, packed).map_err(|_| NO_DEVICE)
+}
+
+/// The length of a module image passed to cuModuleLoadData: a fat binary (its header
+/// says), an ELF cubin (its section and program header tables end it), else PTX text.
+///
+/// # Safety
+/// `image` must point at one of those, as cuModuleLoadData requires.
+pub unsafe fn image_len(image: *const u8) -> usize {
+    // SAFETY: every image starts with at least 16 readable bytes (fat binary header, ELF
+    // identification, or PTX text which is longer than that).
+    let head = unsafe { std::slice::from_raw_parts(image, 16) };
+    if let Ok(n) = crate::fatbin::total_len(head) {
+        return n;
+    }
+    if head.starts_with(b"\x7fELF") {
+        // SAFETY: a 64-byte ELF64 header follows the identification.
+        let h = unsafe { std::slice::from_raw_parts(image, 64) };
+        let u16_at = |at: usize| u64::from(u16::from_le_bytes([h[at], h[at + 1]]));
+        let u64_at = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().unwrap_or([0; 8]));
+        let sections = u64_at(0x28) + u16_at(0x3c) * u16_at(0x3a);
+        let programs = u64_at(0x20) + u16_at(0x38) * u16_at(0x36);
+        return sections.max(programs) as usize;
+    }
+    // SAFETY: PTX is NUL-terminated text.
+    unsafe { std::ffi::CStr::from_ptr(image.cast()) }.to_bytes_with_nul().len()
+}
