@@ -1,35 +1,131 @@
 #!/usr/bin/env bash
-# One whole round on the GPU machine, in one device call (binaries come from
-# `cargo xtask dist` on the developer machine: carry target/dist).
+# One whole round on the GPU machine, in one device call. Binaries come from the developer
+# machine (there is no cargo on the GPU machine):
 #
-#   bash gpu/round.sh            # writes logs under $OUT, prints a table last
+#   ./dev build && cargo xtask matrix --build-only --dir target/dist/matrix \
+#     && cp target/release/xtask target/dist/bin/
+#   run (device): bash gpu/round.sh [STAGE...]      carry: ["target/dist"]
 #
-# Grows with each issue; today: import torch through the shims, and record the device
-# profile for the emulated backend.
+# Stages (default: core kernels):
+#   profile  record the device profile the emulated backend answers from
+#   core     version matrix against the real GPU; 4-byte D2H round trip (median, p99 of
+#            10,000) and 1 GiB H2D/D2H, native and remote; GPU memory back after SIGKILL
+#   kernels  the CUDA suite: native, loopback, 70 ms WAN; the module cache's second run
+#   torch    the torch suite and the standard workloads, native and remote
+# The standard workloads and the WAN relay come from ../shared (copied into target/dist by
+# `cargo xtask dist`, since only the repository travels). Logs go to $LOGS, packed into
+# $LOGS/round-logs.tgz at the end (the device tool returns at most 8 files); a table last.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/chidori-round}
-mkdir -p "$OUT"
-DIST=target/dist
+ROOT=$(pwd)
+LOGS=${LOGS:-/tmp/chidori-round}
+rm -rf "$LOGS"
+mkdir -p "$LOGS"
+SUMMARY_DIR=${OUT:-$LOGS}
+DIST=$ROOT/target/dist
+SHARED=$DIST/shared
+[[ -d $SHARED ]] || SHARED=$ROOT/../shared
+CHIDORI=$DIST/bin/chidori
+PORT=43211
+WAN_PORT=43300
+SERVER=127.0.0.1:$PORT
 export PYTHONUNBUFFERED=1
+NVCC=${NVCC:-/usr/local/cuda-13.0/bin/nvcc}
+B=${BUILD_DIR:-/tmp/chidori-build}
+mkdir -p "$B"
 rows=()
+row() { rows+=("$1|$2"); echo "[round] $1: $2"; }
+stages=("$@")
+[[ ${#stages[@]} -gt 0 ]] || stages=(core kernels)
+want() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 
-python3 gpu/record_profile.py > "$OUT/h200-profile.json" 2> "$OUT/profile.err" \
-  && rows+=("profile|recorded $(python3 -c "import json;d=json.load(open('$OUT/h200-profile.json'));print(len(d['devices'][0]['attributes']),'attributes')")") \
-  || rows+=("profile|FAILED: $(tail -1 "$OUT/profile.err")")
+# The server, with its own module cache, for the whole round.
+CACHE=$B/module-cache
+rm -rf "$CACHE"
+"$CHIDORI" serve --bind 127.0.0.1 --port $PORT --module-cache "$CACHE" > "$LOGS/serve.log" 2>&1 &
+SERVE_PID=$!
+python3 "$SHARED/tools/wan_delay.py" --listen 127.0.0.1:$WAN_PORT --target $SERVER --rtt-ms 70 \
+  --max-seconds 3000 > "$LOGS/wan.log" 2>&1 &
+WAN_PID=$!
+trap 'kill $SERVE_PID $WAN_PID 2>/dev/null' EXIT
+sleep 1
+kill -0 $SERVE_PID 2>/dev/null || { echo "chidori serve did not start:"; cat "$LOGS/serve.log"; exit 1; }
 
-python3 - > "$OUT/env.txt" 2>&1 <<'PY'
-import torch, subprocess
-print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())
-print(subprocess.run(["python3", "-m", "pip", "list"], capture_output=True, text=True).stdout)
-PY
+nv() { "$NVCC" -arch=sm_90 -O2 -cudart shared -Xlinker -rpath -Xlinker /usr/local/cuda-13.0/lib64 "$@"; }
 
-IMPORT='import time; t=time.time(); import torch, torch.nn; print("available", torch.cuda.is_available(), "import_s", round(time.time()-t, 2))'
-native=$(python3 -c "$IMPORT" 2>&1 | tail -1)
-remote=$(CHIDORI_LOG=info "$DIST/bin/chidori" run -- python3 -c "$IMPORT" > "$OUT/import-chidori.log" 2>&1; tail -1 "$OUT/import-chidori.log")
-rows+=("import torch native|$native")
-rows+=("import torch chidori (no server)|$remote")
+if want profile; then
+  python3 gpu/record_profile.py > "$LOGS/h200-profile.json" 2> "$LOGS/profile.err" \
+    && row profile "recorded" || row profile "FAILED: $(tail -1 "$LOGS/profile.err")"
+fi
 
+if want core; then
+  # The version matrix: prebuilt C programs (one per CUDA version) against the real GPU.
+  if [[ -x $DIST/bin/xtask && -d $DIST/matrix ]]; then
+    # Checked against this GPU's profile, recorded natively (UUIDs differ between machines).
+    [[ -s $LOGS/h200-profile.json ]] || python3 gpu/record_profile.py > "$LOGS/h200-profile.json" 2> "$LOGS/profile.err"
+    timeout 300 "$DIST/bin/xtask" matrix --prebuilt --dir "$DIST/matrix" --server $SERVER --chidori "$CHIDORI" \
+      --profile "$LOGS/h200-profile.json" \
+      > "$LOGS/matrix.txt" 2>&1
+    rc=$?
+    cat "$LOGS/matrix.txt"
+    row "matrix (real H200)" "$( ((rc == 0)) && echo "all versions pass" || echo "FAILED rc=$rc (matrix.txt)")"
+  else
+    row "matrix (real H200)" "SKIPPED: no prebuilt matrix in target/dist"
+  fi
+
+  nv gpu/bench/rtt.cu -o "$B/rtt" && nv gpu/bench/hold.cu -o "$B/hold" || row bench "BUILD FAILED"
+  "$B/rtt" > "$LOGS/rtt-native.json" 2> "$LOGS/rtt-native.err"; row "rtt+copy native" "$(cat "$LOGS/rtt-native.json")"
+  timeout 300 "$CHIDORI" run -s $SERVER -- "$B/rtt" > "$LOGS/rtt-remote.json" 2> "$LOGS/rtt-remote.err"
+  row "rtt+copy loopback" "$(cat "$LOGS/rtt-remote.json") $(tail -1 "$LOGS/rtt-remote.err")"
+  timeout 300 "$CHIDORI" run -s 127.0.0.1:$WAN_PORT -- "$B/rtt" 20 > "$LOGS/rtt-wan.json" 2> "$LOGS/rtt-wan.err"
+  row "rtt+copy wan70" "$(cat "$LOGS/rtt-wan.json") $(tail -1 "$LOGS/rtt-wan.err")"
+
+  # SIGKILL a client holding 8 GiB; how long until the GPU has the memory back.
+  "$CHIDORI" run -s $SERVER -- "$B/hold" 8 > "$LOGS/hold.out" 2>&1 &
+  HOLD=$!
+  for _ in $(seq 600); do grep -q ready "$LOGS/hold.out" && break; sleep 0.1; done
+  if grep -q ready "$LOGS/hold.out"; then
+    row "sigkill release (8 GiB)" "$(python3 gpu/bench/kill_release.py $HOLD 8)"
+  else
+    kill -9 $HOLD 2>/dev/null
+    row "sigkill release (8 GiB)" "FAILED: hold never ready: $(tail -2 "$LOGS/hold.out")"
+  fi
+  wait $HOLD 2>/dev/null
+fi
+
+if want kernels; then
+  BUILD_DIR=$B/suite NVCC=$NVCC bash gpu/cuda-suite/build.sh > "$LOGS/suite-build.txt" 2>&1 \
+    || row "cuda suite build" "FAILED: $(grep FAILED "$LOGS/suite-build.txt" | head -3 | tr '\n' ' ')"
+  timeout 540 python3 gpu/cuda-suite/run.py --build-dir "$B/suite" --chidori "$CHIDORI" --server $SERVER \
+    --wan-server 127.0.0.1:$WAN_PORT --json "$LOGS/suite.json" --timeout 90 > "$LOGS/suite.txt" 2>&1
+  rc=$?
+  cat "$LOGS/suite.txt"
+  row "cuda suite" "$( ((rc == 0)) && echo "all match (suite.txt)" || echo "MISMATCHES rc=$rc (suite.txt)")"
+  # The module cache: a fresh client process whose modules the server already has.
+  "$CHIDORI" run --trace -s $SERVER -- "$B/suite/params" > /dev/null 2> "$LOGS/second-run-trace.txt"
+  row "second run uploads" "$(grep -i "module" "$LOGS/second-run-trace.txt" | tr -s ' ' | tr '\n' ';')"
+fi
+
+if want torch; then
+  for w in "$SHARED"/workloads/*.py; do
+    name=$(basename "$w" .py)
+    timeout 240 python3 "$w" > "$LOGS/w-$name-native.txt" 2>&1
+    timeout 240 "$CHIDORI" run -s $SERVER -- python3 "$w" > "$LOGS/w-$name-remote.txt" 2>&1
+    row "workload $name" "native: $(tail -1 "$LOGS/w-$name-native.txt") | remote: $(tail -1 "$LOGS/w-$name-remote.txt")"
+  done
+  timeout 400 python3 gpu/torch-suite/compare.py --chidori "$CHIDORI" --server $SERVER \
+    --json "$LOGS/torch-suite.json" --timeout 180 > "$LOGS/torch-suite.txt" 2>&1
+  rc=$?
+  tail -30 "$LOGS/torch-suite.txt"
+  row "torch suite" "$( ((rc == 0)) && echo "all match" || echo "FAILURES rc=$rc (torch-suite.txt)")"
+fi
+
+kill $SERVE_PID $WAN_PID 2>/dev/null
+wait $SERVE_PID 2>/dev/null
+grep -E "WARN|ERROR" "$LOGS/serve.log" | sort | uniq -c | sort -rn | head -15 > "$LOGS/serve-warnings.txt"
 echo
-echo "== chidori GPU round =="
-for r in "${rows[@]}"; do printf '%-34s %s\n' "${r%%|*}" "${r#*|}"; done
+echo "== chidori GPU round ($(date -u +%F), stages: ${stages[*]}) =="
+for r in "${rows[@]}"; do printf '%-26s %s\n' "${r%%|*}" "${r#*|}"; done
+echo "-- server warnings (count, first 15):"
+cat "$LOGS/serve-warnings.txt"
+tar czf "$SUMMARY_DIR/round-logs.tgz" -C "$LOGS" --exclude='*.bin' . 2>/dev/null

@@ -287,3 +287,35 @@ fn serve_explains_a_missing_gpu() {
         assert!(err.contains("NVIDIA driver") || err.contains("GPU"), "{err}");
     }
 }
+
+/// Capture status is answered on the client while nothing captures (torch asks before
+/// many operations); once a capture begins, the server is asked.
+const CAPTURE_STATUS: &str = r#"
+#include <stdio.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  if (cudaFree(0) != cudaSuccess) return 2;
+  for (int i = 0; i < 100; ++i) {
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusActive;
+    if (cudaStreamIsCapturing(0, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone) return 3;
+  }
+  if (cudaStreamIsCapturing(0, NULL) != cudaErrorInvalidValue) return 4;
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn capture_status_is_answered_locally_while_nothing_captures() {
+    let server = server();
+    let exe = program("capture-status", CAPTURE_STATUS);
+    let mut cmd = Command::new(chidori());
+    cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
+    let output = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success() && stdout.contains("OK"), "{stdout}\n{stderr}");
+    let row = stderr.lines().find(|l| l.contains("cudaStreamIsCapturing")).unwrap_or_else(|| panic!("{stderr}"));
+    let fields: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(fields.get(1..3), Some(&["101", "0"][..]), "calls and round trips: {row}");
+}

@@ -3015,31 +3015,21 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamAddCallback_ptsz(
         )
     }
 }
-///`cudaStreamBeginCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamBeginCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCapture(
     stream: *mut c_void,
     mode: u32,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaStreamBeginCapture,
-            &[(stream) as usize as u64, (mode) as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudart::cudaStreamBeginCapture(stream, mode) }
 }
-///`cudaStreamBeginCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamBeginCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCapture_ptsz(
     stream: *mut c_void,
     mode: u32,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaStreamBeginCapture_ptsz,
-            &[(stream) as usize as u64, (mode) as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudart::cudaStreamBeginCapture_ptsz(stream, mode) }
 }
 ///`cudaStreamCopyAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -3114,31 +3104,21 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamDestroy(stream: *mut c_void)
         ) as u32
     }
 }
-///`cudaStreamEndCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamEndCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamEndCapture(
     stream: *mut c_void,
     pGraph: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaStreamEndCapture,
-            &[(stream) as usize as u64, (pGraph) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudart::cudaStreamEndCapture(stream, pGraph) }
 }
-///`cudaStreamEndCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamEndCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamEndCapture_ptsz(
     stream: *mut c_void,
     pGraph: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaStreamEndCapture_ptsz,
-            &[(stream) as usize as u64, (pGraph) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudart::cudaStreamEndCapture_ptsz(stream, pGraph) }
 }
 ///`cudaStreamGetCaptureInfo` for CUDA 11.8 (sync).
 #[unsafe(no_mangle)]
@@ -3280,31 +3260,21 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetPriority_ptsz(
         ) as u32
     }
 }
-///`cudaStreamIsCapturing` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamIsCapturing` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamIsCapturing(
     stream: *mut c_void,
     pCaptureStatus: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaStreamIsCapturing,
-            &[(stream) as usize as u64, (pCaptureStatus) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudart::cudaStreamIsCapturing(stream, pCaptureStatus) }
 }
-///`cudaStreamIsCapturing_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamIsCapturing_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamIsCapturing_ptsz(
     stream: *mut c_void,
     pCaptureStatus: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaStreamIsCapturing_ptsz,
-            &[(stream) as usize as u64, (pCaptureStatus) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudart::cudaStreamIsCapturing_ptsz(stream, pCaptureStatus) }
 }
 ///`cudaStreamQuery` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]

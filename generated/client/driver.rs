@@ -4495,55 +4495,35 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamAttachMemAsync_ptsz(
         ) as u32
     }
 }
-///`cuStreamBeginCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamBeginCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture(
     hStream: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuStreamBeginCapture,
-            &[(hStream) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuStreamBeginCapture(hStream) }
 }
-///`cuStreamBeginCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamBeginCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_ptsz(
     hStream: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuStreamBeginCapture_ptsz,
-            &[(hStream) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuStreamBeginCapture_ptsz(hStream) }
 }
-///`cuStreamBeginCapture_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamBeginCapture_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_v2(
     hStream: *mut c_void,
     mode: u32,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuStreamBeginCapture_v2,
-            &[(hStream) as usize as u64, (mode) as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuStreamBeginCapture_v2(hStream, mode) }
 }
-///`cuStreamBeginCapture_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamBeginCapture_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_v2_ptsz(
     hStream: *mut c_void,
     mode: u32,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuStreamBeginCapture_v2_ptsz,
-            &[(hStream) as usize as u64, (mode) as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuStreamBeginCapture_v2_ptsz(hStream, mode) }
 }
 ///`cuStreamCopyAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -4620,31 +4600,21 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamDestroy_v2(
         ) as u32
     }
 }
-///`cuStreamEndCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamEndCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamEndCapture(
     hStream: *mut c_void,
     phGraph: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuStreamEndCapture,
-            &[(hStream) as usize as u64, (phGraph) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuStreamEndCapture(hStream, phGraph) }
 }
-///`cuStreamEndCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamEndCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamEndCapture_ptsz(
     hStream: *mut c_void,
     phGraph: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuStreamEndCapture_ptsz,
-            &[(hStream) as usize as u64, (phGraph) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuStreamEndCapture_ptsz(hStream, phGraph) }
 }
 ///`cuStreamGetCaptureInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -4861,31 +4831,21 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetPriority_ptsz(
         ) as u32
     }
 }
-///`cuStreamIsCapturing` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamIsCapturing` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamIsCapturing(
     hStream: *mut c_void,
     captureStatus: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuStreamIsCapturing,
-            &[(hStream) as usize as u64, (captureStatus) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuStreamIsCapturing(hStream, captureStatus) }
 }
-///`cuStreamIsCapturing_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamIsCapturing_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamIsCapturing_ptsz(
     hStream: *mut c_void,
     captureStatus: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuStreamIsCapturing_ptsz,
-            &[(hStream) as usize as u64, (captureStatus) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuStreamIsCapturing_ptsz(hStream, captureStatus) }
 }
 ///`cuStreamQuery` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]

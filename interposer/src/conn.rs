@@ -76,8 +76,12 @@ struct Pending {
     outs: Vec<OutTarget>,
 }
 
-/// Host callbacks waiting to run: id → (function, user data, kind).
-pub type CallbackFn = Box<dyn FnOnce(i64) + Send>;
+/// A host callback of the program, run with the stream's status. A callback captured into
+/// a graph runs once per replay.
+pub type CallbackFn = Arc<dyn Fn(i64) + Send + Sync>;
+
+/// A host callback the server asks for: (id, token, status, keep registered).
+type CallbackRun = (u64, u64, i64, bool);
 
 pub struct Conn {
     pub server: String,
@@ -93,7 +97,11 @@ pub struct Conn {
     deferred: Mutex<Vec<(&'static str, i64)>>,
     callbacks: Mutex<HashMap<u64, CallbackFn>>,
     next_callback: AtomicU64,
-    callback_queue: Mutex<std::sync::mpsc::Sender<(u64, u64, i64)>>,
+    /// Callbacks enqueued and not yet run: a copy from host memory enqueued after one must
+    /// read the memory after the callback ran, as the GPU would.
+    unrun: Mutex<HashMap<u64, u64>>,
+    ran: Condvar,
+    callback_queue: Mutex<std::sync::mpsc::Sender<CallbackRun>>,
     last_heard: Mutex<Instant>,
 }
 
@@ -216,6 +224,8 @@ fn connect() -> Result<Conn, String> {
         deferred: Mutex::new(Vec::new()),
         callbacks: Mutex::new(HashMap::new()),
         next_callback: AtomicU64::new(1),
+        unrun: Mutex::new(HashMap::new()),
+        ran: Condvar::new(),
         callback_queue: Mutex::new(tx),
         last_heard: Mutex::new(Instant::now()),
     };
@@ -336,14 +346,38 @@ impl Conn {
         Some(d.remove(i).1)
     }
 
-    pub fn register_callback(&self, f: CallbackFn) -> u64 {
+    /// Register a callback the server will ask to run, enqueued on `stream`.
+    pub fn register_callback(&self, f: CallbackFn, stream: u64) -> u64 {
         let id = self.next_callback.fetch_add(1, Ordering::Relaxed);
         self.callbacks.lock().unwrap_or_else(|p| p.into_inner()).insert(id, f);
+        // A callback captured into a graph runs at replays, not in the stream: not waited for.
+        if !crate::custom::capture::any_active() {
+            self.unrun.lock().unwrap_or_else(|p| p.into_inner()).insert(id, stream);
+        }
         id
     }
 
     pub fn drop_callback(&self, id: u64) {
         self.callbacks.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        self.callback_ran(id);
+    }
+
+    fn callback_ran(&self, id: u64) {
+        let mut unrun = self.unrun.lock().unwrap_or_else(|p| p.into_inner());
+        if unrun.remove(&id).is_some() {
+            self.ran.notify_all();
+        }
+    }
+
+    /// Wait until the host callbacks enqueued so far on `stream` have run (all of them for
+    /// the legacy default stream, which waits for the others), or the connection is lost:
+    /// called before reading host memory for a copy, which such a callback may still write.
+    pub fn wait_callbacks(&self, stream: u64) {
+        let mut unrun = self.unrun.lock().unwrap_or_else(|p| p.into_inner());
+        let blocks = |s: &u64| stream <= 1 || *s == stream || *s <= 1;
+        while unrun.values().any(blocks) && self.broken.get().is_none() {
+            unrun = self.ran.wait_timeout(unrun, Duration::from_millis(100)).unwrap_or_else(|p| p.into_inner()).0;
+        }
     }
 }
 
@@ -483,7 +517,7 @@ fn handle(conn: &Arc<Conn>, frame: Frame) -> Result<(), String> {
         Kind::HostCallback => {
             let cb: HostCallback = messages::decode(&frame, "host callback").map_err(|e| e.to_string())?;
             let queue = conn.callback_queue.lock().unwrap_or_else(|p| p.into_inner());
-            queue.send((cb.id, cb.token, cb.status)).map_err(|_| "the callback thread is gone".to_owned())?;
+            queue.send((cb.id, cb.token, cb.status, cb.keep)).map_err(|_| "the callback thread is gone".to_owned())?;
         }
         Kind::Goodbye => {
             let bye: Goodbye = messages::decode(&frame, "goodbye").map_err(|e| e.to_string())?;
@@ -496,14 +530,18 @@ fn handle(conn: &Arc<Conn>, frame: Frame) -> Result<(), String> {
 
 /// Host callbacks run here, one at a time in arrival order (the order of their streams),
 /// never on the I/O thread.
-fn start_callback_thread(rx: std::sync::mpsc::Receiver<(u64, u64, i64)>) {
+fn start_callback_thread(rx: std::sync::mpsc::Receiver<CallbackRun>) {
     let _ = std::thread::Builder::new().name("chidori-callback".into()).spawn(move || {
-        while let Ok((id, token, status)) = rx.recv() {
+        while let Ok((id, token, status, keep)) = rx.recv() {
             let Some(conn) = existing() else { continue };
-            let f = conn.callbacks.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            let f = {
+                let mut callbacks = conn.callbacks.lock().unwrap_or_else(|p| p.into_inner());
+                if keep { callbacks.get(&id).cloned() } else { callbacks.remove(&id) }
+            };
             if let Some(f) = f {
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(status)));
             }
+            conn.callback_ran(id);
             let done = messages::HostCallbackDone { token };
             let _ = conn.send(Header::new(Kind::HostCallbackDone, 0, 0, 0), &messages::encode(&done), &[]);
         }

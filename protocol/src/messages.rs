@@ -112,6 +112,9 @@ pub struct HostCallback {
     pub id: u64,
     pub token: u64,
     pub status: i64,
+    /// The function was captured into a graph and runs again on each replay: the client
+    /// keeps it registered.
+    pub keep: bool,
 }
 
 /// Client → server: the host callback of `token` returned.

@@ -4,8 +4,9 @@ use chidori_protocol::desc::CallDesc;
 use chidori_protocol::messages::{Device, KernelInfo, Launch};
 
 /// A host function installed on a stream: called when the stream reaches it with the
-/// stream's status; returns when the client has run its callback.
-pub type HostFn = Box<dyn FnOnce(i64) + Send>;
+/// stream's status and whether it was captured into a graph (then it is called again on
+/// every replay); returns when the client has run its callback.
+pub type HostFn = Box<dyn Fn(i64, bool) + Send + Sync>;
 
 pub trait Backend: Send + Sync + 'static {
     /// "real" or "emulated".

@@ -374,7 +374,7 @@ impl Backend for Emulated {
         }
         // Every earlier operation of the stream has completed: the stream reaches the host
         // function now.
-        host(0);
+        host(0, false);
         Ok(SUCCESS)
     }
 }

@@ -385,12 +385,17 @@ impl Backend for Real {
     }
 
     fn host_fn(&self, desc: &'static CallDesc, stream: u64, host: HostFn) -> Result<u64, String> {
-        let ctx = Box::into_raw(Box::new(host)) as *mut c_void;
+        // Enqueued while the stream is capturing, the function becomes a host node of a
+        // graph and runs on every replay: it must outlive this call (it is kept until the
+        // session ends; graphs do not tell when they are destroyed).
+        let per_thread = desc.name.ends_with("_ptsz");
+        let keep = self.capturing(stream, per_thread);
+        let ctx = Box::into_raw(Box::new(HostCtx { keep, host })) as *mut c_void;
         let base = desc.name.trim_end_matches("_ptsz");
         let status = match base {
             "cudaStreamAddCallback" => {
                 let f = self.cudart.symbol(desc.name).ok_or("no cudaStreamAddCallback")?;
-                // SAFETY: the documented signature; the trampoline consumes `ctx` exactly once.
+                // SAFETY: the documented signature; the trampoline owns `ctx` from here on.
                 let f: unsafe extern "C" fn(u64, unsafe extern "C" fn(u64, u32, *mut c_void), *mut c_void, u32) -> u32 =
                     unsafe { std::mem::transmute(f) };
                 unsafe { f(stream, stream_callback, ctx, 0) }
@@ -406,21 +411,57 @@ impl Backend for Real {
         };
         if status != 0 {
             // The function was not enqueued: reclaim the closure.
-            // SAFETY: ctx came from Box::into_raw above and was not consumed.
-            drop(unsafe { Box::from_raw(ctx as *mut HostFn) });
+            // SAFETY: ctx came from Box::into_raw above and was not handed to the library.
+            drop(unsafe { Box::from_raw(ctx as *mut HostCtx) });
         }
         Ok(u64::from(status))
     }
 }
 
+impl Real {
+    /// Whether `stream` is capturing (cudaStreamIsCapturing; false when it cannot tell).
+    fn capturing(&self, stream: u64, per_thread: bool) -> bool {
+        let name = if per_thread { "cudaStreamIsCapturing_ptsz" } else { "cudaStreamIsCapturing" };
+        let Some(f) = self.cudart.symbol(name) else { return false };
+        // SAFETY: cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus*).
+        let f: unsafe extern "C" fn(u64, *mut u32) -> u32 = unsafe { std::mem::transmute(f) };
+        let mut status = 0u32;
+        // SAFETY: a stream handle the session checked and a local out-value.
+        let rc = unsafe { f(stream, &mut status) };
+        rc == 0 && status != 0
+    }
+}
+
+/// A host function handed to the CUDA library, with whether it lives in a graph.
+struct HostCtx {
+    keep: bool,
+    host: HostFn,
+}
+
+/// Run the host function of `ctx`; free it unless a graph may run it again.
+///
+/// # Safety
+/// `ctx` is a `HostCtx` from `Real::host_fn`; unless `keep`, this is its last use.
+unsafe fn run_host(ctx: *mut c_void, status: i64) {
+    // SAFETY: per the contract, ctx is a live HostCtx.
+    let keep = unsafe { (*(ctx as *const HostCtx)).keep };
+    if keep {
+        // SAFETY: a kept HostCtx is never freed while the session lives.
+        let host = unsafe { &*(ctx as *const HostCtx) };
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (host.host)(status, true)));
+    } else {
+        // SAFETY: not kept: enqueued once, consumed here exactly once.
+        let host = unsafe { Box::from_raw(ctx as *mut HostCtx) };
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (host.host)(status, false)));
+    }
+}
+
 unsafe extern "C" fn host_trampoline(ctx: *mut c_void) {
-    // SAFETY: ctx is the Box<HostFn> leaked by host_fn, consumed exactly once here.
-    let host = unsafe { Box::from_raw(ctx as *mut HostFn) };
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| host(0)));
+    // SAFETY: ctx is the HostCtx enqueued by host_fn.
+    unsafe { run_host(ctx, 0) }
 }
 
 unsafe extern "C" fn stream_callback(_stream: u64, status: u32, ctx: *mut c_void) {
     // SAFETY: as host_trampoline.
-    let host = unsafe { Box::from_raw(ctx as *mut HostFn) };
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| host(i64::from(status))));
+    unsafe { run_host(ctx, i64::from(status)) }
 }

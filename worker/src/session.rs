@@ -377,6 +377,18 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                     )));
                 }
                 let t = translation(session, desc, record);
+                if t.is_none() && dir == Dir::In {
+                    // Read in place from the frame (copy payloads are most of the bytes).
+                    let s = take(len)?;
+                    if elem == 1 || (s.as_ptr() as usize).is_multiple_of(8) {
+                        raw[i] = s.as_ptr() as u64;
+                        continue;
+                    }
+                    let mut b = Buffer::from(s);
+                    raw[i] = b.addr();
+                    buffers[i] = Some(b);
+                    continue;
+                }
                 let mut b = match (&t, dir) {
                     (Some(t), _) => {
                         let mut b = Buffer::zeroed(t.server.size as usize);
@@ -438,23 +450,28 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     }
     // Outputs, in parameter order.
     let mut out_lens = vec![0u64; n];
-    let mut outs: Vec<Vec<u8>> = Vec::new();
+    // Records in the client's layout where it differs; other outputs go out as they are.
+    let mut translated: Vec<Option<Vec<u8>>> = (0..n).map(|_| None).collect();
+    let mut is_out = vec![false; n];
     for (i, wire) in desc.params.iter().enumerate() {
-        let is_out = matches!(wire, Wire::OutHandle { .. } | Wire::Buf { dir: Dir::Out | Dir::InOut, .. });
-        let Some(b) = buffers[i].as_ref().filter(|_| is_out) else { continue };
-        let bytes = match &translations[i] {
+        is_out[i] = matches!(wire, Wire::OutHandle { .. } | Wire::Buf { dir: Dir::Out | Dir::InOut, .. });
+        let Some(b) = buffers[i].as_ref().filter(|_| is_out[i]) else { continue };
+        out_lens[i] = match &translations[i] {
             Some(t) => {
                 let mut client = vec![0u8; t.client.size as usize];
                 translate(t.server, t.client, b.bytes(), &mut client);
-                client
+                let len = client.len() as u64;
+                translated[i] = Some(client);
+                len
             }
-            None => b.bytes().to_vec(),
+            None => b.bytes().len() as u64,
         };
-        out_lens[i] = bytes.len() as u64;
-        outs.push(bytes);
     }
     let reply = Reply { ret, lens: out_lens, error: None };
-    let parts: Vec<&[u8]> = outs.iter().map(|o| o.as_slice()).collect();
+    let parts: Vec<&[u8]> = (0..n)
+        .filter(|&i| is_out[i])
+        .filter_map(|i| translated[i].as_deref().or_else(|| buffers[i].as_ref().map(|b| b.bytes())))
+        .collect();
     let h = Header::new(Kind::Reply, header.call, header.thread, header.seq);
     session.writer.send(h, &messages::encode(&reply), &parts).map_err(|e| Fatal(format!("writing a reply: {e}")))
 }
@@ -484,14 +501,18 @@ fn reply_error(session: &Session, header: &Header, desc: &CallDesc, status: i64,
 fn host_function(session: &Arc<Session>, desc: &'static CallDesc, raw: &[u64]) -> Result<u64, String> {
     let stream = raw[0];
     let client_id = raw[1];
-    let id = session.next_callback.fetch_add(1, Ordering::Relaxed);
-    let (tx, rx) = mpsc::channel();
-    session.callbacks.lock().unwrap_or_else(|p| p.into_inner()).insert(id, tx);
-    let owner = session.clone();
-    let host = Box::new(move |status: i64| {
-        let msg = HostCallback { id: client_id, token: id, status };
+    // A weak reference: a host node of a graph outlives nothing it should keep alive.
+    let owner = Arc::downgrade(session);
+    let host = Box::new(move |status: i64, keep: bool| {
+        let Some(owner) = owner.upgrade() else { return };
+        // One token per run: a captured function runs once per graph replay.
+        let token = owner.next_callback.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        owner.callbacks.lock().unwrap_or_else(|p| p.into_inner()).insert(token, tx);
+        let msg = HostCallback { id: client_id, token, status, keep };
         let h = Header::new(Kind::HostCallback, 0, 0, 0);
         if owner.writer.send(h, &messages::encode(&msg), &[]).is_ok() {
+            drop(owner);
             // Until the client ran the function; a lost client ends the process anyway.
             let _ = rx.recv();
         }

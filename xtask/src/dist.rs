@@ -37,6 +37,15 @@ pub fn run(root: &Path, profile: &str) -> Result<PathBuf> {
     std::fs::create_dir_all(&bin)?;
     std::fs::copy(built.join("libchidori.so"), lib.join("libchidori.so"))?;
     std::fs::copy(built.join("chidori"), bin.join("chidori"))?;
+    // Line tables make 40 MB of the 60; the release artifacts ship without them
+    // (CHIDORI_DIST_DEBUG=1 keeps them for debugging on the GPU machine).
+    if std::env::var_os("CHIDORI_DIST_DEBUG").is_none() {
+        let stripped =
+            Command::new("strip").arg("--strip-debug").arg(bin.join("chidori")).arg(lib.join("libchidori.so")).status();
+        if !matches!(stripped, Ok(s) if s.success()) {
+            eprintln!("dist: `strip` is not available; keeping debug information");
+        }
+    }
     build_shims(root, &lib)?;
     std::os::unix::fs::symlink("libcuda.so.1", lib.join("libcuda.so"))?;
     // The recorded device profile the emulated backend answers from by default.

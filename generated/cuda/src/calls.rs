@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 15443901610628361988u64;
+pub const SCHEMA_HASH: u64 = 16283320808321185364u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 1179usize] = [
@@ -2542,16 +2542,16 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaSetDoubleForHost,
     &cudart::cudaStreamAddCallback__host,
     &cudart::cudaStreamAddCallback_ptsz__host,
-    &cudart::cudaStreamBeginCapture,
-    &cudart::cudaStreamBeginCapture_ptsz,
+    &cudart::cudaStreamBeginCapture__call,
+    &cudart::cudaStreamBeginCapture_ptsz__call,
     &cudart::cudaStreamCopyAttributes,
     &cudart::cudaStreamCopyAttributes_ptsz,
     &cudart::cudaStreamCreate,
     &cudart::cudaStreamCreateWithFlags,
     &cudart::cudaStreamCreateWithPriority,
     &cudart::cudaStreamDestroy,
-    &cudart::cudaStreamEndCapture,
-    &cudart::cudaStreamEndCapture_ptsz,
+    &cudart::cudaStreamEndCapture__call,
+    &cudart::cudaStreamEndCapture_ptsz__call,
     &cudart::cudaStreamGetCaptureInfo__cu118,
     &cudart::cudaStreamGetCaptureInfo_ptsz__cu118,
     &cudart::cudaStreamGetDevice,
@@ -2562,8 +2562,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaStreamGetId_ptsz,
     &cudart::cudaStreamGetPriority,
     &cudart::cudaStreamGetPriority_ptsz,
-    &cudart::cudaStreamIsCapturing,
-    &cudart::cudaStreamIsCapturing_ptsz,
+    &cudart::cudaStreamIsCapturing__call,
+    &cudart::cudaStreamIsCapturing_ptsz__call,
     &cudart::cudaStreamQuery,
     &cudart::cudaStreamQuery_ptsz,
     &cudart::cudaStreamSynchronize,
@@ -2854,18 +2854,18 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuParamSeti,
     &driver::cuStreamAttachMemAsync,
     &driver::cuStreamAttachMemAsync_ptsz,
-    &driver::cuStreamBeginCapture,
-    &driver::cuStreamBeginCapture_ptsz,
-    &driver::cuStreamBeginCapture_v2,
-    &driver::cuStreamBeginCapture_v2_ptsz,
+    &driver::cuStreamBeginCapture__call,
+    &driver::cuStreamBeginCapture_ptsz__call,
+    &driver::cuStreamBeginCapture_v2__call,
+    &driver::cuStreamBeginCapture_v2_ptsz__call,
     &driver::cuStreamCopyAttributes,
     &driver::cuStreamCopyAttributes_ptsz,
     &driver::cuStreamCreate,
     &driver::cuStreamCreateWithPriority,
     &driver::cuStreamDestroy,
     &driver::cuStreamDestroy_v2,
-    &driver::cuStreamEndCapture,
-    &driver::cuStreamEndCapture_ptsz,
+    &driver::cuStreamEndCapture__call,
+    &driver::cuStreamEndCapture_ptsz__call,
     &driver::cuStreamGetCaptureInfo,
     &driver::cuStreamGetCaptureInfo_ptsz,
     &driver::cuStreamGetCtx,
@@ -2881,8 +2881,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuStreamGetId_ptsz,
     &driver::cuStreamGetPriority,
     &driver::cuStreamGetPriority_ptsz,
-    &driver::cuStreamIsCapturing,
-    &driver::cuStreamIsCapturing_ptsz,
+    &driver::cuStreamIsCapturing__call,
+    &driver::cuStreamIsCapturing_ptsz__call,
     &driver::cuStreamQuery,
     &driver::cuStreamQuery_ptsz,
     &driver::cuStreamSynchronize,
@@ -10354,11 +10354,11 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaStreamBeginCapture: CallDesc = CallDesc {
+    pub static cudaStreamBeginCapture__call: CallDesc = CallDesc {
         wire: 171u32,
         call: 152u32,
         name: "cudaStreamBeginCapture",
-        form: None,
+        form: Some("call"),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10380,11 +10380,11 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaStreamBeginCapture_ptsz: CallDesc = CallDesc {
+    pub static cudaStreamBeginCapture_ptsz__call: CallDesc = CallDesc {
         wire: 172u32,
         call: 153u32,
         name: "cudaStreamBeginCapture_ptsz",
-        form: None,
+        form: Some("call"),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10547,11 +10547,11 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaStreamEndCapture: CallDesc = CallDesc {
+    pub static cudaStreamEndCapture__call: CallDesc = CallDesc {
         wire: 179u32,
         call: 160u32,
         name: "cudaStreamEndCapture",
-        form: None,
+        form: Some("call"),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10570,11 +10570,11 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaStreamEndCapture_ptsz: CallDesc = CallDesc {
+    pub static cudaStreamEndCapture_ptsz__call: CallDesc = CallDesc {
         wire: 180u32,
         call: 161u32,
         name: "cudaStreamEndCapture_ptsz",
-        form: None,
+        form: Some("call"),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10885,11 +10885,11 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaStreamIsCapturing: CallDesc = CallDesc {
+    pub static cudaStreamIsCapturing__call: CallDesc = CallDesc {
         wire: 191u32,
         call: 172u32,
         name: "cudaStreamIsCapturing",
-        form: None,
+        form: Some("call"),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -10913,11 +10913,11 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaStreamIsCapturing_ptsz: CallDesc = CallDesc {
+    pub static cudaStreamIsCapturing_ptsz__call: CallDesc = CallDesc {
         wire: 192u32,
         call: 173u32,
         name: "cudaStreamIsCapturing_ptsz",
-        form: None,
+        form: Some("call"),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31790,11 +31790,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuStreamBeginCapture: CallDesc = CallDesc {
+    pub static cuStreamBeginCapture__call: CallDesc = CallDesc {
         wire: 483u32,
         call: 464u32,
         name: "cuStreamBeginCapture",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31812,11 +31812,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuStreamBeginCapture_ptsz: CallDesc = CallDesc {
+    pub static cuStreamBeginCapture_ptsz__call: CallDesc = CallDesc {
         wire: 484u32,
         call: 465u32,
         name: "cuStreamBeginCapture_ptsz",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31834,11 +31834,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuStreamBeginCapture_v2: CallDesc = CallDesc {
+    pub static cuStreamBeginCapture_v2__call: CallDesc = CallDesc {
         wire: 485u32,
         call: 466u32,
         name: "cuStreamBeginCapture_v2",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -31860,11 +31860,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuStreamBeginCapture_v2_ptsz: CallDesc = CallDesc {
+    pub static cuStreamBeginCapture_v2_ptsz__call: CallDesc = CallDesc {
         wire: 486u32,
         call: 467u32,
         name: "cuStreamBeginCapture_v2_ptsz",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -32032,11 +32032,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuStreamEndCapture: CallDesc = CallDesc {
+    pub static cuStreamEndCapture__call: CallDesc = CallDesc {
         wire: 493u32,
         call: 474u32,
         name: "cuStreamEndCapture",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -32055,11 +32055,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuStreamEndCapture_ptsz: CallDesc = CallDesc {
+    pub static cuStreamEndCapture_ptsz__call: CallDesc = CallDesc {
         wire: 494u32,
         call: 475u32,
         name: "cuStreamEndCapture_ptsz",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -32487,11 +32487,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuStreamIsCapturing: CallDesc = CallDesc {
+    pub static cuStreamIsCapturing__call: CallDesc = CallDesc {
         wire: 510u32,
         call: 491u32,
         name: "cuStreamIsCapturing",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -32515,11 +32515,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuStreamIsCapturing_ptsz: CallDesc = CallDesc {
+    pub static cuStreamIsCapturing_ptsz__call: CallDesc = CallDesc {
         wire: 511u32,
         call: 492u32,
         name: "cuStreamIsCapturing_ptsz",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,

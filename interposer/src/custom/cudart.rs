@@ -561,6 +561,15 @@ fn memcpy(forms: &CopyForms, dst: u64, src: u64, count: u64, kind: u32, tail: &[
             // A host-to-host copy needs no server, but is ordered after earlier copies.
             state::wait_deferred();
         }
+        if asynchronous && direction != (true, true) && stream_capturing(tail[0], false) {
+            crate::log::once("capture-host-copy", || {
+                tracing::warn!(
+                    "cudaMemcpyAsync between host memory and a capturing stream is not supported by Chidori: \
+                     the graph would hold the server's staging buffer, not this program's memory"
+                )
+            });
+            return Err(CAPTURE_UNSUPPORTED);
+        }
         let conn = connection()?;
         // SAFETY: host pointers are the caller's buffers of `count` bytes (CUDA's contract).
         Ok(unsafe { memory::copy(&conn, forms, dst, src, count, direction, tail, asynchronous) } as u32)
@@ -586,7 +595,7 @@ pub unsafe fn cudaMemcpyAsync_ptsz(
     kind: u32,
     stream: *mut c_void,
 ) -> u32 {
-    memcpy(&MEMCPY_ASYNC_PTSZ, dst as u64, src as u64, count as u64, kind, &[stream as u64], true)
+    memcpy(&MEMCPY_ASYNC_PTSZ, dst as u64, src as u64, count as u64, kind, &[per_thread(stream) as u64], true)
 }
 
 // ---- Host callbacks: run on the client, in stream order ----
@@ -596,7 +605,7 @@ pub unsafe fn cudaMemcpyAsync_ptsz(
 fn host_function(desc: &'static chidori_protocol::desc::CallDesc, mut args: Vec<u64>, run: conn::CallbackFn) -> u32 {
     runtime("cudaLaunchHostFunc", || {
         let conn = connection()?;
-        let id = conn.register_callback(run);
+        let id = conn.register_callback(run, args[0]);
         args[1] = id;
         args[2] = 0;
         // SAFETY: values only: the stream, the callback id, flags.
@@ -624,7 +633,7 @@ fn launch_host_func(
     host_function(
         desc,
         vec![stream as u64, 0, 0],
-        Box::new(move |_status| {
+        Arc::new(move |_status| {
             // SAFETY: the program's cudaHostFn_t and its user data, called as CUDA would.
             unsafe { std::mem::transmute::<usize, HostFn>(f)(user as *mut c_void) }
         }),
@@ -653,7 +662,7 @@ fn stream_callback(
     host_function(
         desc,
         vec![s as u64, 0, 0, u64::from(flags)],
-        Box::new(move |status| {
+        Arc::new(move |status| {
             // SAFETY: the program's cudaStreamCallback_t, called with CUDA's arguments.
             unsafe {
                 std::mem::transmute::<usize, StreamCallback>(cb)(s as *mut c_void, status as u32, user as *mut c_void)
@@ -682,6 +691,12 @@ pub unsafe fn cudaStreamAddCallback_ptsz(
 
 pub use super::kernels::*;
 
+/// The stream a `_ptsz` entry point means: NULL there is the calling thread's default
+/// stream (`cudaStreamPerThread`), not the legacy one.
+pub(crate) fn per_thread(stream: *mut c_void) -> *mut c_void {
+    if stream.is_null() { 2usize as *mut c_void } else { stream }
+}
+
 /// # Safety
 /// As [`__cudaLaunchKernel`].
 pub unsafe fn __cudaLaunchKernel_ptsz(
@@ -693,7 +708,7 @@ pub unsafe fn __cudaLaunchKernel_ptsz(
     stream: *mut c_void,
 ) -> u32 {
     // SAFETY: same contract.
-    unsafe { __cudaLaunchKernel(kernel, gridDim, blockDim, args, sharedMem, stream) }
+    unsafe { __cudaLaunchKernel(kernel, gridDim, blockDim, args, sharedMem, per_thread(stream)) }
 }
 
 pub unsafe fn cudaLaunchKernel_ptsz(
@@ -705,7 +720,7 @@ pub unsafe fn cudaLaunchKernel_ptsz(
     stream: *mut c_void,
 ) -> u32 {
     // SAFETY: same contract.
-    unsafe { cudaLaunchKernel(func, gridDim, blockDim, args, sharedMem, stream) }
+    unsafe { cudaLaunchKernel(func, gridDim, blockDim, args, sharedMem, per_thread(stream)) }
 }
 
 pub unsafe fn cudaLaunchCooperativeKernel_ptsz(
@@ -717,5 +732,6 @@ pub unsafe fn cudaLaunchCooperativeKernel_ptsz(
     stream: *mut c_void,
 ) -> u32 {
     // SAFETY: same contract.
-    unsafe { cudaLaunchCooperativeKernel(func, gridDim, blockDim, args, sharedMem, stream) }
+    unsafe { cudaLaunchCooperativeKernel(func, gridDim, blockDim, args, sharedMem, per_thread(stream)) }
 }
+pub use super::capture::*;

@@ -411,10 +411,13 @@ fn launch_host_func(
         }
         let conn = connection()?;
         let (f, user) = (f as usize, user as usize);
-        let id = conn.register_callback(Box::new(move |_status| {
-            // SAFETY: the program's CUhostFn and its user data, called as the driver would.
-            unsafe { std::mem::transmute::<usize, HostFn>(f)(user as *mut c_void) }
-        }));
+        let id = conn.register_callback(
+            Arc::new(move |_status| {
+                // SAFETY: the program's CUhostFn and its user data, called as the driver would.
+                unsafe { std::mem::transmute::<usize, HostFn>(f)(user as *mut c_void) }
+            }),
+            stream as u64,
+        );
         // SAFETY: values only: the stream, the callback id in place of the function.
         let s = unsafe { crate::runtime::call_on(&conn, desc, &[stream as u64, id, 0]) } as u32;
         if s != SUCCESS {
@@ -702,3 +705,4 @@ launch_ex_variants!(
     cuLaunchKernelEx_ptsz__cu128,
     cuLaunchKernelEx_ptsz__cu130
 );
+pub use super::capture::*;

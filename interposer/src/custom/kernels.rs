@@ -73,6 +73,14 @@ fn launch(
         let kernel = kernel?;
         let conn = connection()?;
         let f = function_of(&conn, kernel)?;
+        if shared_mem > DEFAULT_SHARED_LIMIT {
+            // Above the default limit a launch needs the function's opt-in
+            // (cudaFuncAttributeMaxDynamicSharedMemorySize); CUDA refuses it at once.
+            let max = attributes_of(&conn, f.handle, &[MAX_DYNAMIC_SHARED])?;
+            if max.first().is_none_or(|m| shared_mem > *m as usize) {
+                return Err(INVALID_VALUE);
+            }
+        }
         // SAFETY: `args` holds a pointer to each kernel argument (the launch contract).
         let packed = unsafe { modules::pack(&f.params, args as *const *const u8) };
         let shape = LaunchShape {
@@ -126,7 +134,7 @@ pub unsafe fn cudaLaunchCooperativeKernel(
 /// cudaLaunchKernelExC: `config` is a cudaLaunchConfig_t (56 bytes in every version:
 /// gridDim@0, blockDim@12, dynamicSmemBytes@24, stream@32, attrs@40, numAttrs@48), each
 /// attribute an id and a 64-byte value at 8 (72 bytes).
-fn launch_ex(config: *mut c_void, func: *mut c_void, args: *mut c_void) -> u32 {
+fn launch_ex(config: *mut c_void, func: *mut c_void, args: *mut c_void, per_thread: bool) -> u32 {
     if config.is_null() {
         return INVALID_VALUE;
     }
@@ -150,24 +158,27 @@ fn launch_ex(config: *mut c_void, func: *mut c_void, args: *mut c_void) -> u32 {
         }
         (grid, block, smem, stream, out)
     };
+    let stream = if per_thread { super::cudart::per_thread(stream) } else { stream };
     launch(kernel_of(func), grid, block, args, smem, stream, attributes, false)
 }
 
 macro_rules! launch_ex_variants {
-    ($($name:ident),*) => {$(
+    ($per_thread:literal: $($name:ident),*) => {$(
         pub unsafe fn $name(config: *mut c_void, func: *mut c_void, args: *mut c_void) -> u32 {
-            launch_ex(config, func, args)
+            launch_ex(config, func, args, $per_thread)
         }
     )*};
 }
 
 // cudaLaunchAttributeValue grew members between releases inside its 64 bytes: one ABI.
-launch_ex_variants!(
+launch_ex_variants!(false:
     cudaLaunchKernelExC__cu118,
     cudaLaunchKernelExC__cu121,
     cudaLaunchKernelExC__cu126,
     cudaLaunchKernelExC__cu128,
-    cudaLaunchKernelExC__cu130,
+    cudaLaunchKernelExC__cu130
+);
+launch_ex_variants!(true:
     cudaLaunchKernelExC_ptsz__cu118,
     cudaLaunchKernelExC_ptsz__cu121,
     cudaLaunchKernelExC_ptsz__cu126,
@@ -202,6 +213,42 @@ const FUNC_ATTRIBUTES: &[(&str, u32)] = &[
     ("nonPortableClusterSizeAllowed", 15),
 ];
 
+/// Dynamic shared memory a launch may use without an opt-in (48 KiB on every GPU since Volta).
+const DEFAULT_SHARED_LIMIT: usize = 48 << 10;
+/// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
+const MAX_DYNAMIC_SHARED: u32 = 8;
+
+/// Function attributes already fetched: function handle → (CUfunction_attribute → value).
+/// They change only through cudaFuncSetAttribute, which drops the function's entry.
+static FUNC_ATTRS: Mutex<Option<HashMap<u64, HashMap<u32, i32>>>> = Mutex::new(None);
+
+/// The values of `ids` for `function`, fetched in one round trip for those not cached.
+fn attributes_of(conn: &Conn, function: u64, ids: &[u32]) -> Result<Vec<i32>, u32> {
+    let cached = |ids: &[u32]| -> Option<Vec<i32>> {
+        let attrs = FUNC_ATTRS.lock().unwrap_or_else(|p| p.into_inner());
+        let f = attrs.as_ref()?.get(&function)?;
+        ids.iter().map(|id| f.get(id).copied()).collect()
+    };
+    if let Some(v) = cached(ids) {
+        return Ok(v);
+    }
+    let mut values = vec![0i32; ids.len()];
+    let calls: Vec<Vec<u64>> =
+        ids.iter().zip(values.iter_mut()).map(|(id, v)| vec![v as *mut i32 as u64, u64::from(*id), function]).collect();
+    // SAFETY: each call writes one int into `values`.
+    let s = unsafe { crate::runtime::call_pipelined(conn, &dcalls::cuFuncGetAttribute, &calls) } as u32;
+    if s != SUCCESS {
+        return Err(INVALID_DEVICE_FUNCTION);
+    }
+    let mut attrs = FUNC_ATTRS.lock().unwrap_or_else(|p| p.into_inner());
+    attrs
+        .get_or_insert_with(HashMap::new)
+        .entry(function)
+        .or_default()
+        .extend(ids.iter().copied().zip(values.iter().copied()));
+    Ok(values)
+}
+
 fn func_attributes(version: &str, attr: *mut c_void, func: *mut c_void) -> u32 {
     runtime("cudaFuncGetAttributes", || {
         if attr.is_null() {
@@ -213,18 +260,8 @@ fn func_attributes(version: &str, attr: *mut c_void, func: *mut c_void) -> u32 {
         let map = chidori_cuda::structs::get(version, "cudaFuncAttributes").ok_or(INVALID_VALUE)?;
         let wanted: Vec<&(&str, u32)> =
             FUNC_ATTRIBUTES.iter().filter(|(n, _)| map.fields.iter().any(|m| m.name == *n)).collect();
-        let mut values = vec![0i32; wanted.len()];
-        let calls: Vec<Vec<u64>> = wanted
-            .iter()
-            .zip(values.iter_mut())
-            .map(|((_, id), v)| vec![v as *mut i32 as u64, u64::from(*id), f.handle])
-            .collect();
-        // One round trip for all of them.
-        // SAFETY: each call writes one int into `values`.
-        let s = unsafe { crate::runtime::call_pipelined(&conn, &dcalls::cuFuncGetAttribute, &calls) } as u32;
-        if s != SUCCESS {
-            return Err(INVALID_DEVICE_FUNCTION);
-        }
+        let ids: Vec<u32> = wanted.iter().map(|(_, id)| *id).collect();
+        let values = attributes_of(&conn, f.handle, &ids)?;
         let by_name: HashMap<&str, i64> = wanted.iter().zip(&values).map(|((n, _), v)| (*n, i64::from(*v))).collect();
         // SAFETY: the caller's struct of its version's layout.
         unsafe { state::write_record(map, attr as *mut u8, |f| by_name.get(f.name).map(|v| PropValue::Int(*v))) };
@@ -247,9 +284,13 @@ pub unsafe fn cudaFuncSetAttribute(func: *mut c_void, attr: u32, value: i32) -> 
         let f = function_of(&conn, kernel)?;
         // cudaFuncAttribute values are CUfunction_attribute values.
         // SAFETY: value arguments only.
-        Ok(unsafe {
+        let s = unsafe {
             crate::runtime::call_on(&conn, &dcalls::cuFuncSetAttribute, &[f.handle, u64::from(attr), value as u64])
-        } as u32)
+        } as u32;
+        if let Some(attrs) = FUNC_ATTRS.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            attrs.remove(&f.handle);
+        }
+        Ok(s)
     })
 }
 
@@ -454,7 +495,7 @@ pub unsafe fn cudaMemcpyToSymbolAsync_ptsz(
     kind: u32,
     stream: *mut c_void,
 ) -> u32 {
-    to_symbol(symbol, src, count, offset, kind, Some(stream))
+    to_symbol(symbol, src, count, offset, kind, Some(super::cudart::per_thread(stream)))
 }
 
 pub unsafe fn cudaMemcpyFromSymbol(
@@ -496,7 +537,7 @@ pub unsafe fn cudaMemcpyFromSymbolAsync_ptsz(
     kind: u32,
     stream: *mut c_void,
 ) -> u32 {
-    from_symbol(dst, symbol, count, offset, kind, Some(stream))
+    from_symbol(dst, symbol, count, offset, kind, Some(super::cudart::per_thread(stream)))
 }
 
 pub unsafe fn cudaGetSymbolAddress(devPtr: *mut c_void, symbol: *mut c_void) -> u32 {

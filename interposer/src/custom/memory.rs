@@ -10,7 +10,7 @@ use crate::runtime;
 use crate::state::{self, Memory};
 
 /// Bytes per call of a large copy (several such calls are in flight at once).
-pub const CHUNK: u64 = 32 << 20;
+pub const CHUNK: u64 = 8 << 20;
 
 /// Allocate pinned host memory on the client (page-aligned, recorded as pinned).
 pub fn host_alloc(size: usize, flags: u32) -> Option<*mut c_void> {
@@ -110,7 +110,12 @@ pub unsafe fn copy(
             0
         }
         // SAFETY (three arms): the forms describe exactly these buffers.
-        (true, false) => unsafe { runtime::call_pipelined(conn, forms.h2d, &chunks(1)) },
+        (true, false) => {
+            // The GPU reads the source when the stream reaches the copy: after every host
+            // callback enqueued before it, which may write the source.
+            conn.wait_callbacks(tail.first().copied().unwrap_or(0));
+            unsafe { runtime::call_pipelined(conn, forms.h2d, &chunks(1)) }
+        }
         (false, true) => {
             if asynchronous && state::is_pinned(dst) {
                 for a in chunks(2) {

@@ -2,6 +2,7 @@
 //! specs/*.toml). The generated exports in generated/client call these by name, so a
 //! missing one is a compile error.
 
+pub mod capture;
 pub mod cudart;
 pub mod driver;
 pub mod kernels;

@@ -1,0 +1,176 @@
+//! Stream capture, tracked on the client.
+//!
+//! Capture itself happens on the server: every stream-ordered call travels in order and the
+//! server's driver records it. The client remembers which streams it began capturing so
+//! that, while none is, capture status (which torch asks before many operations) is
+//! answered without a round trip, and so that copies between client host memory and a
+//! capturing stream are refused: a graph would bake in the address of the server's
+//! staging buffer, not the program's memory (DESIGN §5, notes §7.2).
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use chidori_cuda::calls::{cudart, driver};
+use chidori_protocol::desc::CallDesc;
+
+use crate::conn;
+
+/// Streams whose capture this process began and has not ended (0 legacy, 2 per-thread).
+static CAPTURING: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+fn capturing() -> std::sync::MutexGuard<'static, Vec<u64>> {
+    CAPTURING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether any capture may be active in this process.
+pub fn any_active() -> bool {
+    !capturing().is_empty()
+}
+
+/// cudaStreamCaptureStatusActive / CU_STREAM_CAPTURE_STATUS_ACTIVE.
+const ACTIVE: u32 = 1;
+/// cudaErrorStreamCaptureUnsupported (the driver's code is the same number).
+pub const CAPTURE_UNSUPPORTED: u32 = 900;
+
+fn per_thread(stream: u64, ptsz: bool) -> u64 {
+    if ptsz && stream == 0 { 2 } else { stream }
+}
+
+fn call(desc: &'static CallDesc, args: &[u64], no_device: u32) -> Result<u32, u32> {
+    let conn = conn::get().map_err(|_| no_device)?;
+    // SAFETY: handles by value and the caller's out-pointers, as the descriptor says.
+    Ok(unsafe { crate::runtime::call_on(&conn, desc, args) } as u32)
+}
+
+fn begin(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, runtime: bool) -> u32 {
+    guarded(name, runtime, || {
+        let status = call(desc, args, no_device(runtime))?;
+        if status == 0 {
+            capturing().push(per_thread(args[0], ptsz));
+        }
+        Ok(status)
+    })
+}
+
+fn end(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, runtime: bool) -> u32 {
+    guarded(name, runtime, || {
+        let status = call(desc, args, no_device(runtime))?;
+        // Ended, successfully or invalidated; a stream that was not capturing is no change.
+        let stream = per_thread(args[0], ptsz);
+        let mut c = capturing();
+        if let Some(i) = c.iter().position(|s| *s == stream) {
+            c.swap_remove(i);
+        }
+        Ok(status)
+    })
+}
+
+fn is_capturing(name: &'static str, desc: &'static CallDesc, stream: u64, out: *mut c_void, runtime: bool) -> u32 {
+    guarded(name, runtime, || {
+        if out.is_null() {
+            return Err(1);
+        }
+        if !any_active() {
+            // SAFETY: the caller's capture-status enum, checked non-null.
+            unsafe { std::ptr::write_unaligned(out as *mut u32, 0) };
+            return Ok(0);
+        }
+        call(desc, &[stream, out as u64], no_device(runtime))
+    })
+}
+
+/// Whether `stream` is capturing right now (a round trip, only while some capture is active).
+pub fn stream_capturing(stream: u64, ptsz: bool) -> bool {
+    if !any_active() {
+        return false;
+    }
+    let desc = if ptsz { &cudart::cudaStreamIsCapturing_ptsz__call } else { &cudart::cudaStreamIsCapturing__call };
+    let mut status = 0u32;
+    matches!(call(desc, &[stream, &mut status as *mut u32 as u64], 100), Ok(0)) && status == ACTIVE
+}
+
+/// cudaErrorNoDevice and CUDA_ERROR_NO_DEVICE are both 100: no server, no device.
+fn no_device(_runtime: bool) -> u32 {
+    100
+}
+
+fn guarded(name: &'static str, runtime: bool, body: impl FnOnce() -> Result<u32, u32>) -> u32 {
+    crate::guard::ffi(name, 1, || {
+        crate::trace::local(name);
+        let status = body().unwrap_or_else(|e| e);
+        if runtime {
+            crate::state::set_last_error(status);
+        }
+        status
+    })
+}
+
+pub unsafe fn cudaStreamBeginCapture(stream: *mut c_void, mode: u32) -> u32 {
+    begin(
+        "cudaStreamBeginCapture",
+        &cudart::cudaStreamBeginCapture__call,
+        &[stream as u64, u64::from(mode)],
+        false,
+        true,
+    )
+}
+
+pub unsafe fn cudaStreamBeginCapture_ptsz(stream: *mut c_void, mode: u32) -> u32 {
+    let args = [stream as u64, u64::from(mode)];
+    begin("cudaStreamBeginCapture", &cudart::cudaStreamBeginCapture_ptsz__call, &args, true, true)
+}
+
+pub unsafe fn cudaStreamEndCapture(stream: *mut c_void, pGraph: *mut c_void) -> u32 {
+    end("cudaStreamEndCapture", &cudart::cudaStreamEndCapture__call, &[stream as u64, pGraph as u64], false, true)
+}
+
+pub unsafe fn cudaStreamEndCapture_ptsz(stream: *mut c_void, pGraph: *mut c_void) -> u32 {
+    let args = [stream as u64, pGraph as u64];
+    end("cudaStreamEndCapture", &cudart::cudaStreamEndCapture_ptsz__call, &args, true, true)
+}
+
+pub unsafe fn cudaStreamIsCapturing(stream: *mut c_void, pCaptureStatus: *mut c_void) -> u32 {
+    is_capturing("cudaStreamIsCapturing", &cudart::cudaStreamIsCapturing__call, stream as u64, pCaptureStatus, true)
+}
+
+pub unsafe fn cudaStreamIsCapturing_ptsz(stream: *mut c_void, pCaptureStatus: *mut c_void) -> u32 {
+    let desc = &cudart::cudaStreamIsCapturing_ptsz__call;
+    is_capturing("cudaStreamIsCapturing", desc, stream as u64, pCaptureStatus, true)
+}
+
+pub unsafe fn cuStreamBeginCapture(hStream: *mut c_void) -> u32 {
+    begin("cuStreamBeginCapture", &driver::cuStreamBeginCapture__call, &[hStream as u64], false, false)
+}
+
+pub unsafe fn cuStreamBeginCapture_ptsz(hStream: *mut c_void) -> u32 {
+    begin("cuStreamBeginCapture", &driver::cuStreamBeginCapture_ptsz__call, &[hStream as u64], true, false)
+}
+
+pub unsafe fn cuStreamBeginCapture_v2(hStream: *mut c_void, mode: u32) -> u32 {
+    let args = [hStream as u64, u64::from(mode)];
+    begin("cuStreamBeginCapture", &driver::cuStreamBeginCapture_v2__call, &args, false, false)
+}
+
+pub unsafe fn cuStreamBeginCapture_v2_ptsz(hStream: *mut c_void, mode: u32) -> u32 {
+    let args = [hStream as u64, u64::from(mode)];
+    begin("cuStreamBeginCapture", &driver::cuStreamBeginCapture_v2_ptsz__call, &args, true, false)
+}
+
+pub unsafe fn cuStreamEndCapture(hStream: *mut c_void, phGraph: *mut c_void) -> u32 {
+    end("cuStreamEndCapture", &driver::cuStreamEndCapture__call, &[hStream as u64, phGraph as u64], false, false)
+}
+
+pub unsafe fn cuStreamEndCapture_ptsz(hStream: *mut c_void, phGraph: *mut c_void) -> u32 {
+    let args = [hStream as u64, phGraph as u64];
+    end("cuStreamEndCapture", &driver::cuStreamEndCapture_ptsz__call, &args, true, false)
+}
+
+pub unsafe fn cuStreamIsCapturing(hStream: *mut c_void, captureStatus: *mut c_void) -> u32 {
+    is_capturing("cuStreamIsCapturing", &driver::cuStreamIsCapturing__call, hStream as u64, captureStatus, false)
+}
+
+pub unsafe fn cuStreamIsCapturing_ptsz(hStream: *mut c_void, captureStatus: *mut c_void) -> u32 {
+    let desc = &driver::cuStreamIsCapturing_ptsz__call;
+    is_capturing("cuStreamIsCapturing", desc, hStream as u64, captureStatus, false)
+}
