@@ -4,23 +4,8054 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`cublasCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasAxpyEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cublas_cublasCreate_v2(handle: *mut c_void) -> u32 {
+pub unsafe extern "C" fn __chidori_cublas_cublasAxpyEx(
+    handle: *mut c_void,
+    n: i32,
+    alpha: *mut c_void,
+    alphaType: u32,
+    x: *mut c_void,
+    xType: u32,
+    incx: i32,
+    y: *mut c_void,
+    yType: u32,
+    incy: i32,
+    executiontype: u32,
+) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasCreate_v2,
-            &[(handle) as usize as u64],
+            &chidori_cuda::calls::cublas::cublasAxpyEx,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (alphaType) as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (yType) as u64,
+                (incy) as i64 as u64,
+                (executiontype) as u64,
+            ],
         ) as u32
     }
 }
-///`cublasDestroy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasAxpyEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasAxpyEx_64(
+    handle: *mut c_void,
+    n: i64,
+    alpha: *mut c_void,
+    alphaType: u32,
+    x: *mut c_void,
+    xType: u32,
+    incx: i64,
+    y: *mut c_void,
+    yType: u32,
+    incy: i64,
+    executiontype: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasAxpyEx_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (alphaType) as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (yType) as u64,
+                (incy) as i64 as u64,
+                (executiontype) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCaxpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCaxpy(
+    n: i32,
+    alpha: chidori_cuda::types::float2,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCaxpy,
+                &[
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCaxpy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCaxpy_v2(
+    handle: *mut c_void,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCaxpy_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCaxpy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCaxpy_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCaxpy_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCcopy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCcopy(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCcopy,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCcopy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCcopy_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCcopy_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCcopy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCcopy_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCcopy_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCdgmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCdgmm(
+    handle: *mut c_void,
+    mode: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCdgmm,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCdgmm_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCdgmm_64(
+    handle: *mut c_void,
+    mode: u32,
+    m: i64,
+    n: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCdgmm_64,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCdotc_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCdotc_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCdotc_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCdotc_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCdotc_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCdotc_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCdotu_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCdotu_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCdotu_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCdotu_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCdotu_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCdotu_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgbmv(
+    trans: i8,
+    m: i32,
+    n: i32,
+    kl: i32,
+    ku: i32,
+    alpha: chidori_cuda::types::float2,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: chidori_cuda::types::float2,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCgbmv,
+                &[
+                    (trans) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (kl) as i64 as u64,
+                    (ku) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCgbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgbmv_v2(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    kl: i32,
+    ku: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgbmv_v2,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (kl) as i64 as u64,
+                (ku) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgbmv_v2_64(
+    handle: *mut c_void,
+    trans: u32,
+    m: i64,
+    n: i64,
+    kl: i64,
+    ku: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgbmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (kl) as i64 as u64,
+                (ku) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgeam` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgeam(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    beta: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgeam,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgeam_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgeam_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    beta: *mut c_void,
+    B: *mut c_void,
+    ldb: i64,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgeam_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgelsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgelsBatched(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    Aarray: *mut c_void,
+    lda: i32,
+    Carray: *mut c_void,
+    ldc: i32,
+    info: *mut c_void,
+    devInfoArray: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgelsBatched,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (Carray) as usize as u64,
+                (ldc) as i64 as u64,
+                (info) as usize as u64,
+                (devInfoArray) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemm(
+    transa: i8,
+    transb: i8,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: chidori_cuda::types::float2,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: chidori_cuda::types::float2,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCgemm,
+                &[
+                    (transa) as i64 as u64,
+                    (transb) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCgemm3m` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3m(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemm3m,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemm3mBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mBatched(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i32,
+    Barray: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    Carray: *mut c_void,
+    ldc: i32,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemm3mBatched,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (Barray) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (Carray) as usize as u64,
+                (ldc) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemm3mBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mBatched_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i64,
+    Barray: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    Carray: *mut c_void,
+    ldc: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemm3mBatched_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (Barray) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (Carray) as usize as u64,
+                (ldc) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemm3mEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mEx(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i32,
+    B: *mut c_void,
+    Btype: u32,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemm3mEx,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (Btype) as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemm3mEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mEx_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i64,
+    B: *mut c_void,
+    Btype: u32,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemm3mEx_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (Btype) as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemm3mStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mStridedBatched(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    strideA: i64,
+    B: *mut c_void,
+    ldb: i32,
+    strideB: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    strideC: i64,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemm3mStridedBatched,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (strideB) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (strideC) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemm3mStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mStridedBatched_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    strideA: i64,
+    B: *mut c_void,
+    ldb: i64,
+    strideB: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+    strideC: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemm3mStridedBatched_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (strideB) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (strideC) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemm3m_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3m_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemm3m_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemmBatched(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i32,
+    Barray: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    Carray: *mut c_void,
+    ldc: i32,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemmBatched,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (Barray) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (Carray) as usize as u64,
+                (ldc) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemmBatched_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i64,
+    Barray: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    Carray: *mut c_void,
+    ldc: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemmBatched_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (Barray) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (Carray) as usize as u64,
+                (ldc) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemmEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemmEx(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i32,
+    B: *mut c_void,
+    Btype: u32,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemmEx,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (Btype) as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemmEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemmEx_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i64,
+    B: *mut c_void,
+    Btype: u32,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemmEx_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (Btype) as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemmStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemmStridedBatched(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    strideA: i64,
+    B: *mut c_void,
+    ldb: i32,
+    strideB: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    strideC: i64,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemmStridedBatched,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (strideB) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (strideC) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemmStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemmStridedBatched_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    strideA: i64,
+    B: *mut c_void,
+    ldb: i64,
+    strideB: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+    strideC: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemmStridedBatched_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (strideB) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (strideC) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemm_v2(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemm_v2,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemm_v2_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemv(
+    trans: i8,
+    m: i32,
+    n: i32,
+    alpha: chidori_cuda::types::float2,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: chidori_cuda::types::float2,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCgemv,
+                &[
+                    (trans) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCgemvStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemvStridedBatched(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    strideA: i64,
+    x: *mut c_void,
+    incx: i32,
+    stridex: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+    stridey: i64,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemvStridedBatched,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (stridex) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (stridey) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemvStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemvStridedBatched_64(
+    handle: *mut c_void,
+    trans: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    strideA: i64,
+    x: *mut c_void,
+    incx: i64,
+    stridex: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+    stridey: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemvStridedBatched_64,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (stridex) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (stridey) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemv_v2(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemv_v2,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgemv_v2_64(
+    handle: *mut c_void,
+    trans: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgemv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgeqrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgeqrfBatched(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    Aarray: *mut c_void,
+    lda: i32,
+    TauArray: *mut c_void,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgeqrfBatched,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (TauArray) as usize as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgerc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgerc(
+    m: i32,
+    n: i32,
+    alpha: chidori_cuda::types::float2,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCgerc,
+                &[
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCgerc_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgerc_v2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgerc_v2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgerc_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgerc_v2_64(
+    handle: *mut c_void,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgerc_v2_64,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgeru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgeru(
+    m: i32,
+    n: i32,
+    alpha: chidori_cuda::types::float2,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCgeru,
+                &[
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCgeru_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgeru_v2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgeru_v2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgeru_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgeru_v2_64(
+    handle: *mut c_void,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgeru_v2_64,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgetrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgetrfBatched(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    P: *mut c_void,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgetrfBatched,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (P) as usize as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgetriBatched(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    P: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgetriBatched,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (P) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCgetrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCgetrsBatched(
+    handle: *mut c_void,
+    trans: u32,
+    n: i32,
+    nrhs: i32,
+    Aarray: *mut c_void,
+    lda: i32,
+    devIpiv: *mut c_void,
+    Barray: *mut c_void,
+    ldb: i32,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCgetrsBatched,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (devIpiv) as usize as u64,
+                (Barray) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasChbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChbmv(
+    uplo: i8,
+    n: i32,
+    k: i32,
+    alpha: chidori_cuda::types::float2,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: chidori_cuda::types::float2,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasChbmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasChbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChbmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasChbmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasChbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChbmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasChbmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasChemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChemm(
+    side: i8,
+    uplo: i8,
+    m: i32,
+    n: i32,
+    alpha: chidori_cuda::types::float2,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: chidori_cuda::types::float2,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasChemm,
+                &[
+                    (side) as i64 as u64,
+                    (uplo) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasChemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChemm_v2(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasChemm_v2,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasChemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChemm_v2_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasChemm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasChemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChemv(
+    uplo: i8,
+    n: i32,
+    alpha: chidori_cuda::types::float2,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: chidori_cuda::types::float2,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasChemv,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasChemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChemv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasChemv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasChemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChemv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasChemv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCher` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCher(
+    uplo: i8,
+    n: i32,
+    alpha: f32,
+    x: *mut c_void,
+    incx: i32,
+    A: *mut c_void,
+    lda: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCher,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCher2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCher2(
+    uplo: i8,
+    n: i32,
+    alpha: chidori_cuda::types::float2,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCher2,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCher2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCher2_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCher2_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCher2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCher2_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCher2_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCher2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCher2k(
+    uplo: i8,
+    trans: i8,
+    n: i32,
+    k: i32,
+    alpha: chidori_cuda::types::float2,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: f32,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCher2k,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    (beta).to_bits() as u64,
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCher2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCher2k_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCher2k_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCher2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCher2k_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCher2k_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCher_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCher_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCher_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCher_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCher_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCher_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCherk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCherk(
+    uplo: i8,
+    trans: i8,
+    n: i32,
+    k: i32,
+    alpha: f32,
+    A: *mut c_void,
+    lda: i32,
+    beta: f32,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCherk,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (beta).to_bits() as u64,
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCherk3mEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCherk3mEx(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCherk3mEx,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCherk3mEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCherk3mEx_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCherk3mEx_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCherkEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCherkEx(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCherkEx,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCherkEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCherkEx_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCherkEx_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCherk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCherk_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCherk_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCherk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCherk_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCherk_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCherkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCherkx(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCherkx,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCherkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCherkx_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCherkx_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasChpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChpmv(
+    uplo: i8,
+    n: i32,
+    alpha: chidori_cuda::types::float2,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    beta: chidori_cuda::types::float2,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasChpmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (AP) as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasChpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChpmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasChpmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasChpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasChpmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasChpmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCopyEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCopyEx(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    xType: u32,
+    incx: i32,
+    y: *mut c_void,
+    yType: u32,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCopyEx,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (yType) as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCopyEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCopyEx_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    xType: u32,
+    incx: i64,
+    y: *mut c_void,
+    yType: u32,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCopyEx_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (yType) as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCreate_v2(handle: *mut c_void) -> u32 {
+    unsafe { crate::custom::cublas::cublasCreate_v2(handle) }
+}
+///`cublasCrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCrot(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    c: f32,
+    s: chidori_cuda::types::float2,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCrot,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (c).to_bits() as u64,
+                    &(s) as *const _ as usize as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCrot_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    c: *mut c_void,
+    s: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCrot_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCrot_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    c: *mut c_void,
+    s: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCrot_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCrotg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCrotg_v2(
+    handle: *mut c_void,
+    a: *mut c_void,
+    b: *mut c_void,
+    c: *mut c_void,
+    s: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCrotg_v2,
+            &[
+                (handle) as usize as u64,
+                (a) as usize as u64,
+                (b) as usize as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCscal(
+    n: i32,
+    alpha: chidori_cuda::types::float2,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCscal,
+                &[
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCscal_v2(
+    handle: *mut c_void,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCscal_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCscal_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCscal_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsrot(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    c: f32,
+    s: f32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCsrot,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (c).to_bits() as u64,
+                    (s).to_bits() as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCsrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsrot_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    c: *mut c_void,
+    s: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsrot_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsrot_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    c: *mut c_void,
+    s: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsrot_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsscal(
+    n: i32,
+    alpha: f32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCsscal,
+                &[
+                    (n) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCsscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsscal_v2(
+    handle: *mut c_void,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsscal_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsscal_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsscal_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCswap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCswap(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCswap,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCswap_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCswap_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCswap_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCswap_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCswap_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCswap_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsymm(
+    side: i8,
+    uplo: i8,
+    m: i32,
+    n: i32,
+    alpha: chidori_cuda::types::float2,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: chidori_cuda::types::float2,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCsymm,
+                &[
+                    (side) as i64 as u64,
+                    (uplo) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCsymm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsymm_v2(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsymm_v2,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsymm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsymm_v2_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsymm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsymv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsymv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsymv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsymv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsymv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsymv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsyr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsyr2_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsyr2_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsyr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsyr2_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsyr2_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsyr2k(
+    uplo: i8,
+    trans: i8,
+    n: i32,
+    k: i32,
+    alpha: chidori_cuda::types::float2,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: chidori_cuda::types::float2,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCsyr2k,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCsyr2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsyr2k_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsyr2k_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsyr2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsyr2k_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsyr2k_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsyr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsyr_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsyr_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsyr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsyr_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsyr_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsyrk(
+    uplo: i8,
+    trans: i8,
+    n: i32,
+    k: i32,
+    alpha: chidori_cuda::types::float2,
+    A: *mut c_void,
+    lda: i32,
+    beta: chidori_cuda::types::float2,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCsyrk,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCsyrk3mEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsyrk3mEx(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsyrk3mEx,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsyrk3mEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsyrk3mEx_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsyrk3mEx_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsyrkEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsyrkEx(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsyrkEx,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsyrkEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsyrkEx_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsyrkEx_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsyrk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsyrk_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsyrk_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsyrk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsyrk_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsyrk_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsyrkx(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsyrkx,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCsyrkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCsyrkx_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCsyrkx_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtbmv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCtbmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCtbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtbmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtbmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtbmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    k: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtbmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtbsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtbsv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCtbsv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCtbsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtbsv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtbsv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtbsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtbsv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    k: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtbsv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtpmv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCtpmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (AP) as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCtpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtpmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtpmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtpmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtpmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtpsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtpsv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCtpsv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (AP) as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCtpsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtpsv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtpsv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtpsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtpsv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtpsv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtpttr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtpttr(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    AP: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtpttr,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtrmm(
+    side: i8,
+    uplo: i8,
+    transa: i8,
+    diag: i8,
+    m: i32,
+    n: i32,
+    alpha: chidori_cuda::types::float2,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCtrmm,
+                &[
+                    (side) as i64 as u64,
+                    (uplo) as i64 as u64,
+                    (transa) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCtrmm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtrmm_v2(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtrmm_v2,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtrmm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtrmm_v2_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtrmm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtrmv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCtrmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCtrmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtrmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtrmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtrmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtrmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtrmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtrsm(
+    side: i8,
+    uplo: i8,
+    transa: i8,
+    diag: i8,
+    m: i32,
+    n: i32,
+    alpha: chidori_cuda::types::float2,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCtrsm,
+                &[
+                    (side) as i64 as u64,
+                    (uplo) as i64 as u64,
+                    (transa) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCtrsmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtrsmBatched(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtrsmBatched,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtrsmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtrsmBatched_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtrsmBatched_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtrsm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtrsm_v2(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtrsm_v2,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtrsm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtrsm_v2_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtrsm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtrsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtrsv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasCtrsv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasCtrsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtrsv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtrsv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasCtrsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasCtrsv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasCtrsv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDasum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDasum(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> f64 {
+    unsafe {
+        f64::from_bits(
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDasum,
+                &[(n) as i64 as u64, (x) as usize as u64, (incx) as i64 as u64],
+            ),
+        )
+    }
+}
+///`cublasDasum_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDasum_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDasum_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDasum_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDasum_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDasum_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDaxpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDaxpy(
+    n: i32,
+    alpha: f64,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDaxpy,
+                &[
+                    (n) as i64 as u64,
+                    (alpha).to_bits(),
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDaxpy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDaxpy_v2(
+    handle: *mut c_void,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDaxpy_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDaxpy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDaxpy_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDaxpy_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDcopy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDcopy(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDcopy,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDcopy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDcopy_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDcopy_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDcopy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDcopy_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDcopy_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDdgmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDdgmm(
+    handle: *mut c_void,
+    mode: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDdgmm,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDdgmm_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDdgmm_64(
+    handle: *mut c_void,
+    mode: u32,
+    m: i64,
+    n: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDdgmm_64,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDdot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDdot(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) -> f64 {
+    unsafe {
+        f64::from_bits(
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDdot,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            ),
+        )
+    }
+}
+///`cublasDdot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDdot_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDdot_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDdot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDdot_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDdot_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDestroy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDestroy_v2(handle: *mut c_void) -> u32 {
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::cublas::cublasDestroy_v2,
             &[(handle) as usize as u64],
+        ) as u32
+    }
+}
+///`cublasDgbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgbmv(
+    trans: i8,
+    m: i32,
+    n: i32,
+    kl: i32,
+    ku: i32,
+    alpha: f64,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: f64,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDgbmv,
+                &[
+                    (trans) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (kl) as i64 as u64,
+                    (ku) as i64 as u64,
+                    (alpha).to_bits(),
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (beta).to_bits(),
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDgbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgbmv_v2(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    kl: i32,
+    ku: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgbmv_v2,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (kl) as i64 as u64,
+                (ku) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgbmv_v2_64(
+    handle: *mut c_void,
+    trans: u32,
+    m: i64,
+    n: i64,
+    kl: i64,
+    ku: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgbmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (kl) as i64 as u64,
+                (ku) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgeam` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgeam(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    beta: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgeam,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgeam_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgeam_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    beta: *mut c_void,
+    B: *mut c_void,
+    ldb: i64,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgeam_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgelsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgelsBatched(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    Aarray: *mut c_void,
+    lda: i32,
+    Carray: *mut c_void,
+    ldc: i32,
+    info: *mut c_void,
+    devInfoArray: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgelsBatched,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (Carray) as usize as u64,
+                (ldc) as i64 as u64,
+                (info) as usize as u64,
+                (devInfoArray) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgemm(
+    transa: i8,
+    transb: i8,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: f64,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: f64,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDgemm,
+                &[
+                    (transa) as i64 as u64,
+                    (transb) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (alpha).to_bits(),
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    (beta).to_bits(),
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDgemmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgemmBatched(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i32,
+    Barray: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    Carray: *mut c_void,
+    ldc: i32,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgemmBatched,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (Barray) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (Carray) as usize as u64,
+                (ldc) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgemmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgemmBatched_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i64,
+    Barray: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    Carray: *mut c_void,
+    ldc: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgemmBatched_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (Barray) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (Carray) as usize as u64,
+                (ldc) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgemmStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgemmStridedBatched(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    strideA: i64,
+    B: *mut c_void,
+    ldb: i32,
+    strideB: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    strideC: i64,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgemmStridedBatched,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (strideB) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (strideC) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgemmStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgemmStridedBatched_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    strideA: i64,
+    B: *mut c_void,
+    ldb: i64,
+    strideB: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+    strideC: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgemmStridedBatched_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (strideB) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (strideC) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgemm_v2(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgemm_v2,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgemm_v2_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgemm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgemv(
+    trans: i8,
+    m: i32,
+    n: i32,
+    alpha: f64,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: f64,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDgemv,
+                &[
+                    (trans) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits(),
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (beta).to_bits(),
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDgemvStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgemvStridedBatched(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    strideA: i64,
+    x: *mut c_void,
+    incx: i32,
+    stridex: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+    stridey: i64,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgemvStridedBatched,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (stridex) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (stridey) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgemvStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgemvStridedBatched_64(
+    handle: *mut c_void,
+    trans: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    strideA: i64,
+    x: *mut c_void,
+    incx: i64,
+    stridex: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+    stridey: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgemvStridedBatched_64,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (stridex) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (stridey) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgemv_v2(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgemv_v2,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgemv_v2_64(
+    handle: *mut c_void,
+    trans: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgemv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgeqrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgeqrfBatched(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    Aarray: *mut c_void,
+    lda: i32,
+    TauArray: *mut c_void,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgeqrfBatched,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (TauArray) as usize as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDger` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDger(
+    m: i32,
+    n: i32,
+    alpha: f64,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDger,
+                &[
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits(),
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDger_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDger_v2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDger_v2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDger_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDger_v2_64(
+    handle: *mut c_void,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDger_v2_64,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgetrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgetrfBatched(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    P: *mut c_void,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgetrfBatched,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (P) as usize as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgetriBatched(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    P: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgetriBatched,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (P) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDgetrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDgetrsBatched(
+    handle: *mut c_void,
+    trans: u32,
+    n: i32,
+    nrhs: i32,
+    Aarray: *mut c_void,
+    lda: i32,
+    devIpiv: *mut c_void,
+    Barray: *mut c_void,
+    ldb: i32,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDgetrsBatched,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (devIpiv) as usize as u64,
+                (Barray) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDnrm2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDnrm2(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> f64 {
+    unsafe {
+        f64::from_bits(
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDnrm2,
+                &[(n) as i64 as u64, (x) as usize as u64, (incx) as i64 as u64],
+            ),
+        )
+    }
+}
+///`cublasDnrm2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDnrm2_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDnrm2_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDnrm2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDnrm2_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDnrm2_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDrot(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    sc: f64,
+    ss: f64,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDrot,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (sc).to_bits(),
+                    (ss).to_bits(),
+                ],
+            );
+        }
+    }
+}
+///`cublasDrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDrot_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    c: *mut c_void,
+    s: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDrot_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDrot_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    c: *mut c_void,
+    s: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDrot_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDrotg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDrotg_v2(
+    handle: *mut c_void,
+    a: *mut c_void,
+    b: *mut c_void,
+    c: *mut c_void,
+    s: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDrotg_v2,
+            &[
+                (handle) as usize as u64,
+                (a) as usize as u64,
+                (b) as usize as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDsbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsbmv(
+    uplo: i8,
+    n: i32,
+    k: i32,
+    alpha: f64,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: f64,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDsbmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (alpha).to_bits(),
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (beta).to_bits(),
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDsbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsbmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDsbmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDsbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsbmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDsbmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDscal(
+    n: i32,
+    alpha: f64,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDscal,
+                &[
+                    (n) as i64 as u64,
+                    (alpha).to_bits(),
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDscal_v2(
+    handle: *mut c_void,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDscal_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDscal_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDscal_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDswap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDswap(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDswap,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDswap_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDswap_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDswap_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDswap_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDswap_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDswap_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsymm(
+    side: i8,
+    uplo: i8,
+    m: i32,
+    n: i32,
+    alpha: f64,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: f64,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDsymm,
+                &[
+                    (side) as i64 as u64,
+                    (uplo) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits(),
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    (beta).to_bits(),
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDsymm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsymm_v2(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDsymm_v2,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDsymm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsymm_v2_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDsymm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDsymv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsymv(
+    uplo: i8,
+    n: i32,
+    alpha: f64,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: f64,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDsymv,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits(),
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (beta).to_bits(),
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDsymv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsymv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDsymv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDsymv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsymv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDsymv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDsyr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsyr(
+    uplo: i8,
+    n: i32,
+    alpha: f64,
+    x: *mut c_void,
+    incx: i32,
+    A: *mut c_void,
+    lda: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDsyr,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits(),
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDsyr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2(
+    uplo: i8,
+    n: i32,
+    alpha: f64,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDsyr2,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits(),
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDsyr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDsyr2_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDsyr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDsyr2_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2k(
+    uplo: i8,
+    trans: i8,
+    n: i32,
+    k: i32,
+    alpha: f64,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: f64,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDsyr2k,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (alpha).to_bits(),
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    (beta).to_bits(),
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDsyr2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2k_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDsyr2k_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDsyr2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2k_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDsyr2k_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDsyr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsyr_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDsyr_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDsyr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsyr_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDsyr_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsyrk(
+    uplo: i8,
+    trans: i8,
+    n: i32,
+    k: i32,
+    alpha: f64,
+    A: *mut c_void,
+    lda: i32,
+    beta: f64,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDsyrk,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (alpha).to_bits(),
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (beta).to_bits(),
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDsyrk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsyrk_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDsyrk_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDsyrk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsyrk_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDsyrk_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsyrkx(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDsyrkx,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDsyrkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDsyrkx_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDsyrkx_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtbmv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDtbmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDtbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtbmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtbmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtbmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    k: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtbmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtbsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtbsv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDtbsv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDtbsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtbsv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtbsv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtbsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtbsv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    k: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtbsv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtrmm(
+    side: i8,
+    uplo: i8,
+    transa: i8,
+    diag: i8,
+    m: i32,
+    n: i32,
+    alpha: f64,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDtrmm,
+                &[
+                    (side) as i64 as u64,
+                    (uplo) as i64 as u64,
+                    (transa) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits(),
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDtrmm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtrmm_v2(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtrmm_v2,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtrmm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtrmm_v2_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtrmm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtrmv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDtrmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDtrmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtrmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtrmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtrmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtrmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtrmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtrsm(
+    side: i8,
+    uplo: i8,
+    transa: i8,
+    diag: i8,
+    m: i32,
+    n: i32,
+    alpha: f64,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDtrsm,
+                &[
+                    (side) as i64 as u64,
+                    (uplo) as i64 as u64,
+                    (transa) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits(),
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDtrsmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtrsmBatched(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtrsmBatched,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtrsmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtrsmBatched_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtrsmBatched_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtrsm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtrsm_v2(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtrsm_v2,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtrsm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtrsm_v2_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtrsm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtrsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtrsv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasDtrsv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasDtrsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtrsv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtrsv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDtrsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDtrsv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDtrsv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
         ) as u32
     }
 }
@@ -40,6 +8071,50 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDzasum(
         )
     }
 }
+///`cublasDzasum_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDzasum_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDzasum_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDzasum_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDzasum_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDzasum_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasDznrm2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDznrm2(
@@ -56,6 +8131,383 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDznrm2(
         )
     }
 }
+///`cublasDznrm2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDznrm2_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDznrm2_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDznrm2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDznrm2_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDznrm2_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasGemmBatchedEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGemmBatchedEx(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    Atype: u32,
+    lda: i32,
+    Barray: *mut c_void,
+    Btype: u32,
+    ldb: i32,
+    beta: *mut c_void,
+    Carray: *mut c_void,
+    Ctype: u32,
+    ldc: i32,
+    batchCount: i32,
+    computeType: u32,
+    algo: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGemmBatchedEx,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (Barray) as usize as u64,
+                (Btype) as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (Carray) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+                (batchCount) as i64 as u64,
+                (computeType) as u64,
+                (algo) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasGemmBatchedEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGemmBatchedEx_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    Atype: u32,
+    lda: i64,
+    Barray: *mut c_void,
+    Btype: u32,
+    ldb: i64,
+    beta: *mut c_void,
+    Carray: *mut c_void,
+    Ctype: u32,
+    ldc: i64,
+    batchCount: i64,
+    computeType: u32,
+    algo: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGemmBatchedEx_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (Barray) as usize as u64,
+                (Btype) as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (Carray) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+                (batchCount) as i64 as u64,
+                (computeType) as u64,
+                (algo) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasGemmEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGemmEx(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i32,
+    B: *mut c_void,
+    Btype: u32,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i32,
+    computeType: u32,
+    algo: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGemmEx,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (Btype) as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+                (computeType) as u64,
+                (algo) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasGemmEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGemmEx_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i64,
+    B: *mut c_void,
+    Btype: u32,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i64,
+    computeType: u32,
+    algo: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGemmEx_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (Btype) as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+                (computeType) as u64,
+                (algo) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasGemmStridedBatchedEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGemmStridedBatchedEx(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i32,
+    strideA: i64,
+    B: *mut c_void,
+    Btype: u32,
+    ldb: i32,
+    strideB: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i32,
+    strideC: i64,
+    batchCount: i32,
+    computeType: u32,
+    algo: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGemmStridedBatchedEx,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (B) as usize as u64,
+                (Btype) as u64,
+                (ldb) as i64 as u64,
+                (strideB) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+                (strideC) as i64 as u64,
+                (batchCount) as i64 as u64,
+                (computeType) as u64,
+                (algo) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasGemmStridedBatchedEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGemmStridedBatchedEx_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i64,
+    strideA: i64,
+    B: *mut c_void,
+    Btype: u32,
+    ldb: i64,
+    strideB: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i64,
+    strideC: i64,
+    batchCount: i64,
+    computeType: u32,
+    algo: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGemmStridedBatchedEx_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (B) as usize as u64,
+                (Btype) as u64,
+                (ldb) as i64 as u64,
+                (strideB) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+                (strideC) as i64 as u64,
+                (batchCount) as i64 as u64,
+                (computeType) as u64,
+                (algo) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasGetAtomicsMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGetAtomicsMode(
+    handle: *mut c_void,
+    mode: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGetAtomicsMode,
+            &[(handle) as usize as u64, (mode) as usize as u64],
+        ) as u32
+    }
+}
 ///`cublasGetCudartVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetCudartVersion() -> usize {
@@ -64,11 +8516,117 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetCudartVersion() -> usize {
             as usize
     }
 }
-///`cublasGetError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasGetError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetError() -> u32 {
     unsafe {
         crate::runtime::call(&chidori_cuda::calls::cublas::cublasGetError, &[]) as u32
+    }
+}
+///`cublasGetMathMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGetMathMode(
+    handle: *mut c_void,
+    mode: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGetMathMode,
+            &[(handle) as usize as u64, (mode) as usize as u64],
+        ) as u32
+    }
+}
+///`cublasGetMatrix` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrix(
+    rows: i32,
+    cols: i32,
+    elemSize: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGetMatrix,
+            &[
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (elemSize) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasGetMatrixAsync_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrixAsync_64(
+    rows: i64,
+    cols: i64,
+    elemSize: i64,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGetMatrixAsync_64,
+            &[
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (elemSize) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasGetMatrix_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrix_64(
+    rows: i64,
+    cols: i64,
+    elemSize: i64,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGetMatrix_64,
+            &[
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (elemSize) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasGetPointerMode_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGetPointerMode_v2(
+    handle: *mut c_void,
+    mode: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGetPointerMode_v2,
+            &[(handle) as usize as u64, (mode) as usize as u64],
+        ) as u32
     }
 }
 ///`cublasGetStatusName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
@@ -100,6 +8658,150 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetStream_v2(
         ) as u32
     }
 }
+///`cublasGetVector` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGetVector(
+    n: i32,
+    elemSize: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGetVector,
+            &[
+                (n) as i64 as u64,
+                (elemSize) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasGetVector_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGetVector_64(
+    n: i64,
+    elemSize: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasGetVector_64,
+            &[
+                (n) as i64 as u64,
+                (elemSize) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasIamaxEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIamaxEx(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    xType: u32,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIamaxEx,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasIamaxEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIamaxEx_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    xType: u32,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIamaxEx_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasIaminEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIaminEx(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    xType: u32,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIaminEx,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasIaminEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIaminEx_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    xType: u32,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIaminEx_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasIcamax` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIcamax(
@@ -112,6 +8814,50 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIcamax(
             &chidori_cuda::calls::cublas::cublasIcamax,
             &[(n) as i64 as u64, (x) as usize as u64, (incx) as i64 as u64],
         ) as i32
+    }
+}
+///`cublasIcamax_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIcamax_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIcamax_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasIcamax_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIcamax_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIcamax_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
     }
 }
 ///`cublasIcamin` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -128,10 +8874,286 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIcamin(
         ) as i32
     }
 }
-///`cublasInit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIcamin_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIcamin_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIcamin_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasIcamin_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIcamin_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIcamin_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasIdamax` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIdamax(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> i32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIdamax,
+            &[(n) as i64 as u64, (x) as usize as u64, (incx) as i64 as u64],
+        ) as i32
+    }
+}
+///`cublasIdamax_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIdamax_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIdamax_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasIdamax_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIdamax_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIdamax_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasIdamin` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIdamin(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> i32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIdamin,
+            &[(n) as i64 as u64, (x) as usize as u64, (incx) as i64 as u64],
+        ) as i32
+    }
+}
+///`cublasIdamin_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIdamin_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIdamin_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasIdamin_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIdamin_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIdamin_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasInit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasInit() -> u32 {
     unsafe { crate::runtime::call(&chidori_cuda::calls::cublas::cublasInit, &[]) as u32 }
+}
+///`cublasIsamax` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIsamax(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> i32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIsamax,
+            &[(n) as i64 as u64, (x) as usize as u64, (incx) as i64 as u64],
+        ) as i32
+    }
+}
+///`cublasIsamax_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIsamax_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIsamax_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasIsamax_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIsamax_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIsamax_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasIsamin` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIsamin(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> i32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIsamin,
+            &[(n) as i64 as u64, (x) as usize as u64, (incx) as i64 as u64],
+        ) as i32
+    }
+}
+///`cublasIsamin_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIsamin_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIsamin_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasIsamin_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIsamin_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIsamin_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
 }
 ///`cublasIzamax` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -147,6 +9169,50 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIzamax(
         ) as i32
     }
 }
+///`cublasIzamax_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIzamax_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIzamax_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasIzamax_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIzamax_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIzamax_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasIzamin` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIzamin(
@@ -159,6 +9225,316 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIzamin(
             &chidori_cuda::calls::cublas::cublasIzamin,
             &[(n) as i64 as u64, (x) as usize as u64, (incx) as i64 as u64],
         ) as i32
+    }
+}
+///`cublasIzamin_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIzamin_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIzamin_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasIzamin_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasIzamin_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasIzamin_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasRotEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasRotEx(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    xType: u32,
+    incx: i32,
+    y: *mut c_void,
+    yType: u32,
+    incy: i32,
+    c: *mut c_void,
+    s: *mut c_void,
+    csType: u32,
+    executiontype: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasRotEx,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (yType) as u64,
+                (incy) as i64 as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+                (csType) as u64,
+                (executiontype) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasRotEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasRotEx_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    xType: u32,
+    incx: i64,
+    y: *mut c_void,
+    yType: u32,
+    incy: i64,
+    c: *mut c_void,
+    s: *mut c_void,
+    csType: u32,
+    executiontype: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasRotEx_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (yType) as u64,
+                (incy) as i64 as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+                (csType) as u64,
+                (executiontype) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSasum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSasum(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> f32 {
+    unsafe {
+        f32::from_bits(
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSasum,
+                &[(n) as i64 as u64, (x) as usize as u64, (incx) as i64 as u64],
+            ) as u32,
+        )
+    }
+}
+///`cublasSasum_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSasum_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSasum_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSasum_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSasum_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSasum_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSaxpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSaxpy(
+    n: i32,
+    alpha: f32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSaxpy,
+                &[
+                    (n) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSaxpy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSaxpy_v2(
+    handle: *mut c_void,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSaxpy_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSaxpy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSaxpy_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSaxpy_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasScalEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasScalEx(
+    handle: *mut c_void,
+    n: i32,
+    alpha: *mut c_void,
+    alphaType: u32,
+    x: *mut c_void,
+    xType: u32,
+    incx: i32,
+    executionType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasScalEx,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (alphaType) as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (executionType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasScalEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasScalEx_64(
+    handle: *mut c_void,
+    n: i64,
+    alpha: *mut c_void,
+    alphaType: u32,
+    x: *mut c_void,
+    xType: u32,
+    incx: i64,
+    executionType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasScalEx_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (alphaType) as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (executionType) as u64,
+            ],
+        ) as u32
     }
 }
 ///`cublasScasum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -177,6 +9553,50 @@ pub unsafe extern "C" fn __chidori_cublas_cublasScasum(
         )
     }
 }
+///`cublasScasum_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasScasum_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasScasum_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasScasum_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasScasum_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasScasum_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasScnrm2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasScnrm2(
@@ -193,7 +9613,263 @@ pub unsafe extern "C" fn __chidori_cublas_cublasScnrm2(
         )
     }
 }
-///`cublasSetAtomicsMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasScnrm2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasScnrm2_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasScnrm2_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasScnrm2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasScnrm2_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasScnrm2_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasScopy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasScopy(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasScopy,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasScopy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasScopy_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasScopy_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasScopy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasScopy_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasScopy_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSdgmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSdgmm(
+    handle: *mut c_void,
+    mode: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSdgmm,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSdgmm_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSdgmm_64(
+    handle: *mut c_void,
+    mode: u32,
+    m: i64,
+    n: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSdgmm_64,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSdot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSdot(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) -> f32 {
+    unsafe {
+        f32::from_bits(
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSdot,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            ) as u32,
+        )
+    }
+}
+///`cublasSdot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSdot_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSdot_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSdot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSdot_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSdot_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSetAtomicsMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetAtomicsMode(
     handle: *mut c_void,
@@ -206,7 +9882,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetAtomicsMode(
         ) as u32
     }
 }
-///`cublasSetEmulationSpecialValuesSupport` for CUDA 13.1 (sync).
+///`cublasSetEmulationSpecialValuesSupport` for CUDA 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetEmulationSpecialValuesSupport(
     handle: *mut c_void,
@@ -219,7 +9895,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetEmulationSpecialValuesSupport
         ) as u32
     }
 }
-///`cublasSetEmulationStrategy` for CUDA 13.0, 13.1 (sync).
+///`cublasSetEmulationStrategy` for CUDA 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetEmulationStrategy(
     handle: *mut c_void,
@@ -232,7 +9908,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetEmulationStrategy(
         ) as u32
     }
 }
-///`cublasSetFixedPointEmulationMantissaBitOffset` for CUDA 13.1 (sync).
+///`cublasSetFixedPointEmulationMantissaBitOffset` for CUDA 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetFixedPointEmulationMantissaBitOffset(
     handle: *mut c_void,
@@ -245,7 +9921,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetFixedPointEmulationMantissaBi
         ) as u32
     }
 }
-///`cublasSetFixedPointEmulationMantissaControl` for CUDA 13.1 (sync).
+///`cublasSetFixedPointEmulationMantissaControl` for CUDA 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetFixedPointEmulationMantissaControl(
     handle: *mut c_void,
@@ -258,7 +9934,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetFixedPointEmulationMantissaCo
         ) as u32
     }
 }
-///`cublasSetFixedPointEmulationMaxMantissaBitCount` for CUDA 13.1 (sync).
+///`cublasSetFixedPointEmulationMaxMantissaBitCount` for CUDA 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetFixedPointEmulationMaxMantissaBitCount(
     handle: *mut c_void,
@@ -271,7 +9947,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetFixedPointEmulationMaxMantiss
         ) as u32
     }
 }
-///`cublasSetKernelStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSetKernelStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetKernelStream(
     stream: *mut c_void,
@@ -283,7 +9959,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetKernelStream(
         ) as u32
     }
 }
-///`cublasSetMathMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSetMathMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetMathMode(
     handle: *mut c_void,
@@ -296,20 +9972,95 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetMathMode(
         ) as u32
     }
 }
-///`cublasSetPointerMode_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSetMatrix` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrix(
+    rows: i32,
+    cols: i32,
+    elemSize: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSetMatrix,
+            &[
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (elemSize) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSetMatrixAsync_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrixAsync_64(
+    rows: i64,
+    cols: i64,
+    elemSize: i64,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSetMatrixAsync_64,
+            &[
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (elemSize) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSetMatrix_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrix_64(
+    rows: i64,
+    cols: i64,
+    elemSize: i64,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSetMatrix_64,
+            &[
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (elemSize) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSetPointerMode_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetPointerMode_v2(
     handle: *mut c_void,
     mode: u32,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasSetPointerMode_v2,
-            &[(handle) as usize as u64, (mode) as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cublas::cublasSetPointerMode_v2(handle, mode) }
 }
-///`cublasSetSmCountTarget` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSetSmCountTarget` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetSmCountTarget(
     handle: *mut c_void,
@@ -322,7 +10073,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetSmCountTarget(
         ) as u32
     }
 }
-///`cublasSetStream_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSetStream_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetStream_v2(
     handle: *mut c_void,
@@ -335,14 +10086,2942 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetStream_v2(
         ) as u32
     }
 }
-///`cublasShutdown` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSetWorkspace_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSetWorkspace_v2(
+    handle: *mut c_void,
+    workspace: *mut c_void,
+    workspaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSetWorkspace_v2,
+            &[
+                (handle) as usize as u64,
+                (workspace) as usize as u64,
+                (workspaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgbmv(
+    trans: i8,
+    m: i32,
+    n: i32,
+    kl: i32,
+    ku: i32,
+    alpha: f32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: f32,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSgbmv,
+                &[
+                    (trans) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (kl) as i64 as u64,
+                    (ku) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (beta).to_bits() as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSgbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgbmv_v2(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    kl: i32,
+    ku: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgbmv_v2,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (kl) as i64 as u64,
+                (ku) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgbmv_v2_64(
+    handle: *mut c_void,
+    trans: u32,
+    m: i64,
+    n: i64,
+    kl: i64,
+    ku: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgbmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (kl) as i64 as u64,
+                (ku) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgeam` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgeam(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    beta: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgeam,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgeam_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgeam_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    beta: *mut c_void,
+    B: *mut c_void,
+    ldb: i64,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgeam_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgelsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgelsBatched(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    Aarray: *mut c_void,
+    lda: i32,
+    Carray: *mut c_void,
+    ldc: i32,
+    info: *mut c_void,
+    devInfoArray: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgelsBatched,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (Carray) as usize as u64,
+                (ldc) as i64 as u64,
+                (info) as usize as u64,
+                (devInfoArray) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemm(
+    transa: i8,
+    transb: i8,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: f32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: f32,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSgemm,
+                &[
+                    (transa) as i64 as u64,
+                    (transb) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    (beta).to_bits() as u64,
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSgemmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemmBatched(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i32,
+    Barray: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    Carray: *mut c_void,
+    ldc: i32,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgemmBatched,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (Barray) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (Carray) as usize as u64,
+                (ldc) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgemmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemmBatched_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i64,
+    Barray: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    Carray: *mut c_void,
+    ldc: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgemmBatched_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (Barray) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (Carray) as usize as u64,
+                (ldc) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgemmEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemmEx(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i32,
+    B: *mut c_void,
+    Btype: u32,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgemmEx,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (Btype) as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgemmEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemmEx_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Atype: u32,
+    lda: i64,
+    B: *mut c_void,
+    Btype: u32,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Ctype: u32,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgemmEx_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Atype) as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (Btype) as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Ctype) as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgemmStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemmStridedBatched(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    strideA: i64,
+    B: *mut c_void,
+    ldb: i32,
+    strideB: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    strideC: i64,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgemmStridedBatched,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (strideB) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (strideC) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgemmStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemmStridedBatched_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    strideA: i64,
+    B: *mut c_void,
+    ldb: i64,
+    strideB: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+    strideC: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgemmStridedBatched_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (strideB) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (strideC) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemm_v2(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgemm_v2,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemm_v2_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgemm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemv(
+    trans: i8,
+    m: i32,
+    n: i32,
+    alpha: f32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: f32,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSgemv,
+                &[
+                    (trans) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (beta).to_bits() as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSgemvStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemvStridedBatched(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    strideA: i64,
+    x: *mut c_void,
+    incx: i32,
+    stridex: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+    stridey: i64,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgemvStridedBatched,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (stridex) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (stridey) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgemvStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemvStridedBatched_64(
+    handle: *mut c_void,
+    trans: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    strideA: i64,
+    x: *mut c_void,
+    incx: i64,
+    stridex: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+    stridey: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgemvStridedBatched_64,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (stridex) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (stridey) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemv_v2(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgemv_v2,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgemv_v2_64(
+    handle: *mut c_void,
+    trans: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgemv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgeqrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgeqrfBatched(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    Aarray: *mut c_void,
+    lda: i32,
+    TauArray: *mut c_void,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgeqrfBatched,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (TauArray) as usize as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSger` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSger(
+    m: i32,
+    n: i32,
+    alpha: f32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSger,
+                &[
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSger_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSger_v2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSger_v2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSger_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSger_v2_64(
+    handle: *mut c_void,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSger_v2_64,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgetrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgetrfBatched(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    P: *mut c_void,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgetrfBatched,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (P) as usize as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgetriBatched(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    P: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgetriBatched,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (P) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSgetrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSgetrsBatched(
+    handle: *mut c_void,
+    trans: u32,
+    n: i32,
+    nrhs: i32,
+    Aarray: *mut c_void,
+    lda: i32,
+    devIpiv: *mut c_void,
+    Barray: *mut c_void,
+    ldb: i32,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSgetrsBatched,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (devIpiv) as usize as u64,
+                (Barray) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasShutdown` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasShutdown() -> u32 {
     unsafe {
         crate::runtime::call(&chidori_cuda::calls::cublas::cublasShutdown, &[]) as u32
     }
 }
-///`cublasXerbla` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSnrm2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSnrm2(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> f32 {
+    unsafe {
+        f32::from_bits(
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSnrm2,
+                &[(n) as i64 as u64, (x) as usize as u64, (incx) as i64 as u64],
+            ) as u32,
+        )
+    }
+}
+///`cublasSnrm2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSnrm2_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSnrm2_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSnrm2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSnrm2_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSnrm2_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSrot(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    sc: f32,
+    ss: f32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSrot,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (sc).to_bits() as u64,
+                    (ss).to_bits() as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSrot_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    c: *mut c_void,
+    s: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSrot_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSrot_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    c: *mut c_void,
+    s: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSrot_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSrotg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSrotg_v2(
+    handle: *mut c_void,
+    a: *mut c_void,
+    b: *mut c_void,
+    c: *mut c_void,
+    s: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSrotg_v2,
+            &[
+                (handle) as usize as u64,
+                (a) as usize as u64,
+                (b) as usize as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSsbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsbmv(
+    uplo: i8,
+    n: i32,
+    k: i32,
+    alpha: f32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: f32,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSsbmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (beta).to_bits() as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSsbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsbmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSsbmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSsbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsbmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSsbmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSscal(
+    n: i32,
+    alpha: f32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSscal,
+                &[
+                    (n) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSscal_v2(
+    handle: *mut c_void,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSscal_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSscal_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSscal_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSswap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSswap(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSswap,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSswap_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSswap_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSswap_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSswap_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSswap_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSswap_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsymm(
+    side: i8,
+    uplo: i8,
+    m: i32,
+    n: i32,
+    alpha: f32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: f32,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSsymm,
+                &[
+                    (side) as i64 as u64,
+                    (uplo) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    (beta).to_bits() as u64,
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSsymm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsymm_v2(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSsymm_v2,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSsymm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsymm_v2_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSsymm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSsymv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsymv(
+    uplo: i8,
+    n: i32,
+    alpha: f32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: f32,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSsymv,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (beta).to_bits() as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSsymv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsymv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSsymv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSsymv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsymv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSsymv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSsyr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsyr(
+    uplo: i8,
+    n: i32,
+    alpha: f32,
+    x: *mut c_void,
+    incx: i32,
+    A: *mut c_void,
+    lda: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSsyr,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSsyr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2(
+    uplo: i8,
+    n: i32,
+    alpha: f32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSsyr2,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSsyr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSsyr2_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSsyr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSsyr2_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2k(
+    uplo: i8,
+    trans: i8,
+    n: i32,
+    k: i32,
+    alpha: f32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: f32,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSsyr2k,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    (beta).to_bits() as u64,
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSsyr2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2k_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSsyr2k_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSsyr2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2k_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSsyr2k_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSsyr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsyr_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSsyr_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSsyr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsyr_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSsyr_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsyrk(
+    uplo: i8,
+    trans: i8,
+    n: i32,
+    k: i32,
+    alpha: f32,
+    A: *mut c_void,
+    lda: i32,
+    beta: f32,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasSsyrk,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (beta).to_bits() as u64,
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasSsyrk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsyrk_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSsyrk_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSsyrk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsyrk_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSsyrk_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsyrkx(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSsyrkx,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSsyrkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSsyrkx_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSsyrkx_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStbmv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasStbmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasStbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStbmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStbmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStbmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    k: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStbmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStbsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStbsv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasStbsv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasStbsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStbsv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStbsv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStbsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStbsv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    k: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStbsv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStrmm(
+    side: i8,
+    uplo: i8,
+    transa: i8,
+    diag: i8,
+    m: i32,
+    n: i32,
+    alpha: f32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasStrmm,
+                &[
+                    (side) as i64 as u64,
+                    (uplo) as i64 as u64,
+                    (transa) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasStrmm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStrmm_v2(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStrmm_v2,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStrmm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStrmm_v2_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStrmm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStrmv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasStrmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasStrmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStrmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStrmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStrmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStrmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStrmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStrsm(
+    side: i8,
+    uplo: i8,
+    transa: i8,
+    diag: i8,
+    m: i32,
+    n: i32,
+    alpha: f32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasStrsm,
+                &[
+                    (side) as i64 as u64,
+                    (uplo) as i64 as u64,
+                    (transa) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits() as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasStrsmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStrsmBatched(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStrsmBatched,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStrsmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStrsmBatched_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStrsmBatched_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStrsm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStrsm_v2(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStrsm_v2,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStrsm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStrsm_v2_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStrsm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStrsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStrsv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasStrsv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasStrsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStrsv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStrsv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasStrsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasStrsv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasStrsv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSwapEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSwapEx(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    xType: u32,
+    incx: i32,
+    y: *mut c_void,
+    yType: u32,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSwapEx,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (yType) as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSwapEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSwapEx_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    xType: u32,
+    incx: i64,
+    y: *mut c_void,
+    yType: u32,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSwapEx_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (xType) as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (yType) as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasUint8gemmBias` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasUint8gemmBias(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    transc: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    A_bias: i32,
+    lda: i32,
+    B: *mut c_void,
+    B_bias: i32,
+    ldb: i32,
+    C: *mut c_void,
+    C_bias: i32,
+    ldc: i32,
+    C_mult: i32,
+    C_shift: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasUint8gemmBias,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (transc) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (A_bias) as i64 as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (B_bias) as i64 as u64,
+                (ldb) as i64 as u64,
+                (C) as usize as u64,
+                (C_bias) as i64 as u64,
+                (ldc) as i64 as u64,
+                (C_mult) as i64 as u64,
+                (C_shift) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXerbla` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXerbla(srName: *mut c_void, info: i32) {
     unsafe {
@@ -352,6 +13031,194 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXerbla(srName: *mut c_void, info
                 &[(srName) as usize as u64, (info) as i64 as u64],
             );
         }
+    }
+}
+///`cublasXtCgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtCgemm(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtCgemm,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtChemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtChemm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtChemm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtCher2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtCher2k(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtCher2k,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtCherk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtCherk(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtCherk,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtCherkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtCherkx(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtCherkx,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
     }
 }
 ///`cublasXtCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -364,7 +13231,267 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCreate(handle: *mut c_void) ->
         ) as u32
     }
 }
-///`cublasXtDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasXtCspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtCspmm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    AP: *mut c_void,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtCspmm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (AP) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtCsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtCsymm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtCsymm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtCsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyr2k(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtCsyr2k,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtCsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyrk(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtCsyrk,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtCsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyrkx(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtCsyrkx,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtCtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtCtrmm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtCtrmm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtCtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtCtrsm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtCtrsm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDestroy(handle: *mut c_void) -> u32 {
     unsafe {
@@ -374,7 +13501,284 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDestroy(handle: *mut c_void) -
         ) as u32
     }
 }
-///`cublasXtSetBlockDim` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasXtDgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtDgemm(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtDgemm,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtDsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtDsymm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtDsymm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtDsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyr2k(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtDsyr2k,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtDsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyrk(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtDsyrk,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtDsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyrkx(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtDsyrkx,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtDtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtDtrmm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtDtrmm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtDtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtDtrsm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtDtrsm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtGetPinningMemMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtGetPinningMemMode(
+    handle: *mut c_void,
+    mode: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtGetPinningMemMode,
+            &[(handle) as usize as u64, (mode) as usize as u64],
+        ) as u32
+    }
+}
+///`cublasXtSetBlockDim` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSetBlockDim(
     handle: *mut c_void,
@@ -387,7 +13791,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSetBlockDim(
         ) as u32
     }
 }
-///`cublasXtSetCpuRatio` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasXtSetCpuRatio` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSetCpuRatio(
     handle: *mut c_void,
@@ -407,7 +13811,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSetCpuRatio(
         ) as u32
     }
 }
-///`cublasXtSetPinningMemMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasXtSetPinningMemMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSetPinningMemMode(
     handle: *mut c_void,
@@ -417,6 +13821,4898 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSetPinningMemMode(
         crate::runtime::call(
             &chidori_cuda::calls::cublas::cublasXtSetPinningMemMode,
             &[(handle) as usize as u64, (mode) as u64],
+        ) as u32
+    }
+}
+///`cublasXtSgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtSgemm(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtSgemm,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtSsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtSsymm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtSsymm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtSsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyr2k(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtSsyr2k,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtSsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyrk(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtSsyrk,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtSsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyrkx(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtSsyrkx,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtStrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtStrmm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtStrmm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtStrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtStrsm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtStrsm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtZgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtZgemm(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtZgemm,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtZhemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtZhemm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtZhemm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtZher2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtZher2k(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtZher2k,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtZherk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtZherk(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtZherk,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtZherkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtZherkx(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtZherkx,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtZspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtZspmm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    AP: *mut c_void,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtZspmm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (AP) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtZsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtZsymm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtZsymm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtZsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyr2k(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtZsyr2k,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtZsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyrk(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtZsyrk,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtZsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyrkx(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: usize,
+    k: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtZsyrkx,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as u64,
+                (k) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtZtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtZtrmm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+    C: *mut c_void,
+    ldc: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtZtrmm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+                (C) as usize as u64,
+                (ldc) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasXtZtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasXtZtrsm(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: usize,
+    n: usize,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: usize,
+    B: *mut c_void,
+    ldb: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasXtZtrsm,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as u64,
+                (n) as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as u64,
+                (B) as usize as u64,
+                (ldb) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZaxpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZaxpy(
+    n: i32,
+    alpha: chidori_cuda::types::double2,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZaxpy,
+                &[
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZaxpy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZaxpy_v2(
+    handle: *mut c_void,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZaxpy_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZaxpy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZaxpy_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZaxpy_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZcopy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZcopy(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZcopy,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZcopy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZcopy_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZcopy_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZcopy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZcopy_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZcopy_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZdgmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZdgmm(
+    handle: *mut c_void,
+    mode: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZdgmm,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZdgmm_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZdgmm_64(
+    handle: *mut c_void,
+    mode: u32,
+    m: i64,
+    n: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZdgmm_64,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZdotc_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZdotc_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZdotc_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZdotc_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZdotc_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZdotc_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZdotu_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZdotu_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZdotu_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZdotu_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZdotu_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZdotu_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZdrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZdrot(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    c: f64,
+    s: f64,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZdrot,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (c).to_bits(),
+                    (s).to_bits(),
+                ],
+            );
+        }
+    }
+}
+///`cublasZdrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZdrot_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    c: *mut c_void,
+    s: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZdrot_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZdrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZdrot_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    c: *mut c_void,
+    s: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZdrot_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZdscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZdscal(
+    n: i32,
+    alpha: f64,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZdscal,
+                &[
+                    (n) as i64 as u64,
+                    (alpha).to_bits(),
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZdscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZdscal_v2(
+    handle: *mut c_void,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZdscal_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZdscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZdscal_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZdscal_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgbmv(
+    trans: i8,
+    m: i32,
+    n: i32,
+    kl: i32,
+    ku: i32,
+    alpha: chidori_cuda::types::double2,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: chidori_cuda::types::double2,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZgbmv,
+                &[
+                    (trans) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (kl) as i64 as u64,
+                    (ku) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZgbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgbmv_v2(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    kl: i32,
+    ku: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgbmv_v2,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (kl) as i64 as u64,
+                (ku) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgbmv_v2_64(
+    handle: *mut c_void,
+    trans: u32,
+    m: i64,
+    n: i64,
+    kl: i64,
+    ku: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgbmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (kl) as i64 as u64,
+                (ku) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgeam` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgeam(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    beta: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgeam,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgeam_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgeam_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    beta: *mut c_void,
+    B: *mut c_void,
+    ldb: i64,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgeam_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgelsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgelsBatched(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    nrhs: i32,
+    Aarray: *mut c_void,
+    lda: i32,
+    Carray: *mut c_void,
+    ldc: i32,
+    info: *mut c_void,
+    devInfoArray: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgelsBatched,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (Carray) as usize as u64,
+                (ldc) as i64 as u64,
+                (info) as usize as u64,
+                (devInfoArray) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgemm(
+    transa: i8,
+    transb: i8,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: chidori_cuda::types::double2,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: chidori_cuda::types::double2,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZgemm,
+                &[
+                    (transa) as i64 as u64,
+                    (transb) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZgemm3m` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgemm3m(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgemm3m,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgemm3m_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgemm3m_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgemm3m_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgemmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgemmBatched(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i32,
+    Barray: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    Carray: *mut c_void,
+    ldc: i32,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgemmBatched,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (Barray) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (Carray) as usize as u64,
+                (ldc) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgemmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgemmBatched_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    Aarray: *mut c_void,
+    lda: i64,
+    Barray: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    Carray: *mut c_void,
+    ldc: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgemmBatched_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (Barray) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (Carray) as usize as u64,
+                (ldc) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgemmStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgemmStridedBatched(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    strideA: i64,
+    B: *mut c_void,
+    ldb: i32,
+    strideB: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    strideC: i64,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgemmStridedBatched,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (strideB) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (strideC) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgemmStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgemmStridedBatched_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    strideA: i64,
+    B: *mut c_void,
+    ldb: i64,
+    strideB: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+    strideC: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgemmStridedBatched_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (strideB) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (strideC) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgemm_v2(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgemm_v2,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgemm_v2_64(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgemm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (transa) as u64,
+                (transb) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgemv(
+    trans: i8,
+    m: i32,
+    n: i32,
+    alpha: chidori_cuda::types::double2,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: chidori_cuda::types::double2,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZgemv,
+                &[
+                    (trans) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZgemvStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgemvStridedBatched(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    strideA: i64,
+    x: *mut c_void,
+    incx: i32,
+    stridex: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+    stridey: i64,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgemvStridedBatched,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (stridex) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (stridey) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgemvStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgemvStridedBatched_64(
+    handle: *mut c_void,
+    trans: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    strideA: i64,
+    x: *mut c_void,
+    incx: i64,
+    stridex: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+    stridey: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgemvStridedBatched_64,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (stridex) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (stridey) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgemv_v2(
+    handle: *mut c_void,
+    trans: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgemv_v2,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgemv_v2_64(
+    handle: *mut c_void,
+    trans: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgemv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgeqrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgeqrfBatched(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    Aarray: *mut c_void,
+    lda: i32,
+    TauArray: *mut c_void,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgeqrfBatched,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (TauArray) as usize as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgerc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgerc(
+    m: i32,
+    n: i32,
+    alpha: chidori_cuda::types::double2,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZgerc,
+                &[
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZgerc_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgerc_v2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgerc_v2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgerc_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgerc_v2_64(
+    handle: *mut c_void,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgerc_v2_64,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgeru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgeru(
+    m: i32,
+    n: i32,
+    alpha: chidori_cuda::types::double2,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZgeru,
+                &[
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZgeru_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgeru_v2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgeru_v2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgeru_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgeru_v2_64(
+    handle: *mut c_void,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgeru_v2_64,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgetrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgetrfBatched(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    P: *mut c_void,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgetrfBatched,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (P) as usize as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgetriBatched(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    P: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgetriBatched,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (P) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZgetrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZgetrsBatched(
+    handle: *mut c_void,
+    trans: u32,
+    n: i32,
+    nrhs: i32,
+    Aarray: *mut c_void,
+    lda: i32,
+    devIpiv: *mut c_void,
+    Barray: *mut c_void,
+    ldb: i32,
+    info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZgetrsBatched,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (devIpiv) as usize as u64,
+                (Barray) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZhbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhbmv(
+    uplo: i8,
+    n: i32,
+    k: i32,
+    alpha: chidori_cuda::types::double2,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: chidori_cuda::types::double2,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZhbmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZhbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhbmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZhbmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZhbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhbmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZhbmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZhemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhemm(
+    side: i8,
+    uplo: i8,
+    m: i32,
+    n: i32,
+    alpha: chidori_cuda::types::double2,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: chidori_cuda::types::double2,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZhemm,
+                &[
+                    (side) as i64 as u64,
+                    (uplo) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZhemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhemm_v2(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZhemm_v2,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZhemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhemm_v2_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZhemm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZhemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhemv(
+    uplo: i8,
+    n: i32,
+    alpha: chidori_cuda::types::double2,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: chidori_cuda::types::double2,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZhemv,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZhemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhemv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZhemv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZhemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhemv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZhemv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZher` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZher(
+    uplo: i8,
+    n: i32,
+    alpha: f64,
+    x: *mut c_void,
+    incx: i32,
+    A: *mut c_void,
+    lda: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZher,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    (alpha).to_bits(),
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZher2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZher2(
+    uplo: i8,
+    n: i32,
+    alpha: chidori_cuda::types::double2,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZher2,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZher2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZher2_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZher2_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZher2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZher2_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZher2_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZher2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZher2k(
+    uplo: i8,
+    trans: i8,
+    n: i32,
+    k: i32,
+    alpha: chidori_cuda::types::double2,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: f64,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZher2k,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    (beta).to_bits(),
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZher2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZher2k_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZher2k_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZher2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZher2k_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZher2k_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZher_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZher_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZher_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZher_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZher_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZher_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZherk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZherk(
+    uplo: i8,
+    trans: i8,
+    n: i32,
+    k: i32,
+    alpha: f64,
+    A: *mut c_void,
+    lda: i32,
+    beta: f64,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZherk,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (alpha).to_bits(),
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (beta).to_bits(),
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZherk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZherk_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZherk_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZherk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZherk_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZherk_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZherkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZherkx(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZherkx,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZherkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZherkx_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZherkx_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZhpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhpmv(
+    uplo: i8,
+    n: i32,
+    alpha: chidori_cuda::types::double2,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    beta: chidori_cuda::types::double2,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZhpmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (AP) as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZhpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhpmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZhpmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZhpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZhpmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZhpmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZrot(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    sc: f64,
+    cs: chidori_cuda::types::double2,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZrot,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                    (sc).to_bits(),
+                    &(cs) as *const _ as usize as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZrot_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    c: *mut c_void,
+    s: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZrot_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZrot_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    c: *mut c_void,
+    s: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZrot_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZrotg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZrotg_v2(
+    handle: *mut c_void,
+    a: *mut c_void,
+    b: *mut c_void,
+    c: *mut c_void,
+    s: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZrotg_v2,
+            &[
+                (handle) as usize as u64,
+                (a) as usize as u64,
+                (b) as usize as u64,
+                (c) as usize as u64,
+                (s) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZscal(
+    n: i32,
+    alpha: chidori_cuda::types::double2,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZscal,
+                &[
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZscal_v2(
+    handle: *mut c_void,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZscal_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZscal_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZscal_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZswap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZswap(
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZswap,
+                &[
+                    (n) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                    (y) as usize as u64,
+                    (incy) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZswap_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZswap_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZswap_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZswap_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZswap_v2_64(
+    handle: *mut c_void,
+    n: i64,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZswap_v2_64,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZsymm(
+    side: i8,
+    uplo: i8,
+    m: i32,
+    n: i32,
+    alpha: chidori_cuda::types::double2,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: chidori_cuda::types::double2,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZsymm,
+                &[
+                    (side) as i64 as u64,
+                    (uplo) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZsymm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZsymm_v2(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZsymm_v2,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZsymm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZsymm_v2_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZsymm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZsymv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZsymv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZsymv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZsymv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZsymv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+    beta: *mut c_void,
+    y: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZsymv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZsyr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZsyr2_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZsyr2_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZsyr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZsyr2_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    y: *mut c_void,
+    incy: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZsyr2_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZsyr2k(
+    uplo: i8,
+    trans: i8,
+    n: i32,
+    k: i32,
+    alpha: chidori_cuda::types::double2,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: chidori_cuda::types::double2,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZsyr2k,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZsyr2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZsyr2k_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZsyr2k_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZsyr2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZsyr2k_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZsyr2k_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZsyr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZsyr_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZsyr_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZsyr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZsyr_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    alpha: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+    A: *mut c_void,
+    lda: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZsyr_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZsyrk(
+    uplo: i8,
+    trans: i8,
+    n: i32,
+    k: i32,
+    alpha: chidori_cuda::types::double2,
+    A: *mut c_void,
+    lda: i32,
+    beta: chidori_cuda::types::double2,
+    C: *mut c_void,
+    ldc: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZsyrk,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    &(beta) as *const _ as usize as u64,
+                    (C) as usize as u64,
+                    (ldc) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZsyrk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZsyrk_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZsyrk_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZsyrk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZsyrk_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZsyrk_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZsyrkx(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZsyrkx,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZsyrkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZsyrkx_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    n: i64,
+    k: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZsyrkx_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtbmv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZtbmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZtbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtbmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtbmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtbmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    k: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtbmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtbsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtbsv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZtbsv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (k) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZtbsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtbsv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtbsv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtbsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtbsv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    k: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtbsv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtpmv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZtpmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (AP) as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZtpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtpmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtpmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtpmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtpmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtpsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtpsv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZtpsv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (AP) as usize as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZtpsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtpsv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtpsv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtpsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtpsv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    AP: *mut c_void,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtpsv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtpttr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtpttr(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    AP: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtpttr,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (AP) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtrmm(
+    side: i8,
+    uplo: i8,
+    transa: i8,
+    diag: i8,
+    m: i32,
+    n: i32,
+    alpha: chidori_cuda::types::double2,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZtrmm,
+                &[
+                    (side) as i64 as u64,
+                    (uplo) as i64 as u64,
+                    (transa) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZtrmm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtrmm_v2(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtrmm_v2,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtrmm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtrmm_v2_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    C: *mut c_void,
+    ldc: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtrmm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtrmv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZtrmv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZtrmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtrmv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtrmv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtrmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtrmv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtrmv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtrsm(
+    side: i8,
+    uplo: i8,
+    transa: i8,
+    diag: i8,
+    m: i32,
+    n: i32,
+    alpha: chidori_cuda::types::double2,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZtrsm,
+                &[
+                    (side) as i64 as u64,
+                    (uplo) as i64 as u64,
+                    (transa) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (m) as i64 as u64,
+                    (n) as i64 as u64,
+                    &(alpha) as *const _ as usize as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (B) as usize as u64,
+                    (ldb) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZtrsmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtrsmBatched(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    batchCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtrsmBatched,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtrsmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtrsmBatched_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+    batchCount: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtrsmBatched_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (batchCount) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtrsm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtrsm_v2(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtrsm_v2,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtrsm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtrsm_v2_64(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    m: i64,
+    n: i64,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    lda: i64,
+    B: *mut c_void,
+    ldb: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtrsm_v2_64,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtrsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtrsv(
+    uplo: i8,
+    trans: i8,
+    diag: i8,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cublas::cublasZtrsv,
+                &[
+                    (uplo) as i64 as u64,
+                    (trans) as i64 as u64,
+                    (diag) as i64 as u64,
+                    (n) as i64 as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (x) as usize as u64,
+                    (incx) as i64 as u64,
+                ],
+            );
+        }
+    }
+}
+///`cublasZtrsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtrsv_v2(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    x: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtrsv_v2,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasZtrsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasZtrsv_v2_64(
+    handle: *mut c_void,
+    uplo: u32,
+    trans: u32,
+    diag: u32,
+    n: i64,
+    A: *mut c_void,
+    lda: i64,
+    x: *mut c_void,
+    incx: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasZtrsv_v2_64,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+            ],
         ) as u32
     }
 }

@@ -137,7 +137,191 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtLoggerSetMask(mask: i32) -> 
         ) as u32
     }
 }
-///`cublasLtMatmulDescCreate` for CUDA 11.8, 12.1 (sync).
+///`cublasLtMatmul` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmul__cu118(
+    lightHandle: *mut c_void,
+    computeDesc: *mut c_void,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Adesc: *mut c_void,
+    B: *mut c_void,
+    Bdesc: *mut c_void,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Cdesc: *mut c_void,
+    D: *mut c_void,
+    Ddesc: *mut c_void,
+    algo: *mut c_void,
+    workspace: *mut c_void,
+    workspaceSizeInBytes: usize,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmul__cu118,
+            &[
+                (lightHandle) as usize as u64,
+                (computeDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Adesc) as usize as u64,
+                (B) as usize as u64,
+                (Bdesc) as usize as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Cdesc) as usize as u64,
+                (D) as usize as u64,
+                (Ddesc) as usize as u64,
+                (algo) as usize as u64,
+                (workspace) as usize as u64,
+                (workspaceSizeInBytes) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmul` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmul__cu126(
+    lightHandle: *mut c_void,
+    computeDesc: *mut c_void,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Adesc: *mut c_void,
+    B: *mut c_void,
+    Bdesc: *mut c_void,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Cdesc: *mut c_void,
+    D: *mut c_void,
+    Ddesc: *mut c_void,
+    algo: *mut c_void,
+    workspace: *mut c_void,
+    workspaceSizeInBytes: usize,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmul__cu126,
+            &[
+                (lightHandle) as usize as u64,
+                (computeDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Adesc) as usize as u64,
+                (B) as usize as u64,
+                (Bdesc) as usize as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Cdesc) as usize as u64,
+                (D) as usize as u64,
+                (Ddesc) as usize as u64,
+                (algo) as usize as u64,
+                (workspace) as usize as u64,
+                (workspaceSizeInBytes) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmulAlgoGetHeuristic` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu118(
+    lightHandle: *mut c_void,
+    operationDesc: *mut c_void,
+    Adesc: *mut c_void,
+    Bdesc: *mut c_void,
+    Cdesc: *mut c_void,
+    Ddesc: *mut c_void,
+    preference: *mut c_void,
+    requestedAlgoCount: i32,
+    heuristicResultsArray: *mut c_void,
+    returnAlgoCount: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoGetHeuristic__cu118,
+            &[
+                (lightHandle) as usize as u64,
+                (operationDesc) as usize as u64,
+                (Adesc) as usize as u64,
+                (Bdesc) as usize as u64,
+                (Cdesc) as usize as u64,
+                (Ddesc) as usize as u64,
+                (preference) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (heuristicResultsArray) as usize as u64,
+                (returnAlgoCount) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmulAlgoGetHeuristic` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu121(
+    lightHandle: *mut c_void,
+    operationDesc: *mut c_void,
+    Adesc: *mut c_void,
+    Bdesc: *mut c_void,
+    Cdesc: *mut c_void,
+    Ddesc: *mut c_void,
+    preference: *mut c_void,
+    requestedAlgoCount: i32,
+    heuristicResultsArray: *mut c_void,
+    returnAlgoCount: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoGetHeuristic__cu121,
+            &[
+                (lightHandle) as usize as u64,
+                (operationDesc) as usize as u64,
+                (Adesc) as usize as u64,
+                (Bdesc) as usize as u64,
+                (Cdesc) as usize as u64,
+                (Ddesc) as usize as u64,
+                (preference) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (heuristicResultsArray) as usize as u64,
+                (returnAlgoCount) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmulAlgoGetHeuristic` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu126(
+    lightHandle: *mut c_void,
+    operationDesc: *mut c_void,
+    Adesc: *mut c_void,
+    Bdesc: *mut c_void,
+    Cdesc: *mut c_void,
+    Ddesc: *mut c_void,
+    preference: *mut c_void,
+    requestedAlgoCount: i32,
+    heuristicResultsArray: *mut c_void,
+    returnAlgoCount: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoGetHeuristic__cu126,
+            &[
+                (lightHandle) as usize as u64,
+                (operationDesc) as usize as u64,
+                (Adesc) as usize as u64,
+                (Bdesc) as usize as u64,
+                (Cdesc) as usize as u64,
+                (Ddesc) as usize as u64,
+                (preference) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (heuristicResultsArray) as usize as u64,
+                (returnAlgoCount) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmulDescCreate` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescCreate__cu118(
     matmulDesc: *mut c_void,
@@ -145,13 +329,14 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescCreate__cu118(
     scaleType: u32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatmulDescCreate__cu118,
-            &[(matmulDesc) as usize as u64, (computeType) as u64, (scaleType) as u64],
-        ) as u32
+        crate::custom::cublaslt::cublasLtMatmulDescCreate__cu118(
+            matmulDesc,
+            computeType,
+            scaleType,
+        )
     }
 }
-///`cublasLtMatmulDescCreate` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatmulDescCreate` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescCreate__cu126(
     matmulDesc: *mut c_void,
@@ -159,10 +344,11 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescCreate__cu126(
     scaleType: u32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatmulDescCreate__cu126,
-            &[(matmulDesc) as usize as u64, (computeType) as u64, (scaleType) as u64],
-        ) as u32
+        crate::custom::cublaslt::cublasLtMatmulDescCreate__cu126(
+            matmulDesc,
+            computeType,
+            scaleType,
+        )
     }
 }
 ///`cublasLtMatmulDescDestroy` for CUDA 11.8, 12.1 (sync).
@@ -227,6 +413,40 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescInit_internal__cu1
                 (scaleType) as u64,
             ],
         ) as u32
+    }
+}
+///`cublasLtMatmulDescSetAttribute` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescSetAttribute__cu118(
+    matmulDesc: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::custom::cublaslt::cublasLtMatmulDescSetAttribute__cu118(
+            matmulDesc,
+            attr,
+            buf,
+            sizeInBytes,
+        )
+    }
+}
+///`cublasLtMatmulDescSetAttribute` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescSetAttribute__cu126(
+    matmulDesc: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::custom::cublaslt::cublasLtMatmulDescSetAttribute__cu126(
+            matmulDesc,
+            attr,
+            buf,
+            sizeInBytes,
+        )
     }
 }
 ///`cublasLtMatmulPreferenceCreate` for CUDA 11.8 (sync).
@@ -303,6 +523,46 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceInit_interna
         ) as u32
     }
 }
+///`cublasLtMatmulPreferenceSetAttribute` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceSetAttribute__cu118(
+    pref: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceSetAttribute__cu118,
+            &[
+                (pref) as usize as u64,
+                (attr) as u64,
+                (buf) as usize as u64,
+                (sizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmulPreferenceSetAttribute` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceSetAttribute__cu121(
+    pref: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceSetAttribute__cu121,
+            &[
+                (pref) as usize as u64,
+                (attr) as u64,
+                (buf) as usize as u64,
+                (sizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasLtMatrixLayoutCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutCreate(
@@ -357,6 +617,26 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutInit_internal(
                 (rows) as u64,
                 (cols) as u64,
                 (ld) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatrixLayoutSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutSetAttribute(
+    matLayout: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutSetAttribute,
+            &[
+                (matLayout) as usize as u64,
+                (attr) as u64,
+                (buf) as usize as u64,
+                (sizeInBytes) as u64,
             ],
         ) as u32
     }

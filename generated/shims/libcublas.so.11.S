@@ -20,31 +20,22 @@ cublasAsumEx:
     .globl cublasAxpyEx
     .type cublasAxpyEx, @function
 cublasAxpyEx:
-    leaq .Lname2(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasAxpyEx@PLT
     .size cublasAxpyEx, .-cublasAxpyEx
     .globl cublasCaxpy
     .type cublasCaxpy, @function
 cublasCaxpy:
-    leaq .Lname3(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCaxpy@PLT
     .size cublasCaxpy, .-cublasCaxpy
     .globl cublasCaxpy_v2
     .type cublasCaxpy_v2, @function
 cublasCaxpy_v2:
-    leaq .Lname4(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCaxpy_v2@PLT
     .size cublasCaxpy_v2, .-cublasCaxpy_v2
     .globl cublasCbdmm
     .type cublasCbdmm, @function
 cublasCbdmm:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -52,31 +43,22 @@ cublasCbdmm:
     .globl cublasCcopy
     .type cublasCcopy, @function
 cublasCcopy:
-    leaq .Lname6(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCcopy@PLT
     .size cublasCcopy, .-cublasCcopy
     .globl cublasCcopy_v2
     .type cublasCcopy_v2, @function
 cublasCcopy_v2:
-    leaq .Lname7(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCcopy_v2@PLT
     .size cublasCcopy_v2, .-cublasCcopy_v2
     .globl cublasCdgmm
     .type cublasCdgmm, @function
 cublasCdgmm:
-    leaq .Lname8(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCdgmm@PLT
     .size cublasCdgmm, .-cublasCdgmm
     .globl cublasCdotc
     .type cublasCdotc, @function
 cublasCdotc:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -84,15 +66,12 @@ cublasCdotc:
     .globl cublasCdotc_v2
     .type cublasCdotc_v2, @function
 cublasCdotc_v2:
-    leaq .Lname10(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCdotc_v2@PLT
     .size cublasCdotc_v2, .-cublasCdotc_v2
     .globl cublasCdotu
     .type cublasCdotu, @function
 cublasCdotu:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -100,127 +79,82 @@ cublasCdotu:
     .globl cublasCdotu_v2
     .type cublasCdotu_v2, @function
 cublasCdotu_v2:
-    leaq .Lname12(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCdotu_v2@PLT
     .size cublasCdotu_v2, .-cublasCdotu_v2
     .globl cublasCgbmv
     .type cublasCgbmv, @function
 cublasCgbmv:
-    leaq .Lname13(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgbmv@PLT
     .size cublasCgbmv, .-cublasCgbmv
     .globl cublasCgbmv_v2
     .type cublasCgbmv_v2, @function
 cublasCgbmv_v2:
-    leaq .Lname14(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgbmv_v2@PLT
     .size cublasCgbmv_v2, .-cublasCgbmv_v2
     .globl cublasCgeam
     .type cublasCgeam, @function
 cublasCgeam:
-    leaq .Lname15(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgeam@PLT
     .size cublasCgeam, .-cublasCgeam
     .globl cublasCgelsBatched
     .type cublasCgelsBatched, @function
 cublasCgelsBatched:
-    leaq .Lname16(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgelsBatched@PLT
     .size cublasCgelsBatched, .-cublasCgelsBatched
     .globl cublasCgemm
     .type cublasCgemm, @function
 cublasCgemm:
-    leaq .Lname17(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemm@PLT
     .size cublasCgemm, .-cublasCgemm
     .globl cublasCgemm3m
     .type cublasCgemm3m, @function
 cublasCgemm3m:
-    leaq .Lname18(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemm3m@PLT
     .size cublasCgemm3m, .-cublasCgemm3m
     .globl cublasCgemm3mBatched
     .type cublasCgemm3mBatched, @function
 cublasCgemm3mBatched:
-    leaq .Lname19(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemm3mBatched@PLT
     .size cublasCgemm3mBatched, .-cublasCgemm3mBatched
     .globl cublasCgemm3mEx
     .type cublasCgemm3mEx, @function
 cublasCgemm3mEx:
-    leaq .Lname20(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemm3mEx@PLT
     .size cublasCgemm3mEx, .-cublasCgemm3mEx
     .globl cublasCgemm3mStridedBatched
     .type cublasCgemm3mStridedBatched, @function
 cublasCgemm3mStridedBatched:
-    leaq .Lname21(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemm3mStridedBatched@PLT
     .size cublasCgemm3mStridedBatched, .-cublasCgemm3mStridedBatched
     .globl cublasCgemmBatched
     .type cublasCgemmBatched, @function
 cublasCgemmBatched:
-    leaq .Lname22(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemmBatched@PLT
     .size cublasCgemmBatched, .-cublasCgemmBatched
     .globl cublasCgemmEx
     .type cublasCgemmEx, @function
 cublasCgemmEx:
-    leaq .Lname23(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemmEx@PLT
     .size cublasCgemmEx, .-cublasCgemmEx
     .globl cublasCgemmStridedBatched
     .type cublasCgemmStridedBatched, @function
 cublasCgemmStridedBatched:
-    leaq .Lname24(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemmStridedBatched@PLT
     .size cublasCgemmStridedBatched, .-cublasCgemmStridedBatched
     .globl cublasCgemm_v2
     .type cublasCgemm_v2, @function
 cublasCgemm_v2:
-    leaq .Lname25(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemm_v2@PLT
     .size cublasCgemm_v2, .-cublasCgemm_v2
     .globl cublasCgemv
     .type cublasCgemv, @function
 cublasCgemv:
-    leaq .Lname26(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemv@PLT
     .size cublasCgemv, .-cublasCgemv
     .globl cublasCgemvBatched
     .type cublasCgemvBatched, @function
 cublasCgemvBatched:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -228,239 +162,152 @@ cublasCgemvBatched:
     .globl cublasCgemvStridedBatched
     .type cublasCgemvStridedBatched, @function
 cublasCgemvStridedBatched:
-    leaq .Lname28(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemvStridedBatched@PLT
     .size cublasCgemvStridedBatched, .-cublasCgemvStridedBatched
     .globl cublasCgemv_v2
     .type cublasCgemv_v2, @function
 cublasCgemv_v2:
-    leaq .Lname29(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemv_v2@PLT
     .size cublasCgemv_v2, .-cublasCgemv_v2
     .globl cublasCgeqrfBatched
     .type cublasCgeqrfBatched, @function
 cublasCgeqrfBatched:
-    leaq .Lname30(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgeqrfBatched@PLT
     .size cublasCgeqrfBatched, .-cublasCgeqrfBatched
     .globl cublasCgerc
     .type cublasCgerc, @function
 cublasCgerc:
-    leaq .Lname31(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgerc@PLT
     .size cublasCgerc, .-cublasCgerc
     .globl cublasCgerc_v2
     .type cublasCgerc_v2, @function
 cublasCgerc_v2:
-    leaq .Lname32(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgerc_v2@PLT
     .size cublasCgerc_v2, .-cublasCgerc_v2
     .globl cublasCgeru
     .type cublasCgeru, @function
 cublasCgeru:
-    leaq .Lname33(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgeru@PLT
     .size cublasCgeru, .-cublasCgeru
     .globl cublasCgeru_v2
     .type cublasCgeru_v2, @function
 cublasCgeru_v2:
-    leaq .Lname34(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgeru_v2@PLT
     .size cublasCgeru_v2, .-cublasCgeru_v2
     .globl cublasCgetrfBatched
     .type cublasCgetrfBatched, @function
 cublasCgetrfBatched:
-    leaq .Lname35(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgetrfBatched@PLT
     .size cublasCgetrfBatched, .-cublasCgetrfBatched
     .globl cublasCgetriBatched
     .type cublasCgetriBatched, @function
 cublasCgetriBatched:
-    leaq .Lname36(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgetriBatched@PLT
     .size cublasCgetriBatched, .-cublasCgetriBatched
     .globl cublasCgetrsBatched
     .type cublasCgetrsBatched, @function
 cublasCgetrsBatched:
-    leaq .Lname37(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgetrsBatched@PLT
     .size cublasCgetrsBatched, .-cublasCgetrsBatched
     .globl cublasChbmv
     .type cublasChbmv, @function
 cublasChbmv:
-    leaq .Lname38(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChbmv@PLT
     .size cublasChbmv, .-cublasChbmv
     .globl cublasChbmv_v2
     .type cublasChbmv_v2, @function
 cublasChbmv_v2:
-    leaq .Lname39(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChbmv_v2@PLT
     .size cublasChbmv_v2, .-cublasChbmv_v2
     .globl cublasChemm
     .type cublasChemm, @function
 cublasChemm:
-    leaq .Lname40(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChemm@PLT
     .size cublasChemm, .-cublasChemm
     .globl cublasChemm_v2
     .type cublasChemm_v2, @function
 cublasChemm_v2:
-    leaq .Lname41(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChemm_v2@PLT
     .size cublasChemm_v2, .-cublasChemm_v2
     .globl cublasChemv
     .type cublasChemv, @function
 cublasChemv:
-    leaq .Lname42(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChemv@PLT
     .size cublasChemv, .-cublasChemv
     .globl cublasChemv_v2
     .type cublasChemv_v2, @function
 cublasChemv_v2:
-    leaq .Lname43(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChemv_v2@PLT
     .size cublasChemv_v2, .-cublasChemv_v2
     .globl cublasCher
     .type cublasCher, @function
 cublasCher:
-    leaq .Lname44(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCher@PLT
     .size cublasCher, .-cublasCher
     .globl cublasCher2
     .type cublasCher2, @function
 cublasCher2:
-    leaq .Lname45(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCher2@PLT
     .size cublasCher2, .-cublasCher2
     .globl cublasCher2_v2
     .type cublasCher2_v2, @function
 cublasCher2_v2:
-    leaq .Lname46(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCher2_v2@PLT
     .size cublasCher2_v2, .-cublasCher2_v2
     .globl cublasCher2k
     .type cublasCher2k, @function
 cublasCher2k:
-    leaq .Lname47(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCher2k@PLT
     .size cublasCher2k, .-cublasCher2k
     .globl cublasCher2k_v2
     .type cublasCher2k_v2, @function
 cublasCher2k_v2:
-    leaq .Lname48(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCher2k_v2@PLT
     .size cublasCher2k_v2, .-cublasCher2k_v2
     .globl cublasCher_v2
     .type cublasCher_v2, @function
 cublasCher_v2:
-    leaq .Lname49(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCher_v2@PLT
     .size cublasCher_v2, .-cublasCher_v2
     .globl cublasCherk
     .type cublasCherk, @function
 cublasCherk:
-    leaq .Lname50(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCherk@PLT
     .size cublasCherk, .-cublasCherk
     .globl cublasCherk3mEx
     .type cublasCherk3mEx, @function
 cublasCherk3mEx:
-    leaq .Lname51(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCherk3mEx@PLT
     .size cublasCherk3mEx, .-cublasCherk3mEx
     .globl cublasCherkEx
     .type cublasCherkEx, @function
 cublasCherkEx:
-    leaq .Lname52(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCherkEx@PLT
     .size cublasCherkEx, .-cublasCherkEx
     .globl cublasCherk_v2
     .type cublasCherk_v2, @function
 cublasCherk_v2:
-    leaq .Lname53(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCherk_v2@PLT
     .size cublasCherk_v2, .-cublasCherk_v2
     .globl cublasCherkx
     .type cublasCherkx, @function
 cublasCherkx:
-    leaq .Lname54(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCherkx@PLT
     .size cublasCherkx, .-cublasCherkx
     .globl cublasChpmv
     .type cublasChpmv, @function
 cublasChpmv:
-    leaq .Lname55(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpmv@PLT
     .size cublasChpmv, .-cublasChpmv
     .globl cublasChpmv_v2
     .type cublasChpmv_v2, @function
 cublasChpmv_v2:
-    leaq .Lname56(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpmv_v2@PLT
     .size cublasChpmv_v2, .-cublasChpmv_v2
     .globl cublasChpr
     .type cublasChpr, @function
 cublasChpr:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -468,7 +315,7 @@ cublasChpr:
     .globl cublasChpr2
     .type cublasChpr2, @function
 cublasChpr2:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -476,7 +323,7 @@ cublasChpr2:
     .globl cublasChpr2_v2
     .type cublasChpr2_v2, @function
 cublasChpr2_v2:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -484,7 +331,7 @@ cublasChpr2_v2:
     .globl cublasChpr_v2
     .type cublasChpr_v2, @function
 cublasChpr_v2:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -492,7 +339,7 @@ cublasChpr_v2:
     .globl cublasCmatinvBatched
     .type cublasCmatinvBatched, @function
 cublasCmatinvBatched:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -500,10 +347,7 @@ cublasCmatinvBatched:
     .globl cublasCopyEx
     .type cublasCopyEx, @function
 cublasCopyEx:
-    leaq .Lname62(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCopyEx@PLT
     .size cublasCopyEx, .-cublasCopyEx
     .globl cublasCreate_v2
     .type cublasCreate_v2, @function
@@ -513,23 +357,17 @@ cublasCreate_v2:
     .globl cublasCrot
     .type cublasCrot, @function
 cublasCrot:
-    leaq .Lname63(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCrot@PLT
     .size cublasCrot, .-cublasCrot
     .globl cublasCrot_v2
     .type cublasCrot_v2, @function
 cublasCrot_v2:
-    leaq .Lname64(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCrot_v2@PLT
     .size cublasCrot_v2, .-cublasCrot_v2
     .globl cublasCrotg
     .type cublasCrotg, @function
 cublasCrotg:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -537,319 +375,202 @@ cublasCrotg:
     .globl cublasCrotg_v2
     .type cublasCrotg_v2, @function
 cublasCrotg_v2:
-    leaq .Lname66(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCrotg_v2@PLT
     .size cublasCrotg_v2, .-cublasCrotg_v2
     .globl cublasCscal
     .type cublasCscal, @function
 cublasCscal:
-    leaq .Lname67(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCscal@PLT
     .size cublasCscal, .-cublasCscal
     .globl cublasCscal_v2
     .type cublasCscal_v2, @function
 cublasCscal_v2:
-    leaq .Lname68(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCscal_v2@PLT
     .size cublasCscal_v2, .-cublasCscal_v2
     .globl cublasCsrot
     .type cublasCsrot, @function
 cublasCsrot:
-    leaq .Lname69(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsrot@PLT
     .size cublasCsrot, .-cublasCsrot
     .globl cublasCsrot_v2
     .type cublasCsrot_v2, @function
 cublasCsrot_v2:
-    leaq .Lname70(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsrot_v2@PLT
     .size cublasCsrot_v2, .-cublasCsrot_v2
     .globl cublasCsscal
     .type cublasCsscal, @function
 cublasCsscal:
-    leaq .Lname71(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsscal@PLT
     .size cublasCsscal, .-cublasCsscal
     .globl cublasCsscal_v2
     .type cublasCsscal_v2, @function
 cublasCsscal_v2:
-    leaq .Lname72(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsscal_v2@PLT
     .size cublasCsscal_v2, .-cublasCsscal_v2
     .globl cublasCswap
     .type cublasCswap, @function
 cublasCswap:
-    leaq .Lname73(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCswap@PLT
     .size cublasCswap, .-cublasCswap
     .globl cublasCswap_v2
     .type cublasCswap_v2, @function
 cublasCswap_v2:
-    leaq .Lname74(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCswap_v2@PLT
     .size cublasCswap_v2, .-cublasCswap_v2
     .globl cublasCsymm
     .type cublasCsymm, @function
 cublasCsymm:
-    leaq .Lname75(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsymm@PLT
     .size cublasCsymm, .-cublasCsymm
     .globl cublasCsymm_v2
     .type cublasCsymm_v2, @function
 cublasCsymm_v2:
-    leaq .Lname76(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsymm_v2@PLT
     .size cublasCsymm_v2, .-cublasCsymm_v2
     .globl cublasCsymv_v2
     .type cublasCsymv_v2, @function
 cublasCsymv_v2:
-    leaq .Lname77(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsymv_v2@PLT
     .size cublasCsymv_v2, .-cublasCsymv_v2
     .globl cublasCsyr2_v2
     .type cublasCsyr2_v2, @function
 cublasCsyr2_v2:
-    leaq .Lname78(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyr2_v2@PLT
     .size cublasCsyr2_v2, .-cublasCsyr2_v2
     .globl cublasCsyr2k
     .type cublasCsyr2k, @function
 cublasCsyr2k:
-    leaq .Lname79(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyr2k@PLT
     .size cublasCsyr2k, .-cublasCsyr2k
     .globl cublasCsyr2k_v2
     .type cublasCsyr2k_v2, @function
 cublasCsyr2k_v2:
-    leaq .Lname80(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyr2k_v2@PLT
     .size cublasCsyr2k_v2, .-cublasCsyr2k_v2
     .globl cublasCsyr_v2
     .type cublasCsyr_v2, @function
 cublasCsyr_v2:
-    leaq .Lname81(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyr_v2@PLT
     .size cublasCsyr_v2, .-cublasCsyr_v2
     .globl cublasCsyrk
     .type cublasCsyrk, @function
 cublasCsyrk:
-    leaq .Lname82(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyrk@PLT
     .size cublasCsyrk, .-cublasCsyrk
     .globl cublasCsyrk3mEx
     .type cublasCsyrk3mEx, @function
 cublasCsyrk3mEx:
-    leaq .Lname83(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyrk3mEx@PLT
     .size cublasCsyrk3mEx, .-cublasCsyrk3mEx
     .globl cublasCsyrkEx
     .type cublasCsyrkEx, @function
 cublasCsyrkEx:
-    leaq .Lname84(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyrkEx@PLT
     .size cublasCsyrkEx, .-cublasCsyrkEx
     .globl cublasCsyrk_v2
     .type cublasCsyrk_v2, @function
 cublasCsyrk_v2:
-    leaq .Lname85(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyrk_v2@PLT
     .size cublasCsyrk_v2, .-cublasCsyrk_v2
     .globl cublasCsyrkx
     .type cublasCsyrkx, @function
 cublasCsyrkx:
-    leaq .Lname86(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyrkx@PLT
     .size cublasCsyrkx, .-cublasCsyrkx
     .globl cublasCtbmv
     .type cublasCtbmv, @function
 cublasCtbmv:
-    leaq .Lname87(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtbmv@PLT
     .size cublasCtbmv, .-cublasCtbmv
     .globl cublasCtbmv_v2
     .type cublasCtbmv_v2, @function
 cublasCtbmv_v2:
-    leaq .Lname88(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtbmv_v2@PLT
     .size cublasCtbmv_v2, .-cublasCtbmv_v2
     .globl cublasCtbsv
     .type cublasCtbsv, @function
 cublasCtbsv:
-    leaq .Lname89(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtbsv@PLT
     .size cublasCtbsv, .-cublasCtbsv
     .globl cublasCtbsv_v2
     .type cublasCtbsv_v2, @function
 cublasCtbsv_v2:
-    leaq .Lname90(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtbsv_v2@PLT
     .size cublasCtbsv_v2, .-cublasCtbsv_v2
     .globl cublasCtpmv
     .type cublasCtpmv, @function
 cublasCtpmv:
-    leaq .Lname91(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtpmv@PLT
     .size cublasCtpmv, .-cublasCtpmv
     .globl cublasCtpmv_v2
     .type cublasCtpmv_v2, @function
 cublasCtpmv_v2:
-    leaq .Lname92(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtpmv_v2@PLT
     .size cublasCtpmv_v2, .-cublasCtpmv_v2
     .globl cublasCtpsv
     .type cublasCtpsv, @function
 cublasCtpsv:
-    leaq .Lname93(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtpsv@PLT
     .size cublasCtpsv, .-cublasCtpsv
     .globl cublasCtpsv_v2
     .type cublasCtpsv_v2, @function
 cublasCtpsv_v2:
-    leaq .Lname94(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtpsv_v2@PLT
     .size cublasCtpsv_v2, .-cublasCtpsv_v2
     .globl cublasCtpttr
     .type cublasCtpttr, @function
 cublasCtpttr:
-    leaq .Lname95(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtpttr@PLT
     .size cublasCtpttr, .-cublasCtpttr
     .globl cublasCtrmm
     .type cublasCtrmm, @function
 cublasCtrmm:
-    leaq .Lname96(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrmm@PLT
     .size cublasCtrmm, .-cublasCtrmm
     .globl cublasCtrmm_v2
     .type cublasCtrmm_v2, @function
 cublasCtrmm_v2:
-    leaq .Lname97(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrmm_v2@PLT
     .size cublasCtrmm_v2, .-cublasCtrmm_v2
     .globl cublasCtrmv
     .type cublasCtrmv, @function
 cublasCtrmv:
-    leaq .Lname98(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrmv@PLT
     .size cublasCtrmv, .-cublasCtrmv
     .globl cublasCtrmv_v2
     .type cublasCtrmv_v2, @function
 cublasCtrmv_v2:
-    leaq .Lname99(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrmv_v2@PLT
     .size cublasCtrmv_v2, .-cublasCtrmv_v2
     .globl cublasCtrsm
     .type cublasCtrsm, @function
 cublasCtrsm:
-    leaq .Lname100(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrsm@PLT
     .size cublasCtrsm, .-cublasCtrsm
     .globl cublasCtrsmBatched
     .type cublasCtrsmBatched, @function
 cublasCtrsmBatched:
-    leaq .Lname101(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrsmBatched@PLT
     .size cublasCtrsmBatched, .-cublasCtrsmBatched
     .globl cublasCtrsm_v2
     .type cublasCtrsm_v2, @function
 cublasCtrsm_v2:
-    leaq .Lname102(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrsm_v2@PLT
     .size cublasCtrsm_v2, .-cublasCtrsm_v2
     .globl cublasCtrsv
     .type cublasCtrsv, @function
 cublasCtrsv:
-    leaq .Lname103(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrsv@PLT
     .size cublasCtrsv, .-cublasCtrsv
     .globl cublasCtrsv_v2
     .type cublasCtrsv_v2, @function
 cublasCtrsv_v2:
-    leaq .Lname104(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrsv_v2@PLT
     .size cublasCtrsv_v2, .-cublasCtrsv_v2
     .globl cublasCtrttp
     .type cublasCtrttp, @function
 cublasCtrttp:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -857,39 +578,27 @@ cublasCtrttp:
     .globl cublasDasum
     .type cublasDasum, @function
 cublasDasum:
-    leaq .Lname106(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDasum@PLT
     .size cublasDasum, .-cublasDasum
     .globl cublasDasum_v2
     .type cublasDasum_v2, @function
 cublasDasum_v2:
-    leaq .Lname107(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDasum_v2@PLT
     .size cublasDasum_v2, .-cublasDasum_v2
     .globl cublasDaxpy
     .type cublasDaxpy, @function
 cublasDaxpy:
-    leaq .Lname108(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDaxpy@PLT
     .size cublasDaxpy, .-cublasDaxpy
     .globl cublasDaxpy_v2
     .type cublasDaxpy_v2, @function
 cublasDaxpy_v2:
-    leaq .Lname109(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDaxpy_v2@PLT
     .size cublasDaxpy_v2, .-cublasDaxpy_v2
     .globl cublasDbdmm
     .type cublasDbdmm, @function
 cublasDbdmm:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -897,42 +606,27 @@ cublasDbdmm:
     .globl cublasDcopy
     .type cublasDcopy, @function
 cublasDcopy:
-    leaq .Lname111(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDcopy@PLT
     .size cublasDcopy, .-cublasDcopy
     .globl cublasDcopy_v2
     .type cublasDcopy_v2, @function
 cublasDcopy_v2:
-    leaq .Lname112(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDcopy_v2@PLT
     .size cublasDcopy_v2, .-cublasDcopy_v2
     .globl cublasDdgmm
     .type cublasDdgmm, @function
 cublasDdgmm:
-    leaq .Lname113(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDdgmm@PLT
     .size cublasDdgmm, .-cublasDdgmm
     .globl cublasDdot
     .type cublasDdot, @function
 cublasDdot:
-    leaq .Lname114(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDdot@PLT
     .size cublasDdot, .-cublasDdot
     .globl cublasDdot_v2
     .type cublasDdot_v2, @function
 cublasDdot_v2:
-    leaq .Lname115(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDdot_v2@PLT
     .size cublasDdot_v2, .-cublasDdot_v2
     .globl cublasDestroy_v2
     .type cublasDestroy_v2, @function
@@ -942,79 +636,52 @@ cublasDestroy_v2:
     .globl cublasDgbmv
     .type cublasDgbmv, @function
 cublasDgbmv:
-    leaq .Lname116(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgbmv@PLT
     .size cublasDgbmv, .-cublasDgbmv
     .globl cublasDgbmv_v2
     .type cublasDgbmv_v2, @function
 cublasDgbmv_v2:
-    leaq .Lname117(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgbmv_v2@PLT
     .size cublasDgbmv_v2, .-cublasDgbmv_v2
     .globl cublasDgeam
     .type cublasDgeam, @function
 cublasDgeam:
-    leaq .Lname118(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgeam@PLT
     .size cublasDgeam, .-cublasDgeam
     .globl cublasDgelsBatched
     .type cublasDgelsBatched, @function
 cublasDgelsBatched:
-    leaq .Lname119(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgelsBatched@PLT
     .size cublasDgelsBatched, .-cublasDgelsBatched
     .globl cublasDgemm
     .type cublasDgemm, @function
 cublasDgemm:
-    leaq .Lname120(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemm@PLT
     .size cublasDgemm, .-cublasDgemm
     .globl cublasDgemmBatched
     .type cublasDgemmBatched, @function
 cublasDgemmBatched:
-    leaq .Lname121(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemmBatched@PLT
     .size cublasDgemmBatched, .-cublasDgemmBatched
     .globl cublasDgemmStridedBatched
     .type cublasDgemmStridedBatched, @function
 cublasDgemmStridedBatched:
-    leaq .Lname122(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemmStridedBatched@PLT
     .size cublasDgemmStridedBatched, .-cublasDgemmStridedBatched
     .globl cublasDgemm_v2
     .type cublasDgemm_v2, @function
 cublasDgemm_v2:
-    leaq .Lname123(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemm_v2@PLT
     .size cublasDgemm_v2, .-cublasDgemm_v2
     .globl cublasDgemv
     .type cublasDgemv, @function
 cublasDgemv:
-    leaq .Lname124(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemv@PLT
     .size cublasDgemv, .-cublasDgemv
     .globl cublasDgemvBatched
     .type cublasDgemvBatched, @function
 cublasDgemvBatched:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1022,71 +689,47 @@ cublasDgemvBatched:
     .globl cublasDgemvStridedBatched
     .type cublasDgemvStridedBatched, @function
 cublasDgemvStridedBatched:
-    leaq .Lname126(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemvStridedBatched@PLT
     .size cublasDgemvStridedBatched, .-cublasDgemvStridedBatched
     .globl cublasDgemv_v2
     .type cublasDgemv_v2, @function
 cublasDgemv_v2:
-    leaq .Lname127(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemv_v2@PLT
     .size cublasDgemv_v2, .-cublasDgemv_v2
     .globl cublasDgeqrfBatched
     .type cublasDgeqrfBatched, @function
 cublasDgeqrfBatched:
-    leaq .Lname128(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgeqrfBatched@PLT
     .size cublasDgeqrfBatched, .-cublasDgeqrfBatched
     .globl cublasDger
     .type cublasDger, @function
 cublasDger:
-    leaq .Lname129(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDger@PLT
     .size cublasDger, .-cublasDger
     .globl cublasDger_v2
     .type cublasDger_v2, @function
 cublasDger_v2:
-    leaq .Lname130(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDger_v2@PLT
     .size cublasDger_v2, .-cublasDger_v2
     .globl cublasDgetrfBatched
     .type cublasDgetrfBatched, @function
 cublasDgetrfBatched:
-    leaq .Lname131(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgetrfBatched@PLT
     .size cublasDgetrfBatched, .-cublasDgetrfBatched
     .globl cublasDgetriBatched
     .type cublasDgetriBatched, @function
 cublasDgetriBatched:
-    leaq .Lname132(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgetriBatched@PLT
     .size cublasDgetriBatched, .-cublasDgetriBatched
     .globl cublasDgetrsBatched
     .type cublasDgetrsBatched, @function
 cublasDgetrsBatched:
-    leaq .Lname133(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgetrsBatched@PLT
     .size cublasDgetrsBatched, .-cublasDgetrsBatched
     .globl cublasDmatinvBatched
     .type cublasDmatinvBatched, @function
 cublasDmatinvBatched:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1094,23 +737,17 @@ cublasDmatinvBatched:
     .globl cublasDnrm2
     .type cublasDnrm2, @function
 cublasDnrm2:
-    leaq .Lname135(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDnrm2@PLT
     .size cublasDnrm2, .-cublasDnrm2
     .globl cublasDnrm2_v2
     .type cublasDnrm2_v2, @function
 cublasDnrm2_v2:
-    leaq .Lname136(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDnrm2_v2@PLT
     .size cublasDnrm2_v2, .-cublasDnrm2_v2
     .globl cublasDotEx
     .type cublasDotEx, @function
 cublasDotEx:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1118,7 +755,7 @@ cublasDotEx:
     .globl cublasDotcEx
     .type cublasDotcEx, @function
 cublasDotcEx:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1126,23 +763,17 @@ cublasDotcEx:
     .globl cublasDrot
     .type cublasDrot, @function
 cublasDrot:
-    leaq .Lname139(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDrot@PLT
     .size cublasDrot, .-cublasDrot
     .globl cublasDrot_v2
     .type cublasDrot_v2, @function
 cublasDrot_v2:
-    leaq .Lname140(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDrot_v2@PLT
     .size cublasDrot_v2, .-cublasDrot_v2
     .globl cublasDrotg
     .type cublasDrotg, @function
 cublasDrotg:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1150,15 +781,12 @@ cublasDrotg:
     .globl cublasDrotg_v2
     .type cublasDrotg_v2, @function
 cublasDrotg_v2:
-    leaq .Lname142(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDrotg_v2@PLT
     .size cublasDrotg_v2, .-cublasDrotg_v2
     .globl cublasDrotm
     .type cublasDrotm, @function
 cublasDrotm:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1166,7 +794,7 @@ cublasDrotm:
     .globl cublasDrotm_v2
     .type cublasDrotm_v2, @function
 cublasDrotm_v2:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1174,7 +802,7 @@ cublasDrotm_v2:
     .globl cublasDrotmg
     .type cublasDrotmg, @function
 cublasDrotmg:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1182,7 +810,7 @@ cublasDrotmg:
     .globl cublasDrotmg_v2
     .type cublasDrotmg_v2, @function
 cublasDrotmg_v2:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1190,39 +818,27 @@ cublasDrotmg_v2:
     .globl cublasDsbmv
     .type cublasDsbmv, @function
 cublasDsbmv:
-    leaq .Lname147(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsbmv@PLT
     .size cublasDsbmv, .-cublasDsbmv
     .globl cublasDsbmv_v2
     .type cublasDsbmv_v2, @function
 cublasDsbmv_v2:
-    leaq .Lname148(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsbmv_v2@PLT
     .size cublasDsbmv_v2, .-cublasDsbmv_v2
     .globl cublasDscal
     .type cublasDscal, @function
 cublasDscal:
-    leaq .Lname149(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDscal@PLT
     .size cublasDscal, .-cublasDscal
     .globl cublasDscal_v2
     .type cublasDscal_v2, @function
 cublasDscal_v2:
-    leaq .Lname150(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDscal_v2@PLT
     .size cublasDscal_v2, .-cublasDscal_v2
     .globl cublasDspmv
     .type cublasDspmv, @function
 cublasDspmv:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1230,7 +846,7 @@ cublasDspmv:
     .globl cublasDspmv_v2
     .type cublasDspmv_v2, @function
 cublasDspmv_v2:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1238,7 +854,7 @@ cublasDspmv_v2:
     .globl cublasDspr
     .type cublasDspr, @function
 cublasDspr:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1246,7 +862,7 @@ cublasDspr:
     .globl cublasDspr2
     .type cublasDspr2, @function
 cublasDspr2:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1254,7 +870,7 @@ cublasDspr2:
     .globl cublasDspr2_v2
     .type cublasDspr2_v2, @function
 cublasDspr2_v2:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1262,7 +878,7 @@ cublasDspr2_v2:
     .globl cublasDspr_v2
     .type cublasDspr_v2, @function
 cublasDspr_v2:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1270,159 +886,102 @@ cublasDspr_v2:
     .globl cublasDswap
     .type cublasDswap, @function
 cublasDswap:
-    leaq .Lname157(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDswap@PLT
     .size cublasDswap, .-cublasDswap
     .globl cublasDswap_v2
     .type cublasDswap_v2, @function
 cublasDswap_v2:
-    leaq .Lname158(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDswap_v2@PLT
     .size cublasDswap_v2, .-cublasDswap_v2
     .globl cublasDsymm
     .type cublasDsymm, @function
 cublasDsymm:
-    leaq .Lname159(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsymm@PLT
     .size cublasDsymm, .-cublasDsymm
     .globl cublasDsymm_v2
     .type cublasDsymm_v2, @function
 cublasDsymm_v2:
-    leaq .Lname160(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsymm_v2@PLT
     .size cublasDsymm_v2, .-cublasDsymm_v2
     .globl cublasDsymv
     .type cublasDsymv, @function
 cublasDsymv:
-    leaq .Lname161(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsymv@PLT
     .size cublasDsymv, .-cublasDsymv
     .globl cublasDsymv_v2
     .type cublasDsymv_v2, @function
 cublasDsymv_v2:
-    leaq .Lname162(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsymv_v2@PLT
     .size cublasDsymv_v2, .-cublasDsymv_v2
     .globl cublasDsyr
     .type cublasDsyr, @function
 cublasDsyr:
-    leaq .Lname163(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyr@PLT
     .size cublasDsyr, .-cublasDsyr
     .globl cublasDsyr2
     .type cublasDsyr2, @function
 cublasDsyr2:
-    leaq .Lname164(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyr2@PLT
     .size cublasDsyr2, .-cublasDsyr2
     .globl cublasDsyr2_v2
     .type cublasDsyr2_v2, @function
 cublasDsyr2_v2:
-    leaq .Lname165(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyr2_v2@PLT
     .size cublasDsyr2_v2, .-cublasDsyr2_v2
     .globl cublasDsyr2k
     .type cublasDsyr2k, @function
 cublasDsyr2k:
-    leaq .Lname166(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyr2k@PLT
     .size cublasDsyr2k, .-cublasDsyr2k
     .globl cublasDsyr2k_v2
     .type cublasDsyr2k_v2, @function
 cublasDsyr2k_v2:
-    leaq .Lname167(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyr2k_v2@PLT
     .size cublasDsyr2k_v2, .-cublasDsyr2k_v2
     .globl cublasDsyr_v2
     .type cublasDsyr_v2, @function
 cublasDsyr_v2:
-    leaq .Lname168(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyr_v2@PLT
     .size cublasDsyr_v2, .-cublasDsyr_v2
     .globl cublasDsyrk
     .type cublasDsyrk, @function
 cublasDsyrk:
-    leaq .Lname169(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyrk@PLT
     .size cublasDsyrk, .-cublasDsyrk
     .globl cublasDsyrk_v2
     .type cublasDsyrk_v2, @function
 cublasDsyrk_v2:
-    leaq .Lname170(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyrk_v2@PLT
     .size cublasDsyrk_v2, .-cublasDsyrk_v2
     .globl cublasDsyrkx
     .type cublasDsyrkx, @function
 cublasDsyrkx:
-    leaq .Lname171(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyrkx@PLT
     .size cublasDsyrkx, .-cublasDsyrkx
     .globl cublasDtbmv
     .type cublasDtbmv, @function
 cublasDtbmv:
-    leaq .Lname172(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtbmv@PLT
     .size cublasDtbmv, .-cublasDtbmv
     .globl cublasDtbmv_v2
     .type cublasDtbmv_v2, @function
 cublasDtbmv_v2:
-    leaq .Lname173(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtbmv_v2@PLT
     .size cublasDtbmv_v2, .-cublasDtbmv_v2
     .globl cublasDtbsv
     .type cublasDtbsv, @function
 cublasDtbsv:
-    leaq .Lname174(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtbsv@PLT
     .size cublasDtbsv, .-cublasDtbsv
     .globl cublasDtbsv_v2
     .type cublasDtbsv_v2, @function
 cublasDtbsv_v2:
-    leaq .Lname175(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtbsv_v2@PLT
     .size cublasDtbsv_v2, .-cublasDtbsv_v2
     .globl cublasDtpmv
     .type cublasDtpmv, @function
 cublasDtpmv:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1430,7 +989,7 @@ cublasDtpmv:
     .globl cublasDtpmv_v2
     .type cublasDtpmv_v2, @function
 cublasDtpmv_v2:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1438,7 +997,7 @@ cublasDtpmv_v2:
     .globl cublasDtpsv
     .type cublasDtpsv, @function
 cublasDtpsv:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1446,7 +1005,7 @@ cublasDtpsv:
     .globl cublasDtpsv_v2
     .type cublasDtpsv_v2, @function
 cublasDtpsv_v2:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1454,7 +1013,7 @@ cublasDtpsv_v2:
     .globl cublasDtpttr
     .type cublasDtpttr, @function
 cublasDtpttr:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1462,79 +1021,52 @@ cublasDtpttr:
     .globl cublasDtrmm
     .type cublasDtrmm, @function
 cublasDtrmm:
-    leaq .Lname181(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrmm@PLT
     .size cublasDtrmm, .-cublasDtrmm
     .globl cublasDtrmm_v2
     .type cublasDtrmm_v2, @function
 cublasDtrmm_v2:
-    leaq .Lname182(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrmm_v2@PLT
     .size cublasDtrmm_v2, .-cublasDtrmm_v2
     .globl cublasDtrmv
     .type cublasDtrmv, @function
 cublasDtrmv:
-    leaq .Lname183(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrmv@PLT
     .size cublasDtrmv, .-cublasDtrmv
     .globl cublasDtrmv_v2
     .type cublasDtrmv_v2, @function
 cublasDtrmv_v2:
-    leaq .Lname184(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrmv_v2@PLT
     .size cublasDtrmv_v2, .-cublasDtrmv_v2
     .globl cublasDtrsm
     .type cublasDtrsm, @function
 cublasDtrsm:
-    leaq .Lname185(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrsm@PLT
     .size cublasDtrsm, .-cublasDtrsm
     .globl cublasDtrsmBatched
     .type cublasDtrsmBatched, @function
 cublasDtrsmBatched:
-    leaq .Lname186(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrsmBatched@PLT
     .size cublasDtrsmBatched, .-cublasDtrsmBatched
     .globl cublasDtrsm_v2
     .type cublasDtrsm_v2, @function
 cublasDtrsm_v2:
-    leaq .Lname187(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrsm_v2@PLT
     .size cublasDtrsm_v2, .-cublasDtrsm_v2
     .globl cublasDtrsv
     .type cublasDtrsv, @function
 cublasDtrsv:
-    leaq .Lname188(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrsv@PLT
     .size cublasDtrsv, .-cublasDtrsv
     .globl cublasDtrsv_v2
     .type cublasDtrsv_v2, @function
 cublasDtrsv_v2:
-    leaq .Lname189(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrsv_v2@PLT
     .size cublasDtrsv_v2, .-cublasDtrsv_v2
     .globl cublasDtrttp
     .type cublasDtrttp, @function
 cublasDtrttp:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1547,10 +1079,7 @@ cublasDzasum:
     .globl cublasDzasum_v2
     .type cublasDzasum_v2, @function
 cublasDzasum_v2:
-    leaq .Lname191(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDzasum_v2@PLT
     .size cublasDzasum_v2, .-cublasDzasum_v2
     .globl cublasDznrm2
     .type cublasDznrm2, @function
@@ -1560,15 +1089,12 @@ cublasDznrm2:
     .globl cublasDznrm2_v2
     .type cublasDznrm2_v2, @function
 cublasDznrm2_v2:
-    leaq .Lname192(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDznrm2_v2@PLT
     .size cublasDznrm2_v2, .-cublasDznrm2_v2
     .globl cublasFree
     .type cublasFree, @function
 cublasFree:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1576,39 +1102,27 @@ cublasFree:
     .globl cublasGemmBatchedEx
     .type cublasGemmBatchedEx, @function
 cublasGemmBatchedEx:
-    leaq .Lname194(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGemmBatchedEx@PLT
     .size cublasGemmBatchedEx, .-cublasGemmBatchedEx
     .globl cublasGemmEx
     .type cublasGemmEx, @function
 cublasGemmEx:
-    leaq .Lname195(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGemmEx@PLT
     .size cublasGemmEx, .-cublasGemmEx
     .globl cublasGemmStridedBatchedEx
     .type cublasGemmStridedBatchedEx, @function
 cublasGemmStridedBatchedEx:
-    leaq .Lname196(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGemmStridedBatchedEx@PLT
     .size cublasGemmStridedBatchedEx, .-cublasGemmStridedBatchedEx
     .globl cublasGetAtomicsMode
     .type cublasGetAtomicsMode, @function
 cublasGetAtomicsMode:
-    leaq .Lname197(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetAtomicsMode@PLT
     .size cublasGetAtomicsMode, .-cublasGetAtomicsMode
     .globl cublasGetBackdoor
     .type cublasGetBackdoor, @function
 cublasGetBackdoor:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1626,7 +1140,7 @@ cublasGetError:
     .globl cublasGetLoggerCallback
     .type cublasGetLoggerCallback, @function
 cublasGetLoggerCallback:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1634,23 +1148,17 @@ cublasGetLoggerCallback:
     .globl cublasGetMathMode
     .type cublasGetMathMode, @function
 cublasGetMathMode:
-    leaq .Lname200(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetMathMode@PLT
     .size cublasGetMathMode, .-cublasGetMathMode
     .globl cublasGetMatrix
     .type cublasGetMatrix, @function
 cublasGetMatrix:
-    leaq .Lname201(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetMatrix@PLT
     .size cublasGetMatrix, .-cublasGetMatrix
     .globl cublasGetMatrixAsync
     .type cublasGetMatrixAsync, @function
 cublasGetMatrixAsync:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1658,15 +1166,12 @@ cublasGetMatrixAsync:
     .globl cublasGetPointerMode_v2
     .type cublasGetPointerMode_v2, @function
 cublasGetPointerMode_v2:
-    leaq .Lname203(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetPointerMode_v2@PLT
     .size cublasGetPointerMode_v2, .-cublasGetPointerMode_v2
     .globl cublasGetProperty
     .type cublasGetProperty, @function
 cublasGetProperty:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1674,7 +1179,7 @@ cublasGetProperty:
     .globl cublasGetSmCountTarget
     .type cublasGetSmCountTarget, @function
 cublasGetSmCountTarget:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1697,15 +1202,12 @@ cublasGetStream_v2:
     .globl cublasGetVector
     .type cublasGetVector, @function
 cublasGetVector:
-    leaq .Lname206(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetVector@PLT
     .size cublasGetVector, .-cublasGetVector
     .globl cublasGetVectorAsync
     .type cublasGetVectorAsync, @function
 cublasGetVectorAsync:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1713,7 +1215,7 @@ cublasGetVectorAsync:
     .globl cublasGetVersion
     .type cublasGetVersion, @function
 cublasGetVersion:
-    leaq .Lname208(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1721,7 +1223,7 @@ cublasGetVersion:
     .globl cublasGetVersion_v2
     .type cublasGetVersion_v2, @function
 cublasGetVersion_v2:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1729,7 +1231,7 @@ cublasGetVersion_v2:
     .globl cublasHSHgemvBatched
     .type cublasHSHgemvBatched, @function
 cublasHSHgemvBatched:
-    leaq .Lname210(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1737,7 +1239,7 @@ cublasHSHgemvBatched:
     .globl cublasHSHgemvStridedBatched
     .type cublasHSHgemvStridedBatched, @function
 cublasHSHgemvStridedBatched:
-    leaq .Lname211(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1745,7 +1247,7 @@ cublasHSHgemvStridedBatched:
     .globl cublasHSSgemvBatched
     .type cublasHSSgemvBatched, @function
 cublasHSSgemvBatched:
-    leaq .Lname212(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1753,7 +1255,7 @@ cublasHSSgemvBatched:
     .globl cublasHSSgemvStridedBatched
     .type cublasHSSgemvStridedBatched, @function
 cublasHSSgemvStridedBatched:
-    leaq .Lname213(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1761,7 +1263,7 @@ cublasHSSgemvStridedBatched:
     .globl cublasHgemm
     .type cublasHgemm, @function
 cublasHgemm:
-    leaq .Lname214(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1769,7 +1271,7 @@ cublasHgemm:
     .globl cublasHgemmBatched
     .type cublasHgemmBatched, @function
 cublasHgemmBatched:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1777,7 +1279,7 @@ cublasHgemmBatched:
     .globl cublasHgemmStridedBatched
     .type cublasHgemmStridedBatched, @function
 cublasHgemmStridedBatched:
-    leaq .Lname216(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1785,18 +1287,12 @@ cublasHgemmStridedBatched:
     .globl cublasIamaxEx
     .type cublasIamaxEx, @function
 cublasIamaxEx:
-    leaq .Lname217(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIamaxEx@PLT
     .size cublasIamaxEx, .-cublasIamaxEx
     .globl cublasIaminEx
     .type cublasIaminEx, @function
 cublasIaminEx:
-    leaq .Lname218(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIaminEx@PLT
     .size cublasIaminEx, .-cublasIaminEx
     .globl cublasIcamax
     .type cublasIcamax, @function
@@ -1806,10 +1302,7 @@ cublasIcamax:
     .globl cublasIcamax_v2
     .type cublasIcamax_v2, @function
 cublasIcamax_v2:
-    leaq .Lname219(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIcamax_v2@PLT
     .size cublasIcamax_v2, .-cublasIcamax_v2
     .globl cublasIcamin
     .type cublasIcamin, @function
@@ -1819,42 +1312,27 @@ cublasIcamin:
     .globl cublasIcamin_v2
     .type cublasIcamin_v2, @function
 cublasIcamin_v2:
-    leaq .Lname220(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIcamin_v2@PLT
     .size cublasIcamin_v2, .-cublasIcamin_v2
     .globl cublasIdamax
     .type cublasIdamax, @function
 cublasIdamax:
-    leaq .Lname221(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIdamax@PLT
     .size cublasIdamax, .-cublasIdamax
     .globl cublasIdamax_v2
     .type cublasIdamax_v2, @function
 cublasIdamax_v2:
-    leaq .Lname222(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIdamax_v2@PLT
     .size cublasIdamax_v2, .-cublasIdamax_v2
     .globl cublasIdamin
     .type cublasIdamin, @function
 cublasIdamin:
-    leaq .Lname223(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIdamin@PLT
     .size cublasIdamin, .-cublasIdamin
     .globl cublasIdamin_v2
     .type cublasIdamin_v2, @function
 cublasIdamin_v2:
-    leaq .Lname224(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIdamin_v2@PLT
     .size cublasIdamin_v2, .-cublasIdamin_v2
     .globl cublasInit
     .type cublasInit, @function
@@ -1864,34 +1342,22 @@ cublasInit:
     .globl cublasIsamax
     .type cublasIsamax, @function
 cublasIsamax:
-    leaq .Lname225(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIsamax@PLT
     .size cublasIsamax, .-cublasIsamax
     .globl cublasIsamax_v2
     .type cublasIsamax_v2, @function
 cublasIsamax_v2:
-    leaq .Lname226(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIsamax_v2@PLT
     .size cublasIsamax_v2, .-cublasIsamax_v2
     .globl cublasIsamin
     .type cublasIsamin, @function
 cublasIsamin:
-    leaq .Lname227(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIsamin@PLT
     .size cublasIsamin, .-cublasIsamin
     .globl cublasIsamin_v2
     .type cublasIsamin_v2, @function
 cublasIsamin_v2:
-    leaq .Lname228(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIsamin_v2@PLT
     .size cublasIsamin_v2, .-cublasIsamin_v2
     .globl cublasIzamax
     .type cublasIzamax, @function
@@ -1901,10 +1367,7 @@ cublasIzamax:
     .globl cublasIzamax_v2
     .type cublasIzamax_v2, @function
 cublasIzamax_v2:
-    leaq .Lname229(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIzamax_v2@PLT
     .size cublasIzamax_v2, .-cublasIzamax_v2
     .globl cublasIzamin
     .type cublasIzamin, @function
@@ -1914,15 +1377,12 @@ cublasIzamin:
     .globl cublasIzamin_v2
     .type cublasIzamin_v2, @function
 cublasIzamin_v2:
-    leaq .Lname230(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIzamin_v2@PLT
     .size cublasIzamin_v2, .-cublasIzamin_v2
     .globl cublasLoggerConfigure
     .type cublasLoggerConfigure, @function
 cublasLoggerConfigure:
-    leaq .Lname231(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1930,7 +1390,7 @@ cublasLoggerConfigure:
     .globl cublasNrm2Ex
     .type cublasNrm2Ex, @function
 cublasNrm2Ex:
-    leaq .Lname232(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1938,15 +1398,12 @@ cublasNrm2Ex:
     .globl cublasRotEx
     .type cublasRotEx, @function
 cublasRotEx:
-    leaq .Lname233(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasRotEx@PLT
     .size cublasRotEx, .-cublasRotEx
     .globl cublasRotgEx
     .type cublasRotgEx, @function
 cublasRotgEx:
-    leaq .Lname234(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1954,7 +1411,7 @@ cublasRotgEx:
     .globl cublasRotmEx
     .type cublasRotmEx, @function
 cublasRotmEx:
-    leaq .Lname235(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1962,7 +1419,7 @@ cublasRotmEx:
     .globl cublasRotmgEx
     .type cublasRotmgEx, @function
 cublasRotmgEx:
-    leaq .Lname236(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1970,39 +1427,27 @@ cublasRotmgEx:
     .globl cublasSasum
     .type cublasSasum, @function
 cublasSasum:
-    leaq .Lname237(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSasum@PLT
     .size cublasSasum, .-cublasSasum
     .globl cublasSasum_v2
     .type cublasSasum_v2, @function
 cublasSasum_v2:
-    leaq .Lname238(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSasum_v2@PLT
     .size cublasSasum_v2, .-cublasSasum_v2
     .globl cublasSaxpy
     .type cublasSaxpy, @function
 cublasSaxpy:
-    leaq .Lname239(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSaxpy@PLT
     .size cublasSaxpy, .-cublasSaxpy
     .globl cublasSaxpy_v2
     .type cublasSaxpy_v2, @function
 cublasSaxpy_v2:
-    leaq .Lname240(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSaxpy_v2@PLT
     .size cublasSaxpy_v2, .-cublasSaxpy_v2
     .globl cublasSbdmm
     .type cublasSbdmm, @function
 cublasSbdmm:
-    leaq .Lname241(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2010,10 +1455,7 @@ cublasSbdmm:
     .globl cublasScalEx
     .type cublasScalEx, @function
 cublasScalEx:
-    leaq .Lname242(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasScalEx@PLT
     .size cublasScalEx, .-cublasScalEx
     .globl cublasScasum
     .type cublasScasum, @function
@@ -2023,10 +1465,7 @@ cublasScasum:
     .globl cublasScasum_v2
     .type cublasScasum_v2, @function
 cublasScasum_v2:
-    leaq .Lname243(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasScasum_v2@PLT
     .size cublasScasum_v2, .-cublasScasum_v2
     .globl cublasScnrm2
     .type cublasScnrm2, @function
@@ -2036,50 +1475,32 @@ cublasScnrm2:
     .globl cublasScnrm2_v2
     .type cublasScnrm2_v2, @function
 cublasScnrm2_v2:
-    leaq .Lname244(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasScnrm2_v2@PLT
     .size cublasScnrm2_v2, .-cublasScnrm2_v2
     .globl cublasScopy
     .type cublasScopy, @function
 cublasScopy:
-    leaq .Lname245(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasScopy@PLT
     .size cublasScopy, .-cublasScopy
     .globl cublasScopy_v2
     .type cublasScopy_v2, @function
 cublasScopy_v2:
-    leaq .Lname246(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasScopy_v2@PLT
     .size cublasScopy_v2, .-cublasScopy_v2
     .globl cublasSdgmm
     .type cublasSdgmm, @function
 cublasSdgmm:
-    leaq .Lname247(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSdgmm@PLT
     .size cublasSdgmm, .-cublasSdgmm
     .globl cublasSdot
     .type cublasSdot, @function
 cublasSdot:
-    leaq .Lname248(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSdot@PLT
     .size cublasSdot, .-cublasSdot
     .globl cublasSdot_v2
     .type cublasSdot_v2, @function
 cublasSdot_v2:
-    leaq .Lname249(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSdot_v2@PLT
     .size cublasSdot_v2, .-cublasSdot_v2
     .globl cublasSetAtomicsMode
     .type cublasSetAtomicsMode, @function
@@ -2089,7 +1510,7 @@ cublasSetAtomicsMode:
     .globl cublasSetBackdoor
     .type cublasSetBackdoor, @function
 cublasSetBackdoor:
-    leaq .Lname250(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2097,7 +1518,7 @@ cublasSetBackdoor:
     .globl cublasSetBackdoorEx
     .type cublasSetBackdoorEx, @function
 cublasSetBackdoorEx:
-    leaq .Lname251(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2110,7 +1531,7 @@ cublasSetKernelStream:
     .globl cublasSetLoggerCallback
     .type cublasSetLoggerCallback, @function
 cublasSetLoggerCallback:
-    leaq .Lname252(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2123,15 +1544,12 @@ cublasSetMathMode:
     .globl cublasSetMatrix
     .type cublasSetMatrix, @function
 cublasSetMatrix:
-    leaq .Lname253(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetMatrix@PLT
     .size cublasSetMatrix, .-cublasSetMatrix
     .globl cublasSetMatrixAsync
     .type cublasSetMatrixAsync, @function
 cublasSetMatrixAsync:
-    leaq .Lname254(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2154,7 +1572,7 @@ cublasSetStream_v2:
     .globl cublasSetVector
     .type cublasSetVector, @function
 cublasSetVector:
-    leaq .Lname255(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2162,7 +1580,7 @@ cublasSetVector:
     .globl cublasSetVectorAsync
     .type cublasSetVectorAsync, @function
 cublasSetVectorAsync:
-    leaq .Lname256(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2170,95 +1588,62 @@ cublasSetVectorAsync:
     .globl cublasSetWorkspace_v2
     .type cublasSetWorkspace_v2, @function
 cublasSetWorkspace_v2:
-    leaq .Lname257(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetWorkspace_v2@PLT
     .size cublasSetWorkspace_v2, .-cublasSetWorkspace_v2
     .globl cublasSgbmv
     .type cublasSgbmv, @function
 cublasSgbmv:
-    leaq .Lname258(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgbmv@PLT
     .size cublasSgbmv, .-cublasSgbmv
     .globl cublasSgbmv_v2
     .type cublasSgbmv_v2, @function
 cublasSgbmv_v2:
-    leaq .Lname259(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgbmv_v2@PLT
     .size cublasSgbmv_v2, .-cublasSgbmv_v2
     .globl cublasSgeam
     .type cublasSgeam, @function
 cublasSgeam:
-    leaq .Lname260(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgeam@PLT
     .size cublasSgeam, .-cublasSgeam
     .globl cublasSgelsBatched
     .type cublasSgelsBatched, @function
 cublasSgelsBatched:
-    leaq .Lname261(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgelsBatched@PLT
     .size cublasSgelsBatched, .-cublasSgelsBatched
     .globl cublasSgemm
     .type cublasSgemm, @function
 cublasSgemm:
-    leaq .Lname262(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemm@PLT
     .size cublasSgemm, .-cublasSgemm
     .globl cublasSgemmBatched
     .type cublasSgemmBatched, @function
 cublasSgemmBatched:
-    leaq .Lname263(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemmBatched@PLT
     .size cublasSgemmBatched, .-cublasSgemmBatched
     .globl cublasSgemmEx
     .type cublasSgemmEx, @function
 cublasSgemmEx:
-    leaq .Lname264(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemmEx@PLT
     .size cublasSgemmEx, .-cublasSgemmEx
     .globl cublasSgemmStridedBatched
     .type cublasSgemmStridedBatched, @function
 cublasSgemmStridedBatched:
-    leaq .Lname265(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemmStridedBatched@PLT
     .size cublasSgemmStridedBatched, .-cublasSgemmStridedBatched
     .globl cublasSgemm_v2
     .type cublasSgemm_v2, @function
 cublasSgemm_v2:
-    leaq .Lname266(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemm_v2@PLT
     .size cublasSgemm_v2, .-cublasSgemm_v2
     .globl cublasSgemv
     .type cublasSgemv, @function
 cublasSgemv:
-    leaq .Lname267(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemv@PLT
     .size cublasSgemv, .-cublasSgemv
     .globl cublasSgemvBatched
     .type cublasSgemvBatched, @function
 cublasSgemvBatched:
-    leaq .Lname268(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2266,66 +1651,42 @@ cublasSgemvBatched:
     .globl cublasSgemvStridedBatched
     .type cublasSgemvStridedBatched, @function
 cublasSgemvStridedBatched:
-    leaq .Lname269(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemvStridedBatched@PLT
     .size cublasSgemvStridedBatched, .-cublasSgemvStridedBatched
     .globl cublasSgemv_v2
     .type cublasSgemv_v2, @function
 cublasSgemv_v2:
-    leaq .Lname270(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemv_v2@PLT
     .size cublasSgemv_v2, .-cublasSgemv_v2
     .globl cublasSgeqrfBatched
     .type cublasSgeqrfBatched, @function
 cublasSgeqrfBatched:
-    leaq .Lname271(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgeqrfBatched@PLT
     .size cublasSgeqrfBatched, .-cublasSgeqrfBatched
     .globl cublasSger
     .type cublasSger, @function
 cublasSger:
-    leaq .Lname272(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSger@PLT
     .size cublasSger, .-cublasSger
     .globl cublasSger_v2
     .type cublasSger_v2, @function
 cublasSger_v2:
-    leaq .Lname273(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSger_v2@PLT
     .size cublasSger_v2, .-cublasSger_v2
     .globl cublasSgetrfBatched
     .type cublasSgetrfBatched, @function
 cublasSgetrfBatched:
-    leaq .Lname274(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgetrfBatched@PLT
     .size cublasSgetrfBatched, .-cublasSgetrfBatched
     .globl cublasSgetriBatched
     .type cublasSgetriBatched, @function
 cublasSgetriBatched:
-    leaq .Lname275(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgetriBatched@PLT
     .size cublasSgetriBatched, .-cublasSgetriBatched
     .globl cublasSgetrsBatched
     .type cublasSgetrsBatched, @function
 cublasSgetrsBatched:
-    leaq .Lname276(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgetrsBatched@PLT
     .size cublasSgetrsBatched, .-cublasSgetrsBatched
     .globl cublasShutdown
     .type cublasShutdown, @function
@@ -2335,7 +1696,7 @@ cublasShutdown:
     .globl cublasSmatinvBatched
     .type cublasSmatinvBatched, @function
 cublasSmatinvBatched:
-    leaq .Lname277(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2343,39 +1704,27 @@ cublasSmatinvBatched:
     .globl cublasSnrm2
     .type cublasSnrm2, @function
 cublasSnrm2:
-    leaq .Lname278(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSnrm2@PLT
     .size cublasSnrm2, .-cublasSnrm2
     .globl cublasSnrm2_v2
     .type cublasSnrm2_v2, @function
 cublasSnrm2_v2:
-    leaq .Lname279(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSnrm2_v2@PLT
     .size cublasSnrm2_v2, .-cublasSnrm2_v2
     .globl cublasSrot
     .type cublasSrot, @function
 cublasSrot:
-    leaq .Lname280(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSrot@PLT
     .size cublasSrot, .-cublasSrot
     .globl cublasSrot_v2
     .type cublasSrot_v2, @function
 cublasSrot_v2:
-    leaq .Lname281(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSrot_v2@PLT
     .size cublasSrot_v2, .-cublasSrot_v2
     .globl cublasSrotg
     .type cublasSrotg, @function
 cublasSrotg:
-    leaq .Lname282(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2383,15 +1732,12 @@ cublasSrotg:
     .globl cublasSrotg_v2
     .type cublasSrotg_v2, @function
 cublasSrotg_v2:
-    leaq .Lname283(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSrotg_v2@PLT
     .size cublasSrotg_v2, .-cublasSrotg_v2
     .globl cublasSrotm
     .type cublasSrotm, @function
 cublasSrotm:
-    leaq .Lname284(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2399,7 +1745,7 @@ cublasSrotm:
     .globl cublasSrotm_v2
     .type cublasSrotm_v2, @function
 cublasSrotm_v2:
-    leaq .Lname285(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2407,7 +1753,7 @@ cublasSrotm_v2:
     .globl cublasSrotmg
     .type cublasSrotmg, @function
 cublasSrotmg:
-    leaq .Lname286(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2415,7 +1761,7 @@ cublasSrotmg:
     .globl cublasSrotmg_v2
     .type cublasSrotmg_v2, @function
 cublasSrotmg_v2:
-    leaq .Lname287(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2423,39 +1769,27 @@ cublasSrotmg_v2:
     .globl cublasSsbmv
     .type cublasSsbmv, @function
 cublasSsbmv:
-    leaq .Lname288(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsbmv@PLT
     .size cublasSsbmv, .-cublasSsbmv
     .globl cublasSsbmv_v2
     .type cublasSsbmv_v2, @function
 cublasSsbmv_v2:
-    leaq .Lname289(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsbmv_v2@PLT
     .size cublasSsbmv_v2, .-cublasSsbmv_v2
     .globl cublasSscal
     .type cublasSscal, @function
 cublasSscal:
-    leaq .Lname290(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSscal@PLT
     .size cublasSscal, .-cublasSscal
     .globl cublasSscal_v2
     .type cublasSscal_v2, @function
 cublasSscal_v2:
-    leaq .Lname291(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSscal_v2@PLT
     .size cublasSscal_v2, .-cublasSscal_v2
     .globl cublasSspmv
     .type cublasSspmv, @function
 cublasSspmv:
-    leaq .Lname292(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2463,7 +1797,7 @@ cublasSspmv:
     .globl cublasSspmv_v2
     .type cublasSspmv_v2, @function
 cublasSspmv_v2:
-    leaq .Lname293(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2471,7 +1805,7 @@ cublasSspmv_v2:
     .globl cublasSspr
     .type cublasSspr, @function
 cublasSspr:
-    leaq .Lname294(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2479,7 +1813,7 @@ cublasSspr:
     .globl cublasSspr2
     .type cublasSspr2, @function
 cublasSspr2:
-    leaq .Lname295(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2487,7 +1821,7 @@ cublasSspr2:
     .globl cublasSspr2_v2
     .type cublasSspr2_v2, @function
 cublasSspr2_v2:
-    leaq .Lname296(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2495,7 +1829,7 @@ cublasSspr2_v2:
     .globl cublasSspr_v2
     .type cublasSspr_v2, @function
 cublasSspr_v2:
-    leaq .Lname297(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2503,159 +1837,102 @@ cublasSspr_v2:
     .globl cublasSswap
     .type cublasSswap, @function
 cublasSswap:
-    leaq .Lname298(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSswap@PLT
     .size cublasSswap, .-cublasSswap
     .globl cublasSswap_v2
     .type cublasSswap_v2, @function
 cublasSswap_v2:
-    leaq .Lname299(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSswap_v2@PLT
     .size cublasSswap_v2, .-cublasSswap_v2
     .globl cublasSsymm
     .type cublasSsymm, @function
 cublasSsymm:
-    leaq .Lname300(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsymm@PLT
     .size cublasSsymm, .-cublasSsymm
     .globl cublasSsymm_v2
     .type cublasSsymm_v2, @function
 cublasSsymm_v2:
-    leaq .Lname301(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsymm_v2@PLT
     .size cublasSsymm_v2, .-cublasSsymm_v2
     .globl cublasSsymv
     .type cublasSsymv, @function
 cublasSsymv:
-    leaq .Lname302(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsymv@PLT
     .size cublasSsymv, .-cublasSsymv
     .globl cublasSsymv_v2
     .type cublasSsymv_v2, @function
 cublasSsymv_v2:
-    leaq .Lname303(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsymv_v2@PLT
     .size cublasSsymv_v2, .-cublasSsymv_v2
     .globl cublasSsyr
     .type cublasSsyr, @function
 cublasSsyr:
-    leaq .Lname304(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyr@PLT
     .size cublasSsyr, .-cublasSsyr
     .globl cublasSsyr2
     .type cublasSsyr2, @function
 cublasSsyr2:
-    leaq .Lname305(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyr2@PLT
     .size cublasSsyr2, .-cublasSsyr2
     .globl cublasSsyr2_v2
     .type cublasSsyr2_v2, @function
 cublasSsyr2_v2:
-    leaq .Lname306(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyr2_v2@PLT
     .size cublasSsyr2_v2, .-cublasSsyr2_v2
     .globl cublasSsyr2k
     .type cublasSsyr2k, @function
 cublasSsyr2k:
-    leaq .Lname307(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyr2k@PLT
     .size cublasSsyr2k, .-cublasSsyr2k
     .globl cublasSsyr2k_v2
     .type cublasSsyr2k_v2, @function
 cublasSsyr2k_v2:
-    leaq .Lname308(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyr2k_v2@PLT
     .size cublasSsyr2k_v2, .-cublasSsyr2k_v2
     .globl cublasSsyr_v2
     .type cublasSsyr_v2, @function
 cublasSsyr_v2:
-    leaq .Lname309(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyr_v2@PLT
     .size cublasSsyr_v2, .-cublasSsyr_v2
     .globl cublasSsyrk
     .type cublasSsyrk, @function
 cublasSsyrk:
-    leaq .Lname310(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyrk@PLT
     .size cublasSsyrk, .-cublasSsyrk
     .globl cublasSsyrk_v2
     .type cublasSsyrk_v2, @function
 cublasSsyrk_v2:
-    leaq .Lname311(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyrk_v2@PLT
     .size cublasSsyrk_v2, .-cublasSsyrk_v2
     .globl cublasSsyrkx
     .type cublasSsyrkx, @function
 cublasSsyrkx:
-    leaq .Lname312(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyrkx@PLT
     .size cublasSsyrkx, .-cublasSsyrkx
     .globl cublasStbmv
     .type cublasStbmv, @function
 cublasStbmv:
-    leaq .Lname313(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStbmv@PLT
     .size cublasStbmv, .-cublasStbmv
     .globl cublasStbmv_v2
     .type cublasStbmv_v2, @function
 cublasStbmv_v2:
-    leaq .Lname314(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStbmv_v2@PLT
     .size cublasStbmv_v2, .-cublasStbmv_v2
     .globl cublasStbsv
     .type cublasStbsv, @function
 cublasStbsv:
-    leaq .Lname315(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStbsv@PLT
     .size cublasStbsv, .-cublasStbsv
     .globl cublasStbsv_v2
     .type cublasStbsv_v2, @function
 cublasStbsv_v2:
-    leaq .Lname316(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStbsv_v2@PLT
     .size cublasStbsv_v2, .-cublasStbsv_v2
     .globl cublasStpmv
     .type cublasStpmv, @function
 cublasStpmv:
-    leaq .Lname317(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2663,7 +1940,7 @@ cublasStpmv:
     .globl cublasStpmv_v2
     .type cublasStpmv_v2, @function
 cublasStpmv_v2:
-    leaq .Lname318(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2671,7 +1948,7 @@ cublasStpmv_v2:
     .globl cublasStpsv
     .type cublasStpsv, @function
 cublasStpsv:
-    leaq .Lname319(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2679,7 +1956,7 @@ cublasStpsv:
     .globl cublasStpsv_v2
     .type cublasStpsv_v2, @function
 cublasStpsv_v2:
-    leaq .Lname320(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2687,7 +1964,7 @@ cublasStpsv_v2:
     .globl cublasStpttr
     .type cublasStpttr, @function
 cublasStpttr:
-    leaq .Lname321(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2695,79 +1972,52 @@ cublasStpttr:
     .globl cublasStrmm
     .type cublasStrmm, @function
 cublasStrmm:
-    leaq .Lname322(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrmm@PLT
     .size cublasStrmm, .-cublasStrmm
     .globl cublasStrmm_v2
     .type cublasStrmm_v2, @function
 cublasStrmm_v2:
-    leaq .Lname323(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrmm_v2@PLT
     .size cublasStrmm_v2, .-cublasStrmm_v2
     .globl cublasStrmv
     .type cublasStrmv, @function
 cublasStrmv:
-    leaq .Lname324(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrmv@PLT
     .size cublasStrmv, .-cublasStrmv
     .globl cublasStrmv_v2
     .type cublasStrmv_v2, @function
 cublasStrmv_v2:
-    leaq .Lname325(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrmv_v2@PLT
     .size cublasStrmv_v2, .-cublasStrmv_v2
     .globl cublasStrsm
     .type cublasStrsm, @function
 cublasStrsm:
-    leaq .Lname326(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrsm@PLT
     .size cublasStrsm, .-cublasStrsm
     .globl cublasStrsmBatched
     .type cublasStrsmBatched, @function
 cublasStrsmBatched:
-    leaq .Lname327(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrsmBatched@PLT
     .size cublasStrsmBatched, .-cublasStrsmBatched
     .globl cublasStrsm_v2
     .type cublasStrsm_v2, @function
 cublasStrsm_v2:
-    leaq .Lname328(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrsm_v2@PLT
     .size cublasStrsm_v2, .-cublasStrsm_v2
     .globl cublasStrsv
     .type cublasStrsv, @function
 cublasStrsv:
-    leaq .Lname329(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrsv@PLT
     .size cublasStrsv, .-cublasStrsv
     .globl cublasStrsv_v2
     .type cublasStrsv_v2, @function
 cublasStrsv_v2:
-    leaq .Lname330(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrsv_v2@PLT
     .size cublasStrsv_v2, .-cublasStrsv_v2
     .globl cublasStrttp
     .type cublasStrttp, @function
 cublasStrttp:
-    leaq .Lname331(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2775,15 +2025,12 @@ cublasStrttp:
     .globl cublasSwapEx
     .type cublasSwapEx, @function
 cublasSwapEx:
-    leaq .Lname332(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSwapEx@PLT
     .size cublasSwapEx, .-cublasSwapEx
     .globl cublasTSSgemvBatched
     .type cublasTSSgemvBatched, @function
 cublasTSSgemvBatched:
-    leaq .Lname333(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2791,7 +2038,7 @@ cublasTSSgemvBatched:
     .globl cublasTSSgemvStridedBatched
     .type cublasTSSgemvStridedBatched, @function
 cublasTSSgemvStridedBatched:
-    leaq .Lname334(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2799,7 +2046,7 @@ cublasTSSgemvStridedBatched:
     .globl cublasTSTgemvBatched
     .type cublasTSTgemvBatched, @function
 cublasTSTgemvBatched:
-    leaq .Lname335(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2807,7 +2054,7 @@ cublasTSTgemvBatched:
     .globl cublasTSTgemvStridedBatched
     .type cublasTSTgemvStridedBatched, @function
 cublasTSTgemvStridedBatched:
-    leaq .Lname336(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2815,10 +2062,7 @@ cublasTSTgemvStridedBatched:
     .globl cublasUint8gemmBias
     .type cublasUint8gemmBias, @function
 cublasUint8gemmBias:
-    leaq .Lname337(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasUint8gemmBias@PLT
     .size cublasUint8gemmBias, .-cublasUint8gemmBias
     .globl cublasXerbla
     .type cublasXerbla, @function
@@ -2828,42 +2072,27 @@ cublasXerbla:
     .globl cublasXtCgemm
     .type cublasXtCgemm, @function
 cublasXtCgemm:
-    leaq .Lname338(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCgemm@PLT
     .size cublasXtCgemm, .-cublasXtCgemm
     .globl cublasXtChemm
     .type cublasXtChemm, @function
 cublasXtChemm:
-    leaq .Lname339(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtChemm@PLT
     .size cublasXtChemm, .-cublasXtChemm
     .globl cublasXtCher2k
     .type cublasXtCher2k, @function
 cublasXtCher2k:
-    leaq .Lname340(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCher2k@PLT
     .size cublasXtCher2k, .-cublasXtCher2k
     .globl cublasXtCherk
     .type cublasXtCherk, @function
 cublasXtCherk:
-    leaq .Lname341(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCherk@PLT
     .size cublasXtCherk, .-cublasXtCherk
     .globl cublasXtCherkx
     .type cublasXtCherkx, @function
 cublasXtCherkx:
-    leaq .Lname342(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCherkx@PLT
     .size cublasXtCherkx, .-cublasXtCherkx
     .globl cublasXtCreate
     .type cublasXtCreate, @function
@@ -2873,58 +2102,37 @@ cublasXtCreate:
     .globl cublasXtCspmm
     .type cublasXtCspmm, @function
 cublasXtCspmm:
-    leaq .Lname343(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCspmm@PLT
     .size cublasXtCspmm, .-cublasXtCspmm
     .globl cublasXtCsymm
     .type cublasXtCsymm, @function
 cublasXtCsymm:
-    leaq .Lname344(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCsymm@PLT
     .size cublasXtCsymm, .-cublasXtCsymm
     .globl cublasXtCsyr2k
     .type cublasXtCsyr2k, @function
 cublasXtCsyr2k:
-    leaq .Lname345(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCsyr2k@PLT
     .size cublasXtCsyr2k, .-cublasXtCsyr2k
     .globl cublasXtCsyrk
     .type cublasXtCsyrk, @function
 cublasXtCsyrk:
-    leaq .Lname346(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCsyrk@PLT
     .size cublasXtCsyrk, .-cublasXtCsyrk
     .globl cublasXtCsyrkx
     .type cublasXtCsyrkx, @function
 cublasXtCsyrkx:
-    leaq .Lname347(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCsyrkx@PLT
     .size cublasXtCsyrkx, .-cublasXtCsyrkx
     .globl cublasXtCtrmm
     .type cublasXtCtrmm, @function
 cublasXtCtrmm:
-    leaq .Lname348(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCtrmm@PLT
     .size cublasXtCtrmm, .-cublasXtCtrmm
     .globl cublasXtCtrsm
     .type cublasXtCtrsm, @function
 cublasXtCtrsm:
-    leaq .Lname349(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCtrsm@PLT
     .size cublasXtCtrsm, .-cublasXtCtrsm
     .globl cublasXtDestroy
     .type cublasXtDestroy, @function
@@ -2934,7 +2142,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname350(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2942,15 +2150,12 @@ cublasXtDeviceSelect:
     .globl cublasXtDgemm
     .type cublasXtDgemm, @function
 cublasXtDgemm:
-    leaq .Lname351(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDgemm@PLT
     .size cublasXtDgemm, .-cublasXtDgemm
     .globl cublasXtDspmm
     .type cublasXtDspmm, @function
 cublasXtDspmm:
-    leaq .Lname352(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2958,55 +2163,37 @@ cublasXtDspmm:
     .globl cublasXtDsymm
     .type cublasXtDsymm, @function
 cublasXtDsymm:
-    leaq .Lname353(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDsymm@PLT
     .size cublasXtDsymm, .-cublasXtDsymm
     .globl cublasXtDsyr2k
     .type cublasXtDsyr2k, @function
 cublasXtDsyr2k:
-    leaq .Lname354(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDsyr2k@PLT
     .size cublasXtDsyr2k, .-cublasXtDsyr2k
     .globl cublasXtDsyrk
     .type cublasXtDsyrk, @function
 cublasXtDsyrk:
-    leaq .Lname355(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDsyrk@PLT
     .size cublasXtDsyrk, .-cublasXtDsyrk
     .globl cublasXtDsyrkx
     .type cublasXtDsyrkx, @function
 cublasXtDsyrkx:
-    leaq .Lname356(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDsyrkx@PLT
     .size cublasXtDsyrkx, .-cublasXtDsyrkx
     .globl cublasXtDtrmm
     .type cublasXtDtrmm, @function
 cublasXtDtrmm:
-    leaq .Lname357(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDtrmm@PLT
     .size cublasXtDtrmm, .-cublasXtDtrmm
     .globl cublasXtDtrsm
     .type cublasXtDtrsm, @function
 cublasXtDtrsm:
-    leaq .Lname358(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDtrsm@PLT
     .size cublasXtDtrsm, .-cublasXtDtrsm
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname359(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3014,7 +2201,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname360(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3022,15 +2209,12 @@ cublasXtGetNumBoards:
     .globl cublasXtGetPinningMemMode
     .type cublasXtGetPinningMemMode, @function
 cublasXtGetPinningMemMode:
-    leaq .Lname361(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtGetPinningMemMode@PLT
     .size cublasXtGetPinningMemMode, .-cublasXtGetPinningMemMode
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname362(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3048,7 +2232,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname363(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3061,15 +2245,12 @@ cublasXtSetPinningMemMode:
     .globl cublasXtSgemm
     .type cublasXtSgemm, @function
 cublasXtSgemm:
-    leaq .Lname364(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtSgemm@PLT
     .size cublasXtSgemm, .-cublasXtSgemm
     .globl cublasXtSspmm
     .type cublasXtSspmm, @function
 cublasXtSspmm:
-    leaq .Lname365(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3077,167 +2258,107 @@ cublasXtSspmm:
     .globl cublasXtSsymm
     .type cublasXtSsymm, @function
 cublasXtSsymm:
-    leaq .Lname366(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtSsymm@PLT
     .size cublasXtSsymm, .-cublasXtSsymm
     .globl cublasXtSsyr2k
     .type cublasXtSsyr2k, @function
 cublasXtSsyr2k:
-    leaq .Lname367(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtSsyr2k@PLT
     .size cublasXtSsyr2k, .-cublasXtSsyr2k
     .globl cublasXtSsyrk
     .type cublasXtSsyrk, @function
 cublasXtSsyrk:
-    leaq .Lname368(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtSsyrk@PLT
     .size cublasXtSsyrk, .-cublasXtSsyrk
     .globl cublasXtSsyrkx
     .type cublasXtSsyrkx, @function
 cublasXtSsyrkx:
-    leaq .Lname369(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtSsyrkx@PLT
     .size cublasXtSsyrkx, .-cublasXtSsyrkx
     .globl cublasXtStrmm
     .type cublasXtStrmm, @function
 cublasXtStrmm:
-    leaq .Lname370(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtStrmm@PLT
     .size cublasXtStrmm, .-cublasXtStrmm
     .globl cublasXtStrsm
     .type cublasXtStrsm, @function
 cublasXtStrsm:
-    leaq .Lname371(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtStrsm@PLT
     .size cublasXtStrsm, .-cublasXtStrsm
     .globl cublasXtZgemm
     .type cublasXtZgemm, @function
 cublasXtZgemm:
-    leaq .Lname372(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZgemm@PLT
     .size cublasXtZgemm, .-cublasXtZgemm
     .globl cublasXtZhemm
     .type cublasXtZhemm, @function
 cublasXtZhemm:
-    leaq .Lname373(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZhemm@PLT
     .size cublasXtZhemm, .-cublasXtZhemm
     .globl cublasXtZher2k
     .type cublasXtZher2k, @function
 cublasXtZher2k:
-    leaq .Lname374(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZher2k@PLT
     .size cublasXtZher2k, .-cublasXtZher2k
     .globl cublasXtZherk
     .type cublasXtZherk, @function
 cublasXtZherk:
-    leaq .Lname375(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZherk@PLT
     .size cublasXtZherk, .-cublasXtZherk
     .globl cublasXtZherkx
     .type cublasXtZherkx, @function
 cublasXtZherkx:
-    leaq .Lname376(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZherkx@PLT
     .size cublasXtZherkx, .-cublasXtZherkx
     .globl cublasXtZspmm
     .type cublasXtZspmm, @function
 cublasXtZspmm:
-    leaq .Lname377(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZspmm@PLT
     .size cublasXtZspmm, .-cublasXtZspmm
     .globl cublasXtZsymm
     .type cublasXtZsymm, @function
 cublasXtZsymm:
-    leaq .Lname378(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZsymm@PLT
     .size cublasXtZsymm, .-cublasXtZsymm
     .globl cublasXtZsyr2k
     .type cublasXtZsyr2k, @function
 cublasXtZsyr2k:
-    leaq .Lname379(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZsyr2k@PLT
     .size cublasXtZsyr2k, .-cublasXtZsyr2k
     .globl cublasXtZsyrk
     .type cublasXtZsyrk, @function
 cublasXtZsyrk:
-    leaq .Lname380(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZsyrk@PLT
     .size cublasXtZsyrk, .-cublasXtZsyrk
     .globl cublasXtZsyrkx
     .type cublasXtZsyrkx, @function
 cublasXtZsyrkx:
-    leaq .Lname381(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZsyrkx@PLT
     .size cublasXtZsyrkx, .-cublasXtZsyrkx
     .globl cublasXtZtrmm
     .type cublasXtZtrmm, @function
 cublasXtZtrmm:
-    leaq .Lname382(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZtrmm@PLT
     .size cublasXtZtrmm, .-cublasXtZtrmm
     .globl cublasXtZtrsm
     .type cublasXtZtrsm, @function
 cublasXtZtrsm:
-    leaq .Lname383(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZtrsm@PLT
     .size cublasXtZtrsm, .-cublasXtZtrsm
     .globl cublasZaxpy
     .type cublasZaxpy, @function
 cublasZaxpy:
-    leaq .Lname384(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZaxpy@PLT
     .size cublasZaxpy, .-cublasZaxpy
     .globl cublasZaxpy_v2
     .type cublasZaxpy_v2, @function
 cublasZaxpy_v2:
-    leaq .Lname385(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZaxpy_v2@PLT
     .size cublasZaxpy_v2, .-cublasZaxpy_v2
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname386(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3245,31 +2366,22 @@ cublasZbdmm:
     .globl cublasZcopy
     .type cublasZcopy, @function
 cublasZcopy:
-    leaq .Lname387(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZcopy@PLT
     .size cublasZcopy, .-cublasZcopy
     .globl cublasZcopy_v2
     .type cublasZcopy_v2, @function
 cublasZcopy_v2:
-    leaq .Lname388(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZcopy_v2@PLT
     .size cublasZcopy_v2, .-cublasZcopy_v2
     .globl cublasZdgmm
     .type cublasZdgmm, @function
 cublasZdgmm:
-    leaq .Lname389(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdgmm@PLT
     .size cublasZdgmm, .-cublasZdgmm
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname390(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3277,15 +2389,12 @@ cublasZdotc:
     .globl cublasZdotc_v2
     .type cublasZdotc_v2, @function
 cublasZdotc_v2:
-    leaq .Lname391(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdotc_v2@PLT
     .size cublasZdotc_v2, .-cublasZdotc_v2
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname392(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3293,127 +2402,82 @@ cublasZdotu:
     .globl cublasZdotu_v2
     .type cublasZdotu_v2, @function
 cublasZdotu_v2:
-    leaq .Lname393(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdotu_v2@PLT
     .size cublasZdotu_v2, .-cublasZdotu_v2
     .globl cublasZdrot
     .type cublasZdrot, @function
 cublasZdrot:
-    leaq .Lname394(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdrot@PLT
     .size cublasZdrot, .-cublasZdrot
     .globl cublasZdrot_v2
     .type cublasZdrot_v2, @function
 cublasZdrot_v2:
-    leaq .Lname395(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdrot_v2@PLT
     .size cublasZdrot_v2, .-cublasZdrot_v2
     .globl cublasZdscal
     .type cublasZdscal, @function
 cublasZdscal:
-    leaq .Lname396(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdscal@PLT
     .size cublasZdscal, .-cublasZdscal
     .globl cublasZdscal_v2
     .type cublasZdscal_v2, @function
 cublasZdscal_v2:
-    leaq .Lname397(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdscal_v2@PLT
     .size cublasZdscal_v2, .-cublasZdscal_v2
     .globl cublasZgbmv
     .type cublasZgbmv, @function
 cublasZgbmv:
-    leaq .Lname398(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgbmv@PLT
     .size cublasZgbmv, .-cublasZgbmv
     .globl cublasZgbmv_v2
     .type cublasZgbmv_v2, @function
 cublasZgbmv_v2:
-    leaq .Lname399(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgbmv_v2@PLT
     .size cublasZgbmv_v2, .-cublasZgbmv_v2
     .globl cublasZgeam
     .type cublasZgeam, @function
 cublasZgeam:
-    leaq .Lname400(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgeam@PLT
     .size cublasZgeam, .-cublasZgeam
     .globl cublasZgelsBatched
     .type cublasZgelsBatched, @function
 cublasZgelsBatched:
-    leaq .Lname401(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgelsBatched@PLT
     .size cublasZgelsBatched, .-cublasZgelsBatched
     .globl cublasZgemm
     .type cublasZgemm, @function
 cublasZgemm:
-    leaq .Lname402(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemm@PLT
     .size cublasZgemm, .-cublasZgemm
     .globl cublasZgemm3m
     .type cublasZgemm3m, @function
 cublasZgemm3m:
-    leaq .Lname403(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemm3m@PLT
     .size cublasZgemm3m, .-cublasZgemm3m
     .globl cublasZgemmBatched
     .type cublasZgemmBatched, @function
 cublasZgemmBatched:
-    leaq .Lname404(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemmBatched@PLT
     .size cublasZgemmBatched, .-cublasZgemmBatched
     .globl cublasZgemmStridedBatched
     .type cublasZgemmStridedBatched, @function
 cublasZgemmStridedBatched:
-    leaq .Lname405(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemmStridedBatched@PLT
     .size cublasZgemmStridedBatched, .-cublasZgemmStridedBatched
     .globl cublasZgemm_v2
     .type cublasZgemm_v2, @function
 cublasZgemm_v2:
-    leaq .Lname406(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemm_v2@PLT
     .size cublasZgemm_v2, .-cublasZgemm_v2
     .globl cublasZgemv
     .type cublasZgemv, @function
 cublasZgemv:
-    leaq .Lname407(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemv@PLT
     .size cublasZgemv, .-cublasZgemv
     .globl cublasZgemvBatched
     .type cublasZgemvBatched, @function
 cublasZgemvBatched:
-    leaq .Lname408(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3421,223 +2485,142 @@ cublasZgemvBatched:
     .globl cublasZgemvStridedBatched
     .type cublasZgemvStridedBatched, @function
 cublasZgemvStridedBatched:
-    leaq .Lname409(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemvStridedBatched@PLT
     .size cublasZgemvStridedBatched, .-cublasZgemvStridedBatched
     .globl cublasZgemv_v2
     .type cublasZgemv_v2, @function
 cublasZgemv_v2:
-    leaq .Lname410(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemv_v2@PLT
     .size cublasZgemv_v2, .-cublasZgemv_v2
     .globl cublasZgeqrfBatched
     .type cublasZgeqrfBatched, @function
 cublasZgeqrfBatched:
-    leaq .Lname411(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgeqrfBatched@PLT
     .size cublasZgeqrfBatched, .-cublasZgeqrfBatched
     .globl cublasZgerc
     .type cublasZgerc, @function
 cublasZgerc:
-    leaq .Lname412(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgerc@PLT
     .size cublasZgerc, .-cublasZgerc
     .globl cublasZgerc_v2
     .type cublasZgerc_v2, @function
 cublasZgerc_v2:
-    leaq .Lname413(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgerc_v2@PLT
     .size cublasZgerc_v2, .-cublasZgerc_v2
     .globl cublasZgeru
     .type cublasZgeru, @function
 cublasZgeru:
-    leaq .Lname414(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgeru@PLT
     .size cublasZgeru, .-cublasZgeru
     .globl cublasZgeru_v2
     .type cublasZgeru_v2, @function
 cublasZgeru_v2:
-    leaq .Lname415(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgeru_v2@PLT
     .size cublasZgeru_v2, .-cublasZgeru_v2
     .globl cublasZgetrfBatched
     .type cublasZgetrfBatched, @function
 cublasZgetrfBatched:
-    leaq .Lname416(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgetrfBatched@PLT
     .size cublasZgetrfBatched, .-cublasZgetrfBatched
     .globl cublasZgetriBatched
     .type cublasZgetriBatched, @function
 cublasZgetriBatched:
-    leaq .Lname417(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgetriBatched@PLT
     .size cublasZgetriBatched, .-cublasZgetriBatched
     .globl cublasZgetrsBatched
     .type cublasZgetrsBatched, @function
 cublasZgetrsBatched:
-    leaq .Lname418(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgetrsBatched@PLT
     .size cublasZgetrsBatched, .-cublasZgetrsBatched
     .globl cublasZhbmv
     .type cublasZhbmv, @function
 cublasZhbmv:
-    leaq .Lname419(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhbmv@PLT
     .size cublasZhbmv, .-cublasZhbmv
     .globl cublasZhbmv_v2
     .type cublasZhbmv_v2, @function
 cublasZhbmv_v2:
-    leaq .Lname420(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhbmv_v2@PLT
     .size cublasZhbmv_v2, .-cublasZhbmv_v2
     .globl cublasZhemm
     .type cublasZhemm, @function
 cublasZhemm:
-    leaq .Lname421(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhemm@PLT
     .size cublasZhemm, .-cublasZhemm
     .globl cublasZhemm_v2
     .type cublasZhemm_v2, @function
 cublasZhemm_v2:
-    leaq .Lname422(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhemm_v2@PLT
     .size cublasZhemm_v2, .-cublasZhemm_v2
     .globl cublasZhemv
     .type cublasZhemv, @function
 cublasZhemv:
-    leaq .Lname423(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhemv@PLT
     .size cublasZhemv, .-cublasZhemv
     .globl cublasZhemv_v2
     .type cublasZhemv_v2, @function
 cublasZhemv_v2:
-    leaq .Lname424(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhemv_v2@PLT
     .size cublasZhemv_v2, .-cublasZhemv_v2
     .globl cublasZher
     .type cublasZher, @function
 cublasZher:
-    leaq .Lname425(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZher@PLT
     .size cublasZher, .-cublasZher
     .globl cublasZher2
     .type cublasZher2, @function
 cublasZher2:
-    leaq .Lname426(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZher2@PLT
     .size cublasZher2, .-cublasZher2
     .globl cublasZher2_v2
     .type cublasZher2_v2, @function
 cublasZher2_v2:
-    leaq .Lname427(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZher2_v2@PLT
     .size cublasZher2_v2, .-cublasZher2_v2
     .globl cublasZher2k
     .type cublasZher2k, @function
 cublasZher2k:
-    leaq .Lname428(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZher2k@PLT
     .size cublasZher2k, .-cublasZher2k
     .globl cublasZher2k_v2
     .type cublasZher2k_v2, @function
 cublasZher2k_v2:
-    leaq .Lname429(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZher2k_v2@PLT
     .size cublasZher2k_v2, .-cublasZher2k_v2
     .globl cublasZher_v2
     .type cublasZher_v2, @function
 cublasZher_v2:
-    leaq .Lname430(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZher_v2@PLT
     .size cublasZher_v2, .-cublasZher_v2
     .globl cublasZherk
     .type cublasZherk, @function
 cublasZherk:
-    leaq .Lname431(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZherk@PLT
     .size cublasZherk, .-cublasZherk
     .globl cublasZherk_v2
     .type cublasZherk_v2, @function
 cublasZherk_v2:
-    leaq .Lname432(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZherk_v2@PLT
     .size cublasZherk_v2, .-cublasZherk_v2
     .globl cublasZherkx
     .type cublasZherkx, @function
 cublasZherkx:
-    leaq .Lname433(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZherkx@PLT
     .size cublasZherkx, .-cublasZherkx
     .globl cublasZhpmv
     .type cublasZhpmv, @function
 cublasZhpmv:
-    leaq .Lname434(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpmv@PLT
     .size cublasZhpmv, .-cublasZhpmv
     .globl cublasZhpmv_v2
     .type cublasZhpmv_v2, @function
 cublasZhpmv_v2:
-    leaq .Lname435(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpmv_v2@PLT
     .size cublasZhpmv_v2, .-cublasZhpmv_v2
     .globl cublasZhpr
     .type cublasZhpr, @function
 cublasZhpr:
-    leaq .Lname436(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3645,7 +2628,7 @@ cublasZhpr:
     .globl cublasZhpr2
     .type cublasZhpr2, @function
 cublasZhpr2:
-    leaq .Lname437(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3653,7 +2636,7 @@ cublasZhpr2:
     .globl cublasZhpr2_v2
     .type cublasZhpr2_v2, @function
 cublasZhpr2_v2:
-    leaq .Lname438(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3661,7 +2644,7 @@ cublasZhpr2_v2:
     .globl cublasZhpr_v2
     .type cublasZhpr_v2, @function
 cublasZhpr_v2:
-    leaq .Lname439(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3669,7 +2652,7 @@ cublasZhpr_v2:
     .globl cublasZmatinvBatched
     .type cublasZmatinvBatched, @function
 cublasZmatinvBatched:
-    leaq .Lname440(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3677,23 +2660,17 @@ cublasZmatinvBatched:
     .globl cublasZrot
     .type cublasZrot, @function
 cublasZrot:
-    leaq .Lname441(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZrot@PLT
     .size cublasZrot, .-cublasZrot
     .globl cublasZrot_v2
     .type cublasZrot_v2, @function
 cublasZrot_v2:
-    leaq .Lname442(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZrot_v2@PLT
     .size cublasZrot_v2, .-cublasZrot_v2
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname443(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3701,271 +2678,172 @@ cublasZrotg:
     .globl cublasZrotg_v2
     .type cublasZrotg_v2, @function
 cublasZrotg_v2:
-    leaq .Lname444(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZrotg_v2@PLT
     .size cublasZrotg_v2, .-cublasZrotg_v2
     .globl cublasZscal
     .type cublasZscal, @function
 cublasZscal:
-    leaq .Lname445(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZscal@PLT
     .size cublasZscal, .-cublasZscal
     .globl cublasZscal_v2
     .type cublasZscal_v2, @function
 cublasZscal_v2:
-    leaq .Lname446(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZscal_v2@PLT
     .size cublasZscal_v2, .-cublasZscal_v2
     .globl cublasZswap
     .type cublasZswap, @function
 cublasZswap:
-    leaq .Lname447(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZswap@PLT
     .size cublasZswap, .-cublasZswap
     .globl cublasZswap_v2
     .type cublasZswap_v2, @function
 cublasZswap_v2:
-    leaq .Lname448(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZswap_v2@PLT
     .size cublasZswap_v2, .-cublasZswap_v2
     .globl cublasZsymm
     .type cublasZsymm, @function
 cublasZsymm:
-    leaq .Lname449(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsymm@PLT
     .size cublasZsymm, .-cublasZsymm
     .globl cublasZsymm_v2
     .type cublasZsymm_v2, @function
 cublasZsymm_v2:
-    leaq .Lname450(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsymm_v2@PLT
     .size cublasZsymm_v2, .-cublasZsymm_v2
     .globl cublasZsymv_v2
     .type cublasZsymv_v2, @function
 cublasZsymv_v2:
-    leaq .Lname451(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsymv_v2@PLT
     .size cublasZsymv_v2, .-cublasZsymv_v2
     .globl cublasZsyr2_v2
     .type cublasZsyr2_v2, @function
 cublasZsyr2_v2:
-    leaq .Lname452(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyr2_v2@PLT
     .size cublasZsyr2_v2, .-cublasZsyr2_v2
     .globl cublasZsyr2k
     .type cublasZsyr2k, @function
 cublasZsyr2k:
-    leaq .Lname453(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyr2k@PLT
     .size cublasZsyr2k, .-cublasZsyr2k
     .globl cublasZsyr2k_v2
     .type cublasZsyr2k_v2, @function
 cublasZsyr2k_v2:
-    leaq .Lname454(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyr2k_v2@PLT
     .size cublasZsyr2k_v2, .-cublasZsyr2k_v2
     .globl cublasZsyr_v2
     .type cublasZsyr_v2, @function
 cublasZsyr_v2:
-    leaq .Lname455(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyr_v2@PLT
     .size cublasZsyr_v2, .-cublasZsyr_v2
     .globl cublasZsyrk
     .type cublasZsyrk, @function
 cublasZsyrk:
-    leaq .Lname456(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyrk@PLT
     .size cublasZsyrk, .-cublasZsyrk
     .globl cublasZsyrk_v2
     .type cublasZsyrk_v2, @function
 cublasZsyrk_v2:
-    leaq .Lname457(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyrk_v2@PLT
     .size cublasZsyrk_v2, .-cublasZsyrk_v2
     .globl cublasZsyrkx
     .type cublasZsyrkx, @function
 cublasZsyrkx:
-    leaq .Lname458(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyrkx@PLT
     .size cublasZsyrkx, .-cublasZsyrkx
     .globl cublasZtbmv
     .type cublasZtbmv, @function
 cublasZtbmv:
-    leaq .Lname459(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtbmv@PLT
     .size cublasZtbmv, .-cublasZtbmv
     .globl cublasZtbmv_v2
     .type cublasZtbmv_v2, @function
 cublasZtbmv_v2:
-    leaq .Lname460(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtbmv_v2@PLT
     .size cublasZtbmv_v2, .-cublasZtbmv_v2
     .globl cublasZtbsv
     .type cublasZtbsv, @function
 cublasZtbsv:
-    leaq .Lname461(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtbsv@PLT
     .size cublasZtbsv, .-cublasZtbsv
     .globl cublasZtbsv_v2
     .type cublasZtbsv_v2, @function
 cublasZtbsv_v2:
-    leaq .Lname462(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtbsv_v2@PLT
     .size cublasZtbsv_v2, .-cublasZtbsv_v2
     .globl cublasZtpmv
     .type cublasZtpmv, @function
 cublasZtpmv:
-    leaq .Lname463(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtpmv@PLT
     .size cublasZtpmv, .-cublasZtpmv
     .globl cublasZtpmv_v2
     .type cublasZtpmv_v2, @function
 cublasZtpmv_v2:
-    leaq .Lname464(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtpmv_v2@PLT
     .size cublasZtpmv_v2, .-cublasZtpmv_v2
     .globl cublasZtpsv
     .type cublasZtpsv, @function
 cublasZtpsv:
-    leaq .Lname465(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtpsv@PLT
     .size cublasZtpsv, .-cublasZtpsv
     .globl cublasZtpsv_v2
     .type cublasZtpsv_v2, @function
 cublasZtpsv_v2:
-    leaq .Lname466(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtpsv_v2@PLT
     .size cublasZtpsv_v2, .-cublasZtpsv_v2
     .globl cublasZtpttr
     .type cublasZtpttr, @function
 cublasZtpttr:
-    leaq .Lname467(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtpttr@PLT
     .size cublasZtpttr, .-cublasZtpttr
     .globl cublasZtrmm
     .type cublasZtrmm, @function
 cublasZtrmm:
-    leaq .Lname468(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrmm@PLT
     .size cublasZtrmm, .-cublasZtrmm
     .globl cublasZtrmm_v2
     .type cublasZtrmm_v2, @function
 cublasZtrmm_v2:
-    leaq .Lname469(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrmm_v2@PLT
     .size cublasZtrmm_v2, .-cublasZtrmm_v2
     .globl cublasZtrmv
     .type cublasZtrmv, @function
 cublasZtrmv:
-    leaq .Lname470(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrmv@PLT
     .size cublasZtrmv, .-cublasZtrmv
     .globl cublasZtrmv_v2
     .type cublasZtrmv_v2, @function
 cublasZtrmv_v2:
-    leaq .Lname471(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrmv_v2@PLT
     .size cublasZtrmv_v2, .-cublasZtrmv_v2
     .globl cublasZtrsm
     .type cublasZtrsm, @function
 cublasZtrsm:
-    leaq .Lname472(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrsm@PLT
     .size cublasZtrsm, .-cublasZtrsm
     .globl cublasZtrsmBatched
     .type cublasZtrsmBatched, @function
 cublasZtrsmBatched:
-    leaq .Lname473(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrsmBatched@PLT
     .size cublasZtrsmBatched, .-cublasZtrsmBatched
     .globl cublasZtrsm_v2
     .type cublasZtrsm_v2, @function
 cublasZtrsm_v2:
-    leaq .Lname474(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrsm_v2@PLT
     .size cublasZtrsm_v2, .-cublasZtrsm_v2
     .globl cublasZtrsv
     .type cublasZtrsv, @function
 cublasZtrsv:
-    leaq .Lname475(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrsv@PLT
     .size cublasZtrsv, .-cublasZtrsv
     .globl cublasZtrsv_v2
     .type cublasZtrsv_v2, @function
 cublasZtrsv_v2:
-    leaq .Lname476(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrsv_v2@PLT
     .size cublasZtrsv_v2, .-cublasZtrsv_v2
     .globl cublasZtrttp
     .type cublasZtrttp, @function
 cublasZtrttp:
-    leaq .Lname477(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3976,955 +2854,207 @@ cublasZtrttp:
 .Lname1:
     .asciz "cublasAsumEx"
 .Lname2:
-    .asciz "cublasAxpyEx"
-.Lname3:
-    .asciz "cublasCaxpy"
-.Lname4:
-    .asciz "cublasCaxpy_v2"
-.Lname5:
     .asciz "cublasCbdmm"
-.Lname6:
-    .asciz "cublasCcopy"
-.Lname7:
-    .asciz "cublasCcopy_v2"
-.Lname8:
-    .asciz "cublasCdgmm"
-.Lname9:
+.Lname3:
     .asciz "cublasCdotc"
-.Lname10:
-    .asciz "cublasCdotc_v2"
-.Lname11:
+.Lname4:
     .asciz "cublasCdotu"
-.Lname12:
-    .asciz "cublasCdotu_v2"
-.Lname13:
-    .asciz "cublasCgbmv"
-.Lname14:
-    .asciz "cublasCgbmv_v2"
-.Lname15:
-    .asciz "cublasCgeam"
-.Lname16:
-    .asciz "cublasCgelsBatched"
-.Lname17:
-    .asciz "cublasCgemm"
-.Lname18:
-    .asciz "cublasCgemm3m"
-.Lname19:
-    .asciz "cublasCgemm3mBatched"
-.Lname20:
-    .asciz "cublasCgemm3mEx"
-.Lname21:
-    .asciz "cublasCgemm3mStridedBatched"
-.Lname22:
-    .asciz "cublasCgemmBatched"
-.Lname23:
-    .asciz "cublasCgemmEx"
-.Lname24:
-    .asciz "cublasCgemmStridedBatched"
-.Lname25:
-    .asciz "cublasCgemm_v2"
-.Lname26:
-    .asciz "cublasCgemv"
-.Lname27:
+.Lname5:
     .asciz "cublasCgemvBatched"
-.Lname28:
-    .asciz "cublasCgemvStridedBatched"
-.Lname29:
-    .asciz "cublasCgemv_v2"
-.Lname30:
-    .asciz "cublasCgeqrfBatched"
-.Lname31:
-    .asciz "cublasCgerc"
-.Lname32:
-    .asciz "cublasCgerc_v2"
-.Lname33:
-    .asciz "cublasCgeru"
-.Lname34:
-    .asciz "cublasCgeru_v2"
-.Lname35:
-    .asciz "cublasCgetrfBatched"
-.Lname36:
-    .asciz "cublasCgetriBatched"
-.Lname37:
-    .asciz "cublasCgetrsBatched"
-.Lname38:
-    .asciz "cublasChbmv"
-.Lname39:
-    .asciz "cublasChbmv_v2"
-.Lname40:
-    .asciz "cublasChemm"
-.Lname41:
-    .asciz "cublasChemm_v2"
-.Lname42:
-    .asciz "cublasChemv"
-.Lname43:
-    .asciz "cublasChemv_v2"
-.Lname44:
-    .asciz "cublasCher"
-.Lname45:
-    .asciz "cublasCher2"
-.Lname46:
-    .asciz "cublasCher2_v2"
-.Lname47:
-    .asciz "cublasCher2k"
-.Lname48:
-    .asciz "cublasCher2k_v2"
-.Lname49:
-    .asciz "cublasCher_v2"
-.Lname50:
-    .asciz "cublasCherk"
-.Lname51:
-    .asciz "cublasCherk3mEx"
-.Lname52:
-    .asciz "cublasCherkEx"
-.Lname53:
-    .asciz "cublasCherk_v2"
-.Lname54:
-    .asciz "cublasCherkx"
-.Lname55:
-    .asciz "cublasChpmv"
-.Lname56:
-    .asciz "cublasChpmv_v2"
-.Lname57:
+.Lname6:
     .asciz "cublasChpr"
-.Lname58:
+.Lname7:
     .asciz "cublasChpr2"
-.Lname59:
+.Lname8:
     .asciz "cublasChpr2_v2"
-.Lname60:
+.Lname9:
     .asciz "cublasChpr_v2"
-.Lname61:
+.Lname10:
     .asciz "cublasCmatinvBatched"
-.Lname62:
-    .asciz "cublasCopyEx"
-.Lname63:
-    .asciz "cublasCrot"
-.Lname64:
-    .asciz "cublasCrot_v2"
-.Lname65:
+.Lname11:
     .asciz "cublasCrotg"
-.Lname66:
-    .asciz "cublasCrotg_v2"
-.Lname67:
-    .asciz "cublasCscal"
-.Lname68:
-    .asciz "cublasCscal_v2"
-.Lname69:
-    .asciz "cublasCsrot"
-.Lname70:
-    .asciz "cublasCsrot_v2"
-.Lname71:
-    .asciz "cublasCsscal"
-.Lname72:
-    .asciz "cublasCsscal_v2"
-.Lname73:
-    .asciz "cublasCswap"
-.Lname74:
-    .asciz "cublasCswap_v2"
-.Lname75:
-    .asciz "cublasCsymm"
-.Lname76:
-    .asciz "cublasCsymm_v2"
-.Lname77:
-    .asciz "cublasCsymv_v2"
-.Lname78:
-    .asciz "cublasCsyr2_v2"
-.Lname79:
-    .asciz "cublasCsyr2k"
-.Lname80:
-    .asciz "cublasCsyr2k_v2"
-.Lname81:
-    .asciz "cublasCsyr_v2"
-.Lname82:
-    .asciz "cublasCsyrk"
-.Lname83:
-    .asciz "cublasCsyrk3mEx"
-.Lname84:
-    .asciz "cublasCsyrkEx"
-.Lname85:
-    .asciz "cublasCsyrk_v2"
-.Lname86:
-    .asciz "cublasCsyrkx"
-.Lname87:
-    .asciz "cublasCtbmv"
-.Lname88:
-    .asciz "cublasCtbmv_v2"
-.Lname89:
-    .asciz "cublasCtbsv"
-.Lname90:
-    .asciz "cublasCtbsv_v2"
-.Lname91:
-    .asciz "cublasCtpmv"
-.Lname92:
-    .asciz "cublasCtpmv_v2"
-.Lname93:
-    .asciz "cublasCtpsv"
-.Lname94:
-    .asciz "cublasCtpsv_v2"
-.Lname95:
-    .asciz "cublasCtpttr"
-.Lname96:
-    .asciz "cublasCtrmm"
-.Lname97:
-    .asciz "cublasCtrmm_v2"
-.Lname98:
-    .asciz "cublasCtrmv"
-.Lname99:
-    .asciz "cublasCtrmv_v2"
-.Lname100:
-    .asciz "cublasCtrsm"
-.Lname101:
-    .asciz "cublasCtrsmBatched"
-.Lname102:
-    .asciz "cublasCtrsm_v2"
-.Lname103:
-    .asciz "cublasCtrsv"
-.Lname104:
-    .asciz "cublasCtrsv_v2"
-.Lname105:
+.Lname12:
     .asciz "cublasCtrttp"
-.Lname106:
-    .asciz "cublasDasum"
-.Lname107:
-    .asciz "cublasDasum_v2"
-.Lname108:
-    .asciz "cublasDaxpy"
-.Lname109:
-    .asciz "cublasDaxpy_v2"
-.Lname110:
+.Lname13:
     .asciz "cublasDbdmm"
-.Lname111:
-    .asciz "cublasDcopy"
-.Lname112:
-    .asciz "cublasDcopy_v2"
-.Lname113:
-    .asciz "cublasDdgmm"
-.Lname114:
-    .asciz "cublasDdot"
-.Lname115:
-    .asciz "cublasDdot_v2"
-.Lname116:
-    .asciz "cublasDgbmv"
-.Lname117:
-    .asciz "cublasDgbmv_v2"
-.Lname118:
-    .asciz "cublasDgeam"
-.Lname119:
-    .asciz "cublasDgelsBatched"
-.Lname120:
-    .asciz "cublasDgemm"
-.Lname121:
-    .asciz "cublasDgemmBatched"
-.Lname122:
-    .asciz "cublasDgemmStridedBatched"
-.Lname123:
-    .asciz "cublasDgemm_v2"
-.Lname124:
-    .asciz "cublasDgemv"
-.Lname125:
+.Lname14:
     .asciz "cublasDgemvBatched"
-.Lname126:
-    .asciz "cublasDgemvStridedBatched"
-.Lname127:
-    .asciz "cublasDgemv_v2"
-.Lname128:
-    .asciz "cublasDgeqrfBatched"
-.Lname129:
-    .asciz "cublasDger"
-.Lname130:
-    .asciz "cublasDger_v2"
-.Lname131:
-    .asciz "cublasDgetrfBatched"
-.Lname132:
-    .asciz "cublasDgetriBatched"
-.Lname133:
-    .asciz "cublasDgetrsBatched"
-.Lname134:
+.Lname15:
     .asciz "cublasDmatinvBatched"
-.Lname135:
-    .asciz "cublasDnrm2"
-.Lname136:
-    .asciz "cublasDnrm2_v2"
-.Lname137:
+.Lname16:
     .asciz "cublasDotEx"
-.Lname138:
+.Lname17:
     .asciz "cublasDotcEx"
-.Lname139:
-    .asciz "cublasDrot"
-.Lname140:
-    .asciz "cublasDrot_v2"
-.Lname141:
+.Lname18:
     .asciz "cublasDrotg"
-.Lname142:
-    .asciz "cublasDrotg_v2"
-.Lname143:
+.Lname19:
     .asciz "cublasDrotm"
-.Lname144:
+.Lname20:
     .asciz "cublasDrotm_v2"
-.Lname145:
+.Lname21:
     .asciz "cublasDrotmg"
-.Lname146:
+.Lname22:
     .asciz "cublasDrotmg_v2"
-.Lname147:
-    .asciz "cublasDsbmv"
-.Lname148:
-    .asciz "cublasDsbmv_v2"
-.Lname149:
-    .asciz "cublasDscal"
-.Lname150:
-    .asciz "cublasDscal_v2"
-.Lname151:
+.Lname23:
     .asciz "cublasDspmv"
-.Lname152:
+.Lname24:
     .asciz "cublasDspmv_v2"
-.Lname153:
+.Lname25:
     .asciz "cublasDspr"
-.Lname154:
+.Lname26:
     .asciz "cublasDspr2"
-.Lname155:
+.Lname27:
     .asciz "cublasDspr2_v2"
-.Lname156:
+.Lname28:
     .asciz "cublasDspr_v2"
-.Lname157:
-    .asciz "cublasDswap"
-.Lname158:
-    .asciz "cublasDswap_v2"
-.Lname159:
-    .asciz "cublasDsymm"
-.Lname160:
-    .asciz "cublasDsymm_v2"
-.Lname161:
-    .asciz "cublasDsymv"
-.Lname162:
-    .asciz "cublasDsymv_v2"
-.Lname163:
-    .asciz "cublasDsyr"
-.Lname164:
-    .asciz "cublasDsyr2"
-.Lname165:
-    .asciz "cublasDsyr2_v2"
-.Lname166:
-    .asciz "cublasDsyr2k"
-.Lname167:
-    .asciz "cublasDsyr2k_v2"
-.Lname168:
-    .asciz "cublasDsyr_v2"
-.Lname169:
-    .asciz "cublasDsyrk"
-.Lname170:
-    .asciz "cublasDsyrk_v2"
-.Lname171:
-    .asciz "cublasDsyrkx"
-.Lname172:
-    .asciz "cublasDtbmv"
-.Lname173:
-    .asciz "cublasDtbmv_v2"
-.Lname174:
-    .asciz "cublasDtbsv"
-.Lname175:
-    .asciz "cublasDtbsv_v2"
-.Lname176:
+.Lname29:
     .asciz "cublasDtpmv"
-.Lname177:
+.Lname30:
     .asciz "cublasDtpmv_v2"
-.Lname178:
+.Lname31:
     .asciz "cublasDtpsv"
-.Lname179:
+.Lname32:
     .asciz "cublasDtpsv_v2"
-.Lname180:
+.Lname33:
     .asciz "cublasDtpttr"
-.Lname181:
-    .asciz "cublasDtrmm"
-.Lname182:
-    .asciz "cublasDtrmm_v2"
-.Lname183:
-    .asciz "cublasDtrmv"
-.Lname184:
-    .asciz "cublasDtrmv_v2"
-.Lname185:
-    .asciz "cublasDtrsm"
-.Lname186:
-    .asciz "cublasDtrsmBatched"
-.Lname187:
-    .asciz "cublasDtrsm_v2"
-.Lname188:
-    .asciz "cublasDtrsv"
-.Lname189:
-    .asciz "cublasDtrsv_v2"
-.Lname190:
+.Lname34:
     .asciz "cublasDtrttp"
-.Lname191:
-    .asciz "cublasDzasum_v2"
-.Lname192:
-    .asciz "cublasDznrm2_v2"
-.Lname193:
+.Lname35:
     .asciz "cublasFree"
-.Lname194:
-    .asciz "cublasGemmBatchedEx"
-.Lname195:
-    .asciz "cublasGemmEx"
-.Lname196:
-    .asciz "cublasGemmStridedBatchedEx"
-.Lname197:
-    .asciz "cublasGetAtomicsMode"
-.Lname198:
+.Lname36:
     .asciz "cublasGetBackdoor"
-.Lname199:
+.Lname37:
     .asciz "cublasGetLoggerCallback"
-.Lname200:
-    .asciz "cublasGetMathMode"
-.Lname201:
-    .asciz "cublasGetMatrix"
-.Lname202:
+.Lname38:
     .asciz "cublasGetMatrixAsync"
-.Lname203:
-    .asciz "cublasGetPointerMode_v2"
-.Lname204:
+.Lname39:
     .asciz "cublasGetProperty"
-.Lname205:
+.Lname40:
     .asciz "cublasGetSmCountTarget"
-.Lname206:
-    .asciz "cublasGetVector"
-.Lname207:
+.Lname41:
     .asciz "cublasGetVectorAsync"
-.Lname208:
+.Lname42:
     .asciz "cublasGetVersion"
-.Lname209:
+.Lname43:
     .asciz "cublasGetVersion_v2"
-.Lname210:
+.Lname44:
     .asciz "cublasHSHgemvBatched"
-.Lname211:
+.Lname45:
     .asciz "cublasHSHgemvStridedBatched"
-.Lname212:
+.Lname46:
     .asciz "cublasHSSgemvBatched"
-.Lname213:
+.Lname47:
     .asciz "cublasHSSgemvStridedBatched"
-.Lname214:
+.Lname48:
     .asciz "cublasHgemm"
-.Lname215:
+.Lname49:
     .asciz "cublasHgemmBatched"
-.Lname216:
+.Lname50:
     .asciz "cublasHgemmStridedBatched"
-.Lname217:
-    .asciz "cublasIamaxEx"
-.Lname218:
-    .asciz "cublasIaminEx"
-.Lname219:
-    .asciz "cublasIcamax_v2"
-.Lname220:
-    .asciz "cublasIcamin_v2"
-.Lname221:
-    .asciz "cublasIdamax"
-.Lname222:
-    .asciz "cublasIdamax_v2"
-.Lname223:
-    .asciz "cublasIdamin"
-.Lname224:
-    .asciz "cublasIdamin_v2"
-.Lname225:
-    .asciz "cublasIsamax"
-.Lname226:
-    .asciz "cublasIsamax_v2"
-.Lname227:
-    .asciz "cublasIsamin"
-.Lname228:
-    .asciz "cublasIsamin_v2"
-.Lname229:
-    .asciz "cublasIzamax_v2"
-.Lname230:
-    .asciz "cublasIzamin_v2"
-.Lname231:
+.Lname51:
     .asciz "cublasLoggerConfigure"
-.Lname232:
+.Lname52:
     .asciz "cublasNrm2Ex"
-.Lname233:
-    .asciz "cublasRotEx"
-.Lname234:
+.Lname53:
     .asciz "cublasRotgEx"
-.Lname235:
+.Lname54:
     .asciz "cublasRotmEx"
-.Lname236:
+.Lname55:
     .asciz "cublasRotmgEx"
-.Lname237:
-    .asciz "cublasSasum"
-.Lname238:
-    .asciz "cublasSasum_v2"
-.Lname239:
-    .asciz "cublasSaxpy"
-.Lname240:
-    .asciz "cublasSaxpy_v2"
-.Lname241:
+.Lname56:
     .asciz "cublasSbdmm"
-.Lname242:
-    .asciz "cublasScalEx"
-.Lname243:
-    .asciz "cublasScasum_v2"
-.Lname244:
-    .asciz "cublasScnrm2_v2"
-.Lname245:
-    .asciz "cublasScopy"
-.Lname246:
-    .asciz "cublasScopy_v2"
-.Lname247:
-    .asciz "cublasSdgmm"
-.Lname248:
-    .asciz "cublasSdot"
-.Lname249:
-    .asciz "cublasSdot_v2"
-.Lname250:
+.Lname57:
     .asciz "cublasSetBackdoor"
-.Lname251:
+.Lname58:
     .asciz "cublasSetBackdoorEx"
-.Lname252:
+.Lname59:
     .asciz "cublasSetLoggerCallback"
-.Lname253:
-    .asciz "cublasSetMatrix"
-.Lname254:
+.Lname60:
     .asciz "cublasSetMatrixAsync"
-.Lname255:
+.Lname61:
     .asciz "cublasSetVector"
-.Lname256:
+.Lname62:
     .asciz "cublasSetVectorAsync"
-.Lname257:
-    .asciz "cublasSetWorkspace_v2"
-.Lname258:
-    .asciz "cublasSgbmv"
-.Lname259:
-    .asciz "cublasSgbmv_v2"
-.Lname260:
-    .asciz "cublasSgeam"
-.Lname261:
-    .asciz "cublasSgelsBatched"
-.Lname262:
-    .asciz "cublasSgemm"
-.Lname263:
-    .asciz "cublasSgemmBatched"
-.Lname264:
-    .asciz "cublasSgemmEx"
-.Lname265:
-    .asciz "cublasSgemmStridedBatched"
-.Lname266:
-    .asciz "cublasSgemm_v2"
-.Lname267:
-    .asciz "cublasSgemv"
-.Lname268:
+.Lname63:
     .asciz "cublasSgemvBatched"
-.Lname269:
-    .asciz "cublasSgemvStridedBatched"
-.Lname270:
-    .asciz "cublasSgemv_v2"
-.Lname271:
-    .asciz "cublasSgeqrfBatched"
-.Lname272:
-    .asciz "cublasSger"
-.Lname273:
-    .asciz "cublasSger_v2"
-.Lname274:
-    .asciz "cublasSgetrfBatched"
-.Lname275:
-    .asciz "cublasSgetriBatched"
-.Lname276:
-    .asciz "cublasSgetrsBatched"
-.Lname277:
+.Lname64:
     .asciz "cublasSmatinvBatched"
-.Lname278:
-    .asciz "cublasSnrm2"
-.Lname279:
-    .asciz "cublasSnrm2_v2"
-.Lname280:
-    .asciz "cublasSrot"
-.Lname281:
-    .asciz "cublasSrot_v2"
-.Lname282:
+.Lname65:
     .asciz "cublasSrotg"
-.Lname283:
-    .asciz "cublasSrotg_v2"
-.Lname284:
+.Lname66:
     .asciz "cublasSrotm"
-.Lname285:
+.Lname67:
     .asciz "cublasSrotm_v2"
-.Lname286:
+.Lname68:
     .asciz "cublasSrotmg"
-.Lname287:
+.Lname69:
     .asciz "cublasSrotmg_v2"
-.Lname288:
-    .asciz "cublasSsbmv"
-.Lname289:
-    .asciz "cublasSsbmv_v2"
-.Lname290:
-    .asciz "cublasSscal"
-.Lname291:
-    .asciz "cublasSscal_v2"
-.Lname292:
+.Lname70:
     .asciz "cublasSspmv"
-.Lname293:
+.Lname71:
     .asciz "cublasSspmv_v2"
-.Lname294:
+.Lname72:
     .asciz "cublasSspr"
-.Lname295:
+.Lname73:
     .asciz "cublasSspr2"
-.Lname296:
+.Lname74:
     .asciz "cublasSspr2_v2"
-.Lname297:
+.Lname75:
     .asciz "cublasSspr_v2"
-.Lname298:
-    .asciz "cublasSswap"
-.Lname299:
-    .asciz "cublasSswap_v2"
-.Lname300:
-    .asciz "cublasSsymm"
-.Lname301:
-    .asciz "cublasSsymm_v2"
-.Lname302:
-    .asciz "cublasSsymv"
-.Lname303:
-    .asciz "cublasSsymv_v2"
-.Lname304:
-    .asciz "cublasSsyr"
-.Lname305:
-    .asciz "cublasSsyr2"
-.Lname306:
-    .asciz "cublasSsyr2_v2"
-.Lname307:
-    .asciz "cublasSsyr2k"
-.Lname308:
-    .asciz "cublasSsyr2k_v2"
-.Lname309:
-    .asciz "cublasSsyr_v2"
-.Lname310:
-    .asciz "cublasSsyrk"
-.Lname311:
-    .asciz "cublasSsyrk_v2"
-.Lname312:
-    .asciz "cublasSsyrkx"
-.Lname313:
-    .asciz "cublasStbmv"
-.Lname314:
-    .asciz "cublasStbmv_v2"
-.Lname315:
-    .asciz "cublasStbsv"
-.Lname316:
-    .asciz "cublasStbsv_v2"
-.Lname317:
+.Lname76:
     .asciz "cublasStpmv"
-.Lname318:
+.Lname77:
     .asciz "cublasStpmv_v2"
-.Lname319:
+.Lname78:
     .asciz "cublasStpsv"
-.Lname320:
+.Lname79:
     .asciz "cublasStpsv_v2"
-.Lname321:
+.Lname80:
     .asciz "cublasStpttr"
-.Lname322:
-    .asciz "cublasStrmm"
-.Lname323:
-    .asciz "cublasStrmm_v2"
-.Lname324:
-    .asciz "cublasStrmv"
-.Lname325:
-    .asciz "cublasStrmv_v2"
-.Lname326:
-    .asciz "cublasStrsm"
-.Lname327:
-    .asciz "cublasStrsmBatched"
-.Lname328:
-    .asciz "cublasStrsm_v2"
-.Lname329:
-    .asciz "cublasStrsv"
-.Lname330:
-    .asciz "cublasStrsv_v2"
-.Lname331:
+.Lname81:
     .asciz "cublasStrttp"
-.Lname332:
-    .asciz "cublasSwapEx"
-.Lname333:
+.Lname82:
     .asciz "cublasTSSgemvBatched"
-.Lname334:
+.Lname83:
     .asciz "cublasTSSgemvStridedBatched"
-.Lname335:
+.Lname84:
     .asciz "cublasTSTgemvBatched"
-.Lname336:
+.Lname85:
     .asciz "cublasTSTgemvStridedBatched"
-.Lname337:
-    .asciz "cublasUint8gemmBias"
-.Lname338:
-    .asciz "cublasXtCgemm"
-.Lname339:
-    .asciz "cublasXtChemm"
-.Lname340:
-    .asciz "cublasXtCher2k"
-.Lname341:
-    .asciz "cublasXtCherk"
-.Lname342:
-    .asciz "cublasXtCherkx"
-.Lname343:
-    .asciz "cublasXtCspmm"
-.Lname344:
-    .asciz "cublasXtCsymm"
-.Lname345:
-    .asciz "cublasXtCsyr2k"
-.Lname346:
-    .asciz "cublasXtCsyrk"
-.Lname347:
-    .asciz "cublasXtCsyrkx"
-.Lname348:
-    .asciz "cublasXtCtrmm"
-.Lname349:
-    .asciz "cublasXtCtrsm"
-.Lname350:
+.Lname86:
     .asciz "cublasXtDeviceSelect"
-.Lname351:
-    .asciz "cublasXtDgemm"
-.Lname352:
+.Lname87:
     .asciz "cublasXtDspmm"
-.Lname353:
-    .asciz "cublasXtDsymm"
-.Lname354:
-    .asciz "cublasXtDsyr2k"
-.Lname355:
-    .asciz "cublasXtDsyrk"
-.Lname356:
-    .asciz "cublasXtDsyrkx"
-.Lname357:
-    .asciz "cublasXtDtrmm"
-.Lname358:
-    .asciz "cublasXtDtrsm"
-.Lname359:
+.Lname88:
     .asciz "cublasXtGetBlockDim"
-.Lname360:
+.Lname89:
     .asciz "cublasXtGetNumBoards"
-.Lname361:
-    .asciz "cublasXtGetPinningMemMode"
-.Lname362:
+.Lname90:
     .asciz "cublasXtMaxBoards"
-.Lname363:
+.Lname91:
     .asciz "cublasXtSetCpuRoutine"
-.Lname364:
-    .asciz "cublasXtSgemm"
-.Lname365:
+.Lname92:
     .asciz "cublasXtSspmm"
-.Lname366:
-    .asciz "cublasXtSsymm"
-.Lname367:
-    .asciz "cublasXtSsyr2k"
-.Lname368:
-    .asciz "cublasXtSsyrk"
-.Lname369:
-    .asciz "cublasXtSsyrkx"
-.Lname370:
-    .asciz "cublasXtStrmm"
-.Lname371:
-    .asciz "cublasXtStrsm"
-.Lname372:
-    .asciz "cublasXtZgemm"
-.Lname373:
-    .asciz "cublasXtZhemm"
-.Lname374:
-    .asciz "cublasXtZher2k"
-.Lname375:
-    .asciz "cublasXtZherk"
-.Lname376:
-    .asciz "cublasXtZherkx"
-.Lname377:
-    .asciz "cublasXtZspmm"
-.Lname378:
-    .asciz "cublasXtZsymm"
-.Lname379:
-    .asciz "cublasXtZsyr2k"
-.Lname380:
-    .asciz "cublasXtZsyrk"
-.Lname381:
-    .asciz "cublasXtZsyrkx"
-.Lname382:
-    .asciz "cublasXtZtrmm"
-.Lname383:
-    .asciz "cublasXtZtrsm"
-.Lname384:
-    .asciz "cublasZaxpy"
-.Lname385:
-    .asciz "cublasZaxpy_v2"
-.Lname386:
+.Lname93:
     .asciz "cublasZbdmm"
-.Lname387:
-    .asciz "cublasZcopy"
-.Lname388:
-    .asciz "cublasZcopy_v2"
-.Lname389:
-    .asciz "cublasZdgmm"
-.Lname390:
+.Lname94:
     .asciz "cublasZdotc"
-.Lname391:
-    .asciz "cublasZdotc_v2"
-.Lname392:
+.Lname95:
     .asciz "cublasZdotu"
-.Lname393:
-    .asciz "cublasZdotu_v2"
-.Lname394:
-    .asciz "cublasZdrot"
-.Lname395:
-    .asciz "cublasZdrot_v2"
-.Lname396:
-    .asciz "cublasZdscal"
-.Lname397:
-    .asciz "cublasZdscal_v2"
-.Lname398:
-    .asciz "cublasZgbmv"
-.Lname399:
-    .asciz "cublasZgbmv_v2"
-.Lname400:
-    .asciz "cublasZgeam"
-.Lname401:
-    .asciz "cublasZgelsBatched"
-.Lname402:
-    .asciz "cublasZgemm"
-.Lname403:
-    .asciz "cublasZgemm3m"
-.Lname404:
-    .asciz "cublasZgemmBatched"
-.Lname405:
-    .asciz "cublasZgemmStridedBatched"
-.Lname406:
-    .asciz "cublasZgemm_v2"
-.Lname407:
-    .asciz "cublasZgemv"
-.Lname408:
+.Lname96:
     .asciz "cublasZgemvBatched"
-.Lname409:
-    .asciz "cublasZgemvStridedBatched"
-.Lname410:
-    .asciz "cublasZgemv_v2"
-.Lname411:
-    .asciz "cublasZgeqrfBatched"
-.Lname412:
-    .asciz "cublasZgerc"
-.Lname413:
-    .asciz "cublasZgerc_v2"
-.Lname414:
-    .asciz "cublasZgeru"
-.Lname415:
-    .asciz "cublasZgeru_v2"
-.Lname416:
-    .asciz "cublasZgetrfBatched"
-.Lname417:
-    .asciz "cublasZgetriBatched"
-.Lname418:
-    .asciz "cublasZgetrsBatched"
-.Lname419:
-    .asciz "cublasZhbmv"
-.Lname420:
-    .asciz "cublasZhbmv_v2"
-.Lname421:
-    .asciz "cublasZhemm"
-.Lname422:
-    .asciz "cublasZhemm_v2"
-.Lname423:
-    .asciz "cublasZhemv"
-.Lname424:
-    .asciz "cublasZhemv_v2"
-.Lname425:
-    .asciz "cublasZher"
-.Lname426:
-    .asciz "cublasZher2"
-.Lname427:
-    .asciz "cublasZher2_v2"
-.Lname428:
-    .asciz "cublasZher2k"
-.Lname429:
-    .asciz "cublasZher2k_v2"
-.Lname430:
-    .asciz "cublasZher_v2"
-.Lname431:
-    .asciz "cublasZherk"
-.Lname432:
-    .asciz "cublasZherk_v2"
-.Lname433:
-    .asciz "cublasZherkx"
-.Lname434:
-    .asciz "cublasZhpmv"
-.Lname435:
-    .asciz "cublasZhpmv_v2"
-.Lname436:
+.Lname97:
     .asciz "cublasZhpr"
-.Lname437:
+.Lname98:
     .asciz "cublasZhpr2"
-.Lname438:
+.Lname99:
     .asciz "cublasZhpr2_v2"
-.Lname439:
+.Lname100:
     .asciz "cublasZhpr_v2"
-.Lname440:
+.Lname101:
     .asciz "cublasZmatinvBatched"
-.Lname441:
-    .asciz "cublasZrot"
-.Lname442:
-    .asciz "cublasZrot_v2"
-.Lname443:
+.Lname102:
     .asciz "cublasZrotg"
-.Lname444:
-    .asciz "cublasZrotg_v2"
-.Lname445:
-    .asciz "cublasZscal"
-.Lname446:
-    .asciz "cublasZscal_v2"
-.Lname447:
-    .asciz "cublasZswap"
-.Lname448:
-    .asciz "cublasZswap_v2"
-.Lname449:
-    .asciz "cublasZsymm"
-.Lname450:
-    .asciz "cublasZsymm_v2"
-.Lname451:
-    .asciz "cublasZsymv_v2"
-.Lname452:
-    .asciz "cublasZsyr2_v2"
-.Lname453:
-    .asciz "cublasZsyr2k"
-.Lname454:
-    .asciz "cublasZsyr2k_v2"
-.Lname455:
-    .asciz "cublasZsyr_v2"
-.Lname456:
-    .asciz "cublasZsyrk"
-.Lname457:
-    .asciz "cublasZsyrk_v2"
-.Lname458:
-    .asciz "cublasZsyrkx"
-.Lname459:
-    .asciz "cublasZtbmv"
-.Lname460:
-    .asciz "cublasZtbmv_v2"
-.Lname461:
-    .asciz "cublasZtbsv"
-.Lname462:
-    .asciz "cublasZtbsv_v2"
-.Lname463:
-    .asciz "cublasZtpmv"
-.Lname464:
-    .asciz "cublasZtpmv_v2"
-.Lname465:
-    .asciz "cublasZtpsv"
-.Lname466:
-    .asciz "cublasZtpsv_v2"
-.Lname467:
-    .asciz "cublasZtpttr"
-.Lname468:
-    .asciz "cublasZtrmm"
-.Lname469:
-    .asciz "cublasZtrmm_v2"
-.Lname470:
-    .asciz "cublasZtrmv"
-.Lname471:
-    .asciz "cublasZtrmv_v2"
-.Lname472:
-    .asciz "cublasZtrsm"
-.Lname473:
-    .asciz "cublasZtrsmBatched"
-.Lname474:
-    .asciz "cublasZtrsm_v2"
-.Lname475:
-    .asciz "cublasZtrsv"
-.Lname476:
-    .asciz "cublasZtrsv_v2"
-.Lname477:
+.Lname103:
     .asciz "cublasZtrttp"
     .section .note.GNU-stack,"",@progbits

@@ -28,47 +28,32 @@ cublasAsumEx_64:
     .globl cublasAxpyEx
     .type cublasAxpyEx, @function
 cublasAxpyEx:
-    leaq .Lname3(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasAxpyEx@PLT
     .size cublasAxpyEx, .-cublasAxpyEx
     .globl cublasAxpyEx_64
     .type cublasAxpyEx_64, @function
 cublasAxpyEx_64:
-    leaq .Lname4(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasAxpyEx_64@PLT
     .size cublasAxpyEx_64, .-cublasAxpyEx_64
     .globl cublasCaxpy
     .type cublasCaxpy, @function
 cublasCaxpy:
-    leaq .Lname5(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCaxpy@PLT
     .size cublasCaxpy, .-cublasCaxpy
     .globl cublasCaxpy_v2
     .type cublasCaxpy_v2, @function
 cublasCaxpy_v2:
-    leaq .Lname6(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCaxpy_v2@PLT
     .size cublasCaxpy_v2, .-cublasCaxpy_v2
     .globl cublasCaxpy_v2_64
     .type cublasCaxpy_v2_64, @function
 cublasCaxpy_v2_64:
-    leaq .Lname7(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCaxpy_v2_64@PLT
     .size cublasCaxpy_v2_64, .-cublasCaxpy_v2_64
     .globl cublasCbdmm
     .type cublasCbdmm, @function
 cublasCbdmm:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -76,47 +61,32 @@ cublasCbdmm:
     .globl cublasCcopy
     .type cublasCcopy, @function
 cublasCcopy:
-    leaq .Lname9(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCcopy@PLT
     .size cublasCcopy, .-cublasCcopy
     .globl cublasCcopy_v2
     .type cublasCcopy_v2, @function
 cublasCcopy_v2:
-    leaq .Lname10(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCcopy_v2@PLT
     .size cublasCcopy_v2, .-cublasCcopy_v2
     .globl cublasCcopy_v2_64
     .type cublasCcopy_v2_64, @function
 cublasCcopy_v2_64:
-    leaq .Lname11(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCcopy_v2_64@PLT
     .size cublasCcopy_v2_64, .-cublasCcopy_v2_64
     .globl cublasCdgmm
     .type cublasCdgmm, @function
 cublasCdgmm:
-    leaq .Lname12(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCdgmm@PLT
     .size cublasCdgmm, .-cublasCdgmm
     .globl cublasCdgmm_64
     .type cublasCdgmm_64, @function
 cublasCdgmm_64:
-    leaq .Lname13(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCdgmm_64@PLT
     .size cublasCdgmm_64, .-cublasCdgmm_64
     .globl cublasCdotc
     .type cublasCdotc, @function
 cublasCdotc:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -124,23 +94,17 @@ cublasCdotc:
     .globl cublasCdotc_v2
     .type cublasCdotc_v2, @function
 cublasCdotc_v2:
-    leaq .Lname15(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCdotc_v2@PLT
     .size cublasCdotc_v2, .-cublasCdotc_v2
     .globl cublasCdotc_v2_64
     .type cublasCdotc_v2_64, @function
 cublasCdotc_v2_64:
-    leaq .Lname16(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCdotc_v2_64@PLT
     .size cublasCdotc_v2_64, .-cublasCdotc_v2_64
     .globl cublasCdotu
     .type cublasCdotu, @function
 cublasCdotu:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -148,215 +112,137 @@ cublasCdotu:
     .globl cublasCdotu_v2
     .type cublasCdotu_v2, @function
 cublasCdotu_v2:
-    leaq .Lname18(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCdotu_v2@PLT
     .size cublasCdotu_v2, .-cublasCdotu_v2
     .globl cublasCdotu_v2_64
     .type cublasCdotu_v2_64, @function
 cublasCdotu_v2_64:
-    leaq .Lname19(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCdotu_v2_64@PLT
     .size cublasCdotu_v2_64, .-cublasCdotu_v2_64
     .globl cublasCgbmv
     .type cublasCgbmv, @function
 cublasCgbmv:
-    leaq .Lname20(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgbmv@PLT
     .size cublasCgbmv, .-cublasCgbmv
     .globl cublasCgbmv_v2
     .type cublasCgbmv_v2, @function
 cublasCgbmv_v2:
-    leaq .Lname21(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgbmv_v2@PLT
     .size cublasCgbmv_v2, .-cublasCgbmv_v2
     .globl cublasCgbmv_v2_64
     .type cublasCgbmv_v2_64, @function
 cublasCgbmv_v2_64:
-    leaq .Lname22(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgbmv_v2_64@PLT
     .size cublasCgbmv_v2_64, .-cublasCgbmv_v2_64
     .globl cublasCgeam
     .type cublasCgeam, @function
 cublasCgeam:
-    leaq .Lname23(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgeam@PLT
     .size cublasCgeam, .-cublasCgeam
     .globl cublasCgeam_64
     .type cublasCgeam_64, @function
 cublasCgeam_64:
-    leaq .Lname24(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgeam_64@PLT
     .size cublasCgeam_64, .-cublasCgeam_64
     .globl cublasCgelsBatched
     .type cublasCgelsBatched, @function
 cublasCgelsBatched:
-    leaq .Lname25(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgelsBatched@PLT
     .size cublasCgelsBatched, .-cublasCgelsBatched
     .globl cublasCgemm
     .type cublasCgemm, @function
 cublasCgemm:
-    leaq .Lname26(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemm@PLT
     .size cublasCgemm, .-cublasCgemm
     .globl cublasCgemm3m
     .type cublasCgemm3m, @function
 cublasCgemm3m:
-    leaq .Lname27(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemm3m@PLT
     .size cublasCgemm3m, .-cublasCgemm3m
     .globl cublasCgemm3mBatched
     .type cublasCgemm3mBatched, @function
 cublasCgemm3mBatched:
-    leaq .Lname28(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemm3mBatched@PLT
     .size cublasCgemm3mBatched, .-cublasCgemm3mBatched
     .globl cublasCgemm3mBatched_64
     .type cublasCgemm3mBatched_64, @function
 cublasCgemm3mBatched_64:
-    leaq .Lname29(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemm3mBatched_64@PLT
     .size cublasCgemm3mBatched_64, .-cublasCgemm3mBatched_64
     .globl cublasCgemm3mEx
     .type cublasCgemm3mEx, @function
 cublasCgemm3mEx:
-    leaq .Lname30(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemm3mEx@PLT
     .size cublasCgemm3mEx, .-cublasCgemm3mEx
     .globl cublasCgemm3mEx_64
     .type cublasCgemm3mEx_64, @function
 cublasCgemm3mEx_64:
-    leaq .Lname31(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemm3mEx_64@PLT
     .size cublasCgemm3mEx_64, .-cublasCgemm3mEx_64
     .globl cublasCgemm3mStridedBatched
     .type cublasCgemm3mStridedBatched, @function
 cublasCgemm3mStridedBatched:
-    leaq .Lname32(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemm3mStridedBatched@PLT
     .size cublasCgemm3mStridedBatched, .-cublasCgemm3mStridedBatched
     .globl cublasCgemm3mStridedBatched_64
     .type cublasCgemm3mStridedBatched_64, @function
 cublasCgemm3mStridedBatched_64:
-    leaq .Lname33(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemm3mStridedBatched_64@PLT
     .size cublasCgemm3mStridedBatched_64, .-cublasCgemm3mStridedBatched_64
     .globl cublasCgemm3m_64
     .type cublasCgemm3m_64, @function
 cublasCgemm3m_64:
-    leaq .Lname34(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemm3m_64@PLT
     .size cublasCgemm3m_64, .-cublasCgemm3m_64
     .globl cublasCgemmBatched
     .type cublasCgemmBatched, @function
 cublasCgemmBatched:
-    leaq .Lname35(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemmBatched@PLT
     .size cublasCgemmBatched, .-cublasCgemmBatched
     .globl cublasCgemmBatched_64
     .type cublasCgemmBatched_64, @function
 cublasCgemmBatched_64:
-    leaq .Lname36(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemmBatched_64@PLT
     .size cublasCgemmBatched_64, .-cublasCgemmBatched_64
     .globl cublasCgemmEx
     .type cublasCgemmEx, @function
 cublasCgemmEx:
-    leaq .Lname37(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemmEx@PLT
     .size cublasCgemmEx, .-cublasCgemmEx
     .globl cublasCgemmEx_64
     .type cublasCgemmEx_64, @function
 cublasCgemmEx_64:
-    leaq .Lname38(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemmEx_64@PLT
     .size cublasCgemmEx_64, .-cublasCgemmEx_64
     .globl cublasCgemmStridedBatched
     .type cublasCgemmStridedBatched, @function
 cublasCgemmStridedBatched:
-    leaq .Lname39(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemmStridedBatched@PLT
     .size cublasCgemmStridedBatched, .-cublasCgemmStridedBatched
     .globl cublasCgemmStridedBatched_64
     .type cublasCgemmStridedBatched_64, @function
 cublasCgemmStridedBatched_64:
-    leaq .Lname40(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemmStridedBatched_64@PLT
     .size cublasCgemmStridedBatched_64, .-cublasCgemmStridedBatched_64
     .globl cublasCgemm_v2
     .type cublasCgemm_v2, @function
 cublasCgemm_v2:
-    leaq .Lname41(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemm_v2@PLT
     .size cublasCgemm_v2, .-cublasCgemm_v2
     .globl cublasCgemm_v2_64
     .type cublasCgemm_v2_64, @function
 cublasCgemm_v2_64:
-    leaq .Lname42(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemm_v2_64@PLT
     .size cublasCgemm_v2_64, .-cublasCgemm_v2_64
     .globl cublasCgemv
     .type cublasCgemv, @function
 cublasCgemv:
-    leaq .Lname43(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemv@PLT
     .size cublasCgemv, .-cublasCgemv
     .globl cublasCgemvBatched
     .type cublasCgemvBatched, @function
 cublasCgemvBatched:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -364,7 +250,7 @@ cublasCgemvBatched:
     .globl cublasCgemvBatched_64
     .type cublasCgemvBatched_64, @function
 cublasCgemvBatched_64:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -372,359 +258,227 @@ cublasCgemvBatched_64:
     .globl cublasCgemvStridedBatched
     .type cublasCgemvStridedBatched, @function
 cublasCgemvStridedBatched:
-    leaq .Lname46(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemvStridedBatched@PLT
     .size cublasCgemvStridedBatched, .-cublasCgemvStridedBatched
     .globl cublasCgemvStridedBatched_64
     .type cublasCgemvStridedBatched_64, @function
 cublasCgemvStridedBatched_64:
-    leaq .Lname47(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemvStridedBatched_64@PLT
     .size cublasCgemvStridedBatched_64, .-cublasCgemvStridedBatched_64
     .globl cublasCgemv_v2
     .type cublasCgemv_v2, @function
 cublasCgemv_v2:
-    leaq .Lname48(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemv_v2@PLT
     .size cublasCgemv_v2, .-cublasCgemv_v2
     .globl cublasCgemv_v2_64
     .type cublasCgemv_v2_64, @function
 cublasCgemv_v2_64:
-    leaq .Lname49(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgemv_v2_64@PLT
     .size cublasCgemv_v2_64, .-cublasCgemv_v2_64
     .globl cublasCgeqrfBatched
     .type cublasCgeqrfBatched, @function
 cublasCgeqrfBatched:
-    leaq .Lname50(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgeqrfBatched@PLT
     .size cublasCgeqrfBatched, .-cublasCgeqrfBatched
     .globl cublasCgerc
     .type cublasCgerc, @function
 cublasCgerc:
-    leaq .Lname51(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgerc@PLT
     .size cublasCgerc, .-cublasCgerc
     .globl cublasCgerc_v2
     .type cublasCgerc_v2, @function
 cublasCgerc_v2:
-    leaq .Lname52(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgerc_v2@PLT
     .size cublasCgerc_v2, .-cublasCgerc_v2
     .globl cublasCgerc_v2_64
     .type cublasCgerc_v2_64, @function
 cublasCgerc_v2_64:
-    leaq .Lname53(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgerc_v2_64@PLT
     .size cublasCgerc_v2_64, .-cublasCgerc_v2_64
     .globl cublasCgeru
     .type cublasCgeru, @function
 cublasCgeru:
-    leaq .Lname54(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgeru@PLT
     .size cublasCgeru, .-cublasCgeru
     .globl cublasCgeru_v2
     .type cublasCgeru_v2, @function
 cublasCgeru_v2:
-    leaq .Lname55(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgeru_v2@PLT
     .size cublasCgeru_v2, .-cublasCgeru_v2
     .globl cublasCgeru_v2_64
     .type cublasCgeru_v2_64, @function
 cublasCgeru_v2_64:
-    leaq .Lname56(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgeru_v2_64@PLT
     .size cublasCgeru_v2_64, .-cublasCgeru_v2_64
     .globl cublasCgetrfBatched
     .type cublasCgetrfBatched, @function
 cublasCgetrfBatched:
-    leaq .Lname57(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgetrfBatched@PLT
     .size cublasCgetrfBatched, .-cublasCgetrfBatched
     .globl cublasCgetriBatched
     .type cublasCgetriBatched, @function
 cublasCgetriBatched:
-    leaq .Lname58(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgetriBatched@PLT
     .size cublasCgetriBatched, .-cublasCgetriBatched
     .globl cublasCgetrsBatched
     .type cublasCgetrsBatched, @function
 cublasCgetrsBatched:
-    leaq .Lname59(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCgetrsBatched@PLT
     .size cublasCgetrsBatched, .-cublasCgetrsBatched
     .globl cublasChbmv
     .type cublasChbmv, @function
 cublasChbmv:
-    leaq .Lname60(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChbmv@PLT
     .size cublasChbmv, .-cublasChbmv
     .globl cublasChbmv_v2
     .type cublasChbmv_v2, @function
 cublasChbmv_v2:
-    leaq .Lname61(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChbmv_v2@PLT
     .size cublasChbmv_v2, .-cublasChbmv_v2
     .globl cublasChbmv_v2_64
     .type cublasChbmv_v2_64, @function
 cublasChbmv_v2_64:
-    leaq .Lname62(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChbmv_v2_64@PLT
     .size cublasChbmv_v2_64, .-cublasChbmv_v2_64
     .globl cublasChemm
     .type cublasChemm, @function
 cublasChemm:
-    leaq .Lname63(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChemm@PLT
     .size cublasChemm, .-cublasChemm
     .globl cublasChemm_v2
     .type cublasChemm_v2, @function
 cublasChemm_v2:
-    leaq .Lname64(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChemm_v2@PLT
     .size cublasChemm_v2, .-cublasChemm_v2
     .globl cublasChemm_v2_64
     .type cublasChemm_v2_64, @function
 cublasChemm_v2_64:
-    leaq .Lname65(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChemm_v2_64@PLT
     .size cublasChemm_v2_64, .-cublasChemm_v2_64
     .globl cublasChemv
     .type cublasChemv, @function
 cublasChemv:
-    leaq .Lname66(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChemv@PLT
     .size cublasChemv, .-cublasChemv
     .globl cublasChemv_v2
     .type cublasChemv_v2, @function
 cublasChemv_v2:
-    leaq .Lname67(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChemv_v2@PLT
     .size cublasChemv_v2, .-cublasChemv_v2
     .globl cublasChemv_v2_64
     .type cublasChemv_v2_64, @function
 cublasChemv_v2_64:
-    leaq .Lname68(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChemv_v2_64@PLT
     .size cublasChemv_v2_64, .-cublasChemv_v2_64
     .globl cublasCher
     .type cublasCher, @function
 cublasCher:
-    leaq .Lname69(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCher@PLT
     .size cublasCher, .-cublasCher
     .globl cublasCher2
     .type cublasCher2, @function
 cublasCher2:
-    leaq .Lname70(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCher2@PLT
     .size cublasCher2, .-cublasCher2
     .globl cublasCher2_v2
     .type cublasCher2_v2, @function
 cublasCher2_v2:
-    leaq .Lname71(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCher2_v2@PLT
     .size cublasCher2_v2, .-cublasCher2_v2
     .globl cublasCher2_v2_64
     .type cublasCher2_v2_64, @function
 cublasCher2_v2_64:
-    leaq .Lname72(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCher2_v2_64@PLT
     .size cublasCher2_v2_64, .-cublasCher2_v2_64
     .globl cublasCher2k
     .type cublasCher2k, @function
 cublasCher2k:
-    leaq .Lname73(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCher2k@PLT
     .size cublasCher2k, .-cublasCher2k
     .globl cublasCher2k_v2
     .type cublasCher2k_v2, @function
 cublasCher2k_v2:
-    leaq .Lname74(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCher2k_v2@PLT
     .size cublasCher2k_v2, .-cublasCher2k_v2
     .globl cublasCher2k_v2_64
     .type cublasCher2k_v2_64, @function
 cublasCher2k_v2_64:
-    leaq .Lname75(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCher2k_v2_64@PLT
     .size cublasCher2k_v2_64, .-cublasCher2k_v2_64
     .globl cublasCher_v2
     .type cublasCher_v2, @function
 cublasCher_v2:
-    leaq .Lname76(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCher_v2@PLT
     .size cublasCher_v2, .-cublasCher_v2
     .globl cublasCher_v2_64
     .type cublasCher_v2_64, @function
 cublasCher_v2_64:
-    leaq .Lname77(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCher_v2_64@PLT
     .size cublasCher_v2_64, .-cublasCher_v2_64
     .globl cublasCherk
     .type cublasCherk, @function
 cublasCherk:
-    leaq .Lname78(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCherk@PLT
     .size cublasCherk, .-cublasCherk
     .globl cublasCherk3mEx
     .type cublasCherk3mEx, @function
 cublasCherk3mEx:
-    leaq .Lname79(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCherk3mEx@PLT
     .size cublasCherk3mEx, .-cublasCherk3mEx
     .globl cublasCherk3mEx_64
     .type cublasCherk3mEx_64, @function
 cublasCherk3mEx_64:
-    leaq .Lname80(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCherk3mEx_64@PLT
     .size cublasCherk3mEx_64, .-cublasCherk3mEx_64
     .globl cublasCherkEx
     .type cublasCherkEx, @function
 cublasCherkEx:
-    leaq .Lname81(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCherkEx@PLT
     .size cublasCherkEx, .-cublasCherkEx
     .globl cublasCherkEx_64
     .type cublasCherkEx_64, @function
 cublasCherkEx_64:
-    leaq .Lname82(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCherkEx_64@PLT
     .size cublasCherkEx_64, .-cublasCherkEx_64
     .globl cublasCherk_v2
     .type cublasCherk_v2, @function
 cublasCherk_v2:
-    leaq .Lname83(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCherk_v2@PLT
     .size cublasCherk_v2, .-cublasCherk_v2
     .globl cublasCherk_v2_64
     .type cublasCherk_v2_64, @function
 cublasCherk_v2_64:
-    leaq .Lname84(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCherk_v2_64@PLT
     .size cublasCherk_v2_64, .-cublasCherk_v2_64
     .globl cublasCherkx
     .type cublasCherkx, @function
 cublasCherkx:
-    leaq .Lname85(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCherkx@PLT
     .size cublasCherkx, .-cublasCherkx
     .globl cublasCherkx_64
     .type cublasCherkx_64, @function
 cublasCherkx_64:
-    leaq .Lname86(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCherkx_64@PLT
     .size cublasCherkx_64, .-cublasCherkx_64
     .globl cublasChpmv
     .type cublasChpmv, @function
 cublasChpmv:
-    leaq .Lname87(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpmv@PLT
     .size cublasChpmv, .-cublasChpmv
     .globl cublasChpmv_v2
     .type cublasChpmv_v2, @function
 cublasChpmv_v2:
-    leaq .Lname88(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpmv_v2@PLT
     .size cublasChpmv_v2, .-cublasChpmv_v2
     .globl cublasChpmv_v2_64
     .type cublasChpmv_v2_64, @function
 cublasChpmv_v2_64:
-    leaq .Lname89(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasChpmv_v2_64@PLT
     .size cublasChpmv_v2_64, .-cublasChpmv_v2_64
     .globl cublasChpr
     .type cublasChpr, @function
 cublasChpr:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -732,7 +486,7 @@ cublasChpr:
     .globl cublasChpr2
     .type cublasChpr2, @function
 cublasChpr2:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -740,7 +494,7 @@ cublasChpr2:
     .globl cublasChpr2_v2
     .type cublasChpr2_v2, @function
 cublasChpr2_v2:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -748,7 +502,7 @@ cublasChpr2_v2:
     .globl cublasChpr2_v2_64
     .type cublasChpr2_v2_64, @function
 cublasChpr2_v2_64:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -756,7 +510,7 @@ cublasChpr2_v2_64:
     .globl cublasChpr_v2
     .type cublasChpr_v2, @function
 cublasChpr_v2:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -764,7 +518,7 @@ cublasChpr_v2:
     .globl cublasChpr_v2_64
     .type cublasChpr_v2_64, @function
 cublasChpr_v2_64:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -772,7 +526,7 @@ cublasChpr_v2_64:
     .globl cublasCmatinvBatched
     .type cublasCmatinvBatched, @function
 cublasCmatinvBatched:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -780,18 +534,12 @@ cublasCmatinvBatched:
     .globl cublasCopyEx
     .type cublasCopyEx, @function
 cublasCopyEx:
-    leaq .Lname97(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCopyEx@PLT
     .size cublasCopyEx, .-cublasCopyEx
     .globl cublasCopyEx_64
     .type cublasCopyEx_64, @function
 cublasCopyEx_64:
-    leaq .Lname98(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCopyEx_64@PLT
     .size cublasCopyEx_64, .-cublasCopyEx_64
     .globl cublasCreate_v2
     .type cublasCreate_v2, @function
@@ -801,31 +549,22 @@ cublasCreate_v2:
     .globl cublasCrot
     .type cublasCrot, @function
 cublasCrot:
-    leaq .Lname99(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCrot@PLT
     .size cublasCrot, .-cublasCrot
     .globl cublasCrot_v2
     .type cublasCrot_v2, @function
 cublasCrot_v2:
-    leaq .Lname100(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCrot_v2@PLT
     .size cublasCrot_v2, .-cublasCrot_v2
     .globl cublasCrot_v2_64
     .type cublasCrot_v2_64, @function
 cublasCrot_v2_64:
-    leaq .Lname101(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCrot_v2_64@PLT
     .size cublasCrot_v2_64, .-cublasCrot_v2_64
     .globl cublasCrotg
     .type cublasCrotg, @function
 cublasCrotg:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -833,495 +572,312 @@ cublasCrotg:
     .globl cublasCrotg_v2
     .type cublasCrotg_v2, @function
 cublasCrotg_v2:
-    leaq .Lname103(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCrotg_v2@PLT
     .size cublasCrotg_v2, .-cublasCrotg_v2
     .globl cublasCscal
     .type cublasCscal, @function
 cublasCscal:
-    leaq .Lname104(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCscal@PLT
     .size cublasCscal, .-cublasCscal
     .globl cublasCscal_v2
     .type cublasCscal_v2, @function
 cublasCscal_v2:
-    leaq .Lname105(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCscal_v2@PLT
     .size cublasCscal_v2, .-cublasCscal_v2
     .globl cublasCscal_v2_64
     .type cublasCscal_v2_64, @function
 cublasCscal_v2_64:
-    leaq .Lname106(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCscal_v2_64@PLT
     .size cublasCscal_v2_64, .-cublasCscal_v2_64
     .globl cublasCsrot
     .type cublasCsrot, @function
 cublasCsrot:
-    leaq .Lname107(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsrot@PLT
     .size cublasCsrot, .-cublasCsrot
     .globl cublasCsrot_v2
     .type cublasCsrot_v2, @function
 cublasCsrot_v2:
-    leaq .Lname108(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsrot_v2@PLT
     .size cublasCsrot_v2, .-cublasCsrot_v2
     .globl cublasCsrot_v2_64
     .type cublasCsrot_v2_64, @function
 cublasCsrot_v2_64:
-    leaq .Lname109(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsrot_v2_64@PLT
     .size cublasCsrot_v2_64, .-cublasCsrot_v2_64
     .globl cublasCsscal
     .type cublasCsscal, @function
 cublasCsscal:
-    leaq .Lname110(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsscal@PLT
     .size cublasCsscal, .-cublasCsscal
     .globl cublasCsscal_v2
     .type cublasCsscal_v2, @function
 cublasCsscal_v2:
-    leaq .Lname111(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsscal_v2@PLT
     .size cublasCsscal_v2, .-cublasCsscal_v2
     .globl cublasCsscal_v2_64
     .type cublasCsscal_v2_64, @function
 cublasCsscal_v2_64:
-    leaq .Lname112(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsscal_v2_64@PLT
     .size cublasCsscal_v2_64, .-cublasCsscal_v2_64
     .globl cublasCswap
     .type cublasCswap, @function
 cublasCswap:
-    leaq .Lname113(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCswap@PLT
     .size cublasCswap, .-cublasCswap
     .globl cublasCswap_v2
     .type cublasCswap_v2, @function
 cublasCswap_v2:
-    leaq .Lname114(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCswap_v2@PLT
     .size cublasCswap_v2, .-cublasCswap_v2
     .globl cublasCswap_v2_64
     .type cublasCswap_v2_64, @function
 cublasCswap_v2_64:
-    leaq .Lname115(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCswap_v2_64@PLT
     .size cublasCswap_v2_64, .-cublasCswap_v2_64
     .globl cublasCsymm
     .type cublasCsymm, @function
 cublasCsymm:
-    leaq .Lname116(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsymm@PLT
     .size cublasCsymm, .-cublasCsymm
     .globl cublasCsymm_v2
     .type cublasCsymm_v2, @function
 cublasCsymm_v2:
-    leaq .Lname117(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsymm_v2@PLT
     .size cublasCsymm_v2, .-cublasCsymm_v2
     .globl cublasCsymm_v2_64
     .type cublasCsymm_v2_64, @function
 cublasCsymm_v2_64:
-    leaq .Lname118(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsymm_v2_64@PLT
     .size cublasCsymm_v2_64, .-cublasCsymm_v2_64
     .globl cublasCsymv_v2
     .type cublasCsymv_v2, @function
 cublasCsymv_v2:
-    leaq .Lname119(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsymv_v2@PLT
     .size cublasCsymv_v2, .-cublasCsymv_v2
     .globl cublasCsymv_v2_64
     .type cublasCsymv_v2_64, @function
 cublasCsymv_v2_64:
-    leaq .Lname120(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsymv_v2_64@PLT
     .size cublasCsymv_v2_64, .-cublasCsymv_v2_64
     .globl cublasCsyr2_v2
     .type cublasCsyr2_v2, @function
 cublasCsyr2_v2:
-    leaq .Lname121(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyr2_v2@PLT
     .size cublasCsyr2_v2, .-cublasCsyr2_v2
     .globl cublasCsyr2_v2_64
     .type cublasCsyr2_v2_64, @function
 cublasCsyr2_v2_64:
-    leaq .Lname122(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyr2_v2_64@PLT
     .size cublasCsyr2_v2_64, .-cublasCsyr2_v2_64
     .globl cublasCsyr2k
     .type cublasCsyr2k, @function
 cublasCsyr2k:
-    leaq .Lname123(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyr2k@PLT
     .size cublasCsyr2k, .-cublasCsyr2k
     .globl cublasCsyr2k_v2
     .type cublasCsyr2k_v2, @function
 cublasCsyr2k_v2:
-    leaq .Lname124(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyr2k_v2@PLT
     .size cublasCsyr2k_v2, .-cublasCsyr2k_v2
     .globl cublasCsyr2k_v2_64
     .type cublasCsyr2k_v2_64, @function
 cublasCsyr2k_v2_64:
-    leaq .Lname125(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyr2k_v2_64@PLT
     .size cublasCsyr2k_v2_64, .-cublasCsyr2k_v2_64
     .globl cublasCsyr_v2
     .type cublasCsyr_v2, @function
 cublasCsyr_v2:
-    leaq .Lname126(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyr_v2@PLT
     .size cublasCsyr_v2, .-cublasCsyr_v2
     .globl cublasCsyr_v2_64
     .type cublasCsyr_v2_64, @function
 cublasCsyr_v2_64:
-    leaq .Lname127(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyr_v2_64@PLT
     .size cublasCsyr_v2_64, .-cublasCsyr_v2_64
     .globl cublasCsyrk
     .type cublasCsyrk, @function
 cublasCsyrk:
-    leaq .Lname128(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyrk@PLT
     .size cublasCsyrk, .-cublasCsyrk
     .globl cublasCsyrk3mEx
     .type cublasCsyrk3mEx, @function
 cublasCsyrk3mEx:
-    leaq .Lname129(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyrk3mEx@PLT
     .size cublasCsyrk3mEx, .-cublasCsyrk3mEx
     .globl cublasCsyrk3mEx_64
     .type cublasCsyrk3mEx_64, @function
 cublasCsyrk3mEx_64:
-    leaq .Lname130(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyrk3mEx_64@PLT
     .size cublasCsyrk3mEx_64, .-cublasCsyrk3mEx_64
     .globl cublasCsyrkEx
     .type cublasCsyrkEx, @function
 cublasCsyrkEx:
-    leaq .Lname131(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyrkEx@PLT
     .size cublasCsyrkEx, .-cublasCsyrkEx
     .globl cublasCsyrkEx_64
     .type cublasCsyrkEx_64, @function
 cublasCsyrkEx_64:
-    leaq .Lname132(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyrkEx_64@PLT
     .size cublasCsyrkEx_64, .-cublasCsyrkEx_64
     .globl cublasCsyrk_v2
     .type cublasCsyrk_v2, @function
 cublasCsyrk_v2:
-    leaq .Lname133(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyrk_v2@PLT
     .size cublasCsyrk_v2, .-cublasCsyrk_v2
     .globl cublasCsyrk_v2_64
     .type cublasCsyrk_v2_64, @function
 cublasCsyrk_v2_64:
-    leaq .Lname134(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyrk_v2_64@PLT
     .size cublasCsyrk_v2_64, .-cublasCsyrk_v2_64
     .globl cublasCsyrkx
     .type cublasCsyrkx, @function
 cublasCsyrkx:
-    leaq .Lname135(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyrkx@PLT
     .size cublasCsyrkx, .-cublasCsyrkx
     .globl cublasCsyrkx_64
     .type cublasCsyrkx_64, @function
 cublasCsyrkx_64:
-    leaq .Lname136(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCsyrkx_64@PLT
     .size cublasCsyrkx_64, .-cublasCsyrkx_64
     .globl cublasCtbmv
     .type cublasCtbmv, @function
 cublasCtbmv:
-    leaq .Lname137(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtbmv@PLT
     .size cublasCtbmv, .-cublasCtbmv
     .globl cublasCtbmv_v2
     .type cublasCtbmv_v2, @function
 cublasCtbmv_v2:
-    leaq .Lname138(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtbmv_v2@PLT
     .size cublasCtbmv_v2, .-cublasCtbmv_v2
     .globl cublasCtbmv_v2_64
     .type cublasCtbmv_v2_64, @function
 cublasCtbmv_v2_64:
-    leaq .Lname139(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtbmv_v2_64@PLT
     .size cublasCtbmv_v2_64, .-cublasCtbmv_v2_64
     .globl cublasCtbsv
     .type cublasCtbsv, @function
 cublasCtbsv:
-    leaq .Lname140(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtbsv@PLT
     .size cublasCtbsv, .-cublasCtbsv
     .globl cublasCtbsv_v2
     .type cublasCtbsv_v2, @function
 cublasCtbsv_v2:
-    leaq .Lname141(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtbsv_v2@PLT
     .size cublasCtbsv_v2, .-cublasCtbsv_v2
     .globl cublasCtbsv_v2_64
     .type cublasCtbsv_v2_64, @function
 cublasCtbsv_v2_64:
-    leaq .Lname142(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtbsv_v2_64@PLT
     .size cublasCtbsv_v2_64, .-cublasCtbsv_v2_64
     .globl cublasCtpmv
     .type cublasCtpmv, @function
 cublasCtpmv:
-    leaq .Lname143(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtpmv@PLT
     .size cublasCtpmv, .-cublasCtpmv
     .globl cublasCtpmv_v2
     .type cublasCtpmv_v2, @function
 cublasCtpmv_v2:
-    leaq .Lname144(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtpmv_v2@PLT
     .size cublasCtpmv_v2, .-cublasCtpmv_v2
     .globl cublasCtpmv_v2_64
     .type cublasCtpmv_v2_64, @function
 cublasCtpmv_v2_64:
-    leaq .Lname145(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtpmv_v2_64@PLT
     .size cublasCtpmv_v2_64, .-cublasCtpmv_v2_64
     .globl cublasCtpsv
     .type cublasCtpsv, @function
 cublasCtpsv:
-    leaq .Lname146(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtpsv@PLT
     .size cublasCtpsv, .-cublasCtpsv
     .globl cublasCtpsv_v2
     .type cublasCtpsv_v2, @function
 cublasCtpsv_v2:
-    leaq .Lname147(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtpsv_v2@PLT
     .size cublasCtpsv_v2, .-cublasCtpsv_v2
     .globl cublasCtpsv_v2_64
     .type cublasCtpsv_v2_64, @function
 cublasCtpsv_v2_64:
-    leaq .Lname148(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtpsv_v2_64@PLT
     .size cublasCtpsv_v2_64, .-cublasCtpsv_v2_64
     .globl cublasCtpttr
     .type cublasCtpttr, @function
 cublasCtpttr:
-    leaq .Lname149(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtpttr@PLT
     .size cublasCtpttr, .-cublasCtpttr
     .globl cublasCtrmm
     .type cublasCtrmm, @function
 cublasCtrmm:
-    leaq .Lname150(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrmm@PLT
     .size cublasCtrmm, .-cublasCtrmm
     .globl cublasCtrmm_v2
     .type cublasCtrmm_v2, @function
 cublasCtrmm_v2:
-    leaq .Lname151(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrmm_v2@PLT
     .size cublasCtrmm_v2, .-cublasCtrmm_v2
     .globl cublasCtrmm_v2_64
     .type cublasCtrmm_v2_64, @function
 cublasCtrmm_v2_64:
-    leaq .Lname152(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrmm_v2_64@PLT
     .size cublasCtrmm_v2_64, .-cublasCtrmm_v2_64
     .globl cublasCtrmv
     .type cublasCtrmv, @function
 cublasCtrmv:
-    leaq .Lname153(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrmv@PLT
     .size cublasCtrmv, .-cublasCtrmv
     .globl cublasCtrmv_v2
     .type cublasCtrmv_v2, @function
 cublasCtrmv_v2:
-    leaq .Lname154(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrmv_v2@PLT
     .size cublasCtrmv_v2, .-cublasCtrmv_v2
     .globl cublasCtrmv_v2_64
     .type cublasCtrmv_v2_64, @function
 cublasCtrmv_v2_64:
-    leaq .Lname155(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrmv_v2_64@PLT
     .size cublasCtrmv_v2_64, .-cublasCtrmv_v2_64
     .globl cublasCtrsm
     .type cublasCtrsm, @function
 cublasCtrsm:
-    leaq .Lname156(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrsm@PLT
     .size cublasCtrsm, .-cublasCtrsm
     .globl cublasCtrsmBatched
     .type cublasCtrsmBatched, @function
 cublasCtrsmBatched:
-    leaq .Lname157(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrsmBatched@PLT
     .size cublasCtrsmBatched, .-cublasCtrsmBatched
     .globl cublasCtrsmBatched_64
     .type cublasCtrsmBatched_64, @function
 cublasCtrsmBatched_64:
-    leaq .Lname158(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrsmBatched_64@PLT
     .size cublasCtrsmBatched_64, .-cublasCtrsmBatched_64
     .globl cublasCtrsm_v2
     .type cublasCtrsm_v2, @function
 cublasCtrsm_v2:
-    leaq .Lname159(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrsm_v2@PLT
     .size cublasCtrsm_v2, .-cublasCtrsm_v2
     .globl cublasCtrsm_v2_64
     .type cublasCtrsm_v2_64, @function
 cublasCtrsm_v2_64:
-    leaq .Lname160(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrsm_v2_64@PLT
     .size cublasCtrsm_v2_64, .-cublasCtrsm_v2_64
     .globl cublasCtrsv
     .type cublasCtrsv, @function
 cublasCtrsv:
-    leaq .Lname161(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrsv@PLT
     .size cublasCtrsv, .-cublasCtrsv
     .globl cublasCtrsv_v2
     .type cublasCtrsv_v2, @function
 cublasCtrsv_v2:
-    leaq .Lname162(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrsv_v2@PLT
     .size cublasCtrsv_v2, .-cublasCtrsv_v2
     .globl cublasCtrsv_v2_64
     .type cublasCtrsv_v2_64, @function
 cublasCtrsv_v2_64:
-    leaq .Lname163(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasCtrsv_v2_64@PLT
     .size cublasCtrsv_v2_64, .-cublasCtrsv_v2_64
     .globl cublasCtrttp
     .type cublasCtrttp, @function
 cublasCtrttp:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1329,55 +885,37 @@ cublasCtrttp:
     .globl cublasDasum
     .type cublasDasum, @function
 cublasDasum:
-    leaq .Lname165(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDasum@PLT
     .size cublasDasum, .-cublasDasum
     .globl cublasDasum_v2
     .type cublasDasum_v2, @function
 cublasDasum_v2:
-    leaq .Lname166(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDasum_v2@PLT
     .size cublasDasum_v2, .-cublasDasum_v2
     .globl cublasDasum_v2_64
     .type cublasDasum_v2_64, @function
 cublasDasum_v2_64:
-    leaq .Lname167(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDasum_v2_64@PLT
     .size cublasDasum_v2_64, .-cublasDasum_v2_64
     .globl cublasDaxpy
     .type cublasDaxpy, @function
 cublasDaxpy:
-    leaq .Lname168(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDaxpy@PLT
     .size cublasDaxpy, .-cublasDaxpy
     .globl cublasDaxpy_v2
     .type cublasDaxpy_v2, @function
 cublasDaxpy_v2:
-    leaq .Lname169(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDaxpy_v2@PLT
     .size cublasDaxpy_v2, .-cublasDaxpy_v2
     .globl cublasDaxpy_v2_64
     .type cublasDaxpy_v2_64, @function
 cublasDaxpy_v2_64:
-    leaq .Lname170(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDaxpy_v2_64@PLT
     .size cublasDaxpy_v2_64, .-cublasDaxpy_v2_64
     .globl cublasDbdmm
     .type cublasDbdmm, @function
 cublasDbdmm:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1385,66 +923,42 @@ cublasDbdmm:
     .globl cublasDcopy
     .type cublasDcopy, @function
 cublasDcopy:
-    leaq .Lname172(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDcopy@PLT
     .size cublasDcopy, .-cublasDcopy
     .globl cublasDcopy_v2
     .type cublasDcopy_v2, @function
 cublasDcopy_v2:
-    leaq .Lname173(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDcopy_v2@PLT
     .size cublasDcopy_v2, .-cublasDcopy_v2
     .globl cublasDcopy_v2_64
     .type cublasDcopy_v2_64, @function
 cublasDcopy_v2_64:
-    leaq .Lname174(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDcopy_v2_64@PLT
     .size cublasDcopy_v2_64, .-cublasDcopy_v2_64
     .globl cublasDdgmm
     .type cublasDdgmm, @function
 cublasDdgmm:
-    leaq .Lname175(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDdgmm@PLT
     .size cublasDdgmm, .-cublasDdgmm
     .globl cublasDdgmm_64
     .type cublasDdgmm_64, @function
 cublasDdgmm_64:
-    leaq .Lname176(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDdgmm_64@PLT
     .size cublasDdgmm_64, .-cublasDdgmm_64
     .globl cublasDdot
     .type cublasDdot, @function
 cublasDdot:
-    leaq .Lname177(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDdot@PLT
     .size cublasDdot, .-cublasDdot
     .globl cublasDdot_v2
     .type cublasDdot_v2, @function
 cublasDdot_v2:
-    leaq .Lname178(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDdot_v2@PLT
     .size cublasDdot_v2, .-cublasDdot_v2
     .globl cublasDdot_v2_64
     .type cublasDdot_v2_64, @function
 cublasDdot_v2_64:
-    leaq .Lname179(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDdot_v2_64@PLT
     .size cublasDdot_v2_64, .-cublasDdot_v2_64
     .globl cublasDestroy_v2
     .type cublasDestroy_v2, @function
@@ -1454,79 +968,52 @@ cublasDestroy_v2:
     .globl cublasDgbmv
     .type cublasDgbmv, @function
 cublasDgbmv:
-    leaq .Lname180(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgbmv@PLT
     .size cublasDgbmv, .-cublasDgbmv
     .globl cublasDgbmv_v2
     .type cublasDgbmv_v2, @function
 cublasDgbmv_v2:
-    leaq .Lname181(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgbmv_v2@PLT
     .size cublasDgbmv_v2, .-cublasDgbmv_v2
     .globl cublasDgbmv_v2_64
     .type cublasDgbmv_v2_64, @function
 cublasDgbmv_v2_64:
-    leaq .Lname182(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgbmv_v2_64@PLT
     .size cublasDgbmv_v2_64, .-cublasDgbmv_v2_64
     .globl cublasDgeam
     .type cublasDgeam, @function
 cublasDgeam:
-    leaq .Lname183(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgeam@PLT
     .size cublasDgeam, .-cublasDgeam
     .globl cublasDgeam_64
     .type cublasDgeam_64, @function
 cublasDgeam_64:
-    leaq .Lname184(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgeam_64@PLT
     .size cublasDgeam_64, .-cublasDgeam_64
     .globl cublasDgelsBatched
     .type cublasDgelsBatched, @function
 cublasDgelsBatched:
-    leaq .Lname185(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgelsBatched@PLT
     .size cublasDgelsBatched, .-cublasDgelsBatched
     .globl cublasDgemm
     .type cublasDgemm, @function
 cublasDgemm:
-    leaq .Lname186(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemm@PLT
     .size cublasDgemm, .-cublasDgemm
     .globl cublasDgemmBatched
     .type cublasDgemmBatched, @function
 cublasDgemmBatched:
-    leaq .Lname187(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemmBatched@PLT
     .size cublasDgemmBatched, .-cublasDgemmBatched
     .globl cublasDgemmBatched_64
     .type cublasDgemmBatched_64, @function
 cublasDgemmBatched_64:
-    leaq .Lname188(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemmBatched_64@PLT
     .size cublasDgemmBatched_64, .-cublasDgemmBatched_64
     .globl cublasDgemmGroupedBatched
     .type cublasDgemmGroupedBatched, @function
 cublasDgemmGroupedBatched:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1534,7 +1021,7 @@ cublasDgemmGroupedBatched:
     .globl cublasDgemmGroupedBatched_64
     .type cublasDgemmGroupedBatched_64, @function
 cublasDgemmGroupedBatched_64:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1542,47 +1029,32 @@ cublasDgemmGroupedBatched_64:
     .globl cublasDgemmStridedBatched
     .type cublasDgemmStridedBatched, @function
 cublasDgemmStridedBatched:
-    leaq .Lname191(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemmStridedBatched@PLT
     .size cublasDgemmStridedBatched, .-cublasDgemmStridedBatched
     .globl cublasDgemmStridedBatched_64
     .type cublasDgemmStridedBatched_64, @function
 cublasDgemmStridedBatched_64:
-    leaq .Lname192(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemmStridedBatched_64@PLT
     .size cublasDgemmStridedBatched_64, .-cublasDgemmStridedBatched_64
     .globl cublasDgemm_v2
     .type cublasDgemm_v2, @function
 cublasDgemm_v2:
-    leaq .Lname193(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemm_v2@PLT
     .size cublasDgemm_v2, .-cublasDgemm_v2
     .globl cublasDgemm_v2_64
     .type cublasDgemm_v2_64, @function
 cublasDgemm_v2_64:
-    leaq .Lname194(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemm_v2_64@PLT
     .size cublasDgemm_v2_64, .-cublasDgemm_v2_64
     .globl cublasDgemv
     .type cublasDgemv, @function
 cublasDgemv:
-    leaq .Lname195(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemv@PLT
     .size cublasDgemv, .-cublasDgemv
     .globl cublasDgemvBatched
     .type cublasDgemvBatched, @function
 cublasDgemvBatched:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1590,7 +1062,7 @@ cublasDgemvBatched:
     .globl cublasDgemvBatched_64
     .type cublasDgemvBatched_64, @function
 cublasDgemvBatched_64:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1598,95 +1070,62 @@ cublasDgemvBatched_64:
     .globl cublasDgemvStridedBatched
     .type cublasDgemvStridedBatched, @function
 cublasDgemvStridedBatched:
-    leaq .Lname198(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemvStridedBatched@PLT
     .size cublasDgemvStridedBatched, .-cublasDgemvStridedBatched
     .globl cublasDgemvStridedBatched_64
     .type cublasDgemvStridedBatched_64, @function
 cublasDgemvStridedBatched_64:
-    leaq .Lname199(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemvStridedBatched_64@PLT
     .size cublasDgemvStridedBatched_64, .-cublasDgemvStridedBatched_64
     .globl cublasDgemv_v2
     .type cublasDgemv_v2, @function
 cublasDgemv_v2:
-    leaq .Lname200(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemv_v2@PLT
     .size cublasDgemv_v2, .-cublasDgemv_v2
     .globl cublasDgemv_v2_64
     .type cublasDgemv_v2_64, @function
 cublasDgemv_v2_64:
-    leaq .Lname201(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgemv_v2_64@PLT
     .size cublasDgemv_v2_64, .-cublasDgemv_v2_64
     .globl cublasDgeqrfBatched
     .type cublasDgeqrfBatched, @function
 cublasDgeqrfBatched:
-    leaq .Lname202(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgeqrfBatched@PLT
     .size cublasDgeqrfBatched, .-cublasDgeqrfBatched
     .globl cublasDger
     .type cublasDger, @function
 cublasDger:
-    leaq .Lname203(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDger@PLT
     .size cublasDger, .-cublasDger
     .globl cublasDger_v2
     .type cublasDger_v2, @function
 cublasDger_v2:
-    leaq .Lname204(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDger_v2@PLT
     .size cublasDger_v2, .-cublasDger_v2
     .globl cublasDger_v2_64
     .type cublasDger_v2_64, @function
 cublasDger_v2_64:
-    leaq .Lname205(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDger_v2_64@PLT
     .size cublasDger_v2_64, .-cublasDger_v2_64
     .globl cublasDgetrfBatched
     .type cublasDgetrfBatched, @function
 cublasDgetrfBatched:
-    leaq .Lname206(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgetrfBatched@PLT
     .size cublasDgetrfBatched, .-cublasDgetrfBatched
     .globl cublasDgetriBatched
     .type cublasDgetriBatched, @function
 cublasDgetriBatched:
-    leaq .Lname207(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgetriBatched@PLT
     .size cublasDgetriBatched, .-cublasDgetriBatched
     .globl cublasDgetrsBatched
     .type cublasDgetrsBatched, @function
 cublasDgetrsBatched:
-    leaq .Lname208(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDgetrsBatched@PLT
     .size cublasDgetrsBatched, .-cublasDgetrsBatched
     .globl cublasDmatinvBatched
     .type cublasDmatinvBatched, @function
 cublasDmatinvBatched:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1694,31 +1133,22 @@ cublasDmatinvBatched:
     .globl cublasDnrm2
     .type cublasDnrm2, @function
 cublasDnrm2:
-    leaq .Lname210(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDnrm2@PLT
     .size cublasDnrm2, .-cublasDnrm2
     .globl cublasDnrm2_v2
     .type cublasDnrm2_v2, @function
 cublasDnrm2_v2:
-    leaq .Lname211(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDnrm2_v2@PLT
     .size cublasDnrm2_v2, .-cublasDnrm2_v2
     .globl cublasDnrm2_v2_64
     .type cublasDnrm2_v2_64, @function
 cublasDnrm2_v2_64:
-    leaq .Lname212(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDnrm2_v2_64@PLT
     .size cublasDnrm2_v2_64, .-cublasDnrm2_v2_64
     .globl cublasDotEx
     .type cublasDotEx, @function
 cublasDotEx:
-    leaq .Lname213(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1726,7 +1156,7 @@ cublasDotEx:
     .globl cublasDotEx_64
     .type cublasDotEx_64, @function
 cublasDotEx_64:
-    leaq .Lname214(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1734,7 +1164,7 @@ cublasDotEx_64:
     .globl cublasDotcEx
     .type cublasDotcEx, @function
 cublasDotcEx:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1742,7 +1172,7 @@ cublasDotcEx:
     .globl cublasDotcEx_64
     .type cublasDotcEx_64, @function
 cublasDotcEx_64:
-    leaq .Lname216(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1750,31 +1180,22 @@ cublasDotcEx_64:
     .globl cublasDrot
     .type cublasDrot, @function
 cublasDrot:
-    leaq .Lname217(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDrot@PLT
     .size cublasDrot, .-cublasDrot
     .globl cublasDrot_v2
     .type cublasDrot_v2, @function
 cublasDrot_v2:
-    leaq .Lname218(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDrot_v2@PLT
     .size cublasDrot_v2, .-cublasDrot_v2
     .globl cublasDrot_v2_64
     .type cublasDrot_v2_64, @function
 cublasDrot_v2_64:
-    leaq .Lname219(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDrot_v2_64@PLT
     .size cublasDrot_v2_64, .-cublasDrot_v2_64
     .globl cublasDrotg
     .type cublasDrotg, @function
 cublasDrotg:
-    leaq .Lname220(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1782,15 +1203,12 @@ cublasDrotg:
     .globl cublasDrotg_v2
     .type cublasDrotg_v2, @function
 cublasDrotg_v2:
-    leaq .Lname221(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDrotg_v2@PLT
     .size cublasDrotg_v2, .-cublasDrotg_v2
     .globl cublasDrotm
     .type cublasDrotm, @function
 cublasDrotm:
-    leaq .Lname222(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1798,7 +1216,7 @@ cublasDrotm:
     .globl cublasDrotm_v2
     .type cublasDrotm_v2, @function
 cublasDrotm_v2:
-    leaq .Lname223(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1806,7 +1224,7 @@ cublasDrotm_v2:
     .globl cublasDrotm_v2_64
     .type cublasDrotm_v2_64, @function
 cublasDrotm_v2_64:
-    leaq .Lname224(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1814,7 +1232,7 @@ cublasDrotm_v2_64:
     .globl cublasDrotmg
     .type cublasDrotmg, @function
 cublasDrotmg:
-    leaq .Lname225(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1822,7 +1240,7 @@ cublasDrotmg:
     .globl cublasDrotmg_v2
     .type cublasDrotmg_v2, @function
 cublasDrotmg_v2:
-    leaq .Lname226(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1830,55 +1248,37 @@ cublasDrotmg_v2:
     .globl cublasDsbmv
     .type cublasDsbmv, @function
 cublasDsbmv:
-    leaq .Lname227(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsbmv@PLT
     .size cublasDsbmv, .-cublasDsbmv
     .globl cublasDsbmv_v2
     .type cublasDsbmv_v2, @function
 cublasDsbmv_v2:
-    leaq .Lname228(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsbmv_v2@PLT
     .size cublasDsbmv_v2, .-cublasDsbmv_v2
     .globl cublasDsbmv_v2_64
     .type cublasDsbmv_v2_64, @function
 cublasDsbmv_v2_64:
-    leaq .Lname229(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsbmv_v2_64@PLT
     .size cublasDsbmv_v2_64, .-cublasDsbmv_v2_64
     .globl cublasDscal
     .type cublasDscal, @function
 cublasDscal:
-    leaq .Lname230(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDscal@PLT
     .size cublasDscal, .-cublasDscal
     .globl cublasDscal_v2
     .type cublasDscal_v2, @function
 cublasDscal_v2:
-    leaq .Lname231(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDscal_v2@PLT
     .size cublasDscal_v2, .-cublasDscal_v2
     .globl cublasDscal_v2_64
     .type cublasDscal_v2_64, @function
 cublasDscal_v2_64:
-    leaq .Lname232(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDscal_v2_64@PLT
     .size cublasDscal_v2_64, .-cublasDscal_v2_64
     .globl cublasDspmv
     .type cublasDspmv, @function
 cublasDspmv:
-    leaq .Lname233(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1886,7 +1286,7 @@ cublasDspmv:
     .globl cublasDspmv_v2
     .type cublasDspmv_v2, @function
 cublasDspmv_v2:
-    leaq .Lname234(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1894,7 +1294,7 @@ cublasDspmv_v2:
     .globl cublasDspmv_v2_64
     .type cublasDspmv_v2_64, @function
 cublasDspmv_v2_64:
-    leaq .Lname235(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1902,7 +1302,7 @@ cublasDspmv_v2_64:
     .globl cublasDspr
     .type cublasDspr, @function
 cublasDspr:
-    leaq .Lname236(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1910,7 +1310,7 @@ cublasDspr:
     .globl cublasDspr2
     .type cublasDspr2, @function
 cublasDspr2:
-    leaq .Lname237(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1918,7 +1318,7 @@ cublasDspr2:
     .globl cublasDspr2_v2
     .type cublasDspr2_v2, @function
 cublasDspr2_v2:
-    leaq .Lname238(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1926,7 +1326,7 @@ cublasDspr2_v2:
     .globl cublasDspr2_v2_64
     .type cublasDspr2_v2_64, @function
 cublasDspr2_v2_64:
-    leaq .Lname239(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1934,7 +1334,7 @@ cublasDspr2_v2_64:
     .globl cublasDspr_v2
     .type cublasDspr_v2, @function
 cublasDspr_v2:
-    leaq .Lname240(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1942,7 +1342,7 @@ cublasDspr_v2:
     .globl cublasDspr_v2_64
     .type cublasDspr_v2_64, @function
 cublasDspr_v2_64:
-    leaq .Lname241(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1950,239 +1350,152 @@ cublasDspr_v2_64:
     .globl cublasDswap
     .type cublasDswap, @function
 cublasDswap:
-    leaq .Lname242(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDswap@PLT
     .size cublasDswap, .-cublasDswap
     .globl cublasDswap_v2
     .type cublasDswap_v2, @function
 cublasDswap_v2:
-    leaq .Lname243(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDswap_v2@PLT
     .size cublasDswap_v2, .-cublasDswap_v2
     .globl cublasDswap_v2_64
     .type cublasDswap_v2_64, @function
 cublasDswap_v2_64:
-    leaq .Lname244(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDswap_v2_64@PLT
     .size cublasDswap_v2_64, .-cublasDswap_v2_64
     .globl cublasDsymm
     .type cublasDsymm, @function
 cublasDsymm:
-    leaq .Lname245(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsymm@PLT
     .size cublasDsymm, .-cublasDsymm
     .globl cublasDsymm_v2
     .type cublasDsymm_v2, @function
 cublasDsymm_v2:
-    leaq .Lname246(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsymm_v2@PLT
     .size cublasDsymm_v2, .-cublasDsymm_v2
     .globl cublasDsymm_v2_64
     .type cublasDsymm_v2_64, @function
 cublasDsymm_v2_64:
-    leaq .Lname247(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsymm_v2_64@PLT
     .size cublasDsymm_v2_64, .-cublasDsymm_v2_64
     .globl cublasDsymv
     .type cublasDsymv, @function
 cublasDsymv:
-    leaq .Lname248(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsymv@PLT
     .size cublasDsymv, .-cublasDsymv
     .globl cublasDsymv_v2
     .type cublasDsymv_v2, @function
 cublasDsymv_v2:
-    leaq .Lname249(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsymv_v2@PLT
     .size cublasDsymv_v2, .-cublasDsymv_v2
     .globl cublasDsymv_v2_64
     .type cublasDsymv_v2_64, @function
 cublasDsymv_v2_64:
-    leaq .Lname250(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsymv_v2_64@PLT
     .size cublasDsymv_v2_64, .-cublasDsymv_v2_64
     .globl cublasDsyr
     .type cublasDsyr, @function
 cublasDsyr:
-    leaq .Lname251(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyr@PLT
     .size cublasDsyr, .-cublasDsyr
     .globl cublasDsyr2
     .type cublasDsyr2, @function
 cublasDsyr2:
-    leaq .Lname252(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyr2@PLT
     .size cublasDsyr2, .-cublasDsyr2
     .globl cublasDsyr2_v2
     .type cublasDsyr2_v2, @function
 cublasDsyr2_v2:
-    leaq .Lname253(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyr2_v2@PLT
     .size cublasDsyr2_v2, .-cublasDsyr2_v2
     .globl cublasDsyr2_v2_64
     .type cublasDsyr2_v2_64, @function
 cublasDsyr2_v2_64:
-    leaq .Lname254(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyr2_v2_64@PLT
     .size cublasDsyr2_v2_64, .-cublasDsyr2_v2_64
     .globl cublasDsyr2k
     .type cublasDsyr2k, @function
 cublasDsyr2k:
-    leaq .Lname255(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyr2k@PLT
     .size cublasDsyr2k, .-cublasDsyr2k
     .globl cublasDsyr2k_v2
     .type cublasDsyr2k_v2, @function
 cublasDsyr2k_v2:
-    leaq .Lname256(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyr2k_v2@PLT
     .size cublasDsyr2k_v2, .-cublasDsyr2k_v2
     .globl cublasDsyr2k_v2_64
     .type cublasDsyr2k_v2_64, @function
 cublasDsyr2k_v2_64:
-    leaq .Lname257(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyr2k_v2_64@PLT
     .size cublasDsyr2k_v2_64, .-cublasDsyr2k_v2_64
     .globl cublasDsyr_v2
     .type cublasDsyr_v2, @function
 cublasDsyr_v2:
-    leaq .Lname258(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyr_v2@PLT
     .size cublasDsyr_v2, .-cublasDsyr_v2
     .globl cublasDsyr_v2_64
     .type cublasDsyr_v2_64, @function
 cublasDsyr_v2_64:
-    leaq .Lname259(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyr_v2_64@PLT
     .size cublasDsyr_v2_64, .-cublasDsyr_v2_64
     .globl cublasDsyrk
     .type cublasDsyrk, @function
 cublasDsyrk:
-    leaq .Lname260(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyrk@PLT
     .size cublasDsyrk, .-cublasDsyrk
     .globl cublasDsyrk_v2
     .type cublasDsyrk_v2, @function
 cublasDsyrk_v2:
-    leaq .Lname261(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyrk_v2@PLT
     .size cublasDsyrk_v2, .-cublasDsyrk_v2
     .globl cublasDsyrk_v2_64
     .type cublasDsyrk_v2_64, @function
 cublasDsyrk_v2_64:
-    leaq .Lname262(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyrk_v2_64@PLT
     .size cublasDsyrk_v2_64, .-cublasDsyrk_v2_64
     .globl cublasDsyrkx
     .type cublasDsyrkx, @function
 cublasDsyrkx:
-    leaq .Lname263(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyrkx@PLT
     .size cublasDsyrkx, .-cublasDsyrkx
     .globl cublasDsyrkx_64
     .type cublasDsyrkx_64, @function
 cublasDsyrkx_64:
-    leaq .Lname264(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDsyrkx_64@PLT
     .size cublasDsyrkx_64, .-cublasDsyrkx_64
     .globl cublasDtbmv
     .type cublasDtbmv, @function
 cublasDtbmv:
-    leaq .Lname265(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtbmv@PLT
     .size cublasDtbmv, .-cublasDtbmv
     .globl cublasDtbmv_v2
     .type cublasDtbmv_v2, @function
 cublasDtbmv_v2:
-    leaq .Lname266(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtbmv_v2@PLT
     .size cublasDtbmv_v2, .-cublasDtbmv_v2
     .globl cublasDtbmv_v2_64
     .type cublasDtbmv_v2_64, @function
 cublasDtbmv_v2_64:
-    leaq .Lname267(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtbmv_v2_64@PLT
     .size cublasDtbmv_v2_64, .-cublasDtbmv_v2_64
     .globl cublasDtbsv
     .type cublasDtbsv, @function
 cublasDtbsv:
-    leaq .Lname268(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtbsv@PLT
     .size cublasDtbsv, .-cublasDtbsv
     .globl cublasDtbsv_v2
     .type cublasDtbsv_v2, @function
 cublasDtbsv_v2:
-    leaq .Lname269(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtbsv_v2@PLT
     .size cublasDtbsv_v2, .-cublasDtbsv_v2
     .globl cublasDtbsv_v2_64
     .type cublasDtbsv_v2_64, @function
 cublasDtbsv_v2_64:
-    leaq .Lname270(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtbsv_v2_64@PLT
     .size cublasDtbsv_v2_64, .-cublasDtbsv_v2_64
     .globl cublasDtpmv
     .type cublasDtpmv, @function
 cublasDtpmv:
-    leaq .Lname271(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2190,7 +1503,7 @@ cublasDtpmv:
     .globl cublasDtpmv_v2
     .type cublasDtpmv_v2, @function
 cublasDtpmv_v2:
-    leaq .Lname272(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2198,7 +1511,7 @@ cublasDtpmv_v2:
     .globl cublasDtpmv_v2_64
     .type cublasDtpmv_v2_64, @function
 cublasDtpmv_v2_64:
-    leaq .Lname273(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2206,7 +1519,7 @@ cublasDtpmv_v2_64:
     .globl cublasDtpsv
     .type cublasDtpsv, @function
 cublasDtpsv:
-    leaq .Lname274(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2214,7 +1527,7 @@ cublasDtpsv:
     .globl cublasDtpsv_v2
     .type cublasDtpsv_v2, @function
 cublasDtpsv_v2:
-    leaq .Lname275(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2222,7 +1535,7 @@ cublasDtpsv_v2:
     .globl cublasDtpsv_v2_64
     .type cublasDtpsv_v2_64, @function
 cublasDtpsv_v2_64:
-    leaq .Lname276(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2230,7 +1543,7 @@ cublasDtpsv_v2_64:
     .globl cublasDtpttr
     .type cublasDtpttr, @function
 cublasDtpttr:
-    leaq .Lname277(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2238,119 +1551,77 @@ cublasDtpttr:
     .globl cublasDtrmm
     .type cublasDtrmm, @function
 cublasDtrmm:
-    leaq .Lname278(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrmm@PLT
     .size cublasDtrmm, .-cublasDtrmm
     .globl cublasDtrmm_v2
     .type cublasDtrmm_v2, @function
 cublasDtrmm_v2:
-    leaq .Lname279(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrmm_v2@PLT
     .size cublasDtrmm_v2, .-cublasDtrmm_v2
     .globl cublasDtrmm_v2_64
     .type cublasDtrmm_v2_64, @function
 cublasDtrmm_v2_64:
-    leaq .Lname280(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrmm_v2_64@PLT
     .size cublasDtrmm_v2_64, .-cublasDtrmm_v2_64
     .globl cublasDtrmv
     .type cublasDtrmv, @function
 cublasDtrmv:
-    leaq .Lname281(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrmv@PLT
     .size cublasDtrmv, .-cublasDtrmv
     .globl cublasDtrmv_v2
     .type cublasDtrmv_v2, @function
 cublasDtrmv_v2:
-    leaq .Lname282(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrmv_v2@PLT
     .size cublasDtrmv_v2, .-cublasDtrmv_v2
     .globl cublasDtrmv_v2_64
     .type cublasDtrmv_v2_64, @function
 cublasDtrmv_v2_64:
-    leaq .Lname283(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrmv_v2_64@PLT
     .size cublasDtrmv_v2_64, .-cublasDtrmv_v2_64
     .globl cublasDtrsm
     .type cublasDtrsm, @function
 cublasDtrsm:
-    leaq .Lname284(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrsm@PLT
     .size cublasDtrsm, .-cublasDtrsm
     .globl cublasDtrsmBatched
     .type cublasDtrsmBatched, @function
 cublasDtrsmBatched:
-    leaq .Lname285(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrsmBatched@PLT
     .size cublasDtrsmBatched, .-cublasDtrsmBatched
     .globl cublasDtrsmBatched_64
     .type cublasDtrsmBatched_64, @function
 cublasDtrsmBatched_64:
-    leaq .Lname286(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrsmBatched_64@PLT
     .size cublasDtrsmBatched_64, .-cublasDtrsmBatched_64
     .globl cublasDtrsm_v2
     .type cublasDtrsm_v2, @function
 cublasDtrsm_v2:
-    leaq .Lname287(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrsm_v2@PLT
     .size cublasDtrsm_v2, .-cublasDtrsm_v2
     .globl cublasDtrsm_v2_64
     .type cublasDtrsm_v2_64, @function
 cublasDtrsm_v2_64:
-    leaq .Lname288(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrsm_v2_64@PLT
     .size cublasDtrsm_v2_64, .-cublasDtrsm_v2_64
     .globl cublasDtrsv
     .type cublasDtrsv, @function
 cublasDtrsv:
-    leaq .Lname289(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrsv@PLT
     .size cublasDtrsv, .-cublasDtrsv
     .globl cublasDtrsv_v2
     .type cublasDtrsv_v2, @function
 cublasDtrsv_v2:
-    leaq .Lname290(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrsv_v2@PLT
     .size cublasDtrsv_v2, .-cublasDtrsv_v2
     .globl cublasDtrsv_v2_64
     .type cublasDtrsv_v2_64, @function
 cublasDtrsv_v2_64:
-    leaq .Lname291(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDtrsv_v2_64@PLT
     .size cublasDtrsv_v2_64, .-cublasDtrsv_v2_64
     .globl cublasDtrttp
     .type cublasDtrttp, @function
 cublasDtrttp:
-    leaq .Lname292(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2363,18 +1634,12 @@ cublasDzasum:
     .globl cublasDzasum_v2
     .type cublasDzasum_v2, @function
 cublasDzasum_v2:
-    leaq .Lname293(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDzasum_v2@PLT
     .size cublasDzasum_v2, .-cublasDzasum_v2
     .globl cublasDzasum_v2_64
     .type cublasDzasum_v2_64, @function
 cublasDzasum_v2_64:
-    leaq .Lname294(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDzasum_v2_64@PLT
     .size cublasDzasum_v2_64, .-cublasDzasum_v2_64
     .globl cublasDznrm2
     .type cublasDznrm2, @function
@@ -2384,23 +1649,17 @@ cublasDznrm2:
     .globl cublasDznrm2_v2
     .type cublasDznrm2_v2, @function
 cublasDznrm2_v2:
-    leaq .Lname295(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDznrm2_v2@PLT
     .size cublasDznrm2_v2, .-cublasDznrm2_v2
     .globl cublasDznrm2_v2_64
     .type cublasDznrm2_v2_64, @function
 cublasDznrm2_v2_64:
-    leaq .Lname296(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDznrm2_v2_64@PLT
     .size cublasDznrm2_v2_64, .-cublasDznrm2_v2_64
     .globl cublasFree
     .type cublasFree, @function
 cublasFree:
-    leaq .Lname297(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2408,39 +1667,27 @@ cublasFree:
     .globl cublasGemmBatchedEx
     .type cublasGemmBatchedEx, @function
 cublasGemmBatchedEx:
-    leaq .Lname298(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGemmBatchedEx@PLT
     .size cublasGemmBatchedEx, .-cublasGemmBatchedEx
     .globl cublasGemmBatchedEx_64
     .type cublasGemmBatchedEx_64, @function
 cublasGemmBatchedEx_64:
-    leaq .Lname299(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGemmBatchedEx_64@PLT
     .size cublasGemmBatchedEx_64, .-cublasGemmBatchedEx_64
     .globl cublasGemmEx
     .type cublasGemmEx, @function
 cublasGemmEx:
-    leaq .Lname300(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGemmEx@PLT
     .size cublasGemmEx, .-cublasGemmEx
     .globl cublasGemmEx_64
     .type cublasGemmEx_64, @function
 cublasGemmEx_64:
-    leaq .Lname301(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGemmEx_64@PLT
     .size cublasGemmEx_64, .-cublasGemmEx_64
     .globl cublasGemmGroupedBatchedEx
     .type cublasGemmGroupedBatchedEx, @function
 cublasGemmGroupedBatchedEx:
-    leaq .Lname302(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2448,7 +1695,7 @@ cublasGemmGroupedBatchedEx:
     .globl cublasGemmGroupedBatchedEx_64
     .type cublasGemmGroupedBatchedEx_64, @function
 cublasGemmGroupedBatchedEx_64:
-    leaq .Lname303(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2456,31 +1703,22 @@ cublasGemmGroupedBatchedEx_64:
     .globl cublasGemmStridedBatchedEx
     .type cublasGemmStridedBatchedEx, @function
 cublasGemmStridedBatchedEx:
-    leaq .Lname304(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGemmStridedBatchedEx@PLT
     .size cublasGemmStridedBatchedEx, .-cublasGemmStridedBatchedEx
     .globl cublasGemmStridedBatchedEx_64
     .type cublasGemmStridedBatchedEx_64, @function
 cublasGemmStridedBatchedEx_64:
-    leaq .Lname305(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGemmStridedBatchedEx_64@PLT
     .size cublasGemmStridedBatchedEx_64, .-cublasGemmStridedBatchedEx_64
     .globl cublasGetAtomicsMode
     .type cublasGetAtomicsMode, @function
 cublasGetAtomicsMode:
-    leaq .Lname306(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetAtomicsMode@PLT
     .size cublasGetAtomicsMode, .-cublasGetAtomicsMode
     .globl cublasGetBackdoor
     .type cublasGetBackdoor, @function
 cublasGetBackdoor:
-    leaq .Lname307(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2493,7 +1731,7 @@ cublasGetCudartVersion:
     .globl cublasGetEmulationSpecialValuesSupport
     .type cublasGetEmulationSpecialValuesSupport, @function
 cublasGetEmulationSpecialValuesSupport:
-    leaq .Lname308(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2501,7 +1739,7 @@ cublasGetEmulationSpecialValuesSupport:
     .globl cublasGetEmulationStrategy
     .type cublasGetEmulationStrategy, @function
 cublasGetEmulationStrategy:
-    leaq .Lname309(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2509,7 +1747,7 @@ cublasGetEmulationStrategy:
     .globl cublasGetEnvironmentMode
     .type cublasGetEnvironmentMode, @function
 cublasGetEnvironmentMode:
-    leaq .Lname310(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2522,7 +1760,7 @@ cublasGetError:
     .globl cublasGetFixedPointEmulationMantissaBitCountPointer
     .type cublasGetFixedPointEmulationMantissaBitCountPointer, @function
 cublasGetFixedPointEmulationMantissaBitCountPointer:
-    leaq .Lname311(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2530,7 +1768,7 @@ cublasGetFixedPointEmulationMantissaBitCountPointer:
     .globl cublasGetFixedPointEmulationMantissaBitOffset
     .type cublasGetFixedPointEmulationMantissaBitOffset, @function
 cublasGetFixedPointEmulationMantissaBitOffset:
-    leaq .Lname312(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2538,7 +1776,7 @@ cublasGetFixedPointEmulationMantissaBitOffset:
     .globl cublasGetFixedPointEmulationMantissaControl
     .type cublasGetFixedPointEmulationMantissaControl, @function
 cublasGetFixedPointEmulationMantissaControl:
-    leaq .Lname313(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2546,7 +1784,7 @@ cublasGetFixedPointEmulationMantissaControl:
     .globl cublasGetFixedPointEmulationMaxMantissaBitCount
     .type cublasGetFixedPointEmulationMaxMantissaBitCount, @function
 cublasGetFixedPointEmulationMaxMantissaBitCount:
-    leaq .Lname314(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2554,7 +1792,7 @@ cublasGetFixedPointEmulationMaxMantissaBitCount:
     .globl cublasGetLoggerCallback
     .type cublasGetLoggerCallback, @function
 cublasGetLoggerCallback:
-    leaq .Lname315(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2562,23 +1800,17 @@ cublasGetLoggerCallback:
     .globl cublasGetMathMode
     .type cublasGetMathMode, @function
 cublasGetMathMode:
-    leaq .Lname316(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetMathMode@PLT
     .size cublasGetMathMode, .-cublasGetMathMode
     .globl cublasGetMatrix
     .type cublasGetMatrix, @function
 cublasGetMatrix:
-    leaq .Lname317(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetMatrix@PLT
     .size cublasGetMatrix, .-cublasGetMatrix
     .globl cublasGetMatrixAsync
     .type cublasGetMatrixAsync, @function
 cublasGetMatrixAsync:
-    leaq .Lname318(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2586,31 +1818,22 @@ cublasGetMatrixAsync:
     .globl cublasGetMatrixAsync_64
     .type cublasGetMatrixAsync_64, @function
 cublasGetMatrixAsync_64:
-    leaq .Lname319(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetMatrixAsync_64@PLT
     .size cublasGetMatrixAsync_64, .-cublasGetMatrixAsync_64
     .globl cublasGetMatrix_64
     .type cublasGetMatrix_64, @function
 cublasGetMatrix_64:
-    leaq .Lname320(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetMatrix_64@PLT
     .size cublasGetMatrix_64, .-cublasGetMatrix_64
     .globl cublasGetPointerMode_v2
     .type cublasGetPointerMode_v2, @function
 cublasGetPointerMode_v2:
-    leaq .Lname321(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetPointerMode_v2@PLT
     .size cublasGetPointerMode_v2, .-cublasGetPointerMode_v2
     .globl cublasGetProperty
     .type cublasGetProperty, @function
 cublasGetProperty:
-    leaq .Lname322(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2618,7 +1841,7 @@ cublasGetProperty:
     .globl cublasGetSmCountTarget
     .type cublasGetSmCountTarget, @function
 cublasGetSmCountTarget:
-    leaq .Lname323(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2641,15 +1864,12 @@ cublasGetStream_v2:
     .globl cublasGetVector
     .type cublasGetVector, @function
 cublasGetVector:
-    leaq .Lname324(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetVector@PLT
     .size cublasGetVector, .-cublasGetVector
     .globl cublasGetVectorAsync
     .type cublasGetVectorAsync, @function
 cublasGetVectorAsync:
-    leaq .Lname325(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2657,7 +1877,7 @@ cublasGetVectorAsync:
     .globl cublasGetVectorAsync_64
     .type cublasGetVectorAsync_64, @function
 cublasGetVectorAsync_64:
-    leaq .Lname326(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2665,15 +1885,12 @@ cublasGetVectorAsync_64:
     .globl cublasGetVector_64
     .type cublasGetVector_64, @function
 cublasGetVector_64:
-    leaq .Lname327(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetVector_64@PLT
     .size cublasGetVector_64, .-cublasGetVector_64
     .globl cublasGetVersion
     .type cublasGetVersion, @function
 cublasGetVersion:
-    leaq .Lname328(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2681,7 +1898,7 @@ cublasGetVersion:
     .globl cublasGetVersion_v2
     .type cublasGetVersion_v2, @function
 cublasGetVersion_v2:
-    leaq .Lname329(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2689,7 +1906,7 @@ cublasGetVersion_v2:
     .globl cublasHSHgemvBatched
     .type cublasHSHgemvBatched, @function
 cublasHSHgemvBatched:
-    leaq .Lname330(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2697,7 +1914,7 @@ cublasHSHgemvBatched:
     .globl cublasHSHgemvBatched_64
     .type cublasHSHgemvBatched_64, @function
 cublasHSHgemvBatched_64:
-    leaq .Lname331(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2705,7 +1922,7 @@ cublasHSHgemvBatched_64:
     .globl cublasHSHgemvStridedBatched
     .type cublasHSHgemvStridedBatched, @function
 cublasHSHgemvStridedBatched:
-    leaq .Lname332(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2713,7 +1930,7 @@ cublasHSHgemvStridedBatched:
     .globl cublasHSHgemvStridedBatched_64
     .type cublasHSHgemvStridedBatched_64, @function
 cublasHSHgemvStridedBatched_64:
-    leaq .Lname333(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2721,7 +1938,7 @@ cublasHSHgemvStridedBatched_64:
     .globl cublasHSSgemvBatched
     .type cublasHSSgemvBatched, @function
 cublasHSSgemvBatched:
-    leaq .Lname334(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2729,7 +1946,7 @@ cublasHSSgemvBatched:
     .globl cublasHSSgemvBatched_64
     .type cublasHSSgemvBatched_64, @function
 cublasHSSgemvBatched_64:
-    leaq .Lname335(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2737,7 +1954,7 @@ cublasHSSgemvBatched_64:
     .globl cublasHSSgemvStridedBatched
     .type cublasHSSgemvStridedBatched, @function
 cublasHSSgemvStridedBatched:
-    leaq .Lname336(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2745,7 +1962,7 @@ cublasHSSgemvStridedBatched:
     .globl cublasHSSgemvStridedBatched_64
     .type cublasHSSgemvStridedBatched_64, @function
 cublasHSSgemvStridedBatched_64:
-    leaq .Lname337(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2753,7 +1970,7 @@ cublasHSSgemvStridedBatched_64:
     .globl cublasHgemm
     .type cublasHgemm, @function
 cublasHgemm:
-    leaq .Lname338(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2761,7 +1978,7 @@ cublasHgemm:
     .globl cublasHgemmBatched
     .type cublasHgemmBatched, @function
 cublasHgemmBatched:
-    leaq .Lname339(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2769,7 +1986,7 @@ cublasHgemmBatched:
     .globl cublasHgemmBatched_64
     .type cublasHgemmBatched_64, @function
 cublasHgemmBatched_64:
-    leaq .Lname340(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2777,7 +1994,7 @@ cublasHgemmBatched_64:
     .globl cublasHgemmStridedBatched
     .type cublasHgemmStridedBatched, @function
 cublasHgemmStridedBatched:
-    leaq .Lname341(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2785,7 +2002,7 @@ cublasHgemmStridedBatched:
     .globl cublasHgemmStridedBatched_64
     .type cublasHgemmStridedBatched_64, @function
 cublasHgemmStridedBatched_64:
-    leaq .Lname342(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2793,7 +2010,7 @@ cublasHgemmStridedBatched_64:
     .globl cublasHgemm_64
     .type cublasHgemm_64, @function
 cublasHgemm_64:
-    leaq .Lname343(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2801,34 +2018,22 @@ cublasHgemm_64:
     .globl cublasIamaxEx
     .type cublasIamaxEx, @function
 cublasIamaxEx:
-    leaq .Lname344(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIamaxEx@PLT
     .size cublasIamaxEx, .-cublasIamaxEx
     .globl cublasIamaxEx_64
     .type cublasIamaxEx_64, @function
 cublasIamaxEx_64:
-    leaq .Lname345(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIamaxEx_64@PLT
     .size cublasIamaxEx_64, .-cublasIamaxEx_64
     .globl cublasIaminEx
     .type cublasIaminEx, @function
 cublasIaminEx:
-    leaq .Lname346(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIaminEx@PLT
     .size cublasIaminEx, .-cublasIaminEx
     .globl cublasIaminEx_64
     .type cublasIaminEx_64, @function
 cublasIaminEx_64:
-    leaq .Lname347(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIaminEx_64@PLT
     .size cublasIaminEx_64, .-cublasIaminEx_64
     .globl cublasIcamax
     .type cublasIcamax, @function
@@ -2838,18 +2043,12 @@ cublasIcamax:
     .globl cublasIcamax_v2
     .type cublasIcamax_v2, @function
 cublasIcamax_v2:
-    leaq .Lname348(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIcamax_v2@PLT
     .size cublasIcamax_v2, .-cublasIcamax_v2
     .globl cublasIcamax_v2_64
     .type cublasIcamax_v2_64, @function
 cublasIcamax_v2_64:
-    leaq .Lname349(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIcamax_v2_64@PLT
     .size cublasIcamax_v2_64, .-cublasIcamax_v2_64
     .globl cublasIcamin
     .type cublasIcamin, @function
@@ -2859,66 +2058,42 @@ cublasIcamin:
     .globl cublasIcamin_v2
     .type cublasIcamin_v2, @function
 cublasIcamin_v2:
-    leaq .Lname350(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIcamin_v2@PLT
     .size cublasIcamin_v2, .-cublasIcamin_v2
     .globl cublasIcamin_v2_64
     .type cublasIcamin_v2_64, @function
 cublasIcamin_v2_64:
-    leaq .Lname351(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIcamin_v2_64@PLT
     .size cublasIcamin_v2_64, .-cublasIcamin_v2_64
     .globl cublasIdamax
     .type cublasIdamax, @function
 cublasIdamax:
-    leaq .Lname352(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIdamax@PLT
     .size cublasIdamax, .-cublasIdamax
     .globl cublasIdamax_v2
     .type cublasIdamax_v2, @function
 cublasIdamax_v2:
-    leaq .Lname353(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIdamax_v2@PLT
     .size cublasIdamax_v2, .-cublasIdamax_v2
     .globl cublasIdamax_v2_64
     .type cublasIdamax_v2_64, @function
 cublasIdamax_v2_64:
-    leaq .Lname354(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIdamax_v2_64@PLT
     .size cublasIdamax_v2_64, .-cublasIdamax_v2_64
     .globl cublasIdamin
     .type cublasIdamin, @function
 cublasIdamin:
-    leaq .Lname355(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIdamin@PLT
     .size cublasIdamin, .-cublasIdamin
     .globl cublasIdamin_v2
     .type cublasIdamin_v2, @function
 cublasIdamin_v2:
-    leaq .Lname356(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIdamin_v2@PLT
     .size cublasIdamin_v2, .-cublasIdamin_v2
     .globl cublasIdamin_v2_64
     .type cublasIdamin_v2_64, @function
 cublasIdamin_v2_64:
-    leaq .Lname357(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIdamin_v2_64@PLT
     .size cublasIdamin_v2_64, .-cublasIdamin_v2_64
     .globl cublasInit
     .type cublasInit, @function
@@ -2928,50 +2103,32 @@ cublasInit:
     .globl cublasIsamax
     .type cublasIsamax, @function
 cublasIsamax:
-    leaq .Lname358(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIsamax@PLT
     .size cublasIsamax, .-cublasIsamax
     .globl cublasIsamax_v2
     .type cublasIsamax_v2, @function
 cublasIsamax_v2:
-    leaq .Lname359(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIsamax_v2@PLT
     .size cublasIsamax_v2, .-cublasIsamax_v2
     .globl cublasIsamax_v2_64
     .type cublasIsamax_v2_64, @function
 cublasIsamax_v2_64:
-    leaq .Lname360(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIsamax_v2_64@PLT
     .size cublasIsamax_v2_64, .-cublasIsamax_v2_64
     .globl cublasIsamin
     .type cublasIsamin, @function
 cublasIsamin:
-    leaq .Lname361(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIsamin@PLT
     .size cublasIsamin, .-cublasIsamin
     .globl cublasIsamin_v2
     .type cublasIsamin_v2, @function
 cublasIsamin_v2:
-    leaq .Lname362(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIsamin_v2@PLT
     .size cublasIsamin_v2, .-cublasIsamin_v2
     .globl cublasIsamin_v2_64
     .type cublasIsamin_v2_64, @function
 cublasIsamin_v2_64:
-    leaq .Lname363(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIsamin_v2_64@PLT
     .size cublasIsamin_v2_64, .-cublasIsamin_v2_64
     .globl cublasIzamax
     .type cublasIzamax, @function
@@ -2981,18 +2138,12 @@ cublasIzamax:
     .globl cublasIzamax_v2
     .type cublasIzamax_v2, @function
 cublasIzamax_v2:
-    leaq .Lname364(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIzamax_v2@PLT
     .size cublasIzamax_v2, .-cublasIzamax_v2
     .globl cublasIzamax_v2_64
     .type cublasIzamax_v2_64, @function
 cublasIzamax_v2_64:
-    leaq .Lname365(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIzamax_v2_64@PLT
     .size cublasIzamax_v2_64, .-cublasIzamax_v2_64
     .globl cublasIzamin
     .type cublasIzamin, @function
@@ -3002,23 +2153,17 @@ cublasIzamin:
     .globl cublasIzamin_v2
     .type cublasIzamin_v2, @function
 cublasIzamin_v2:
-    leaq .Lname366(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIzamin_v2@PLT
     .size cublasIzamin_v2, .-cublasIzamin_v2
     .globl cublasIzamin_v2_64
     .type cublasIzamin_v2_64, @function
 cublasIzamin_v2_64:
-    leaq .Lname367(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasIzamin_v2_64@PLT
     .size cublasIzamin_v2_64, .-cublasIzamin_v2_64
     .globl cublasLoggerConfigure
     .type cublasLoggerConfigure, @function
 cublasLoggerConfigure:
-    leaq .Lname368(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3026,7 +2171,7 @@ cublasLoggerConfigure:
     .globl cublasNrm2Ex
     .type cublasNrm2Ex, @function
 cublasNrm2Ex:
-    leaq .Lname369(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3034,7 +2179,7 @@ cublasNrm2Ex:
     .globl cublasNrm2Ex_64
     .type cublasNrm2Ex_64, @function
 cublasNrm2Ex_64:
-    leaq .Lname370(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3042,23 +2187,17 @@ cublasNrm2Ex_64:
     .globl cublasRotEx
     .type cublasRotEx, @function
 cublasRotEx:
-    leaq .Lname371(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasRotEx@PLT
     .size cublasRotEx, .-cublasRotEx
     .globl cublasRotEx_64
     .type cublasRotEx_64, @function
 cublasRotEx_64:
-    leaq .Lname372(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasRotEx_64@PLT
     .size cublasRotEx_64, .-cublasRotEx_64
     .globl cublasRotgEx
     .type cublasRotgEx, @function
 cublasRotgEx:
-    leaq .Lname373(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3066,7 +2205,7 @@ cublasRotgEx:
     .globl cublasRotmEx
     .type cublasRotmEx, @function
 cublasRotmEx:
-    leaq .Lname374(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3074,7 +2213,7 @@ cublasRotmEx:
     .globl cublasRotmEx_64
     .type cublasRotmEx_64, @function
 cublasRotmEx_64:
-    leaq .Lname375(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3082,7 +2221,7 @@ cublasRotmEx_64:
     .globl cublasRotmgEx
     .type cublasRotmgEx, @function
 cublasRotmgEx:
-    leaq .Lname376(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3090,55 +2229,37 @@ cublasRotmgEx:
     .globl cublasSasum
     .type cublasSasum, @function
 cublasSasum:
-    leaq .Lname377(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSasum@PLT
     .size cublasSasum, .-cublasSasum
     .globl cublasSasum_v2
     .type cublasSasum_v2, @function
 cublasSasum_v2:
-    leaq .Lname378(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSasum_v2@PLT
     .size cublasSasum_v2, .-cublasSasum_v2
     .globl cublasSasum_v2_64
     .type cublasSasum_v2_64, @function
 cublasSasum_v2_64:
-    leaq .Lname379(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSasum_v2_64@PLT
     .size cublasSasum_v2_64, .-cublasSasum_v2_64
     .globl cublasSaxpy
     .type cublasSaxpy, @function
 cublasSaxpy:
-    leaq .Lname380(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSaxpy@PLT
     .size cublasSaxpy, .-cublasSaxpy
     .globl cublasSaxpy_v2
     .type cublasSaxpy_v2, @function
 cublasSaxpy_v2:
-    leaq .Lname381(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSaxpy_v2@PLT
     .size cublasSaxpy_v2, .-cublasSaxpy_v2
     .globl cublasSaxpy_v2_64
     .type cublasSaxpy_v2_64, @function
 cublasSaxpy_v2_64:
-    leaq .Lname382(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSaxpy_v2_64@PLT
     .size cublasSaxpy_v2_64, .-cublasSaxpy_v2_64
     .globl cublasSbdmm
     .type cublasSbdmm, @function
 cublasSbdmm:
-    leaq .Lname383(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3146,18 +2267,12 @@ cublasSbdmm:
     .globl cublasScalEx
     .type cublasScalEx, @function
 cublasScalEx:
-    leaq .Lname384(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasScalEx@PLT
     .size cublasScalEx, .-cublasScalEx
     .globl cublasScalEx_64
     .type cublasScalEx_64, @function
 cublasScalEx_64:
-    leaq .Lname385(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasScalEx_64@PLT
     .size cublasScalEx_64, .-cublasScalEx_64
     .globl cublasScasum
     .type cublasScasum, @function
@@ -3167,18 +2282,12 @@ cublasScasum:
     .globl cublasScasum_v2
     .type cublasScasum_v2, @function
 cublasScasum_v2:
-    leaq .Lname386(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasScasum_v2@PLT
     .size cublasScasum_v2, .-cublasScasum_v2
     .globl cublasScasum_v2_64
     .type cublasScasum_v2_64, @function
 cublasScasum_v2_64:
-    leaq .Lname387(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasScasum_v2_64@PLT
     .size cublasScasum_v2_64, .-cublasScasum_v2_64
     .globl cublasScnrm2
     .type cublasScnrm2, @function
@@ -3188,82 +2297,52 @@ cublasScnrm2:
     .globl cublasScnrm2_v2
     .type cublasScnrm2_v2, @function
 cublasScnrm2_v2:
-    leaq .Lname388(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasScnrm2_v2@PLT
     .size cublasScnrm2_v2, .-cublasScnrm2_v2
     .globl cublasScnrm2_v2_64
     .type cublasScnrm2_v2_64, @function
 cublasScnrm2_v2_64:
-    leaq .Lname389(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasScnrm2_v2_64@PLT
     .size cublasScnrm2_v2_64, .-cublasScnrm2_v2_64
     .globl cublasScopy
     .type cublasScopy, @function
 cublasScopy:
-    leaq .Lname390(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasScopy@PLT
     .size cublasScopy, .-cublasScopy
     .globl cublasScopy_v2
     .type cublasScopy_v2, @function
 cublasScopy_v2:
-    leaq .Lname391(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasScopy_v2@PLT
     .size cublasScopy_v2, .-cublasScopy_v2
     .globl cublasScopy_v2_64
     .type cublasScopy_v2_64, @function
 cublasScopy_v2_64:
-    leaq .Lname392(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasScopy_v2_64@PLT
     .size cublasScopy_v2_64, .-cublasScopy_v2_64
     .globl cublasSdgmm
     .type cublasSdgmm, @function
 cublasSdgmm:
-    leaq .Lname393(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSdgmm@PLT
     .size cublasSdgmm, .-cublasSdgmm
     .globl cublasSdgmm_64
     .type cublasSdgmm_64, @function
 cublasSdgmm_64:
-    leaq .Lname394(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSdgmm_64@PLT
     .size cublasSdgmm_64, .-cublasSdgmm_64
     .globl cublasSdot
     .type cublasSdot, @function
 cublasSdot:
-    leaq .Lname395(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSdot@PLT
     .size cublasSdot, .-cublasSdot
     .globl cublasSdot_v2
     .type cublasSdot_v2, @function
 cublasSdot_v2:
-    leaq .Lname396(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSdot_v2@PLT
     .size cublasSdot_v2, .-cublasSdot_v2
     .globl cublasSdot_v2_64
     .type cublasSdot_v2_64, @function
 cublasSdot_v2_64:
-    leaq .Lname397(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSdot_v2_64@PLT
     .size cublasSdot_v2_64, .-cublasSdot_v2_64
     .globl cublasSetAtomicsMode
     .type cublasSetAtomicsMode, @function
@@ -3273,7 +2352,7 @@ cublasSetAtomicsMode:
     .globl cublasSetBackdoor
     .type cublasSetBackdoor, @function
 cublasSetBackdoor:
-    leaq .Lname398(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3281,7 +2360,7 @@ cublasSetBackdoor:
     .globl cublasSetBackdoorEx
     .type cublasSetBackdoorEx, @function
 cublasSetBackdoorEx:
-    leaq .Lname399(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3299,7 +2378,7 @@ cublasSetEmulationStrategy:
     .globl cublasSetEnvironmentMode
     .type cublasSetEnvironmentMode, @function
 cublasSetEnvironmentMode:
-    leaq .Lname400(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3307,7 +2386,7 @@ cublasSetEnvironmentMode:
     .globl cublasSetFixedPointEmulationMantissaBitCountPointer
     .type cublasSetFixedPointEmulationMantissaBitCountPointer, @function
 cublasSetFixedPointEmulationMantissaBitCountPointer:
-    leaq .Lname401(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3335,7 +2414,7 @@ cublasSetKernelStream:
     .globl cublasSetLoggerCallback
     .type cublasSetLoggerCallback, @function
 cublasSetLoggerCallback:
-    leaq .Lname402(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3348,15 +2427,12 @@ cublasSetMathMode:
     .globl cublasSetMatrix
     .type cublasSetMatrix, @function
 cublasSetMatrix:
-    leaq .Lname403(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetMatrix@PLT
     .size cublasSetMatrix, .-cublasSetMatrix
     .globl cublasSetMatrixAsync
     .type cublasSetMatrixAsync, @function
 cublasSetMatrixAsync:
-    leaq .Lname404(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3364,18 +2440,12 @@ cublasSetMatrixAsync:
     .globl cublasSetMatrixAsync_64
     .type cublasSetMatrixAsync_64, @function
 cublasSetMatrixAsync_64:
-    leaq .Lname405(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetMatrixAsync_64@PLT
     .size cublasSetMatrixAsync_64, .-cublasSetMatrixAsync_64
     .globl cublasSetMatrix_64
     .type cublasSetMatrix_64, @function
 cublasSetMatrix_64:
-    leaq .Lname406(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetMatrix_64@PLT
     .size cublasSetMatrix_64, .-cublasSetMatrix_64
     .globl cublasSetPointerMode_v2
     .type cublasSetPointerMode_v2, @function
@@ -3395,7 +2465,7 @@ cublasSetStream_v2:
     .globl cublasSetVector
     .type cublasSetVector, @function
 cublasSetVector:
-    leaq .Lname407(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3403,7 +2473,7 @@ cublasSetVector:
     .globl cublasSetVectorAsync
     .type cublasSetVectorAsync, @function
 cublasSetVectorAsync:
-    leaq .Lname408(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3411,7 +2481,7 @@ cublasSetVectorAsync:
     .globl cublasSetVectorAsync_64
     .type cublasSetVectorAsync_64, @function
 cublasSetVectorAsync_64:
-    leaq .Lname409(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3419,7 +2489,7 @@ cublasSetVectorAsync_64:
     .globl cublasSetVector_64
     .type cublasSetVector_64, @function
 cublasSetVector_64:
-    leaq .Lname410(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3427,103 +2497,67 @@ cublasSetVector_64:
     .globl cublasSetWorkspace_v2
     .type cublasSetWorkspace_v2, @function
 cublasSetWorkspace_v2:
-    leaq .Lname411(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetWorkspace_v2@PLT
     .size cublasSetWorkspace_v2, .-cublasSetWorkspace_v2
     .globl cublasSgbmv
     .type cublasSgbmv, @function
 cublasSgbmv:
-    leaq .Lname412(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgbmv@PLT
     .size cublasSgbmv, .-cublasSgbmv
     .globl cublasSgbmv_v2
     .type cublasSgbmv_v2, @function
 cublasSgbmv_v2:
-    leaq .Lname413(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgbmv_v2@PLT
     .size cublasSgbmv_v2, .-cublasSgbmv_v2
     .globl cublasSgbmv_v2_64
     .type cublasSgbmv_v2_64, @function
 cublasSgbmv_v2_64:
-    leaq .Lname414(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgbmv_v2_64@PLT
     .size cublasSgbmv_v2_64, .-cublasSgbmv_v2_64
     .globl cublasSgeam
     .type cublasSgeam, @function
 cublasSgeam:
-    leaq .Lname415(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgeam@PLT
     .size cublasSgeam, .-cublasSgeam
     .globl cublasSgeam_64
     .type cublasSgeam_64, @function
 cublasSgeam_64:
-    leaq .Lname416(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgeam_64@PLT
     .size cublasSgeam_64, .-cublasSgeam_64
     .globl cublasSgelsBatched
     .type cublasSgelsBatched, @function
 cublasSgelsBatched:
-    leaq .Lname417(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgelsBatched@PLT
     .size cublasSgelsBatched, .-cublasSgelsBatched
     .globl cublasSgemm
     .type cublasSgemm, @function
 cublasSgemm:
-    leaq .Lname418(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemm@PLT
     .size cublasSgemm, .-cublasSgemm
     .globl cublasSgemmBatched
     .type cublasSgemmBatched, @function
 cublasSgemmBatched:
-    leaq .Lname419(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemmBatched@PLT
     .size cublasSgemmBatched, .-cublasSgemmBatched
     .globl cublasSgemmBatched_64
     .type cublasSgemmBatched_64, @function
 cublasSgemmBatched_64:
-    leaq .Lname420(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemmBatched_64@PLT
     .size cublasSgemmBatched_64, .-cublasSgemmBatched_64
     .globl cublasSgemmEx
     .type cublasSgemmEx, @function
 cublasSgemmEx:
-    leaq .Lname421(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemmEx@PLT
     .size cublasSgemmEx, .-cublasSgemmEx
     .globl cublasSgemmEx_64
     .type cublasSgemmEx_64, @function
 cublasSgemmEx_64:
-    leaq .Lname422(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemmEx_64@PLT
     .size cublasSgemmEx_64, .-cublasSgemmEx_64
     .globl cublasSgemmGroupedBatched
     .type cublasSgemmGroupedBatched, @function
 cublasSgemmGroupedBatched:
-    leaq .Lname423(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3531,7 +2565,7 @@ cublasSgemmGroupedBatched:
     .globl cublasSgemmGroupedBatched_64
     .type cublasSgemmGroupedBatched_64, @function
 cublasSgemmGroupedBatched_64:
-    leaq .Lname424(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3539,47 +2573,32 @@ cublasSgemmGroupedBatched_64:
     .globl cublasSgemmStridedBatched
     .type cublasSgemmStridedBatched, @function
 cublasSgemmStridedBatched:
-    leaq .Lname425(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemmStridedBatched@PLT
     .size cublasSgemmStridedBatched, .-cublasSgemmStridedBatched
     .globl cublasSgemmStridedBatched_64
     .type cublasSgemmStridedBatched_64, @function
 cublasSgemmStridedBatched_64:
-    leaq .Lname426(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemmStridedBatched_64@PLT
     .size cublasSgemmStridedBatched_64, .-cublasSgemmStridedBatched_64
     .globl cublasSgemm_v2
     .type cublasSgemm_v2, @function
 cublasSgemm_v2:
-    leaq .Lname427(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemm_v2@PLT
     .size cublasSgemm_v2, .-cublasSgemm_v2
     .globl cublasSgemm_v2_64
     .type cublasSgemm_v2_64, @function
 cublasSgemm_v2_64:
-    leaq .Lname428(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemm_v2_64@PLT
     .size cublasSgemm_v2_64, .-cublasSgemm_v2_64
     .globl cublasSgemv
     .type cublasSgemv, @function
 cublasSgemv:
-    leaq .Lname429(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemv@PLT
     .size cublasSgemv, .-cublasSgemv
     .globl cublasSgemvBatched
     .type cublasSgemvBatched, @function
 cublasSgemvBatched:
-    leaq .Lname430(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3587,7 +2606,7 @@ cublasSgemvBatched:
     .globl cublasSgemvBatched_64
     .type cublasSgemvBatched_64, @function
 cublasSgemvBatched_64:
-    leaq .Lname431(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3595,90 +2614,57 @@ cublasSgemvBatched_64:
     .globl cublasSgemvStridedBatched
     .type cublasSgemvStridedBatched, @function
 cublasSgemvStridedBatched:
-    leaq .Lname432(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemvStridedBatched@PLT
     .size cublasSgemvStridedBatched, .-cublasSgemvStridedBatched
     .globl cublasSgemvStridedBatched_64
     .type cublasSgemvStridedBatched_64, @function
 cublasSgemvStridedBatched_64:
-    leaq .Lname433(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemvStridedBatched_64@PLT
     .size cublasSgemvStridedBatched_64, .-cublasSgemvStridedBatched_64
     .globl cublasSgemv_v2
     .type cublasSgemv_v2, @function
 cublasSgemv_v2:
-    leaq .Lname434(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemv_v2@PLT
     .size cublasSgemv_v2, .-cublasSgemv_v2
     .globl cublasSgemv_v2_64
     .type cublasSgemv_v2_64, @function
 cublasSgemv_v2_64:
-    leaq .Lname435(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgemv_v2_64@PLT
     .size cublasSgemv_v2_64, .-cublasSgemv_v2_64
     .globl cublasSgeqrfBatched
     .type cublasSgeqrfBatched, @function
 cublasSgeqrfBatched:
-    leaq .Lname436(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgeqrfBatched@PLT
     .size cublasSgeqrfBatched, .-cublasSgeqrfBatched
     .globl cublasSger
     .type cublasSger, @function
 cublasSger:
-    leaq .Lname437(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSger@PLT
     .size cublasSger, .-cublasSger
     .globl cublasSger_v2
     .type cublasSger_v2, @function
 cublasSger_v2:
-    leaq .Lname438(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSger_v2@PLT
     .size cublasSger_v2, .-cublasSger_v2
     .globl cublasSger_v2_64
     .type cublasSger_v2_64, @function
 cublasSger_v2_64:
-    leaq .Lname439(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSger_v2_64@PLT
     .size cublasSger_v2_64, .-cublasSger_v2_64
     .globl cublasSgetrfBatched
     .type cublasSgetrfBatched, @function
 cublasSgetrfBatched:
-    leaq .Lname440(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgetrfBatched@PLT
     .size cublasSgetrfBatched, .-cublasSgetrfBatched
     .globl cublasSgetriBatched
     .type cublasSgetriBatched, @function
 cublasSgetriBatched:
-    leaq .Lname441(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgetriBatched@PLT
     .size cublasSgetriBatched, .-cublasSgetriBatched
     .globl cublasSgetrsBatched
     .type cublasSgetrsBatched, @function
 cublasSgetrsBatched:
-    leaq .Lname442(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSgetrsBatched@PLT
     .size cublasSgetrsBatched, .-cublasSgetrsBatched
     .globl cublasShutdown
     .type cublasShutdown, @function
@@ -3688,7 +2674,7 @@ cublasShutdown:
     .globl cublasSmatinvBatched
     .type cublasSmatinvBatched, @function
 cublasSmatinvBatched:
-    leaq .Lname443(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3696,55 +2682,37 @@ cublasSmatinvBatched:
     .globl cublasSnrm2
     .type cublasSnrm2, @function
 cublasSnrm2:
-    leaq .Lname444(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSnrm2@PLT
     .size cublasSnrm2, .-cublasSnrm2
     .globl cublasSnrm2_v2
     .type cublasSnrm2_v2, @function
 cublasSnrm2_v2:
-    leaq .Lname445(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSnrm2_v2@PLT
     .size cublasSnrm2_v2, .-cublasSnrm2_v2
     .globl cublasSnrm2_v2_64
     .type cublasSnrm2_v2_64, @function
 cublasSnrm2_v2_64:
-    leaq .Lname446(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSnrm2_v2_64@PLT
     .size cublasSnrm2_v2_64, .-cublasSnrm2_v2_64
     .globl cublasSrot
     .type cublasSrot, @function
 cublasSrot:
-    leaq .Lname447(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSrot@PLT
     .size cublasSrot, .-cublasSrot
     .globl cublasSrot_v2
     .type cublasSrot_v2, @function
 cublasSrot_v2:
-    leaq .Lname448(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSrot_v2@PLT
     .size cublasSrot_v2, .-cublasSrot_v2
     .globl cublasSrot_v2_64
     .type cublasSrot_v2_64, @function
 cublasSrot_v2_64:
-    leaq .Lname449(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSrot_v2_64@PLT
     .size cublasSrot_v2_64, .-cublasSrot_v2_64
     .globl cublasSrotg
     .type cublasSrotg, @function
 cublasSrotg:
-    leaq .Lname450(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3752,15 +2720,12 @@ cublasSrotg:
     .globl cublasSrotg_v2
     .type cublasSrotg_v2, @function
 cublasSrotg_v2:
-    leaq .Lname451(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSrotg_v2@PLT
     .size cublasSrotg_v2, .-cublasSrotg_v2
     .globl cublasSrotm
     .type cublasSrotm, @function
 cublasSrotm:
-    leaq .Lname452(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3768,7 +2733,7 @@ cublasSrotm:
     .globl cublasSrotm_v2
     .type cublasSrotm_v2, @function
 cublasSrotm_v2:
-    leaq .Lname453(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3776,7 +2741,7 @@ cublasSrotm_v2:
     .globl cublasSrotm_v2_64
     .type cublasSrotm_v2_64, @function
 cublasSrotm_v2_64:
-    leaq .Lname454(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3784,7 +2749,7 @@ cublasSrotm_v2_64:
     .globl cublasSrotmg
     .type cublasSrotmg, @function
 cublasSrotmg:
-    leaq .Lname455(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3792,7 +2757,7 @@ cublasSrotmg:
     .globl cublasSrotmg_v2
     .type cublasSrotmg_v2, @function
 cublasSrotmg_v2:
-    leaq .Lname456(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3800,55 +2765,37 @@ cublasSrotmg_v2:
     .globl cublasSsbmv
     .type cublasSsbmv, @function
 cublasSsbmv:
-    leaq .Lname457(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsbmv@PLT
     .size cublasSsbmv, .-cublasSsbmv
     .globl cublasSsbmv_v2
     .type cublasSsbmv_v2, @function
 cublasSsbmv_v2:
-    leaq .Lname458(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsbmv_v2@PLT
     .size cublasSsbmv_v2, .-cublasSsbmv_v2
     .globl cublasSsbmv_v2_64
     .type cublasSsbmv_v2_64, @function
 cublasSsbmv_v2_64:
-    leaq .Lname459(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsbmv_v2_64@PLT
     .size cublasSsbmv_v2_64, .-cublasSsbmv_v2_64
     .globl cublasSscal
     .type cublasSscal, @function
 cublasSscal:
-    leaq .Lname460(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSscal@PLT
     .size cublasSscal, .-cublasSscal
     .globl cublasSscal_v2
     .type cublasSscal_v2, @function
 cublasSscal_v2:
-    leaq .Lname461(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSscal_v2@PLT
     .size cublasSscal_v2, .-cublasSscal_v2
     .globl cublasSscal_v2_64
     .type cublasSscal_v2_64, @function
 cublasSscal_v2_64:
-    leaq .Lname462(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSscal_v2_64@PLT
     .size cublasSscal_v2_64, .-cublasSscal_v2_64
     .globl cublasSspmv
     .type cublasSspmv, @function
 cublasSspmv:
-    leaq .Lname463(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3856,7 +2803,7 @@ cublasSspmv:
     .globl cublasSspmv_v2
     .type cublasSspmv_v2, @function
 cublasSspmv_v2:
-    leaq .Lname464(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3864,7 +2811,7 @@ cublasSspmv_v2:
     .globl cublasSspmv_v2_64
     .type cublasSspmv_v2_64, @function
 cublasSspmv_v2_64:
-    leaq .Lname465(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3872,7 +2819,7 @@ cublasSspmv_v2_64:
     .globl cublasSspr
     .type cublasSspr, @function
 cublasSspr:
-    leaq .Lname466(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3880,7 +2827,7 @@ cublasSspr:
     .globl cublasSspr2
     .type cublasSspr2, @function
 cublasSspr2:
-    leaq .Lname467(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3888,7 +2835,7 @@ cublasSspr2:
     .globl cublasSspr2_v2
     .type cublasSspr2_v2, @function
 cublasSspr2_v2:
-    leaq .Lname468(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3896,7 +2843,7 @@ cublasSspr2_v2:
     .globl cublasSspr2_v2_64
     .type cublasSspr2_v2_64, @function
 cublasSspr2_v2_64:
-    leaq .Lname469(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3904,7 +2851,7 @@ cublasSspr2_v2_64:
     .globl cublasSspr_v2
     .type cublasSspr_v2, @function
 cublasSspr_v2:
-    leaq .Lname470(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3912,7 +2859,7 @@ cublasSspr_v2:
     .globl cublasSspr_v2_64
     .type cublasSspr_v2_64, @function
 cublasSspr_v2_64:
-    leaq .Lname471(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3920,239 +2867,152 @@ cublasSspr_v2_64:
     .globl cublasSswap
     .type cublasSswap, @function
 cublasSswap:
-    leaq .Lname472(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSswap@PLT
     .size cublasSswap, .-cublasSswap
     .globl cublasSswap_v2
     .type cublasSswap_v2, @function
 cublasSswap_v2:
-    leaq .Lname473(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSswap_v2@PLT
     .size cublasSswap_v2, .-cublasSswap_v2
     .globl cublasSswap_v2_64
     .type cublasSswap_v2_64, @function
 cublasSswap_v2_64:
-    leaq .Lname474(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSswap_v2_64@PLT
     .size cublasSswap_v2_64, .-cublasSswap_v2_64
     .globl cublasSsymm
     .type cublasSsymm, @function
 cublasSsymm:
-    leaq .Lname475(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsymm@PLT
     .size cublasSsymm, .-cublasSsymm
     .globl cublasSsymm_v2
     .type cublasSsymm_v2, @function
 cublasSsymm_v2:
-    leaq .Lname476(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsymm_v2@PLT
     .size cublasSsymm_v2, .-cublasSsymm_v2
     .globl cublasSsymm_v2_64
     .type cublasSsymm_v2_64, @function
 cublasSsymm_v2_64:
-    leaq .Lname477(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsymm_v2_64@PLT
     .size cublasSsymm_v2_64, .-cublasSsymm_v2_64
     .globl cublasSsymv
     .type cublasSsymv, @function
 cublasSsymv:
-    leaq .Lname478(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsymv@PLT
     .size cublasSsymv, .-cublasSsymv
     .globl cublasSsymv_v2
     .type cublasSsymv_v2, @function
 cublasSsymv_v2:
-    leaq .Lname479(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsymv_v2@PLT
     .size cublasSsymv_v2, .-cublasSsymv_v2
     .globl cublasSsymv_v2_64
     .type cublasSsymv_v2_64, @function
 cublasSsymv_v2_64:
-    leaq .Lname480(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsymv_v2_64@PLT
     .size cublasSsymv_v2_64, .-cublasSsymv_v2_64
     .globl cublasSsyr
     .type cublasSsyr, @function
 cublasSsyr:
-    leaq .Lname481(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyr@PLT
     .size cublasSsyr, .-cublasSsyr
     .globl cublasSsyr2
     .type cublasSsyr2, @function
 cublasSsyr2:
-    leaq .Lname482(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyr2@PLT
     .size cublasSsyr2, .-cublasSsyr2
     .globl cublasSsyr2_v2
     .type cublasSsyr2_v2, @function
 cublasSsyr2_v2:
-    leaq .Lname483(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyr2_v2@PLT
     .size cublasSsyr2_v2, .-cublasSsyr2_v2
     .globl cublasSsyr2_v2_64
     .type cublasSsyr2_v2_64, @function
 cublasSsyr2_v2_64:
-    leaq .Lname484(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyr2_v2_64@PLT
     .size cublasSsyr2_v2_64, .-cublasSsyr2_v2_64
     .globl cublasSsyr2k
     .type cublasSsyr2k, @function
 cublasSsyr2k:
-    leaq .Lname485(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyr2k@PLT
     .size cublasSsyr2k, .-cublasSsyr2k
     .globl cublasSsyr2k_v2
     .type cublasSsyr2k_v2, @function
 cublasSsyr2k_v2:
-    leaq .Lname486(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyr2k_v2@PLT
     .size cublasSsyr2k_v2, .-cublasSsyr2k_v2
     .globl cublasSsyr2k_v2_64
     .type cublasSsyr2k_v2_64, @function
 cublasSsyr2k_v2_64:
-    leaq .Lname487(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyr2k_v2_64@PLT
     .size cublasSsyr2k_v2_64, .-cublasSsyr2k_v2_64
     .globl cublasSsyr_v2
     .type cublasSsyr_v2, @function
 cublasSsyr_v2:
-    leaq .Lname488(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyr_v2@PLT
     .size cublasSsyr_v2, .-cublasSsyr_v2
     .globl cublasSsyr_v2_64
     .type cublasSsyr_v2_64, @function
 cublasSsyr_v2_64:
-    leaq .Lname489(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyr_v2_64@PLT
     .size cublasSsyr_v2_64, .-cublasSsyr_v2_64
     .globl cublasSsyrk
     .type cublasSsyrk, @function
 cublasSsyrk:
-    leaq .Lname490(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyrk@PLT
     .size cublasSsyrk, .-cublasSsyrk
     .globl cublasSsyrk_v2
     .type cublasSsyrk_v2, @function
 cublasSsyrk_v2:
-    leaq .Lname491(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyrk_v2@PLT
     .size cublasSsyrk_v2, .-cublasSsyrk_v2
     .globl cublasSsyrk_v2_64
     .type cublasSsyrk_v2_64, @function
 cublasSsyrk_v2_64:
-    leaq .Lname492(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyrk_v2_64@PLT
     .size cublasSsyrk_v2_64, .-cublasSsyrk_v2_64
     .globl cublasSsyrkx
     .type cublasSsyrkx, @function
 cublasSsyrkx:
-    leaq .Lname493(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyrkx@PLT
     .size cublasSsyrkx, .-cublasSsyrkx
     .globl cublasSsyrkx_64
     .type cublasSsyrkx_64, @function
 cublasSsyrkx_64:
-    leaq .Lname494(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSsyrkx_64@PLT
     .size cublasSsyrkx_64, .-cublasSsyrkx_64
     .globl cublasStbmv
     .type cublasStbmv, @function
 cublasStbmv:
-    leaq .Lname495(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStbmv@PLT
     .size cublasStbmv, .-cublasStbmv
     .globl cublasStbmv_v2
     .type cublasStbmv_v2, @function
 cublasStbmv_v2:
-    leaq .Lname496(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStbmv_v2@PLT
     .size cublasStbmv_v2, .-cublasStbmv_v2
     .globl cublasStbmv_v2_64
     .type cublasStbmv_v2_64, @function
 cublasStbmv_v2_64:
-    leaq .Lname497(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStbmv_v2_64@PLT
     .size cublasStbmv_v2_64, .-cublasStbmv_v2_64
     .globl cublasStbsv
     .type cublasStbsv, @function
 cublasStbsv:
-    leaq .Lname498(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStbsv@PLT
     .size cublasStbsv, .-cublasStbsv
     .globl cublasStbsv_v2
     .type cublasStbsv_v2, @function
 cublasStbsv_v2:
-    leaq .Lname499(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStbsv_v2@PLT
     .size cublasStbsv_v2, .-cublasStbsv_v2
     .globl cublasStbsv_v2_64
     .type cublasStbsv_v2_64, @function
 cublasStbsv_v2_64:
-    leaq .Lname500(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStbsv_v2_64@PLT
     .size cublasStbsv_v2_64, .-cublasStbsv_v2_64
     .globl cublasStpmv
     .type cublasStpmv, @function
 cublasStpmv:
-    leaq .Lname501(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4160,7 +3020,7 @@ cublasStpmv:
     .globl cublasStpmv_v2
     .type cublasStpmv_v2, @function
 cublasStpmv_v2:
-    leaq .Lname502(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4168,7 +3028,7 @@ cublasStpmv_v2:
     .globl cublasStpmv_v2_64
     .type cublasStpmv_v2_64, @function
 cublasStpmv_v2_64:
-    leaq .Lname503(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4176,7 +3036,7 @@ cublasStpmv_v2_64:
     .globl cublasStpsv
     .type cublasStpsv, @function
 cublasStpsv:
-    leaq .Lname504(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4184,7 +3044,7 @@ cublasStpsv:
     .globl cublasStpsv_v2
     .type cublasStpsv_v2, @function
 cublasStpsv_v2:
-    leaq .Lname505(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4192,7 +3052,7 @@ cublasStpsv_v2:
     .globl cublasStpsv_v2_64
     .type cublasStpsv_v2_64, @function
 cublasStpsv_v2_64:
-    leaq .Lname506(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4200,7 +3060,7 @@ cublasStpsv_v2_64:
     .globl cublasStpttr
     .type cublasStpttr, @function
 cublasStpttr:
-    leaq .Lname507(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4208,119 +3068,77 @@ cublasStpttr:
     .globl cublasStrmm
     .type cublasStrmm, @function
 cublasStrmm:
-    leaq .Lname508(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrmm@PLT
     .size cublasStrmm, .-cublasStrmm
     .globl cublasStrmm_v2
     .type cublasStrmm_v2, @function
 cublasStrmm_v2:
-    leaq .Lname509(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrmm_v2@PLT
     .size cublasStrmm_v2, .-cublasStrmm_v2
     .globl cublasStrmm_v2_64
     .type cublasStrmm_v2_64, @function
 cublasStrmm_v2_64:
-    leaq .Lname510(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrmm_v2_64@PLT
     .size cublasStrmm_v2_64, .-cublasStrmm_v2_64
     .globl cublasStrmv
     .type cublasStrmv, @function
 cublasStrmv:
-    leaq .Lname511(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrmv@PLT
     .size cublasStrmv, .-cublasStrmv
     .globl cublasStrmv_v2
     .type cublasStrmv_v2, @function
 cublasStrmv_v2:
-    leaq .Lname512(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrmv_v2@PLT
     .size cublasStrmv_v2, .-cublasStrmv_v2
     .globl cublasStrmv_v2_64
     .type cublasStrmv_v2_64, @function
 cublasStrmv_v2_64:
-    leaq .Lname513(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrmv_v2_64@PLT
     .size cublasStrmv_v2_64, .-cublasStrmv_v2_64
     .globl cublasStrsm
     .type cublasStrsm, @function
 cublasStrsm:
-    leaq .Lname514(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrsm@PLT
     .size cublasStrsm, .-cublasStrsm
     .globl cublasStrsmBatched
     .type cublasStrsmBatched, @function
 cublasStrsmBatched:
-    leaq .Lname515(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrsmBatched@PLT
     .size cublasStrsmBatched, .-cublasStrsmBatched
     .globl cublasStrsmBatched_64
     .type cublasStrsmBatched_64, @function
 cublasStrsmBatched_64:
-    leaq .Lname516(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrsmBatched_64@PLT
     .size cublasStrsmBatched_64, .-cublasStrsmBatched_64
     .globl cublasStrsm_v2
     .type cublasStrsm_v2, @function
 cublasStrsm_v2:
-    leaq .Lname517(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrsm_v2@PLT
     .size cublasStrsm_v2, .-cublasStrsm_v2
     .globl cublasStrsm_v2_64
     .type cublasStrsm_v2_64, @function
 cublasStrsm_v2_64:
-    leaq .Lname518(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrsm_v2_64@PLT
     .size cublasStrsm_v2_64, .-cublasStrsm_v2_64
     .globl cublasStrsv
     .type cublasStrsv, @function
 cublasStrsv:
-    leaq .Lname519(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrsv@PLT
     .size cublasStrsv, .-cublasStrsv
     .globl cublasStrsv_v2
     .type cublasStrsv_v2, @function
 cublasStrsv_v2:
-    leaq .Lname520(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrsv_v2@PLT
     .size cublasStrsv_v2, .-cublasStrsv_v2
     .globl cublasStrsv_v2_64
     .type cublasStrsv_v2_64, @function
 cublasStrsv_v2_64:
-    leaq .Lname521(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasStrsv_v2_64@PLT
     .size cublasStrsv_v2_64, .-cublasStrsv_v2_64
     .globl cublasStrttp
     .type cublasStrttp, @function
 cublasStrttp:
-    leaq .Lname522(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4328,23 +3146,17 @@ cublasStrttp:
     .globl cublasSwapEx
     .type cublasSwapEx, @function
 cublasSwapEx:
-    leaq .Lname523(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSwapEx@PLT
     .size cublasSwapEx, .-cublasSwapEx
     .globl cublasSwapEx_64
     .type cublasSwapEx_64, @function
 cublasSwapEx_64:
-    leaq .Lname524(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSwapEx_64@PLT
     .size cublasSwapEx_64, .-cublasSwapEx_64
     .globl cublasTSSgemvBatched
     .type cublasTSSgemvBatched, @function
 cublasTSSgemvBatched:
-    leaq .Lname525(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4352,7 +3164,7 @@ cublasTSSgemvBatched:
     .globl cublasTSSgemvBatched_64
     .type cublasTSSgemvBatched_64, @function
 cublasTSSgemvBatched_64:
-    leaq .Lname526(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4360,7 +3172,7 @@ cublasTSSgemvBatched_64:
     .globl cublasTSSgemvStridedBatched
     .type cublasTSSgemvStridedBatched, @function
 cublasTSSgemvStridedBatched:
-    leaq .Lname527(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4368,7 +3180,7 @@ cublasTSSgemvStridedBatched:
     .globl cublasTSSgemvStridedBatched_64
     .type cublasTSSgemvStridedBatched_64, @function
 cublasTSSgemvStridedBatched_64:
-    leaq .Lname528(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4376,7 +3188,7 @@ cublasTSSgemvStridedBatched_64:
     .globl cublasTSTgemvBatched
     .type cublasTSTgemvBatched, @function
 cublasTSTgemvBatched:
-    leaq .Lname529(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4384,7 +3196,7 @@ cublasTSTgemvBatched:
     .globl cublasTSTgemvBatched_64
     .type cublasTSTgemvBatched_64, @function
 cublasTSTgemvBatched_64:
-    leaq .Lname530(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4392,7 +3204,7 @@ cublasTSTgemvBatched_64:
     .globl cublasTSTgemvStridedBatched
     .type cublasTSTgemvStridedBatched, @function
 cublasTSTgemvStridedBatched:
-    leaq .Lname531(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4400,7 +3212,7 @@ cublasTSTgemvStridedBatched:
     .globl cublasTSTgemvStridedBatched_64
     .type cublasTSTgemvStridedBatched_64, @function
 cublasTSTgemvStridedBatched_64:
-    leaq .Lname532(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4408,10 +3220,7 @@ cublasTSTgemvStridedBatched_64:
     .globl cublasUint8gemmBias
     .type cublasUint8gemmBias, @function
 cublasUint8gemmBias:
-    leaq .Lname533(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasUint8gemmBias@PLT
     .size cublasUint8gemmBias, .-cublasUint8gemmBias
     .globl cublasXerbla
     .type cublasXerbla, @function
@@ -4421,42 +3230,27 @@ cublasXerbla:
     .globl cublasXtCgemm
     .type cublasXtCgemm, @function
 cublasXtCgemm:
-    leaq .Lname534(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCgemm@PLT
     .size cublasXtCgemm, .-cublasXtCgemm
     .globl cublasXtChemm
     .type cublasXtChemm, @function
 cublasXtChemm:
-    leaq .Lname535(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtChemm@PLT
     .size cublasXtChemm, .-cublasXtChemm
     .globl cublasXtCher2k
     .type cublasXtCher2k, @function
 cublasXtCher2k:
-    leaq .Lname536(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCher2k@PLT
     .size cublasXtCher2k, .-cublasXtCher2k
     .globl cublasXtCherk
     .type cublasXtCherk, @function
 cublasXtCherk:
-    leaq .Lname537(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCherk@PLT
     .size cublasXtCherk, .-cublasXtCherk
     .globl cublasXtCherkx
     .type cublasXtCherkx, @function
 cublasXtCherkx:
-    leaq .Lname538(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCherkx@PLT
     .size cublasXtCherkx, .-cublasXtCherkx
     .globl cublasXtCreate
     .type cublasXtCreate, @function
@@ -4466,58 +3260,37 @@ cublasXtCreate:
     .globl cublasXtCspmm
     .type cublasXtCspmm, @function
 cublasXtCspmm:
-    leaq .Lname539(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCspmm@PLT
     .size cublasXtCspmm, .-cublasXtCspmm
     .globl cublasXtCsymm
     .type cublasXtCsymm, @function
 cublasXtCsymm:
-    leaq .Lname540(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCsymm@PLT
     .size cublasXtCsymm, .-cublasXtCsymm
     .globl cublasXtCsyr2k
     .type cublasXtCsyr2k, @function
 cublasXtCsyr2k:
-    leaq .Lname541(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCsyr2k@PLT
     .size cublasXtCsyr2k, .-cublasXtCsyr2k
     .globl cublasXtCsyrk
     .type cublasXtCsyrk, @function
 cublasXtCsyrk:
-    leaq .Lname542(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCsyrk@PLT
     .size cublasXtCsyrk, .-cublasXtCsyrk
     .globl cublasXtCsyrkx
     .type cublasXtCsyrkx, @function
 cublasXtCsyrkx:
-    leaq .Lname543(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCsyrkx@PLT
     .size cublasXtCsyrkx, .-cublasXtCsyrkx
     .globl cublasXtCtrmm
     .type cublasXtCtrmm, @function
 cublasXtCtrmm:
-    leaq .Lname544(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCtrmm@PLT
     .size cublasXtCtrmm, .-cublasXtCtrmm
     .globl cublasXtCtrsm
     .type cublasXtCtrsm, @function
 cublasXtCtrsm:
-    leaq .Lname545(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtCtrsm@PLT
     .size cublasXtCtrsm, .-cublasXtCtrsm
     .globl cublasXtDestroy
     .type cublasXtDestroy, @function
@@ -4527,7 +3300,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname546(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4535,15 +3308,12 @@ cublasXtDeviceSelect:
     .globl cublasXtDgemm
     .type cublasXtDgemm, @function
 cublasXtDgemm:
-    leaq .Lname547(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDgemm@PLT
     .size cublasXtDgemm, .-cublasXtDgemm
     .globl cublasXtDspmm
     .type cublasXtDspmm, @function
 cublasXtDspmm:
-    leaq .Lname548(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4551,55 +3321,37 @@ cublasXtDspmm:
     .globl cublasXtDsymm
     .type cublasXtDsymm, @function
 cublasXtDsymm:
-    leaq .Lname549(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDsymm@PLT
     .size cublasXtDsymm, .-cublasXtDsymm
     .globl cublasXtDsyr2k
     .type cublasXtDsyr2k, @function
 cublasXtDsyr2k:
-    leaq .Lname550(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDsyr2k@PLT
     .size cublasXtDsyr2k, .-cublasXtDsyr2k
     .globl cublasXtDsyrk
     .type cublasXtDsyrk, @function
 cublasXtDsyrk:
-    leaq .Lname551(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDsyrk@PLT
     .size cublasXtDsyrk, .-cublasXtDsyrk
     .globl cublasXtDsyrkx
     .type cublasXtDsyrkx, @function
 cublasXtDsyrkx:
-    leaq .Lname552(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDsyrkx@PLT
     .size cublasXtDsyrkx, .-cublasXtDsyrkx
     .globl cublasXtDtrmm
     .type cublasXtDtrmm, @function
 cublasXtDtrmm:
-    leaq .Lname553(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDtrmm@PLT
     .size cublasXtDtrmm, .-cublasXtDtrmm
     .globl cublasXtDtrsm
     .type cublasXtDtrsm, @function
 cublasXtDtrsm:
-    leaq .Lname554(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtDtrsm@PLT
     .size cublasXtDtrsm, .-cublasXtDtrsm
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname555(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4607,7 +3359,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname556(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4615,15 +3367,12 @@ cublasXtGetNumBoards:
     .globl cublasXtGetPinningMemMode
     .type cublasXtGetPinningMemMode, @function
 cublasXtGetPinningMemMode:
-    leaq .Lname557(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtGetPinningMemMode@PLT
     .size cublasXtGetPinningMemMode, .-cublasXtGetPinningMemMode
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname558(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4641,7 +3390,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname559(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4654,15 +3403,12 @@ cublasXtSetPinningMemMode:
     .globl cublasXtSgemm
     .type cublasXtSgemm, @function
 cublasXtSgemm:
-    leaq .Lname560(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtSgemm@PLT
     .size cublasXtSgemm, .-cublasXtSgemm
     .globl cublasXtSspmm
     .type cublasXtSspmm, @function
 cublasXtSspmm:
-    leaq .Lname561(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4670,175 +3416,112 @@ cublasXtSspmm:
     .globl cublasXtSsymm
     .type cublasXtSsymm, @function
 cublasXtSsymm:
-    leaq .Lname562(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtSsymm@PLT
     .size cublasXtSsymm, .-cublasXtSsymm
     .globl cublasXtSsyr2k
     .type cublasXtSsyr2k, @function
 cublasXtSsyr2k:
-    leaq .Lname563(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtSsyr2k@PLT
     .size cublasXtSsyr2k, .-cublasXtSsyr2k
     .globl cublasXtSsyrk
     .type cublasXtSsyrk, @function
 cublasXtSsyrk:
-    leaq .Lname564(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtSsyrk@PLT
     .size cublasXtSsyrk, .-cublasXtSsyrk
     .globl cublasXtSsyrkx
     .type cublasXtSsyrkx, @function
 cublasXtSsyrkx:
-    leaq .Lname565(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtSsyrkx@PLT
     .size cublasXtSsyrkx, .-cublasXtSsyrkx
     .globl cublasXtStrmm
     .type cublasXtStrmm, @function
 cublasXtStrmm:
-    leaq .Lname566(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtStrmm@PLT
     .size cublasXtStrmm, .-cublasXtStrmm
     .globl cublasXtStrsm
     .type cublasXtStrsm, @function
 cublasXtStrsm:
-    leaq .Lname567(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtStrsm@PLT
     .size cublasXtStrsm, .-cublasXtStrsm
     .globl cublasXtZgemm
     .type cublasXtZgemm, @function
 cublasXtZgemm:
-    leaq .Lname568(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZgemm@PLT
     .size cublasXtZgemm, .-cublasXtZgemm
     .globl cublasXtZhemm
     .type cublasXtZhemm, @function
 cublasXtZhemm:
-    leaq .Lname569(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZhemm@PLT
     .size cublasXtZhemm, .-cublasXtZhemm
     .globl cublasXtZher2k
     .type cublasXtZher2k, @function
 cublasXtZher2k:
-    leaq .Lname570(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZher2k@PLT
     .size cublasXtZher2k, .-cublasXtZher2k
     .globl cublasXtZherk
     .type cublasXtZherk, @function
 cublasXtZherk:
-    leaq .Lname571(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZherk@PLT
     .size cublasXtZherk, .-cublasXtZherk
     .globl cublasXtZherkx
     .type cublasXtZherkx, @function
 cublasXtZherkx:
-    leaq .Lname572(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZherkx@PLT
     .size cublasXtZherkx, .-cublasXtZherkx
     .globl cublasXtZspmm
     .type cublasXtZspmm, @function
 cublasXtZspmm:
-    leaq .Lname573(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZspmm@PLT
     .size cublasXtZspmm, .-cublasXtZspmm
     .globl cublasXtZsymm
     .type cublasXtZsymm, @function
 cublasXtZsymm:
-    leaq .Lname574(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZsymm@PLT
     .size cublasXtZsymm, .-cublasXtZsymm
     .globl cublasXtZsyr2k
     .type cublasXtZsyr2k, @function
 cublasXtZsyr2k:
-    leaq .Lname575(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZsyr2k@PLT
     .size cublasXtZsyr2k, .-cublasXtZsyr2k
     .globl cublasXtZsyrk
     .type cublasXtZsyrk, @function
 cublasXtZsyrk:
-    leaq .Lname576(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZsyrk@PLT
     .size cublasXtZsyrk, .-cublasXtZsyrk
     .globl cublasXtZsyrkx
     .type cublasXtZsyrkx, @function
 cublasXtZsyrkx:
-    leaq .Lname577(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZsyrkx@PLT
     .size cublasXtZsyrkx, .-cublasXtZsyrkx
     .globl cublasXtZtrmm
     .type cublasXtZtrmm, @function
 cublasXtZtrmm:
-    leaq .Lname578(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZtrmm@PLT
     .size cublasXtZtrmm, .-cublasXtZtrmm
     .globl cublasXtZtrsm
     .type cublasXtZtrsm, @function
 cublasXtZtrsm:
-    leaq .Lname579(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasXtZtrsm@PLT
     .size cublasXtZtrsm, .-cublasXtZtrsm
     .globl cublasZaxpy
     .type cublasZaxpy, @function
 cublasZaxpy:
-    leaq .Lname580(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZaxpy@PLT
     .size cublasZaxpy, .-cublasZaxpy
     .globl cublasZaxpy_v2
     .type cublasZaxpy_v2, @function
 cublasZaxpy_v2:
-    leaq .Lname581(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZaxpy_v2@PLT
     .size cublasZaxpy_v2, .-cublasZaxpy_v2
     .globl cublasZaxpy_v2_64
     .type cublasZaxpy_v2_64, @function
 cublasZaxpy_v2_64:
-    leaq .Lname582(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZaxpy_v2_64@PLT
     .size cublasZaxpy_v2_64, .-cublasZaxpy_v2_64
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname583(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4846,47 +3529,32 @@ cublasZbdmm:
     .globl cublasZcopy
     .type cublasZcopy, @function
 cublasZcopy:
-    leaq .Lname584(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZcopy@PLT
     .size cublasZcopy, .-cublasZcopy
     .globl cublasZcopy_v2
     .type cublasZcopy_v2, @function
 cublasZcopy_v2:
-    leaq .Lname585(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZcopy_v2@PLT
     .size cublasZcopy_v2, .-cublasZcopy_v2
     .globl cublasZcopy_v2_64
     .type cublasZcopy_v2_64, @function
 cublasZcopy_v2_64:
-    leaq .Lname586(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZcopy_v2_64@PLT
     .size cublasZcopy_v2_64, .-cublasZcopy_v2_64
     .globl cublasZdgmm
     .type cublasZdgmm, @function
 cublasZdgmm:
-    leaq .Lname587(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdgmm@PLT
     .size cublasZdgmm, .-cublasZdgmm
     .globl cublasZdgmm_64
     .type cublasZdgmm_64, @function
 cublasZdgmm_64:
-    leaq .Lname588(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdgmm_64@PLT
     .size cublasZdgmm_64, .-cublasZdgmm_64
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname589(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4894,23 +3562,17 @@ cublasZdotc:
     .globl cublasZdotc_v2
     .type cublasZdotc_v2, @function
 cublasZdotc_v2:
-    leaq .Lname590(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdotc_v2@PLT
     .size cublasZdotc_v2, .-cublasZdotc_v2
     .globl cublasZdotc_v2_64
     .type cublasZdotc_v2_64, @function
 cublasZdotc_v2_64:
-    leaq .Lname591(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdotc_v2_64@PLT
     .size cublasZdotc_v2_64, .-cublasZdotc_v2_64
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname592(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4918,199 +3580,127 @@ cublasZdotu:
     .globl cublasZdotu_v2
     .type cublasZdotu_v2, @function
 cublasZdotu_v2:
-    leaq .Lname593(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdotu_v2@PLT
     .size cublasZdotu_v2, .-cublasZdotu_v2
     .globl cublasZdotu_v2_64
     .type cublasZdotu_v2_64, @function
 cublasZdotu_v2_64:
-    leaq .Lname594(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdotu_v2_64@PLT
     .size cublasZdotu_v2_64, .-cublasZdotu_v2_64
     .globl cublasZdrot
     .type cublasZdrot, @function
 cublasZdrot:
-    leaq .Lname595(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdrot@PLT
     .size cublasZdrot, .-cublasZdrot
     .globl cublasZdrot_v2
     .type cublasZdrot_v2, @function
 cublasZdrot_v2:
-    leaq .Lname596(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdrot_v2@PLT
     .size cublasZdrot_v2, .-cublasZdrot_v2
     .globl cublasZdrot_v2_64
     .type cublasZdrot_v2_64, @function
 cublasZdrot_v2_64:
-    leaq .Lname597(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdrot_v2_64@PLT
     .size cublasZdrot_v2_64, .-cublasZdrot_v2_64
     .globl cublasZdscal
     .type cublasZdscal, @function
 cublasZdscal:
-    leaq .Lname598(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdscal@PLT
     .size cublasZdscal, .-cublasZdscal
     .globl cublasZdscal_v2
     .type cublasZdscal_v2, @function
 cublasZdscal_v2:
-    leaq .Lname599(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdscal_v2@PLT
     .size cublasZdscal_v2, .-cublasZdscal_v2
     .globl cublasZdscal_v2_64
     .type cublasZdscal_v2_64, @function
 cublasZdscal_v2_64:
-    leaq .Lname600(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZdscal_v2_64@PLT
     .size cublasZdscal_v2_64, .-cublasZdscal_v2_64
     .globl cublasZgbmv
     .type cublasZgbmv, @function
 cublasZgbmv:
-    leaq .Lname601(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgbmv@PLT
     .size cublasZgbmv, .-cublasZgbmv
     .globl cublasZgbmv_v2
     .type cublasZgbmv_v2, @function
 cublasZgbmv_v2:
-    leaq .Lname602(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgbmv_v2@PLT
     .size cublasZgbmv_v2, .-cublasZgbmv_v2
     .globl cublasZgbmv_v2_64
     .type cublasZgbmv_v2_64, @function
 cublasZgbmv_v2_64:
-    leaq .Lname603(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgbmv_v2_64@PLT
     .size cublasZgbmv_v2_64, .-cublasZgbmv_v2_64
     .globl cublasZgeam
     .type cublasZgeam, @function
 cublasZgeam:
-    leaq .Lname604(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgeam@PLT
     .size cublasZgeam, .-cublasZgeam
     .globl cublasZgeam_64
     .type cublasZgeam_64, @function
 cublasZgeam_64:
-    leaq .Lname605(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgeam_64@PLT
     .size cublasZgeam_64, .-cublasZgeam_64
     .globl cublasZgelsBatched
     .type cublasZgelsBatched, @function
 cublasZgelsBatched:
-    leaq .Lname606(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgelsBatched@PLT
     .size cublasZgelsBatched, .-cublasZgelsBatched
     .globl cublasZgemm
     .type cublasZgemm, @function
 cublasZgemm:
-    leaq .Lname607(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemm@PLT
     .size cublasZgemm, .-cublasZgemm
     .globl cublasZgemm3m
     .type cublasZgemm3m, @function
 cublasZgemm3m:
-    leaq .Lname608(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemm3m@PLT
     .size cublasZgemm3m, .-cublasZgemm3m
     .globl cublasZgemm3m_64
     .type cublasZgemm3m_64, @function
 cublasZgemm3m_64:
-    leaq .Lname609(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemm3m_64@PLT
     .size cublasZgemm3m_64, .-cublasZgemm3m_64
     .globl cublasZgemmBatched
     .type cublasZgemmBatched, @function
 cublasZgemmBatched:
-    leaq .Lname610(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemmBatched@PLT
     .size cublasZgemmBatched, .-cublasZgemmBatched
     .globl cublasZgemmBatched_64
     .type cublasZgemmBatched_64, @function
 cublasZgemmBatched_64:
-    leaq .Lname611(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemmBatched_64@PLT
     .size cublasZgemmBatched_64, .-cublasZgemmBatched_64
     .globl cublasZgemmStridedBatched
     .type cublasZgemmStridedBatched, @function
 cublasZgemmStridedBatched:
-    leaq .Lname612(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemmStridedBatched@PLT
     .size cublasZgemmStridedBatched, .-cublasZgemmStridedBatched
     .globl cublasZgemmStridedBatched_64
     .type cublasZgemmStridedBatched_64, @function
 cublasZgemmStridedBatched_64:
-    leaq .Lname613(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemmStridedBatched_64@PLT
     .size cublasZgemmStridedBatched_64, .-cublasZgemmStridedBatched_64
     .globl cublasZgemm_v2
     .type cublasZgemm_v2, @function
 cublasZgemm_v2:
-    leaq .Lname614(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemm_v2@PLT
     .size cublasZgemm_v2, .-cublasZgemm_v2
     .globl cublasZgemm_v2_64
     .type cublasZgemm_v2_64, @function
 cublasZgemm_v2_64:
-    leaq .Lname615(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemm_v2_64@PLT
     .size cublasZgemm_v2_64, .-cublasZgemm_v2_64
     .globl cublasZgemv
     .type cublasZgemv, @function
 cublasZgemv:
-    leaq .Lname616(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemv@PLT
     .size cublasZgemv, .-cublasZgemv
     .globl cublasZgemvBatched
     .type cublasZgemvBatched, @function
 cublasZgemvBatched:
-    leaq .Lname617(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5118,7 +3708,7 @@ cublasZgemvBatched:
     .globl cublasZgemvBatched_64
     .type cublasZgemvBatched_64, @function
 cublasZgemvBatched_64:
-    leaq .Lname618(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5126,327 +3716,207 @@ cublasZgemvBatched_64:
     .globl cublasZgemvStridedBatched
     .type cublasZgemvStridedBatched, @function
 cublasZgemvStridedBatched:
-    leaq .Lname619(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemvStridedBatched@PLT
     .size cublasZgemvStridedBatched, .-cublasZgemvStridedBatched
     .globl cublasZgemvStridedBatched_64
     .type cublasZgemvStridedBatched_64, @function
 cublasZgemvStridedBatched_64:
-    leaq .Lname620(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemvStridedBatched_64@PLT
     .size cublasZgemvStridedBatched_64, .-cublasZgemvStridedBatched_64
     .globl cublasZgemv_v2
     .type cublasZgemv_v2, @function
 cublasZgemv_v2:
-    leaq .Lname621(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemv_v2@PLT
     .size cublasZgemv_v2, .-cublasZgemv_v2
     .globl cublasZgemv_v2_64
     .type cublasZgemv_v2_64, @function
 cublasZgemv_v2_64:
-    leaq .Lname622(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgemv_v2_64@PLT
     .size cublasZgemv_v2_64, .-cublasZgemv_v2_64
     .globl cublasZgeqrfBatched
     .type cublasZgeqrfBatched, @function
 cublasZgeqrfBatched:
-    leaq .Lname623(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgeqrfBatched@PLT
     .size cublasZgeqrfBatched, .-cublasZgeqrfBatched
     .globl cublasZgerc
     .type cublasZgerc, @function
 cublasZgerc:
-    leaq .Lname624(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgerc@PLT
     .size cublasZgerc, .-cublasZgerc
     .globl cublasZgerc_v2
     .type cublasZgerc_v2, @function
 cublasZgerc_v2:
-    leaq .Lname625(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgerc_v2@PLT
     .size cublasZgerc_v2, .-cublasZgerc_v2
     .globl cublasZgerc_v2_64
     .type cublasZgerc_v2_64, @function
 cublasZgerc_v2_64:
-    leaq .Lname626(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgerc_v2_64@PLT
     .size cublasZgerc_v2_64, .-cublasZgerc_v2_64
     .globl cublasZgeru
     .type cublasZgeru, @function
 cublasZgeru:
-    leaq .Lname627(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgeru@PLT
     .size cublasZgeru, .-cublasZgeru
     .globl cublasZgeru_v2
     .type cublasZgeru_v2, @function
 cublasZgeru_v2:
-    leaq .Lname628(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgeru_v2@PLT
     .size cublasZgeru_v2, .-cublasZgeru_v2
     .globl cublasZgeru_v2_64
     .type cublasZgeru_v2_64, @function
 cublasZgeru_v2_64:
-    leaq .Lname629(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgeru_v2_64@PLT
     .size cublasZgeru_v2_64, .-cublasZgeru_v2_64
     .globl cublasZgetrfBatched
     .type cublasZgetrfBatched, @function
 cublasZgetrfBatched:
-    leaq .Lname630(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgetrfBatched@PLT
     .size cublasZgetrfBatched, .-cublasZgetrfBatched
     .globl cublasZgetriBatched
     .type cublasZgetriBatched, @function
 cublasZgetriBatched:
-    leaq .Lname631(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgetriBatched@PLT
     .size cublasZgetriBatched, .-cublasZgetriBatched
     .globl cublasZgetrsBatched
     .type cublasZgetrsBatched, @function
 cublasZgetrsBatched:
-    leaq .Lname632(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZgetrsBatched@PLT
     .size cublasZgetrsBatched, .-cublasZgetrsBatched
     .globl cublasZhbmv
     .type cublasZhbmv, @function
 cublasZhbmv:
-    leaq .Lname633(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhbmv@PLT
     .size cublasZhbmv, .-cublasZhbmv
     .globl cublasZhbmv_v2
     .type cublasZhbmv_v2, @function
 cublasZhbmv_v2:
-    leaq .Lname634(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhbmv_v2@PLT
     .size cublasZhbmv_v2, .-cublasZhbmv_v2
     .globl cublasZhbmv_v2_64
     .type cublasZhbmv_v2_64, @function
 cublasZhbmv_v2_64:
-    leaq .Lname635(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhbmv_v2_64@PLT
     .size cublasZhbmv_v2_64, .-cublasZhbmv_v2_64
     .globl cublasZhemm
     .type cublasZhemm, @function
 cublasZhemm:
-    leaq .Lname636(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhemm@PLT
     .size cublasZhemm, .-cublasZhemm
     .globl cublasZhemm_v2
     .type cublasZhemm_v2, @function
 cublasZhemm_v2:
-    leaq .Lname637(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhemm_v2@PLT
     .size cublasZhemm_v2, .-cublasZhemm_v2
     .globl cublasZhemm_v2_64
     .type cublasZhemm_v2_64, @function
 cublasZhemm_v2_64:
-    leaq .Lname638(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhemm_v2_64@PLT
     .size cublasZhemm_v2_64, .-cublasZhemm_v2_64
     .globl cublasZhemv
     .type cublasZhemv, @function
 cublasZhemv:
-    leaq .Lname639(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhemv@PLT
     .size cublasZhemv, .-cublasZhemv
     .globl cublasZhemv_v2
     .type cublasZhemv_v2, @function
 cublasZhemv_v2:
-    leaq .Lname640(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhemv_v2@PLT
     .size cublasZhemv_v2, .-cublasZhemv_v2
     .globl cublasZhemv_v2_64
     .type cublasZhemv_v2_64, @function
 cublasZhemv_v2_64:
-    leaq .Lname641(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhemv_v2_64@PLT
     .size cublasZhemv_v2_64, .-cublasZhemv_v2_64
     .globl cublasZher
     .type cublasZher, @function
 cublasZher:
-    leaq .Lname642(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZher@PLT
     .size cublasZher, .-cublasZher
     .globl cublasZher2
     .type cublasZher2, @function
 cublasZher2:
-    leaq .Lname643(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZher2@PLT
     .size cublasZher2, .-cublasZher2
     .globl cublasZher2_v2
     .type cublasZher2_v2, @function
 cublasZher2_v2:
-    leaq .Lname644(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZher2_v2@PLT
     .size cublasZher2_v2, .-cublasZher2_v2
     .globl cublasZher2_v2_64
     .type cublasZher2_v2_64, @function
 cublasZher2_v2_64:
-    leaq .Lname645(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZher2_v2_64@PLT
     .size cublasZher2_v2_64, .-cublasZher2_v2_64
     .globl cublasZher2k
     .type cublasZher2k, @function
 cublasZher2k:
-    leaq .Lname646(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZher2k@PLT
     .size cublasZher2k, .-cublasZher2k
     .globl cublasZher2k_v2
     .type cublasZher2k_v2, @function
 cublasZher2k_v2:
-    leaq .Lname647(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZher2k_v2@PLT
     .size cublasZher2k_v2, .-cublasZher2k_v2
     .globl cublasZher2k_v2_64
     .type cublasZher2k_v2_64, @function
 cublasZher2k_v2_64:
-    leaq .Lname648(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZher2k_v2_64@PLT
     .size cublasZher2k_v2_64, .-cublasZher2k_v2_64
     .globl cublasZher_v2
     .type cublasZher_v2, @function
 cublasZher_v2:
-    leaq .Lname649(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZher_v2@PLT
     .size cublasZher_v2, .-cublasZher_v2
     .globl cublasZher_v2_64
     .type cublasZher_v2_64, @function
 cublasZher_v2_64:
-    leaq .Lname650(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZher_v2_64@PLT
     .size cublasZher_v2_64, .-cublasZher_v2_64
     .globl cublasZherk
     .type cublasZherk, @function
 cublasZherk:
-    leaq .Lname651(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZherk@PLT
     .size cublasZherk, .-cublasZherk
     .globl cublasZherk_v2
     .type cublasZherk_v2, @function
 cublasZherk_v2:
-    leaq .Lname652(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZherk_v2@PLT
     .size cublasZherk_v2, .-cublasZherk_v2
     .globl cublasZherk_v2_64
     .type cublasZherk_v2_64, @function
 cublasZherk_v2_64:
-    leaq .Lname653(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZherk_v2_64@PLT
     .size cublasZherk_v2_64, .-cublasZherk_v2_64
     .globl cublasZherkx
     .type cublasZherkx, @function
 cublasZherkx:
-    leaq .Lname654(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZherkx@PLT
     .size cublasZherkx, .-cublasZherkx
     .globl cublasZherkx_64
     .type cublasZherkx_64, @function
 cublasZherkx_64:
-    leaq .Lname655(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZherkx_64@PLT
     .size cublasZherkx_64, .-cublasZherkx_64
     .globl cublasZhpmv
     .type cublasZhpmv, @function
 cublasZhpmv:
-    leaq .Lname656(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpmv@PLT
     .size cublasZhpmv, .-cublasZhpmv
     .globl cublasZhpmv_v2
     .type cublasZhpmv_v2, @function
 cublasZhpmv_v2:
-    leaq .Lname657(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpmv_v2@PLT
     .size cublasZhpmv_v2, .-cublasZhpmv_v2
     .globl cublasZhpmv_v2_64
     .type cublasZhpmv_v2_64, @function
 cublasZhpmv_v2_64:
-    leaq .Lname658(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZhpmv_v2_64@PLT
     .size cublasZhpmv_v2_64, .-cublasZhpmv_v2_64
     .globl cublasZhpr
     .type cublasZhpr, @function
 cublasZhpr:
-    leaq .Lname659(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5454,7 +3924,7 @@ cublasZhpr:
     .globl cublasZhpr2
     .type cublasZhpr2, @function
 cublasZhpr2:
-    leaq .Lname660(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5462,7 +3932,7 @@ cublasZhpr2:
     .globl cublasZhpr2_v2
     .type cublasZhpr2_v2, @function
 cublasZhpr2_v2:
-    leaq .Lname661(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5470,7 +3940,7 @@ cublasZhpr2_v2:
     .globl cublasZhpr2_v2_64
     .type cublasZhpr2_v2_64, @function
 cublasZhpr2_v2_64:
-    leaq .Lname662(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5478,7 +3948,7 @@ cublasZhpr2_v2_64:
     .globl cublasZhpr_v2
     .type cublasZhpr_v2, @function
 cublasZhpr_v2:
-    leaq .Lname663(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5486,7 +3956,7 @@ cublasZhpr_v2:
     .globl cublasZhpr_v2_64
     .type cublasZhpr_v2_64, @function
 cublasZhpr_v2_64:
-    leaq .Lname664(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5494,7 +3964,7 @@ cublasZhpr_v2_64:
     .globl cublasZmatinvBatched
     .type cublasZmatinvBatched, @function
 cublasZmatinvBatched:
-    leaq .Lname665(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5502,31 +3972,22 @@ cublasZmatinvBatched:
     .globl cublasZrot
     .type cublasZrot, @function
 cublasZrot:
-    leaq .Lname666(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZrot@PLT
     .size cublasZrot, .-cublasZrot
     .globl cublasZrot_v2
     .type cublasZrot_v2, @function
 cublasZrot_v2:
-    leaq .Lname667(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZrot_v2@PLT
     .size cublasZrot_v2, .-cublasZrot_v2
     .globl cublasZrot_v2_64
     .type cublasZrot_v2_64, @function
 cublasZrot_v2_64:
-    leaq .Lname668(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZrot_v2_64@PLT
     .size cublasZrot_v2_64, .-cublasZrot_v2_64
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname669(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5534,415 +3995,262 @@ cublasZrotg:
     .globl cublasZrotg_v2
     .type cublasZrotg_v2, @function
 cublasZrotg_v2:
-    leaq .Lname670(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZrotg_v2@PLT
     .size cublasZrotg_v2, .-cublasZrotg_v2
     .globl cublasZscal
     .type cublasZscal, @function
 cublasZscal:
-    leaq .Lname671(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZscal@PLT
     .size cublasZscal, .-cublasZscal
     .globl cublasZscal_v2
     .type cublasZscal_v2, @function
 cublasZscal_v2:
-    leaq .Lname672(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZscal_v2@PLT
     .size cublasZscal_v2, .-cublasZscal_v2
     .globl cublasZscal_v2_64
     .type cublasZscal_v2_64, @function
 cublasZscal_v2_64:
-    leaq .Lname673(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZscal_v2_64@PLT
     .size cublasZscal_v2_64, .-cublasZscal_v2_64
     .globl cublasZswap
     .type cublasZswap, @function
 cublasZswap:
-    leaq .Lname674(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZswap@PLT
     .size cublasZswap, .-cublasZswap
     .globl cublasZswap_v2
     .type cublasZswap_v2, @function
 cublasZswap_v2:
-    leaq .Lname675(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZswap_v2@PLT
     .size cublasZswap_v2, .-cublasZswap_v2
     .globl cublasZswap_v2_64
     .type cublasZswap_v2_64, @function
 cublasZswap_v2_64:
-    leaq .Lname676(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZswap_v2_64@PLT
     .size cublasZswap_v2_64, .-cublasZswap_v2_64
     .globl cublasZsymm
     .type cublasZsymm, @function
 cublasZsymm:
-    leaq .Lname677(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsymm@PLT
     .size cublasZsymm, .-cublasZsymm
     .globl cublasZsymm_v2
     .type cublasZsymm_v2, @function
 cublasZsymm_v2:
-    leaq .Lname678(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsymm_v2@PLT
     .size cublasZsymm_v2, .-cublasZsymm_v2
     .globl cublasZsymm_v2_64
     .type cublasZsymm_v2_64, @function
 cublasZsymm_v2_64:
-    leaq .Lname679(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsymm_v2_64@PLT
     .size cublasZsymm_v2_64, .-cublasZsymm_v2_64
     .globl cublasZsymv_v2
     .type cublasZsymv_v2, @function
 cublasZsymv_v2:
-    leaq .Lname680(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsymv_v2@PLT
     .size cublasZsymv_v2, .-cublasZsymv_v2
     .globl cublasZsymv_v2_64
     .type cublasZsymv_v2_64, @function
 cublasZsymv_v2_64:
-    leaq .Lname681(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsymv_v2_64@PLT
     .size cublasZsymv_v2_64, .-cublasZsymv_v2_64
     .globl cublasZsyr2_v2
     .type cublasZsyr2_v2, @function
 cublasZsyr2_v2:
-    leaq .Lname682(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyr2_v2@PLT
     .size cublasZsyr2_v2, .-cublasZsyr2_v2
     .globl cublasZsyr2_v2_64
     .type cublasZsyr2_v2_64, @function
 cublasZsyr2_v2_64:
-    leaq .Lname683(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyr2_v2_64@PLT
     .size cublasZsyr2_v2_64, .-cublasZsyr2_v2_64
     .globl cublasZsyr2k
     .type cublasZsyr2k, @function
 cublasZsyr2k:
-    leaq .Lname684(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyr2k@PLT
     .size cublasZsyr2k, .-cublasZsyr2k
     .globl cublasZsyr2k_v2
     .type cublasZsyr2k_v2, @function
 cublasZsyr2k_v2:
-    leaq .Lname685(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyr2k_v2@PLT
     .size cublasZsyr2k_v2, .-cublasZsyr2k_v2
     .globl cublasZsyr2k_v2_64
     .type cublasZsyr2k_v2_64, @function
 cublasZsyr2k_v2_64:
-    leaq .Lname686(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyr2k_v2_64@PLT
     .size cublasZsyr2k_v2_64, .-cublasZsyr2k_v2_64
     .globl cublasZsyr_v2
     .type cublasZsyr_v2, @function
 cublasZsyr_v2:
-    leaq .Lname687(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyr_v2@PLT
     .size cublasZsyr_v2, .-cublasZsyr_v2
     .globl cublasZsyr_v2_64
     .type cublasZsyr_v2_64, @function
 cublasZsyr_v2_64:
-    leaq .Lname688(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyr_v2_64@PLT
     .size cublasZsyr_v2_64, .-cublasZsyr_v2_64
     .globl cublasZsyrk
     .type cublasZsyrk, @function
 cublasZsyrk:
-    leaq .Lname689(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyrk@PLT
     .size cublasZsyrk, .-cublasZsyrk
     .globl cublasZsyrk_v2
     .type cublasZsyrk_v2, @function
 cublasZsyrk_v2:
-    leaq .Lname690(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyrk_v2@PLT
     .size cublasZsyrk_v2, .-cublasZsyrk_v2
     .globl cublasZsyrk_v2_64
     .type cublasZsyrk_v2_64, @function
 cublasZsyrk_v2_64:
-    leaq .Lname691(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyrk_v2_64@PLT
     .size cublasZsyrk_v2_64, .-cublasZsyrk_v2_64
     .globl cublasZsyrkx
     .type cublasZsyrkx, @function
 cublasZsyrkx:
-    leaq .Lname692(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyrkx@PLT
     .size cublasZsyrkx, .-cublasZsyrkx
     .globl cublasZsyrkx_64
     .type cublasZsyrkx_64, @function
 cublasZsyrkx_64:
-    leaq .Lname693(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZsyrkx_64@PLT
     .size cublasZsyrkx_64, .-cublasZsyrkx_64
     .globl cublasZtbmv
     .type cublasZtbmv, @function
 cublasZtbmv:
-    leaq .Lname694(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtbmv@PLT
     .size cublasZtbmv, .-cublasZtbmv
     .globl cublasZtbmv_v2
     .type cublasZtbmv_v2, @function
 cublasZtbmv_v2:
-    leaq .Lname695(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtbmv_v2@PLT
     .size cublasZtbmv_v2, .-cublasZtbmv_v2
     .globl cublasZtbmv_v2_64
     .type cublasZtbmv_v2_64, @function
 cublasZtbmv_v2_64:
-    leaq .Lname696(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtbmv_v2_64@PLT
     .size cublasZtbmv_v2_64, .-cublasZtbmv_v2_64
     .globl cublasZtbsv
     .type cublasZtbsv, @function
 cublasZtbsv:
-    leaq .Lname697(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtbsv@PLT
     .size cublasZtbsv, .-cublasZtbsv
     .globl cublasZtbsv_v2
     .type cublasZtbsv_v2, @function
 cublasZtbsv_v2:
-    leaq .Lname698(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtbsv_v2@PLT
     .size cublasZtbsv_v2, .-cublasZtbsv_v2
     .globl cublasZtbsv_v2_64
     .type cublasZtbsv_v2_64, @function
 cublasZtbsv_v2_64:
-    leaq .Lname699(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtbsv_v2_64@PLT
     .size cublasZtbsv_v2_64, .-cublasZtbsv_v2_64
     .globl cublasZtpmv
     .type cublasZtpmv, @function
 cublasZtpmv:
-    leaq .Lname700(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtpmv@PLT
     .size cublasZtpmv, .-cublasZtpmv
     .globl cublasZtpmv_v2
     .type cublasZtpmv_v2, @function
 cublasZtpmv_v2:
-    leaq .Lname701(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtpmv_v2@PLT
     .size cublasZtpmv_v2, .-cublasZtpmv_v2
     .globl cublasZtpmv_v2_64
     .type cublasZtpmv_v2_64, @function
 cublasZtpmv_v2_64:
-    leaq .Lname702(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtpmv_v2_64@PLT
     .size cublasZtpmv_v2_64, .-cublasZtpmv_v2_64
     .globl cublasZtpsv
     .type cublasZtpsv, @function
 cublasZtpsv:
-    leaq .Lname703(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtpsv@PLT
     .size cublasZtpsv, .-cublasZtpsv
     .globl cublasZtpsv_v2
     .type cublasZtpsv_v2, @function
 cublasZtpsv_v2:
-    leaq .Lname704(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtpsv_v2@PLT
     .size cublasZtpsv_v2, .-cublasZtpsv_v2
     .globl cublasZtpsv_v2_64
     .type cublasZtpsv_v2_64, @function
 cublasZtpsv_v2_64:
-    leaq .Lname705(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtpsv_v2_64@PLT
     .size cublasZtpsv_v2_64, .-cublasZtpsv_v2_64
     .globl cublasZtpttr
     .type cublasZtpttr, @function
 cublasZtpttr:
-    leaq .Lname706(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtpttr@PLT
     .size cublasZtpttr, .-cublasZtpttr
     .globl cublasZtrmm
     .type cublasZtrmm, @function
 cublasZtrmm:
-    leaq .Lname707(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrmm@PLT
     .size cublasZtrmm, .-cublasZtrmm
     .globl cublasZtrmm_v2
     .type cublasZtrmm_v2, @function
 cublasZtrmm_v2:
-    leaq .Lname708(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrmm_v2@PLT
     .size cublasZtrmm_v2, .-cublasZtrmm_v2
     .globl cublasZtrmm_v2_64
     .type cublasZtrmm_v2_64, @function
 cublasZtrmm_v2_64:
-    leaq .Lname709(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrmm_v2_64@PLT
     .size cublasZtrmm_v2_64, .-cublasZtrmm_v2_64
     .globl cublasZtrmv
     .type cublasZtrmv, @function
 cublasZtrmv:
-    leaq .Lname710(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrmv@PLT
     .size cublasZtrmv, .-cublasZtrmv
     .globl cublasZtrmv_v2
     .type cublasZtrmv_v2, @function
 cublasZtrmv_v2:
-    leaq .Lname711(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrmv_v2@PLT
     .size cublasZtrmv_v2, .-cublasZtrmv_v2
     .globl cublasZtrmv_v2_64
     .type cublasZtrmv_v2_64, @function
 cublasZtrmv_v2_64:
-    leaq .Lname712(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrmv_v2_64@PLT
     .size cublasZtrmv_v2_64, .-cublasZtrmv_v2_64
     .globl cublasZtrsm
     .type cublasZtrsm, @function
 cublasZtrsm:
-    leaq .Lname713(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrsm@PLT
     .size cublasZtrsm, .-cublasZtrsm
     .globl cublasZtrsmBatched
     .type cublasZtrsmBatched, @function
 cublasZtrsmBatched:
-    leaq .Lname714(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrsmBatched@PLT
     .size cublasZtrsmBatched, .-cublasZtrsmBatched
     .globl cublasZtrsmBatched_64
     .type cublasZtrsmBatched_64, @function
 cublasZtrsmBatched_64:
-    leaq .Lname715(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrsmBatched_64@PLT
     .size cublasZtrsmBatched_64, .-cublasZtrsmBatched_64
     .globl cublasZtrsm_v2
     .type cublasZtrsm_v2, @function
 cublasZtrsm_v2:
-    leaq .Lname716(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrsm_v2@PLT
     .size cublasZtrsm_v2, .-cublasZtrsm_v2
     .globl cublasZtrsm_v2_64
     .type cublasZtrsm_v2_64, @function
 cublasZtrsm_v2_64:
-    leaq .Lname717(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrsm_v2_64@PLT
     .size cublasZtrsm_v2_64, .-cublasZtrsm_v2_64
     .globl cublasZtrsv
     .type cublasZtrsv, @function
 cublasZtrsv:
-    leaq .Lname718(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrsv@PLT
     .size cublasZtrsv, .-cublasZtrsv
     .globl cublasZtrsv_v2
     .type cublasZtrsv_v2, @function
 cublasZtrsv_v2:
-    leaq .Lname719(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrsv_v2@PLT
     .size cublasZtrsv_v2, .-cublasZtrsv_v2
     .globl cublasZtrsv_v2_64
     .type cublasZtrsv_v2_64, @function
 cublasZtrsv_v2_64:
-    leaq .Lname720(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasZtrsv_v2_64@PLT
     .size cublasZtrsv_v2_64, .-cublasZtrsv_v2_64
     .globl cublasZtrttp
     .type cublasZtrttp, @function
 cublasZtrttp:
-    leaq .Lname721(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5955,1441 +4263,313 @@ cublasZtrttp:
 .Lname2:
     .asciz "cublasAsumEx_64"
 .Lname3:
-    .asciz "cublasAxpyEx"
-.Lname4:
-    .asciz "cublasAxpyEx_64"
-.Lname5:
-    .asciz "cublasCaxpy"
-.Lname6:
-    .asciz "cublasCaxpy_v2"
-.Lname7:
-    .asciz "cublasCaxpy_v2_64"
-.Lname8:
     .asciz "cublasCbdmm"
-.Lname9:
-    .asciz "cublasCcopy"
-.Lname10:
-    .asciz "cublasCcopy_v2"
-.Lname11:
-    .asciz "cublasCcopy_v2_64"
-.Lname12:
-    .asciz "cublasCdgmm"
-.Lname13:
-    .asciz "cublasCdgmm_64"
-.Lname14:
+.Lname4:
     .asciz "cublasCdotc"
-.Lname15:
-    .asciz "cublasCdotc_v2"
-.Lname16:
-    .asciz "cublasCdotc_v2_64"
-.Lname17:
+.Lname5:
     .asciz "cublasCdotu"
-.Lname18:
-    .asciz "cublasCdotu_v2"
-.Lname19:
-    .asciz "cublasCdotu_v2_64"
-.Lname20:
-    .asciz "cublasCgbmv"
-.Lname21:
-    .asciz "cublasCgbmv_v2"
-.Lname22:
-    .asciz "cublasCgbmv_v2_64"
-.Lname23:
-    .asciz "cublasCgeam"
-.Lname24:
-    .asciz "cublasCgeam_64"
-.Lname25:
-    .asciz "cublasCgelsBatched"
-.Lname26:
-    .asciz "cublasCgemm"
-.Lname27:
-    .asciz "cublasCgemm3m"
-.Lname28:
-    .asciz "cublasCgemm3mBatched"
-.Lname29:
-    .asciz "cublasCgemm3mBatched_64"
-.Lname30:
-    .asciz "cublasCgemm3mEx"
-.Lname31:
-    .asciz "cublasCgemm3mEx_64"
-.Lname32:
-    .asciz "cublasCgemm3mStridedBatched"
-.Lname33:
-    .asciz "cublasCgemm3mStridedBatched_64"
-.Lname34:
-    .asciz "cublasCgemm3m_64"
-.Lname35:
-    .asciz "cublasCgemmBatched"
-.Lname36:
-    .asciz "cublasCgemmBatched_64"
-.Lname37:
-    .asciz "cublasCgemmEx"
-.Lname38:
-    .asciz "cublasCgemmEx_64"
-.Lname39:
-    .asciz "cublasCgemmStridedBatched"
-.Lname40:
-    .asciz "cublasCgemmStridedBatched_64"
-.Lname41:
-    .asciz "cublasCgemm_v2"
-.Lname42:
-    .asciz "cublasCgemm_v2_64"
-.Lname43:
-    .asciz "cublasCgemv"
-.Lname44:
+.Lname6:
     .asciz "cublasCgemvBatched"
-.Lname45:
+.Lname7:
     .asciz "cublasCgemvBatched_64"
-.Lname46:
-    .asciz "cublasCgemvStridedBatched"
-.Lname47:
-    .asciz "cublasCgemvStridedBatched_64"
-.Lname48:
-    .asciz "cublasCgemv_v2"
-.Lname49:
-    .asciz "cublasCgemv_v2_64"
-.Lname50:
-    .asciz "cublasCgeqrfBatched"
-.Lname51:
-    .asciz "cublasCgerc"
-.Lname52:
-    .asciz "cublasCgerc_v2"
-.Lname53:
-    .asciz "cublasCgerc_v2_64"
-.Lname54:
-    .asciz "cublasCgeru"
-.Lname55:
-    .asciz "cublasCgeru_v2"
-.Lname56:
-    .asciz "cublasCgeru_v2_64"
-.Lname57:
-    .asciz "cublasCgetrfBatched"
-.Lname58:
-    .asciz "cublasCgetriBatched"
-.Lname59:
-    .asciz "cublasCgetrsBatched"
-.Lname60:
-    .asciz "cublasChbmv"
-.Lname61:
-    .asciz "cublasChbmv_v2"
-.Lname62:
-    .asciz "cublasChbmv_v2_64"
-.Lname63:
-    .asciz "cublasChemm"
-.Lname64:
-    .asciz "cublasChemm_v2"
-.Lname65:
-    .asciz "cublasChemm_v2_64"
-.Lname66:
-    .asciz "cublasChemv"
-.Lname67:
-    .asciz "cublasChemv_v2"
-.Lname68:
-    .asciz "cublasChemv_v2_64"
-.Lname69:
-    .asciz "cublasCher"
-.Lname70:
-    .asciz "cublasCher2"
-.Lname71:
-    .asciz "cublasCher2_v2"
-.Lname72:
-    .asciz "cublasCher2_v2_64"
-.Lname73:
-    .asciz "cublasCher2k"
-.Lname74:
-    .asciz "cublasCher2k_v2"
-.Lname75:
-    .asciz "cublasCher2k_v2_64"
-.Lname76:
-    .asciz "cublasCher_v2"
-.Lname77:
-    .asciz "cublasCher_v2_64"
-.Lname78:
-    .asciz "cublasCherk"
-.Lname79:
-    .asciz "cublasCherk3mEx"
-.Lname80:
-    .asciz "cublasCherk3mEx_64"
-.Lname81:
-    .asciz "cublasCherkEx"
-.Lname82:
-    .asciz "cublasCherkEx_64"
-.Lname83:
-    .asciz "cublasCherk_v2"
-.Lname84:
-    .asciz "cublasCherk_v2_64"
-.Lname85:
-    .asciz "cublasCherkx"
-.Lname86:
-    .asciz "cublasCherkx_64"
-.Lname87:
-    .asciz "cublasChpmv"
-.Lname88:
-    .asciz "cublasChpmv_v2"
-.Lname89:
-    .asciz "cublasChpmv_v2_64"
-.Lname90:
+.Lname8:
     .asciz "cublasChpr"
-.Lname91:
+.Lname9:
     .asciz "cublasChpr2"
-.Lname92:
+.Lname10:
     .asciz "cublasChpr2_v2"
-.Lname93:
+.Lname11:
     .asciz "cublasChpr2_v2_64"
-.Lname94:
+.Lname12:
     .asciz "cublasChpr_v2"
-.Lname95:
+.Lname13:
     .asciz "cublasChpr_v2_64"
-.Lname96:
+.Lname14:
     .asciz "cublasCmatinvBatched"
-.Lname97:
-    .asciz "cublasCopyEx"
-.Lname98:
-    .asciz "cublasCopyEx_64"
-.Lname99:
-    .asciz "cublasCrot"
-.Lname100:
-    .asciz "cublasCrot_v2"
-.Lname101:
-    .asciz "cublasCrot_v2_64"
-.Lname102:
+.Lname15:
     .asciz "cublasCrotg"
-.Lname103:
-    .asciz "cublasCrotg_v2"
-.Lname104:
-    .asciz "cublasCscal"
-.Lname105:
-    .asciz "cublasCscal_v2"
-.Lname106:
-    .asciz "cublasCscal_v2_64"
-.Lname107:
-    .asciz "cublasCsrot"
-.Lname108:
-    .asciz "cublasCsrot_v2"
-.Lname109:
-    .asciz "cublasCsrot_v2_64"
-.Lname110:
-    .asciz "cublasCsscal"
-.Lname111:
-    .asciz "cublasCsscal_v2"
-.Lname112:
-    .asciz "cublasCsscal_v2_64"
-.Lname113:
-    .asciz "cublasCswap"
-.Lname114:
-    .asciz "cublasCswap_v2"
-.Lname115:
-    .asciz "cublasCswap_v2_64"
-.Lname116:
-    .asciz "cublasCsymm"
-.Lname117:
-    .asciz "cublasCsymm_v2"
-.Lname118:
-    .asciz "cublasCsymm_v2_64"
-.Lname119:
-    .asciz "cublasCsymv_v2"
-.Lname120:
-    .asciz "cublasCsymv_v2_64"
-.Lname121:
-    .asciz "cublasCsyr2_v2"
-.Lname122:
-    .asciz "cublasCsyr2_v2_64"
-.Lname123:
-    .asciz "cublasCsyr2k"
-.Lname124:
-    .asciz "cublasCsyr2k_v2"
-.Lname125:
-    .asciz "cublasCsyr2k_v2_64"
-.Lname126:
-    .asciz "cublasCsyr_v2"
-.Lname127:
-    .asciz "cublasCsyr_v2_64"
-.Lname128:
-    .asciz "cublasCsyrk"
-.Lname129:
-    .asciz "cublasCsyrk3mEx"
-.Lname130:
-    .asciz "cublasCsyrk3mEx_64"
-.Lname131:
-    .asciz "cublasCsyrkEx"
-.Lname132:
-    .asciz "cublasCsyrkEx_64"
-.Lname133:
-    .asciz "cublasCsyrk_v2"
-.Lname134:
-    .asciz "cublasCsyrk_v2_64"
-.Lname135:
-    .asciz "cublasCsyrkx"
-.Lname136:
-    .asciz "cublasCsyrkx_64"
-.Lname137:
-    .asciz "cublasCtbmv"
-.Lname138:
-    .asciz "cublasCtbmv_v2"
-.Lname139:
-    .asciz "cublasCtbmv_v2_64"
-.Lname140:
-    .asciz "cublasCtbsv"
-.Lname141:
-    .asciz "cublasCtbsv_v2"
-.Lname142:
-    .asciz "cublasCtbsv_v2_64"
-.Lname143:
-    .asciz "cublasCtpmv"
-.Lname144:
-    .asciz "cublasCtpmv_v2"
-.Lname145:
-    .asciz "cublasCtpmv_v2_64"
-.Lname146:
-    .asciz "cublasCtpsv"
-.Lname147:
-    .asciz "cublasCtpsv_v2"
-.Lname148:
-    .asciz "cublasCtpsv_v2_64"
-.Lname149:
-    .asciz "cublasCtpttr"
-.Lname150:
-    .asciz "cublasCtrmm"
-.Lname151:
-    .asciz "cublasCtrmm_v2"
-.Lname152:
-    .asciz "cublasCtrmm_v2_64"
-.Lname153:
-    .asciz "cublasCtrmv"
-.Lname154:
-    .asciz "cublasCtrmv_v2"
-.Lname155:
-    .asciz "cublasCtrmv_v2_64"
-.Lname156:
-    .asciz "cublasCtrsm"
-.Lname157:
-    .asciz "cublasCtrsmBatched"
-.Lname158:
-    .asciz "cublasCtrsmBatched_64"
-.Lname159:
-    .asciz "cublasCtrsm_v2"
-.Lname160:
-    .asciz "cublasCtrsm_v2_64"
-.Lname161:
-    .asciz "cublasCtrsv"
-.Lname162:
-    .asciz "cublasCtrsv_v2"
-.Lname163:
-    .asciz "cublasCtrsv_v2_64"
-.Lname164:
+.Lname16:
     .asciz "cublasCtrttp"
-.Lname165:
-    .asciz "cublasDasum"
-.Lname166:
-    .asciz "cublasDasum_v2"
-.Lname167:
-    .asciz "cublasDasum_v2_64"
-.Lname168:
-    .asciz "cublasDaxpy"
-.Lname169:
-    .asciz "cublasDaxpy_v2"
-.Lname170:
-    .asciz "cublasDaxpy_v2_64"
-.Lname171:
+.Lname17:
     .asciz "cublasDbdmm"
-.Lname172:
-    .asciz "cublasDcopy"
-.Lname173:
-    .asciz "cublasDcopy_v2"
-.Lname174:
-    .asciz "cublasDcopy_v2_64"
-.Lname175:
-    .asciz "cublasDdgmm"
-.Lname176:
-    .asciz "cublasDdgmm_64"
-.Lname177:
-    .asciz "cublasDdot"
-.Lname178:
-    .asciz "cublasDdot_v2"
-.Lname179:
-    .asciz "cublasDdot_v2_64"
-.Lname180:
-    .asciz "cublasDgbmv"
-.Lname181:
-    .asciz "cublasDgbmv_v2"
-.Lname182:
-    .asciz "cublasDgbmv_v2_64"
-.Lname183:
-    .asciz "cublasDgeam"
-.Lname184:
-    .asciz "cublasDgeam_64"
-.Lname185:
-    .asciz "cublasDgelsBatched"
-.Lname186:
-    .asciz "cublasDgemm"
-.Lname187:
-    .asciz "cublasDgemmBatched"
-.Lname188:
-    .asciz "cublasDgemmBatched_64"
-.Lname189:
+.Lname18:
     .asciz "cublasDgemmGroupedBatched"
-.Lname190:
+.Lname19:
     .asciz "cublasDgemmGroupedBatched_64"
-.Lname191:
-    .asciz "cublasDgemmStridedBatched"
-.Lname192:
-    .asciz "cublasDgemmStridedBatched_64"
-.Lname193:
-    .asciz "cublasDgemm_v2"
-.Lname194:
-    .asciz "cublasDgemm_v2_64"
-.Lname195:
-    .asciz "cublasDgemv"
-.Lname196:
+.Lname20:
     .asciz "cublasDgemvBatched"
-.Lname197:
+.Lname21:
     .asciz "cublasDgemvBatched_64"
-.Lname198:
-    .asciz "cublasDgemvStridedBatched"
-.Lname199:
-    .asciz "cublasDgemvStridedBatched_64"
-.Lname200:
-    .asciz "cublasDgemv_v2"
-.Lname201:
-    .asciz "cublasDgemv_v2_64"
-.Lname202:
-    .asciz "cublasDgeqrfBatched"
-.Lname203:
-    .asciz "cublasDger"
-.Lname204:
-    .asciz "cublasDger_v2"
-.Lname205:
-    .asciz "cublasDger_v2_64"
-.Lname206:
-    .asciz "cublasDgetrfBatched"
-.Lname207:
-    .asciz "cublasDgetriBatched"
-.Lname208:
-    .asciz "cublasDgetrsBatched"
-.Lname209:
+.Lname22:
     .asciz "cublasDmatinvBatched"
-.Lname210:
-    .asciz "cublasDnrm2"
-.Lname211:
-    .asciz "cublasDnrm2_v2"
-.Lname212:
-    .asciz "cublasDnrm2_v2_64"
-.Lname213:
+.Lname23:
     .asciz "cublasDotEx"
-.Lname214:
+.Lname24:
     .asciz "cublasDotEx_64"
-.Lname215:
+.Lname25:
     .asciz "cublasDotcEx"
-.Lname216:
+.Lname26:
     .asciz "cublasDotcEx_64"
-.Lname217:
-    .asciz "cublasDrot"
-.Lname218:
-    .asciz "cublasDrot_v2"
-.Lname219:
-    .asciz "cublasDrot_v2_64"
-.Lname220:
+.Lname27:
     .asciz "cublasDrotg"
-.Lname221:
-    .asciz "cublasDrotg_v2"
-.Lname222:
+.Lname28:
     .asciz "cublasDrotm"
-.Lname223:
+.Lname29:
     .asciz "cublasDrotm_v2"
-.Lname224:
+.Lname30:
     .asciz "cublasDrotm_v2_64"
-.Lname225:
+.Lname31:
     .asciz "cublasDrotmg"
-.Lname226:
+.Lname32:
     .asciz "cublasDrotmg_v2"
-.Lname227:
-    .asciz "cublasDsbmv"
-.Lname228:
-    .asciz "cublasDsbmv_v2"
-.Lname229:
-    .asciz "cublasDsbmv_v2_64"
-.Lname230:
-    .asciz "cublasDscal"
-.Lname231:
-    .asciz "cublasDscal_v2"
-.Lname232:
-    .asciz "cublasDscal_v2_64"
-.Lname233:
+.Lname33:
     .asciz "cublasDspmv"
-.Lname234:
+.Lname34:
     .asciz "cublasDspmv_v2"
-.Lname235:
+.Lname35:
     .asciz "cublasDspmv_v2_64"
-.Lname236:
+.Lname36:
     .asciz "cublasDspr"
-.Lname237:
+.Lname37:
     .asciz "cublasDspr2"
-.Lname238:
+.Lname38:
     .asciz "cublasDspr2_v2"
-.Lname239:
+.Lname39:
     .asciz "cublasDspr2_v2_64"
-.Lname240:
+.Lname40:
     .asciz "cublasDspr_v2"
-.Lname241:
+.Lname41:
     .asciz "cublasDspr_v2_64"
-.Lname242:
-    .asciz "cublasDswap"
-.Lname243:
-    .asciz "cublasDswap_v2"
-.Lname244:
-    .asciz "cublasDswap_v2_64"
-.Lname245:
-    .asciz "cublasDsymm"
-.Lname246:
-    .asciz "cublasDsymm_v2"
-.Lname247:
-    .asciz "cublasDsymm_v2_64"
-.Lname248:
-    .asciz "cublasDsymv"
-.Lname249:
-    .asciz "cublasDsymv_v2"
-.Lname250:
-    .asciz "cublasDsymv_v2_64"
-.Lname251:
-    .asciz "cublasDsyr"
-.Lname252:
-    .asciz "cublasDsyr2"
-.Lname253:
-    .asciz "cublasDsyr2_v2"
-.Lname254:
-    .asciz "cublasDsyr2_v2_64"
-.Lname255:
-    .asciz "cublasDsyr2k"
-.Lname256:
-    .asciz "cublasDsyr2k_v2"
-.Lname257:
-    .asciz "cublasDsyr2k_v2_64"
-.Lname258:
-    .asciz "cublasDsyr_v2"
-.Lname259:
-    .asciz "cublasDsyr_v2_64"
-.Lname260:
-    .asciz "cublasDsyrk"
-.Lname261:
-    .asciz "cublasDsyrk_v2"
-.Lname262:
-    .asciz "cublasDsyrk_v2_64"
-.Lname263:
-    .asciz "cublasDsyrkx"
-.Lname264:
-    .asciz "cublasDsyrkx_64"
-.Lname265:
-    .asciz "cublasDtbmv"
-.Lname266:
-    .asciz "cublasDtbmv_v2"
-.Lname267:
-    .asciz "cublasDtbmv_v2_64"
-.Lname268:
-    .asciz "cublasDtbsv"
-.Lname269:
-    .asciz "cublasDtbsv_v2"
-.Lname270:
-    .asciz "cublasDtbsv_v2_64"
-.Lname271:
+.Lname42:
     .asciz "cublasDtpmv"
-.Lname272:
+.Lname43:
     .asciz "cublasDtpmv_v2"
-.Lname273:
+.Lname44:
     .asciz "cublasDtpmv_v2_64"
-.Lname274:
+.Lname45:
     .asciz "cublasDtpsv"
-.Lname275:
+.Lname46:
     .asciz "cublasDtpsv_v2"
-.Lname276:
+.Lname47:
     .asciz "cublasDtpsv_v2_64"
-.Lname277:
+.Lname48:
     .asciz "cublasDtpttr"
-.Lname278:
-    .asciz "cublasDtrmm"
-.Lname279:
-    .asciz "cublasDtrmm_v2"
-.Lname280:
-    .asciz "cublasDtrmm_v2_64"
-.Lname281:
-    .asciz "cublasDtrmv"
-.Lname282:
-    .asciz "cublasDtrmv_v2"
-.Lname283:
-    .asciz "cublasDtrmv_v2_64"
-.Lname284:
-    .asciz "cublasDtrsm"
-.Lname285:
-    .asciz "cublasDtrsmBatched"
-.Lname286:
-    .asciz "cublasDtrsmBatched_64"
-.Lname287:
-    .asciz "cublasDtrsm_v2"
-.Lname288:
-    .asciz "cublasDtrsm_v2_64"
-.Lname289:
-    .asciz "cublasDtrsv"
-.Lname290:
-    .asciz "cublasDtrsv_v2"
-.Lname291:
-    .asciz "cublasDtrsv_v2_64"
-.Lname292:
+.Lname49:
     .asciz "cublasDtrttp"
-.Lname293:
-    .asciz "cublasDzasum_v2"
-.Lname294:
-    .asciz "cublasDzasum_v2_64"
-.Lname295:
-    .asciz "cublasDznrm2_v2"
-.Lname296:
-    .asciz "cublasDznrm2_v2_64"
-.Lname297:
+.Lname50:
     .asciz "cublasFree"
-.Lname298:
-    .asciz "cublasGemmBatchedEx"
-.Lname299:
-    .asciz "cublasGemmBatchedEx_64"
-.Lname300:
-    .asciz "cublasGemmEx"
-.Lname301:
-    .asciz "cublasGemmEx_64"
-.Lname302:
+.Lname51:
     .asciz "cublasGemmGroupedBatchedEx"
-.Lname303:
+.Lname52:
     .asciz "cublasGemmGroupedBatchedEx_64"
-.Lname304:
-    .asciz "cublasGemmStridedBatchedEx"
-.Lname305:
-    .asciz "cublasGemmStridedBatchedEx_64"
-.Lname306:
-    .asciz "cublasGetAtomicsMode"
-.Lname307:
+.Lname53:
     .asciz "cublasGetBackdoor"
-.Lname308:
+.Lname54:
     .asciz "cublasGetEmulationSpecialValuesSupport"
-.Lname309:
+.Lname55:
     .asciz "cublasGetEmulationStrategy"
-.Lname310:
+.Lname56:
     .asciz "cublasGetEnvironmentMode"
-.Lname311:
+.Lname57:
     .asciz "cublasGetFixedPointEmulationMantissaBitCountPointer"
-.Lname312:
+.Lname58:
     .asciz "cublasGetFixedPointEmulationMantissaBitOffset"
-.Lname313:
+.Lname59:
     .asciz "cublasGetFixedPointEmulationMantissaControl"
-.Lname314:
+.Lname60:
     .asciz "cublasGetFixedPointEmulationMaxMantissaBitCount"
-.Lname315:
+.Lname61:
     .asciz "cublasGetLoggerCallback"
-.Lname316:
-    .asciz "cublasGetMathMode"
-.Lname317:
-    .asciz "cublasGetMatrix"
-.Lname318:
+.Lname62:
     .asciz "cublasGetMatrixAsync"
-.Lname319:
-    .asciz "cublasGetMatrixAsync_64"
-.Lname320:
-    .asciz "cublasGetMatrix_64"
-.Lname321:
-    .asciz "cublasGetPointerMode_v2"
-.Lname322:
+.Lname63:
     .asciz "cublasGetProperty"
-.Lname323:
+.Lname64:
     .asciz "cublasGetSmCountTarget"
-.Lname324:
-    .asciz "cublasGetVector"
-.Lname325:
+.Lname65:
     .asciz "cublasGetVectorAsync"
-.Lname326:
+.Lname66:
     .asciz "cublasGetVectorAsync_64"
-.Lname327:
-    .asciz "cublasGetVector_64"
-.Lname328:
+.Lname67:
     .asciz "cublasGetVersion"
-.Lname329:
+.Lname68:
     .asciz "cublasGetVersion_v2"
-.Lname330:
+.Lname69:
     .asciz "cublasHSHgemvBatched"
-.Lname331:
+.Lname70:
     .asciz "cublasHSHgemvBatched_64"
-.Lname332:
+.Lname71:
     .asciz "cublasHSHgemvStridedBatched"
-.Lname333:
+.Lname72:
     .asciz "cublasHSHgemvStridedBatched_64"
-.Lname334:
+.Lname73:
     .asciz "cublasHSSgemvBatched"
-.Lname335:
+.Lname74:
     .asciz "cublasHSSgemvBatched_64"
-.Lname336:
+.Lname75:
     .asciz "cublasHSSgemvStridedBatched"
-.Lname337:
+.Lname76:
     .asciz "cublasHSSgemvStridedBatched_64"
-.Lname338:
+.Lname77:
     .asciz "cublasHgemm"
-.Lname339:
+.Lname78:
     .asciz "cublasHgemmBatched"
-.Lname340:
+.Lname79:
     .asciz "cublasHgemmBatched_64"
-.Lname341:
+.Lname80:
     .asciz "cublasHgemmStridedBatched"
-.Lname342:
+.Lname81:
     .asciz "cublasHgemmStridedBatched_64"
-.Lname343:
+.Lname82:
     .asciz "cublasHgemm_64"
-.Lname344:
-    .asciz "cublasIamaxEx"
-.Lname345:
-    .asciz "cublasIamaxEx_64"
-.Lname346:
-    .asciz "cublasIaminEx"
-.Lname347:
-    .asciz "cublasIaminEx_64"
-.Lname348:
-    .asciz "cublasIcamax_v2"
-.Lname349:
-    .asciz "cublasIcamax_v2_64"
-.Lname350:
-    .asciz "cublasIcamin_v2"
-.Lname351:
-    .asciz "cublasIcamin_v2_64"
-.Lname352:
-    .asciz "cublasIdamax"
-.Lname353:
-    .asciz "cublasIdamax_v2"
-.Lname354:
-    .asciz "cublasIdamax_v2_64"
-.Lname355:
-    .asciz "cublasIdamin"
-.Lname356:
-    .asciz "cublasIdamin_v2"
-.Lname357:
-    .asciz "cublasIdamin_v2_64"
-.Lname358:
-    .asciz "cublasIsamax"
-.Lname359:
-    .asciz "cublasIsamax_v2"
-.Lname360:
-    .asciz "cublasIsamax_v2_64"
-.Lname361:
-    .asciz "cublasIsamin"
-.Lname362:
-    .asciz "cublasIsamin_v2"
-.Lname363:
-    .asciz "cublasIsamin_v2_64"
-.Lname364:
-    .asciz "cublasIzamax_v2"
-.Lname365:
-    .asciz "cublasIzamax_v2_64"
-.Lname366:
-    .asciz "cublasIzamin_v2"
-.Lname367:
-    .asciz "cublasIzamin_v2_64"
-.Lname368:
+.Lname83:
     .asciz "cublasLoggerConfigure"
-.Lname369:
+.Lname84:
     .asciz "cublasNrm2Ex"
-.Lname370:
+.Lname85:
     .asciz "cublasNrm2Ex_64"
-.Lname371:
-    .asciz "cublasRotEx"
-.Lname372:
-    .asciz "cublasRotEx_64"
-.Lname373:
+.Lname86:
     .asciz "cublasRotgEx"
-.Lname374:
+.Lname87:
     .asciz "cublasRotmEx"
-.Lname375:
+.Lname88:
     .asciz "cublasRotmEx_64"
-.Lname376:
+.Lname89:
     .asciz "cublasRotmgEx"
-.Lname377:
-    .asciz "cublasSasum"
-.Lname378:
-    .asciz "cublasSasum_v2"
-.Lname379:
-    .asciz "cublasSasum_v2_64"
-.Lname380:
-    .asciz "cublasSaxpy"
-.Lname381:
-    .asciz "cublasSaxpy_v2"
-.Lname382:
-    .asciz "cublasSaxpy_v2_64"
-.Lname383:
+.Lname90:
     .asciz "cublasSbdmm"
-.Lname384:
-    .asciz "cublasScalEx"
-.Lname385:
-    .asciz "cublasScalEx_64"
-.Lname386:
-    .asciz "cublasScasum_v2"
-.Lname387:
-    .asciz "cublasScasum_v2_64"
-.Lname388:
-    .asciz "cublasScnrm2_v2"
-.Lname389:
-    .asciz "cublasScnrm2_v2_64"
-.Lname390:
-    .asciz "cublasScopy"
-.Lname391:
-    .asciz "cublasScopy_v2"
-.Lname392:
-    .asciz "cublasScopy_v2_64"
-.Lname393:
-    .asciz "cublasSdgmm"
-.Lname394:
-    .asciz "cublasSdgmm_64"
-.Lname395:
-    .asciz "cublasSdot"
-.Lname396:
-    .asciz "cublasSdot_v2"
-.Lname397:
-    .asciz "cublasSdot_v2_64"
-.Lname398:
+.Lname91:
     .asciz "cublasSetBackdoor"
-.Lname399:
+.Lname92:
     .asciz "cublasSetBackdoorEx"
-.Lname400:
+.Lname93:
     .asciz "cublasSetEnvironmentMode"
-.Lname401:
+.Lname94:
     .asciz "cublasSetFixedPointEmulationMantissaBitCountPointer"
-.Lname402:
+.Lname95:
     .asciz "cublasSetLoggerCallback"
-.Lname403:
-    .asciz "cublasSetMatrix"
-.Lname404:
+.Lname96:
     .asciz "cublasSetMatrixAsync"
-.Lname405:
-    .asciz "cublasSetMatrixAsync_64"
-.Lname406:
-    .asciz "cublasSetMatrix_64"
-.Lname407:
+.Lname97:
     .asciz "cublasSetVector"
-.Lname408:
+.Lname98:
     .asciz "cublasSetVectorAsync"
-.Lname409:
+.Lname99:
     .asciz "cublasSetVectorAsync_64"
-.Lname410:
+.Lname100:
     .asciz "cublasSetVector_64"
-.Lname411:
-    .asciz "cublasSetWorkspace_v2"
-.Lname412:
-    .asciz "cublasSgbmv"
-.Lname413:
-    .asciz "cublasSgbmv_v2"
-.Lname414:
-    .asciz "cublasSgbmv_v2_64"
-.Lname415:
-    .asciz "cublasSgeam"
-.Lname416:
-    .asciz "cublasSgeam_64"
-.Lname417:
-    .asciz "cublasSgelsBatched"
-.Lname418:
-    .asciz "cublasSgemm"
-.Lname419:
-    .asciz "cublasSgemmBatched"
-.Lname420:
-    .asciz "cublasSgemmBatched_64"
-.Lname421:
-    .asciz "cublasSgemmEx"
-.Lname422:
-    .asciz "cublasSgemmEx_64"
-.Lname423:
+.Lname101:
     .asciz "cublasSgemmGroupedBatched"
-.Lname424:
+.Lname102:
     .asciz "cublasSgemmGroupedBatched_64"
-.Lname425:
-    .asciz "cublasSgemmStridedBatched"
-.Lname426:
-    .asciz "cublasSgemmStridedBatched_64"
-.Lname427:
-    .asciz "cublasSgemm_v2"
-.Lname428:
-    .asciz "cublasSgemm_v2_64"
-.Lname429:
-    .asciz "cublasSgemv"
-.Lname430:
+.Lname103:
     .asciz "cublasSgemvBatched"
-.Lname431:
+.Lname104:
     .asciz "cublasSgemvBatched_64"
-.Lname432:
-    .asciz "cublasSgemvStridedBatched"
-.Lname433:
-    .asciz "cublasSgemvStridedBatched_64"
-.Lname434:
-    .asciz "cublasSgemv_v2"
-.Lname435:
-    .asciz "cublasSgemv_v2_64"
-.Lname436:
-    .asciz "cublasSgeqrfBatched"
-.Lname437:
-    .asciz "cublasSger"
-.Lname438:
-    .asciz "cublasSger_v2"
-.Lname439:
-    .asciz "cublasSger_v2_64"
-.Lname440:
-    .asciz "cublasSgetrfBatched"
-.Lname441:
-    .asciz "cublasSgetriBatched"
-.Lname442:
-    .asciz "cublasSgetrsBatched"
-.Lname443:
+.Lname105:
     .asciz "cublasSmatinvBatched"
-.Lname444:
-    .asciz "cublasSnrm2"
-.Lname445:
-    .asciz "cublasSnrm2_v2"
-.Lname446:
-    .asciz "cublasSnrm2_v2_64"
-.Lname447:
-    .asciz "cublasSrot"
-.Lname448:
-    .asciz "cublasSrot_v2"
-.Lname449:
-    .asciz "cublasSrot_v2_64"
-.Lname450:
+.Lname106:
     .asciz "cublasSrotg"
-.Lname451:
-    .asciz "cublasSrotg_v2"
-.Lname452:
+.Lname107:
     .asciz "cublasSrotm"
-.Lname453:
+.Lname108:
     .asciz "cublasSrotm_v2"
-.Lname454:
+.Lname109:
     .asciz "cublasSrotm_v2_64"
-.Lname455:
+.Lname110:
     .asciz "cublasSrotmg"
-.Lname456:
+.Lname111:
     .asciz "cublasSrotmg_v2"
-.Lname457:
-    .asciz "cublasSsbmv"
-.Lname458:
-    .asciz "cublasSsbmv_v2"
-.Lname459:
-    .asciz "cublasSsbmv_v2_64"
-.Lname460:
-    .asciz "cublasSscal"
-.Lname461:
-    .asciz "cublasSscal_v2"
-.Lname462:
-    .asciz "cublasSscal_v2_64"
-.Lname463:
+.Lname112:
     .asciz "cublasSspmv"
-.Lname464:
+.Lname113:
     .asciz "cublasSspmv_v2"
-.Lname465:
+.Lname114:
     .asciz "cublasSspmv_v2_64"
-.Lname466:
+.Lname115:
     .asciz "cublasSspr"
-.Lname467:
+.Lname116:
     .asciz "cublasSspr2"
-.Lname468:
+.Lname117:
     .asciz "cublasSspr2_v2"
-.Lname469:
+.Lname118:
     .asciz "cublasSspr2_v2_64"
-.Lname470:
+.Lname119:
     .asciz "cublasSspr_v2"
-.Lname471:
+.Lname120:
     .asciz "cublasSspr_v2_64"
-.Lname472:
-    .asciz "cublasSswap"
-.Lname473:
-    .asciz "cublasSswap_v2"
-.Lname474:
-    .asciz "cublasSswap_v2_64"
-.Lname475:
-    .asciz "cublasSsymm"
-.Lname476:
-    .asciz "cublasSsymm_v2"
-.Lname477:
-    .asciz "cublasSsymm_v2_64"
-.Lname478:
-    .asciz "cublasSsymv"
-.Lname479:
-    .asciz "cublasSsymv_v2"
-.Lname480:
-    .asciz "cublasSsymv_v2_64"
-.Lname481:
-    .asciz "cublasSsyr"
-.Lname482:
-    .asciz "cublasSsyr2"
-.Lname483:
-    .asciz "cublasSsyr2_v2"
-.Lname484:
-    .asciz "cublasSsyr2_v2_64"
-.Lname485:
-    .asciz "cublasSsyr2k"
-.Lname486:
-    .asciz "cublasSsyr2k_v2"
-.Lname487:
-    .asciz "cublasSsyr2k_v2_64"
-.Lname488:
-    .asciz "cublasSsyr_v2"
-.Lname489:
-    .asciz "cublasSsyr_v2_64"
-.Lname490:
-    .asciz "cublasSsyrk"
-.Lname491:
-    .asciz "cublasSsyrk_v2"
-.Lname492:
-    .asciz "cublasSsyrk_v2_64"
-.Lname493:
-    .asciz "cublasSsyrkx"
-.Lname494:
-    .asciz "cublasSsyrkx_64"
-.Lname495:
-    .asciz "cublasStbmv"
-.Lname496:
-    .asciz "cublasStbmv_v2"
-.Lname497:
-    .asciz "cublasStbmv_v2_64"
-.Lname498:
-    .asciz "cublasStbsv"
-.Lname499:
-    .asciz "cublasStbsv_v2"
-.Lname500:
-    .asciz "cublasStbsv_v2_64"
-.Lname501:
+.Lname121:
     .asciz "cublasStpmv"
-.Lname502:
+.Lname122:
     .asciz "cublasStpmv_v2"
-.Lname503:
+.Lname123:
     .asciz "cublasStpmv_v2_64"
-.Lname504:
+.Lname124:
     .asciz "cublasStpsv"
-.Lname505:
+.Lname125:
     .asciz "cublasStpsv_v2"
-.Lname506:
+.Lname126:
     .asciz "cublasStpsv_v2_64"
-.Lname507:
+.Lname127:
     .asciz "cublasStpttr"
-.Lname508:
-    .asciz "cublasStrmm"
-.Lname509:
-    .asciz "cublasStrmm_v2"
-.Lname510:
-    .asciz "cublasStrmm_v2_64"
-.Lname511:
-    .asciz "cublasStrmv"
-.Lname512:
-    .asciz "cublasStrmv_v2"
-.Lname513:
-    .asciz "cublasStrmv_v2_64"
-.Lname514:
-    .asciz "cublasStrsm"
-.Lname515:
-    .asciz "cublasStrsmBatched"
-.Lname516:
-    .asciz "cublasStrsmBatched_64"
-.Lname517:
-    .asciz "cublasStrsm_v2"
-.Lname518:
-    .asciz "cublasStrsm_v2_64"
-.Lname519:
-    .asciz "cublasStrsv"
-.Lname520:
-    .asciz "cublasStrsv_v2"
-.Lname521:
-    .asciz "cublasStrsv_v2_64"
-.Lname522:
+.Lname128:
     .asciz "cublasStrttp"
-.Lname523:
-    .asciz "cublasSwapEx"
-.Lname524:
-    .asciz "cublasSwapEx_64"
-.Lname525:
+.Lname129:
     .asciz "cublasTSSgemvBatched"
-.Lname526:
+.Lname130:
     .asciz "cublasTSSgemvBatched_64"
-.Lname527:
+.Lname131:
     .asciz "cublasTSSgemvStridedBatched"
-.Lname528:
+.Lname132:
     .asciz "cublasTSSgemvStridedBatched_64"
-.Lname529:
+.Lname133:
     .asciz "cublasTSTgemvBatched"
-.Lname530:
+.Lname134:
     .asciz "cublasTSTgemvBatched_64"
-.Lname531:
+.Lname135:
     .asciz "cublasTSTgemvStridedBatched"
-.Lname532:
+.Lname136:
     .asciz "cublasTSTgemvStridedBatched_64"
-.Lname533:
-    .asciz "cublasUint8gemmBias"
-.Lname534:
-    .asciz "cublasXtCgemm"
-.Lname535:
-    .asciz "cublasXtChemm"
-.Lname536:
-    .asciz "cublasXtCher2k"
-.Lname537:
-    .asciz "cublasXtCherk"
-.Lname538:
-    .asciz "cublasXtCherkx"
-.Lname539:
-    .asciz "cublasXtCspmm"
-.Lname540:
-    .asciz "cublasXtCsymm"
-.Lname541:
-    .asciz "cublasXtCsyr2k"
-.Lname542:
-    .asciz "cublasXtCsyrk"
-.Lname543:
-    .asciz "cublasXtCsyrkx"
-.Lname544:
-    .asciz "cublasXtCtrmm"
-.Lname545:
-    .asciz "cublasXtCtrsm"
-.Lname546:
+.Lname137:
     .asciz "cublasXtDeviceSelect"
-.Lname547:
-    .asciz "cublasXtDgemm"
-.Lname548:
+.Lname138:
     .asciz "cublasXtDspmm"
-.Lname549:
-    .asciz "cublasXtDsymm"
-.Lname550:
-    .asciz "cublasXtDsyr2k"
-.Lname551:
-    .asciz "cublasXtDsyrk"
-.Lname552:
-    .asciz "cublasXtDsyrkx"
-.Lname553:
-    .asciz "cublasXtDtrmm"
-.Lname554:
-    .asciz "cublasXtDtrsm"
-.Lname555:
+.Lname139:
     .asciz "cublasXtGetBlockDim"
-.Lname556:
+.Lname140:
     .asciz "cublasXtGetNumBoards"
-.Lname557:
-    .asciz "cublasXtGetPinningMemMode"
-.Lname558:
+.Lname141:
     .asciz "cublasXtMaxBoards"
-.Lname559:
+.Lname142:
     .asciz "cublasXtSetCpuRoutine"
-.Lname560:
-    .asciz "cublasXtSgemm"
-.Lname561:
+.Lname143:
     .asciz "cublasXtSspmm"
-.Lname562:
-    .asciz "cublasXtSsymm"
-.Lname563:
-    .asciz "cublasXtSsyr2k"
-.Lname564:
-    .asciz "cublasXtSsyrk"
-.Lname565:
-    .asciz "cublasXtSsyrkx"
-.Lname566:
-    .asciz "cublasXtStrmm"
-.Lname567:
-    .asciz "cublasXtStrsm"
-.Lname568:
-    .asciz "cublasXtZgemm"
-.Lname569:
-    .asciz "cublasXtZhemm"
-.Lname570:
-    .asciz "cublasXtZher2k"
-.Lname571:
-    .asciz "cublasXtZherk"
-.Lname572:
-    .asciz "cublasXtZherkx"
-.Lname573:
-    .asciz "cublasXtZspmm"
-.Lname574:
-    .asciz "cublasXtZsymm"
-.Lname575:
-    .asciz "cublasXtZsyr2k"
-.Lname576:
-    .asciz "cublasXtZsyrk"
-.Lname577:
-    .asciz "cublasXtZsyrkx"
-.Lname578:
-    .asciz "cublasXtZtrmm"
-.Lname579:
-    .asciz "cublasXtZtrsm"
-.Lname580:
-    .asciz "cublasZaxpy"
-.Lname581:
-    .asciz "cublasZaxpy_v2"
-.Lname582:
-    .asciz "cublasZaxpy_v2_64"
-.Lname583:
+.Lname144:
     .asciz "cublasZbdmm"
-.Lname584:
-    .asciz "cublasZcopy"
-.Lname585:
-    .asciz "cublasZcopy_v2"
-.Lname586:
-    .asciz "cublasZcopy_v2_64"
-.Lname587:
-    .asciz "cublasZdgmm"
-.Lname588:
-    .asciz "cublasZdgmm_64"
-.Lname589:
+.Lname145:
     .asciz "cublasZdotc"
-.Lname590:
-    .asciz "cublasZdotc_v2"
-.Lname591:
-    .asciz "cublasZdotc_v2_64"
-.Lname592:
+.Lname146:
     .asciz "cublasZdotu"
-.Lname593:
-    .asciz "cublasZdotu_v2"
-.Lname594:
-    .asciz "cublasZdotu_v2_64"
-.Lname595:
-    .asciz "cublasZdrot"
-.Lname596:
-    .asciz "cublasZdrot_v2"
-.Lname597:
-    .asciz "cublasZdrot_v2_64"
-.Lname598:
-    .asciz "cublasZdscal"
-.Lname599:
-    .asciz "cublasZdscal_v2"
-.Lname600:
-    .asciz "cublasZdscal_v2_64"
-.Lname601:
-    .asciz "cublasZgbmv"
-.Lname602:
-    .asciz "cublasZgbmv_v2"
-.Lname603:
-    .asciz "cublasZgbmv_v2_64"
-.Lname604:
-    .asciz "cublasZgeam"
-.Lname605:
-    .asciz "cublasZgeam_64"
-.Lname606:
-    .asciz "cublasZgelsBatched"
-.Lname607:
-    .asciz "cublasZgemm"
-.Lname608:
-    .asciz "cublasZgemm3m"
-.Lname609:
-    .asciz "cublasZgemm3m_64"
-.Lname610:
-    .asciz "cublasZgemmBatched"
-.Lname611:
-    .asciz "cublasZgemmBatched_64"
-.Lname612:
-    .asciz "cublasZgemmStridedBatched"
-.Lname613:
-    .asciz "cublasZgemmStridedBatched_64"
-.Lname614:
-    .asciz "cublasZgemm_v2"
-.Lname615:
-    .asciz "cublasZgemm_v2_64"
-.Lname616:
-    .asciz "cublasZgemv"
-.Lname617:
+.Lname147:
     .asciz "cublasZgemvBatched"
-.Lname618:
+.Lname148:
     .asciz "cublasZgemvBatched_64"
-.Lname619:
-    .asciz "cublasZgemvStridedBatched"
-.Lname620:
-    .asciz "cublasZgemvStridedBatched_64"
-.Lname621:
-    .asciz "cublasZgemv_v2"
-.Lname622:
-    .asciz "cublasZgemv_v2_64"
-.Lname623:
-    .asciz "cublasZgeqrfBatched"
-.Lname624:
-    .asciz "cublasZgerc"
-.Lname625:
-    .asciz "cublasZgerc_v2"
-.Lname626:
-    .asciz "cublasZgerc_v2_64"
-.Lname627:
-    .asciz "cublasZgeru"
-.Lname628:
-    .asciz "cublasZgeru_v2"
-.Lname629:
-    .asciz "cublasZgeru_v2_64"
-.Lname630:
-    .asciz "cublasZgetrfBatched"
-.Lname631:
-    .asciz "cublasZgetriBatched"
-.Lname632:
-    .asciz "cublasZgetrsBatched"
-.Lname633:
-    .asciz "cublasZhbmv"
-.Lname634:
-    .asciz "cublasZhbmv_v2"
-.Lname635:
-    .asciz "cublasZhbmv_v2_64"
-.Lname636:
-    .asciz "cublasZhemm"
-.Lname637:
-    .asciz "cublasZhemm_v2"
-.Lname638:
-    .asciz "cublasZhemm_v2_64"
-.Lname639:
-    .asciz "cublasZhemv"
-.Lname640:
-    .asciz "cublasZhemv_v2"
-.Lname641:
-    .asciz "cublasZhemv_v2_64"
-.Lname642:
-    .asciz "cublasZher"
-.Lname643:
-    .asciz "cublasZher2"
-.Lname644:
-    .asciz "cublasZher2_v2"
-.Lname645:
-    .asciz "cublasZher2_v2_64"
-.Lname646:
-    .asciz "cublasZher2k"
-.Lname647:
-    .asciz "cublasZher2k_v2"
-.Lname648:
-    .asciz "cublasZher2k_v2_64"
-.Lname649:
-    .asciz "cublasZher_v2"
-.Lname650:
-    .asciz "cublasZher_v2_64"
-.Lname651:
-    .asciz "cublasZherk"
-.Lname652:
-    .asciz "cublasZherk_v2"
-.Lname653:
-    .asciz "cublasZherk_v2_64"
-.Lname654:
-    .asciz "cublasZherkx"
-.Lname655:
-    .asciz "cublasZherkx_64"
-.Lname656:
-    .asciz "cublasZhpmv"
-.Lname657:
-    .asciz "cublasZhpmv_v2"
-.Lname658:
-    .asciz "cublasZhpmv_v2_64"
-.Lname659:
+.Lname149:
     .asciz "cublasZhpr"
-.Lname660:
+.Lname150:
     .asciz "cublasZhpr2"
-.Lname661:
+.Lname151:
     .asciz "cublasZhpr2_v2"
-.Lname662:
+.Lname152:
     .asciz "cublasZhpr2_v2_64"
-.Lname663:
+.Lname153:
     .asciz "cublasZhpr_v2"
-.Lname664:
+.Lname154:
     .asciz "cublasZhpr_v2_64"
-.Lname665:
+.Lname155:
     .asciz "cublasZmatinvBatched"
-.Lname666:
-    .asciz "cublasZrot"
-.Lname667:
-    .asciz "cublasZrot_v2"
-.Lname668:
-    .asciz "cublasZrot_v2_64"
-.Lname669:
+.Lname156:
     .asciz "cublasZrotg"
-.Lname670:
-    .asciz "cublasZrotg_v2"
-.Lname671:
-    .asciz "cublasZscal"
-.Lname672:
-    .asciz "cublasZscal_v2"
-.Lname673:
-    .asciz "cublasZscal_v2_64"
-.Lname674:
-    .asciz "cublasZswap"
-.Lname675:
-    .asciz "cublasZswap_v2"
-.Lname676:
-    .asciz "cublasZswap_v2_64"
-.Lname677:
-    .asciz "cublasZsymm"
-.Lname678:
-    .asciz "cublasZsymm_v2"
-.Lname679:
-    .asciz "cublasZsymm_v2_64"
-.Lname680:
-    .asciz "cublasZsymv_v2"
-.Lname681:
-    .asciz "cublasZsymv_v2_64"
-.Lname682:
-    .asciz "cublasZsyr2_v2"
-.Lname683:
-    .asciz "cublasZsyr2_v2_64"
-.Lname684:
-    .asciz "cublasZsyr2k"
-.Lname685:
-    .asciz "cublasZsyr2k_v2"
-.Lname686:
-    .asciz "cublasZsyr2k_v2_64"
-.Lname687:
-    .asciz "cublasZsyr_v2"
-.Lname688:
-    .asciz "cublasZsyr_v2_64"
-.Lname689:
-    .asciz "cublasZsyrk"
-.Lname690:
-    .asciz "cublasZsyrk_v2"
-.Lname691:
-    .asciz "cublasZsyrk_v2_64"
-.Lname692:
-    .asciz "cublasZsyrkx"
-.Lname693:
-    .asciz "cublasZsyrkx_64"
-.Lname694:
-    .asciz "cublasZtbmv"
-.Lname695:
-    .asciz "cublasZtbmv_v2"
-.Lname696:
-    .asciz "cublasZtbmv_v2_64"
-.Lname697:
-    .asciz "cublasZtbsv"
-.Lname698:
-    .asciz "cublasZtbsv_v2"
-.Lname699:
-    .asciz "cublasZtbsv_v2_64"
-.Lname700:
-    .asciz "cublasZtpmv"
-.Lname701:
-    .asciz "cublasZtpmv_v2"
-.Lname702:
-    .asciz "cublasZtpmv_v2_64"
-.Lname703:
-    .asciz "cublasZtpsv"
-.Lname704:
-    .asciz "cublasZtpsv_v2"
-.Lname705:
-    .asciz "cublasZtpsv_v2_64"
-.Lname706:
-    .asciz "cublasZtpttr"
-.Lname707:
-    .asciz "cublasZtrmm"
-.Lname708:
-    .asciz "cublasZtrmm_v2"
-.Lname709:
-    .asciz "cublasZtrmm_v2_64"
-.Lname710:
-    .asciz "cublasZtrmv"
-.Lname711:
-    .asciz "cublasZtrmv_v2"
-.Lname712:
-    .asciz "cublasZtrmv_v2_64"
-.Lname713:
-    .asciz "cublasZtrsm"
-.Lname714:
-    .asciz "cublasZtrsmBatched"
-.Lname715:
-    .asciz "cublasZtrsmBatched_64"
-.Lname716:
-    .asciz "cublasZtrsm_v2"
-.Lname717:
-    .asciz "cublasZtrsm_v2_64"
-.Lname718:
-    .asciz "cublasZtrsv"
-.Lname719:
-    .asciz "cublasZtrsv_v2"
-.Lname720:
-    .asciz "cublasZtrsv_v2_64"
-.Lname721:
+.Lname157:
     .asciz "cublasZtrttp"
     .section .note.GNU-stack,"",@progbits

@@ -1233,15 +1233,12 @@ cublasLtLoggerSetMask:
     .globl cublasLtMatmul
     .type cublasLtMatmul, @function
 cublasLtMatmul:
-    leaq .Lname148(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatmul__cu126@PLT
     .size cublasLtMatmul, .-cublasLtMatmul
     .globl cublasLtMatmulAlgoCapGetAttribute
     .type cublasLtMatmulAlgoCapGetAttribute, @function
 cublasLtMatmulAlgoCapGetAttribute:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1249,7 +1246,7 @@ cublasLtMatmulAlgoCapGetAttribute:
     .globl cublasLtMatmulAlgoCheck
     .type cublasLtMatmulAlgoCheck, @function
 cublasLtMatmulAlgoCheck:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1257,7 +1254,7 @@ cublasLtMatmulAlgoCheck:
     .globl cublasLtMatmulAlgoConfigGetAttribute
     .type cublasLtMatmulAlgoConfigGetAttribute, @function
 cublasLtMatmulAlgoConfigGetAttribute:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1265,7 +1262,7 @@ cublasLtMatmulAlgoConfigGetAttribute:
     .globl cublasLtMatmulAlgoConfigGetAttributeRange
     .type cublasLtMatmulAlgoConfigGetAttributeRange, @function
 cublasLtMatmulAlgoConfigGetAttributeRange:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1273,7 +1270,7 @@ cublasLtMatmulAlgoConfigGetAttributeRange:
     .globl cublasLtMatmulAlgoConfigSetAttribute
     .type cublasLtMatmulAlgoConfigSetAttribute, @function
 cublasLtMatmulAlgoConfigSetAttribute:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1281,15 +1278,12 @@ cublasLtMatmulAlgoConfigSetAttribute:
     .globl cublasLtMatmulAlgoGetHeuristic
     .type cublasLtMatmulAlgoGetHeuristic, @function
 cublasLtMatmulAlgoGetHeuristic:
-    leaq .Lname154(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu126@PLT
     .size cublasLtMatmulAlgoGetHeuristic, .-cublasLtMatmulAlgoGetHeuristic
     .globl cublasLtMatmulAlgoGetIds
     .type cublasLtMatmulAlgoGetIds, @function
 cublasLtMatmulAlgoGetIds:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1297,7 +1291,7 @@ cublasLtMatmulAlgoGetIds:
     .globl cublasLtMatmulAlgoInit
     .type cublasLtMatmulAlgoInit, @function
 cublasLtMatmulAlgoInit:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1315,7 +1309,7 @@ cublasLtMatmulDescDestroy:
     .globl cublasLtMatmulDescGetAttribute
     .type cublasLtMatmulDescGetAttribute, @function
 cublasLtMatmulDescGetAttribute:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1328,10 +1322,7 @@ cublasLtMatmulDescInit_internal:
     .globl cublasLtMatmulDescSetAttribute
     .type cublasLtMatmulDescSetAttribute, @function
 cublasLtMatmulDescSetAttribute:
-    leaq .Lname158(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulDescSetAttribute__cu126@PLT
     .size cublasLtMatmulDescSetAttribute, .-cublasLtMatmulDescSetAttribute
     .globl cublasLtMatmulPreferenceCreate
     .type cublasLtMatmulPreferenceCreate, @function
@@ -1346,7 +1337,7 @@ cublasLtMatmulPreferenceDestroy:
     .globl cublasLtMatmulPreferenceGetAttribute
     .type cublasLtMatmulPreferenceGetAttribute, @function
 cublasLtMatmulPreferenceGetAttribute:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1359,10 +1350,7 @@ cublasLtMatmulPreferenceInit_internal:
     .globl cublasLtMatmulPreferenceSetAttribute
     .type cublasLtMatmulPreferenceSetAttribute, @function
 cublasLtMatmulPreferenceSetAttribute:
-    leaq .Lname160(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulPreferenceSetAttribute__cu121@PLT
     .size cublasLtMatmulPreferenceSetAttribute, .-cublasLtMatmulPreferenceSetAttribute
     .globl cublasLtMatrixLayoutCreate
     .type cublasLtMatrixLayoutCreate, @function
@@ -1377,7 +1365,7 @@ cublasLtMatrixLayoutDestroy:
     .globl cublasLtMatrixLayoutGetAttribute
     .type cublasLtMatrixLayoutGetAttribute, @function
 cublasLtMatrixLayoutGetAttribute:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1390,15 +1378,12 @@ cublasLtMatrixLayoutInit_internal:
     .globl cublasLtMatrixLayoutSetAttribute
     .type cublasLtMatrixLayoutSetAttribute, @function
 cublasLtMatrixLayoutSetAttribute:
-    leaq .Lname162(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixLayoutSetAttribute@PLT
     .size cublasLtMatrixLayoutSetAttribute, .-cublasLtMatrixLayoutSetAttribute
     .globl cublasLtMatrixTransform
     .type cublasLtMatrixTransform, @function
 cublasLtMatrixTransform:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1416,7 +1401,7 @@ cublasLtMatrixTransformDescDestroy:
     .globl cublasLtMatrixTransformDescGetAttribute
     .type cublasLtMatrixTransformDescGetAttribute, @function
 cublasLtMatrixTransformDescGetAttribute:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1429,7 +1414,7 @@ cublasLtMatrixTransformDescInit_internal:
     .globl cublasLtMatrixTransformDescSetAttribute
     .type cublasLtMatrixTransformDescSetAttribute, @function
 cublasLtMatrixTransformDescSetAttribute:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1437,7 +1422,7 @@ cublasLtMatrixTransformDescSetAttribute:
     .globl cublasLtSSSMatmul
     .type cublasLtSSSMatmul, @function
 cublasLtSSSMatmul:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1445,7 +1430,7 @@ cublasLtSSSMatmul:
     .globl cublasLtSSSMatmulAlgoCapGetAttribute
     .type cublasLtSSSMatmulAlgoCapGetAttribute, @function
 cublasLtSSSMatmulAlgoCapGetAttribute:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1453,7 +1438,7 @@ cublasLtSSSMatmulAlgoCapGetAttribute:
     .globl cublasLtSSSMatmulAlgoCheck
     .type cublasLtSSSMatmulAlgoCheck, @function
 cublasLtSSSMatmulAlgoCheck:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1461,7 +1446,7 @@ cublasLtSSSMatmulAlgoCheck:
     .globl cublasLtSSSMatmulAlgoGetHeuristic
     .type cublasLtSSSMatmulAlgoGetHeuristic, @function
 cublasLtSSSMatmulAlgoGetHeuristic:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1469,7 +1454,7 @@ cublasLtSSSMatmulAlgoGetHeuristic:
     .globl cublasLtSSSMatmulAlgoGetIds
     .type cublasLtSSSMatmulAlgoGetIds, @function
 cublasLtSSSMatmulAlgoGetIds:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1477,7 +1462,7 @@ cublasLtSSSMatmulAlgoGetIds:
     .globl cublasLtSSSMatmulAlgoInit
     .type cublasLtSSSMatmulAlgoInit, @function
 cublasLtSSSMatmulAlgoInit:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1485,7 +1470,7 @@ cublasLtSSSMatmulAlgoInit:
     .globl cublasLtShutdownCtx
     .type cublasLtShutdownCtx, @function
 cublasLtShutdownCtx:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1493,7 +1478,7 @@ cublasLtShutdownCtx:
     .globl cublasLtTSSMatmul
     .type cublasLtTSSMatmul, @function
 cublasLtTSSMatmul:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1501,7 +1486,7 @@ cublasLtTSSMatmul:
     .globl cublasLtTSSMatmulAlgoCapGetAttribute
     .type cublasLtTSSMatmulAlgoCapGetAttribute, @function
 cublasLtTSSMatmulAlgoCapGetAttribute:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1509,7 +1494,7 @@ cublasLtTSSMatmulAlgoCapGetAttribute:
     .globl cublasLtTSSMatmulAlgoCheck
     .type cublasLtTSSMatmulAlgoCheck, @function
 cublasLtTSSMatmulAlgoCheck:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1517,7 +1502,7 @@ cublasLtTSSMatmulAlgoCheck:
     .globl cublasLtTSSMatmulAlgoGetHeuristic
     .type cublasLtTSSMatmulAlgoGetHeuristic, @function
 cublasLtTSSMatmulAlgoGetHeuristic:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1525,7 +1510,7 @@ cublasLtTSSMatmulAlgoGetHeuristic:
     .globl cublasLtTSSMatmulAlgoGetIds
     .type cublasLtTSSMatmulAlgoGetIds, @function
 cublasLtTSSMatmulAlgoGetIds:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1533,7 +1518,7 @@ cublasLtTSSMatmulAlgoGetIds:
     .globl cublasLtTSSMatmulAlgoInit
     .type cublasLtTSSMatmulAlgoInit, @function
 cublasLtTSSMatmulAlgoInit:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1541,7 +1526,7 @@ cublasLtTSSMatmulAlgoInit:
     .globl cublasLtTSTMatmul
     .type cublasLtTSTMatmul, @function
 cublasLtTSTMatmul:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1549,7 +1534,7 @@ cublasLtTSTMatmul:
     .globl cublasLtTSTMatmulAlgoCapGetAttribute
     .type cublasLtTSTMatmulAlgoCapGetAttribute, @function
 cublasLtTSTMatmulAlgoCapGetAttribute:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1557,7 +1542,7 @@ cublasLtTSTMatmulAlgoCapGetAttribute:
     .globl cublasLtTSTMatmulAlgoCheck
     .type cublasLtTSTMatmulAlgoCheck, @function
 cublasLtTSTMatmulAlgoCheck:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1565,7 +1550,7 @@ cublasLtTSTMatmulAlgoCheck:
     .globl cublasLtTSTMatmulAlgoGetHeuristic
     .type cublasLtTSTMatmulAlgoGetHeuristic, @function
 cublasLtTSTMatmulAlgoGetHeuristic:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1573,7 +1558,7 @@ cublasLtTSTMatmulAlgoGetHeuristic:
     .globl cublasLtTSTMatmulAlgoGetIds
     .type cublasLtTSTMatmulAlgoGetIds, @function
 cublasLtTSTMatmulAlgoGetIds:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1581,7 +1566,7 @@ cublasLtTSTMatmulAlgoGetIds:
     .globl cublasLtTSTMatmulAlgoInit
     .type cublasLtTSTMatmulAlgoInit, @function
 cublasLtTSTMatmulAlgoInit:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1589,7 +1574,7 @@ cublasLtTSTMatmulAlgoInit:
     .globl cublasLtVCCMatmul
     .type cublasLtVCCMatmul, @function
 cublasLtVCCMatmul:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1597,7 +1582,7 @@ cublasLtVCCMatmul:
     .globl cublasLtVCCMatmulAlgoCapGetAttribute
     .type cublasLtVCCMatmulAlgoCapGetAttribute, @function
 cublasLtVCCMatmulAlgoCapGetAttribute:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1605,7 +1590,7 @@ cublasLtVCCMatmulAlgoCapGetAttribute:
     .globl cublasLtVCCMatmulAlgoCheck
     .type cublasLtVCCMatmulAlgoCheck, @function
 cublasLtVCCMatmulAlgoCheck:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1613,7 +1598,7 @@ cublasLtVCCMatmulAlgoCheck:
     .globl cublasLtVCCMatmulAlgoGetHeuristic
     .type cublasLtVCCMatmulAlgoGetHeuristic, @function
 cublasLtVCCMatmulAlgoGetHeuristic:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1621,7 +1606,7 @@ cublasLtVCCMatmulAlgoGetHeuristic:
     .globl cublasLtVCCMatmulAlgoGetIds
     .type cublasLtVCCMatmulAlgoGetIds, @function
 cublasLtVCCMatmulAlgoGetIds:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1629,7 +1614,7 @@ cublasLtVCCMatmulAlgoGetIds:
     .globl cublasLtVCCMatmulAlgoInit
     .type cublasLtVCCMatmulAlgoInit, @function
 cublasLtVCCMatmulAlgoInit:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1637,7 +1622,7 @@ cublasLtVCCMatmulAlgoInit:
     .globl cublasLtVCVMatmul
     .type cublasLtVCVMatmul, @function
 cublasLtVCVMatmul:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1645,7 +1630,7 @@ cublasLtVCVMatmul:
     .globl cublasLtVCVMatmulAlgoCapGetAttribute
     .type cublasLtVCVMatmulAlgoCapGetAttribute, @function
 cublasLtVCVMatmulAlgoCapGetAttribute:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1653,7 +1638,7 @@ cublasLtVCVMatmulAlgoCapGetAttribute:
     .globl cublasLtVCVMatmulAlgoCheck
     .type cublasLtVCVMatmulAlgoCheck, @function
 cublasLtVCVMatmulAlgoCheck:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1661,7 +1646,7 @@ cublasLtVCVMatmulAlgoCheck:
     .globl cublasLtVCVMatmulAlgoGetHeuristic
     .type cublasLtVCVMatmulAlgoGetHeuristic, @function
 cublasLtVCVMatmulAlgoGetHeuristic:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1669,7 +1654,7 @@ cublasLtVCVMatmulAlgoGetHeuristic:
     .globl cublasLtVCVMatmulAlgoGetIds
     .type cublasLtVCVMatmulAlgoGetIds, @function
 cublasLtVCVMatmulAlgoGetIds:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1677,7 +1662,7 @@ cublasLtVCVMatmulAlgoGetIds:
     .globl cublasLtVCVMatmulAlgoInit
     .type cublasLtVCVMatmulAlgoInit, @function
 cublasLtVCVMatmulAlgoInit:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1685,7 +1670,7 @@ cublasLtVCVMatmulAlgoInit:
     .globl cublasLtZZZMatmul
     .type cublasLtZZZMatmul, @function
 cublasLtZZZMatmul:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1693,7 +1678,7 @@ cublasLtZZZMatmul:
     .globl cublasLtZZZMatmulAlgoCapGetAttribute
     .type cublasLtZZZMatmulAlgoCapGetAttribute, @function
 cublasLtZZZMatmulAlgoCapGetAttribute:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1701,7 +1686,7 @@ cublasLtZZZMatmulAlgoCapGetAttribute:
     .globl cublasLtZZZMatmulAlgoCheck
     .type cublasLtZZZMatmulAlgoCheck, @function
 cublasLtZZZMatmulAlgoCheck:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1709,7 +1694,7 @@ cublasLtZZZMatmulAlgoCheck:
     .globl cublasLtZZZMatmulAlgoGetHeuristic
     .type cublasLtZZZMatmulAlgoGetHeuristic, @function
 cublasLtZZZMatmulAlgoGetHeuristic:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1717,7 +1702,7 @@ cublasLtZZZMatmulAlgoGetHeuristic:
     .globl cublasLtZZZMatmulAlgoGetIds
     .type cublasLtZZZMatmulAlgoGetIds, @function
 cublasLtZZZMatmulAlgoGetIds:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1725,7 +1710,7 @@ cublasLtZZZMatmulAlgoGetIds:
     .globl cublasLtZZZMatmulAlgoInit
     .type cublasLtZZZMatmulAlgoInit, @function
 cublasLtZZZMatmulAlgoInit:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1733,7 +1718,7 @@ cublasLtZZZMatmulAlgoInit:
     .globl cublasLt_for_cublas_BII
     .type cublasLt_for_cublas_BII, @function
 cublasLt_for_cublas_BII:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1741,7 +1726,7 @@ cublasLt_for_cublas_BII:
     .globl cublasLt_for_cublas_BSS
     .type cublasLt_for_cublas_BSS, @function
 cublasLt_for_cublas_BSS:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1749,7 +1734,7 @@ cublasLt_for_cublas_BSS:
     .globl cublasLt_for_cublas_CCC
     .type cublasLt_for_cublas_CCC, @function
 cublasLt_for_cublas_CCC:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1757,7 +1742,7 @@ cublasLt_for_cublas_CCC:
     .globl cublasLt_for_cublas_DDD
     .type cublasLt_for_cublas_DDD, @function
 cublasLt_for_cublas_DDD:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1765,7 +1750,7 @@ cublasLt_for_cublas_DDD:
     .globl cublasLt_for_cublas_HHH
     .type cublasLt_for_cublas_HHH, @function
 cublasLt_for_cublas_HHH:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1773,7 +1758,7 @@ cublasLt_for_cublas_HHH:
     .globl cublasLt_for_cublas_HSH
     .type cublasLt_for_cublas_HSH, @function
 cublasLt_for_cublas_HSH:
-    leaq .Lname208(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1781,7 +1766,7 @@ cublasLt_for_cublas_HSH:
     .globl cublasLt_for_cublas_HSS
     .type cublasLt_for_cublas_HSS, @function
 cublasLt_for_cublas_HSS:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1789,7 +1774,7 @@ cublasLt_for_cublas_HSS:
     .globl cublasLt_for_cublas_SSS
     .type cublasLt_for_cublas_SSS, @function
 cublasLt_for_cublas_SSS:
-    leaq .Lname210(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1797,7 +1782,7 @@ cublasLt_for_cublas_SSS:
     .globl cublasLt_for_cublas_TSS
     .type cublasLt_for_cublas_TSS, @function
 cublasLt_for_cublas_TSS:
-    leaq .Lname211(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1805,7 +1790,7 @@ cublasLt_for_cublas_TSS:
     .globl cublasLt_for_cublas_TST
     .type cublasLt_for_cublas_TST, @function
 cublasLt_for_cublas_TST:
-    leaq .Lname212(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1813,7 +1798,7 @@ cublasLt_for_cublas_TST:
     .globl cublasLt_for_cublas_ZZZ
     .type cublasLt_for_cublas_ZZZ, @function
 cublasLt_for_cublas_ZZZ:
-    leaq .Lname213(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2116,135 +2101,125 @@ cublasLt_for_cublas_ZZZ:
 .Lname147:
     .asciz "cublasLtLoggerSetFile"
 .Lname148:
-    .asciz "cublasLtMatmul"
-.Lname149:
     .asciz "cublasLtMatmulAlgoCapGetAttribute"
-.Lname150:
+.Lname149:
     .asciz "cublasLtMatmulAlgoCheck"
-.Lname151:
+.Lname150:
     .asciz "cublasLtMatmulAlgoConfigGetAttribute"
-.Lname152:
+.Lname151:
     .asciz "cublasLtMatmulAlgoConfigGetAttributeRange"
-.Lname153:
+.Lname152:
     .asciz "cublasLtMatmulAlgoConfigSetAttribute"
-.Lname154:
-    .asciz "cublasLtMatmulAlgoGetHeuristic"
-.Lname155:
+.Lname153:
     .asciz "cublasLtMatmulAlgoGetIds"
-.Lname156:
+.Lname154:
     .asciz "cublasLtMatmulAlgoInit"
-.Lname157:
+.Lname155:
     .asciz "cublasLtMatmulDescGetAttribute"
-.Lname158:
-    .asciz "cublasLtMatmulDescSetAttribute"
-.Lname159:
+.Lname156:
     .asciz "cublasLtMatmulPreferenceGetAttribute"
-.Lname160:
-    .asciz "cublasLtMatmulPreferenceSetAttribute"
-.Lname161:
+.Lname157:
     .asciz "cublasLtMatrixLayoutGetAttribute"
-.Lname162:
-    .asciz "cublasLtMatrixLayoutSetAttribute"
-.Lname163:
+.Lname158:
     .asciz "cublasLtMatrixTransform"
-.Lname164:
+.Lname159:
     .asciz "cublasLtMatrixTransformDescGetAttribute"
-.Lname165:
+.Lname160:
     .asciz "cublasLtMatrixTransformDescSetAttribute"
-.Lname166:
+.Lname161:
     .asciz "cublasLtSSSMatmul"
-.Lname167:
+.Lname162:
     .asciz "cublasLtSSSMatmulAlgoCapGetAttribute"
-.Lname168:
+.Lname163:
     .asciz "cublasLtSSSMatmulAlgoCheck"
-.Lname169:
+.Lname164:
     .asciz "cublasLtSSSMatmulAlgoGetHeuristic"
-.Lname170:
+.Lname165:
     .asciz "cublasLtSSSMatmulAlgoGetIds"
-.Lname171:
+.Lname166:
     .asciz "cublasLtSSSMatmulAlgoInit"
-.Lname172:
+.Lname167:
     .asciz "cublasLtShutdownCtx"
-.Lname173:
+.Lname168:
     .asciz "cublasLtTSSMatmul"
-.Lname174:
+.Lname169:
     .asciz "cublasLtTSSMatmulAlgoCapGetAttribute"
-.Lname175:
+.Lname170:
     .asciz "cublasLtTSSMatmulAlgoCheck"
-.Lname176:
+.Lname171:
     .asciz "cublasLtTSSMatmulAlgoGetHeuristic"
-.Lname177:
+.Lname172:
     .asciz "cublasLtTSSMatmulAlgoGetIds"
-.Lname178:
+.Lname173:
     .asciz "cublasLtTSSMatmulAlgoInit"
-.Lname179:
+.Lname174:
     .asciz "cublasLtTSTMatmul"
-.Lname180:
+.Lname175:
     .asciz "cublasLtTSTMatmulAlgoCapGetAttribute"
-.Lname181:
+.Lname176:
     .asciz "cublasLtTSTMatmulAlgoCheck"
-.Lname182:
+.Lname177:
     .asciz "cublasLtTSTMatmulAlgoGetHeuristic"
-.Lname183:
+.Lname178:
     .asciz "cublasLtTSTMatmulAlgoGetIds"
-.Lname184:
+.Lname179:
     .asciz "cublasLtTSTMatmulAlgoInit"
-.Lname185:
+.Lname180:
     .asciz "cublasLtVCCMatmul"
-.Lname186:
+.Lname181:
     .asciz "cublasLtVCCMatmulAlgoCapGetAttribute"
-.Lname187:
+.Lname182:
     .asciz "cublasLtVCCMatmulAlgoCheck"
-.Lname188:
+.Lname183:
     .asciz "cublasLtVCCMatmulAlgoGetHeuristic"
-.Lname189:
+.Lname184:
     .asciz "cublasLtVCCMatmulAlgoGetIds"
-.Lname190:
+.Lname185:
     .asciz "cublasLtVCCMatmulAlgoInit"
-.Lname191:
+.Lname186:
     .asciz "cublasLtVCVMatmul"
-.Lname192:
+.Lname187:
     .asciz "cublasLtVCVMatmulAlgoCapGetAttribute"
-.Lname193:
+.Lname188:
     .asciz "cublasLtVCVMatmulAlgoCheck"
-.Lname194:
+.Lname189:
     .asciz "cublasLtVCVMatmulAlgoGetHeuristic"
-.Lname195:
+.Lname190:
     .asciz "cublasLtVCVMatmulAlgoGetIds"
-.Lname196:
+.Lname191:
     .asciz "cublasLtVCVMatmulAlgoInit"
-.Lname197:
+.Lname192:
     .asciz "cublasLtZZZMatmul"
-.Lname198:
+.Lname193:
     .asciz "cublasLtZZZMatmulAlgoCapGetAttribute"
-.Lname199:
+.Lname194:
     .asciz "cublasLtZZZMatmulAlgoCheck"
-.Lname200:
+.Lname195:
     .asciz "cublasLtZZZMatmulAlgoGetHeuristic"
-.Lname201:
+.Lname196:
     .asciz "cublasLtZZZMatmulAlgoGetIds"
-.Lname202:
+.Lname197:
     .asciz "cublasLtZZZMatmulAlgoInit"
-.Lname203:
+.Lname198:
     .asciz "cublasLt_for_cublas_BII"
-.Lname204:
+.Lname199:
     .asciz "cublasLt_for_cublas_BSS"
-.Lname205:
+.Lname200:
     .asciz "cublasLt_for_cublas_CCC"
-.Lname206:
+.Lname201:
     .asciz "cublasLt_for_cublas_DDD"
-.Lname207:
+.Lname202:
     .asciz "cublasLt_for_cublas_HHH"
-.Lname208:
+.Lname203:
     .asciz "cublasLt_for_cublas_HSH"
-.Lname209:
+.Lname204:
     .asciz "cublasLt_for_cublas_HSS"
-.Lname210:
+.Lname205:
     .asciz "cublasLt_for_cublas_SSS"
-.Lname211:
+.Lname206:
     .asciz "cublasLt_for_cublas_TSS"
-.Lname212:
+.Lname207:
     .asciz "cublasLt_for_cublas_TST"
-.Lname213:
+.Lname208:
     .asciz "cublasLt_for_cublas_ZZZ"
     .section .note.GNU-stack,"",@progbits

@@ -832,15 +832,12 @@ cublasLtLoggerSetMask:
     .globl cublasLtMatmul
     .type cublasLtMatmul, @function
 cublasLtMatmul:
-    leaq .Lname96(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatmul__cu126@PLT
     .size cublasLtMatmul, .-cublasLtMatmul
     .globl cublasLtMatmulAlgoCapGetAttribute
     .type cublasLtMatmulAlgoCapGetAttribute, @function
 cublasLtMatmulAlgoCapGetAttribute:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -848,7 +845,7 @@ cublasLtMatmulAlgoCapGetAttribute:
     .globl cublasLtMatmulAlgoCheck
     .type cublasLtMatmulAlgoCheck, @function
 cublasLtMatmulAlgoCheck:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -856,7 +853,7 @@ cublasLtMatmulAlgoCheck:
     .globl cublasLtMatmulAlgoConfigGetAttribute
     .type cublasLtMatmulAlgoConfigGetAttribute, @function
 cublasLtMatmulAlgoConfigGetAttribute:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -864,7 +861,7 @@ cublasLtMatmulAlgoConfigGetAttribute:
     .globl cublasLtMatmulAlgoConfigGetAttributeRange
     .type cublasLtMatmulAlgoConfigGetAttributeRange, @function
 cublasLtMatmulAlgoConfigGetAttributeRange:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -872,7 +869,7 @@ cublasLtMatmulAlgoConfigGetAttributeRange:
     .globl cublasLtMatmulAlgoConfigSetAttribute
     .type cublasLtMatmulAlgoConfigSetAttribute, @function
 cublasLtMatmulAlgoConfigSetAttribute:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -880,15 +877,12 @@ cublasLtMatmulAlgoConfigSetAttribute:
     .globl cublasLtMatmulAlgoGetHeuristic
     .type cublasLtMatmulAlgoGetHeuristic, @function
 cublasLtMatmulAlgoGetHeuristic:
-    leaq .Lname102(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu126@PLT
     .size cublasLtMatmulAlgoGetHeuristic, .-cublasLtMatmulAlgoGetHeuristic
     .globl cublasLtMatmulAlgoGetIds
     .type cublasLtMatmulAlgoGetIds, @function
 cublasLtMatmulAlgoGetIds:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -896,7 +890,7 @@ cublasLtMatmulAlgoGetIds:
     .globl cublasLtMatmulAlgoInit
     .type cublasLtMatmulAlgoInit, @function
 cublasLtMatmulAlgoInit:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -914,7 +908,7 @@ cublasLtMatmulDescDestroy:
     .globl cublasLtMatmulDescGetAttribute
     .type cublasLtMatmulDescGetAttribute, @function
 cublasLtMatmulDescGetAttribute:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -927,10 +921,7 @@ cublasLtMatmulDescInit_internal:
     .globl cublasLtMatmulDescSetAttribute
     .type cublasLtMatmulDescSetAttribute, @function
 cublasLtMatmulDescSetAttribute:
-    leaq .Lname106(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulDescSetAttribute__cu126@PLT
     .size cublasLtMatmulDescSetAttribute, .-cublasLtMatmulDescSetAttribute
     .globl cublasLtMatmulPreferenceCreate
     .type cublasLtMatmulPreferenceCreate, @function
@@ -945,7 +936,7 @@ cublasLtMatmulPreferenceDestroy:
     .globl cublasLtMatmulPreferenceGetAttribute
     .type cublasLtMatmulPreferenceGetAttribute, @function
 cublasLtMatmulPreferenceGetAttribute:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -958,10 +949,7 @@ cublasLtMatmulPreferenceInit_internal:
     .globl cublasLtMatmulPreferenceSetAttribute
     .type cublasLtMatmulPreferenceSetAttribute, @function
 cublasLtMatmulPreferenceSetAttribute:
-    leaq .Lname108(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulPreferenceSetAttribute__cu121@PLT
     .size cublasLtMatmulPreferenceSetAttribute, .-cublasLtMatmulPreferenceSetAttribute
     .globl cublasLtMatrixLayoutCreate
     .type cublasLtMatrixLayoutCreate, @function
@@ -976,7 +964,7 @@ cublasLtMatrixLayoutDestroy:
     .globl cublasLtMatrixLayoutGetAttribute
     .type cublasLtMatrixLayoutGetAttribute, @function
 cublasLtMatrixLayoutGetAttribute:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -989,15 +977,12 @@ cublasLtMatrixLayoutInit_internal:
     .globl cublasLtMatrixLayoutSetAttribute
     .type cublasLtMatrixLayoutSetAttribute, @function
 cublasLtMatrixLayoutSetAttribute:
-    leaq .Lname110(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixLayoutSetAttribute@PLT
     .size cublasLtMatrixLayoutSetAttribute, .-cublasLtMatrixLayoutSetAttribute
     .globl cublasLtMatrixTransform
     .type cublasLtMatrixTransform, @function
 cublasLtMatrixTransform:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1015,7 +1000,7 @@ cublasLtMatrixTransformDescDestroy:
     .globl cublasLtMatrixTransformDescGetAttribute
     .type cublasLtMatrixTransformDescGetAttribute, @function
 cublasLtMatrixTransformDescGetAttribute:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1028,7 +1013,7 @@ cublasLtMatrixTransformDescInit_internal:
     .globl cublasLtMatrixTransformDescSetAttribute
     .type cublasLtMatrixTransformDescSetAttribute, @function
 cublasLtMatrixTransformDescSetAttribute:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1036,7 +1021,7 @@ cublasLtMatrixTransformDescSetAttribute:
     .globl cublasLtSSSMatmul
     .type cublasLtSSSMatmul, @function
 cublasLtSSSMatmul:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1044,7 +1029,7 @@ cublasLtSSSMatmul:
     .globl cublasLtSSSMatmulAlgoCapGetAttribute
     .type cublasLtSSSMatmulAlgoCapGetAttribute, @function
 cublasLtSSSMatmulAlgoCapGetAttribute:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1052,7 +1037,7 @@ cublasLtSSSMatmulAlgoCapGetAttribute:
     .globl cublasLtSSSMatmulAlgoCheck
     .type cublasLtSSSMatmulAlgoCheck, @function
 cublasLtSSSMatmulAlgoCheck:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1060,7 +1045,7 @@ cublasLtSSSMatmulAlgoCheck:
     .globl cublasLtSSSMatmulAlgoGetHeuristic
     .type cublasLtSSSMatmulAlgoGetHeuristic, @function
 cublasLtSSSMatmulAlgoGetHeuristic:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1068,7 +1053,7 @@ cublasLtSSSMatmulAlgoGetHeuristic:
     .globl cublasLtSSSMatmulAlgoGetIds
     .type cublasLtSSSMatmulAlgoGetIds, @function
 cublasLtSSSMatmulAlgoGetIds:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1076,7 +1061,7 @@ cublasLtSSSMatmulAlgoGetIds:
     .globl cublasLtSSSMatmulAlgoInit
     .type cublasLtSSSMatmulAlgoInit, @function
 cublasLtSSSMatmulAlgoInit:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1084,7 +1069,7 @@ cublasLtSSSMatmulAlgoInit:
     .globl cublasLtSetEnvironmentMode
     .type cublasLtSetEnvironmentMode, @function
 cublasLtSetEnvironmentMode:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1092,7 +1077,7 @@ cublasLtSetEnvironmentMode:
     .globl cublasLtShutdownCtx
     .type cublasLtShutdownCtx, @function
 cublasLtShutdownCtx:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1100,7 +1085,7 @@ cublasLtShutdownCtx:
     .globl cublasLtTSSMatmul
     .type cublasLtTSSMatmul, @function
 cublasLtTSSMatmul:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1108,7 +1093,7 @@ cublasLtTSSMatmul:
     .globl cublasLtTSSMatmulAlgoCapGetAttribute
     .type cublasLtTSSMatmulAlgoCapGetAttribute, @function
 cublasLtTSSMatmulAlgoCapGetAttribute:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1116,7 +1101,7 @@ cublasLtTSSMatmulAlgoCapGetAttribute:
     .globl cublasLtTSSMatmulAlgoCheck
     .type cublasLtTSSMatmulAlgoCheck, @function
 cublasLtTSSMatmulAlgoCheck:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1124,7 +1109,7 @@ cublasLtTSSMatmulAlgoCheck:
     .globl cublasLtTSSMatmulAlgoGetHeuristic
     .type cublasLtTSSMatmulAlgoGetHeuristic, @function
 cublasLtTSSMatmulAlgoGetHeuristic:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1132,7 +1117,7 @@ cublasLtTSSMatmulAlgoGetHeuristic:
     .globl cublasLtTSSMatmulAlgoGetIds
     .type cublasLtTSSMatmulAlgoGetIds, @function
 cublasLtTSSMatmulAlgoGetIds:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1140,7 +1125,7 @@ cublasLtTSSMatmulAlgoGetIds:
     .globl cublasLtTSSMatmulAlgoInit
     .type cublasLtTSSMatmulAlgoInit, @function
 cublasLtTSSMatmulAlgoInit:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1148,7 +1133,7 @@ cublasLtTSSMatmulAlgoInit:
     .globl cublasLtTSTMatmul
     .type cublasLtTSTMatmul, @function
 cublasLtTSTMatmul:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1156,7 +1141,7 @@ cublasLtTSTMatmul:
     .globl cublasLtTSTMatmulAlgoCapGetAttribute
     .type cublasLtTSTMatmulAlgoCapGetAttribute, @function
 cublasLtTSTMatmulAlgoCapGetAttribute:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1164,7 +1149,7 @@ cublasLtTSTMatmulAlgoCapGetAttribute:
     .globl cublasLtTSTMatmulAlgoCheck
     .type cublasLtTSTMatmulAlgoCheck, @function
 cublasLtTSTMatmulAlgoCheck:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1172,7 +1157,7 @@ cublasLtTSTMatmulAlgoCheck:
     .globl cublasLtTSTMatmulAlgoGetHeuristic
     .type cublasLtTSTMatmulAlgoGetHeuristic, @function
 cublasLtTSTMatmulAlgoGetHeuristic:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1180,7 +1165,7 @@ cublasLtTSTMatmulAlgoGetHeuristic:
     .globl cublasLtTSTMatmulAlgoGetIds
     .type cublasLtTSTMatmulAlgoGetIds, @function
 cublasLtTSTMatmulAlgoGetIds:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1188,7 +1173,7 @@ cublasLtTSTMatmulAlgoGetIds:
     .globl cublasLtTSTMatmulAlgoInit
     .type cublasLtTSTMatmulAlgoInit, @function
 cublasLtTSTMatmulAlgoInit:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1196,7 +1181,7 @@ cublasLtTSTMatmulAlgoInit:
     .globl cublasLtVCCMatmul
     .type cublasLtVCCMatmul, @function
 cublasLtVCCMatmul:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1204,7 +1189,7 @@ cublasLtVCCMatmul:
     .globl cublasLtVCCMatmulAlgoCapGetAttribute
     .type cublasLtVCCMatmulAlgoCapGetAttribute, @function
 cublasLtVCCMatmulAlgoCapGetAttribute:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1212,7 +1197,7 @@ cublasLtVCCMatmulAlgoCapGetAttribute:
     .globl cublasLtVCCMatmulAlgoCheck
     .type cublasLtVCCMatmulAlgoCheck, @function
 cublasLtVCCMatmulAlgoCheck:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1220,7 +1205,7 @@ cublasLtVCCMatmulAlgoCheck:
     .globl cublasLtVCCMatmulAlgoGetHeuristic
     .type cublasLtVCCMatmulAlgoGetHeuristic, @function
 cublasLtVCCMatmulAlgoGetHeuristic:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1228,7 +1213,7 @@ cublasLtVCCMatmulAlgoGetHeuristic:
     .globl cublasLtVCCMatmulAlgoGetIds
     .type cublasLtVCCMatmulAlgoGetIds, @function
 cublasLtVCCMatmulAlgoGetIds:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1236,7 +1221,7 @@ cublasLtVCCMatmulAlgoGetIds:
     .globl cublasLtVCCMatmulAlgoInit
     .type cublasLtVCCMatmulAlgoInit, @function
 cublasLtVCCMatmulAlgoInit:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1244,7 +1229,7 @@ cublasLtVCCMatmulAlgoInit:
     .globl cublasLtVCVMatmul
     .type cublasLtVCVMatmul, @function
 cublasLtVCVMatmul:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1252,7 +1237,7 @@ cublasLtVCVMatmul:
     .globl cublasLtVCVMatmulAlgoCapGetAttribute
     .type cublasLtVCVMatmulAlgoCapGetAttribute, @function
 cublasLtVCVMatmulAlgoCapGetAttribute:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1260,7 +1245,7 @@ cublasLtVCVMatmulAlgoCapGetAttribute:
     .globl cublasLtVCVMatmulAlgoCheck
     .type cublasLtVCVMatmulAlgoCheck, @function
 cublasLtVCVMatmulAlgoCheck:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1268,7 +1253,7 @@ cublasLtVCVMatmulAlgoCheck:
     .globl cublasLtVCVMatmulAlgoGetHeuristic
     .type cublasLtVCVMatmulAlgoGetHeuristic, @function
 cublasLtVCVMatmulAlgoGetHeuristic:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1276,7 +1261,7 @@ cublasLtVCVMatmulAlgoGetHeuristic:
     .globl cublasLtVCVMatmulAlgoGetIds
     .type cublasLtVCVMatmulAlgoGetIds, @function
 cublasLtVCVMatmulAlgoGetIds:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1284,7 +1269,7 @@ cublasLtVCVMatmulAlgoGetIds:
     .globl cublasLtVCVMatmulAlgoInit
     .type cublasLtVCVMatmulAlgoInit, @function
 cublasLtVCVMatmulAlgoInit:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1292,7 +1277,7 @@ cublasLtVCVMatmulAlgoInit:
     .globl cublasLtZZZMatmul
     .type cublasLtZZZMatmul, @function
 cublasLtZZZMatmul:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1300,7 +1285,7 @@ cublasLtZZZMatmul:
     .globl cublasLtZZZMatmulAlgoCapGetAttribute
     .type cublasLtZZZMatmulAlgoCapGetAttribute, @function
 cublasLtZZZMatmulAlgoCapGetAttribute:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1308,7 +1293,7 @@ cublasLtZZZMatmulAlgoCapGetAttribute:
     .globl cublasLtZZZMatmulAlgoCheck
     .type cublasLtZZZMatmulAlgoCheck, @function
 cublasLtZZZMatmulAlgoCheck:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1316,7 +1301,7 @@ cublasLtZZZMatmulAlgoCheck:
     .globl cublasLtZZZMatmulAlgoGetHeuristic
     .type cublasLtZZZMatmulAlgoGetHeuristic, @function
 cublasLtZZZMatmulAlgoGetHeuristic:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1324,7 +1309,7 @@ cublasLtZZZMatmulAlgoGetHeuristic:
     .globl cublasLtZZZMatmulAlgoGetIds
     .type cublasLtZZZMatmulAlgoGetIds, @function
 cublasLtZZZMatmulAlgoGetIds:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1332,7 +1317,7 @@ cublasLtZZZMatmulAlgoGetIds:
     .globl cublasLtZZZMatmulAlgoInit
     .type cublasLtZZZMatmulAlgoInit, @function
 cublasLtZZZMatmulAlgoInit:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1340,7 +1325,7 @@ cublasLtZZZMatmulAlgoInit:
     .globl cublasLt_for_cublas_BII
     .type cublasLt_for_cublas_BII, @function
 cublasLt_for_cublas_BII:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1348,7 +1333,7 @@ cublasLt_for_cublas_BII:
     .globl cublasLt_for_cublas_BSS
     .type cublasLt_for_cublas_BSS, @function
 cublasLt_for_cublas_BSS:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1356,7 +1341,7 @@ cublasLt_for_cublas_BSS:
     .globl cublasLt_for_cublas_DDD
     .type cublasLt_for_cublas_DDD, @function
 cublasLt_for_cublas_DDD:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1364,7 +1349,7 @@ cublasLt_for_cublas_DDD:
     .globl cublasLt_for_cublas_HHH
     .type cublasLt_for_cublas_HHH, @function
 cublasLt_for_cublas_HHH:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1372,7 +1357,7 @@ cublasLt_for_cublas_HHH:
     .globl cublasLt_for_cublas_HSH
     .type cublasLt_for_cublas_HSH, @function
 cublasLt_for_cublas_HSH:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1380,7 +1365,7 @@ cublasLt_for_cublas_HSH:
     .globl cublasLt_for_cublas_HSS
     .type cublasLt_for_cublas_HSS, @function
 cublasLt_for_cublas_HSS:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1388,7 +1373,7 @@ cublasLt_for_cublas_HSS:
     .globl cublasLt_for_cublas_SSS
     .type cublasLt_for_cublas_SSS, @function
 cublasLt_for_cublas_SSS:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1396,7 +1381,7 @@ cublasLt_for_cublas_SSS:
     .globl cublasLt_for_cublas_TSS
     .type cublasLt_for_cublas_TSS, @function
 cublasLt_for_cublas_TSS:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1404,7 +1389,7 @@ cublasLt_for_cublas_TSS:
     .globl cublasLt_for_cublas_TST
     .type cublasLt_for_cublas_TST, @function
 cublasLt_for_cublas_TST:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1603,133 +1588,123 @@ cublasLt_for_cublas_TST:
 .Lname95:
     .asciz "cublasLtLoggerSetFile"
 .Lname96:
-    .asciz "cublasLtMatmul"
-.Lname97:
     .asciz "cublasLtMatmulAlgoCapGetAttribute"
-.Lname98:
+.Lname97:
     .asciz "cublasLtMatmulAlgoCheck"
-.Lname99:
+.Lname98:
     .asciz "cublasLtMatmulAlgoConfigGetAttribute"
-.Lname100:
+.Lname99:
     .asciz "cublasLtMatmulAlgoConfigGetAttributeRange"
-.Lname101:
+.Lname100:
     .asciz "cublasLtMatmulAlgoConfigSetAttribute"
-.Lname102:
-    .asciz "cublasLtMatmulAlgoGetHeuristic"
-.Lname103:
+.Lname101:
     .asciz "cublasLtMatmulAlgoGetIds"
-.Lname104:
+.Lname102:
     .asciz "cublasLtMatmulAlgoInit"
-.Lname105:
+.Lname103:
     .asciz "cublasLtMatmulDescGetAttribute"
-.Lname106:
-    .asciz "cublasLtMatmulDescSetAttribute"
-.Lname107:
+.Lname104:
     .asciz "cublasLtMatmulPreferenceGetAttribute"
-.Lname108:
-    .asciz "cublasLtMatmulPreferenceSetAttribute"
-.Lname109:
+.Lname105:
     .asciz "cublasLtMatrixLayoutGetAttribute"
-.Lname110:
-    .asciz "cublasLtMatrixLayoutSetAttribute"
-.Lname111:
+.Lname106:
     .asciz "cublasLtMatrixTransform"
-.Lname112:
+.Lname107:
     .asciz "cublasLtMatrixTransformDescGetAttribute"
-.Lname113:
+.Lname108:
     .asciz "cublasLtMatrixTransformDescSetAttribute"
-.Lname114:
+.Lname109:
     .asciz "cublasLtSSSMatmul"
-.Lname115:
+.Lname110:
     .asciz "cublasLtSSSMatmulAlgoCapGetAttribute"
-.Lname116:
+.Lname111:
     .asciz "cublasLtSSSMatmulAlgoCheck"
-.Lname117:
+.Lname112:
     .asciz "cublasLtSSSMatmulAlgoGetHeuristic"
-.Lname118:
+.Lname113:
     .asciz "cublasLtSSSMatmulAlgoGetIds"
-.Lname119:
+.Lname114:
     .asciz "cublasLtSSSMatmulAlgoInit"
-.Lname120:
+.Lname115:
     .asciz "cublasLtSetEnvironmentMode"
-.Lname121:
+.Lname116:
     .asciz "cublasLtShutdownCtx"
-.Lname122:
+.Lname117:
     .asciz "cublasLtTSSMatmul"
-.Lname123:
+.Lname118:
     .asciz "cublasLtTSSMatmulAlgoCapGetAttribute"
-.Lname124:
+.Lname119:
     .asciz "cublasLtTSSMatmulAlgoCheck"
-.Lname125:
+.Lname120:
     .asciz "cublasLtTSSMatmulAlgoGetHeuristic"
-.Lname126:
+.Lname121:
     .asciz "cublasLtTSSMatmulAlgoGetIds"
-.Lname127:
+.Lname122:
     .asciz "cublasLtTSSMatmulAlgoInit"
-.Lname128:
+.Lname123:
     .asciz "cublasLtTSTMatmul"
-.Lname129:
+.Lname124:
     .asciz "cublasLtTSTMatmulAlgoCapGetAttribute"
-.Lname130:
+.Lname125:
     .asciz "cublasLtTSTMatmulAlgoCheck"
-.Lname131:
+.Lname126:
     .asciz "cublasLtTSTMatmulAlgoGetHeuristic"
-.Lname132:
+.Lname127:
     .asciz "cublasLtTSTMatmulAlgoGetIds"
-.Lname133:
+.Lname128:
     .asciz "cublasLtTSTMatmulAlgoInit"
-.Lname134:
+.Lname129:
     .asciz "cublasLtVCCMatmul"
-.Lname135:
+.Lname130:
     .asciz "cublasLtVCCMatmulAlgoCapGetAttribute"
-.Lname136:
+.Lname131:
     .asciz "cublasLtVCCMatmulAlgoCheck"
-.Lname137:
+.Lname132:
     .asciz "cublasLtVCCMatmulAlgoGetHeuristic"
-.Lname138:
+.Lname133:
     .asciz "cublasLtVCCMatmulAlgoGetIds"
-.Lname139:
+.Lname134:
     .asciz "cublasLtVCCMatmulAlgoInit"
-.Lname140:
+.Lname135:
     .asciz "cublasLtVCVMatmul"
-.Lname141:
+.Lname136:
     .asciz "cublasLtVCVMatmulAlgoCapGetAttribute"
-.Lname142:
+.Lname137:
     .asciz "cublasLtVCVMatmulAlgoCheck"
-.Lname143:
+.Lname138:
     .asciz "cublasLtVCVMatmulAlgoGetHeuristic"
-.Lname144:
+.Lname139:
     .asciz "cublasLtVCVMatmulAlgoGetIds"
-.Lname145:
+.Lname140:
     .asciz "cublasLtVCVMatmulAlgoInit"
-.Lname146:
+.Lname141:
     .asciz "cublasLtZZZMatmul"
-.Lname147:
+.Lname142:
     .asciz "cublasLtZZZMatmulAlgoCapGetAttribute"
-.Lname148:
+.Lname143:
     .asciz "cublasLtZZZMatmulAlgoCheck"
-.Lname149:
+.Lname144:
     .asciz "cublasLtZZZMatmulAlgoGetHeuristic"
-.Lname150:
+.Lname145:
     .asciz "cublasLtZZZMatmulAlgoGetIds"
-.Lname151:
+.Lname146:
     .asciz "cublasLtZZZMatmulAlgoInit"
-.Lname152:
+.Lname147:
     .asciz "cublasLt_for_cublas_BII"
-.Lname153:
+.Lname148:
     .asciz "cublasLt_for_cublas_BSS"
-.Lname154:
+.Lname149:
     .asciz "cublasLt_for_cublas_DDD"
-.Lname155:
+.Lname150:
     .asciz "cublasLt_for_cublas_HHH"
-.Lname156:
+.Lname151:
     .asciz "cublasLt_for_cublas_HSH"
-.Lname157:
+.Lname152:
     .asciz "cublasLt_for_cublas_HSS"
-.Lname158:
+.Lname153:
     .asciz "cublasLt_for_cublas_SSS"
-.Lname159:
+.Lname154:
     .asciz "cublasLt_for_cublas_TSS"
-.Lname160:
+.Lname155:
     .asciz "cublasLt_for_cublas_TST"
     .section .note.GNU-stack,"",@progbits

@@ -13,6 +13,7 @@ pub mod log;
 pub mod modules;
 pub mod registry;
 pub mod runtime;
+pub mod scalars;
 pub mod state;
 pub mod trace;
 pub mod unsupported;

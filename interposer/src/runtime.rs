@@ -88,6 +88,23 @@ unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
                     bulk.push(s);
                 }
             }
+            Wire::Scalar { dir, bytes, mode } => {
+                if a == 0 {
+                    lens[i] = NULL_LEN;
+                } else if crate::scalars::device_mode(args.get(usize::from(mode)).copied().unwrap_or(0)) {
+                    lens[i] = chidori_protocol::desc::DEVICE_LEN;
+                } else {
+                    lens[i] = u64::from(bytes);
+                    if dir != Dir::Out {
+                        // SAFETY: the caller's host scalar (host pointer mode); an untyped one
+                        // is read as 16 bytes, the largest scalar type.
+                        bulk.push(unsafe { std::slice::from_raw_parts(a as *const u8, bytes as usize) });
+                    }
+                    if dir != Dir::In {
+                        outs.push(OutTarget { param: i, ptr: a as usize, len: bytes as usize });
+                    }
+                }
+            }
             Wire::Buf { dir, elem, len, .. } => {
                 if a == 0 {
                     lens[i] = NULL_LEN;

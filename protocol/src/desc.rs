@@ -71,7 +71,15 @@ pub enum Wire {
     Str,
     /// Must be NULL; not sent.
     Null,
+    /// A BLAS scalar (alpha, beta, a reduction's result): while the pointer mode the
+    /// client recorded for the handle in parameter `mode` is host, `bytes` travel (In) or
+    /// come back (Out) like a one-element buffer; in device mode the argument is a device
+    /// address and its length on the wire is [`DEVICE_LEN`].
+    Scalar { dir: Dir, bytes: u32, mode: u8 },
 }
+
+/// Length on the wire of a [`Wire::Scalar`] passed as a device address.
+pub const DEVICE_LEN: u64 = u64::MAX - 1;
 
 /// How the return value travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

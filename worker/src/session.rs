@@ -18,7 +18,7 @@ use anyhow::{Context, Result, bail};
 use chidori_cuda::calls::{SCHEMA_HASH, VARIANTS};
 use chidori_cuda::structs;
 use chidori_protocol::PROTOCOL_VERSION;
-use chidori_protocol::desc::{CallDesc, Dir, HandleKind, Ret, Wire};
+use chidori_protocol::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, Ret, Wire};
 use chidori_protocol::frame::{Frame, Header, Kind};
 use chidori_protocol::messages::{
     self, Api, AsyncError, Call, Goodbye, Hello, HostCallback, HostCallbackDone, KernelInfo, Launch, NULL_LEN, Refuse,
@@ -349,6 +349,22 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                     buffers[i] = Some(b);
                 }
             }
+            Wire::Scalar { dir, bytes, .. } => {
+                if len == NULL_LEN {
+                    continue;
+                }
+                if len == DEVICE_LEN {
+                    // Device pointer mode: a device address.
+                    raw[i] = a;
+                    continue;
+                }
+                if len != u64::from(bytes) {
+                    return Err(Fatal(format!("{}: scalar {i} of {len} bytes, expected {bytes}", desc.name)));
+                }
+                let mut b = if dir == Dir::Out { Buffer::zeroed(bytes as usize) } else { Buffer::from(take(len)?) };
+                raw[i] = b.addr();
+                buffers[i] = Some(b);
+            }
             Wire::Str => {
                 if len == NULL_LEN {
                     continue;
@@ -454,7 +470,12 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let mut translated: Vec<Option<Vec<u8>>> = (0..n).map(|_| None).collect();
     let mut is_out = vec![false; n];
     for (i, wire) in desc.params.iter().enumerate() {
-        is_out[i] = matches!(wire, Wire::OutHandle { .. } | Wire::Buf { dir: Dir::Out | Dir::InOut, .. });
+        is_out[i] = matches!(
+            wire,
+            Wire::OutHandle { .. }
+                | Wire::Buf { dir: Dir::Out | Dir::InOut, .. }
+                | Wire::Scalar { dir: Dir::Out | Dir::InOut, .. }
+        );
         let Some(b) = buffers[i].as_ref().filter(|_| is_out[i]) else { continue };
         out_lens[i] = match &translations[i] {
             Some(t) => {

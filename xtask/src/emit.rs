@@ -317,6 +317,16 @@ impl<'a> Emitter<'a> {
             }
             Wire::Str => quote!(Wire::Str),
             Wire::Null => quote!(Wire::Null),
+            Wire::Scalar { dir, bytes, mode } => {
+                let dir = match dir {
+                    Dir::In => quote!(Dir::In),
+                    Dir::Out => quote!(Dir::Out),
+                    Dir::InOut => quote!(Dir::InOut),
+                };
+                let bytes = *bytes as u32;
+                let mode = *mode as u8;
+                quote!(Wire::Scalar { dir: #dir, bytes: #bytes, mode: #mode })
+            }
         }
     }
 

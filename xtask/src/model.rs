@@ -246,6 +246,9 @@ pub enum Wire {
     Str,
     /// Must be NULL; not sent.
     Null,
+    /// A BLAS scalar: `bytes` by value (In) or written back (Out) while the pointer mode
+    /// recorded for parameter `mode` is host, else a device address.
+    Scalar { dir: Dir, bytes: u64, mode: usize },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -449,6 +452,7 @@ fn build_library(lib: &Library, spec: SpecFile, all: &AllIr, envs: &BTreeMap<Str
         }
     }
 
+    let rules = spec.rule.iter().map(CompiledRule::new).collect::<Result<Vec<_>>>()?;
     let mut functions = BTreeMap::new();
     for (name, per_version) in &decls {
         // Per-thread-default-stream twins (`cudaMemcpy_ptds`, `cuMemcpyHtoD_v2_ptds`) share
@@ -478,7 +482,7 @@ fn build_library(lib: &Library, spec: SpecFile, all: &AllIr, envs: &BTreeMap<Str
             let (decl, _) = per_version[&newest].clone();
             let env = &envs[&newest];
             let tag = if single { String::new() } else { format!("cu{}", vs[0].replace('.', "")) };
-            let variant = build_variant(lib, &fspec, hidden_spec, env, &decl, &tag, vs.clone(), &newest)
+            let variant = build_variant(lib, &fspec, hidden_spec, env, &decl, &tag, vs.clone(), &rules)
                 .with_context(|| format!("{name} at CUDA {newest}"))?;
             for v in &vs {
                 by_version.insert(v.clone(), variants.len());
@@ -614,6 +618,49 @@ fn lower(env: &TypeEnv, ty: &Ty) -> Result<Lowered> {
     })
 }
 
+/// A library rule with its regexes compiled.
+struct CompiledRule {
+    functions: Option<regex::Regex>,
+    params: Option<regex::Regex>,
+    rule: spec::Rule,
+}
+
+impl CompiledRule {
+    fn new(rule: &spec::Rule) -> Result<CompiledRule> {
+        let re = |r: &Option<String>| r.as_deref().map(regex::Regex::new).transpose();
+        Ok(CompiledRule { functions: re(&rule.functions)?, params: re(&rule.params)?, rule: rule.clone() })
+    }
+
+    fn matches_function(&self, name: &str) -> bool {
+        self.functions.as_ref().is_none_or(|r| r.is_match(name))
+    }
+}
+
+/// The function's spec with the library's rules filled in: kinds for pointer parameters
+/// the spec does not name (the first matching rule wins), and the rules' class.
+fn with_rules(
+    env: &TypeEnv,
+    fspec: &FnSpec,
+    decl: &Function,
+    rules: &[CompiledRule],
+) -> Result<(FnSpec, Option<Class>)> {
+    let mut out = fspec.clone();
+    let mut class = None;
+    for r in rules.iter().filter(|r| r.matches_function(&decl.name)) {
+        if class.is_none() {
+            class = r.rule.class;
+        }
+        let (Some(params), Some(kind)) = (&r.params, &r.rule.kind) else { continue };
+        for p in &decl.params {
+            let pointer = matches!(env.resolve(&Ty::parse(&p.ty)?), Ty::Ptr { .. } | Ty::Array { .. });
+            if pointer && params.is_match(&p.name) && !out.params.contains_key(&p.name) {
+                out.params.insert(p.name.clone(), kind.clone());
+            }
+        }
+    }
+    Ok((out, class))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn build_variant(
     lib: &Library,
@@ -623,8 +670,10 @@ fn build_variant(
     decl: &Function,
     tag: &str,
     versions: Vec<String>,
-    _newest: &str,
+    rules: &[CompiledRule],
 ) -> Result<Variant> {
+    let (fspec, rule_class) = with_rules(env, fspec, decl, rules)?;
+    let fspec = &fspec;
     let params = decl.params.iter().map(|p| lower(env, &Ty::parse(&p.ty)?)).collect::<Result<Vec<_>>>()?;
     let ret_ty = Ty::parse(&decl.ret)?;
     let ret = lower(env, &ret_ty)?;
@@ -637,7 +686,24 @@ fn build_variant(
             other => bail!("hidden functions must be custom or local, not {}", other.as_str()),
         }
     } else {
-        dispose(lib, fspec, env, decl, ret_is_status)?
+        let mut d = dispose(lib, fspec, env, decl, ret_is_status)?;
+        // A rule's async class applies where nothing comes back but the status.
+        if let (Some(Class::Async), None, Disposition::Forward { class, params, ret }) =
+            (rule_class, fspec.class, &mut d)
+        {
+            let outputs = params.iter().any(|w| {
+                matches!(
+                    w,
+                    Wire::OutHandle { .. }
+                        | Wire::Buf { dir: Dir::Out | Dir::InOut, .. }
+                        | Wire::Scalar { dir: Dir::Out | Dir::InOut, .. }
+                )
+            });
+            if !outputs && matches!(ret, RetWire::Status | RetWire::Void) {
+                *class = Class::Async;
+            }
+        }
+        d
     };
     let forms = hidden.map(|h| &h.wire).unwrap_or(&fspec.wire);
     let mut wire_forms = Vec::new();
@@ -731,8 +797,14 @@ fn classify_call(
     }
     let class = class.unwrap_or(Class::Sync);
     if class == Class::Async {
-        let outputs =
-            wires.iter().any(|w| matches!(w, Wire::OutHandle { .. } | Wire::Buf { dir: Dir::Out | Dir::InOut, .. }));
+        let outputs = wires.iter().any(|w| {
+            matches!(
+                w,
+                Wire::OutHandle { .. }
+                    | Wire::Buf { dir: Dir::Out | Dir::InOut, .. }
+                    | Wire::Scalar { dir: Dir::Out | Dir::InOut, .. }
+            )
+        });
         if outputs || !matches!(ret, RetWire::Status | RetWire::Void) {
             bail!("{} is async but has outputs", decl.name);
         }
@@ -811,6 +883,25 @@ fn classify(
                 Kind::Handle { kind } => Wire::Handle { kind, destroy: true },
                 other => bail!("{}: `destroy` needs a handle, not {other:?}", p.name),
             },
+            ParamSpec::Scalar { mode, dir } => {
+                let Some(mode) = decl.params.iter().position(|q| &q.name == mode) else {
+                    return Ok(Err(format!("scalar: no parameter {mode} holds the pointer mode")));
+                };
+                let size = pointee_size(&kind, &ty).with_context(|| format!("{}: a scalar needs a pointer", p.name))?;
+                let untyped = matches!(env.resolve(&ty), Ty::Ptr { to, .. } if *to == Ty::Void);
+                let dir = match dir {
+                    spec::ScalarDir::In => Dir::In,
+                    spec::ScalarDir::Out => Dir::Out,
+                    spec::ScalarDir::InOut => Dir::InOut,
+                };
+                let bytes = match (dir, untyped) {
+                    // The largest scalar (double complex); the callee reads what its type needs.
+                    (Dir::In, true) => 16,
+                    (_, false) => size,
+                    (_, true) => return Ok(Err("untyped output scalar: how large?".into())),
+                };
+                Wire::Scalar { dir, bytes, mode }
+            }
             ParamSpec::InBuf(e) | ParamSpec::OutBuf(e) | ParamSpec::InOutBuf(e) => {
                 let elem = pointee_size(&kind, &ty).with_context(|| format!("{}: buffer needs a pointer", p.name))?;
                 let dir = match s {

@@ -26,6 +26,12 @@
 //! [function.cudaMallocManaged]
 //! unsupported = "managed memory is dereferenced by the CPU; it cannot live on the server"
 //!
+//! [[rule]]                         # conventions of a library, for functions and pointer
+//! functions = '^cublas[SDCZ]'      # parameters their own spec does not describe (regexes)
+//! params = '^(A|B|C|x|y)$'
+//! kind = "device"                  # the parameter kind (below)
+//! class = "async"                  # applied where the call has no outputs
+//!
 //! [hidden.__cudaRegisterFatBinary] # exported but declared in no public header
 //! ret = "*mut *mut void"
 //! params = [["fatCubin", "*mut void"]]
@@ -37,7 +43,9 @@
 //! value), `value` (a pointer sent as an opaque 64-bit token, never dereferenced), `str` (NUL-terminated input string), `null` (must be NULL; ignored), `destroy`
 //! (a handle released by the call), and buffers `in[expr]`, `out[expr]`, `inout[expr]`
 //! whose length in elements of the pointee type (bytes for `void`) is an expression over
-//! other parameters: names, integer literals, `+`, `*` and parentheses.
+//! other parameters: names, integer literals, `+`, `*` and parentheses. `scalar@h`,
+//! `scalar_out@h` and `scalar_inout@h`: a BLAS scalar (alpha, beta, a dot product's result), a host value or a
+//! device address depending on the pointer mode the client recorded for parameter `h`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -76,6 +84,20 @@ pub struct SpecFile {
     pub function: BTreeMap<String, FnSpec>,
     #[serde(default)]
     pub hidden: BTreeMap<String, HiddenFn>,
+    #[serde(default)]
+    pub rule: Vec<Rule>,
+}
+
+/// A library convention: parameter kinds (and a class) for every function it matches.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    /// Regex over function names (default: all).
+    pub functions: Option<String>,
+    /// Regex over pointer parameter names (default: none).
+    pub params: Option<String>,
+    pub kind: Option<String>,
+    pub class: Option<Class>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -143,6 +165,18 @@ pub enum ParamSpec {
     InBuf(LenExpr),
     OutBuf(LenExpr),
     InOutBuf(LenExpr),
+    /// A scalar whose pointer mode is recorded for the handle parameter `mode`.
+    Scalar {
+        mode: String,
+        dir: ScalarDir,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScalarDir {
+    In,
+    Out,
+    InOut,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,6 +215,15 @@ pub fn parse_param(s: &str) -> Result<ParamSpec> {
     };
     if let Some(p) = simple {
         return Ok(p);
+    }
+    if let Some((head, mode)) = s.split_once('@') {
+        let dir = match head.trim() {
+            "scalar" => ScalarDir::In,
+            "scalar_out" => ScalarDir::Out,
+            "scalar_inout" => ScalarDir::InOut,
+            other => bail!("unknown parameter kind {other:?} in {s:?}"),
+        };
+        return Ok(ParamSpec::Scalar { mode: mode.trim().to_owned(), dir });
     }
     let (head, rest) = s.split_once('[').with_context(|| format!("unknown parameter kind {s:?}"))?;
     let body = rest.strip_suffix(']').with_context(|| format!("missing ] in {s:?}"))?;

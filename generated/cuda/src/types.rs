@@ -14,6 +14,28 @@ const _: () = {
 };
 #[repr(C)]
 #[derive(Clone, Copy)]
+pub struct float2 {
+    pub x: f32,
+    pub y: f32,
+}
+const _: () = {
+    assert!(core::mem::size_of:: < float2 > () == 8usize);
+    assert!(core::mem::offset_of!(float2, x) == 0usize);
+    assert!(core::mem::offset_of!(float2, y) == 4usize);
+};
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct double2 {
+    pub x: f64,
+    pub y: f64,
+}
+const _: () = {
+    assert!(core::mem::size_of:: < double2 > () == 16usize);
+    assert!(core::mem::offset_of!(double2, x) == 0usize);
+    assert!(core::mem::offset_of!(double2, y) == 8usize);
+};
+#[repr(C)]
+#[derive(Clone, Copy)]
 pub struct dim3 {
     pub x: u32,
     pub y: u32,

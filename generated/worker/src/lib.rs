@@ -6148,31 +6148,4412 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             554u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            555u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            556u32 => {
-                let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> f64 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
-                        a[0usize] as i32,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as i32,
-                    ))
-                        .to_bits()
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as i32,
+                        a[10usize] as u32,
+                    )) as u64
+                }
+            }
+            555u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as i64,
+                        a[10usize] as u32,
+                    )) as u64
+                }
+            }
+            556u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            core::ptr::read(a[1usize] as usize as *const types::float2),
+                            a[2usize] as usize as *mut c_void,
+                            a[3usize] as i32,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                        );
+                        0
+                    }
                 }
             }
             557u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            558u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                    )) as u64
+                }
+            }
+            559u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void, i32, *mut c_void, i32) = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as usize as *mut c_void,
+                            a[2usize] as i32,
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            560u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                    )) as u64
+                }
+            }
+            561u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                    )) as u64
+                }
+            }
+            562u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            563u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            564u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            565u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            566u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            567u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            568u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    i32,
+                    i32,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            a[4usize] as i32,
+                            core::ptr::read(a[5usize] as usize as *const types::float2),
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                            core::ptr::read(a[10usize] as usize as *const types::float2),
+                            a[11usize] as usize as *mut c_void,
+                            a[12usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            569u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                    )) as u64
+                }
+            }
+            570u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                    )) as u64
+                }
+            }
+            571u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            572u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            573u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            574u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            a[4usize] as i32,
+                            core::ptr::read(a[5usize] as usize as *const types::float2),
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                            core::ptr::read(a[10usize] as usize as *const types::float2),
+                            a[11usize] as usize as *mut c_void,
+                            a[12usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            575u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                    )) as u64
+                }
+            }
+            576u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as i32,
+                    )) as u64
+                }
+            }
+            577u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                        a[14usize] as i64,
+                    )) as u64
+                }
+            }
+            578u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as i32,
+                    )) as u64
+                }
+            }
+            579u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i64,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as i64,
+                    )) as u64
+                }
+            }
+            580u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as i64,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as i32,
+                        a[16usize] as i64,
+                        a[17usize] as i32,
+                    )) as u64
+                }
+            }
+            581u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                        a[12usize] as i64,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as i64,
+                        a[16usize] as i64,
+                        a[17usize] as i64,
+                    )) as u64
+                }
+            }
+            582u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                    )) as u64
+                }
+            }
+            583u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as i32,
+                    )) as u64
+                }
+            }
+            584u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                        a[14usize] as i64,
+                    )) as u64
+                }
+            }
+            585u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as i32,
+                    )) as u64
+                }
+            }
+            586u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i64,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as i64,
+                    )) as u64
+                }
+            }
+            587u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as i64,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as i32,
+                        a[16usize] as i64,
+                        a[17usize] as i32,
+                    )) as u64
+                }
+            }
+            588u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                        a[12usize] as i64,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as i64,
+                        a[16usize] as i64,
+                        a[17usize] as i64,
+                    )) as u64
+                }
+            }
+            589u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                    )) as u64
+                }
+            }
+            590u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                    )) as u64
+                }
+            }
+            591u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            a[2usize] as i32,
+                            core::ptr::read(a[3usize] as usize as *const types::float2),
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                            core::ptr::read(a[8usize] as usize as *const types::float2),
+                            a[9usize] as usize as *mut c_void,
+                            a[10usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            592u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as i64,
+                        a[15usize] as i32,
+                    )) as u64
+                }
+            }
+            593u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                        a[14usize] as i64,
+                        a[15usize] as i64,
+                    )) as u64
+                }
+            }
+            594u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            595u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                    )) as u64
+                }
+            }
+            596u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            597u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as i32,
+                            core::ptr::read(a[2usize] as usize as *const types::float2),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            598u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            599u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            600u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as i32,
+                            core::ptr::read(a[2usize] as usize as *const types::float2),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            601u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            602u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            603u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            604u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                    )) as u64
+                }
+            }
+            605u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            606u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            a[2usize] as i32,
+                            core::ptr::read(a[3usize] as usize as *const types::float2),
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                            core::ptr::read(a[8usize] as usize as *const types::float2),
+                            a[9usize] as usize as *mut c_void,
+                            a[10usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            607u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            608u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                    )) as u64
+                }
+            }
+            609u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            core::ptr::read(a[4usize] as usize as *const types::float2),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            core::ptr::read(a[9usize] as usize as *const types::float2),
+                            a[10usize] as usize as *mut c_void,
+                            a[11usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            610u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            611u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            612u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            core::ptr::read(a[2usize] as usize as *const types::float2),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            core::ptr::read(a[7usize] as usize as *const types::float2),
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            613u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            614u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                    )) as u64
+                }
+            }
+            615u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            f32::from_bits(a[2usize] as u32),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            616u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            core::ptr::read(a[2usize] as usize as *const types::float2),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            617u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            618u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            619u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            core::ptr::read(a[4usize] as usize as *const types::float2),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            f32::from_bits(a[9usize] as u32),
+                            a[10usize] as usize as *mut c_void,
+                            a[11usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            620u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            621u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            622u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            623u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                    )) as u64
+                }
+            }
+            624u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            f32::from_bits(a[4usize] as u32),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            f32::from_bits(a[7usize] as u32),
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            625u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            626u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            627u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            628u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            629u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            630u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                    )) as u64
+                }
+            }
+            631u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            632u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            633u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            core::ptr::read(a[2usize] as usize as *const types::float2),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            core::ptr::read(a[6usize] as usize as *const types::float2),
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            634u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            635u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            636u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            637u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as i64,
+                    )) as u64
+                }
+            }
+            638u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            639u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    chidori_cuda::types::float2,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as usize as *mut c_void,
+                            a[2usize] as i32,
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            f32::from_bits(a[5usize] as u32),
+                            core::ptr::read(a[6usize] as usize as *const types::float2),
+                        );
+                        0
+                    }
+                }
+            }
+            640u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            641u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            642u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            643u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            core::ptr::read(a[1usize] as usize as *const types::float2),
+                            a[2usize] as usize as *mut c_void,
+                            a[3usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            644u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                    )) as u64
+                }
+            }
+            645u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i64,
+                    )) as u64
+                }
+            }
+            646u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    f32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as usize as *mut c_void,
+                            a[2usize] as i32,
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            f32::from_bits(a[5usize] as u32),
+                            f32::from_bits(a[6usize] as u32),
+                        );
+                        0
+                    }
+                }
+            }
+            647u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            648u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            649u32 => {
+                let f: unsafe extern "C" fn(i32, f32, *mut c_void, i32) = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            f32::from_bits(a[1usize] as u32),
+                            a[2usize] as usize as *mut c_void,
+                            a[3usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            650u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                    )) as u64
+                }
+            }
+            651u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i64,
+                    )) as u64
+                }
+            }
+            652u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void, i32, *mut c_void, i32) = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as usize as *mut c_void,
+                            a[2usize] as i32,
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            653u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                    )) as u64
+                }
+            }
+            654u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                    )) as u64
+                }
+            }
+            655u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            core::ptr::read(a[4usize] as usize as *const types::float2),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            core::ptr::read(a[9usize] as usize as *const types::float2),
+                            a[10usize] as usize as *mut c_void,
+                            a[11usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            656u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            657u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            658u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            659u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                    )) as u64
+                }
+            }
+            660u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            661u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            662u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            core::ptr::read(a[4usize] as usize as *const types::float2),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            core::ptr::read(a[9usize] as usize as *const types::float2),
+                            a[10usize] as usize as *mut c_void,
+                            a[11usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            663u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            664u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            665u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            666u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                    )) as u64
+                }
+            }
+            667u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            core::ptr::read(a[4usize] as usize as *const types::float2),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            core::ptr::read(a[7usize] as usize as *const types::float2),
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            668u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            669u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            670u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            671u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            672u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            673u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                    )) as u64
+                }
+            }
+            674u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            675u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            676u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            677u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            678u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            679u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            680u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            681u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            682u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            683u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            684u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                    )) as u64
+                }
+            }
+            685u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            686u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            687u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                    )) as u64
+                }
+            }
+            688u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                    )) as u64
+                }
+            }
+            689u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i8,
+                            a[4usize] as i32,
+                            a[5usize] as i32,
+                            core::ptr::read(a[6usize] as usize as *const types::float2),
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            a[9usize] as usize as *mut c_void,
+                            a[10usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            690u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                    )) as u64
+                }
+            }
+            691u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i64,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                    )) as u64
+                }
+            }
+            692u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            693u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                    )) as u64
+                }
+            }
+            694u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                    )) as u64
+                }
+            }
+            695u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::float2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i8,
+                            a[4usize] as i32,
+                            a[5usize] as i32,
+                            core::ptr::read(a[6usize] as usize as *const types::float2),
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            a[9usize] as usize as *mut c_void,
+                            a[10usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            696u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            697u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i64,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            698u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            699u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i64,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                    )) as u64
+                }
+            }
+            700u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            701u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                    )) as u64
+                }
+            }
+            702u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                    )) as u64
+                }
+            }
+            703u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> f64 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6185,19 +10566,3113 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         .to_bits()
                 }
             }
-            558u32 => {
+            704u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            705u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            706u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            f64::from_bits(a[1usize]),
+                            a[2usize] as usize as *mut c_void,
+                            a[3usize] as i32,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            707u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            708u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                    )) as u64
+                }
+            }
+            709u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void, i32, *mut c_void, i32) = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as usize as *mut c_void,
+                            a[2usize] as i32,
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            710u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                    )) as u64
+                }
+            }
+            711u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                    )) as u64
+                }
+            }
+            712u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            713u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            714u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> f64 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as i32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                    ))
+                        .to_bits()
+                }
+            }
+            715u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            716u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            717u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            718u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    i32,
+                    i32,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            a[4usize] as i32,
+                            f64::from_bits(a[5usize]),
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                            f64::from_bits(a[10usize]),
+                            a[11usize] as usize as *mut c_void,
+                            a[12usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            719u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                    )) as u64
+                }
+            }
+            720u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                    )) as u64
+                }
+            }
+            721u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            722u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            723u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            724u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            a[4usize] as i32,
+                            f64::from_bits(a[5usize]),
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                            f64::from_bits(a[10usize]),
+                            a[11usize] as usize as *mut c_void,
+                            a[12usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            725u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as i32,
+                    )) as u64
+                }
+            }
+            726u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                        a[14usize] as i64,
+                    )) as u64
+                }
+            }
+            727u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as i64,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as i32,
+                        a[16usize] as i64,
+                        a[17usize] as i32,
+                    )) as u64
+                }
+            }
+            728u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                        a[12usize] as i64,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as i64,
+                        a[16usize] as i64,
+                        a[17usize] as i64,
+                    )) as u64
+                }
+            }
+            729u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                    )) as u64
+                }
+            }
+            730u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                    )) as u64
+                }
+            }
+            731u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            a[2usize] as i32,
+                            f64::from_bits(a[3usize]),
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                            f64::from_bits(a[8usize]),
+                            a[9usize] as usize as *mut c_void,
+                            a[10usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            732u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as i64,
+                        a[15usize] as i32,
+                    )) as u64
+                }
+            }
+            733u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                        a[14usize] as i64,
+                        a[15usize] as i64,
+                    )) as u64
+                }
+            }
+            734u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            735u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                    )) as u64
+                }
+            }
+            736u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            737u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as i32,
+                            f64::from_bits(a[2usize]),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            738u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            739u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            740u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            741u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                    )) as u64
+                }
+            }
+            742u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            743u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> f64 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as i32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i32,
+                    ))
+                        .to_bits()
+                }
+            }
+            744u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            745u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            746u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f64,
+                    f64,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as usize as *mut c_void,
+                            a[2usize] as i32,
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            f64::from_bits(a[5usize]),
+                            f64::from_bits(a[6usize]),
+                        );
+                        0
+                    }
+                }
+            }
+            747u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            748u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            749u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            750u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            a[2usize] as i32,
+                            f64::from_bits(a[3usize]),
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                            f64::from_bits(a[8usize]),
+                            a[9usize] as usize as *mut c_void,
+                            a[10usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            751u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            752u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                    )) as u64
+                }
+            }
+            753u32 => {
+                let f: unsafe extern "C" fn(i32, f64, *mut c_void, i32) = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            f64::from_bits(a[1usize]),
+                            a[2usize] as usize as *mut c_void,
+                            a[3usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            754u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                    )) as u64
+                }
+            }
+            755u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i64,
+                    )) as u64
+                }
+            }
+            756u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void, i32, *mut c_void, i32) = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as usize as *mut c_void,
+                            a[2usize] as i32,
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            757u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                    )) as u64
+                }
+            }
+            758u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                    )) as u64
+                }
+            }
+            759u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            f64::from_bits(a[4usize]),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            f64::from_bits(a[9usize]),
+                            a[10usize] as usize as *mut c_void,
+                            a[11usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            760u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            761u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            762u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            f64::from_bits(a[2usize]),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            f64::from_bits(a[7usize]),
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            763u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            764u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                    )) as u64
+                }
+            }
+            765u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            f64::from_bits(a[2usize]),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            766u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            f64::from_bits(a[2usize]),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            767u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            768u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            769u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            f64::from_bits(a[4usize]),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            f64::from_bits(a[9usize]),
+                            a[10usize] as usize as *mut c_void,
+                            a[11usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            770u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            771u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            772u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            773u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                    )) as u64
+                }
+            }
+            774u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            f64::from_bits(a[4usize]),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            f64::from_bits(a[7usize]),
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            775u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            776u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                    )) as u64
+                }
+            }
+            777u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            778u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            779u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            780u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            781u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            782u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            783u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            784u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            785u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i8,
+                            a[4usize] as i32,
+                            a[5usize] as i32,
+                            f64::from_bits(a[6usize]),
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            a[9usize] as usize as *mut c_void,
+                            a[10usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            786u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                    )) as u64
+                }
+            }
+            787u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i64,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                    )) as u64
+                }
+            }
+            788u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            789u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                    )) as u64
+                }
+            }
+            790u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                    )) as u64
+                }
+            }
+            791u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i8,
+                            a[4usize] as i32,
+                            a[5usize] as i32,
+                            f64::from_bits(a[6usize]),
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            a[9usize] as usize as *mut c_void,
+                            a[10usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            792u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            793u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i64,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            794u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            795u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i64,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                    )) as u64
+                }
+            }
+            796u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            797u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                    )) as u64
+                }
+            }
+            798u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                    )) as u64
+                }
+            }
+            799u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> f64 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as i32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i32,
+                    ))
+                        .to_bits()
+                }
+            }
+            800u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            801u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            802u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> f64 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as i32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i32,
+                    ))
+                        .to_bits()
+                }
+            }
+            803u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            804u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            805u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    u32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as i32,
+                        a[17usize] as i32,
+                        a[18usize] as u32,
+                        a[19usize] as i32,
+                    )) as u64
+                }
+            }
+            806u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    u32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i64,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as i64,
+                        a[17usize] as i64,
+                        a[18usize] as u32,
+                        a[19usize] as i32,
+                    )) as u64
+                }
+            }
+            807u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    u32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as i32,
+                        a[17usize] as u32,
+                        a[18usize] as i32,
+                    )) as u64
+                }
+            }
+            808u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    u32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i64,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as i64,
+                        a[17usize] as u32,
+                        a[18usize] as i32,
+                    )) as u64
+                }
+            }
+            809u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i64,
+                    i32,
+                    u32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as i32,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as u32,
+                        a[13usize] as i32,
+                        a[14usize] as i64,
+                        a[15usize] as usize as *mut c_void,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as u32,
+                        a[18usize] as i32,
+                        a[19usize] as i64,
+                        a[20usize] as i32,
+                        a[21usize] as u32,
+                        a[22usize] as i32,
+                    )) as u64
+                }
+            }
+            810u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    u32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as i64,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as u32,
+                        a[13usize] as i64,
+                        a[14usize] as i64,
+                        a[15usize] as usize as *mut c_void,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as u32,
+                        a[18usize] as i64,
+                        a[19usize] as i64,
+                        a[20usize] as i64,
+                        a[21usize] as u32,
+                        a[22usize] as i32,
+                    )) as u64
+                }
+            }
+            811u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            812u32 => {
                 let f: unsafe extern "C" fn() -> usize = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            559u32 => {
+            813u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            560u32 => {
+            814u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6208,7 +13683,217 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            561u32 => {
+            815u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as i32,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            816u32 => {
+                let f: unsafe extern "C" fn(
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as i64,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            817u32 => {
+                let f: unsafe extern "C" fn(
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as i64,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                    )) as u64
+                }
+            }
+            818u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            819u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            820u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as i32,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                    )) as u64
+                }
+            }
+            821u32 => {
+                let f: unsafe extern "C" fn(
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as i64,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                    )) as u64
+                }
+            }
+            822u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            823u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            824u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            825u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            826u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> i32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6220,7 +13905,43 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as i64 as u64
                 }
             }
-            562u32 => {
+            827u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            828u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            829u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> i32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6232,13 +13953,145 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as i64 as u64
                 }
             }
-            563u32 => {
+            830u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            831u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            832u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> i32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as i32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i32,
+                    )) as i64 as u64
+                }
+            }
+            833u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            834u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            835u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> i32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as i32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i32,
+                    )) as i64 as u64
+                }
+            }
+            836u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            837u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            838u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            564u32 => {
+            839u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> i32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6250,7 +14103,43 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as i64 as u64
                 }
             }
-            565u32 => {
+            840u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            841u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            842u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> i32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6262,7 +14151,203 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as i64 as u64
                 }
             }
-            566u32 => {
+            843u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            844u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            845u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> i32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as i32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i32,
+                    )) as i64 as u64
+                }
+            }
+            846u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            847u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            848u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> i32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as i32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i32,
+                    )) as i64 as u64
+                }
+            }
+            849u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            850u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            851u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as u32,
+                    )) as u64
+                }
+            }
+            852u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as u32,
+                    )) as u64
+                }
+            }
+            853u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> f32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6275,7 +14360,158 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         .to_bits() as u64
                 }
             }
-            567u32 => {
+            854u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            855u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            856u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            f32::from_bits(a[1usize] as u32),
+                            a[2usize] as usize as *mut c_void,
+                            a[3usize] as i32,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            857u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            858u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                    )) as u64
+                }
+            }
+            859u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
+                        a[6usize] as i32,
+                        a[7usize] as u32,
+                    )) as u64
+                }
+            }
+            860u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
+                        a[6usize] as i64,
+                        a[7usize] as u32,
+                    )) as u64
+                }
+            }
+            861u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> f32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6288,7 +14524,268 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         .to_bits() as u64
                 }
             }
-            568u32 => {
+            862u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            863u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            864u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> f32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as i32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i32,
+                    ))
+                        .to_bits() as u64
+                }
+            }
+            865u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            866u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            867u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void, i32, *mut c_void, i32) = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as usize as *mut c_void,
+                            a[2usize] as i32,
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            868u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                    )) as u64
+                }
+            }
+            869u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                    )) as u64
+                }
+            }
+            870u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            871u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            872u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> f32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as i32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                    ))
+                        .to_bits() as u64
+                }
+            }
+            873u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            874u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            875u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6296,7 +14793,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            569u32 => {
+            876u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6304,7 +14801,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            570u32 => {
+            877u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6312,7 +14809,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            571u32 => {
+            878u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6320,7 +14817,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            572u32 => {
+            879u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6328,7 +14825,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            573u32 => {
+            880u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6336,13 +14833,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            574u32 => {
+            881u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            575u32 => {
+            882u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6350,7 +14847,75 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            576u32 => {
+            883u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as i32,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            884u32 => {
+                let f: unsafe extern "C" fn(
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as i64,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            885u32 => {
+                let f: unsafe extern "C" fn(
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as i64,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                    )) as u64
+                }
+            }
+            886u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6358,7 +14923,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            577u32 => {
+            887u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6366,7 +14931,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            578u32 => {
+            888u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6377,13 +14942,2605 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            579u32 => {
+            889u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void, usize) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize,
+                    )) as u64
+                }
+            }
+            890u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    i32,
+                    i32,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            a[4usize] as i32,
+                            f32::from_bits(a[5usize] as u32),
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                            f32::from_bits(a[10usize] as u32),
+                            a[11usize] as usize as *mut c_void,
+                            a[12usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            891u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                    )) as u64
+                }
+            }
+            892u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                    )) as u64
+                }
+            }
+            893u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            894u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            895u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            896u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            a[4usize] as i32,
+                            f32::from_bits(a[5usize] as u32),
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                            f32::from_bits(a[10usize] as u32),
+                            a[11usize] as usize as *mut c_void,
+                            a[12usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            897u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as i32,
+                    )) as u64
+                }
+            }
+            898u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                        a[14usize] as i64,
+                    )) as u64
+                }
+            }
+            899u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as i32,
+                    )) as u64
+                }
+            }
+            900u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as u32,
+                        a[12usize] as i64,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as i64,
+                    )) as u64
+                }
+            }
+            901u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as i64,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as i32,
+                        a[16usize] as i64,
+                        a[17usize] as i32,
+                    )) as u64
+                }
+            }
+            902u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                        a[12usize] as i64,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as i64,
+                        a[16usize] as i64,
+                        a[17usize] as i64,
+                    )) as u64
+                }
+            }
+            903u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                    )) as u64
+                }
+            }
+            904u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                    )) as u64
+                }
+            }
+            905u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            a[2usize] as i32,
+                            f32::from_bits(a[3usize] as u32),
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                            f32::from_bits(a[8usize] as u32),
+                            a[9usize] as usize as *mut c_void,
+                            a[10usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            906u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as i64,
+                        a[15usize] as i32,
+                    )) as u64
+                }
+            }
+            907u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                        a[14usize] as i64,
+                        a[15usize] as i64,
+                    )) as u64
+                }
+            }
+            908u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            909u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                    )) as u64
+                }
+            }
+            910u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            911u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as i32,
+                            f32::from_bits(a[2usize] as u32),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            912u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            913u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            914u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            915u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                    )) as u64
+                }
+            }
+            916u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            917u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            580u32 => {
+            918u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> f32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as i32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as i32,
+                    ))
+                        .to_bits() as u64
+                }
+            }
+            919u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            920u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            921u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    f32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as usize as *mut c_void,
+                            a[2usize] as i32,
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            f32::from_bits(a[5usize] as u32),
+                            f32::from_bits(a[6usize] as u32),
+                        );
+                        0
+                    }
+                }
+            }
+            922u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            923u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            924u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            925u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            a[2usize] as i32,
+                            f32::from_bits(a[3usize] as u32),
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                            f32::from_bits(a[8usize] as u32),
+                            a[9usize] as usize as *mut c_void,
+                            a[10usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            926u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            927u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                    )) as u64
+                }
+            }
+            928u32 => {
+                let f: unsafe extern "C" fn(i32, f32, *mut c_void, i32) = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            f32::from_bits(a[1usize] as u32),
+                            a[2usize] as usize as *mut c_void,
+                            a[3usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            929u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                    )) as u64
+                }
+            }
+            930u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i64,
+                    )) as u64
+                }
+            }
+            931u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void, i32, *mut c_void, i32) = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as usize as *mut c_void,
+                            a[2usize] as i32,
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            932u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                    )) as u64
+                }
+            }
+            933u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                    )) as u64
+                }
+            }
+            934u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            f32::from_bits(a[4usize] as u32),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            f32::from_bits(a[9usize] as u32),
+                            a[10usize] as usize as *mut c_void,
+                            a[11usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            935u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            936u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            937u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            f32::from_bits(a[2usize] as u32),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            f32::from_bits(a[7usize] as u32),
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            938u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            939u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                    )) as u64
+                }
+            }
+            940u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            f32::from_bits(a[2usize] as u32),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            941u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            f32::from_bits(a[2usize] as u32),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            942u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            943u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            944u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            f32::from_bits(a[4usize] as u32),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            f32::from_bits(a[9usize] as u32),
+                            a[10usize] as usize as *mut c_void,
+                            a[11usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            945u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            946u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            947u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            948u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                    )) as u64
+                }
+            }
+            949u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            f32::from_bits(a[4usize] as u32),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            f32::from_bits(a[7usize] as u32),
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            950u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            951u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                    )) as u64
+                }
+            }
+            952u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            953u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            954u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            955u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            956u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            957u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            958u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            959u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            960u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i8,
+                            a[4usize] as i32,
+                            a[5usize] as i32,
+                            f32::from_bits(a[6usize] as u32),
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            a[9usize] as usize as *mut c_void,
+                            a[10usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            961u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                    )) as u64
+                }
+            }
+            962u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i64,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                    )) as u64
+                }
+            }
+            963u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            964u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                    )) as u64
+                }
+            }
+            965u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                    )) as u64
+                }
+            }
+            966u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i8,
+                            a[4usize] as i32,
+                            a[5usize] as i32,
+                            f32::from_bits(a[6usize] as u32),
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            a[9usize] as usize as *mut c_void,
+                            a[10usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            967u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            968u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i64,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            969u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            970u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i64,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                    )) as u64
+                }
+            }
+            971u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            972u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                    )) as u64
+                }
+            }
+            973u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                    )) as u64
+                }
+            }
+            974u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            975u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as i64,
+                    )) as u64
+                }
+            }
+            976u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as i32,
+                        a[15usize] as i32,
+                        a[16usize] as i32,
+                        a[17usize] as i32,
+                    )) as u64
+                }
+            }
+            977u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6394,19 +17551,666 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            581u32 => {
+            978u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize,
+                    )) as u64
+                }
+            }
+            979u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            980u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            981u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize,
+                    )) as u64
+                }
+            }
+            982u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            983u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            582u32 => {
+            984u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                    )) as u64
+                }
+            }
+            985u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            986u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            987u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize,
+                    )) as u64
+                }
+            }
+            988u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            989u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as usize,
+                        a[6usize] as usize,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize,
+                    )) as u64
+                }
+            }
+            990u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as usize,
+                        a[6usize] as usize,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                    )) as u64
+                }
+            }
+            991u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            583u32 => {
+            992u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize,
+                    )) as u64
+                }
+            }
+            993u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            994u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            995u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize,
+                    )) as u64
+                }
+            }
+            996u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            997u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as usize,
+                        a[6usize] as usize,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize,
+                    )) as u64
+                }
+            }
+            998u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as usize,
+                        a[6usize] as usize,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                    )) as u64
+                }
+            }
+            999u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1000u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6414,7 +18218,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            584u32 => {
+            1001u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, f32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6427,7 +18231,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            585u32 => {
+            1002u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6435,37 +18239,4365 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            586u32 => {
+            1003u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize,
+                    )) as u64
+                }
+            }
+            1004u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            1005u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            1006u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize,
+                    )) as u64
+                }
+            }
+            1007u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            1008u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as usize,
+                        a[6usize] as usize,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize,
+                    )) as u64
+                }
+            }
+            1009u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as usize,
+                        a[6usize] as usize,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                    )) as u64
+                }
+            }
+            1010u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize,
+                    )) as u64
+                }
+            }
+            1011u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            1012u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            1013u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize,
+                    )) as u64
+                }
+            }
+            1014u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            1015u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                    )) as u64
+                }
+            }
+            1016u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            1017u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            1018u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize,
+                    )) as u64
+                }
+            }
+            1019u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            1020u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as usize,
+                        a[6usize] as usize,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize,
+                    )) as u64
+                }
+            }
+            1021u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as usize,
+                        a[6usize] as usize,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize,
+                    )) as u64
+                }
+            }
+            1022u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            core::ptr::read(a[1usize] as usize as *const types::double2),
+                            a[2usize] as usize as *mut c_void,
+                            a[3usize] as i32,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1023u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            1024u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                    )) as u64
+                }
+            }
+            1025u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void, i32, *mut c_void, i32) = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as usize as *mut c_void,
+                            a[2usize] as i32,
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1026u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                    )) as u64
+                }
+            }
+            1027u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                    )) as u64
+                }
+            }
+            1028u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            1029u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            1030u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1031u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1032u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1033u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1034u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f64,
+                    f64,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as usize as *mut c_void,
+                            a[2usize] as i32,
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            f64::from_bits(a[5usize]),
+                            f64::from_bits(a[6usize]),
+                        );
+                        0
+                    }
+                }
+            }
+            1035u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1036u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1037u32 => {
+                let f: unsafe extern "C" fn(i32, f64, *mut c_void, i32) = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            f64::from_bits(a[1usize]),
+                            a[2usize] as usize as *mut c_void,
+                            a[3usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1038u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                    )) as u64
+                }
+            }
+            1039u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i64,
+                    )) as u64
+                }
+            }
+            1040u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    i32,
+                    i32,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            a[4usize] as i32,
+                            core::ptr::read(a[5usize] as usize as *const types::double2),
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                            core::ptr::read(
+                                a[10usize] as usize as *const types::double2,
+                            ),
+                            a[11usize] as usize as *mut c_void,
+                            a[12usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1041u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                    )) as u64
+                }
+            }
+            1042u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                    )) as u64
+                }
+            }
+            1043u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            1044u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            1045u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            1046u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            a[4usize] as i32,
+                            core::ptr::read(a[5usize] as usize as *const types::double2),
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                            core::ptr::read(
+                                a[10usize] as usize as *const types::double2,
+                            ),
+                            a[11usize] as usize as *mut c_void,
+                            a[12usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1047u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                    )) as u64
+                }
+            }
+            1048u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                    )) as u64
+                }
+            }
+            1049u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as i32,
+                    )) as u64
+                }
+            }
+            1050u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                        a[14usize] as i64,
+                    )) as u64
+                }
+            }
+            1051u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as i64,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as i32,
+                        a[16usize] as i64,
+                        a[17usize] as i32,
+                    )) as u64
+                }
+            }
+            1052u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                        a[12usize] as i64,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as i64,
+                        a[16usize] as i64,
+                        a[17usize] as i64,
+                    )) as u64
+                }
+            }
+            1053u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                    )) as u64
+                }
+            }
+            1054u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                    )) as u64
+                }
+            }
+            1055u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            a[2usize] as i32,
+                            core::ptr::read(a[3usize] as usize as *const types::double2),
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                            core::ptr::read(a[8usize] as usize as *const types::double2),
+                            a[9usize] as usize as *mut c_void,
+                            a[10usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1056u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as i64,
+                        a[15usize] as i32,
+                    )) as u64
+                }
+            }
+            1057u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                        a[14usize] as i64,
+                        a[15usize] as i64,
+                    )) as u64
+                }
+            }
+            1058u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            1059u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                    )) as u64
+                }
+            }
+            1060u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            1061u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as i32,
+                            core::ptr::read(a[2usize] as usize as *const types::double2),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1062u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            1063u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            1064u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as i32,
+                            core::ptr::read(a[2usize] as usize as *const types::double2),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1065u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            1066u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            1067u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            1068u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                    )) as u64
+                }
+            }
+            1069u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            1070u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            a[2usize] as i32,
+                            core::ptr::read(a[3usize] as usize as *const types::double2),
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                            core::ptr::read(a[8usize] as usize as *const types::double2),
+                            a[9usize] as usize as *mut c_void,
+                            a[10usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1071u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            1072u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                    )) as u64
+                }
+            }
+            1073u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            core::ptr::read(a[4usize] as usize as *const types::double2),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            core::ptr::read(a[9usize] as usize as *const types::double2),
+                            a[10usize] as usize as *mut c_void,
+                            a[11usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1074u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            1075u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            1076u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            core::ptr::read(a[2usize] as usize as *const types::double2),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            core::ptr::read(a[7usize] as usize as *const types::double2),
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1077u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            1078u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                    )) as u64
+                }
+            }
+            1079u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            f64::from_bits(a[2usize]),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1080u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            core::ptr::read(a[2usize] as usize as *const types::double2),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1081u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            1082u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            1083u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            core::ptr::read(a[4usize] as usize as *const types::double2),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            f64::from_bits(a[9usize]),
+                            a[10usize] as usize as *mut c_void,
+                            a[11usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1084u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            1085u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            1086u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            1087u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                    )) as u64
+                }
+            }
+            1088u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            f64::from_bits(a[4usize]),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            f64::from_bits(a[7usize]),
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1089u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            1090u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                    )) as u64
+                }
+            }
+            1091u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            1092u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            1093u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            core::ptr::read(a[2usize] as usize as *const types::double2),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            core::ptr::read(a[6usize] as usize as *const types::double2),
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1094u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            1095u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            1096u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    f64,
+                    chidori_cuda::types::double2,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as usize as *mut c_void,
+                            a[2usize] as i32,
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            f64::from_bits(a[5usize]),
+                            core::ptr::read(a[6usize] as usize as *const types::double2),
+                        );
+                        0
+                    }
+                }
+            }
+            1097u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1098u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1099u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1100u32 => {
+                let f: unsafe extern "C" fn(
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            core::ptr::read(a[1usize] as usize as *const types::double2),
+                            a[2usize] as usize as *mut c_void,
+                            a[3usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1101u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                    )) as u64
+                }
+            }
+            1102u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i64,
+                    )) as u64
+                }
+            }
+            1103u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void, i32, *mut c_void, i32) = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i32,
+                            a[1usize] as usize as *mut c_void,
+                            a[2usize] as i32,
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1104u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                    )) as u64
+                }
+            }
+            1105u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                    )) as u64
+                }
+            }
+            1106u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            core::ptr::read(a[4usize] as usize as *const types::double2),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            core::ptr::read(a[9usize] as usize as *const types::double2),
+                            a[10usize] as usize as *mut c_void,
+                            a[11usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1107u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            1108u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            1109u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            1110u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                    )) as u64
+                }
+            }
+            1111u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            1112u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            1113u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            core::ptr::read(a[4usize] as usize as *const types::double2),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            core::ptr::read(a[9usize] as usize as *const types::double2),
+                            a[10usize] as usize as *mut c_void,
+                            a[11usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1114u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            1115u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            1116u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            1117u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                    )) as u64
+                }
+            }
+            1118u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i32,
+                            a[3usize] as i32,
+                            core::ptr::read(a[4usize] as usize as *const types::double2),
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            core::ptr::read(a[7usize] as usize as *const types::double2),
+                            a[8usize] as usize as *mut c_void,
+                            a[9usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1119u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                    )) as u64
+                }
+            }
+            1120u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                    )) as u64
+                }
+            }
+            1121u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            1122u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            1123u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1124u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            1125u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            1126u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1127u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            1128u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                    )) as u64
+                }
+            }
+            1129u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1130u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            1131u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                    )) as u64
+                }
+            }
+            1132u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1133u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            1134u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i64,
+                    )) as u64
+                }
+            }
+            1135u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                    )) as u64
+                }
+            }
+            1136u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i8,
+                            a[4usize] as i32,
+                            a[5usize] as i32,
+                            core::ptr::read(a[6usize] as usize as *const types::double2),
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            a[9usize] as usize as *mut c_void,
+                            a[10usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1137u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                    )) as u64
+                }
+            }
+            1138u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i64,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i64,
+                    )) as u64
+                }
+            }
+            1139u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1140u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                    )) as u64
+                }
+            }
+            1141u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                    )) as u64
+                }
+            }
+            1142u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    i32,
+                    chidori_cuda::types::double2,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i8,
+                            a[4usize] as i32,
+                            a[5usize] as i32,
+                            core::ptr::read(a[6usize] as usize as *const types::double2),
+                            a[7usize] as usize as *mut c_void,
+                            a[8usize] as i32,
+                            a[9usize] as usize as *mut c_void,
+                            a[10usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1143u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as i32,
+                    )) as u64
+                }
+            }
+            1144u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i64,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                        a[12usize] as i64,
+                    )) as u64
+                }
+            }
+            1145u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            1146u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as u32,
+                        a[5usize] as i64,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i64,
+                    )) as u64
+                }
+            }
+            1147u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i8,
+                    i8,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i8,
+                            a[2usize] as i8,
+                            a[3usize] as i32,
+                            a[4usize] as usize as *mut c_void,
+                            a[5usize] as i32,
+                            a[6usize] as usize as *mut c_void,
+                            a[7usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            1148u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                    )) as u64
+                }
+            }
+            1149u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i64,
+                    )) as u64
+                }
+            }
+            1150u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            587u32 => {
+            1151u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            588u32 => {
+            1152u32 => {
                 let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as u32)) as u64 }
             }
-            589u32 => {
+            1153u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            590u32 => {
+            1154u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            591u32 => {
+            1155u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6473,43 +22605,111 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as usize)) as u64
                 }
             }
-            592u32 => {
+            1156u32 => {
                 let f: unsafe extern "C" fn() -> usize = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            593u32 => {
+            1157u32 => {
                 let f: unsafe extern "C" fn() -> usize = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            594u32 => {
+            1158u32 => {
                 let f: unsafe extern "C" fn(usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize)) as u64 }
             }
-            595u32 => {
+            1159u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            596u32 => {
+            1160u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            597u32 => {
+            1161u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            598u32 => {
+            1162u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize,
+                        a[15usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1163u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1164u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6521,13 +22721,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            599u32 => {
+            1165u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            600u32 => {
+            1166u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, usize, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6540,19 +22740,35 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            601u32 => {
+            1167u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize,
+                    )) as u64
+                }
+            }
+            1168u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            602u32 => {
+            1169u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            603u32 => {
+            1170u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6560,7 +22776,23 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as usize)) as u64
                 }
             }
-            604u32 => {
+            1171u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize,
+                    )) as u64
+                }
+            }
+            1172u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u64, u64, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6574,13 +22806,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            605u32 => {
+            1173u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            606u32 => {
+            1174u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     usize,
@@ -6600,7 +22832,23 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            607u32 => {
+            1175u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize,
+                    )) as u64
+                }
+            }
+            1176u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6608,13 +22856,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            608u32 => {
+            1177u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            609u32 => {
+            1178u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, usize, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6626,25 +22874,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            610u32 => {
+            1179u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            611u32 => {
+            1180u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            612u32 => {
+            1181u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            613u32 => {
+            1182u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6656,25 +22904,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            614u32 => {
+            1183u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            615u32 => {
+            1184u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            616u32 => {
+            1185u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            617u32 => {
+            1186u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6685,25 +22933,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            618u32 => {
+            1187u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            619u32 => {
+            1188u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            620u32 => {
+            1189u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            621u32 => {
+            1190u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6711,37 +22959,37 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            622u32 => {
+            1191u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            623u32 => {
+            1192u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            624u32 => {
+            1193u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            625u32 => {
+            1194u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            626u32 => {
+            1195u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            627u32 => {
+            1196u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6749,7 +22997,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            628u32 => {
+            1197u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6757,7 +23005,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            629u32 => {
+            1198u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6765,19 +23013,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            630u32 => {
+            1199u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            631u32 => {
+            1200u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            632u32 => {
+            1201u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6790,55 +23038,55 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            633u32 => {
+            1202u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            634u32 => {
+            1203u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            635u32 => {
+            1204u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            636u32 => {
+            1205u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            637u32 => {
+            1206u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            638u32 => {
+            1207u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            639u32 => {
+            1208u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            640u32 => {
+            1209u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            641u32 => {
+            1210u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6850,7 +23098,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            642u32 => {
+            1211u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -6868,25 +23116,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            643u32 => {
+            1212u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            644u32 => {
+            1213u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            645u32 => {
+            1214u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            646u32 => {
+            1215u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -6894,121 +23142,121 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            647u32 => {
+            1216u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            648u32 => {
+            1217u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            649u32 => {
+            1218u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            650u32 => {
+            1219u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            651u32 => {
+            1220u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            652u32 => {
+            1221u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            653u32 => {
+            1222u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            654u32 => {
+            1223u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            655u32 => {
+            1224u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            656u32 => {
+            1225u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            657u32 => {
+            1226u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            658u32 => {
+            1227u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            659u32 => {
+            1228u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            660u32 => {
+            1229u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            661u32 => {
+            1230u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            662u32 => {
+            1231u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            663u32 => {
+            1232u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            664u32 => {
+            1233u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            665u32 => {
+            1234u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            666u32 => {
+            1235u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -7019,7 +23267,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            667u32 => {
+            1236u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -7030,7 +23278,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            668u32 => {
+            1237u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7044,7 +23292,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            669u32 => {
+            1238u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7060,7 +23308,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            670u32 => {
+            1239u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -7071,7 +23319,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            671u32 => {
+            1240u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7089,7 +23337,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            672u32 => {
+            1241u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7103,7 +23351,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            673u32 => {
+            1242u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -7133,7 +23381,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            674u32 => {
+            1243u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -7159,7 +23407,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            675u32 => {
+            1244u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -7179,7 +23427,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            676u32 => {
+            1245u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -7190,7 +23438,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            677u32 => {
+            1246u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7206,7 +23454,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            678u32 => {
+            1247u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -7226,7 +23474,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            679u32 => {
+            1248u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7252,7 +23500,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            680u32 => {
+            1249u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7274,7 +23522,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            681u32 => {
+            1250u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -7285,7 +23533,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            682u32 => {
+            1251u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7307,7 +23555,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            683u32 => {
+            1252u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -7318,7 +23566,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            684u32 => {
+            1253u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7340,7 +23588,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            685u32 => {
+            1254u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -7351,7 +23599,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            686u32 => {
+            1255u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7373,7 +23621,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            687u32 => {
+            1256u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -7384,7 +23632,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            688u32 => {
+            1257u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -7395,7 +23643,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            689u32 => {
+            1258u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7413,7 +23661,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            690u32 => {
+            1259u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -7424,13 +23672,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            691u32 => {
+            1260u32 => {
                 let f: unsafe extern "C" fn() -> usize = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            692u32 => {
+            1261u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7452,7 +23700,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            693u32 => {
+            1262u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -7472,7 +23720,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            694u32 => {
+            1263u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -7483,7 +23731,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            695u32 => {
+            1264u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7519,7 +23767,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            696u32 => {
+            1265u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7537,13 +23785,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            697u32 => {
+            1266u32 => {
                 let f: unsafe extern "C" fn() -> usize = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            698u32 => {
+            1267u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -7579,7 +23827,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            699u32 => {
+            1268u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -7611,7 +23859,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            700u32 => {
+            1269u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -7635,7 +23883,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            701u32 => {
+            1270u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7651,7 +23899,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            702u32 => {
+            1271u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7677,7 +23925,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            703u32 => {
+            1272u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7697,7 +23945,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            704u32 => {
+            1273u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -7721,7 +23969,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            705u32 => {
+            1274u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7737,7 +23985,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            706u32 => {
+            1275u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -7745,7 +23993,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            707u32 => {
+            1276u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7759,7 +24007,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            708u32 => {
+            1277u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7773,7 +24021,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            709u32 => {
+            1278u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -7784,7 +24032,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            710u32 => {
+            1279u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7798,7 +24046,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            711u32 => {
+            1280u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7812,7 +24060,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            712u32 => {
+            1281u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -7823,7 +24071,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            713u32 => {
+            1282u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -7834,7 +24082,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            714u32 => {
+            1283u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7852,7 +24100,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            715u32 => {
+            1284u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7866,7 +24114,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            716u32 => {
+            1285u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7886,7 +24134,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            717u32 => {
+            1286u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7904,7 +24152,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            718u32 => {
+            1287u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7922,7 +24170,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            719u32 => {
+            1288u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -7933,7 +24181,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            720u32 => {
+            1289u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -7961,7 +24209,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            721u32 => {
+            1290u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -7981,7 +24229,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            722u32 => {
+            1291u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -7992,7 +24240,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            723u32 => {
+            1292u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -8014,19 +24262,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            724u32 => {
+            1293u32 => {
                 let f: unsafe extern "C" fn() -> usize = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            725u32 => {
+            1294u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            726u32 => {
+            1295u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -8042,7 +24290,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            727u32 => {
+            1296u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -8058,25 +24306,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            728u32 => {
+            1297u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            729u32 => {
+            1298u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            730u32 => {
+            1299u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            731u32 => {
+            1300u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -8092,7 +24340,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            732u32 => {
+            1301u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -8112,7 +24360,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            733u32 => {
+            1302u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -8130,7 +24378,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            734u32 => {
+            1303u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -8146,7 +24394,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            735u32 => {
+            1304u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -8166,7 +24414,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            736u32 => {
+            1305u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, f64, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8180,7 +24428,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            737u32 => {
+            1306u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, f64, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8193,7 +24441,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            738u32 => {
+            1307u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8206,7 +24454,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            739u32 => {
+            1308u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8215,7 +24463,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            740u32 => {
+            1309u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     chidori_cuda::types::cudnnAlgorithmUnionStruct,
@@ -8229,7 +24477,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            741u32 => {
+            1310u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -8247,7 +24495,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            742u32 => {
+            1311u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -8295,7 +24543,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            743u32 => {
+            1312u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8303,7 +24551,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            744u32 => {
+            1313u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8316,7 +24564,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            745u32 => {
+            1314u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, u32, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8330,7 +24578,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            746u32 => {
+            1315u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, u32, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8344,7 +24592,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            747u32 => {
+            1316u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -8370,7 +24618,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            748u32 => {
+            1317u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8378,7 +24626,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            749u32 => {
+            1318u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8386,7 +24634,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            750u32 => {
+            1319u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8394,7 +24642,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            751u32 => {
+            1320u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -8416,7 +24664,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            752u32 => {
+            1321u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, f64, f64, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8430,7 +24678,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            753u32 => {
+            1322u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8443,7 +24691,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            754u32 => {
+            1323u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8454,7 +24702,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            755u32 => {
+            1324u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -8480,7 +24728,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            756u32 => {
+            1325u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -8494,7 +24742,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            757u32 => {
+            1326u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8502,7 +24750,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            758u32 => {
+            1327u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -8530,7 +24778,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            759u32 => {
+            1328u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -8568,7 +24816,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            760u32 => {
+            1329u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8576,7 +24824,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            761u32 => {
+            1330u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8584,7 +24832,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            762u32 => {
+            1331u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void, i32, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8597,7 +24845,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            763u32 => {
+            1332u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -8617,7 +24865,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            764u32 => {
+            1333u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8628,7 +24876,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            765u32 => {
+            1334u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -8650,7 +24898,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            766u32 => {
+            1335u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -8678,13 +24926,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            767u32 => {
+            1336u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            768u32 => {
+            1337u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8695,7 +24943,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            769u32 => {
+            1338u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8703,19 +24951,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            770u32 => {
+            1339u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            771u32 => {
+            1340u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            772u32 => {
+            1341u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8723,7 +24971,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            773u32 => {
+            1342u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8735,7 +24983,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            774u32 => {
+            1343u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -8751,7 +24999,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            775u32 => {
+            1344u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8764,7 +25012,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            776u32 => {
+            1345u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8776,7 +25024,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            777u32 => {
+            1346u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8787,7 +25035,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            778u32 => {
+            1347u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8798,7 +25046,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            779u32 => {
+            1348u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8809,7 +25057,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            780u32 => {
+            1349u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8821,7 +25069,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            781u32 => {
+            1350u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8832,7 +25080,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            782u32 => {
+            1351u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -8846,7 +25094,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            783u32 => {
+            1352u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8857,7 +25105,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            784u32 => {
+            1353u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8868,7 +25116,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            785u32 => {
+            1354u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8879,7 +25127,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            786u32 => {
+            1355u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8892,7 +25140,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            787u32 => {
+            1356u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8904,7 +25152,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            788u32 => {
+            1357u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8915,7 +25163,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            789u32 => {
+            1358u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8926,19 +25174,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            790u32 => {
+            1359u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            791u32 => {
+            1360u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            792u32 => {
+            1361u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -8952,7 +25200,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            793u32 => {
+            1362u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8963,7 +25211,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            794u32 => {
+            1363u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8974,7 +25222,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            795u32 => {
+            1364u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8985,7 +25233,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            796u32 => {
+            1365u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -8996,7 +25244,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            797u32 => {
+            1366u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -9010,7 +25258,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            798u32 => {
+            1367u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9022,7 +25270,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            799u32 => {
+            1368u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9033,7 +25281,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            800u32 => {
+            1369u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9044,7 +25292,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            801u32 => {
+            1370u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9055,7 +25303,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            802u32 => {
+            1371u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9066,7 +25314,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            803u32 => {
+            1372u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -9080,7 +25328,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            804u32 => {
+            1373u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -9094,7 +25342,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            805u32 => {
+            1374u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -9108,7 +25356,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            806u32 => {
+            1375u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9120,7 +25368,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            807u32 => {
+            1376u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -9134,7 +25382,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            808u32 => {
+            1377u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9145,7 +25393,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            809u32 => {
+            1378u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9157,7 +25405,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            810u32 => {
+            1379u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9168,7 +25416,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            811u32 => {
+            1380u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9180,7 +25428,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            812u32 => {
+            1381u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -9194,7 +25442,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            813u32 => {
+            1382u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9205,7 +25453,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            814u32 => {
+            1383u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9217,7 +25465,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            815u32 => {
+            1384u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9228,7 +25476,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            816u32 => {
+            1385u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9240,7 +25488,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            817u32 => {
+            1386u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -9256,7 +25504,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            818u32 => {
+            1387u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9267,7 +25515,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            819u32 => {
+            1388u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -9281,7 +25529,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            820u32 => {
+            1389u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -9295,7 +25543,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            821u32 => {
+            1390u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9303,7 +25551,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            822u32 => {
+            1391u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9311,7 +25559,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            823u32 => {
+            1392u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9322,7 +25570,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            824u32 => {
+            1393u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9333,7 +25581,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            825u32 => {
+            1394u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9344,7 +25592,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            826u32 => {
+            1395u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9355,7 +25603,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            827u32 => {
+            1396u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9366,7 +25614,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            828u32 => {
+            1397u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9377,7 +25625,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            829u32 => {
+            1398u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9388,7 +25636,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            830u32 => {
+            1399u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9399,7 +25647,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            831u32 => {
+            1400u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9410,7 +25658,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            832u32 => {
+            1401u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -9424,7 +25672,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            833u32 => {
+            1402u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -9438,7 +25686,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            834u32 => {
+            1403u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9450,7 +25698,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            835u32 => {
+            1404u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9462,7 +25710,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            836u32 => {
+            1405u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9473,7 +25721,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            837u32 => {
+            1406u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9484,7 +25732,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            838u32 => {
+            1407u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9495,7 +25743,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            839u32 => {
+            1408u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -9509,7 +25757,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            840u32 => {
+            1409u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9520,7 +25768,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            841u32 => {
+            1410u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9531,7 +25779,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            842u32 => {
+            1411u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9543,7 +25791,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            843u32 => {
+            1412u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -9557,7 +25805,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            844u32 => {
+            1413u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -9575,7 +25823,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            845u32 => {
+            1414u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -9589,7 +25837,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            846u32 => {
+            1415u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9600,7 +25848,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            847u32 => {
+            1416u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9611,7 +25859,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            848u32 => {
+            1417u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9622,7 +25870,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            849u32 => {
+            1418u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9633,7 +25881,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            850u32 => {
+            1419u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9644,7 +25892,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            851u32 => {
+            1420u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9655,7 +25903,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            852u32 => {
+            1421u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9668,7 +25916,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            853u32 => {
+            1422u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9680,7 +25928,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            854u32 => {
+            1423u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9692,7 +25940,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            855u32 => {
+            1424u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9704,7 +25952,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            856u32 => {
+            1425u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -9718,7 +25966,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            857u32 => {
+            1426u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -9734,7 +25982,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            858u32 => {
+            1427u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9745,7 +25993,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            859u32 => {
+            1428u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9756,7 +26004,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            860u32 => {
+            1429u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9767,7 +26015,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            861u32 => {
+            1430u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9778,7 +26026,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            862u32 => {
+            1431u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9789,7 +26037,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            863u32 => {
+            1432u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9800,7 +26048,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            864u32 => {
+            1433u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9811,7 +26059,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            865u32 => {
+            1434u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -9825,7 +26073,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            866u32 => {
+            1435u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9836,7 +26084,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            867u32 => {
+            1436u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9847,7 +26095,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            868u32 => {
+            1437u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9858,7 +26106,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            869u32 => {
+            1438u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9869,7 +26117,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            870u32 => {
+            1439u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9880,7 +26128,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            871u32 => {
+            1440u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -9898,7 +26146,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            872u32 => {
+            1441u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9909,7 +26157,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            873u32 => {
+            1442u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9920,7 +26168,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            874u32 => {
+            1443u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9931,7 +26179,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            875u32 => {
+            1444u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9942,7 +26190,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            876u32 => {
+            1445u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9953,7 +26201,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            877u32 => {
+            1446u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9965,7 +26213,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            878u32 => {
+            1447u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9977,7 +26225,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            879u32 => {
+            1448u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -9989,7 +26237,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            880u32 => {
+            1449u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -10003,7 +26251,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            881u32 => {
+            1450u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -10019,7 +26267,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            882u32 => {
+            1451u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10030,7 +26278,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            883u32 => {
+            1452u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10042,7 +26290,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            884u32 => {
+            1453u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10053,7 +26301,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            885u32 => {
+            1454u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10064,7 +26312,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            886u32 => {
+            1455u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -10078,7 +26326,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            887u32 => {
+            1456u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u64, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10090,25 +26338,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            888u32 => {
+            1457u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            889u32 => {
+            1458u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            890u32 => {
+            1459u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            891u32 => {
+            1460u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10116,7 +26364,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            892u32 => {
+            1461u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10128,7 +26376,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            893u32 => {
+            1462u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10140,7 +26388,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            894u32 => {
+            1463u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10148,7 +26396,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            895u32 => {
+            1464u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10160,7 +26408,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            896u32 => {
+            1465u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10168,7 +26416,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            897u32 => {
+            1466u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10176,7 +26424,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            898u32 => {
+            1467u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10184,13 +26432,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
                 }
             }
-            899u32 => {
+            1468u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            900u32 => {
+            1469u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10202,7 +26450,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            901u32 => {
+            1470u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10210,7 +26458,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            902u32 => {
+            1471u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10221,7 +26469,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            903u32 => {
+            1472u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10233,7 +26481,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            904u32 => {
+            1473u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10241,7 +26489,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            905u32 => {
+            1474u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10253,7 +26501,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            906u32 => {
+            1475u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10265,7 +26513,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            907u32 => {
+            1476u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10273,7 +26521,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            908u32 => {
+            1477u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10285,7 +26533,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            909u32 => {
+            1478u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10293,7 +26541,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            910u32 => {
+            1479u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10301,7 +26549,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            911u32 => {
+            1480u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10313,7 +26561,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            912u32 => {
+            1481u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10325,7 +26573,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            913u32 => {
+            1482u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10333,7 +26581,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            914u32 => {
+            1483u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10341,7 +26589,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            915u32 => {
+            1484u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10349,7 +26597,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            916u32 => {
+            1485u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10361,7 +26609,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            917u32 => {
+            1486u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10373,7 +26621,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            918u32 => {
+            1487u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10384,7 +26632,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            919u32 => {
+            1488u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10392,31 +26640,31 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            920u32 => {
+            1489u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            921u32 => {
+            1490u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            922u32 => {
+            1491u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            923u32 => {
+            1492u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            924u32 => {
+            1493u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10424,7 +26672,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            925u32 => {
+            1494u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10436,7 +26684,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            926u32 => {
+            1495u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10447,19 +26695,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            927u32 => {
+            1496u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            928u32 => {
+            1497u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            929u32 => {
+            1498u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10470,7 +26718,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            930u32 => {
+            1499u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10478,7 +26726,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            931u32 => {
+            1500u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10490,7 +26738,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            932u32 => {
+            1501u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -10506,13 +26754,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            933u32 => {
+            1502u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            934u32 => {
+            1503u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10524,7 +26772,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            935u32 => {
+            1504u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10536,7 +26784,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            936u32 => {
+            1505u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -10552,7 +26800,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            937u32 => {
+            1506u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10563,73 +26811,73 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            938u32 => {
+            1507u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            939u32 => {
+            1508u32 => {
                 let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as u32)) as u64 }
             }
-            940u32 => {
+            1509u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            941u32 => {
+            1510u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            942u32 => {
+            1511u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            943u32 => {
+            1512u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            944u32 => {
+            1513u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            945u32 => {
+            1514u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            946u32 => {
+            1515u32 => {
                 let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as u32)) as u64 }
             }
-            947u32 => {
+            1516u32 => {
                 let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as u32)) as u64 }
             }
-            948u32 => {
+            1517u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            949u32 => {
+            1518u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -10643,7 +26891,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            950u32 => {
+            1519u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10651,7 +26899,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            951u32 => {
+            1520u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10663,7 +26911,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            952u32 => {
+            1521u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10671,13 +26919,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            953u32 => {
+            1522u32 => {
                 let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as u32)) as u64 }
             }
-            954u32 => {
+            1523u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10685,7 +26933,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            955u32 => {
+            1524u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10693,7 +26941,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            956u32 => {
+            1525u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10701,7 +26949,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            957u32 => {
+            1526u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10709,7 +26957,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            958u32 => {
+            1527u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10717,7 +26965,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            959u32 => {
+            1528u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10725,7 +26973,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            960u32 => {
+            1529u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10733,7 +26981,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            961u32 => {
+            1530u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10741,13 +26989,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            962u32 => {
+            1531u32 => {
                 let f: unsafe extern "C" fn(u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as u32, a[1usize] as u32)) as u64 }
             }
-            963u32 => {
+            1532u32 => {
                 let f: unsafe extern "C" fn(u32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10759,7 +27007,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            964u32 => {
+            1533u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10771,7 +27019,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            965u32 => {
+            1534u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10779,7 +27027,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            966u32 => {
+            1535u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10787,7 +27035,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            967u32 => {
+            1536u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10795,7 +27043,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            968u32 => {
+            1537u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10803,7 +27051,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            969u32 => {
+            1538u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10811,7 +27059,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            970u32 => {
+            1539u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10823,7 +27071,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            971u32 => {
+            1540u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10831,7 +27079,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            972u32 => {
+            1541u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10839,7 +27087,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            973u32 => {
+            1542u32 => {
                 let f: unsafe extern "C" fn(u32, u32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10852,25 +27100,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            974u32 => {
+            1543u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            975u32 => {
+            1544u32 => {
                 let f: unsafe extern "C" fn(i32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32, a[1usize] as u32)) as u64 }
             }
-            976u32 => {
+            1545u32 => {
                 let f: unsafe extern "C" fn(i32, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32, a[1usize] as i32)) as u64 }
             }
-            977u32 => {
+            1546u32 => {
                 let f: unsafe extern "C" fn(i32, u32, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10878,7 +27126,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as u32, a[2usize] as i64)) as u64
                 }
             }
-            978u32 => {
+            1547u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10886,13 +27134,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            979u32 => {
+            1548u32 => {
                 let f: unsafe extern "C" fn(i32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32, a[1usize] as u32)) as u64 }
             }
-            980u32 => {
+            1549u32 => {
                 let f: unsafe extern "C" fn(i32, u32, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10900,7 +27148,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as u32, a[2usize] as usize)) as u64
                 }
             }
-            981u32 => {
+            1550u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10912,7 +27160,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            982u32 => {
+            1551u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10920,7 +27168,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            983u32 => {
+            1552u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10928,7 +27176,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            984u32 => {
+            1553u32 => {
                 let f: unsafe extern "C" fn(f64, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10937,25 +27185,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            985u32 => {
+            1554u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            986u32 => {
+            1555u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            987u32 => {
+            1556u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            988u32 => {
+            1557u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10963,7 +27211,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
                 }
             }
-            989u32 => {
+            1558u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10971,7 +27219,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            990u32 => {
+            1559u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10979,7 +27227,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
                 }
             }
-            991u32 => {
+            1560u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10987,7 +27235,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            992u32 => {
+            1561u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -10998,7 +27246,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            993u32 => {
+            1562u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64, i64, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11012,7 +27260,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            994u32 => {
+            1563u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11024,7 +27272,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            995u32 => {
+            1564u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11035,91 +27283,91 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            996u32 => {
+            1565u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            997u32 => {
+            1566u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            998u32 => {
+            1567u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            999u32 => {
+            1568u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1000u32 => {
+            1569u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1001u32 => {
+            1570u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1002u32 => {
+            1571u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1003u32 => {
+            1572u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1004u32 => {
+            1573u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1005u32 => {
+            1574u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1006u32 => {
+            1575u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1007u32 => {
+            1576u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1008u32 => {
+            1577u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1009u32 => {
+            1578u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1010u32 => {
+            1579u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11132,115 +27380,115 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1011u32 => {
+            1580u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1012u32 => {
+            1581u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1013u32 => {
+            1582u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1014u32 => {
+            1583u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1015u32 => {
+            1584u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1016u32 => {
+            1585u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1017u32 => {
+            1586u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1018u32 => {
+            1587u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1019u32 => {
+            1588u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1020u32 => {
+            1589u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1021u32 => {
+            1590u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1022u32 => {
+            1591u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1023u32 => {
+            1592u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1024u32 => {
+            1593u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1025u32 => {
+            1594u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1026u32 => {
+            1595u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1027u32 => {
+            1596u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1028u32 => {
+            1597u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1029u32 => {
+            1598u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11252,7 +27500,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1030u32 => {
+            1599u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -11266,31 +27514,31 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1031u32 => {
+            1600u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1032u32 => {
+            1601u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1033u32 => {
+            1602u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1034u32 => {
+            1603u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1035u32 => {
+            1604u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11301,25 +27549,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1036u32 => {
+            1605u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            1037u32 => {
+            1606u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            1038u32 => {
+            1607u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            1039u32 => {
+            1608u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -11333,7 +27581,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1040u32 => {
+            1609u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11341,7 +27589,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1041u32 => {
+            1610u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11349,7 +27597,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1042u32 => {
+            1611u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11357,7 +27605,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1043u32 => {
+            1612u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11365,7 +27613,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1044u32 => {
+            1613u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11373,7 +27621,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1045u32 => {
+            1614u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11381,7 +27629,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1046u32 => {
+            1615u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11392,25 +27640,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1047u32 => {
+            1616u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1048u32 => {
+            1617u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1049u32 => {
+            1618u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1050u32 => {
+            1619u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11418,79 +27666,79 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            1051u32 => {
+            1620u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1052u32 => {
+            1621u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1053u32 => {
+            1622u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1054u32 => {
+            1623u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1055u32 => {
+            1624u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1056u32 => {
+            1625u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1057u32 => {
+            1626u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1058u32 => {
+            1627u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1059u32 => {
+            1628u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1060u32 => {
+            1629u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1061u32 => {
+            1630u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1062u32 => {
+            1631u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1063u32 => {
+            1632u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11501,49 +27749,49 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1064u32 => {
+            1633u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1065u32 => {
+            1634u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1066u32 => {
+            1635u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1067u32 => {
+            1636u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1068u32 => {
+            1637u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1069u32 => {
+            1638u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1070u32 => {
+            1639u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1071u32 => {
+            1640u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11551,7 +27799,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            1072u32 => {
+            1641u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11559,7 +27807,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            1073u32 => {
+            1642u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11567,7 +27815,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1074u32 => {
+            1643u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11575,7 +27823,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1075u32 => {
+            1644u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11583,7 +27831,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1076u32 => {
+            1645u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11595,7 +27843,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1077u32 => {
+            1646u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11604,7 +27852,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            1078u32 => {
+            1647u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11613,25 +27861,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            1079u32 => {
+            1648u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            1080u32 => {
+            1649u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            1081u32 => {
+            1650u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            1082u32 => {
+            1651u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11643,7 +27891,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1083u32 => {
+            1652u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11651,7 +27899,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1084u32 => {
+            1653u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11659,7 +27907,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1085u32 => {
+            1654u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11667,7 +27915,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1086u32 => {
+            1655u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11678,7 +27926,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1087u32 => {
+            1656u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11686,7 +27934,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            1088u32 => {
+            1657u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11694,7 +27942,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            1089u32 => {
+            1658u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11703,7 +27951,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            1090u32 => {
+            1659u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11711,7 +27959,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            1091u32 => {
+            1660u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11719,7 +27967,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            1092u32 => {
+            1661u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11728,43 +27976,43 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            1093u32 => {
+            1662u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1094u32 => {
+            1663u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1095u32 => {
+            1664u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1096u32 => {
+            1665u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1097u32 => {
+            1666u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1098u32 => {
+            1667u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1099u32 => {
+            1668u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11776,7 +28024,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1100u32 => {
+            1669u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11788,7 +28036,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1101u32 => {
+            1670u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11800,7 +28048,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1102u32 => {
+            1671u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11808,31 +28056,31 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1103u32 => {
+            1672u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1104u32 => {
+            1673u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1105u32 => {
+            1674u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1106u32 => {
+            1675u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1107u32 => {
+            1676u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11843,7 +28091,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1108u32 => {
+            1677u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11854,7 +28102,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1109u32 => {
+            1678u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11865,13 +28113,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1110u32 => {
+            1679u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1111u32 => {
+            1680u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11882,7 +28130,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1112u32 => {
+            1681u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11893,7 +28141,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1113u32 => {
+            1682u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11904,13 +28152,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1114u32 => {
+            1683u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1115u32 => {
+            1684u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11921,19 +28169,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1116u32 => {
+            1685u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1117u32 => {
+            1686u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1118u32 => {
+            1687u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11944,7 +28192,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1119u32 => {
+            1688u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11955,7 +28203,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1120u32 => {
+            1689u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11966,19 +28214,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1121u32 => {
+            1690u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1122u32 => {
+            1691u32 => {
                 let f: unsafe extern "C" fn(usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize)) as u64 }
             }
-            1123u32 => {
+            1692u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -11989,67 +28237,67 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1124u32 => {
+            1693u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1125u32 => {
+            1694u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1126u32 => {
+            1695u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1127u32 => {
+            1696u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1128u32 => {
+            1697u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1129u32 => {
+            1698u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1130u32 => {
+            1699u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1131u32 => {
+            1700u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1132u32 => {
+            1701u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1133u32 => {
+            1702u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1134u32 => {
+            1703u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12060,7 +28308,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1135u32 => {
+            1704u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12071,7 +28319,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1136u32 => {
+            1705u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12082,7 +28330,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1137u32 => {
+            1706u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12093,7 +28341,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1138u32 => {
+            1707u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12104,7 +28352,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1139u32 => {
+            1708u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12115,7 +28363,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1140u32 => {
+            1709u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12126,7 +28374,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1141u32 => {
+            1710u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12137,7 +28385,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1142u32 => {
+            1711u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12148,7 +28396,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1143u32 => {
+            1712u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12159,7 +28407,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1144u32 => {
+            1713u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12170,7 +28418,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1145u32 => {
+            1714u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12181,7 +28429,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1146u32 => {
+            1715u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12192,7 +28440,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1147u32 => {
+            1716u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12203,7 +28451,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1148u32 => {
+            1717u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12214,7 +28462,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1149u32 => {
+            1718u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12225,7 +28473,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1150u32 => {
+            1719u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12236,7 +28484,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1151u32 => {
+            1720u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12247,7 +28495,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1152u32 => {
+            1721u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12258,7 +28506,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1153u32 => {
+            1722u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12269,7 +28517,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1154u32 => {
+            1723u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12280,25 +28528,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1155u32 => {
+            1724u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1156u32 => {
+            1725u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1157u32 => {
+            1726u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1158u32 => {
+            1727u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -12316,7 +28564,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1159u32 => {
+            1728u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12324,7 +28572,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            1160u32 => {
+            1729u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12335,19 +28583,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1161u32 => {
+            1730u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            1162u32 => {
+            1731u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            1163u32 => {
+            1732u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12355,7 +28603,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1164u32 => {
+            1733u32 => {
                 let f: unsafe extern "C" fn() = unsafe { core::mem::transmute(f) };
                 unsafe {
                     {
@@ -12364,25 +28612,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1165u32 => {
+            1734u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1166u32 => {
+            1735u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1167u32 => {
+            1736u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1168u32 => {
+            1737u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -12400,7 +28648,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1169u32 => {
+            1738u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12408,7 +28656,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            1170u32 => {
+            1739u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12419,19 +28667,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1171u32 => {
+            1740u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            1172u32 => {
+            1741u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            1173u32 => {
+            1742u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12439,7 +28687,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1174u32 => {
+            1743u32 => {
                 let f: unsafe extern "C" fn() = unsafe { core::mem::transmute(f) };
                 unsafe {
                     {
@@ -12448,25 +28696,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1175u32 => {
+            1744u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1176u32 => {
+            1745u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1177u32 => {
+            1746u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1178u32 => {
+            1747u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };

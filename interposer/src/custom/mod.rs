@@ -3,6 +3,8 @@
 //! missing one is a compile error.
 
 pub mod capture;
+pub mod cublas;
+pub mod cublaslt;
 pub mod cudart;
 pub mod driver;
 pub mod kernels;
