@@ -319,3 +319,34 @@ fn capture_status_is_answered_locally_while_nothing_captures() {
     let fields: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(fields.get(1..3), Some(&["101", "0"][..]), "calls and round trips: {row}");
 }
+
+/// Driver entry points handed out by the runtime are the shims' own: calling one reaches
+/// the server (here: the emulated profile's device count), with no NVIDIA library loaded.
+const ENTRY_POINT: &str = r#"
+#include <stdio.h>
+#include <cuda_runtime_api.h>
+typedef int (*count_fn)(int *);
+int main(void) {
+  void *fn = 0;
+  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPoint("cuDeviceGetCount", &fn, cudaEnableDefault, &q) != cudaSuccess) return 2;
+  if (q != cudaDriverEntryPointSuccess || !fn) return 3;
+  int n = -1;
+  int rc = ((count_fn)fn)(&n);
+  void *missing = (void *)1;
+  if (cudaGetDriverEntryPoint("cuNoSuchFunction", &missing, cudaEnableDefault, &q) != cudaSuccess) return 4;
+  printf("rc=%d count=%d missing=%p status=%d\n", rc, n, missing, (int)q);
+  return 0;
+}
+"#;
+
+#[test]
+fn driver_entry_points_are_the_shims_functions() {
+    let server = server();
+    let exe = program("entry-point", ENTRY_POINT);
+    let output = run_cmd(&server.address, &exe).output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "rc=0 count=1 missing=(nil) status=1", "{stderr}");
+}

@@ -1063,6 +1063,138 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDeviceProperties_v2(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaGetDeviceProperties_v2(prop, device) }
 }
+///`cudaGetDriverEntryPoint` for CUDA 11.8 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint__cu118(
+    symbol: *mut c_void,
+    funcPtr: *mut c_void,
+    flags: u64,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaGetDriverEntryPoint__cu118(symbol, funcPtr, flags)
+    }
+}
+///`cudaGetDriverEntryPoint` for CUDA 12.1, 12.6, 12.8 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint__cu121(
+    symbol: *mut c_void,
+    funcPtr: *mut c_void,
+    flags: u64,
+    driverStatus: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaGetDriverEntryPoint__cu121(
+            symbol,
+            funcPtr,
+            flags,
+            driverStatus,
+        )
+    }
+}
+///`cudaGetDriverEntryPoint` for CUDA 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint__cu130(
+    symbol: *mut c_void,
+    funcPtr: *mut c_void,
+    flags: u64,
+    driverStatus: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaGetDriverEntryPoint__cu130(
+            symbol,
+            funcPtr,
+            flags,
+            driverStatus,
+        )
+    }
+}
+///`cudaGetDriverEntryPointByVersion` for CUDA 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPointByVersion(
+    symbol: *mut c_void,
+    funcPtr: *mut c_void,
+    cudaVersion: u32,
+    flags: u64,
+    driverStatus: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaGetDriverEntryPointByVersion(
+            symbol,
+            funcPtr,
+            cudaVersion,
+            flags,
+            driverStatus,
+        )
+    }
+}
+///`cudaGetDriverEntryPointByVersion_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPointByVersion_ptsz(
+    symbol: *mut c_void,
+    funcPtr: *mut c_void,
+    cudaVersion: u32,
+    flags: u64,
+    driverStatus: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaGetDriverEntryPointByVersion_ptsz(
+            symbol,
+            funcPtr,
+            cudaVersion,
+            flags,
+            driverStatus,
+        )
+    }
+}
+///`cudaGetDriverEntryPoint_ptsz` for CUDA 11.8 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint_ptsz__cu118(
+    symbol: *mut c_void,
+    funcPtr: *mut c_void,
+    flags: u64,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaGetDriverEntryPoint_ptsz__cu118(
+            symbol,
+            funcPtr,
+            flags,
+        )
+    }
+}
+///`cudaGetDriverEntryPoint_ptsz` for CUDA 12.1, 12.6, 12.8 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint_ptsz__cu121(
+    symbol: *mut c_void,
+    funcPtr: *mut c_void,
+    flags: u64,
+    driverStatus: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaGetDriverEntryPoint_ptsz__cu121(
+            symbol,
+            funcPtr,
+            flags,
+            driverStatus,
+        )
+    }
+}
+///`cudaGetDriverEntryPoint_ptsz` for CUDA 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint_ptsz__cu130(
+    symbol: *mut c_void,
+    funcPtr: *mut c_void,
+    flags: u64,
+    driverStatus: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaGetDriverEntryPoint_ptsz__cu130(
+            symbol,
+            funcPtr,
+            flags,
+            driverStatus,
+        )
+    }
+}
 ///`cudaGetErrorName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetErrorName(error: u32) -> *mut c_void {

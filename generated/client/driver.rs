@@ -1141,6 +1141,35 @@ pub unsafe extern "C" fn __chidori_driver_cuGetErrorString(
 ) -> u32 {
     unsafe { crate::custom::driver::cuGetErrorString(error, pStr) }
 }
+///`cuGetProcAddress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGetProcAddress(
+    symbol: *mut c_void,
+    pfn: *mut c_void,
+    cudaVersion: i32,
+    flags: u64,
+) -> u32 {
+    unsafe { crate::custom::driver::cuGetProcAddress(symbol, pfn, cudaVersion, flags) }
+}
+///`cuGetProcAddress_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGetProcAddress_v2(
+    symbol: *mut c_void,
+    pfn: *mut c_void,
+    cudaVersion: i32,
+    flags: u64,
+    symbolStatus: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::driver::cuGetProcAddress_v2(
+            symbol,
+            pfn,
+            cudaVersion,
+            flags,
+            symbolStatus,
+        )
+    }
+}
 ///`cuGraphChildGraphNodeGetGraph` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphChildGraphNodeGetGraph(

@@ -299,6 +299,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGetErrorString" => {
             Some(driver::__chidori_driver_cuGetErrorString as *const c_void)
         }
+        "cuGetProcAddress" => {
+            Some(driver::__chidori_driver_cuGetProcAddress as *const c_void)
+        }
+        "cuGetProcAddress_v2" => {
+            Some(driver::__chidori_driver_cuGetProcAddress_v2 as *const c_void)
+        }
         "cuGraphChildGraphNodeGetGraph" => {
             Some(driver::__chidori_driver_cuGraphChildGraphNodeGetGraph as *const c_void)
         }

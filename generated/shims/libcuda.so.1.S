@@ -759,23 +759,17 @@ cuGetExportTable:
     .globl cuGetProcAddress
     .type cuGetProcAddress, @function
 cuGetProcAddress:
-    leaq .Lname35(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGetProcAddress@PLT
     .size cuGetProcAddress, .-cuGetProcAddress
     .globl cuGetProcAddress_v2
     .type cuGetProcAddress_v2, @function
 cuGetProcAddress_v2:
-    leaq .Lname36(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGetProcAddress_v2@PLT
     .size cuGetProcAddress_v2, .-cuGetProcAddress_v2
     .globl cuGraphAddBatchMemOpNode
     .type cuGraphAddBatchMemOpNode, @function
 cuGraphAddBatchMemOpNode:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -783,7 +777,7 @@ cuGraphAddBatchMemOpNode:
     .globl cuGraphAddChildGraphNode
     .type cuGraphAddChildGraphNode, @function
 cuGraphAddChildGraphNode:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -791,7 +785,7 @@ cuGraphAddChildGraphNode:
     .globl cuGraphAddDependencies
     .type cuGraphAddDependencies, @function
 cuGraphAddDependencies:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -799,7 +793,7 @@ cuGraphAddDependencies:
     .globl cuGraphAddDependencies_v2
     .type cuGraphAddDependencies_v2, @function
 cuGraphAddDependencies_v2:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -807,7 +801,7 @@ cuGraphAddDependencies_v2:
     .globl cuGraphAddEmptyNode
     .type cuGraphAddEmptyNode, @function
 cuGraphAddEmptyNode:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -815,7 +809,7 @@ cuGraphAddEmptyNode:
     .globl cuGraphAddEventRecordNode
     .type cuGraphAddEventRecordNode, @function
 cuGraphAddEventRecordNode:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -823,7 +817,7 @@ cuGraphAddEventRecordNode:
     .globl cuGraphAddEventWaitNode
     .type cuGraphAddEventWaitNode, @function
 cuGraphAddEventWaitNode:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -831,7 +825,7 @@ cuGraphAddEventWaitNode:
     .globl cuGraphAddExternalSemaphoresSignalNode
     .type cuGraphAddExternalSemaphoresSignalNode, @function
 cuGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -839,7 +833,7 @@ cuGraphAddExternalSemaphoresSignalNode:
     .globl cuGraphAddExternalSemaphoresWaitNode
     .type cuGraphAddExternalSemaphoresWaitNode, @function
 cuGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -847,7 +841,7 @@ cuGraphAddExternalSemaphoresWaitNode:
     .globl cuGraphAddHostNode
     .type cuGraphAddHostNode, @function
 cuGraphAddHostNode:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -855,7 +849,7 @@ cuGraphAddHostNode:
     .globl cuGraphAddKernelNode
     .type cuGraphAddKernelNode, @function
 cuGraphAddKernelNode:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -863,7 +857,7 @@ cuGraphAddKernelNode:
     .globl cuGraphAddKernelNode_v2
     .type cuGraphAddKernelNode_v2, @function
 cuGraphAddKernelNode_v2:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -871,7 +865,7 @@ cuGraphAddKernelNode_v2:
     .globl cuGraphAddMemAllocNode
     .type cuGraphAddMemAllocNode, @function
 cuGraphAddMemAllocNode:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -879,7 +873,7 @@ cuGraphAddMemAllocNode:
     .globl cuGraphAddMemFreeNode
     .type cuGraphAddMemFreeNode, @function
 cuGraphAddMemFreeNode:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -887,7 +881,7 @@ cuGraphAddMemFreeNode:
     .globl cuGraphAddMemcpyNode
     .type cuGraphAddMemcpyNode, @function
 cuGraphAddMemcpyNode:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -895,7 +889,7 @@ cuGraphAddMemcpyNode:
     .globl cuGraphAddMemsetNode
     .type cuGraphAddMemsetNode, @function
 cuGraphAddMemsetNode:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -903,7 +897,7 @@ cuGraphAddMemsetNode:
     .globl cuGraphAddNode
     .type cuGraphAddNode, @function
 cuGraphAddNode:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -911,7 +905,7 @@ cuGraphAddNode:
     .globl cuGraphAddNode_v2
     .type cuGraphAddNode_v2, @function
 cuGraphAddNode_v2:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -919,7 +913,7 @@ cuGraphAddNode_v2:
     .globl cuGraphBatchMemOpNodeGetParams
     .type cuGraphBatchMemOpNodeGetParams, @function
 cuGraphBatchMemOpNodeGetParams:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -927,7 +921,7 @@ cuGraphBatchMemOpNodeGetParams:
     .globl cuGraphBatchMemOpNodeSetParams
     .type cuGraphBatchMemOpNodeSetParams, @function
 cuGraphBatchMemOpNodeSetParams:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -955,7 +949,7 @@ cuGraphCreate:
     .globl cuGraphDebugDotPrint
     .type cuGraphDebugDotPrint, @function
 cuGraphDebugDotPrint:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -993,7 +987,7 @@ cuGraphEventWaitNodeSetEvent:
     .globl cuGraphExecBatchMemOpNodeSetParams
     .type cuGraphExecBatchMemOpNodeSetParams, @function
 cuGraphExecBatchMemOpNodeSetParams:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1021,7 +1015,7 @@ cuGraphExecEventWaitNodeSetEvent:
     .globl cuGraphExecExternalSemaphoresSignalNodeSetParams
     .type cuGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cuGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1029,7 +1023,7 @@ cuGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cuGraphExecExternalSemaphoresWaitNodeSetParams
     .type cuGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cuGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1047,7 +1041,7 @@ cuGraphExecGetId:
     .globl cuGraphExecHostNodeSetParams
     .type cuGraphExecHostNodeSetParams, @function
 cuGraphExecHostNodeSetParams:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1055,7 +1049,7 @@ cuGraphExecHostNodeSetParams:
     .globl cuGraphExecKernelNodeSetParams
     .type cuGraphExecKernelNodeSetParams, @function
 cuGraphExecKernelNodeSetParams:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1063,7 +1057,7 @@ cuGraphExecKernelNodeSetParams:
     .globl cuGraphExecKernelNodeSetParams_v2
     .type cuGraphExecKernelNodeSetParams_v2, @function
 cuGraphExecKernelNodeSetParams_v2:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1071,7 +1065,7 @@ cuGraphExecKernelNodeSetParams_v2:
     .globl cuGraphExecMemcpyNodeSetParams
     .type cuGraphExecMemcpyNodeSetParams, @function
 cuGraphExecMemcpyNodeSetParams:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1084,7 +1078,7 @@ cuGraphExecMemsetNodeSetParams:
     .globl cuGraphExecNodeSetParams
     .type cuGraphExecNodeSetParams, @function
 cuGraphExecNodeSetParams:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1097,7 +1091,7 @@ cuGraphExecUpdate:
     .globl cuGraphExecUpdate_v2
     .type cuGraphExecUpdate_v2, @function
 cuGraphExecUpdate_v2:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1105,7 +1099,7 @@ cuGraphExecUpdate_v2:
     .globl cuGraphExternalSemaphoresSignalNodeGetParams
     .type cuGraphExternalSemaphoresSignalNodeGetParams, @function
 cuGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1113,7 +1107,7 @@ cuGraphExternalSemaphoresSignalNodeGetParams:
     .globl cuGraphExternalSemaphoresSignalNodeSetParams
     .type cuGraphExternalSemaphoresSignalNodeSetParams, @function
 cuGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1121,7 +1115,7 @@ cuGraphExternalSemaphoresSignalNodeSetParams:
     .globl cuGraphExternalSemaphoresWaitNodeGetParams
     .type cuGraphExternalSemaphoresWaitNodeGetParams, @function
 cuGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1129,7 +1123,7 @@ cuGraphExternalSemaphoresWaitNodeGetParams:
     .globl cuGraphExternalSemaphoresWaitNodeSetParams
     .type cuGraphExternalSemaphoresWaitNodeSetParams, @function
 cuGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1142,7 +1136,7 @@ cuGraphGetEdges:
     .globl cuGraphGetEdges_v2
     .type cuGraphGetEdges_v2, @function
 cuGraphGetEdges_v2:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1165,7 +1159,7 @@ cuGraphGetRootNodes:
     .globl cuGraphHostNodeGetParams
     .type cuGraphHostNodeGetParams, @function
 cuGraphHostNodeGetParams:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1173,7 +1167,7 @@ cuGraphHostNodeGetParams:
     .globl cuGraphHostNodeSetParams
     .type cuGraphHostNodeSetParams, @function
 cuGraphHostNodeSetParams:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1181,7 +1175,7 @@ cuGraphHostNodeSetParams:
     .globl cuGraphInstantiate
     .type cuGraphInstantiate, @function
 cuGraphInstantiate:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1194,7 +1188,7 @@ cuGraphInstantiateWithFlags:
     .globl cuGraphInstantiateWithParams
     .type cuGraphInstantiateWithParams, @function
 cuGraphInstantiateWithParams:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1202,7 +1196,7 @@ cuGraphInstantiateWithParams:
     .globl cuGraphInstantiateWithParams_ptsz
     .type cuGraphInstantiateWithParams_ptsz, @function
 cuGraphInstantiateWithParams_ptsz:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1210,7 +1204,7 @@ cuGraphInstantiateWithParams_ptsz:
     .globl cuGraphInstantiate_v2
     .type cuGraphInstantiate_v2, @function
 cuGraphInstantiate_v2:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1223,7 +1217,7 @@ cuGraphKernelNodeCopyAttributes:
     .globl cuGraphKernelNodeGetAttribute
     .type cuGraphKernelNodeGetAttribute, @function
 cuGraphKernelNodeGetAttribute:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1231,7 +1225,7 @@ cuGraphKernelNodeGetAttribute:
     .globl cuGraphKernelNodeGetParams
     .type cuGraphKernelNodeGetParams, @function
 cuGraphKernelNodeGetParams:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1239,7 +1233,7 @@ cuGraphKernelNodeGetParams:
     .globl cuGraphKernelNodeGetParams_v2
     .type cuGraphKernelNodeGetParams_v2, @function
 cuGraphKernelNodeGetParams_v2:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1247,7 +1241,7 @@ cuGraphKernelNodeGetParams_v2:
     .globl cuGraphKernelNodeSetAttribute
     .type cuGraphKernelNodeSetAttribute, @function
 cuGraphKernelNodeSetAttribute:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1255,7 +1249,7 @@ cuGraphKernelNodeSetAttribute:
     .globl cuGraphKernelNodeSetParams
     .type cuGraphKernelNodeSetParams, @function
 cuGraphKernelNodeSetParams:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1263,7 +1257,7 @@ cuGraphKernelNodeSetParams:
     .globl cuGraphKernelNodeSetParams_v2
     .type cuGraphKernelNodeSetParams_v2, @function
 cuGraphKernelNodeSetParams_v2:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1281,7 +1275,7 @@ cuGraphLaunch_ptsz:
     .globl cuGraphMemAllocNodeGetParams
     .type cuGraphMemAllocNodeGetParams, @function
 cuGraphMemAllocNodeGetParams:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1294,7 +1288,7 @@ cuGraphMemFreeNodeGetParams:
     .globl cuGraphMemcpyNodeGetParams
     .type cuGraphMemcpyNodeGetParams, @function
 cuGraphMemcpyNodeGetParams:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1302,7 +1296,7 @@ cuGraphMemcpyNodeGetParams:
     .globl cuGraphMemcpyNodeSetParams
     .type cuGraphMemcpyNodeSetParams, @function
 cuGraphMemcpyNodeSetParams:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1310,7 +1304,7 @@ cuGraphMemcpyNodeSetParams:
     .globl cuGraphMemsetNodeGetParams
     .type cuGraphMemsetNodeGetParams, @function
 cuGraphMemsetNodeGetParams:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1338,7 +1332,7 @@ cuGraphNodeGetDependencies:
     .globl cuGraphNodeGetDependencies_v2
     .type cuGraphNodeGetDependencies_v2, @function
 cuGraphNodeGetDependencies_v2:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1351,7 +1345,7 @@ cuGraphNodeGetDependentNodes:
     .globl cuGraphNodeGetDependentNodes_v2
     .type cuGraphNodeGetDependentNodes_v2, @function
 cuGraphNodeGetDependentNodes_v2:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1384,7 +1378,7 @@ cuGraphNodeSetEnabled:
     .globl cuGraphNodeSetParams
     .type cuGraphNodeSetParams, @function
 cuGraphNodeSetParams:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1397,7 +1391,7 @@ cuGraphReleaseUserObject:
     .globl cuGraphRemoveDependencies
     .type cuGraphRemoveDependencies, @function
 cuGraphRemoveDependencies:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1405,7 +1399,7 @@ cuGraphRemoveDependencies:
     .globl cuGraphRemoveDependencies_v2
     .type cuGraphRemoveDependencies_v2, @function
 cuGraphRemoveDependencies_v2:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1443,7 +1437,7 @@ cuGraphicsResourceGetMappedMipmappedArray:
     .globl cuGraphicsResourceGetMappedPointer
     .type cuGraphicsResourceGetMappedPointer, @function
 cuGraphicsResourceGetMappedPointer:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1451,7 +1445,7 @@ cuGraphicsResourceGetMappedPointer:
     .globl cuGraphicsResourceGetMappedPointer_v2
     .type cuGraphicsResourceGetMappedPointer_v2, @function
 cuGraphicsResourceGetMappedPointer_v2:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1499,7 +1493,7 @@ cuGreenCtxDestroy:
     .globl cuGreenCtxGetDevResource
     .type cuGreenCtxGetDevResource, @function
 cuGreenCtxGetDevResource:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1527,7 +1521,7 @@ cuGreenCtxWaitEvent:
     .globl cuImportExternalMemory
     .type cuImportExternalMemory, @function
 cuImportExternalMemory:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1535,7 +1529,7 @@ cuImportExternalMemory:
     .globl cuImportExternalSemaphore
     .type cuImportExternalSemaphore, @function
 cuImportExternalSemaphore:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1553,7 +1547,7 @@ cuIpcCloseMemHandle:
     .globl cuIpcGetEventHandle
     .type cuIpcGetEventHandle, @function
 cuIpcGetEventHandle:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1561,7 +1555,7 @@ cuIpcGetEventHandle:
     .globl cuIpcGetMemHandle
     .type cuIpcGetMemHandle, @function
 cuIpcGetMemHandle:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1599,7 +1593,7 @@ cuKernelGetLibrary:
     .globl cuKernelGetName
     .type cuKernelGetName, @function
 cuKernelGetName:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1607,7 +1601,7 @@ cuKernelGetName:
     .globl cuKernelGetParamInfo
     .type cuKernelGetParamInfo, @function
 cuKernelGetParamInfo:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1635,7 +1629,7 @@ cuLaunchCooperativeKernel:
     .globl cuLaunchCooperativeKernelMultiDevice
     .type cuLaunchCooperativeKernelMultiDevice, @function
 cuLaunchCooperativeKernelMultiDevice:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1718,7 +1712,7 @@ cuLibraryGetModule:
     .globl cuLibraryGetUnifiedFunction
     .type cuLibraryGetUnifiedFunction, @function
 cuLibraryGetUnifiedFunction:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1726,7 +1720,7 @@ cuLibraryGetUnifiedFunction:
     .globl cuLibraryLoadData
     .type cuLibraryLoadData, @function
 cuLibraryLoadData:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1734,7 +1728,7 @@ cuLibraryLoadData:
     .globl cuLibraryLoadFromFile
     .type cuLibraryLoadFromFile, @function
 cuLibraryLoadFromFile:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1747,7 +1741,7 @@ cuLibraryUnload:
     .globl cuLinkAddData
     .type cuLinkAddData, @function
 cuLinkAddData:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1755,7 +1749,7 @@ cuLinkAddData:
     .globl cuLinkAddData_v2
     .type cuLinkAddData_v2, @function
 cuLinkAddData_v2:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1763,7 +1757,7 @@ cuLinkAddData_v2:
     .globl cuLinkAddFile
     .type cuLinkAddFile, @function
 cuLinkAddFile:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1771,7 +1765,7 @@ cuLinkAddFile:
     .globl cuLinkAddFile_v2
     .type cuLinkAddFile_v2, @function
 cuLinkAddFile_v2:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1779,7 +1773,7 @@ cuLinkAddFile_v2:
     .globl cuLinkComplete
     .type cuLinkComplete, @function
 cuLinkComplete:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1787,7 +1781,7 @@ cuLinkComplete:
     .globl cuLinkCreate
     .type cuLinkCreate, @function
 cuLinkCreate:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1795,7 +1789,7 @@ cuLinkCreate:
     .globl cuLinkCreate_v2
     .type cuLinkCreate_v2, @function
 cuLinkCreate_v2:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1813,7 +1807,7 @@ cuLogsCurrent:
     .globl cuLogsDumpToFile
     .type cuLogsDumpToFile, @function
 cuLogsDumpToFile:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1821,7 +1815,7 @@ cuLogsDumpToFile:
     .globl cuLogsDumpToMemory
     .type cuLogsDumpToMemory, @function
 cuLogsDumpToMemory:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1829,7 +1823,7 @@ cuLogsDumpToMemory:
     .globl cuLogsRegisterCallback
     .type cuLogsRegisterCallback, @function
 cuLogsRegisterCallback:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1847,7 +1841,7 @@ cuMemAddressFree:
     .globl cuMemAddressReserve
     .type cuMemAddressReserve, @function
 cuMemAddressReserve:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1865,7 +1859,7 @@ cuMemAdvise_v2:
     .globl cuMemAlloc
     .type cuMemAlloc, @function
 cuMemAlloc:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1873,7 +1867,7 @@ cuMemAlloc:
     .globl cuMemAllocAsync
     .type cuMemAllocAsync, @function
 cuMemAllocAsync:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1881,7 +1875,7 @@ cuMemAllocAsync:
     .globl cuMemAllocAsync_ptsz
     .type cuMemAllocAsync_ptsz, @function
 cuMemAllocAsync_ptsz:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1889,7 +1883,7 @@ cuMemAllocAsync_ptsz:
     .globl cuMemAllocFromPoolAsync
     .type cuMemAllocFromPoolAsync, @function
 cuMemAllocFromPoolAsync:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1897,7 +1891,7 @@ cuMemAllocFromPoolAsync:
     .globl cuMemAllocFromPoolAsync_ptsz
     .type cuMemAllocFromPoolAsync_ptsz, @function
 cuMemAllocFromPoolAsync_ptsz:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1905,7 +1899,7 @@ cuMemAllocFromPoolAsync_ptsz:
     .globl cuMemAllocHost
     .type cuMemAllocHost, @function
 cuMemAllocHost:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1918,7 +1912,7 @@ cuMemAllocHost_v2:
     .globl cuMemAllocManaged
     .type cuMemAllocManaged, @function
 cuMemAllocManaged:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1926,7 +1920,7 @@ cuMemAllocManaged:
     .globl cuMemAllocPitch
     .type cuMemAllocPitch, @function
 cuMemAllocPitch:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1934,7 +1928,7 @@ cuMemAllocPitch:
     .globl cuMemAllocPitch_v2
     .type cuMemAllocPitch_v2, @function
 cuMemAllocPitch_v2:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1947,7 +1941,7 @@ cuMemAlloc_v2:
     .globl cuMemBatchDecompressAsync
     .type cuMemBatchDecompressAsync, @function
 cuMemBatchDecompressAsync:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1955,7 +1949,7 @@ cuMemBatchDecompressAsync:
     .globl cuMemBatchDecompressAsync_ptsz
     .type cuMemBatchDecompressAsync_ptsz, @function
 cuMemBatchDecompressAsync_ptsz:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1963,7 +1957,7 @@ cuMemBatchDecompressAsync_ptsz:
     .globl cuMemCreate
     .type cuMemCreate, @function
 cuMemCreate:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1971,7 +1965,7 @@ cuMemCreate:
     .globl cuMemDiscardAndPrefetchBatchAsync
     .type cuMemDiscardAndPrefetchBatchAsync, @function
 cuMemDiscardAndPrefetchBatchAsync:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1979,7 +1973,7 @@ cuMemDiscardAndPrefetchBatchAsync:
     .globl cuMemDiscardAndPrefetchBatchAsync_ptsz
     .type cuMemDiscardAndPrefetchBatchAsync_ptsz, @function
 cuMemDiscardAndPrefetchBatchAsync_ptsz:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1987,7 +1981,7 @@ cuMemDiscardAndPrefetchBatchAsync_ptsz:
     .globl cuMemDiscardBatchAsync
     .type cuMemDiscardBatchAsync, @function
 cuMemDiscardBatchAsync:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1995,7 +1989,7 @@ cuMemDiscardBatchAsync:
     .globl cuMemDiscardBatchAsync_ptsz
     .type cuMemDiscardBatchAsync_ptsz, @function
 cuMemDiscardBatchAsync_ptsz:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2003,7 +1997,7 @@ cuMemDiscardBatchAsync_ptsz:
     .globl cuMemExportToShareableHandle
     .type cuMemExportToShareableHandle, @function
 cuMemExportToShareableHandle:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2041,7 +2035,7 @@ cuMemGetAccess:
     .globl cuMemGetAddressRange
     .type cuMemGetAddressRange, @function
 cuMemGetAddressRange:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2049,7 +2043,7 @@ cuMemGetAddressRange:
     .globl cuMemGetAddressRange_v2
     .type cuMemGetAddressRange_v2, @function
 cuMemGetAddressRange_v2:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2057,7 +2051,7 @@ cuMemGetAddressRange_v2:
     .globl cuMemGetAllocationGranularity
     .type cuMemGetAllocationGranularity, @function
 cuMemGetAllocationGranularity:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2065,7 +2059,7 @@ cuMemGetAllocationGranularity:
     .globl cuMemGetAllocationPropertiesFromHandle
     .type cuMemGetAllocationPropertiesFromHandle, @function
 cuMemGetAllocationPropertiesFromHandle:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2073,7 +2067,7 @@ cuMemGetAllocationPropertiesFromHandle:
     .globl cuMemGetDefaultMemPool
     .type cuMemGetDefaultMemPool, @function
 cuMemGetDefaultMemPool:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2081,7 +2075,7 @@ cuMemGetDefaultMemPool:
     .globl cuMemGetHandleForAddressRange
     .type cuMemGetHandleForAddressRange, @function
 cuMemGetHandleForAddressRange:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2099,7 +2093,7 @@ cuMemGetInfo_v2:
     .globl cuMemGetMemPool
     .type cuMemGetMemPool, @function
 cuMemGetMemPool:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2112,7 +2106,7 @@ cuMemHostAlloc:
     .globl cuMemHostGetDevicePointer
     .type cuMemHostGetDevicePointer, @function
 cuMemHostGetDevicePointer:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2120,7 +2114,7 @@ cuMemHostGetDevicePointer:
     .globl cuMemHostGetDevicePointer_v2
     .type cuMemHostGetDevicePointer_v2, @function
 cuMemHostGetDevicePointer_v2:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2128,7 +2122,7 @@ cuMemHostGetDevicePointer_v2:
     .globl cuMemHostGetFlags
     .type cuMemHostGetFlags, @function
 cuMemHostGetFlags:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2136,7 +2130,7 @@ cuMemHostGetFlags:
     .globl cuMemHostRegister
     .type cuMemHostRegister, @function
 cuMemHostRegister:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2154,7 +2148,7 @@ cuMemHostUnregister:
     .globl cuMemImportFromShareableHandle
     .type cuMemImportFromShareableHandle, @function
 cuMemImportFromShareableHandle:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2167,7 +2161,7 @@ cuMemMap:
     .globl cuMemMapArrayAsync
     .type cuMemMapArrayAsync, @function
 cuMemMapArrayAsync:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2175,7 +2169,7 @@ cuMemMapArrayAsync:
     .globl cuMemMapArrayAsync_ptsz
     .type cuMemMapArrayAsync_ptsz, @function
 cuMemMapArrayAsync_ptsz:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2183,7 +2177,7 @@ cuMemMapArrayAsync_ptsz:
     .globl cuMemPoolCreate
     .type cuMemPoolCreate, @function
 cuMemPoolCreate:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2196,7 +2190,7 @@ cuMemPoolDestroy:
     .globl cuMemPoolExportPointer
     .type cuMemPoolExportPointer, @function
 cuMemPoolExportPointer:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2204,7 +2198,7 @@ cuMemPoolExportPointer:
     .globl cuMemPoolExportToShareableHandle
     .type cuMemPoolExportToShareableHandle, @function
 cuMemPoolExportToShareableHandle:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2212,7 +2206,7 @@ cuMemPoolExportToShareableHandle:
     .globl cuMemPoolGetAccess
     .type cuMemPoolGetAccess, @function
 cuMemPoolGetAccess:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2220,7 +2214,7 @@ cuMemPoolGetAccess:
     .globl cuMemPoolGetAttribute
     .type cuMemPoolGetAttribute, @function
 cuMemPoolGetAttribute:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2228,7 +2222,7 @@ cuMemPoolGetAttribute:
     .globl cuMemPoolImportFromShareableHandle
     .type cuMemPoolImportFromShareableHandle, @function
 cuMemPoolImportFromShareableHandle:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2236,7 +2230,7 @@ cuMemPoolImportFromShareableHandle:
     .globl cuMemPoolImportPointer
     .type cuMemPoolImportPointer, @function
 cuMemPoolImportPointer:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2244,7 +2238,7 @@ cuMemPoolImportPointer:
     .globl cuMemPoolSetAccess
     .type cuMemPoolSetAccess, @function
 cuMemPoolSetAccess:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2252,7 +2246,7 @@ cuMemPoolSetAccess:
     .globl cuMemPoolSetAttribute
     .type cuMemPoolSetAttribute, @function
 cuMemPoolSetAttribute:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2285,7 +2279,7 @@ cuMemPrefetchAsync_v2_ptsz:
     .globl cuMemPrefetchBatchAsync
     .type cuMemPrefetchBatchAsync, @function
 cuMemPrefetchBatchAsync:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2293,7 +2287,7 @@ cuMemPrefetchBatchAsync:
     .globl cuMemPrefetchBatchAsync_ptsz
     .type cuMemPrefetchBatchAsync_ptsz, @function
 cuMemPrefetchBatchAsync_ptsz:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2301,7 +2295,7 @@ cuMemPrefetchBatchAsync_ptsz:
     .globl cuMemRangeGetAttribute
     .type cuMemRangeGetAttribute, @function
 cuMemRangeGetAttribute:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2309,7 +2303,7 @@ cuMemRangeGetAttribute:
     .globl cuMemRangeGetAttributes
     .type cuMemRangeGetAttributes, @function
 cuMemRangeGetAttributes:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2322,7 +2316,7 @@ cuMemRelease:
     .globl cuMemRetainAllocationHandle
     .type cuMemRetainAllocationHandle, @function
 cuMemRetainAllocationHandle:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2330,7 +2324,7 @@ cuMemRetainAllocationHandle:
     .globl cuMemSetAccess
     .type cuMemSetAccess, @function
 cuMemSetAccess:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2338,7 +2332,7 @@ cuMemSetAccess:
     .globl cuMemSetMemPool
     .type cuMemSetMemPool, @function
 cuMemSetMemPool:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2356,7 +2350,7 @@ cuMemcpy:
     .globl cuMemcpy2D
     .type cuMemcpy2D, @function
 cuMemcpy2D:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2364,7 +2358,7 @@ cuMemcpy2D:
     .globl cuMemcpy2DAsync
     .type cuMemcpy2DAsync, @function
 cuMemcpy2DAsync:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2372,7 +2366,7 @@ cuMemcpy2DAsync:
     .globl cuMemcpy2DAsync_v2
     .type cuMemcpy2DAsync_v2, @function
 cuMemcpy2DAsync_v2:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2380,7 +2374,7 @@ cuMemcpy2DAsync_v2:
     .globl cuMemcpy2DAsync_v2_ptsz
     .type cuMemcpy2DAsync_v2_ptsz, @function
 cuMemcpy2DAsync_v2_ptsz:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2388,7 +2382,7 @@ cuMemcpy2DAsync_v2_ptsz:
     .globl cuMemcpy2DUnaligned
     .type cuMemcpy2DUnaligned, @function
 cuMemcpy2DUnaligned:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2396,7 +2390,7 @@ cuMemcpy2DUnaligned:
     .globl cuMemcpy2DUnaligned_v2
     .type cuMemcpy2DUnaligned_v2, @function
 cuMemcpy2DUnaligned_v2:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2404,7 +2398,7 @@ cuMemcpy2DUnaligned_v2:
     .globl cuMemcpy2DUnaligned_v2_ptds
     .type cuMemcpy2DUnaligned_v2_ptds, @function
 cuMemcpy2DUnaligned_v2_ptds:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2412,7 +2406,7 @@ cuMemcpy2DUnaligned_v2_ptds:
     .globl cuMemcpy2D_v2
     .type cuMemcpy2D_v2, @function
 cuMemcpy2D_v2:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2420,7 +2414,7 @@ cuMemcpy2D_v2:
     .globl cuMemcpy2D_v2_ptds
     .type cuMemcpy2D_v2_ptds, @function
 cuMemcpy2D_v2_ptds:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2428,7 +2422,7 @@ cuMemcpy2D_v2_ptds:
     .globl cuMemcpy3D
     .type cuMemcpy3D, @function
 cuMemcpy3D:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2436,7 +2430,7 @@ cuMemcpy3D:
     .globl cuMemcpy3DAsync
     .type cuMemcpy3DAsync, @function
 cuMemcpy3DAsync:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2444,7 +2438,7 @@ cuMemcpy3DAsync:
     .globl cuMemcpy3DAsync_v2
     .type cuMemcpy3DAsync_v2, @function
 cuMemcpy3DAsync_v2:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2452,7 +2446,7 @@ cuMemcpy3DAsync_v2:
     .globl cuMemcpy3DAsync_v2_ptsz
     .type cuMemcpy3DAsync_v2_ptsz, @function
 cuMemcpy3DAsync_v2_ptsz:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2460,7 +2454,7 @@ cuMemcpy3DAsync_v2_ptsz:
     .globl cuMemcpy3DBatchAsync
     .type cuMemcpy3DBatchAsync, @function
 cuMemcpy3DBatchAsync:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2468,7 +2462,7 @@ cuMemcpy3DBatchAsync:
     .globl cuMemcpy3DBatchAsync_ptsz
     .type cuMemcpy3DBatchAsync_ptsz, @function
 cuMemcpy3DBatchAsync_ptsz:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2476,7 +2470,7 @@ cuMemcpy3DBatchAsync_ptsz:
     .globl cuMemcpy3DBatchAsync_v2
     .type cuMemcpy3DBatchAsync_v2, @function
 cuMemcpy3DBatchAsync_v2:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2484,7 +2478,7 @@ cuMemcpy3DBatchAsync_v2:
     .globl cuMemcpy3DBatchAsync_v2_ptsz
     .type cuMemcpy3DBatchAsync_v2_ptsz, @function
 cuMemcpy3DBatchAsync_v2_ptsz:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2492,7 +2486,7 @@ cuMemcpy3DBatchAsync_v2_ptsz:
     .globl cuMemcpy3DPeer
     .type cuMemcpy3DPeer, @function
 cuMemcpy3DPeer:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2500,7 +2494,7 @@ cuMemcpy3DPeer:
     .globl cuMemcpy3DPeerAsync
     .type cuMemcpy3DPeerAsync, @function
 cuMemcpy3DPeerAsync:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2508,7 +2502,7 @@ cuMemcpy3DPeerAsync:
     .globl cuMemcpy3DPeerAsync_ptsz
     .type cuMemcpy3DPeerAsync_ptsz, @function
 cuMemcpy3DPeerAsync_ptsz:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2516,7 +2510,7 @@ cuMemcpy3DPeerAsync_ptsz:
     .globl cuMemcpy3DPeer_ptds
     .type cuMemcpy3DPeer_ptds, @function
 cuMemcpy3DPeer_ptds:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2524,7 +2518,7 @@ cuMemcpy3DPeer_ptds:
     .globl cuMemcpy3D_v2
     .type cuMemcpy3D_v2, @function
 cuMemcpy3D_v2:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2532,7 +2526,7 @@ cuMemcpy3D_v2:
     .globl cuMemcpy3D_v2_ptds
     .type cuMemcpy3D_v2_ptds, @function
 cuMemcpy3D_v2_ptds:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2580,7 +2574,7 @@ cuMemcpyAtoD_v2_ptds:
     .globl cuMemcpyAtoH
     .type cuMemcpyAtoH, @function
 cuMemcpyAtoH:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2588,7 +2582,7 @@ cuMemcpyAtoH:
     .globl cuMemcpyAtoHAsync
     .type cuMemcpyAtoHAsync, @function
 cuMemcpyAtoHAsync:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2596,7 +2590,7 @@ cuMemcpyAtoHAsync:
     .globl cuMemcpyAtoHAsync_v2
     .type cuMemcpyAtoHAsync_v2, @function
 cuMemcpyAtoHAsync_v2:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2604,7 +2598,7 @@ cuMemcpyAtoHAsync_v2:
     .globl cuMemcpyAtoHAsync_v2_ptsz
     .type cuMemcpyAtoHAsync_v2_ptsz, @function
 cuMemcpyAtoHAsync_v2_ptsz:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2612,7 +2606,7 @@ cuMemcpyAtoHAsync_v2_ptsz:
     .globl cuMemcpyAtoH_v2
     .type cuMemcpyAtoH_v2, @function
 cuMemcpyAtoH_v2:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2620,7 +2614,7 @@ cuMemcpyAtoH_v2:
     .globl cuMemcpyAtoH_v2_ptds
     .type cuMemcpyAtoH_v2_ptds, @function
 cuMemcpyAtoH_v2_ptds:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2628,7 +2622,7 @@ cuMemcpyAtoH_v2_ptds:
     .globl cuMemcpyBatchAsync
     .type cuMemcpyBatchAsync, @function
 cuMemcpyBatchAsync:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2636,7 +2630,7 @@ cuMemcpyBatchAsync:
     .globl cuMemcpyBatchAsync_ptsz
     .type cuMemcpyBatchAsync_ptsz, @function
 cuMemcpyBatchAsync_ptsz:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2644,7 +2638,7 @@ cuMemcpyBatchAsync_ptsz:
     .globl cuMemcpyBatchAsync_v2
     .type cuMemcpyBatchAsync_v2, @function
 cuMemcpyBatchAsync_v2:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2652,7 +2646,7 @@ cuMemcpyBatchAsync_v2:
     .globl cuMemcpyBatchAsync_v2_ptsz
     .type cuMemcpyBatchAsync_v2_ptsz, @function
 cuMemcpyBatchAsync_v2_ptsz:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2705,7 +2699,7 @@ cuMemcpyDtoD_v2_ptds:
     .globl cuMemcpyDtoH
     .type cuMemcpyDtoH, @function
 cuMemcpyDtoH:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2713,7 +2707,7 @@ cuMemcpyDtoH:
     .globl cuMemcpyDtoHAsync
     .type cuMemcpyDtoHAsync, @function
 cuMemcpyDtoHAsync:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2741,7 +2735,7 @@ cuMemcpyDtoH_v2_ptds:
     .globl cuMemcpyHtoA
     .type cuMemcpyHtoA, @function
 cuMemcpyHtoA:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2749,7 +2743,7 @@ cuMemcpyHtoA:
     .globl cuMemcpyHtoAAsync
     .type cuMemcpyHtoAAsync, @function
 cuMemcpyHtoAAsync:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2757,7 +2751,7 @@ cuMemcpyHtoAAsync:
     .globl cuMemcpyHtoAAsync_v2
     .type cuMemcpyHtoAAsync_v2, @function
 cuMemcpyHtoAAsync_v2:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2765,7 +2759,7 @@ cuMemcpyHtoAAsync_v2:
     .globl cuMemcpyHtoAAsync_v2_ptsz
     .type cuMemcpyHtoAAsync_v2_ptsz, @function
 cuMemcpyHtoAAsync_v2_ptsz:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2773,7 +2767,7 @@ cuMemcpyHtoAAsync_v2_ptsz:
     .globl cuMemcpyHtoA_v2
     .type cuMemcpyHtoA_v2, @function
 cuMemcpyHtoA_v2:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2781,7 +2775,7 @@ cuMemcpyHtoA_v2:
     .globl cuMemcpyHtoA_v2_ptds
     .type cuMemcpyHtoA_v2_ptds, @function
 cuMemcpyHtoA_v2_ptds:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2789,7 +2783,7 @@ cuMemcpyHtoA_v2_ptds:
     .globl cuMemcpyHtoD
     .type cuMemcpyHtoD, @function
 cuMemcpyHtoD:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2797,7 +2791,7 @@ cuMemcpyHtoD:
     .globl cuMemcpyHtoDAsync
     .type cuMemcpyHtoDAsync, @function
 cuMemcpyHtoDAsync:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3000,7 +2994,7 @@ cuMemsetD8_v2_ptds:
     .globl cuMipmappedArrayCreate
     .type cuMipmappedArrayCreate, @function
 cuMipmappedArrayCreate:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3018,7 +3012,7 @@ cuMipmappedArrayGetLevel:
     .globl cuMipmappedArrayGetMemoryRequirements
     .type cuMipmappedArrayGetMemoryRequirements, @function
 cuMipmappedArrayGetMemoryRequirements:
-    leaq .Lname208(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3026,7 +3020,7 @@ cuMipmappedArrayGetMemoryRequirements:
     .globl cuMipmappedArrayGetSparseProperties
     .type cuMipmappedArrayGetSparseProperties, @function
 cuMipmappedArrayGetSparseProperties:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3074,7 +3068,7 @@ cuModuleGetTexRef:
     .globl cuModuleLoad
     .type cuModuleLoad, @function
 cuModuleLoad:
-    leaq .Lname210(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3142,7 +3136,7 @@ cuMulticastUnbind:
     .globl cuOccupancyAvailableDynamicSMemPerBlock
     .type cuOccupancyAvailableDynamicSMemPerBlock, @function
 cuOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname211(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3160,7 +3154,7 @@ cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cuOccupancyMaxActiveClusters
     .type cuOccupancyMaxActiveClusters, @function
 cuOccupancyMaxActiveClusters:
-    leaq .Lname212(%rip), %rdi
+    leaq .Lname210(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3168,7 +3162,7 @@ cuOccupancyMaxActiveClusters:
     .globl cuOccupancyMaxPotentialBlockSize
     .type cuOccupancyMaxPotentialBlockSize, @function
 cuOccupancyMaxPotentialBlockSize:
-    leaq .Lname213(%rip), %rdi
+    leaq .Lname211(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3176,7 +3170,7 @@ cuOccupancyMaxPotentialBlockSize:
     .globl cuOccupancyMaxPotentialBlockSizeWithFlags
     .type cuOccupancyMaxPotentialBlockSizeWithFlags, @function
 cuOccupancyMaxPotentialBlockSizeWithFlags:
-    leaq .Lname214(%rip), %rdi
+    leaq .Lname212(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3184,7 +3178,7 @@ cuOccupancyMaxPotentialBlockSizeWithFlags:
     .globl cuOccupancyMaxPotentialClusterSize
     .type cuOccupancyMaxPotentialClusterSize, @function
 cuOccupancyMaxPotentialClusterSize:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname213(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3212,7 +3206,7 @@ cuParamSeti:
     .globl cuParamSetv
     .type cuParamSetv, @function
 cuParamSetv:
-    leaq .Lname216(%rip), %rdi
+    leaq .Lname214(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3225,7 +3219,7 @@ cuPointerGetAttribute:
     .globl cuPointerGetAttributes
     .type cuPointerGetAttributes, @function
 cuPointerGetAttributes:
-    leaq .Lname217(%rip), %rdi
+    leaq .Lname215(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3233,7 +3227,7 @@ cuPointerGetAttributes:
     .globl cuPointerSetAttribute
     .type cuPointerSetAttribute, @function
 cuPointerSetAttribute:
-    leaq .Lname218(%rip), %rdi
+    leaq .Lname216(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3241,7 +3235,7 @@ cuPointerSetAttribute:
     .globl cuSignalExternalSemaphoresAsync
     .type cuSignalExternalSemaphoresAsync, @function
 cuSignalExternalSemaphoresAsync:
-    leaq .Lname219(%rip), %rdi
+    leaq .Lname217(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3249,7 +3243,7 @@ cuSignalExternalSemaphoresAsync:
     .globl cuSignalExternalSemaphoresAsync_ptsz
     .type cuSignalExternalSemaphoresAsync_ptsz, @function
 cuSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname220(%rip), %rdi
+    leaq .Lname218(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3257,7 +3251,7 @@ cuSignalExternalSemaphoresAsync_ptsz:
     .globl cuStreamAddCallback
     .type cuStreamAddCallback, @function
 cuStreamAddCallback:
-    leaq .Lname221(%rip), %rdi
+    leaq .Lname219(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3265,7 +3259,7 @@ cuStreamAddCallback:
     .globl cuStreamAddCallback_ptsz
     .type cuStreamAddCallback_ptsz, @function
 cuStreamAddCallback_ptsz:
-    leaq .Lname222(%rip), %rdi
+    leaq .Lname220(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3283,7 +3277,7 @@ cuStreamAttachMemAsync_ptsz:
     .globl cuStreamBatchMemOp
     .type cuStreamBatchMemOp, @function
 cuStreamBatchMemOp:
-    leaq .Lname223(%rip), %rdi
+    leaq .Lname221(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3291,7 +3285,7 @@ cuStreamBatchMemOp:
     .globl cuStreamBatchMemOp_ptsz
     .type cuStreamBatchMemOp_ptsz, @function
 cuStreamBatchMemOp_ptsz:
-    leaq .Lname224(%rip), %rdi
+    leaq .Lname222(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3299,7 +3293,7 @@ cuStreamBatchMemOp_ptsz:
     .globl cuStreamBatchMemOp_v2
     .type cuStreamBatchMemOp_v2, @function
 cuStreamBatchMemOp_v2:
-    leaq .Lname225(%rip), %rdi
+    leaq .Lname223(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3307,7 +3301,7 @@ cuStreamBatchMemOp_v2:
     .globl cuStreamBatchMemOp_v2_ptsz
     .type cuStreamBatchMemOp_v2_ptsz, @function
 cuStreamBatchMemOp_v2_ptsz:
-    leaq .Lname226(%rip), %rdi
+    leaq .Lname224(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3320,7 +3314,7 @@ cuStreamBeginCapture:
     .globl cuStreamBeginCaptureToGraph
     .type cuStreamBeginCaptureToGraph, @function
 cuStreamBeginCaptureToGraph:
-    leaq .Lname227(%rip), %rdi
+    leaq .Lname225(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3328,7 +3322,7 @@ cuStreamBeginCaptureToGraph:
     .globl cuStreamBeginCaptureToGraph_ptsz
     .type cuStreamBeginCaptureToGraph_ptsz, @function
 cuStreamBeginCaptureToGraph_ptsz:
-    leaq .Lname228(%rip), %rdi
+    leaq .Lname226(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3391,7 +3385,7 @@ cuStreamEndCapture_ptsz:
     .globl cuStreamGetAttribute
     .type cuStreamGetAttribute, @function
 cuStreamGetAttribute:
-    leaq .Lname229(%rip), %rdi
+    leaq .Lname227(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3399,7 +3393,7 @@ cuStreamGetAttribute:
     .globl cuStreamGetAttribute_ptsz
     .type cuStreamGetAttribute_ptsz, @function
 cuStreamGetAttribute_ptsz:
-    leaq .Lname230(%rip), %rdi
+    leaq .Lname228(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3417,7 +3411,7 @@ cuStreamGetCaptureInfo_ptsz:
     .globl cuStreamGetCaptureInfo_v2
     .type cuStreamGetCaptureInfo_v2, @function
 cuStreamGetCaptureInfo_v2:
-    leaq .Lname231(%rip), %rdi
+    leaq .Lname229(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3425,7 +3419,7 @@ cuStreamGetCaptureInfo_v2:
     .globl cuStreamGetCaptureInfo_v2_ptsz
     .type cuStreamGetCaptureInfo_v2_ptsz, @function
 cuStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname232(%rip), %rdi
+    leaq .Lname230(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3433,7 +3427,7 @@ cuStreamGetCaptureInfo_v2_ptsz:
     .globl cuStreamGetCaptureInfo_v3
     .type cuStreamGetCaptureInfo_v3, @function
 cuStreamGetCaptureInfo_v3:
-    leaq .Lname233(%rip), %rdi
+    leaq .Lname231(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3441,7 +3435,7 @@ cuStreamGetCaptureInfo_v3:
     .globl cuStreamGetCaptureInfo_v3_ptsz
     .type cuStreamGetCaptureInfo_v3_ptsz, @function
 cuStreamGetCaptureInfo_v3_ptsz:
-    leaq .Lname234(%rip), %rdi
+    leaq .Lname232(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3469,7 +3463,7 @@ cuStreamGetCtx_v2_ptsz:
     .globl cuStreamGetDevResource
     .type cuStreamGetDevResource, @function
 cuStreamGetDevResource:
-    leaq .Lname235(%rip), %rdi
+    leaq .Lname233(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3477,7 +3471,7 @@ cuStreamGetDevResource:
     .globl cuStreamGetDevResource_ptsz
     .type cuStreamGetDevResource_ptsz, @function
 cuStreamGetDevResource_ptsz:
-    leaq .Lname236(%rip), %rdi
+    leaq .Lname234(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3550,7 +3544,7 @@ cuStreamQuery_ptsz:
     .globl cuStreamSetAttribute
     .type cuStreamSetAttribute, @function
 cuStreamSetAttribute:
-    leaq .Lname237(%rip), %rdi
+    leaq .Lname235(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3558,7 +3552,7 @@ cuStreamSetAttribute:
     .globl cuStreamSetAttribute_ptsz
     .type cuStreamSetAttribute_ptsz, @function
 cuStreamSetAttribute_ptsz:
-    leaq .Lname238(%rip), %rdi
+    leaq .Lname236(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3586,7 +3580,7 @@ cuStreamUpdateCaptureDependencies_ptsz:
     .globl cuStreamUpdateCaptureDependencies_v2
     .type cuStreamUpdateCaptureDependencies_v2, @function
 cuStreamUpdateCaptureDependencies_v2:
-    leaq .Lname239(%rip), %rdi
+    leaq .Lname237(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3594,7 +3588,7 @@ cuStreamUpdateCaptureDependencies_v2:
     .globl cuStreamUpdateCaptureDependencies_v2_ptsz
     .type cuStreamUpdateCaptureDependencies_v2_ptsz, @function
 cuStreamUpdateCaptureDependencies_v2_ptsz:
-    leaq .Lname240(%rip), %rdi
+    leaq .Lname238(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3692,7 +3686,7 @@ cuStreamWriteValue64_v2_ptsz:
     .globl cuSurfObjectCreate
     .type cuSurfObjectCreate, @function
 cuSurfObjectCreate:
-    leaq .Lname241(%rip), %rdi
+    leaq .Lname239(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3705,7 +3699,7 @@ cuSurfObjectDestroy:
     .globl cuSurfObjectGetResourceDesc
     .type cuSurfObjectGetResourceDesc, @function
 cuSurfObjectGetResourceDesc:
-    leaq .Lname242(%rip), %rdi
+    leaq .Lname240(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3723,7 +3717,7 @@ cuSurfRefSetArray:
     .globl cuTensorMapEncodeIm2col
     .type cuTensorMapEncodeIm2col, @function
 cuTensorMapEncodeIm2col:
-    leaq .Lname243(%rip), %rdi
+    leaq .Lname241(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3731,7 +3725,7 @@ cuTensorMapEncodeIm2col:
     .globl cuTensorMapEncodeIm2colWide
     .type cuTensorMapEncodeIm2colWide, @function
 cuTensorMapEncodeIm2colWide:
-    leaq .Lname244(%rip), %rdi
+    leaq .Lname242(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3739,7 +3733,7 @@ cuTensorMapEncodeIm2colWide:
     .globl cuTensorMapEncodeTiled
     .type cuTensorMapEncodeTiled, @function
 cuTensorMapEncodeTiled:
-    leaq .Lname245(%rip), %rdi
+    leaq .Lname243(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3747,7 +3741,7 @@ cuTensorMapEncodeTiled:
     .globl cuTensorMapReplaceAddress
     .type cuTensorMapReplaceAddress, @function
 cuTensorMapReplaceAddress:
-    leaq .Lname246(%rip), %rdi
+    leaq .Lname244(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3755,7 +3749,7 @@ cuTensorMapReplaceAddress:
     .globl cuTexObjectCreate
     .type cuTexObjectCreate, @function
 cuTexObjectCreate:
-    leaq .Lname247(%rip), %rdi
+    leaq .Lname245(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3768,7 +3762,7 @@ cuTexObjectDestroy:
     .globl cuTexObjectGetResourceDesc
     .type cuTexObjectGetResourceDesc, @function
 cuTexObjectGetResourceDesc:
-    leaq .Lname248(%rip), %rdi
+    leaq .Lname246(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3776,7 +3770,7 @@ cuTexObjectGetResourceDesc:
     .globl cuTexObjectGetResourceViewDesc
     .type cuTexObjectGetResourceViewDesc, @function
 cuTexObjectGetResourceViewDesc:
-    leaq .Lname249(%rip), %rdi
+    leaq .Lname247(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3784,7 +3778,7 @@ cuTexObjectGetResourceViewDesc:
     .globl cuTexObjectGetTextureDesc
     .type cuTexObjectGetTextureDesc, @function
 cuTexObjectGetTextureDesc:
-    leaq .Lname250(%rip), %rdi
+    leaq .Lname248(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3837,7 +3831,7 @@ cuTexRefGetFlags:
     .globl cuTexRefGetFormat
     .type cuTexRefGetFormat, @function
 cuTexRefGetFormat:
-    leaq .Lname251(%rip), %rdi
+    leaq .Lname249(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3955,7 +3949,7 @@ cuThreadExchangeStreamCaptureMode:
     .globl cuUserObjectCreate
     .type cuUserObjectCreate, @function
 cuUserObjectCreate:
-    leaq .Lname252(%rip), %rdi
+    leaq .Lname250(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3973,7 +3967,7 @@ cuUserObjectRetain:
     .globl cuWaitExternalSemaphoresAsync
     .type cuWaitExternalSemaphoresAsync, @function
 cuWaitExternalSemaphoresAsync:
-    leaq .Lname253(%rip), %rdi
+    leaq .Lname251(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3981,7 +3975,7 @@ cuWaitExternalSemaphoresAsync:
     .globl cuWaitExternalSemaphoresAsync_ptsz
     .type cuWaitExternalSemaphoresAsync_ptsz, @function
 cuWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname254(%rip), %rdi
+    leaq .Lname252(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4058,443 +4052,439 @@ cuWaitExternalSemaphoresAsync_ptsz:
 .Lname34:
     .asciz "cuGetExportTable"
 .Lname35:
-    .asciz "cuGetProcAddress"
-.Lname36:
-    .asciz "cuGetProcAddress_v2"
-.Lname37:
     .asciz "cuGraphAddBatchMemOpNode"
-.Lname38:
+.Lname36:
     .asciz "cuGraphAddChildGraphNode"
-.Lname39:
+.Lname37:
     .asciz "cuGraphAddDependencies"
-.Lname40:
+.Lname38:
     .asciz "cuGraphAddDependencies_v2"
-.Lname41:
+.Lname39:
     .asciz "cuGraphAddEmptyNode"
-.Lname42:
+.Lname40:
     .asciz "cuGraphAddEventRecordNode"
-.Lname43:
+.Lname41:
     .asciz "cuGraphAddEventWaitNode"
-.Lname44:
+.Lname42:
     .asciz "cuGraphAddExternalSemaphoresSignalNode"
-.Lname45:
+.Lname43:
     .asciz "cuGraphAddExternalSemaphoresWaitNode"
-.Lname46:
+.Lname44:
     .asciz "cuGraphAddHostNode"
-.Lname47:
+.Lname45:
     .asciz "cuGraphAddKernelNode"
-.Lname48:
+.Lname46:
     .asciz "cuGraphAddKernelNode_v2"
-.Lname49:
+.Lname47:
     .asciz "cuGraphAddMemAllocNode"
-.Lname50:
+.Lname48:
     .asciz "cuGraphAddMemFreeNode"
-.Lname51:
+.Lname49:
     .asciz "cuGraphAddMemcpyNode"
-.Lname52:
+.Lname50:
     .asciz "cuGraphAddMemsetNode"
-.Lname53:
+.Lname51:
     .asciz "cuGraphAddNode"
-.Lname54:
+.Lname52:
     .asciz "cuGraphAddNode_v2"
-.Lname55:
+.Lname53:
     .asciz "cuGraphBatchMemOpNodeGetParams"
-.Lname56:
+.Lname54:
     .asciz "cuGraphBatchMemOpNodeSetParams"
-.Lname57:
+.Lname55:
     .asciz "cuGraphDebugDotPrint"
-.Lname58:
+.Lname56:
     .asciz "cuGraphExecBatchMemOpNodeSetParams"
-.Lname59:
+.Lname57:
     .asciz "cuGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname60:
+.Lname58:
     .asciz "cuGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname61:
+.Lname59:
     .asciz "cuGraphExecHostNodeSetParams"
-.Lname62:
+.Lname60:
     .asciz "cuGraphExecKernelNodeSetParams"
-.Lname63:
+.Lname61:
     .asciz "cuGraphExecKernelNodeSetParams_v2"
-.Lname64:
+.Lname62:
     .asciz "cuGraphExecMemcpyNodeSetParams"
-.Lname65:
+.Lname63:
     .asciz "cuGraphExecNodeSetParams"
-.Lname66:
+.Lname64:
     .asciz "cuGraphExecUpdate_v2"
-.Lname67:
+.Lname65:
     .asciz "cuGraphExternalSemaphoresSignalNodeGetParams"
-.Lname68:
+.Lname66:
     .asciz "cuGraphExternalSemaphoresSignalNodeSetParams"
-.Lname69:
+.Lname67:
     .asciz "cuGraphExternalSemaphoresWaitNodeGetParams"
-.Lname70:
+.Lname68:
     .asciz "cuGraphExternalSemaphoresWaitNodeSetParams"
-.Lname71:
+.Lname69:
     .asciz "cuGraphGetEdges_v2"
-.Lname72:
+.Lname70:
     .asciz "cuGraphHostNodeGetParams"
-.Lname73:
+.Lname71:
     .asciz "cuGraphHostNodeSetParams"
-.Lname74:
+.Lname72:
     .asciz "cuGraphInstantiate"
-.Lname75:
+.Lname73:
     .asciz "cuGraphInstantiateWithParams"
-.Lname76:
+.Lname74:
     .asciz "cuGraphInstantiateWithParams_ptsz"
-.Lname77:
+.Lname75:
     .asciz "cuGraphInstantiate_v2"
-.Lname78:
+.Lname76:
     .asciz "cuGraphKernelNodeGetAttribute"
-.Lname79:
+.Lname77:
     .asciz "cuGraphKernelNodeGetParams"
-.Lname80:
+.Lname78:
     .asciz "cuGraphKernelNodeGetParams_v2"
-.Lname81:
+.Lname79:
     .asciz "cuGraphKernelNodeSetAttribute"
-.Lname82:
+.Lname80:
     .asciz "cuGraphKernelNodeSetParams"
-.Lname83:
+.Lname81:
     .asciz "cuGraphKernelNodeSetParams_v2"
-.Lname84:
+.Lname82:
     .asciz "cuGraphMemAllocNodeGetParams"
-.Lname85:
+.Lname83:
     .asciz "cuGraphMemcpyNodeGetParams"
-.Lname86:
+.Lname84:
     .asciz "cuGraphMemcpyNodeSetParams"
-.Lname87:
+.Lname85:
     .asciz "cuGraphMemsetNodeGetParams"
-.Lname88:
+.Lname86:
     .asciz "cuGraphNodeGetDependencies_v2"
-.Lname89:
+.Lname87:
     .asciz "cuGraphNodeGetDependentNodes_v2"
-.Lname90:
+.Lname88:
     .asciz "cuGraphNodeSetParams"
-.Lname91:
+.Lname89:
     .asciz "cuGraphRemoveDependencies"
-.Lname92:
+.Lname90:
     .asciz "cuGraphRemoveDependencies_v2"
-.Lname93:
+.Lname91:
     .asciz "cuGraphicsResourceGetMappedPointer"
-.Lname94:
+.Lname92:
     .asciz "cuGraphicsResourceGetMappedPointer_v2"
-.Lname95:
+.Lname93:
     .asciz "cuGreenCtxGetDevResource"
-.Lname96:
+.Lname94:
     .asciz "cuImportExternalMemory"
-.Lname97:
+.Lname95:
     .asciz "cuImportExternalSemaphore"
-.Lname98:
+.Lname96:
     .asciz "cuIpcGetEventHandle"
-.Lname99:
+.Lname97:
     .asciz "cuIpcGetMemHandle"
-.Lname100:
+.Lname98:
     .asciz "cuKernelGetName"
-.Lname101:
+.Lname99:
     .asciz "cuKernelGetParamInfo"
-.Lname102:
+.Lname100:
     .asciz "cuLaunchCooperativeKernelMultiDevice"
-.Lname103:
+.Lname101:
     .asciz "cuLibraryGetUnifiedFunction"
-.Lname104:
+.Lname102:
     .asciz "cuLibraryLoadData"
-.Lname105:
+.Lname103:
     .asciz "cuLibraryLoadFromFile"
-.Lname106:
+.Lname104:
     .asciz "cuLinkAddData"
-.Lname107:
+.Lname105:
     .asciz "cuLinkAddData_v2"
-.Lname108:
+.Lname106:
     .asciz "cuLinkAddFile"
-.Lname109:
+.Lname107:
     .asciz "cuLinkAddFile_v2"
-.Lname110:
+.Lname108:
     .asciz "cuLinkComplete"
-.Lname111:
+.Lname109:
     .asciz "cuLinkCreate"
-.Lname112:
+.Lname110:
     .asciz "cuLinkCreate_v2"
-.Lname113:
+.Lname111:
     .asciz "cuLogsDumpToFile"
-.Lname114:
+.Lname112:
     .asciz "cuLogsDumpToMemory"
-.Lname115:
+.Lname113:
     .asciz "cuLogsRegisterCallback"
-.Lname116:
+.Lname114:
     .asciz "cuMemAddressReserve"
-.Lname117:
+.Lname115:
     .asciz "cuMemAlloc"
-.Lname118:
+.Lname116:
     .asciz "cuMemAllocAsync"
-.Lname119:
+.Lname117:
     .asciz "cuMemAllocAsync_ptsz"
-.Lname120:
+.Lname118:
     .asciz "cuMemAllocFromPoolAsync"
-.Lname121:
+.Lname119:
     .asciz "cuMemAllocFromPoolAsync_ptsz"
-.Lname122:
+.Lname120:
     .asciz "cuMemAllocHost"
-.Lname123:
+.Lname121:
     .asciz "cuMemAllocManaged"
-.Lname124:
+.Lname122:
     .asciz "cuMemAllocPitch"
-.Lname125:
+.Lname123:
     .asciz "cuMemAllocPitch_v2"
-.Lname126:
+.Lname124:
     .asciz "cuMemBatchDecompressAsync"
-.Lname127:
+.Lname125:
     .asciz "cuMemBatchDecompressAsync_ptsz"
-.Lname128:
+.Lname126:
     .asciz "cuMemCreate"
-.Lname129:
+.Lname127:
     .asciz "cuMemDiscardAndPrefetchBatchAsync"
-.Lname130:
+.Lname128:
     .asciz "cuMemDiscardAndPrefetchBatchAsync_ptsz"
-.Lname131:
+.Lname129:
     .asciz "cuMemDiscardBatchAsync"
-.Lname132:
+.Lname130:
     .asciz "cuMemDiscardBatchAsync_ptsz"
-.Lname133:
+.Lname131:
     .asciz "cuMemExportToShareableHandle"
-.Lname134:
+.Lname132:
     .asciz "cuMemGetAddressRange"
-.Lname135:
+.Lname133:
     .asciz "cuMemGetAddressRange_v2"
-.Lname136:
+.Lname134:
     .asciz "cuMemGetAllocationGranularity"
-.Lname137:
+.Lname135:
     .asciz "cuMemGetAllocationPropertiesFromHandle"
-.Lname138:
+.Lname136:
     .asciz "cuMemGetDefaultMemPool"
-.Lname139:
+.Lname137:
     .asciz "cuMemGetHandleForAddressRange"
-.Lname140:
+.Lname138:
     .asciz "cuMemGetMemPool"
-.Lname141:
+.Lname139:
     .asciz "cuMemHostGetDevicePointer"
-.Lname142:
+.Lname140:
     .asciz "cuMemHostGetDevicePointer_v2"
-.Lname143:
+.Lname141:
     .asciz "cuMemHostGetFlags"
-.Lname144:
+.Lname142:
     .asciz "cuMemHostRegister"
-.Lname145:
+.Lname143:
     .asciz "cuMemImportFromShareableHandle"
-.Lname146:
+.Lname144:
     .asciz "cuMemMapArrayAsync"
-.Lname147:
+.Lname145:
     .asciz "cuMemMapArrayAsync_ptsz"
-.Lname148:
+.Lname146:
     .asciz "cuMemPoolCreate"
-.Lname149:
+.Lname147:
     .asciz "cuMemPoolExportPointer"
-.Lname150:
+.Lname148:
     .asciz "cuMemPoolExportToShareableHandle"
-.Lname151:
+.Lname149:
     .asciz "cuMemPoolGetAccess"
-.Lname152:
+.Lname150:
     .asciz "cuMemPoolGetAttribute"
-.Lname153:
+.Lname151:
     .asciz "cuMemPoolImportFromShareableHandle"
-.Lname154:
+.Lname152:
     .asciz "cuMemPoolImportPointer"
-.Lname155:
+.Lname153:
     .asciz "cuMemPoolSetAccess"
-.Lname156:
+.Lname154:
     .asciz "cuMemPoolSetAttribute"
-.Lname157:
+.Lname155:
     .asciz "cuMemPrefetchBatchAsync"
-.Lname158:
+.Lname156:
     .asciz "cuMemPrefetchBatchAsync_ptsz"
-.Lname159:
+.Lname157:
     .asciz "cuMemRangeGetAttribute"
-.Lname160:
+.Lname158:
     .asciz "cuMemRangeGetAttributes"
-.Lname161:
+.Lname159:
     .asciz "cuMemRetainAllocationHandle"
-.Lname162:
+.Lname160:
     .asciz "cuMemSetAccess"
-.Lname163:
+.Lname161:
     .asciz "cuMemSetMemPool"
-.Lname164:
+.Lname162:
     .asciz "cuMemcpy2D"
-.Lname165:
+.Lname163:
     .asciz "cuMemcpy2DAsync"
-.Lname166:
+.Lname164:
     .asciz "cuMemcpy2DAsync_v2"
-.Lname167:
+.Lname165:
     .asciz "cuMemcpy2DAsync_v2_ptsz"
-.Lname168:
+.Lname166:
     .asciz "cuMemcpy2DUnaligned"
-.Lname169:
+.Lname167:
     .asciz "cuMemcpy2DUnaligned_v2"
-.Lname170:
+.Lname168:
     .asciz "cuMemcpy2DUnaligned_v2_ptds"
-.Lname171:
+.Lname169:
     .asciz "cuMemcpy2D_v2"
-.Lname172:
+.Lname170:
     .asciz "cuMemcpy2D_v2_ptds"
-.Lname173:
+.Lname171:
     .asciz "cuMemcpy3D"
-.Lname174:
+.Lname172:
     .asciz "cuMemcpy3DAsync"
-.Lname175:
+.Lname173:
     .asciz "cuMemcpy3DAsync_v2"
-.Lname176:
+.Lname174:
     .asciz "cuMemcpy3DAsync_v2_ptsz"
-.Lname177:
+.Lname175:
     .asciz "cuMemcpy3DBatchAsync"
-.Lname178:
+.Lname176:
     .asciz "cuMemcpy3DBatchAsync_ptsz"
-.Lname179:
+.Lname177:
     .asciz "cuMemcpy3DBatchAsync_v2"
-.Lname180:
+.Lname178:
     .asciz "cuMemcpy3DBatchAsync_v2_ptsz"
-.Lname181:
+.Lname179:
     .asciz "cuMemcpy3DPeer"
-.Lname182:
+.Lname180:
     .asciz "cuMemcpy3DPeerAsync"
-.Lname183:
+.Lname181:
     .asciz "cuMemcpy3DPeerAsync_ptsz"
-.Lname184:
+.Lname182:
     .asciz "cuMemcpy3DPeer_ptds"
-.Lname185:
+.Lname183:
     .asciz "cuMemcpy3D_v2"
-.Lname186:
+.Lname184:
     .asciz "cuMemcpy3D_v2_ptds"
-.Lname187:
+.Lname185:
     .asciz "cuMemcpyAtoH"
-.Lname188:
+.Lname186:
     .asciz "cuMemcpyAtoHAsync"
-.Lname189:
+.Lname187:
     .asciz "cuMemcpyAtoHAsync_v2"
-.Lname190:
+.Lname188:
     .asciz "cuMemcpyAtoHAsync_v2_ptsz"
-.Lname191:
+.Lname189:
     .asciz "cuMemcpyAtoH_v2"
-.Lname192:
+.Lname190:
     .asciz "cuMemcpyAtoH_v2_ptds"
-.Lname193:
+.Lname191:
     .asciz "cuMemcpyBatchAsync"
-.Lname194:
+.Lname192:
     .asciz "cuMemcpyBatchAsync_ptsz"
-.Lname195:
+.Lname193:
     .asciz "cuMemcpyBatchAsync_v2"
-.Lname196:
+.Lname194:
     .asciz "cuMemcpyBatchAsync_v2_ptsz"
-.Lname197:
+.Lname195:
     .asciz "cuMemcpyDtoH"
-.Lname198:
+.Lname196:
     .asciz "cuMemcpyDtoHAsync"
-.Lname199:
+.Lname197:
     .asciz "cuMemcpyHtoA"
-.Lname200:
+.Lname198:
     .asciz "cuMemcpyHtoAAsync"
-.Lname201:
+.Lname199:
     .asciz "cuMemcpyHtoAAsync_v2"
-.Lname202:
+.Lname200:
     .asciz "cuMemcpyHtoAAsync_v2_ptsz"
-.Lname203:
+.Lname201:
     .asciz "cuMemcpyHtoA_v2"
-.Lname204:
+.Lname202:
     .asciz "cuMemcpyHtoA_v2_ptds"
-.Lname205:
+.Lname203:
     .asciz "cuMemcpyHtoD"
-.Lname206:
+.Lname204:
     .asciz "cuMemcpyHtoDAsync"
-.Lname207:
+.Lname205:
     .asciz "cuMipmappedArrayCreate"
-.Lname208:
+.Lname206:
     .asciz "cuMipmappedArrayGetMemoryRequirements"
-.Lname209:
+.Lname207:
     .asciz "cuMipmappedArrayGetSparseProperties"
-.Lname210:
+.Lname208:
     .asciz "cuModuleLoad"
-.Lname211:
+.Lname209:
     .asciz "cuOccupancyAvailableDynamicSMemPerBlock"
-.Lname212:
+.Lname210:
     .asciz "cuOccupancyMaxActiveClusters"
-.Lname213:
+.Lname211:
     .asciz "cuOccupancyMaxPotentialBlockSize"
-.Lname214:
+.Lname212:
     .asciz "cuOccupancyMaxPotentialBlockSizeWithFlags"
-.Lname215:
+.Lname213:
     .asciz "cuOccupancyMaxPotentialClusterSize"
-.Lname216:
+.Lname214:
     .asciz "cuParamSetv"
-.Lname217:
+.Lname215:
     .asciz "cuPointerGetAttributes"
-.Lname218:
+.Lname216:
     .asciz "cuPointerSetAttribute"
-.Lname219:
+.Lname217:
     .asciz "cuSignalExternalSemaphoresAsync"
-.Lname220:
+.Lname218:
     .asciz "cuSignalExternalSemaphoresAsync_ptsz"
-.Lname221:
+.Lname219:
     .asciz "cuStreamAddCallback"
-.Lname222:
+.Lname220:
     .asciz "cuStreamAddCallback_ptsz"
-.Lname223:
+.Lname221:
     .asciz "cuStreamBatchMemOp"
-.Lname224:
+.Lname222:
     .asciz "cuStreamBatchMemOp_ptsz"
-.Lname225:
+.Lname223:
     .asciz "cuStreamBatchMemOp_v2"
-.Lname226:
+.Lname224:
     .asciz "cuStreamBatchMemOp_v2_ptsz"
-.Lname227:
+.Lname225:
     .asciz "cuStreamBeginCaptureToGraph"
-.Lname228:
+.Lname226:
     .asciz "cuStreamBeginCaptureToGraph_ptsz"
-.Lname229:
+.Lname227:
     .asciz "cuStreamGetAttribute"
-.Lname230:
+.Lname228:
     .asciz "cuStreamGetAttribute_ptsz"
-.Lname231:
+.Lname229:
     .asciz "cuStreamGetCaptureInfo_v2"
-.Lname232:
+.Lname230:
     .asciz "cuStreamGetCaptureInfo_v2_ptsz"
-.Lname233:
+.Lname231:
     .asciz "cuStreamGetCaptureInfo_v3"
-.Lname234:
+.Lname232:
     .asciz "cuStreamGetCaptureInfo_v3_ptsz"
-.Lname235:
+.Lname233:
     .asciz "cuStreamGetDevResource"
-.Lname236:
+.Lname234:
     .asciz "cuStreamGetDevResource_ptsz"
-.Lname237:
+.Lname235:
     .asciz "cuStreamSetAttribute"
-.Lname238:
+.Lname236:
     .asciz "cuStreamSetAttribute_ptsz"
-.Lname239:
+.Lname237:
     .asciz "cuStreamUpdateCaptureDependencies_v2"
-.Lname240:
+.Lname238:
     .asciz "cuStreamUpdateCaptureDependencies_v2_ptsz"
-.Lname241:
+.Lname239:
     .asciz "cuSurfObjectCreate"
-.Lname242:
+.Lname240:
     .asciz "cuSurfObjectGetResourceDesc"
-.Lname243:
+.Lname241:
     .asciz "cuTensorMapEncodeIm2col"
-.Lname244:
+.Lname242:
     .asciz "cuTensorMapEncodeIm2colWide"
-.Lname245:
+.Lname243:
     .asciz "cuTensorMapEncodeTiled"
-.Lname246:
+.Lname244:
     .asciz "cuTensorMapReplaceAddress"
-.Lname247:
+.Lname245:
     .asciz "cuTexObjectCreate"
-.Lname248:
+.Lname246:
     .asciz "cuTexObjectGetResourceDesc"
-.Lname249:
+.Lname247:
     .asciz "cuTexObjectGetResourceViewDesc"
-.Lname250:
+.Lname248:
     .asciz "cuTexObjectGetTextureDesc"
-.Lname251:
+.Lname249:
     .asciz "cuTexRefGetFormat"
-.Lname252:
+.Lname250:
     .asciz "cuUserObjectCreate"
-.Lname253:
+.Lname251:
     .asciz "cuWaitExternalSemaphoresAsync"
-.Lname254:
+.Lname252:
     .asciz "cuWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

@@ -630,18 +630,12 @@ cudaGetDeviceProperties:
     .globl cudaGetDriverEntryPoint
     .type cudaGetDriverEntryPoint, @function
 cudaGetDriverEntryPoint:
-    leaq .Lname37(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetDriverEntryPoint__cu118@PLT
     .size cudaGetDriverEntryPoint, .-cudaGetDriverEntryPoint
     .globl cudaGetDriverEntryPoint_ptsz
     .type cudaGetDriverEntryPoint_ptsz, @function
 cudaGetDriverEntryPoint_ptsz:
-    leaq .Lname38(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetDriverEntryPoint_ptsz__cu118@PLT
     .size cudaGetDriverEntryPoint_ptsz, .-cudaGetDriverEntryPoint_ptsz
     .globl cudaGetErrorName
     .type cudaGetErrorName, @function
@@ -656,7 +650,7 @@ cudaGetErrorString:
     .globl cudaGetExportTable
     .type cudaGetExportTable, @function
 cudaGetExportTable:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -664,7 +658,7 @@ cudaGetExportTable:
     .globl cudaGetFuncBySymbol
     .type cudaGetFuncBySymbol, @function
 cudaGetFuncBySymbol:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -682,7 +676,7 @@ cudaGetMipmappedArrayLevel:
     .globl cudaGetSurfaceObjectResourceDesc
     .type cudaGetSurfaceObjectResourceDesc, @function
 cudaGetSurfaceObjectResourceDesc:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -690,7 +684,7 @@ cudaGetSurfaceObjectResourceDesc:
     .globl cudaGetSurfaceReference
     .type cudaGetSurfaceReference, @function
 cudaGetSurfaceReference:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -713,7 +707,7 @@ cudaGetTextureAlignmentOffset:
     .globl cudaGetTextureObjectResourceDesc
     .type cudaGetTextureObjectResourceDesc, @function
 cudaGetTextureObjectResourceDesc:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -721,7 +715,7 @@ cudaGetTextureObjectResourceDesc:
     .globl cudaGetTextureObjectResourceViewDesc
     .type cudaGetTextureObjectResourceViewDesc, @function
 cudaGetTextureObjectResourceViewDesc:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -729,7 +723,7 @@ cudaGetTextureObjectResourceViewDesc:
     .globl cudaGetTextureObjectTextureDesc
     .type cudaGetTextureObjectTextureDesc, @function
 cudaGetTextureObjectTextureDesc:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -737,7 +731,7 @@ cudaGetTextureObjectTextureDesc:
     .globl cudaGetTextureObjectTextureDesc_v2
     .type cudaGetTextureObjectTextureDesc_v2, @function
 cudaGetTextureObjectTextureDesc_v2:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -745,7 +739,7 @@ cudaGetTextureObjectTextureDesc_v2:
     .globl cudaGetTextureReference
     .type cudaGetTextureReference, @function
 cudaGetTextureReference:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -753,7 +747,7 @@ cudaGetTextureReference:
     .globl cudaGraphAddChildGraphNode
     .type cudaGraphAddChildGraphNode, @function
 cudaGraphAddChildGraphNode:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -761,7 +755,7 @@ cudaGraphAddChildGraphNode:
     .globl cudaGraphAddDependencies
     .type cudaGraphAddDependencies, @function
 cudaGraphAddDependencies:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -769,7 +763,7 @@ cudaGraphAddDependencies:
     .globl cudaGraphAddEmptyNode
     .type cudaGraphAddEmptyNode, @function
 cudaGraphAddEmptyNode:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -777,7 +771,7 @@ cudaGraphAddEmptyNode:
     .globl cudaGraphAddEventRecordNode
     .type cudaGraphAddEventRecordNode, @function
 cudaGraphAddEventRecordNode:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -785,7 +779,7 @@ cudaGraphAddEventRecordNode:
     .globl cudaGraphAddEventWaitNode
     .type cudaGraphAddEventWaitNode, @function
 cudaGraphAddEventWaitNode:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -793,7 +787,7 @@ cudaGraphAddEventWaitNode:
     .globl cudaGraphAddExternalSemaphoresSignalNode
     .type cudaGraphAddExternalSemaphoresSignalNode, @function
 cudaGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -801,7 +795,7 @@ cudaGraphAddExternalSemaphoresSignalNode:
     .globl cudaGraphAddExternalSemaphoresWaitNode
     .type cudaGraphAddExternalSemaphoresWaitNode, @function
 cudaGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -809,7 +803,7 @@ cudaGraphAddExternalSemaphoresWaitNode:
     .globl cudaGraphAddHostNode
     .type cudaGraphAddHostNode, @function
 cudaGraphAddHostNode:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -817,7 +811,7 @@ cudaGraphAddHostNode:
     .globl cudaGraphAddKernelNode
     .type cudaGraphAddKernelNode, @function
 cudaGraphAddKernelNode:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -825,7 +819,7 @@ cudaGraphAddKernelNode:
     .globl cudaGraphAddMemAllocNode
     .type cudaGraphAddMemAllocNode, @function
 cudaGraphAddMemAllocNode:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -833,7 +827,7 @@ cudaGraphAddMemAllocNode:
     .globl cudaGraphAddMemFreeNode
     .type cudaGraphAddMemFreeNode, @function
 cudaGraphAddMemFreeNode:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -841,7 +835,7 @@ cudaGraphAddMemFreeNode:
     .globl cudaGraphAddMemcpyNode
     .type cudaGraphAddMemcpyNode, @function
 cudaGraphAddMemcpyNode:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -849,7 +843,7 @@ cudaGraphAddMemcpyNode:
     .globl cudaGraphAddMemcpyNode1D
     .type cudaGraphAddMemcpyNode1D, @function
 cudaGraphAddMemcpyNode1D:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -857,7 +851,7 @@ cudaGraphAddMemcpyNode1D:
     .globl cudaGraphAddMemcpyNodeFromSymbol
     .type cudaGraphAddMemcpyNodeFromSymbol, @function
 cudaGraphAddMemcpyNodeFromSymbol:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -865,7 +859,7 @@ cudaGraphAddMemcpyNodeFromSymbol:
     .globl cudaGraphAddMemcpyNodeToSymbol
     .type cudaGraphAddMemcpyNodeToSymbol, @function
 cudaGraphAddMemcpyNodeToSymbol:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -873,7 +867,7 @@ cudaGraphAddMemcpyNodeToSymbol:
     .globl cudaGraphAddMemsetNode
     .type cudaGraphAddMemsetNode, @function
 cudaGraphAddMemsetNode:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -896,7 +890,7 @@ cudaGraphCreate:
     .globl cudaGraphDebugDotPrint
     .type cudaGraphDebugDotPrint, @function
 cudaGraphDebugDotPrint:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -954,7 +948,7 @@ cudaGraphExecEventWaitNodeSetEvent:
     .globl cudaGraphExecExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -962,7 +956,7 @@ cudaGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExecExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -970,7 +964,7 @@ cudaGraphExecExternalSemaphoresWaitNodeSetParams:
     .globl cudaGraphExecHostNodeSetParams
     .type cudaGraphExecHostNodeSetParams, @function
 cudaGraphExecHostNodeSetParams:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -978,7 +972,7 @@ cudaGraphExecHostNodeSetParams:
     .globl cudaGraphExecKernelNodeSetParams
     .type cudaGraphExecKernelNodeSetParams, @function
 cudaGraphExecKernelNodeSetParams:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -986,7 +980,7 @@ cudaGraphExecKernelNodeSetParams:
     .globl cudaGraphExecMemcpyNodeSetParams
     .type cudaGraphExecMemcpyNodeSetParams, @function
 cudaGraphExecMemcpyNodeSetParams:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -994,7 +988,7 @@ cudaGraphExecMemcpyNodeSetParams:
     .globl cudaGraphExecMemcpyNodeSetParams1D
     .type cudaGraphExecMemcpyNodeSetParams1D, @function
 cudaGraphExecMemcpyNodeSetParams1D:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1002,7 +996,7 @@ cudaGraphExecMemcpyNodeSetParams1D:
     .globl cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .type cudaGraphExecMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1010,7 +1004,7 @@ cudaGraphExecMemcpyNodeSetParamsFromSymbol:
     .globl cudaGraphExecMemcpyNodeSetParamsToSymbol
     .type cudaGraphExecMemcpyNodeSetParamsToSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsToSymbol:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1018,7 +1012,7 @@ cudaGraphExecMemcpyNodeSetParamsToSymbol:
     .globl cudaGraphExecMemsetNodeSetParams
     .type cudaGraphExecMemsetNodeSetParams, @function
 cudaGraphExecMemsetNodeSetParams:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1031,7 +1025,7 @@ cudaGraphExecUpdate:
     .globl cudaGraphExternalSemaphoresSignalNodeGetParams
     .type cudaGraphExternalSemaphoresSignalNodeGetParams, @function
 cudaGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1039,7 +1033,7 @@ cudaGraphExternalSemaphoresSignalNodeGetParams:
     .globl cudaGraphExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1047,7 +1041,7 @@ cudaGraphExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeGetParams
     .type cudaGraphExternalSemaphoresWaitNodeGetParams, @function
 cudaGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1055,7 +1049,7 @@ cudaGraphExternalSemaphoresWaitNodeGetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1078,7 +1072,7 @@ cudaGraphGetRootNodes:
     .globl cudaGraphHostNodeGetParams
     .type cudaGraphHostNodeGetParams, @function
 cudaGraphHostNodeGetParams:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1086,7 +1080,7 @@ cudaGraphHostNodeGetParams:
     .globl cudaGraphHostNodeSetParams
     .type cudaGraphHostNodeSetParams, @function
 cudaGraphHostNodeSetParams:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1094,7 +1088,7 @@ cudaGraphHostNodeSetParams:
     .globl cudaGraphInstantiate
     .type cudaGraphInstantiate, @function
 cudaGraphInstantiate:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1112,7 +1106,7 @@ cudaGraphKernelNodeCopyAttributes:
     .globl cudaGraphKernelNodeGetAttribute
     .type cudaGraphKernelNodeGetAttribute, @function
 cudaGraphKernelNodeGetAttribute:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1120,7 +1114,7 @@ cudaGraphKernelNodeGetAttribute:
     .globl cudaGraphKernelNodeGetParams
     .type cudaGraphKernelNodeGetParams, @function
 cudaGraphKernelNodeGetParams:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1128,7 +1122,7 @@ cudaGraphKernelNodeGetParams:
     .globl cudaGraphKernelNodeSetAttribute
     .type cudaGraphKernelNodeSetAttribute, @function
 cudaGraphKernelNodeSetAttribute:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1136,7 +1130,7 @@ cudaGraphKernelNodeSetAttribute:
     .globl cudaGraphKernelNodeSetParams
     .type cudaGraphKernelNodeSetParams, @function
 cudaGraphKernelNodeSetParams:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1154,7 +1148,7 @@ cudaGraphLaunch_ptsz:
     .globl cudaGraphMemAllocNodeGetParams
     .type cudaGraphMemAllocNodeGetParams, @function
 cudaGraphMemAllocNodeGetParams:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1162,7 +1156,7 @@ cudaGraphMemAllocNodeGetParams:
     .globl cudaGraphMemFreeNodeGetParams
     .type cudaGraphMemFreeNodeGetParams, @function
 cudaGraphMemFreeNodeGetParams:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1170,7 +1164,7 @@ cudaGraphMemFreeNodeGetParams:
     .globl cudaGraphMemcpyNodeGetParams
     .type cudaGraphMemcpyNodeGetParams, @function
 cudaGraphMemcpyNodeGetParams:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1178,7 +1172,7 @@ cudaGraphMemcpyNodeGetParams:
     .globl cudaGraphMemcpyNodeSetParams
     .type cudaGraphMemcpyNodeSetParams, @function
 cudaGraphMemcpyNodeSetParams:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1186,7 +1180,7 @@ cudaGraphMemcpyNodeSetParams:
     .globl cudaGraphMemcpyNodeSetParams1D
     .type cudaGraphMemcpyNodeSetParams1D, @function
 cudaGraphMemcpyNodeSetParams1D:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1194,7 +1188,7 @@ cudaGraphMemcpyNodeSetParams1D:
     .globl cudaGraphMemcpyNodeSetParamsFromSymbol
     .type cudaGraphMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1202,7 +1196,7 @@ cudaGraphMemcpyNodeSetParamsFromSymbol:
     .globl cudaGraphMemcpyNodeSetParamsToSymbol
     .type cudaGraphMemcpyNodeSetParamsToSymbol, @function
 cudaGraphMemcpyNodeSetParamsToSymbol:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1210,7 +1204,7 @@ cudaGraphMemcpyNodeSetParamsToSymbol:
     .globl cudaGraphMemsetNodeGetParams
     .type cudaGraphMemsetNodeGetParams, @function
 cudaGraphMemsetNodeGetParams:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1218,7 +1212,7 @@ cudaGraphMemsetNodeGetParams:
     .globl cudaGraphMemsetNodeSetParams
     .type cudaGraphMemsetNodeSetParams, @function
 cudaGraphMemsetNodeSetParams:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1261,7 +1255,7 @@ cudaGraphReleaseUserObject:
     .globl cudaGraphRemoveDependencies
     .type cudaGraphRemoveDependencies, @function
 cudaGraphRemoveDependencies:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1284,7 +1278,7 @@ cudaGraphUpload_ptsz:
     .globl cudaGraphicsEGLRegisterImage
     .type cudaGraphicsEGLRegisterImage, @function
 cudaGraphicsEGLRegisterImage:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1292,7 +1286,7 @@ cudaGraphicsEGLRegisterImage:
     .globl cudaGraphicsGLRegisterBuffer
     .type cudaGraphicsGLRegisterBuffer, @function
 cudaGraphicsGLRegisterBuffer:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1300,7 +1294,7 @@ cudaGraphicsGLRegisterBuffer:
     .globl cudaGraphicsGLRegisterImage
     .type cudaGraphicsGLRegisterImage, @function
 cudaGraphicsGLRegisterImage:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1313,7 +1307,7 @@ cudaGraphicsMapResources:
     .globl cudaGraphicsResourceGetMappedEglFrame
     .type cudaGraphicsResourceGetMappedEglFrame, @function
 cudaGraphicsResourceGetMappedEglFrame:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1326,7 +1320,7 @@ cudaGraphicsResourceGetMappedMipmappedArray:
     .globl cudaGraphicsResourceGetMappedPointer
     .type cudaGraphicsResourceGetMappedPointer, @function
 cudaGraphicsResourceGetMappedPointer:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1354,7 +1348,7 @@ cudaGraphicsUnregisterResource:
     .globl cudaGraphicsVDPAURegisterOutputSurface
     .type cudaGraphicsVDPAURegisterOutputSurface, @function
 cudaGraphicsVDPAURegisterOutputSurface:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1362,7 +1356,7 @@ cudaGraphicsVDPAURegisterOutputSurface:
     .globl cudaGraphicsVDPAURegisterVideoSurface
     .type cudaGraphicsVDPAURegisterVideoSurface, @function
 cudaGraphicsVDPAURegisterVideoSurface:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1375,7 +1369,7 @@ cudaHostAlloc:
     .globl cudaHostGetDevicePointer
     .type cudaHostGetDevicePointer, @function
 cudaHostGetDevicePointer:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1398,7 +1392,7 @@ cudaHostUnregister:
     .globl cudaImportExternalMemory
     .type cudaImportExternalMemory, @function
 cudaImportExternalMemory:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1406,7 +1400,7 @@ cudaImportExternalMemory:
     .globl cudaImportExternalSemaphore
     .type cudaImportExternalSemaphore, @function
 cudaImportExternalSemaphore:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1414,7 +1408,7 @@ cudaImportExternalSemaphore:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1422,7 +1416,7 @@ cudaIpcCloseMemHandle:
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1430,7 +1424,7 @@ cudaIpcGetEventHandle:
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1443,7 +1437,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1456,7 +1450,7 @@ cudaLaunchCooperativeKernel:
     .globl cudaLaunchCooperativeKernelMultiDevice
     .type cudaLaunchCooperativeKernelMultiDevice, @function
 cudaLaunchCooperativeKernelMultiDevice:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1504,7 +1498,7 @@ cudaMalloc:
     .globl cudaMalloc3D
     .type cudaMalloc3D, @function
 cudaMalloc3D:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1532,7 +1526,7 @@ cudaMallocAsync_ptsz:
     .globl cudaMallocFromPoolAsync
     .type cudaMallocFromPoolAsync, @function
 cudaMallocFromPoolAsync:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1540,7 +1534,7 @@ cudaMallocFromPoolAsync:
     .globl cudaMallocFromPoolAsync_ptsz
     .type cudaMallocFromPoolAsync_ptsz, @function
 cudaMallocFromPoolAsync_ptsz:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1553,7 +1547,7 @@ cudaMallocHost:
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1561,7 +1555,7 @@ cudaMallocManaged:
     .globl cudaMallocMipmappedArray
     .type cudaMallocMipmappedArray, @function
 cudaMallocMipmappedArray:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1574,7 +1568,7 @@ cudaMallocPitch:
     .globl cudaMemAdvise
     .type cudaMemAdvise, @function
 cudaMemAdvise:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1587,7 +1581,7 @@ cudaMemGetInfo:
     .globl cudaMemPoolCreate
     .type cudaMemPoolCreate, @function
 cudaMemPoolCreate:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1600,7 +1594,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1608,7 +1602,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1616,7 +1610,7 @@ cudaMemPoolExportToShareableHandle:
     .globl cudaMemPoolGetAccess
     .type cudaMemPoolGetAccess, @function
 cudaMemPoolGetAccess:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1624,7 +1618,7 @@ cudaMemPoolGetAccess:
     .globl cudaMemPoolGetAttribute
     .type cudaMemPoolGetAttribute, @function
 cudaMemPoolGetAttribute:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1632,7 +1626,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1640,7 +1634,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1648,7 +1642,7 @@ cudaMemPoolImportPointer:
     .globl cudaMemPoolSetAccess
     .type cudaMemPoolSetAccess, @function
 cudaMemPoolSetAccess:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1656,7 +1650,7 @@ cudaMemPoolSetAccess:
     .globl cudaMemPoolSetAttribute
     .type cudaMemPoolSetAttribute, @function
 cudaMemPoolSetAttribute:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1669,7 +1663,7 @@ cudaMemPoolTrimTo:
     .globl cudaMemPrefetchAsync
     .type cudaMemPrefetchAsync, @function
 cudaMemPrefetchAsync:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1677,7 +1671,7 @@ cudaMemPrefetchAsync:
     .globl cudaMemPrefetchAsync_ptsz
     .type cudaMemPrefetchAsync_ptsz, @function
 cudaMemPrefetchAsync_ptsz:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1685,7 +1679,7 @@ cudaMemPrefetchAsync_ptsz:
     .globl cudaMemRangeGetAttribute
     .type cudaMemRangeGetAttribute, @function
 cudaMemRangeGetAttribute:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1693,7 +1687,7 @@ cudaMemRangeGetAttribute:
     .globl cudaMemRangeGetAttributes
     .type cudaMemRangeGetAttributes, @function
 cudaMemRangeGetAttributes:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1731,7 +1725,7 @@ cudaMemcpy2DAsync_ptsz:
     .globl cudaMemcpy2DFromArray
     .type cudaMemcpy2DFromArray, @function
 cudaMemcpy2DFromArray:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1739,7 +1733,7 @@ cudaMemcpy2DFromArray:
     .globl cudaMemcpy2DFromArrayAsync
     .type cudaMemcpy2DFromArrayAsync, @function
 cudaMemcpy2DFromArrayAsync:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1747,7 +1741,7 @@ cudaMemcpy2DFromArrayAsync:
     .globl cudaMemcpy2DFromArrayAsync_ptsz
     .type cudaMemcpy2DFromArrayAsync_ptsz, @function
 cudaMemcpy2DFromArrayAsync_ptsz:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1755,7 +1749,7 @@ cudaMemcpy2DFromArrayAsync_ptsz:
     .globl cudaMemcpy2DFromArray_ptds
     .type cudaMemcpy2DFromArray_ptds, @function
 cudaMemcpy2DFromArray_ptds:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1763,7 +1757,7 @@ cudaMemcpy2DFromArray_ptds:
     .globl cudaMemcpy2DToArray
     .type cudaMemcpy2DToArray, @function
 cudaMemcpy2DToArray:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1771,7 +1765,7 @@ cudaMemcpy2DToArray:
     .globl cudaMemcpy2DToArrayAsync
     .type cudaMemcpy2DToArrayAsync, @function
 cudaMemcpy2DToArrayAsync:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1779,7 +1773,7 @@ cudaMemcpy2DToArrayAsync:
     .globl cudaMemcpy2DToArrayAsync_ptsz
     .type cudaMemcpy2DToArrayAsync_ptsz, @function
 cudaMemcpy2DToArrayAsync_ptsz:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1787,7 +1781,7 @@ cudaMemcpy2DToArrayAsync_ptsz:
     .globl cudaMemcpy2DToArray_ptds
     .type cudaMemcpy2DToArray_ptds, @function
 cudaMemcpy2DToArray_ptds:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1800,7 +1794,7 @@ cudaMemcpy2D_ptds:
     .globl cudaMemcpy3D
     .type cudaMemcpy3D, @function
 cudaMemcpy3D:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1808,7 +1802,7 @@ cudaMemcpy3D:
     .globl cudaMemcpy3DAsync
     .type cudaMemcpy3DAsync, @function
 cudaMemcpy3DAsync:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1816,7 +1810,7 @@ cudaMemcpy3DAsync:
     .globl cudaMemcpy3DAsync_ptsz
     .type cudaMemcpy3DAsync_ptsz, @function
 cudaMemcpy3DAsync_ptsz:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1824,7 +1818,7 @@ cudaMemcpy3DAsync_ptsz:
     .globl cudaMemcpy3DPeer
     .type cudaMemcpy3DPeer, @function
 cudaMemcpy3DPeer:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1832,7 +1826,7 @@ cudaMemcpy3DPeer:
     .globl cudaMemcpy3DPeerAsync
     .type cudaMemcpy3DPeerAsync, @function
 cudaMemcpy3DPeerAsync:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1840,7 +1834,7 @@ cudaMemcpy3DPeerAsync:
     .globl cudaMemcpy3DPeerAsync_ptsz
     .type cudaMemcpy3DPeerAsync_ptsz, @function
 cudaMemcpy3DPeerAsync_ptsz:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1848,7 +1842,7 @@ cudaMemcpy3DPeerAsync_ptsz:
     .globl cudaMemcpy3DPeer_ptds
     .type cudaMemcpy3DPeer_ptds, @function
 cudaMemcpy3DPeer_ptds:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1856,7 +1850,7 @@ cudaMemcpy3DPeer_ptds:
     .globl cudaMemcpy3D_ptds
     .type cudaMemcpy3D_ptds, @function
 cudaMemcpy3D_ptds:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1884,7 +1878,7 @@ cudaMemcpyAsync_ptsz:
     .globl cudaMemcpyFromArray
     .type cudaMemcpyFromArray, @function
 cudaMemcpyFromArray:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1892,7 +1886,7 @@ cudaMemcpyFromArray:
     .globl cudaMemcpyFromArrayAsync
     .type cudaMemcpyFromArrayAsync, @function
 cudaMemcpyFromArrayAsync:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1900,7 +1894,7 @@ cudaMemcpyFromArrayAsync:
     .globl cudaMemcpyFromArrayAsync_ptsz
     .type cudaMemcpyFromArrayAsync_ptsz, @function
 cudaMemcpyFromArrayAsync_ptsz:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1908,7 +1902,7 @@ cudaMemcpyFromArrayAsync_ptsz:
     .globl cudaMemcpyFromArray_ptds
     .type cudaMemcpyFromArray_ptds, @function
 cudaMemcpyFromArray_ptds:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1936,7 +1930,7 @@ cudaMemcpyFromSymbol_ptds:
     .globl cudaMemcpyPeer
     .type cudaMemcpyPeer, @function
 cudaMemcpyPeer:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1944,7 +1938,7 @@ cudaMemcpyPeer:
     .globl cudaMemcpyPeerAsync
     .type cudaMemcpyPeerAsync, @function
 cudaMemcpyPeerAsync:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1952,7 +1946,7 @@ cudaMemcpyPeerAsync:
     .globl cudaMemcpyToArray
     .type cudaMemcpyToArray, @function
 cudaMemcpyToArray:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1960,7 +1954,7 @@ cudaMemcpyToArray:
     .globl cudaMemcpyToArrayAsync
     .type cudaMemcpyToArrayAsync, @function
 cudaMemcpyToArrayAsync:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1968,7 +1962,7 @@ cudaMemcpyToArrayAsync:
     .globl cudaMemcpyToArrayAsync_ptsz
     .type cudaMemcpyToArrayAsync_ptsz, @function
 cudaMemcpyToArrayAsync_ptsz:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1976,7 +1970,7 @@ cudaMemcpyToArrayAsync_ptsz:
     .globl cudaMemcpyToArray_ptds
     .type cudaMemcpyToArray_ptds, @function
 cudaMemcpyToArray_ptds:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2034,7 +2028,7 @@ cudaMemset2D_ptds:
     .globl cudaMemset3D
     .type cudaMemset3D, @function
 cudaMemset3D:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2042,7 +2036,7 @@ cudaMemset3D:
     .globl cudaMemset3DAsync
     .type cudaMemset3DAsync, @function
 cudaMemset3DAsync:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2050,7 +2044,7 @@ cudaMemset3DAsync:
     .globl cudaMemset3DAsync_ptsz
     .type cudaMemset3DAsync_ptsz, @function
 cudaMemset3DAsync_ptsz:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2058,7 +2052,7 @@ cudaMemset3DAsync_ptsz:
     .globl cudaMemset3D_ptds
     .type cudaMemset3D_ptds, @function
 cudaMemset3D_ptds:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2081,7 +2075,7 @@ cudaMemset_ptds:
     .globl cudaMipmappedArrayGetMemoryRequirements
     .type cudaMipmappedArrayGetMemoryRequirements, @function
 cudaMipmappedArrayGetMemoryRequirements:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2089,7 +2083,7 @@ cudaMipmappedArrayGetMemoryRequirements:
     .globl cudaMipmappedArrayGetSparseProperties
     .type cudaMipmappedArrayGetSparseProperties, @function
 cudaMipmappedArrayGetSparseProperties:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2097,7 +2091,7 @@ cudaMipmappedArrayGetSparseProperties:
     .globl cudaOccupancyAvailableDynamicSMemPerBlock
     .type cudaOccupancyAvailableDynamicSMemPerBlock, @function
 cudaOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2115,7 +2109,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2123,7 +2117,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2141,7 +2135,7 @@ cudaPointerGetAttributes:
     .globl cudaProfilerInitialize
     .type cudaProfilerInitialize, @function
 cudaProfilerInitialize:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2149,7 +2143,7 @@ cudaProfilerInitialize:
     .globl cudaProfilerStart
     .type cudaProfilerStart, @function
 cudaProfilerStart:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2157,7 +2151,7 @@ cudaProfilerStart:
     .globl cudaProfilerStop
     .type cudaProfilerStop, @function
 cudaProfilerStop:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2190,7 +2184,7 @@ cudaSetDoubleForHost:
     .globl cudaSetValidDevices
     .type cudaSetValidDevices, @function
 cudaSetValidDevices:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2198,7 +2192,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2206,7 +2200,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2214,7 +2208,7 @@ cudaSignalExternalSemaphoresAsync_ptsz:
     .globl cudaSignalExternalSemaphoresAsync_v2
     .type cudaSignalExternalSemaphoresAsync_v2, @function
 cudaSignalExternalSemaphoresAsync_v2:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2222,7 +2216,7 @@ cudaSignalExternalSemaphoresAsync_v2:
     .globl cudaSignalExternalSemaphoresAsync_v2_ptsz
     .type cudaSignalExternalSemaphoresAsync_v2_ptsz, @function
 cudaSignalExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2240,7 +2234,7 @@ cudaStreamAddCallback_ptsz:
     .globl cudaStreamAttachMemAsync
     .type cudaStreamAttachMemAsync, @function
 cudaStreamAttachMemAsync:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2248,7 +2242,7 @@ cudaStreamAttachMemAsync:
     .globl cudaStreamAttachMemAsync_ptsz
     .type cudaStreamAttachMemAsync_ptsz, @function
 cudaStreamAttachMemAsync_ptsz:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2306,7 +2300,7 @@ cudaStreamEndCapture_ptsz:
     .globl cudaStreamGetAttribute
     .type cudaStreamGetAttribute, @function
 cudaStreamGetAttribute:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2314,7 +2308,7 @@ cudaStreamGetAttribute:
     .globl cudaStreamGetAttribute_ptsz
     .type cudaStreamGetAttribute_ptsz, @function
 cudaStreamGetAttribute_ptsz:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2332,7 +2326,7 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetCaptureInfo_v2
     .type cudaStreamGetCaptureInfo_v2, @function
 cudaStreamGetCaptureInfo_v2:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2340,7 +2334,7 @@ cudaStreamGetCaptureInfo_v2:
     .globl cudaStreamGetCaptureInfo_v2_ptsz
     .type cudaStreamGetCaptureInfo_v2_ptsz, @function
 cudaStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2388,7 +2382,7 @@ cudaStreamQuery_ptsz:
     .globl cudaStreamSetAttribute
     .type cudaStreamSetAttribute, @function
 cudaStreamSetAttribute:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2396,7 +2390,7 @@ cudaStreamSetAttribute:
     .globl cudaStreamSetAttribute_ptsz
     .type cudaStreamSetAttribute_ptsz, @function
 cudaStreamSetAttribute_ptsz:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2419,7 +2413,7 @@ cudaStreamUpdateCaptureDependencies:
     .globl cudaStreamUpdateCaptureDependencies_ptsz
     .type cudaStreamUpdateCaptureDependencies_ptsz, @function
 cudaStreamUpdateCaptureDependencies_ptsz:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2477,7 +2471,7 @@ cudaUnbindTexture:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2495,7 +2489,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2503,7 +2497,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2511,7 +2505,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2519,7 +2513,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2527,7 +2521,7 @@ cudaWaitExternalSemaphoresAsync_ptsz:
     .globl cudaWaitExternalSemaphoresAsync_v2
     .type cudaWaitExternalSemaphoresAsync_v2, @function
 cudaWaitExternalSemaphoresAsync_v2:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2535,7 +2529,7 @@ cudaWaitExternalSemaphoresAsync_v2:
     .globl cudaWaitExternalSemaphoresAsync_v2_ptsz
     .type cudaWaitExternalSemaphoresAsync_v2_ptsz, @function
 cudaWaitExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2616,305 +2610,301 @@ cudaWaitExternalSemaphoresAsync_v2_ptsz:
 .Lname36:
     .asciz "cudaGetChannelDesc"
 .Lname37:
-    .asciz "cudaGetDriverEntryPoint"
-.Lname38:
-    .asciz "cudaGetDriverEntryPoint_ptsz"
-.Lname39:
     .asciz "cudaGetExportTable"
-.Lname40:
+.Lname38:
     .asciz "cudaGetFuncBySymbol"
-.Lname41:
+.Lname39:
     .asciz "cudaGetSurfaceObjectResourceDesc"
-.Lname42:
+.Lname40:
     .asciz "cudaGetSurfaceReference"
-.Lname43:
+.Lname41:
     .asciz "cudaGetTextureObjectResourceDesc"
-.Lname44:
+.Lname42:
     .asciz "cudaGetTextureObjectResourceViewDesc"
-.Lname45:
+.Lname43:
     .asciz "cudaGetTextureObjectTextureDesc"
-.Lname46:
+.Lname44:
     .asciz "cudaGetTextureObjectTextureDesc_v2"
-.Lname47:
+.Lname45:
     .asciz "cudaGetTextureReference"
-.Lname48:
+.Lname46:
     .asciz "cudaGraphAddChildGraphNode"
-.Lname49:
+.Lname47:
     .asciz "cudaGraphAddDependencies"
-.Lname50:
+.Lname48:
     .asciz "cudaGraphAddEmptyNode"
-.Lname51:
+.Lname49:
     .asciz "cudaGraphAddEventRecordNode"
-.Lname52:
+.Lname50:
     .asciz "cudaGraphAddEventWaitNode"
-.Lname53:
+.Lname51:
     .asciz "cudaGraphAddExternalSemaphoresSignalNode"
-.Lname54:
+.Lname52:
     .asciz "cudaGraphAddExternalSemaphoresWaitNode"
-.Lname55:
+.Lname53:
     .asciz "cudaGraphAddHostNode"
-.Lname56:
+.Lname54:
     .asciz "cudaGraphAddKernelNode"
-.Lname57:
+.Lname55:
     .asciz "cudaGraphAddMemAllocNode"
-.Lname58:
+.Lname56:
     .asciz "cudaGraphAddMemFreeNode"
-.Lname59:
+.Lname57:
     .asciz "cudaGraphAddMemcpyNode"
-.Lname60:
+.Lname58:
     .asciz "cudaGraphAddMemcpyNode1D"
-.Lname61:
+.Lname59:
     .asciz "cudaGraphAddMemcpyNodeFromSymbol"
-.Lname62:
+.Lname60:
     .asciz "cudaGraphAddMemcpyNodeToSymbol"
-.Lname63:
+.Lname61:
     .asciz "cudaGraphAddMemsetNode"
-.Lname64:
+.Lname62:
     .asciz "cudaGraphDebugDotPrint"
-.Lname65:
+.Lname63:
     .asciz "cudaGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname66:
+.Lname64:
     .asciz "cudaGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname67:
+.Lname65:
     .asciz "cudaGraphExecHostNodeSetParams"
-.Lname68:
+.Lname66:
     .asciz "cudaGraphExecKernelNodeSetParams"
-.Lname69:
+.Lname67:
     .asciz "cudaGraphExecMemcpyNodeSetParams"
-.Lname70:
+.Lname68:
     .asciz "cudaGraphExecMemcpyNodeSetParams1D"
-.Lname71:
+.Lname69:
     .asciz "cudaGraphExecMemcpyNodeSetParamsFromSymbol"
-.Lname72:
+.Lname70:
     .asciz "cudaGraphExecMemcpyNodeSetParamsToSymbol"
-.Lname73:
+.Lname71:
     .asciz "cudaGraphExecMemsetNodeSetParams"
-.Lname74:
+.Lname72:
     .asciz "cudaGraphExternalSemaphoresSignalNodeGetParams"
-.Lname75:
+.Lname73:
     .asciz "cudaGraphExternalSemaphoresSignalNodeSetParams"
-.Lname76:
+.Lname74:
     .asciz "cudaGraphExternalSemaphoresWaitNodeGetParams"
-.Lname77:
+.Lname75:
     .asciz "cudaGraphExternalSemaphoresWaitNodeSetParams"
-.Lname78:
+.Lname76:
     .asciz "cudaGraphHostNodeGetParams"
-.Lname79:
+.Lname77:
     .asciz "cudaGraphHostNodeSetParams"
-.Lname80:
+.Lname78:
     .asciz "cudaGraphInstantiate"
-.Lname81:
+.Lname79:
     .asciz "cudaGraphKernelNodeGetAttribute"
-.Lname82:
+.Lname80:
     .asciz "cudaGraphKernelNodeGetParams"
-.Lname83:
+.Lname81:
     .asciz "cudaGraphKernelNodeSetAttribute"
-.Lname84:
+.Lname82:
     .asciz "cudaGraphKernelNodeSetParams"
-.Lname85:
+.Lname83:
     .asciz "cudaGraphMemAllocNodeGetParams"
-.Lname86:
+.Lname84:
     .asciz "cudaGraphMemFreeNodeGetParams"
-.Lname87:
+.Lname85:
     .asciz "cudaGraphMemcpyNodeGetParams"
-.Lname88:
+.Lname86:
     .asciz "cudaGraphMemcpyNodeSetParams"
-.Lname89:
+.Lname87:
     .asciz "cudaGraphMemcpyNodeSetParams1D"
-.Lname90:
+.Lname88:
     .asciz "cudaGraphMemcpyNodeSetParamsFromSymbol"
-.Lname91:
+.Lname89:
     .asciz "cudaGraphMemcpyNodeSetParamsToSymbol"
-.Lname92:
+.Lname90:
     .asciz "cudaGraphMemsetNodeGetParams"
-.Lname93:
+.Lname91:
     .asciz "cudaGraphMemsetNodeSetParams"
-.Lname94:
+.Lname92:
     .asciz "cudaGraphRemoveDependencies"
-.Lname95:
+.Lname93:
     .asciz "cudaGraphicsEGLRegisterImage"
-.Lname96:
+.Lname94:
     .asciz "cudaGraphicsGLRegisterBuffer"
-.Lname97:
+.Lname95:
     .asciz "cudaGraphicsGLRegisterImage"
-.Lname98:
+.Lname96:
     .asciz "cudaGraphicsResourceGetMappedEglFrame"
-.Lname99:
+.Lname97:
     .asciz "cudaGraphicsResourceGetMappedPointer"
-.Lname100:
+.Lname98:
     .asciz "cudaGraphicsVDPAURegisterOutputSurface"
-.Lname101:
+.Lname99:
     .asciz "cudaGraphicsVDPAURegisterVideoSurface"
-.Lname102:
+.Lname100:
     .asciz "cudaHostGetDevicePointer"
-.Lname103:
+.Lname101:
     .asciz "cudaImportExternalMemory"
-.Lname104:
+.Lname102:
     .asciz "cudaImportExternalSemaphore"
-.Lname105:
+.Lname103:
     .asciz "cudaIpcCloseMemHandle"
-.Lname106:
+.Lname104:
     .asciz "cudaIpcGetEventHandle"
-.Lname107:
+.Lname105:
     .asciz "cudaIpcGetMemHandle"
-.Lname108:
+.Lname106:
     .asciz "cudaIpcOpenMemHandle"
-.Lname109:
+.Lname107:
     .asciz "cudaLaunchCooperativeKernelMultiDevice"
-.Lname110:
+.Lname108:
     .asciz "cudaMalloc3D"
-.Lname111:
+.Lname109:
     .asciz "cudaMallocFromPoolAsync"
-.Lname112:
+.Lname110:
     .asciz "cudaMallocFromPoolAsync_ptsz"
-.Lname113:
+.Lname111:
     .asciz "cudaMallocManaged"
-.Lname114:
+.Lname112:
     .asciz "cudaMallocMipmappedArray"
-.Lname115:
+.Lname113:
     .asciz "cudaMemAdvise"
-.Lname116:
+.Lname114:
     .asciz "cudaMemPoolCreate"
-.Lname117:
+.Lname115:
     .asciz "cudaMemPoolExportPointer"
-.Lname118:
+.Lname116:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname119:
+.Lname117:
     .asciz "cudaMemPoolGetAccess"
-.Lname120:
+.Lname118:
     .asciz "cudaMemPoolGetAttribute"
-.Lname121:
+.Lname119:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname122:
+.Lname120:
     .asciz "cudaMemPoolImportPointer"
-.Lname123:
+.Lname121:
     .asciz "cudaMemPoolSetAccess"
-.Lname124:
+.Lname122:
     .asciz "cudaMemPoolSetAttribute"
-.Lname125:
+.Lname123:
     .asciz "cudaMemPrefetchAsync"
-.Lname126:
+.Lname124:
     .asciz "cudaMemPrefetchAsync_ptsz"
-.Lname127:
+.Lname125:
     .asciz "cudaMemRangeGetAttribute"
-.Lname128:
+.Lname126:
     .asciz "cudaMemRangeGetAttributes"
-.Lname129:
+.Lname127:
     .asciz "cudaMemcpy2DFromArray"
-.Lname130:
+.Lname128:
     .asciz "cudaMemcpy2DFromArrayAsync"
-.Lname131:
+.Lname129:
     .asciz "cudaMemcpy2DFromArrayAsync_ptsz"
-.Lname132:
+.Lname130:
     .asciz "cudaMemcpy2DFromArray_ptds"
-.Lname133:
+.Lname131:
     .asciz "cudaMemcpy2DToArray"
-.Lname134:
+.Lname132:
     .asciz "cudaMemcpy2DToArrayAsync"
-.Lname135:
+.Lname133:
     .asciz "cudaMemcpy2DToArrayAsync_ptsz"
-.Lname136:
+.Lname134:
     .asciz "cudaMemcpy2DToArray_ptds"
-.Lname137:
+.Lname135:
     .asciz "cudaMemcpy3D"
-.Lname138:
+.Lname136:
     .asciz "cudaMemcpy3DAsync"
-.Lname139:
+.Lname137:
     .asciz "cudaMemcpy3DAsync_ptsz"
-.Lname140:
+.Lname138:
     .asciz "cudaMemcpy3DPeer"
-.Lname141:
+.Lname139:
     .asciz "cudaMemcpy3DPeerAsync"
-.Lname142:
+.Lname140:
     .asciz "cudaMemcpy3DPeerAsync_ptsz"
-.Lname143:
+.Lname141:
     .asciz "cudaMemcpy3DPeer_ptds"
-.Lname144:
+.Lname142:
     .asciz "cudaMemcpy3D_ptds"
-.Lname145:
+.Lname143:
     .asciz "cudaMemcpyFromArray"
-.Lname146:
+.Lname144:
     .asciz "cudaMemcpyFromArrayAsync"
-.Lname147:
+.Lname145:
     .asciz "cudaMemcpyFromArrayAsync_ptsz"
-.Lname148:
+.Lname146:
     .asciz "cudaMemcpyFromArray_ptds"
-.Lname149:
+.Lname147:
     .asciz "cudaMemcpyPeer"
-.Lname150:
+.Lname148:
     .asciz "cudaMemcpyPeerAsync"
-.Lname151:
+.Lname149:
     .asciz "cudaMemcpyToArray"
-.Lname152:
+.Lname150:
     .asciz "cudaMemcpyToArrayAsync"
-.Lname153:
+.Lname151:
     .asciz "cudaMemcpyToArrayAsync_ptsz"
-.Lname154:
+.Lname152:
     .asciz "cudaMemcpyToArray_ptds"
-.Lname155:
+.Lname153:
     .asciz "cudaMemset3D"
-.Lname156:
+.Lname154:
     .asciz "cudaMemset3DAsync"
-.Lname157:
+.Lname155:
     .asciz "cudaMemset3DAsync_ptsz"
-.Lname158:
+.Lname156:
     .asciz "cudaMemset3D_ptds"
-.Lname159:
+.Lname157:
     .asciz "cudaMipmappedArrayGetMemoryRequirements"
-.Lname160:
+.Lname158:
     .asciz "cudaMipmappedArrayGetSparseProperties"
-.Lname161:
+.Lname159:
     .asciz "cudaOccupancyAvailableDynamicSMemPerBlock"
-.Lname162:
+.Lname160:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname163:
+.Lname161:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname164:
+.Lname162:
     .asciz "cudaProfilerInitialize"
-.Lname165:
+.Lname163:
     .asciz "cudaProfilerStart"
-.Lname166:
+.Lname164:
     .asciz "cudaProfilerStop"
-.Lname167:
+.Lname165:
     .asciz "cudaSetValidDevices"
-.Lname168:
+.Lname166:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname169:
+.Lname167:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname170:
+.Lname168:
     .asciz "cudaSignalExternalSemaphoresAsync_v2"
-.Lname171:
+.Lname169:
     .asciz "cudaSignalExternalSemaphoresAsync_v2_ptsz"
-.Lname172:
+.Lname170:
     .asciz "cudaStreamAttachMemAsync"
-.Lname173:
+.Lname171:
     .asciz "cudaStreamAttachMemAsync_ptsz"
-.Lname174:
+.Lname172:
     .asciz "cudaStreamGetAttribute"
-.Lname175:
+.Lname173:
     .asciz "cudaStreamGetAttribute_ptsz"
-.Lname176:
+.Lname174:
     .asciz "cudaStreamGetCaptureInfo_v2"
-.Lname177:
+.Lname175:
     .asciz "cudaStreamGetCaptureInfo_v2_ptsz"
-.Lname178:
+.Lname176:
     .asciz "cudaStreamSetAttribute"
-.Lname179:
+.Lname177:
     .asciz "cudaStreamSetAttribute_ptsz"
-.Lname180:
+.Lname178:
     .asciz "cudaStreamUpdateCaptureDependencies_ptsz"
-.Lname181:
+.Lname179:
     .asciz "cudaUserObjectCreate"
-.Lname182:
+.Lname180:
     .asciz "cudaVDPAUGetDevice"
-.Lname183:
+.Lname181:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname184:
+.Lname182:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname185:
+.Lname183:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
-.Lname186:
+.Lname184:
     .asciz "cudaWaitExternalSemaphoresAsync_v2"
-.Lname187:
+.Lname185:
     .asciz "cudaWaitExternalSemaphoresAsync_v2_ptsz"
     .section .note.GNU-stack,"",@progbits

@@ -731,34 +731,22 @@ cudaGetDeviceProperties:
     .globl cudaGetDriverEntryPoint
     .type cudaGetDriverEntryPoint, @function
 cudaGetDriverEntryPoint:
-    leaq .Lname44(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetDriverEntryPoint__cu130@PLT
     .size cudaGetDriverEntryPoint, .-cudaGetDriverEntryPoint
     .globl cudaGetDriverEntryPointByVersion
     .type cudaGetDriverEntryPointByVersion, @function
 cudaGetDriverEntryPointByVersion:
-    leaq .Lname45(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetDriverEntryPointByVersion@PLT
     .size cudaGetDriverEntryPointByVersion, .-cudaGetDriverEntryPointByVersion
     .globl cudaGetDriverEntryPointByVersion_ptsz
     .type cudaGetDriverEntryPointByVersion_ptsz, @function
 cudaGetDriverEntryPointByVersion_ptsz:
-    leaq .Lname46(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetDriverEntryPointByVersion_ptsz@PLT
     .size cudaGetDriverEntryPointByVersion_ptsz, .-cudaGetDriverEntryPointByVersion_ptsz
     .globl cudaGetDriverEntryPoint_ptsz
     .type cudaGetDriverEntryPoint_ptsz, @function
 cudaGetDriverEntryPoint_ptsz:
-    leaq .Lname47(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetDriverEntryPoint_ptsz__cu130@PLT
     .size cudaGetDriverEntryPoint_ptsz, .-cudaGetDriverEntryPoint_ptsz
     .globl cudaGetErrorName
     .type cudaGetErrorName, @function
@@ -773,7 +761,7 @@ cudaGetErrorString:
     .globl cudaGetExportTable
     .type cudaGetExportTable, @function
 cudaGetExportTable:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -781,7 +769,7 @@ cudaGetExportTable:
     .globl cudaGetFuncBySymbol
     .type cudaGetFuncBySymbol, @function
 cudaGetFuncBySymbol:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -804,7 +792,7 @@ cudaGetMipmappedArrayLevel:
     .globl cudaGetSurfaceObjectResourceDesc
     .type cudaGetSurfaceObjectResourceDesc, @function
 cudaGetSurfaceObjectResourceDesc:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -822,7 +810,7 @@ cudaGetSymbolSize:
     .globl cudaGetTextureObjectResourceDesc
     .type cudaGetTextureObjectResourceDesc, @function
 cudaGetTextureObjectResourceDesc:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -830,7 +818,7 @@ cudaGetTextureObjectResourceDesc:
     .globl cudaGetTextureObjectResourceViewDesc
     .type cudaGetTextureObjectResourceViewDesc, @function
 cudaGetTextureObjectResourceViewDesc:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -838,7 +826,7 @@ cudaGetTextureObjectResourceViewDesc:
     .globl cudaGetTextureObjectTextureDesc
     .type cudaGetTextureObjectTextureDesc, @function
 cudaGetTextureObjectTextureDesc:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -846,7 +834,7 @@ cudaGetTextureObjectTextureDesc:
     .globl cudaGraphAddChildGraphNode
     .type cudaGraphAddChildGraphNode, @function
 cudaGraphAddChildGraphNode:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -854,7 +842,7 @@ cudaGraphAddChildGraphNode:
     .globl cudaGraphAddDependencies
     .type cudaGraphAddDependencies, @function
 cudaGraphAddDependencies:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -862,7 +850,7 @@ cudaGraphAddDependencies:
     .globl cudaGraphAddEmptyNode
     .type cudaGraphAddEmptyNode, @function
 cudaGraphAddEmptyNode:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -870,7 +858,7 @@ cudaGraphAddEmptyNode:
     .globl cudaGraphAddEventRecordNode
     .type cudaGraphAddEventRecordNode, @function
 cudaGraphAddEventRecordNode:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -878,7 +866,7 @@ cudaGraphAddEventRecordNode:
     .globl cudaGraphAddEventWaitNode
     .type cudaGraphAddEventWaitNode, @function
 cudaGraphAddEventWaitNode:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -886,7 +874,7 @@ cudaGraphAddEventWaitNode:
     .globl cudaGraphAddExternalSemaphoresSignalNode
     .type cudaGraphAddExternalSemaphoresSignalNode, @function
 cudaGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -894,7 +882,7 @@ cudaGraphAddExternalSemaphoresSignalNode:
     .globl cudaGraphAddExternalSemaphoresWaitNode
     .type cudaGraphAddExternalSemaphoresWaitNode, @function
 cudaGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -902,7 +890,7 @@ cudaGraphAddExternalSemaphoresWaitNode:
     .globl cudaGraphAddHostNode
     .type cudaGraphAddHostNode, @function
 cudaGraphAddHostNode:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -910,7 +898,7 @@ cudaGraphAddHostNode:
     .globl cudaGraphAddKernelNode
     .type cudaGraphAddKernelNode, @function
 cudaGraphAddKernelNode:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -918,7 +906,7 @@ cudaGraphAddKernelNode:
     .globl cudaGraphAddMemAllocNode
     .type cudaGraphAddMemAllocNode, @function
 cudaGraphAddMemAllocNode:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -926,7 +914,7 @@ cudaGraphAddMemAllocNode:
     .globl cudaGraphAddMemFreeNode
     .type cudaGraphAddMemFreeNode, @function
 cudaGraphAddMemFreeNode:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -934,7 +922,7 @@ cudaGraphAddMemFreeNode:
     .globl cudaGraphAddMemcpyNode
     .type cudaGraphAddMemcpyNode, @function
 cudaGraphAddMemcpyNode:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -942,7 +930,7 @@ cudaGraphAddMemcpyNode:
     .globl cudaGraphAddMemcpyNode1D
     .type cudaGraphAddMemcpyNode1D, @function
 cudaGraphAddMemcpyNode1D:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -950,7 +938,7 @@ cudaGraphAddMemcpyNode1D:
     .globl cudaGraphAddMemcpyNodeFromSymbol
     .type cudaGraphAddMemcpyNodeFromSymbol, @function
 cudaGraphAddMemcpyNodeFromSymbol:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -958,7 +946,7 @@ cudaGraphAddMemcpyNodeFromSymbol:
     .globl cudaGraphAddMemcpyNodeToSymbol
     .type cudaGraphAddMemcpyNodeToSymbol, @function
 cudaGraphAddMemcpyNodeToSymbol:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -966,7 +954,7 @@ cudaGraphAddMemcpyNodeToSymbol:
     .globl cudaGraphAddMemsetNode
     .type cudaGraphAddMemsetNode, @function
 cudaGraphAddMemsetNode:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -974,7 +962,7 @@ cudaGraphAddMemsetNode:
     .globl cudaGraphAddNode
     .type cudaGraphAddNode, @function
 cudaGraphAddNode:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1007,7 +995,7 @@ cudaGraphCreate:
     .globl cudaGraphDebugDotPrint
     .type cudaGraphDebugDotPrint, @function
 cudaGraphDebugDotPrint:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1065,7 +1053,7 @@ cudaGraphExecEventWaitNodeSetEvent:
     .globl cudaGraphExecExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1073,7 +1061,7 @@ cudaGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExecExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1091,7 +1079,7 @@ cudaGraphExecGetId:
     .globl cudaGraphExecHostNodeSetParams
     .type cudaGraphExecHostNodeSetParams, @function
 cudaGraphExecHostNodeSetParams:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1099,7 +1087,7 @@ cudaGraphExecHostNodeSetParams:
     .globl cudaGraphExecKernelNodeSetParams
     .type cudaGraphExecKernelNodeSetParams, @function
 cudaGraphExecKernelNodeSetParams:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1107,7 +1095,7 @@ cudaGraphExecKernelNodeSetParams:
     .globl cudaGraphExecMemcpyNodeSetParams
     .type cudaGraphExecMemcpyNodeSetParams, @function
 cudaGraphExecMemcpyNodeSetParams:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1115,7 +1103,7 @@ cudaGraphExecMemcpyNodeSetParams:
     .globl cudaGraphExecMemcpyNodeSetParams1D
     .type cudaGraphExecMemcpyNodeSetParams1D, @function
 cudaGraphExecMemcpyNodeSetParams1D:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1123,7 +1111,7 @@ cudaGraphExecMemcpyNodeSetParams1D:
     .globl cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .type cudaGraphExecMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1131,7 +1119,7 @@ cudaGraphExecMemcpyNodeSetParamsFromSymbol:
     .globl cudaGraphExecMemcpyNodeSetParamsToSymbol
     .type cudaGraphExecMemcpyNodeSetParamsToSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsToSymbol:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1139,7 +1127,7 @@ cudaGraphExecMemcpyNodeSetParamsToSymbol:
     .globl cudaGraphExecMemsetNodeSetParams
     .type cudaGraphExecMemsetNodeSetParams, @function
 cudaGraphExecMemsetNodeSetParams:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1147,7 +1135,7 @@ cudaGraphExecMemsetNodeSetParams:
     .globl cudaGraphExecNodeSetParams
     .type cudaGraphExecNodeSetParams, @function
 cudaGraphExecNodeSetParams:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1155,7 +1143,7 @@ cudaGraphExecNodeSetParams:
     .globl cudaGraphExecUpdate
     .type cudaGraphExecUpdate, @function
 cudaGraphExecUpdate:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1163,7 +1151,7 @@ cudaGraphExecUpdate:
     .globl cudaGraphExternalSemaphoresSignalNodeGetParams
     .type cudaGraphExternalSemaphoresSignalNodeGetParams, @function
 cudaGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1171,7 +1159,7 @@ cudaGraphExternalSemaphoresSignalNodeGetParams:
     .globl cudaGraphExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1179,7 +1167,7 @@ cudaGraphExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeGetParams
     .type cudaGraphExternalSemaphoresWaitNodeGetParams, @function
 cudaGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1187,7 +1175,7 @@ cudaGraphExternalSemaphoresWaitNodeGetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1195,7 +1183,7 @@ cudaGraphExternalSemaphoresWaitNodeSetParams:
     .globl cudaGraphGetEdges
     .type cudaGraphGetEdges, @function
 cudaGraphGetEdges:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1218,7 +1206,7 @@ cudaGraphGetRootNodes:
     .globl cudaGraphHostNodeGetParams
     .type cudaGraphHostNodeGetParams, @function
 cudaGraphHostNodeGetParams:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1226,7 +1214,7 @@ cudaGraphHostNodeGetParams:
     .globl cudaGraphHostNodeSetParams
     .type cudaGraphHostNodeSetParams, @function
 cudaGraphHostNodeSetParams:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1244,7 +1232,7 @@ cudaGraphInstantiateWithFlags:
     .globl cudaGraphInstantiateWithParams
     .type cudaGraphInstantiateWithParams, @function
 cudaGraphInstantiateWithParams:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1252,7 +1240,7 @@ cudaGraphInstantiateWithParams:
     .globl cudaGraphInstantiateWithParams_ptsz
     .type cudaGraphInstantiateWithParams_ptsz, @function
 cudaGraphInstantiateWithParams_ptsz:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1265,7 +1253,7 @@ cudaGraphKernelNodeCopyAttributes:
     .globl cudaGraphKernelNodeGetAttribute
     .type cudaGraphKernelNodeGetAttribute, @function
 cudaGraphKernelNodeGetAttribute:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1273,7 +1261,7 @@ cudaGraphKernelNodeGetAttribute:
     .globl cudaGraphKernelNodeGetParams
     .type cudaGraphKernelNodeGetParams, @function
 cudaGraphKernelNodeGetParams:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1281,7 +1269,7 @@ cudaGraphKernelNodeGetParams:
     .globl cudaGraphKernelNodeSetAttribute
     .type cudaGraphKernelNodeSetAttribute, @function
 cudaGraphKernelNodeSetAttribute:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1289,7 +1277,7 @@ cudaGraphKernelNodeSetAttribute:
     .globl cudaGraphKernelNodeSetParams
     .type cudaGraphKernelNodeSetParams, @function
 cudaGraphKernelNodeSetParams:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1307,7 +1295,7 @@ cudaGraphLaunch_ptsz:
     .globl cudaGraphMemAllocNodeGetParams
     .type cudaGraphMemAllocNodeGetParams, @function
 cudaGraphMemAllocNodeGetParams:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1315,7 +1303,7 @@ cudaGraphMemAllocNodeGetParams:
     .globl cudaGraphMemFreeNodeGetParams
     .type cudaGraphMemFreeNodeGetParams, @function
 cudaGraphMemFreeNodeGetParams:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1323,7 +1311,7 @@ cudaGraphMemFreeNodeGetParams:
     .globl cudaGraphMemcpyNodeGetParams
     .type cudaGraphMemcpyNodeGetParams, @function
 cudaGraphMemcpyNodeGetParams:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1331,7 +1319,7 @@ cudaGraphMemcpyNodeGetParams:
     .globl cudaGraphMemcpyNodeSetParams
     .type cudaGraphMemcpyNodeSetParams, @function
 cudaGraphMemcpyNodeSetParams:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1339,7 +1327,7 @@ cudaGraphMemcpyNodeSetParams:
     .globl cudaGraphMemcpyNodeSetParams1D
     .type cudaGraphMemcpyNodeSetParams1D, @function
 cudaGraphMemcpyNodeSetParams1D:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1347,7 +1335,7 @@ cudaGraphMemcpyNodeSetParams1D:
     .globl cudaGraphMemcpyNodeSetParamsFromSymbol
     .type cudaGraphMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1355,7 +1343,7 @@ cudaGraphMemcpyNodeSetParamsFromSymbol:
     .globl cudaGraphMemcpyNodeSetParamsToSymbol
     .type cudaGraphMemcpyNodeSetParamsToSymbol, @function
 cudaGraphMemcpyNodeSetParamsToSymbol:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1363,7 +1351,7 @@ cudaGraphMemcpyNodeSetParamsToSymbol:
     .globl cudaGraphMemsetNodeGetParams
     .type cudaGraphMemsetNodeGetParams, @function
 cudaGraphMemsetNodeGetParams:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1371,7 +1359,7 @@ cudaGraphMemsetNodeGetParams:
     .globl cudaGraphMemsetNodeSetParams
     .type cudaGraphMemsetNodeSetParams, @function
 cudaGraphMemsetNodeSetParams:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1389,7 +1377,7 @@ cudaGraphNodeGetContainingGraph:
     .globl cudaGraphNodeGetDependencies
     .type cudaGraphNodeGetDependencies, @function
 cudaGraphNodeGetDependencies:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1397,7 +1385,7 @@ cudaGraphNodeGetDependencies:
     .globl cudaGraphNodeGetDependentNodes
     .type cudaGraphNodeGetDependentNodes, @function
 cudaGraphNodeGetDependentNodes:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1430,7 +1418,7 @@ cudaGraphNodeSetEnabled:
     .globl cudaGraphNodeSetParams
     .type cudaGraphNodeSetParams, @function
 cudaGraphNodeSetParams:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1443,7 +1431,7 @@ cudaGraphReleaseUserObject:
     .globl cudaGraphRemoveDependencies
     .type cudaGraphRemoveDependencies, @function
 cudaGraphRemoveDependencies:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1466,7 +1454,7 @@ cudaGraphUpload_ptsz:
     .globl cudaGraphicsEGLRegisterImage
     .type cudaGraphicsEGLRegisterImage, @function
 cudaGraphicsEGLRegisterImage:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1474,7 +1462,7 @@ cudaGraphicsEGLRegisterImage:
     .globl cudaGraphicsGLRegisterBuffer
     .type cudaGraphicsGLRegisterBuffer, @function
 cudaGraphicsGLRegisterBuffer:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1482,7 +1470,7 @@ cudaGraphicsGLRegisterBuffer:
     .globl cudaGraphicsGLRegisterImage
     .type cudaGraphicsGLRegisterImage, @function
 cudaGraphicsGLRegisterImage:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1495,7 +1483,7 @@ cudaGraphicsMapResources:
     .globl cudaGraphicsResourceGetMappedEglFrame
     .type cudaGraphicsResourceGetMappedEglFrame, @function
 cudaGraphicsResourceGetMappedEglFrame:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1508,7 +1496,7 @@ cudaGraphicsResourceGetMappedMipmappedArray:
     .globl cudaGraphicsResourceGetMappedPointer
     .type cudaGraphicsResourceGetMappedPointer, @function
 cudaGraphicsResourceGetMappedPointer:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1536,7 +1524,7 @@ cudaGraphicsUnregisterResource:
     .globl cudaGraphicsVDPAURegisterOutputSurface
     .type cudaGraphicsVDPAURegisterOutputSurface, @function
 cudaGraphicsVDPAURegisterOutputSurface:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1544,7 +1532,7 @@ cudaGraphicsVDPAURegisterOutputSurface:
     .globl cudaGraphicsVDPAURegisterVideoSurface
     .type cudaGraphicsVDPAURegisterVideoSurface, @function
 cudaGraphicsVDPAURegisterVideoSurface:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1562,7 +1550,7 @@ cudaHostAlloc:
     .globl cudaHostGetDevicePointer
     .type cudaHostGetDevicePointer, @function
 cudaHostGetDevicePointer:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1585,7 +1573,7 @@ cudaHostUnregister:
     .globl cudaImportExternalMemory
     .type cudaImportExternalMemory, @function
 cudaImportExternalMemory:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1593,7 +1581,7 @@ cudaImportExternalMemory:
     .globl cudaImportExternalSemaphore
     .type cudaImportExternalSemaphore, @function
 cudaImportExternalSemaphore:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1606,7 +1594,7 @@ cudaInitDevice:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1614,7 +1602,7 @@ cudaIpcCloseMemHandle:
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1622,7 +1610,7 @@ cudaIpcGetEventHandle:
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1635,7 +1623,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1693,7 +1681,7 @@ cudaLibraryEnumerateKernels:
     .globl cudaLibraryGetGlobal
     .type cudaLibraryGetGlobal, @function
 cudaLibraryGetGlobal:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1711,7 +1699,7 @@ cudaLibraryGetKernelCount:
     .globl cudaLibraryGetManaged
     .type cudaLibraryGetManaged, @function
 cudaLibraryGetManaged:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1719,7 +1707,7 @@ cudaLibraryGetManaged:
     .globl cudaLibraryGetUnifiedFunction
     .type cudaLibraryGetUnifiedFunction, @function
 cudaLibraryGetUnifiedFunction:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1727,7 +1715,7 @@ cudaLibraryGetUnifiedFunction:
     .globl cudaLibraryLoadData
     .type cudaLibraryLoadData, @function
 cudaLibraryLoadData:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1735,7 +1723,7 @@ cudaLibraryLoadData:
     .globl cudaLibraryLoadFromFile
     .type cudaLibraryLoadFromFile, @function
 cudaLibraryLoadFromFile:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1753,7 +1741,7 @@ cudaLogsCurrent:
     .globl cudaLogsDumpToFile
     .type cudaLogsDumpToFile, @function
 cudaLogsDumpToFile:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1761,7 +1749,7 @@ cudaLogsDumpToFile:
     .globl cudaLogsDumpToMemory
     .type cudaLogsDumpToMemory, @function
 cudaLogsDumpToMemory:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1769,7 +1757,7 @@ cudaLogsDumpToMemory:
     .globl cudaLogsRegisterCallback
     .type cudaLogsRegisterCallback, @function
 cudaLogsRegisterCallback:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1787,7 +1775,7 @@ cudaMalloc:
     .globl cudaMalloc3D
     .type cudaMalloc3D, @function
 cudaMalloc3D:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1815,7 +1803,7 @@ cudaMallocAsync_ptsz:
     .globl cudaMallocFromPoolAsync
     .type cudaMallocFromPoolAsync, @function
 cudaMallocFromPoolAsync:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1823,7 +1811,7 @@ cudaMallocFromPoolAsync:
     .globl cudaMallocFromPoolAsync_ptsz
     .type cudaMallocFromPoolAsync_ptsz, @function
 cudaMallocFromPoolAsync_ptsz:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1836,7 +1824,7 @@ cudaMallocHost:
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1844,7 +1832,7 @@ cudaMallocManaged:
     .globl cudaMallocMipmappedArray
     .type cudaMallocMipmappedArray, @function
 cudaMallocMipmappedArray:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1857,7 +1845,7 @@ cudaMallocPitch:
     .globl cudaMemAdvise
     .type cudaMemAdvise, @function
 cudaMemAdvise:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1865,7 +1853,7 @@ cudaMemAdvise:
     .globl cudaMemDiscardAndPrefetchBatchAsync
     .type cudaMemDiscardAndPrefetchBatchAsync, @function
 cudaMemDiscardAndPrefetchBatchAsync:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1873,7 +1861,7 @@ cudaMemDiscardAndPrefetchBatchAsync:
     .globl cudaMemDiscardAndPrefetchBatchAsync_ptsz
     .type cudaMemDiscardAndPrefetchBatchAsync_ptsz, @function
 cudaMemDiscardAndPrefetchBatchAsync_ptsz:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1881,7 +1869,7 @@ cudaMemDiscardAndPrefetchBatchAsync_ptsz:
     .globl cudaMemDiscardBatchAsync
     .type cudaMemDiscardBatchAsync, @function
 cudaMemDiscardBatchAsync:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1889,7 +1877,7 @@ cudaMemDiscardBatchAsync:
     .globl cudaMemDiscardBatchAsync_ptsz
     .type cudaMemDiscardBatchAsync_ptsz, @function
 cudaMemDiscardBatchAsync_ptsz:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1897,7 +1885,7 @@ cudaMemDiscardBatchAsync_ptsz:
     .globl cudaMemGetDefaultMemPool
     .type cudaMemGetDefaultMemPool, @function
 cudaMemGetDefaultMemPool:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1910,7 +1898,7 @@ cudaMemGetInfo:
     .globl cudaMemGetMemPool
     .type cudaMemGetMemPool, @function
 cudaMemGetMemPool:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1918,7 +1906,7 @@ cudaMemGetMemPool:
     .globl cudaMemPoolCreate
     .type cudaMemPoolCreate, @function
 cudaMemPoolCreate:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1931,7 +1919,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1939,7 +1927,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1947,7 +1935,7 @@ cudaMemPoolExportToShareableHandle:
     .globl cudaMemPoolGetAccess
     .type cudaMemPoolGetAccess, @function
 cudaMemPoolGetAccess:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1955,7 +1943,7 @@ cudaMemPoolGetAccess:
     .globl cudaMemPoolGetAttribute
     .type cudaMemPoolGetAttribute, @function
 cudaMemPoolGetAttribute:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1963,7 +1951,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1971,7 +1959,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1979,7 +1967,7 @@ cudaMemPoolImportPointer:
     .globl cudaMemPoolSetAccess
     .type cudaMemPoolSetAccess, @function
 cudaMemPoolSetAccess:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1987,7 +1975,7 @@ cudaMemPoolSetAccess:
     .globl cudaMemPoolSetAttribute
     .type cudaMemPoolSetAttribute, @function
 cudaMemPoolSetAttribute:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2000,7 +1988,7 @@ cudaMemPoolTrimTo:
     .globl cudaMemPrefetchAsync
     .type cudaMemPrefetchAsync, @function
 cudaMemPrefetchAsync:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2008,7 +1996,7 @@ cudaMemPrefetchAsync:
     .globl cudaMemPrefetchAsync_ptsz
     .type cudaMemPrefetchAsync_ptsz, @function
 cudaMemPrefetchAsync_ptsz:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2016,7 +2004,7 @@ cudaMemPrefetchAsync_ptsz:
     .globl cudaMemPrefetchBatchAsync
     .type cudaMemPrefetchBatchAsync, @function
 cudaMemPrefetchBatchAsync:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2024,7 +2012,7 @@ cudaMemPrefetchBatchAsync:
     .globl cudaMemPrefetchBatchAsync_ptsz
     .type cudaMemPrefetchBatchAsync_ptsz, @function
 cudaMemPrefetchBatchAsync_ptsz:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2032,7 +2020,7 @@ cudaMemPrefetchBatchAsync_ptsz:
     .globl cudaMemRangeGetAttribute
     .type cudaMemRangeGetAttribute, @function
 cudaMemRangeGetAttribute:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2040,7 +2028,7 @@ cudaMemRangeGetAttribute:
     .globl cudaMemRangeGetAttributes
     .type cudaMemRangeGetAttributes, @function
 cudaMemRangeGetAttributes:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2048,7 +2036,7 @@ cudaMemRangeGetAttributes:
     .globl cudaMemSetMemPool
     .type cudaMemSetMemPool, @function
 cudaMemSetMemPool:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2086,7 +2074,7 @@ cudaMemcpy2DAsync_ptsz:
     .globl cudaMemcpy2DFromArray
     .type cudaMemcpy2DFromArray, @function
 cudaMemcpy2DFromArray:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2094,7 +2082,7 @@ cudaMemcpy2DFromArray:
     .globl cudaMemcpy2DFromArrayAsync
     .type cudaMemcpy2DFromArrayAsync, @function
 cudaMemcpy2DFromArrayAsync:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2102,7 +2090,7 @@ cudaMemcpy2DFromArrayAsync:
     .globl cudaMemcpy2DFromArrayAsync_ptsz
     .type cudaMemcpy2DFromArrayAsync_ptsz, @function
 cudaMemcpy2DFromArrayAsync_ptsz:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2110,7 +2098,7 @@ cudaMemcpy2DFromArrayAsync_ptsz:
     .globl cudaMemcpy2DFromArray_ptds
     .type cudaMemcpy2DFromArray_ptds, @function
 cudaMemcpy2DFromArray_ptds:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2118,7 +2106,7 @@ cudaMemcpy2DFromArray_ptds:
     .globl cudaMemcpy2DToArray
     .type cudaMemcpy2DToArray, @function
 cudaMemcpy2DToArray:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2126,7 +2114,7 @@ cudaMemcpy2DToArray:
     .globl cudaMemcpy2DToArrayAsync
     .type cudaMemcpy2DToArrayAsync, @function
 cudaMemcpy2DToArrayAsync:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2134,7 +2122,7 @@ cudaMemcpy2DToArrayAsync:
     .globl cudaMemcpy2DToArrayAsync_ptsz
     .type cudaMemcpy2DToArrayAsync_ptsz, @function
 cudaMemcpy2DToArrayAsync_ptsz:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2142,7 +2130,7 @@ cudaMemcpy2DToArrayAsync_ptsz:
     .globl cudaMemcpy2DToArray_ptds
     .type cudaMemcpy2DToArray_ptds, @function
 cudaMemcpy2DToArray_ptds:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2155,7 +2143,7 @@ cudaMemcpy2D_ptds:
     .globl cudaMemcpy3D
     .type cudaMemcpy3D, @function
 cudaMemcpy3D:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2163,7 +2151,7 @@ cudaMemcpy3D:
     .globl cudaMemcpy3DAsync
     .type cudaMemcpy3DAsync, @function
 cudaMemcpy3DAsync:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2171,7 +2159,7 @@ cudaMemcpy3DAsync:
     .globl cudaMemcpy3DAsync_ptsz
     .type cudaMemcpy3DAsync_ptsz, @function
 cudaMemcpy3DAsync_ptsz:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2179,7 +2167,7 @@ cudaMemcpy3DAsync_ptsz:
     .globl cudaMemcpy3DBatchAsync
     .type cudaMemcpy3DBatchAsync, @function
 cudaMemcpy3DBatchAsync:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2187,7 +2175,7 @@ cudaMemcpy3DBatchAsync:
     .globl cudaMemcpy3DBatchAsync_ptsz
     .type cudaMemcpy3DBatchAsync_ptsz, @function
 cudaMemcpy3DBatchAsync_ptsz:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2195,7 +2183,7 @@ cudaMemcpy3DBatchAsync_ptsz:
     .globl cudaMemcpy3DPeer
     .type cudaMemcpy3DPeer, @function
 cudaMemcpy3DPeer:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2203,7 +2191,7 @@ cudaMemcpy3DPeer:
     .globl cudaMemcpy3DPeerAsync
     .type cudaMemcpy3DPeerAsync, @function
 cudaMemcpy3DPeerAsync:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2211,7 +2199,7 @@ cudaMemcpy3DPeerAsync:
     .globl cudaMemcpy3DPeerAsync_ptsz
     .type cudaMemcpy3DPeerAsync_ptsz, @function
 cudaMemcpy3DPeerAsync_ptsz:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2219,7 +2207,7 @@ cudaMemcpy3DPeerAsync_ptsz:
     .globl cudaMemcpy3DPeer_ptds
     .type cudaMemcpy3DPeer_ptds, @function
 cudaMemcpy3DPeer_ptds:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2227,7 +2215,7 @@ cudaMemcpy3DPeer_ptds:
     .globl cudaMemcpy3D_ptds
     .type cudaMemcpy3D_ptds, @function
 cudaMemcpy3D_ptds:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2255,7 +2243,7 @@ cudaMemcpyAsync_ptsz:
     .globl cudaMemcpyBatchAsync
     .type cudaMemcpyBatchAsync, @function
 cudaMemcpyBatchAsync:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2263,7 +2251,7 @@ cudaMemcpyBatchAsync:
     .globl cudaMemcpyBatchAsync_ptsz
     .type cudaMemcpyBatchAsync_ptsz, @function
 cudaMemcpyBatchAsync_ptsz:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2271,7 +2259,7 @@ cudaMemcpyBatchAsync_ptsz:
     .globl cudaMemcpyFromArray
     .type cudaMemcpyFromArray, @function
 cudaMemcpyFromArray:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2279,7 +2267,7 @@ cudaMemcpyFromArray:
     .globl cudaMemcpyFromArrayAsync
     .type cudaMemcpyFromArrayAsync, @function
 cudaMemcpyFromArrayAsync:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2287,7 +2275,7 @@ cudaMemcpyFromArrayAsync:
     .globl cudaMemcpyFromArrayAsync_ptsz
     .type cudaMemcpyFromArrayAsync_ptsz, @function
 cudaMemcpyFromArrayAsync_ptsz:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2295,7 +2283,7 @@ cudaMemcpyFromArrayAsync_ptsz:
     .globl cudaMemcpyFromArray_ptds
     .type cudaMemcpyFromArray_ptds, @function
 cudaMemcpyFromArray_ptds:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2323,7 +2311,7 @@ cudaMemcpyFromSymbol_ptds:
     .globl cudaMemcpyPeer
     .type cudaMemcpyPeer, @function
 cudaMemcpyPeer:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2331,7 +2319,7 @@ cudaMemcpyPeer:
     .globl cudaMemcpyPeerAsync
     .type cudaMemcpyPeerAsync, @function
 cudaMemcpyPeerAsync:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2339,7 +2327,7 @@ cudaMemcpyPeerAsync:
     .globl cudaMemcpyToArray
     .type cudaMemcpyToArray, @function
 cudaMemcpyToArray:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2347,7 +2335,7 @@ cudaMemcpyToArray:
     .globl cudaMemcpyToArrayAsync
     .type cudaMemcpyToArrayAsync, @function
 cudaMemcpyToArrayAsync:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2355,7 +2343,7 @@ cudaMemcpyToArrayAsync:
     .globl cudaMemcpyToArrayAsync_ptsz
     .type cudaMemcpyToArrayAsync_ptsz, @function
 cudaMemcpyToArrayAsync_ptsz:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2363,7 +2351,7 @@ cudaMemcpyToArrayAsync_ptsz:
     .globl cudaMemcpyToArray_ptds
     .type cudaMemcpyToArray_ptds, @function
 cudaMemcpyToArray_ptds:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2421,7 +2409,7 @@ cudaMemset2D_ptds:
     .globl cudaMemset3D
     .type cudaMemset3D, @function
 cudaMemset3D:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2429,7 +2417,7 @@ cudaMemset3D:
     .globl cudaMemset3DAsync
     .type cudaMemset3DAsync, @function
 cudaMemset3DAsync:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2437,7 +2425,7 @@ cudaMemset3DAsync:
     .globl cudaMemset3DAsync_ptsz
     .type cudaMemset3DAsync_ptsz, @function
 cudaMemset3DAsync_ptsz:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2445,7 +2433,7 @@ cudaMemset3DAsync_ptsz:
     .globl cudaMemset3D_ptds
     .type cudaMemset3D_ptds, @function
 cudaMemset3D_ptds:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2468,7 +2456,7 @@ cudaMemset_ptds:
     .globl cudaMipmappedArrayGetMemoryRequirements
     .type cudaMipmappedArrayGetMemoryRequirements, @function
 cudaMipmappedArrayGetMemoryRequirements:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2476,7 +2464,7 @@ cudaMipmappedArrayGetMemoryRequirements:
     .globl cudaMipmappedArrayGetSparseProperties
     .type cudaMipmappedArrayGetSparseProperties, @function
 cudaMipmappedArrayGetSparseProperties:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2484,7 +2472,7 @@ cudaMipmappedArrayGetSparseProperties:
     .globl cudaOccupancyAvailableDynamicSMemPerBlock
     .type cudaOccupancyAvailableDynamicSMemPerBlock, @function
 cudaOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2502,7 +2490,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2510,7 +2498,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2528,7 +2516,7 @@ cudaPointerGetAttributes:
     .globl cudaProfilerStart
     .type cudaProfilerStart, @function
 cudaProfilerStart:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2536,7 +2524,7 @@ cudaProfilerStart:
     .globl cudaProfilerStop
     .type cudaProfilerStop, @function
 cudaProfilerStop:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2559,7 +2547,7 @@ cudaSetDeviceFlags:
     .globl cudaSetValidDevices
     .type cudaSetValidDevices, @function
 cudaSetValidDevices:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2567,7 +2555,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2575,7 +2563,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2593,7 +2581,7 @@ cudaStreamAddCallback_ptsz:
     .globl cudaStreamAttachMemAsync
     .type cudaStreamAttachMemAsync, @function
 cudaStreamAttachMemAsync:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2601,7 +2589,7 @@ cudaStreamAttachMemAsync:
     .globl cudaStreamAttachMemAsync_ptsz
     .type cudaStreamAttachMemAsync_ptsz, @function
 cudaStreamAttachMemAsync_ptsz:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2614,7 +2602,7 @@ cudaStreamBeginCapture:
     .globl cudaStreamBeginCaptureToGraph
     .type cudaStreamBeginCaptureToGraph, @function
 cudaStreamBeginCaptureToGraph:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2622,7 +2610,7 @@ cudaStreamBeginCaptureToGraph:
     .globl cudaStreamBeginCaptureToGraph_ptsz
     .type cudaStreamBeginCaptureToGraph_ptsz, @function
 cudaStreamBeginCaptureToGraph_ptsz:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2675,7 +2663,7 @@ cudaStreamEndCapture_ptsz:
     .globl cudaStreamGetAttribute
     .type cudaStreamGetAttribute, @function
 cudaStreamGetAttribute:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2683,7 +2671,7 @@ cudaStreamGetAttribute:
     .globl cudaStreamGetAttribute_ptsz
     .type cudaStreamGetAttribute_ptsz, @function
 cudaStreamGetAttribute_ptsz:
-    leaq .Lname208(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2691,7 +2679,7 @@ cudaStreamGetAttribute_ptsz:
     .globl cudaStreamGetCaptureInfo
     .type cudaStreamGetCaptureInfo, @function
 cudaStreamGetCaptureInfo:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2699,7 +2687,7 @@ cudaStreamGetCaptureInfo:
     .globl cudaStreamGetCaptureInfo_ptsz
     .type cudaStreamGetCaptureInfo_ptsz, @function
 cudaStreamGetCaptureInfo_ptsz:
-    leaq .Lname210(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2707,7 +2695,7 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetDevResource
     .type cudaStreamGetDevResource, @function
 cudaStreamGetDevResource:
-    leaq .Lname211(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2715,7 +2703,7 @@ cudaStreamGetDevResource:
     .globl cudaStreamGetDevResource_ptsz
     .type cudaStreamGetDevResource_ptsz, @function
 cudaStreamGetDevResource_ptsz:
-    leaq .Lname212(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2783,7 +2771,7 @@ cudaStreamQuery_ptsz:
     .globl cudaStreamSetAttribute
     .type cudaStreamSetAttribute, @function
 cudaStreamSetAttribute:
-    leaq .Lname213(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2791,7 +2779,7 @@ cudaStreamSetAttribute:
     .globl cudaStreamSetAttribute_ptsz
     .type cudaStreamSetAttribute_ptsz, @function
 cudaStreamSetAttribute_ptsz:
-    leaq .Lname214(%rip), %rdi
+    leaq .Lname210(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2809,7 +2797,7 @@ cudaStreamSynchronize_ptsz:
     .globl cudaStreamUpdateCaptureDependencies
     .type cudaStreamUpdateCaptureDependencies, @function
 cudaStreamUpdateCaptureDependencies:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname211(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2817,7 +2805,7 @@ cudaStreamUpdateCaptureDependencies:
     .globl cudaStreamUpdateCaptureDependencies_ptsz
     .type cudaStreamUpdateCaptureDependencies_ptsz, @function
 cudaStreamUpdateCaptureDependencies_ptsz:
-    leaq .Lname216(%rip), %rdi
+    leaq .Lname212(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2840,7 +2828,7 @@ cudaThreadExchangeStreamCaptureMode:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname217(%rip), %rdi
+    leaq .Lname213(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2858,7 +2846,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname218(%rip), %rdi
+    leaq .Lname214(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2866,7 +2854,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname219(%rip), %rdi
+    leaq .Lname215(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2874,7 +2862,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname220(%rip), %rdi
+    leaq .Lname216(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2882,7 +2870,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname221(%rip), %rdi
+    leaq .Lname217(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2977,359 +2965,351 @@ cudaWaitExternalSemaphoresAsync_ptsz:
 .Lname43:
     .asciz "cudaGetChannelDesc"
 .Lname44:
-    .asciz "cudaGetDriverEntryPoint"
-.Lname45:
-    .asciz "cudaGetDriverEntryPointByVersion"
-.Lname46:
-    .asciz "cudaGetDriverEntryPointByVersion_ptsz"
-.Lname47:
-    .asciz "cudaGetDriverEntryPoint_ptsz"
-.Lname48:
     .asciz "cudaGetExportTable"
-.Lname49:
+.Lname45:
     .asciz "cudaGetFuncBySymbol"
-.Lname50:
+.Lname46:
     .asciz "cudaGetSurfaceObjectResourceDesc"
-.Lname51:
+.Lname47:
     .asciz "cudaGetTextureObjectResourceDesc"
-.Lname52:
+.Lname48:
     .asciz "cudaGetTextureObjectResourceViewDesc"
-.Lname53:
+.Lname49:
     .asciz "cudaGetTextureObjectTextureDesc"
-.Lname54:
+.Lname50:
     .asciz "cudaGraphAddChildGraphNode"
-.Lname55:
+.Lname51:
     .asciz "cudaGraphAddDependencies"
-.Lname56:
+.Lname52:
     .asciz "cudaGraphAddEmptyNode"
-.Lname57:
+.Lname53:
     .asciz "cudaGraphAddEventRecordNode"
-.Lname58:
+.Lname54:
     .asciz "cudaGraphAddEventWaitNode"
-.Lname59:
+.Lname55:
     .asciz "cudaGraphAddExternalSemaphoresSignalNode"
-.Lname60:
+.Lname56:
     .asciz "cudaGraphAddExternalSemaphoresWaitNode"
-.Lname61:
+.Lname57:
     .asciz "cudaGraphAddHostNode"
-.Lname62:
+.Lname58:
     .asciz "cudaGraphAddKernelNode"
-.Lname63:
+.Lname59:
     .asciz "cudaGraphAddMemAllocNode"
-.Lname64:
+.Lname60:
     .asciz "cudaGraphAddMemFreeNode"
-.Lname65:
+.Lname61:
     .asciz "cudaGraphAddMemcpyNode"
-.Lname66:
+.Lname62:
     .asciz "cudaGraphAddMemcpyNode1D"
-.Lname67:
+.Lname63:
     .asciz "cudaGraphAddMemcpyNodeFromSymbol"
-.Lname68:
+.Lname64:
     .asciz "cudaGraphAddMemcpyNodeToSymbol"
-.Lname69:
+.Lname65:
     .asciz "cudaGraphAddMemsetNode"
-.Lname70:
+.Lname66:
     .asciz "cudaGraphAddNode"
-.Lname71:
+.Lname67:
     .asciz "cudaGraphDebugDotPrint"
-.Lname72:
+.Lname68:
     .asciz "cudaGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname73:
+.Lname69:
     .asciz "cudaGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname74:
+.Lname70:
     .asciz "cudaGraphExecHostNodeSetParams"
-.Lname75:
+.Lname71:
     .asciz "cudaGraphExecKernelNodeSetParams"
-.Lname76:
+.Lname72:
     .asciz "cudaGraphExecMemcpyNodeSetParams"
-.Lname77:
+.Lname73:
     .asciz "cudaGraphExecMemcpyNodeSetParams1D"
-.Lname78:
+.Lname74:
     .asciz "cudaGraphExecMemcpyNodeSetParamsFromSymbol"
-.Lname79:
+.Lname75:
     .asciz "cudaGraphExecMemcpyNodeSetParamsToSymbol"
-.Lname80:
+.Lname76:
     .asciz "cudaGraphExecMemsetNodeSetParams"
-.Lname81:
+.Lname77:
     .asciz "cudaGraphExecNodeSetParams"
-.Lname82:
+.Lname78:
     .asciz "cudaGraphExecUpdate"
-.Lname83:
+.Lname79:
     .asciz "cudaGraphExternalSemaphoresSignalNodeGetParams"
-.Lname84:
+.Lname80:
     .asciz "cudaGraphExternalSemaphoresSignalNodeSetParams"
-.Lname85:
+.Lname81:
     .asciz "cudaGraphExternalSemaphoresWaitNodeGetParams"
-.Lname86:
+.Lname82:
     .asciz "cudaGraphExternalSemaphoresWaitNodeSetParams"
-.Lname87:
+.Lname83:
     .asciz "cudaGraphGetEdges"
-.Lname88:
+.Lname84:
     .asciz "cudaGraphHostNodeGetParams"
-.Lname89:
+.Lname85:
     .asciz "cudaGraphHostNodeSetParams"
-.Lname90:
+.Lname86:
     .asciz "cudaGraphInstantiateWithParams"
-.Lname91:
+.Lname87:
     .asciz "cudaGraphInstantiateWithParams_ptsz"
-.Lname92:
+.Lname88:
     .asciz "cudaGraphKernelNodeGetAttribute"
-.Lname93:
+.Lname89:
     .asciz "cudaGraphKernelNodeGetParams"
-.Lname94:
+.Lname90:
     .asciz "cudaGraphKernelNodeSetAttribute"
-.Lname95:
+.Lname91:
     .asciz "cudaGraphKernelNodeSetParams"
-.Lname96:
+.Lname92:
     .asciz "cudaGraphMemAllocNodeGetParams"
-.Lname97:
+.Lname93:
     .asciz "cudaGraphMemFreeNodeGetParams"
-.Lname98:
+.Lname94:
     .asciz "cudaGraphMemcpyNodeGetParams"
-.Lname99:
+.Lname95:
     .asciz "cudaGraphMemcpyNodeSetParams"
-.Lname100:
+.Lname96:
     .asciz "cudaGraphMemcpyNodeSetParams1D"
-.Lname101:
+.Lname97:
     .asciz "cudaGraphMemcpyNodeSetParamsFromSymbol"
-.Lname102:
+.Lname98:
     .asciz "cudaGraphMemcpyNodeSetParamsToSymbol"
-.Lname103:
+.Lname99:
     .asciz "cudaGraphMemsetNodeGetParams"
-.Lname104:
+.Lname100:
     .asciz "cudaGraphMemsetNodeSetParams"
-.Lname105:
+.Lname101:
     .asciz "cudaGraphNodeGetDependencies"
-.Lname106:
+.Lname102:
     .asciz "cudaGraphNodeGetDependentNodes"
-.Lname107:
+.Lname103:
     .asciz "cudaGraphNodeSetParams"
-.Lname108:
+.Lname104:
     .asciz "cudaGraphRemoveDependencies"
-.Lname109:
+.Lname105:
     .asciz "cudaGraphicsEGLRegisterImage"
-.Lname110:
+.Lname106:
     .asciz "cudaGraphicsGLRegisterBuffer"
-.Lname111:
+.Lname107:
     .asciz "cudaGraphicsGLRegisterImage"
-.Lname112:
+.Lname108:
     .asciz "cudaGraphicsResourceGetMappedEglFrame"
-.Lname113:
+.Lname109:
     .asciz "cudaGraphicsResourceGetMappedPointer"
-.Lname114:
+.Lname110:
     .asciz "cudaGraphicsVDPAURegisterOutputSurface"
-.Lname115:
+.Lname111:
     .asciz "cudaGraphicsVDPAURegisterVideoSurface"
-.Lname116:
+.Lname112:
     .asciz "cudaHostGetDevicePointer"
-.Lname117:
+.Lname113:
     .asciz "cudaImportExternalMemory"
-.Lname118:
+.Lname114:
     .asciz "cudaImportExternalSemaphore"
-.Lname119:
+.Lname115:
     .asciz "cudaIpcCloseMemHandle"
-.Lname120:
+.Lname116:
     .asciz "cudaIpcGetEventHandle"
-.Lname121:
+.Lname117:
     .asciz "cudaIpcGetMemHandle"
-.Lname122:
+.Lname118:
     .asciz "cudaIpcOpenMemHandle"
-.Lname123:
+.Lname119:
     .asciz "cudaLibraryGetGlobal"
-.Lname124:
+.Lname120:
     .asciz "cudaLibraryGetManaged"
-.Lname125:
+.Lname121:
     .asciz "cudaLibraryGetUnifiedFunction"
-.Lname126:
+.Lname122:
     .asciz "cudaLibraryLoadData"
-.Lname127:
+.Lname123:
     .asciz "cudaLibraryLoadFromFile"
-.Lname128:
+.Lname124:
     .asciz "cudaLogsDumpToFile"
-.Lname129:
+.Lname125:
     .asciz "cudaLogsDumpToMemory"
-.Lname130:
+.Lname126:
     .asciz "cudaLogsRegisterCallback"
-.Lname131:
+.Lname127:
     .asciz "cudaMalloc3D"
-.Lname132:
+.Lname128:
     .asciz "cudaMallocFromPoolAsync"
-.Lname133:
+.Lname129:
     .asciz "cudaMallocFromPoolAsync_ptsz"
-.Lname134:
+.Lname130:
     .asciz "cudaMallocManaged"
-.Lname135:
+.Lname131:
     .asciz "cudaMallocMipmappedArray"
-.Lname136:
+.Lname132:
     .asciz "cudaMemAdvise"
-.Lname137:
+.Lname133:
     .asciz "cudaMemDiscardAndPrefetchBatchAsync"
-.Lname138:
+.Lname134:
     .asciz "cudaMemDiscardAndPrefetchBatchAsync_ptsz"
-.Lname139:
+.Lname135:
     .asciz "cudaMemDiscardBatchAsync"
-.Lname140:
+.Lname136:
     .asciz "cudaMemDiscardBatchAsync_ptsz"
-.Lname141:
+.Lname137:
     .asciz "cudaMemGetDefaultMemPool"
-.Lname142:
+.Lname138:
     .asciz "cudaMemGetMemPool"
-.Lname143:
+.Lname139:
     .asciz "cudaMemPoolCreate"
-.Lname144:
+.Lname140:
     .asciz "cudaMemPoolExportPointer"
-.Lname145:
+.Lname141:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname146:
+.Lname142:
     .asciz "cudaMemPoolGetAccess"
-.Lname147:
+.Lname143:
     .asciz "cudaMemPoolGetAttribute"
-.Lname148:
+.Lname144:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname149:
+.Lname145:
     .asciz "cudaMemPoolImportPointer"
-.Lname150:
+.Lname146:
     .asciz "cudaMemPoolSetAccess"
-.Lname151:
+.Lname147:
     .asciz "cudaMemPoolSetAttribute"
-.Lname152:
+.Lname148:
     .asciz "cudaMemPrefetchAsync"
-.Lname153:
+.Lname149:
     .asciz "cudaMemPrefetchAsync_ptsz"
-.Lname154:
+.Lname150:
     .asciz "cudaMemPrefetchBatchAsync"
-.Lname155:
+.Lname151:
     .asciz "cudaMemPrefetchBatchAsync_ptsz"
-.Lname156:
+.Lname152:
     .asciz "cudaMemRangeGetAttribute"
-.Lname157:
+.Lname153:
     .asciz "cudaMemRangeGetAttributes"
-.Lname158:
+.Lname154:
     .asciz "cudaMemSetMemPool"
-.Lname159:
+.Lname155:
     .asciz "cudaMemcpy2DFromArray"
-.Lname160:
+.Lname156:
     .asciz "cudaMemcpy2DFromArrayAsync"
-.Lname161:
+.Lname157:
     .asciz "cudaMemcpy2DFromArrayAsync_ptsz"
-.Lname162:
+.Lname158:
     .asciz "cudaMemcpy2DFromArray_ptds"
-.Lname163:
+.Lname159:
     .asciz "cudaMemcpy2DToArray"
-.Lname164:
+.Lname160:
     .asciz "cudaMemcpy2DToArrayAsync"
-.Lname165:
+.Lname161:
     .asciz "cudaMemcpy2DToArrayAsync_ptsz"
-.Lname166:
+.Lname162:
     .asciz "cudaMemcpy2DToArray_ptds"
-.Lname167:
+.Lname163:
     .asciz "cudaMemcpy3D"
-.Lname168:
+.Lname164:
     .asciz "cudaMemcpy3DAsync"
-.Lname169:
+.Lname165:
     .asciz "cudaMemcpy3DAsync_ptsz"
-.Lname170:
+.Lname166:
     .asciz "cudaMemcpy3DBatchAsync"
-.Lname171:
+.Lname167:
     .asciz "cudaMemcpy3DBatchAsync_ptsz"
-.Lname172:
+.Lname168:
     .asciz "cudaMemcpy3DPeer"
-.Lname173:
+.Lname169:
     .asciz "cudaMemcpy3DPeerAsync"
-.Lname174:
+.Lname170:
     .asciz "cudaMemcpy3DPeerAsync_ptsz"
-.Lname175:
+.Lname171:
     .asciz "cudaMemcpy3DPeer_ptds"
-.Lname176:
+.Lname172:
     .asciz "cudaMemcpy3D_ptds"
-.Lname177:
+.Lname173:
     .asciz "cudaMemcpyBatchAsync"
-.Lname178:
+.Lname174:
     .asciz "cudaMemcpyBatchAsync_ptsz"
-.Lname179:
+.Lname175:
     .asciz "cudaMemcpyFromArray"
-.Lname180:
+.Lname176:
     .asciz "cudaMemcpyFromArrayAsync"
-.Lname181:
+.Lname177:
     .asciz "cudaMemcpyFromArrayAsync_ptsz"
-.Lname182:
+.Lname178:
     .asciz "cudaMemcpyFromArray_ptds"
-.Lname183:
+.Lname179:
     .asciz "cudaMemcpyPeer"
-.Lname184:
+.Lname180:
     .asciz "cudaMemcpyPeerAsync"
-.Lname185:
+.Lname181:
     .asciz "cudaMemcpyToArray"
-.Lname186:
+.Lname182:
     .asciz "cudaMemcpyToArrayAsync"
-.Lname187:
+.Lname183:
     .asciz "cudaMemcpyToArrayAsync_ptsz"
-.Lname188:
+.Lname184:
     .asciz "cudaMemcpyToArray_ptds"
-.Lname189:
+.Lname185:
     .asciz "cudaMemset3D"
-.Lname190:
+.Lname186:
     .asciz "cudaMemset3DAsync"
-.Lname191:
+.Lname187:
     .asciz "cudaMemset3DAsync_ptsz"
-.Lname192:
+.Lname188:
     .asciz "cudaMemset3D_ptds"
-.Lname193:
+.Lname189:
     .asciz "cudaMipmappedArrayGetMemoryRequirements"
-.Lname194:
+.Lname190:
     .asciz "cudaMipmappedArrayGetSparseProperties"
-.Lname195:
+.Lname191:
     .asciz "cudaOccupancyAvailableDynamicSMemPerBlock"
-.Lname196:
+.Lname192:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname197:
+.Lname193:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname198:
+.Lname194:
     .asciz "cudaProfilerStart"
-.Lname199:
+.Lname195:
     .asciz "cudaProfilerStop"
-.Lname200:
+.Lname196:
     .asciz "cudaSetValidDevices"
-.Lname201:
+.Lname197:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname202:
+.Lname198:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname203:
+.Lname199:
     .asciz "cudaStreamAttachMemAsync"
-.Lname204:
+.Lname200:
     .asciz "cudaStreamAttachMemAsync_ptsz"
-.Lname205:
+.Lname201:
     .asciz "cudaStreamBeginCaptureToGraph"
-.Lname206:
+.Lname202:
     .asciz "cudaStreamBeginCaptureToGraph_ptsz"
-.Lname207:
+.Lname203:
     .asciz "cudaStreamGetAttribute"
-.Lname208:
+.Lname204:
     .asciz "cudaStreamGetAttribute_ptsz"
-.Lname209:
+.Lname205:
     .asciz "cudaStreamGetCaptureInfo"
-.Lname210:
+.Lname206:
     .asciz "cudaStreamGetCaptureInfo_ptsz"
-.Lname211:
+.Lname207:
     .asciz "cudaStreamGetDevResource"
-.Lname212:
+.Lname208:
     .asciz "cudaStreamGetDevResource_ptsz"
-.Lname213:
+.Lname209:
     .asciz "cudaStreamSetAttribute"
-.Lname214:
+.Lname210:
     .asciz "cudaStreamSetAttribute_ptsz"
-.Lname215:
+.Lname211:
     .asciz "cudaStreamUpdateCaptureDependencies"
-.Lname216:
+.Lname212:
     .asciz "cudaStreamUpdateCaptureDependencies_ptsz"
-.Lname217:
+.Lname213:
     .asciz "cudaUserObjectCreate"
-.Lname218:
+.Lname214:
     .asciz "cudaVDPAUGetDevice"
-.Lname219:
+.Lname215:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname220:
+.Lname216:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname221:
+.Lname217:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

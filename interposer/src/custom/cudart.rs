@@ -735,3 +735,4 @@ pub unsafe fn cudaLaunchCooperativeKernel_ptsz(
     unsafe { cudaLaunchCooperativeKernel(func, gridDim, blockDim, args, sharedMem, per_thread(stream)) }
 }
 pub use super::capture::*;
+pub use super::entry::cudart::*;

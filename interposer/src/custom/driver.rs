@@ -706,3 +706,4 @@ launch_ex_variants!(
     cuLaunchKernelEx_ptsz__cu130
 );
 pub use super::capture::*;
+pub use super::entry::driver::*;

@@ -7,5 +7,6 @@ pub mod cublas;
 pub mod cublaslt;
 pub mod cudart;
 pub mod driver;
+pub mod entry;
 pub mod kernels;
 pub mod memory;
