@@ -3252,7 +3252,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamEndCapture_ptsz(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaStreamEndCapture_ptsz(stream, pGraph) }
 }
-///`cudaStreamGetCaptureInfo` for CUDA 11.8 (sync).
+///`cudaStreamGetCaptureInfo` for CUDA 11.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo__cu118(
     stream: *mut c_void,
@@ -3260,17 +3260,37 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo__cu118(
     pId: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaStreamGetCaptureInfo__cu118,
-            &[
-                (stream) as usize as u64,
-                (pCaptureStatus) as usize as u64,
-                (pId) as usize as u64,
-            ],
-        ) as u32
+        crate::custom::cudart::cudaStreamGetCaptureInfo__cu118(
+            stream,
+            pCaptureStatus,
+            pId,
+        )
     }
 }
-///`cudaStreamGetCaptureInfo_ptsz` for CUDA 11.8 (sync).
+///`cudaStreamGetCaptureInfo` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo__cu130(
+    stream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    edgeData_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaStreamGetCaptureInfo__cu130(
+            stream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            edgeData_out,
+            numDependencies_out,
+        )
+    }
+}
+///`cudaStreamGetCaptureInfo_ptsz` for CUDA 11.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_ptsz__cu118(
     stream: *mut c_void,
@@ -3278,14 +3298,34 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_ptsz__cu118(
     pId: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaStreamGetCaptureInfo_ptsz__cu118,
-            &[
-                (stream) as usize as u64,
-                (pCaptureStatus) as usize as u64,
-                (pId) as usize as u64,
-            ],
-        ) as u32
+        crate::custom::cudart::cudaStreamGetCaptureInfo_ptsz__cu118(
+            stream,
+            pCaptureStatus,
+            pId,
+        )
+    }
+}
+///`cudaStreamGetCaptureInfo_ptsz` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_ptsz__cu130(
+    stream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    edgeData_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cudart::cudaStreamGetCaptureInfo_ptsz__cu130(
+            stream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            edgeData_out,
+            numDependencies_out,
+        )
     }
 }
 ///`cudaStreamGetDevice` for CUDA 12.8, 13.0, 13.1 (sync).

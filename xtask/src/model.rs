@@ -733,7 +733,7 @@ fn build_variant(
 }
 
 fn dispose(lib: &Library, fspec: &FnSpec, env: &TypeEnv, decl: &Function, ret_is_status: bool) -> Result<Disposition> {
-    for name in fspec.params.keys() {
+    for name in fspec.params.keys().filter(|n| !n.starts_with('?')) {
         if !decl.params.iter().any(|p| &p.name == name) {
             bail!("spec names parameter {name}, which {} does not have", decl.name);
         }
@@ -764,7 +764,7 @@ fn classify_call(
     params: &BTreeMap<String, String>,
     explicit: bool,
 ) -> Result<Disposition> {
-    for name in params.keys() {
+    for name in params.keys().filter(|n| !n.starts_with('?')) {
         if !decl.params.iter().any(|p| &p.name == name) {
             bail!("spec names parameter {name}, which {} does not have", decl.name);
         }
@@ -786,7 +786,8 @@ fn classify_call(
     };
     let mut wires = Vec::new();
     for (i, p) in decl.params.iter().enumerate() {
-        let pspec = match params.get(&p.name) {
+        // `?name`: a parameter only some versions' declarations have.
+        let pspec = match params.get(&p.name).or_else(|| params.get(&format!("?{}", p.name))) {
             Some(s) => Some(spec::parse_param(s).with_context(|| format!("parameter {}", p.name))?),
             None => None,
         };

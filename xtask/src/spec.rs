@@ -11,6 +11,9 @@
 //! [function.cuMemcpyHtoD_v2]
 //! params = { srcHost = "in[ByteCount]" }   # a host buffer of ByteCount elements
 //!
+//! [function.cudaStreamGetCaptureInfo]
+//! params = { "?edgeData_out" = "null" }   # `?`: a parameter only some versions have
+//!
 //! [function.cudaStreamDestroy]
 //! params = { stream = "destroy" }  # the handle is released by this call
 //!

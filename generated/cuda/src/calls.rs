@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 14775173165396097551u64;
+pub const SCHEMA_HASH: u64 = 8823728310277225152u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 1748usize] = [
@@ -3690,8 +3690,10 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaStreamDestroy,
     &cudart::cudaStreamEndCapture__call,
     &cudart::cudaStreamEndCapture_ptsz__call,
-    &cudart::cudaStreamGetCaptureInfo__cu118,
-    &cudart::cudaStreamGetCaptureInfo_ptsz__cu118,
+    &cudart::cudaStreamGetCaptureInfo__cu118__call,
+    &cudart::cudaStreamGetCaptureInfo__cu130__call,
+    &cudart::cudaStreamGetCaptureInfo_ptsz__cu118__call,
+    &cudart::cudaStreamGetCaptureInfo_ptsz__cu130__call,
     &cudart::cudaStreamGetDevice,
     &cudart::cudaStreamGetDevice_ptsz,
     &cudart::cudaStreamGetFlags,
@@ -5415,7 +5417,7 @@ pub static VARIANTS: &[&CallDesc] = &[
 pub mod cublas {
     use chidori_protocol::desc::*;
     pub static cublasAxpyEx: CallDesc = CallDesc {
-        wire: 573u32,
+        wire: 575u32,
         call: 554u32,
         name: "cublasAxpyEx",
         form: None,
@@ -5472,7 +5474,7 @@ pub mod cublas {
         },
     };
     pub static cublasAxpyEx_64: CallDesc = CallDesc {
-        wire: 574u32,
+        wire: 576u32,
         call: 555u32,
         name: "cublasAxpyEx_64",
         form: None,
@@ -5529,7 +5531,7 @@ pub mod cublas {
         },
     };
     pub static cublasCaxpy: CallDesc = CallDesc {
-        wire: 575u32,
+        wire: 577u32,
         call: 556u32,
         name: "cublasCaxpy",
         form: None,
@@ -5562,7 +5564,7 @@ pub mod cublas {
         },
     };
     pub static cublasCaxpy_v2: CallDesc = CallDesc {
-        wire: 576u32,
+        wire: 578u32,
         call: 557u32,
         name: "cublasCaxpy_v2",
         form: None,
@@ -5603,7 +5605,7 @@ pub mod cublas {
         },
     };
     pub static cublasCaxpy_v2_64: CallDesc = CallDesc {
-        wire: 577u32,
+        wire: 579u32,
         call: 558u32,
         name: "cublasCaxpy_v2_64",
         form: None,
@@ -5644,7 +5646,7 @@ pub mod cublas {
         },
     };
     pub static cublasCcopy: CallDesc = CallDesc {
-        wire: 578u32,
+        wire: 580u32,
         call: 559u32,
         name: "cublasCcopy",
         form: None,
@@ -5676,7 +5678,7 @@ pub mod cublas {
         },
     };
     pub static cublasCcopy_v2: CallDesc = CallDesc {
-        wire: 579u32,
+        wire: 581u32,
         call: 560u32,
         name: "cublasCcopy_v2",
         form: None,
@@ -5712,7 +5714,7 @@ pub mod cublas {
         },
     };
     pub static cublasCcopy_v2_64: CallDesc = CallDesc {
-        wire: 580u32,
+        wire: 582u32,
         call: 561u32,
         name: "cublasCcopy_v2_64",
         form: None,
@@ -5748,7 +5750,7 @@ pub mod cublas {
         },
     };
     pub static cublasCdgmm: CallDesc = CallDesc {
-        wire: 581u32,
+        wire: 583u32,
         call: 562u32,
         name: "cublasCdgmm",
         form: None,
@@ -5797,7 +5799,7 @@ pub mod cublas {
         },
     };
     pub static cublasCdgmm_64: CallDesc = CallDesc {
-        wire: 582u32,
+        wire: 584u32,
         call: 563u32,
         name: "cublasCdgmm_64",
         form: None,
@@ -5846,7 +5848,7 @@ pub mod cublas {
         },
     };
     pub static cublasCdotc_v2: CallDesc = CallDesc {
-        wire: 583u32,
+        wire: 585u32,
         call: 564u32,
         name: "cublasCdotc_v2",
         form: None,
@@ -5887,7 +5889,7 @@ pub mod cublas {
         },
     };
     pub static cublasCdotc_v2_64: CallDesc = CallDesc {
-        wire: 584u32,
+        wire: 586u32,
         call: 565u32,
         name: "cublasCdotc_v2_64",
         form: None,
@@ -5928,7 +5930,7 @@ pub mod cublas {
         },
     };
     pub static cublasCdotu_v2: CallDesc = CallDesc {
-        wire: 585u32,
+        wire: 587u32,
         call: 566u32,
         name: "cublasCdotu_v2",
         form: None,
@@ -5969,7 +5971,7 @@ pub mod cublas {
         },
     };
     pub static cublasCdotu_v2_64: CallDesc = CallDesc {
-        wire: 586u32,
+        wire: 588u32,
         call: 567u32,
         name: "cublasCdotu_v2_64",
         form: None,
@@ -6010,7 +6012,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgbmv: CallDesc = CallDesc {
-        wire: 587u32,
+        wire: 589u32,
         call: 568u32,
         name: "cublasCgbmv",
         form: None,
@@ -6065,7 +6067,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgbmv_v2: CallDesc = CallDesc {
-        wire: 588u32,
+        wire: 590u32,
         call: 569u32,
         name: "cublasCgbmv_v2",
         form: None,
@@ -6132,7 +6134,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgbmv_v2_64: CallDesc = CallDesc {
-        wire: 589u32,
+        wire: 591u32,
         call: 570u32,
         name: "cublasCgbmv_v2_64",
         form: None,
@@ -6199,7 +6201,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgeam: CallDesc = CallDesc {
-        wire: 590u32,
+        wire: 592u32,
         call: 571u32,
         name: "cublasCgeam",
         form: None,
@@ -6262,7 +6264,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgeam_64: CallDesc = CallDesc {
-        wire: 591u32,
+        wire: 593u32,
         call: 572u32,
         name: "cublasCgeam_64",
         form: None,
@@ -6325,7 +6327,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgelsBatched: CallDesc = CallDesc {
-        wire: 592u32,
+        wire: 594u32,
         call: 573u32,
         name: "cublasCgelsBatched",
         form: None,
@@ -6384,7 +6386,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm: CallDesc = CallDesc {
-        wire: 593u32,
+        wire: 595u32,
         call: 574u32,
         name: "cublasCgemm",
         form: None,
@@ -6439,7 +6441,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm3m: CallDesc = CallDesc {
-        wire: 594u32,
+        wire: 596u32,
         call: 575u32,
         name: "cublasCgemm3m",
         form: None,
@@ -6506,7 +6508,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm3mBatched: CallDesc = CallDesc {
-        wire: 595u32,
+        wire: 597u32,
         call: 576u32,
         name: "cublasCgemm3mBatched",
         form: None,
@@ -6577,7 +6579,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm3mBatched_64: CallDesc = CallDesc {
-        wire: 596u32,
+        wire: 598u32,
         call: 577u32,
         name: "cublasCgemm3mBatched_64",
         form: None,
@@ -6648,7 +6650,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm3mEx: CallDesc = CallDesc {
-        wire: 597u32,
+        wire: 599u32,
         call: 578u32,
         name: "cublasCgemm3mEx",
         form: None,
@@ -6727,7 +6729,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm3mEx_64: CallDesc = CallDesc {
-        wire: 598u32,
+        wire: 600u32,
         call: 579u32,
         name: "cublasCgemm3mEx_64",
         form: None,
@@ -6806,7 +6808,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm3mStridedBatched: CallDesc = CallDesc {
-        wire: 599u32,
+        wire: 601u32,
         call: 580u32,
         name: "cublasCgemm3mStridedBatched",
         form: None,
@@ -6889,7 +6891,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm3mStridedBatched_64: CallDesc = CallDesc {
-        wire: 600u32,
+        wire: 602u32,
         call: 581u32,
         name: "cublasCgemm3mStridedBatched_64",
         form: None,
@@ -6972,7 +6974,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm3m_64: CallDesc = CallDesc {
-        wire: 601u32,
+        wire: 603u32,
         call: 582u32,
         name: "cublasCgemm3m_64",
         form: None,
@@ -7039,7 +7041,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemmBatched: CallDesc = CallDesc {
-        wire: 602u32,
+        wire: 604u32,
         call: 583u32,
         name: "cublasCgemmBatched",
         form: None,
@@ -7110,7 +7112,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemmBatched_64: CallDesc = CallDesc {
-        wire: 603u32,
+        wire: 605u32,
         call: 584u32,
         name: "cublasCgemmBatched_64",
         form: None,
@@ -7181,7 +7183,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemmEx: CallDesc = CallDesc {
-        wire: 604u32,
+        wire: 606u32,
         call: 585u32,
         name: "cublasCgemmEx",
         form: None,
@@ -7260,7 +7262,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemmEx_64: CallDesc = CallDesc {
-        wire: 605u32,
+        wire: 607u32,
         call: 586u32,
         name: "cublasCgemmEx_64",
         form: None,
@@ -7339,7 +7341,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemmStridedBatched: CallDesc = CallDesc {
-        wire: 606u32,
+        wire: 608u32,
         call: 587u32,
         name: "cublasCgemmStridedBatched",
         form: None,
@@ -7422,7 +7424,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 607u32,
+        wire: 609u32,
         call: 588u32,
         name: "cublasCgemmStridedBatched_64",
         form: None,
@@ -7505,7 +7507,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm_v2: CallDesc = CallDesc {
-        wire: 608u32,
+        wire: 610u32,
         call: 589u32,
         name: "cublasCgemm_v2",
         form: None,
@@ -7572,7 +7574,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm_v2_64: CallDesc = CallDesc {
-        wire: 609u32,
+        wire: 611u32,
         call: 590u32,
         name: "cublasCgemm_v2_64",
         form: None,
@@ -7639,7 +7641,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemv: CallDesc = CallDesc {
-        wire: 610u32,
+        wire: 612u32,
         call: 591u32,
         name: "cublasCgemv",
         form: None,
@@ -7686,7 +7688,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemvStridedBatched: CallDesc = CallDesc {
-        wire: 611u32,
+        wire: 613u32,
         call: 592u32,
         name: "cublasCgemvStridedBatched",
         form: None,
@@ -7761,7 +7763,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 612u32,
+        wire: 614u32,
         call: 593u32,
         name: "cublasCgemvStridedBatched_64",
         form: None,
@@ -7836,7 +7838,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemv_v2: CallDesc = CallDesc {
-        wire: 613u32,
+        wire: 615u32,
         call: 594u32,
         name: "cublasCgemv_v2",
         form: None,
@@ -7895,7 +7897,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgemv_v2_64: CallDesc = CallDesc {
-        wire: 614u32,
+        wire: 616u32,
         call: 595u32,
         name: "cublasCgemv_v2_64",
         form: None,
@@ -7954,7 +7956,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgeqrfBatched: CallDesc = CallDesc {
-        wire: 615u32,
+        wire: 617u32,
         call: 596u32,
         name: "cublasCgeqrfBatched",
         form: None,
@@ -8000,7 +8002,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgerc: CallDesc = CallDesc {
-        wire: 616u32,
+        wire: 618u32,
         call: 597u32,
         name: "cublasCgerc",
         form: None,
@@ -8042,7 +8044,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgerc_v2: CallDesc = CallDesc {
-        wire: 617u32,
+        wire: 619u32,
         call: 598u32,
         name: "cublasCgerc_v2",
         form: None,
@@ -8092,7 +8094,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgerc_v2_64: CallDesc = CallDesc {
-        wire: 618u32,
+        wire: 620u32,
         call: 599u32,
         name: "cublasCgerc_v2_64",
         form: None,
@@ -8142,7 +8144,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgeru: CallDesc = CallDesc {
-        wire: 619u32,
+        wire: 621u32,
         call: 600u32,
         name: "cublasCgeru",
         form: None,
@@ -8184,7 +8186,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgeru_v2: CallDesc = CallDesc {
-        wire: 620u32,
+        wire: 622u32,
         call: 601u32,
         name: "cublasCgeru_v2",
         form: None,
@@ -8234,7 +8236,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgeru_v2_64: CallDesc = CallDesc {
-        wire: 621u32,
+        wire: 623u32,
         call: 602u32,
         name: "cublasCgeru_v2_64",
         form: None,
@@ -8284,7 +8286,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgetrfBatched: CallDesc = CallDesc {
-        wire: 622u32,
+        wire: 624u32,
         call: 603u32,
         name: "cublasCgetrfBatched",
         form: None,
@@ -8321,7 +8323,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgetriBatched: CallDesc = CallDesc {
-        wire: 623u32,
+        wire: 625u32,
         call: 604u32,
         name: "cublasCgetriBatched",
         form: None,
@@ -8368,7 +8370,7 @@ pub mod cublas {
         },
     };
     pub static cublasCgetrsBatched: CallDesc = CallDesc {
-        wire: 624u32,
+        wire: 626u32,
         call: 605u32,
         name: "cublasCgetrsBatched",
         form: None,
@@ -8423,7 +8425,7 @@ pub mod cublas {
         },
     };
     pub static cublasChbmv: CallDesc = CallDesc {
-        wire: 625u32,
+        wire: 627u32,
         call: 606u32,
         name: "cublasChbmv",
         form: None,
@@ -8470,7 +8472,7 @@ pub mod cublas {
         },
     };
     pub static cublasChbmv_v2: CallDesc = CallDesc {
-        wire: 626u32,
+        wire: 628u32,
         call: 607u32,
         name: "cublasChbmv_v2",
         form: None,
@@ -8529,7 +8531,7 @@ pub mod cublas {
         },
     };
     pub static cublasChbmv_v2_64: CallDesc = CallDesc {
-        wire: 627u32,
+        wire: 629u32,
         call: 608u32,
         name: "cublasChbmv_v2_64",
         form: None,
@@ -8588,7 +8590,7 @@ pub mod cublas {
         },
     };
     pub static cublasChemm: CallDesc = CallDesc {
-        wire: 628u32,
+        wire: 630u32,
         call: 609u32,
         name: "cublasChemm",
         form: None,
@@ -8639,7 +8641,7 @@ pub mod cublas {
         },
     };
     pub static cublasChemm_v2: CallDesc = CallDesc {
-        wire: 629u32,
+        wire: 631u32,
         call: 610u32,
         name: "cublasChemm_v2",
         form: None,
@@ -8702,7 +8704,7 @@ pub mod cublas {
         },
     };
     pub static cublasChemm_v2_64: CallDesc = CallDesc {
-        wire: 630u32,
+        wire: 632u32,
         call: 611u32,
         name: "cublasChemm_v2_64",
         form: None,
@@ -8765,7 +8767,7 @@ pub mod cublas {
         },
     };
     pub static cublasChemv: CallDesc = CallDesc {
-        wire: 631u32,
+        wire: 633u32,
         call: 612u32,
         name: "cublasChemv",
         form: None,
@@ -8808,7 +8810,7 @@ pub mod cublas {
         },
     };
     pub static cublasChemv_v2: CallDesc = CallDesc {
-        wire: 632u32,
+        wire: 634u32,
         call: 613u32,
         name: "cublasChemv_v2",
         form: None,
@@ -8863,7 +8865,7 @@ pub mod cublas {
         },
     };
     pub static cublasChemv_v2_64: CallDesc = CallDesc {
-        wire: 633u32,
+        wire: 635u32,
         call: 614u32,
         name: "cublasChemv_v2_64",
         form: None,
@@ -8918,7 +8920,7 @@ pub mod cublas {
         },
     };
     pub static cublasCher: CallDesc = CallDesc {
-        wire: 634u32,
+        wire: 636u32,
         call: 615u32,
         name: "cublasCher",
         form: None,
@@ -8958,7 +8960,7 @@ pub mod cublas {
         },
     };
     pub static cublasCher2: CallDesc = CallDesc {
-        wire: 635u32,
+        wire: 637u32,
         call: 616u32,
         name: "cublasCher2",
         form: None,
@@ -9000,7 +9002,7 @@ pub mod cublas {
         },
     };
     pub static cublasCher2_v2: CallDesc = CallDesc {
-        wire: 636u32,
+        wire: 638u32,
         call: 617u32,
         name: "cublasCher2_v2",
         form: None,
@@ -9050,7 +9052,7 @@ pub mod cublas {
         },
     };
     pub static cublasCher2_v2_64: CallDesc = CallDesc {
-        wire: 637u32,
+        wire: 639u32,
         call: 618u32,
         name: "cublasCher2_v2_64",
         form: None,
@@ -9100,7 +9102,7 @@ pub mod cublas {
         },
     };
     pub static cublasCher2k: CallDesc = CallDesc {
-        wire: 638u32,
+        wire: 640u32,
         call: 619u32,
         name: "cublasCher2k",
         form: None,
@@ -9154,7 +9156,7 @@ pub mod cublas {
         },
     };
     pub static cublasCher2k_v2: CallDesc = CallDesc {
-        wire: 639u32,
+        wire: 641u32,
         call: 620u32,
         name: "cublasCher2k_v2",
         form: None,
@@ -9217,7 +9219,7 @@ pub mod cublas {
         },
     };
     pub static cublasCher2k_v2_64: CallDesc = CallDesc {
-        wire: 640u32,
+        wire: 642u32,
         call: 621u32,
         name: "cublasCher2k_v2_64",
         form: None,
@@ -9280,7 +9282,7 @@ pub mod cublas {
         },
     };
     pub static cublasCher_v2: CallDesc = CallDesc {
-        wire: 641u32,
+        wire: 643u32,
         call: 622u32,
         name: "cublasCher_v2",
         form: None,
@@ -9325,7 +9327,7 @@ pub mod cublas {
         },
     };
     pub static cublasCher_v2_64: CallDesc = CallDesc {
-        wire: 642u32,
+        wire: 644u32,
         call: 623u32,
         name: "cublasCher_v2_64",
         form: None,
@@ -9370,7 +9372,7 @@ pub mod cublas {
         },
     };
     pub static cublasCherk: CallDesc = CallDesc {
-        wire: 643u32,
+        wire: 645u32,
         call: 624u32,
         name: "cublasCherk",
         form: None,
@@ -9422,7 +9424,7 @@ pub mod cublas {
         },
     };
     pub static cublasCherk3mEx: CallDesc = CallDesc {
-        wire: 644u32,
+        wire: 646u32,
         call: 625u32,
         name: "cublasCherk3mEx",
         form: None,
@@ -9488,7 +9490,7 @@ pub mod cublas {
         },
     };
     pub static cublasCherk3mEx_64: CallDesc = CallDesc {
-        wire: 645u32,
+        wire: 647u32,
         call: 626u32,
         name: "cublasCherk3mEx_64",
         form: None,
@@ -9554,7 +9556,7 @@ pub mod cublas {
         },
     };
     pub static cublasCherkEx: CallDesc = CallDesc {
-        wire: 646u32,
+        wire: 648u32,
         call: 627u32,
         name: "cublasCherkEx",
         form: None,
@@ -9620,7 +9622,7 @@ pub mod cublas {
         },
     };
     pub static cublasCherkEx_64: CallDesc = CallDesc {
-        wire: 647u32,
+        wire: 649u32,
         call: 628u32,
         name: "cublasCherkEx_64",
         form: None,
@@ -9686,7 +9688,7 @@ pub mod cublas {
         },
     };
     pub static cublasCherk_v2: CallDesc = CallDesc {
-        wire: 648u32,
+        wire: 650u32,
         call: 629u32,
         name: "cublasCherk_v2",
         form: None,
@@ -9744,7 +9746,7 @@ pub mod cublas {
         },
     };
     pub static cublasCherk_v2_64: CallDesc = CallDesc {
-        wire: 649u32,
+        wire: 651u32,
         call: 630u32,
         name: "cublasCherk_v2_64",
         form: None,
@@ -9802,7 +9804,7 @@ pub mod cublas {
         },
     };
     pub static cublasCherkx: CallDesc = CallDesc {
-        wire: 650u32,
+        wire: 652u32,
         call: 631u32,
         name: "cublasCherkx",
         form: None,
@@ -9865,7 +9867,7 @@ pub mod cublas {
         },
     };
     pub static cublasCherkx_64: CallDesc = CallDesc {
-        wire: 651u32,
+        wire: 653u32,
         call: 632u32,
         name: "cublasCherkx_64",
         form: None,
@@ -9928,7 +9930,7 @@ pub mod cublas {
         },
     };
     pub static cublasChpmv: CallDesc = CallDesc {
-        wire: 652u32,
+        wire: 654u32,
         call: 633u32,
         name: "cublasChpmv",
         form: None,
@@ -9972,7 +9974,7 @@ pub mod cublas {
         },
     };
     pub static cublasChpmv_v2: CallDesc = CallDesc {
-        wire: 653u32,
+        wire: 655u32,
         call: 634u32,
         name: "cublasChpmv_v2",
         form: None,
@@ -10028,7 +10030,7 @@ pub mod cublas {
         },
     };
     pub static cublasChpmv_v2_64: CallDesc = CallDesc {
-        wire: 654u32,
+        wire: 656u32,
         call: 635u32,
         name: "cublasChpmv_v2_64",
         form: None,
@@ -10084,7 +10086,7 @@ pub mod cublas {
         },
     };
     pub static cublasCopyEx: CallDesc = CallDesc {
-        wire: 655u32,
+        wire: 657u32,
         call: 636u32,
         name: "cublasCopyEx",
         form: None,
@@ -10128,7 +10130,7 @@ pub mod cublas {
         },
     };
     pub static cublasCopyEx_64: CallDesc = CallDesc {
-        wire: 656u32,
+        wire: 658u32,
         call: 637u32,
         name: "cublasCopyEx_64",
         form: None,
@@ -10172,7 +10174,7 @@ pub mod cublas {
         },
     };
     pub static cublasCreate_v2__call: CallDesc = CallDesc {
-        wire: 657u32,
+        wire: 659u32,
         call: 638u32,
         name: "cublasCreate_v2",
         form: Some("call"),
@@ -10189,7 +10191,7 @@ pub mod cublas {
         },
     };
     pub static cublasCrot: CallDesc = CallDesc {
-        wire: 658u32,
+        wire: 660u32,
         call: 639u32,
         name: "cublasCrot",
         form: None,
@@ -10226,7 +10228,7 @@ pub mod cublas {
         },
     };
     pub static cublasCrot_v2: CallDesc = CallDesc {
-        wire: 659u32,
+        wire: 661u32,
         call: 640u32,
         name: "cublasCrot_v2",
         form: None,
@@ -10272,7 +10274,7 @@ pub mod cublas {
         },
     };
     pub static cublasCrot_v2_64: CallDesc = CallDesc {
-        wire: 660u32,
+        wire: 662u32,
         call: 641u32,
         name: "cublasCrot_v2_64",
         form: None,
@@ -10318,7 +10320,7 @@ pub mod cublas {
         },
     };
     pub static cublasCrotg_v2: CallDesc = CallDesc {
-        wire: 661u32,
+        wire: 663u32,
         call: 642u32,
         name: "cublasCrotg_v2",
         form: None,
@@ -10360,7 +10362,7 @@ pub mod cublas {
         },
     };
     pub static cublasCscal: CallDesc = CallDesc {
-        wire: 662u32,
+        wire: 664u32,
         call: 643u32,
         name: "cublasCscal",
         form: None,
@@ -10388,7 +10390,7 @@ pub mod cublas {
         },
     };
     pub static cublasCscal_v2: CallDesc = CallDesc {
-        wire: 663u32,
+        wire: 665u32,
         call: 644u32,
         name: "cublasCscal_v2",
         form: None,
@@ -10424,7 +10426,7 @@ pub mod cublas {
         },
     };
     pub static cublasCscal_v2_64: CallDesc = CallDesc {
-        wire: 664u32,
+        wire: 666u32,
         call: 645u32,
         name: "cublasCscal_v2_64",
         form: None,
@@ -10460,7 +10462,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsrot: CallDesc = CallDesc {
-        wire: 665u32,
+        wire: 667u32,
         call: 646u32,
         name: "cublasCsrot",
         form: None,
@@ -10500,7 +10502,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsrot_v2: CallDesc = CallDesc {
-        wire: 666u32,
+        wire: 668u32,
         call: 647u32,
         name: "cublasCsrot_v2",
         form: None,
@@ -10546,7 +10548,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsrot_v2_64: CallDesc = CallDesc {
-        wire: 667u32,
+        wire: 669u32,
         call: 648u32,
         name: "cublasCsrot_v2_64",
         form: None,
@@ -10592,7 +10594,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsscal: CallDesc = CallDesc {
-        wire: 668u32,
+        wire: 670u32,
         call: 649u32,
         name: "cublasCsscal",
         form: None,
@@ -10623,7 +10625,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsscal_v2: CallDesc = CallDesc {
-        wire: 669u32,
+        wire: 671u32,
         call: 650u32,
         name: "cublasCsscal_v2",
         form: None,
@@ -10659,7 +10661,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsscal_v2_64: CallDesc = CallDesc {
-        wire: 670u32,
+        wire: 672u32,
         call: 651u32,
         name: "cublasCsscal_v2_64",
         form: None,
@@ -10695,7 +10697,7 @@ pub mod cublas {
         },
     };
     pub static cublasCswap: CallDesc = CallDesc {
-        wire: 671u32,
+        wire: 673u32,
         call: 652u32,
         name: "cublasCswap",
         form: None,
@@ -10727,7 +10729,7 @@ pub mod cublas {
         },
     };
     pub static cublasCswap_v2: CallDesc = CallDesc {
-        wire: 672u32,
+        wire: 674u32,
         call: 653u32,
         name: "cublasCswap_v2",
         form: None,
@@ -10763,7 +10765,7 @@ pub mod cublas {
         },
     };
     pub static cublasCswap_v2_64: CallDesc = CallDesc {
-        wire: 673u32,
+        wire: 675u32,
         call: 654u32,
         name: "cublasCswap_v2_64",
         form: None,
@@ -10799,7 +10801,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsymm: CallDesc = CallDesc {
-        wire: 674u32,
+        wire: 676u32,
         call: 655u32,
         name: "cublasCsymm",
         form: None,
@@ -10850,7 +10852,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsymm_v2: CallDesc = CallDesc {
-        wire: 675u32,
+        wire: 677u32,
         call: 656u32,
         name: "cublasCsymm_v2",
         form: None,
@@ -10913,7 +10915,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsymm_v2_64: CallDesc = CallDesc {
-        wire: 676u32,
+        wire: 678u32,
         call: 657u32,
         name: "cublasCsymm_v2_64",
         form: None,
@@ -10976,7 +10978,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsymv_v2: CallDesc = CallDesc {
-        wire: 677u32,
+        wire: 679u32,
         call: 658u32,
         name: "cublasCsymv_v2",
         form: None,
@@ -11031,7 +11033,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsymv_v2_64: CallDesc = CallDesc {
-        wire: 678u32,
+        wire: 680u32,
         call: 659u32,
         name: "cublasCsymv_v2_64",
         form: None,
@@ -11086,7 +11088,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsyr2_v2: CallDesc = CallDesc {
-        wire: 679u32,
+        wire: 681u32,
         call: 660u32,
         name: "cublasCsyr2_v2",
         form: None,
@@ -11136,7 +11138,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsyr2_v2_64: CallDesc = CallDesc {
-        wire: 680u32,
+        wire: 682u32,
         call: 661u32,
         name: "cublasCsyr2_v2_64",
         form: None,
@@ -11186,7 +11188,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsyr2k: CallDesc = CallDesc {
-        wire: 681u32,
+        wire: 683u32,
         call: 662u32,
         name: "cublasCsyr2k",
         form: None,
@@ -11237,7 +11239,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsyr2k_v2: CallDesc = CallDesc {
-        wire: 682u32,
+        wire: 684u32,
         call: 663u32,
         name: "cublasCsyr2k_v2",
         form: None,
@@ -11300,7 +11302,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 683u32,
+        wire: 685u32,
         call: 664u32,
         name: "cublasCsyr2k_v2_64",
         form: None,
@@ -11363,7 +11365,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsyr_v2: CallDesc = CallDesc {
-        wire: 684u32,
+        wire: 686u32,
         call: 665u32,
         name: "cublasCsyr_v2",
         form: None,
@@ -11408,7 +11410,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsyr_v2_64: CallDesc = CallDesc {
-        wire: 685u32,
+        wire: 687u32,
         call: 666u32,
         name: "cublasCsyr_v2_64",
         form: None,
@@ -11453,7 +11455,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrk: CallDesc = CallDesc {
-        wire: 686u32,
+        wire: 688u32,
         call: 667u32,
         name: "cublasCsyrk",
         form: None,
@@ -11499,7 +11501,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrk3mEx: CallDesc = CallDesc {
-        wire: 687u32,
+        wire: 689u32,
         call: 668u32,
         name: "cublasCsyrk3mEx",
         form: None,
@@ -11565,7 +11567,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrk3mEx_64: CallDesc = CallDesc {
-        wire: 688u32,
+        wire: 690u32,
         call: 669u32,
         name: "cublasCsyrk3mEx_64",
         form: None,
@@ -11631,7 +11633,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrkEx: CallDesc = CallDesc {
-        wire: 689u32,
+        wire: 691u32,
         call: 670u32,
         name: "cublasCsyrkEx",
         form: None,
@@ -11697,7 +11699,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrkEx_64: CallDesc = CallDesc {
-        wire: 690u32,
+        wire: 692u32,
         call: 671u32,
         name: "cublasCsyrkEx_64",
         form: None,
@@ -11763,7 +11765,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrk_v2: CallDesc = CallDesc {
-        wire: 691u32,
+        wire: 693u32,
         call: 672u32,
         name: "cublasCsyrk_v2",
         form: None,
@@ -11821,7 +11823,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrk_v2_64: CallDesc = CallDesc {
-        wire: 692u32,
+        wire: 694u32,
         call: 673u32,
         name: "cublasCsyrk_v2_64",
         form: None,
@@ -11879,7 +11881,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrkx: CallDesc = CallDesc {
-        wire: 693u32,
+        wire: 695u32,
         call: 674u32,
         name: "cublasCsyrkx",
         form: None,
@@ -11942,7 +11944,7 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrkx_64: CallDesc = CallDesc {
-        wire: 694u32,
+        wire: 696u32,
         call: 675u32,
         name: "cublasCsyrkx_64",
         form: None,
@@ -12005,7 +12007,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtbmv: CallDesc = CallDesc {
-        wire: 695u32,
+        wire: 697u32,
         call: 676u32,
         name: "cublasCtbmv",
         form: None,
@@ -12053,7 +12055,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtbmv_v2: CallDesc = CallDesc {
-        wire: 696u32,
+        wire: 698u32,
         call: 677u32,
         name: "cublasCtbmv_v2",
         form: None,
@@ -12105,7 +12107,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtbmv_v2_64: CallDesc = CallDesc {
-        wire: 697u32,
+        wire: 699u32,
         call: 678u32,
         name: "cublasCtbmv_v2_64",
         form: None,
@@ -12157,7 +12159,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtbsv: CallDesc = CallDesc {
-        wire: 698u32,
+        wire: 700u32,
         call: 679u32,
         name: "cublasCtbsv",
         form: None,
@@ -12205,7 +12207,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtbsv_v2: CallDesc = CallDesc {
-        wire: 699u32,
+        wire: 701u32,
         call: 680u32,
         name: "cublasCtbsv_v2",
         form: None,
@@ -12257,7 +12259,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtbsv_v2_64: CallDesc = CallDesc {
-        wire: 700u32,
+        wire: 702u32,
         call: 681u32,
         name: "cublasCtbsv_v2_64",
         form: None,
@@ -12309,7 +12311,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtpmv: CallDesc = CallDesc {
-        wire: 701u32,
+        wire: 703u32,
         call: 682u32,
         name: "cublasCtpmv",
         form: None,
@@ -12354,7 +12356,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtpmv_v2: CallDesc = CallDesc {
-        wire: 702u32,
+        wire: 704u32,
         call: 683u32,
         name: "cublasCtpmv_v2",
         form: None,
@@ -12403,7 +12405,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtpmv_v2_64: CallDesc = CallDesc {
-        wire: 703u32,
+        wire: 705u32,
         call: 684u32,
         name: "cublasCtpmv_v2_64",
         form: None,
@@ -12452,7 +12454,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtpsv: CallDesc = CallDesc {
-        wire: 704u32,
+        wire: 706u32,
         call: 685u32,
         name: "cublasCtpsv",
         form: None,
@@ -12497,7 +12499,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtpsv_v2: CallDesc = CallDesc {
-        wire: 705u32,
+        wire: 707u32,
         call: 686u32,
         name: "cublasCtpsv_v2",
         form: None,
@@ -12546,7 +12548,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtpsv_v2_64: CallDesc = CallDesc {
-        wire: 706u32,
+        wire: 708u32,
         call: 687u32,
         name: "cublasCtpsv_v2_64",
         form: None,
@@ -12595,7 +12597,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtpttr: CallDesc = CallDesc {
-        wire: 707u32,
+        wire: 709u32,
         call: 688u32,
         name: "cublasCtpttr",
         form: None,
@@ -12636,7 +12638,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtrmm: CallDesc = CallDesc {
-        wire: 708u32,
+        wire: 710u32,
         call: 689u32,
         name: "cublasCtrmm",
         form: None,
@@ -12689,7 +12691,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtrmm_v2: CallDesc = CallDesc {
-        wire: 709u32,
+        wire: 711u32,
         call: 690u32,
         name: "cublasCtrmm_v2",
         form: None,
@@ -12755,7 +12757,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtrmm_v2_64: CallDesc = CallDesc {
-        wire: 710u32,
+        wire: 712u32,
         call: 691u32,
         name: "cublasCtrmm_v2_64",
         form: None,
@@ -12821,7 +12823,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtrmv: CallDesc = CallDesc {
-        wire: 711u32,
+        wire: 713u32,
         call: 692u32,
         name: "cublasCtrmv",
         form: None,
@@ -12865,7 +12867,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtrmv_v2: CallDesc = CallDesc {
-        wire: 712u32,
+        wire: 714u32,
         call: 693u32,
         name: "cublasCtrmv_v2",
         form: None,
@@ -12913,7 +12915,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtrmv_v2_64: CallDesc = CallDesc {
-        wire: 713u32,
+        wire: 715u32,
         call: 694u32,
         name: "cublasCtrmv_v2_64",
         form: None,
@@ -12961,7 +12963,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtrsm: CallDesc = CallDesc {
-        wire: 714u32,
+        wire: 716u32,
         call: 695u32,
         name: "cublasCtrsm",
         form: None,
@@ -13014,7 +13016,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtrsmBatched: CallDesc = CallDesc {
-        wire: 715u32,
+        wire: 717u32,
         call: 696u32,
         name: "cublasCtrsmBatched",
         form: None,
@@ -13079,7 +13081,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtrsmBatched_64: CallDesc = CallDesc {
-        wire: 716u32,
+        wire: 718u32,
         call: 697u32,
         name: "cublasCtrsmBatched_64",
         form: None,
@@ -13144,7 +13146,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtrsm_v2: CallDesc = CallDesc {
-        wire: 717u32,
+        wire: 719u32,
         call: 698u32,
         name: "cublasCtrsm_v2",
         form: None,
@@ -13205,7 +13207,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtrsm_v2_64: CallDesc = CallDesc {
-        wire: 718u32,
+        wire: 720u32,
         call: 699u32,
         name: "cublasCtrsm_v2_64",
         form: None,
@@ -13266,7 +13268,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtrsv: CallDesc = CallDesc {
-        wire: 719u32,
+        wire: 721u32,
         call: 700u32,
         name: "cublasCtrsv",
         form: None,
@@ -13310,7 +13312,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtrsv_v2: CallDesc = CallDesc {
-        wire: 720u32,
+        wire: 722u32,
         call: 701u32,
         name: "cublasCtrsv_v2",
         form: None,
@@ -13358,7 +13360,7 @@ pub mod cublas {
         },
     };
     pub static cublasCtrsv_v2_64: CallDesc = CallDesc {
-        wire: 721u32,
+        wire: 723u32,
         call: 702u32,
         name: "cublasCtrsv_v2_64",
         form: None,
@@ -13406,7 +13408,7 @@ pub mod cublas {
         },
     };
     pub static cublasDasum: CallDesc = CallDesc {
-        wire: 722u32,
+        wire: 724u32,
         call: 703u32,
         name: "cublasDasum",
         form: None,
@@ -13436,7 +13438,7 @@ pub mod cublas {
         },
     };
     pub static cublasDasum_v2: CallDesc = CallDesc {
-        wire: 723u32,
+        wire: 725u32,
         call: 704u32,
         name: "cublasDasum_v2",
         form: None,
@@ -13472,7 +13474,7 @@ pub mod cublas {
         },
     };
     pub static cublasDasum_v2_64: CallDesc = CallDesc {
-        wire: 724u32,
+        wire: 726u32,
         call: 705u32,
         name: "cublasDasum_v2_64",
         form: None,
@@ -13508,7 +13510,7 @@ pub mod cublas {
         },
     };
     pub static cublasDaxpy: CallDesc = CallDesc {
-        wire: 725u32,
+        wire: 727u32,
         call: 706u32,
         name: "cublasDaxpy",
         form: None,
@@ -13544,7 +13546,7 @@ pub mod cublas {
         },
     };
     pub static cublasDaxpy_v2: CallDesc = CallDesc {
-        wire: 726u32,
+        wire: 728u32,
         call: 707u32,
         name: "cublasDaxpy_v2",
         form: None,
@@ -13585,7 +13587,7 @@ pub mod cublas {
         },
     };
     pub static cublasDaxpy_v2_64: CallDesc = CallDesc {
-        wire: 727u32,
+        wire: 729u32,
         call: 708u32,
         name: "cublasDaxpy_v2_64",
         form: None,
@@ -13626,7 +13628,7 @@ pub mod cublas {
         },
     };
     pub static cublasDcopy: CallDesc = CallDesc {
-        wire: 728u32,
+        wire: 730u32,
         call: 709u32,
         name: "cublasDcopy",
         form: None,
@@ -13658,7 +13660,7 @@ pub mod cublas {
         },
     };
     pub static cublasDcopy_v2: CallDesc = CallDesc {
-        wire: 729u32,
+        wire: 731u32,
         call: 710u32,
         name: "cublasDcopy_v2",
         form: None,
@@ -13694,7 +13696,7 @@ pub mod cublas {
         },
     };
     pub static cublasDcopy_v2_64: CallDesc = CallDesc {
-        wire: 730u32,
+        wire: 732u32,
         call: 711u32,
         name: "cublasDcopy_v2_64",
         form: None,
@@ -13730,7 +13732,7 @@ pub mod cublas {
         },
     };
     pub static cublasDdgmm: CallDesc = CallDesc {
-        wire: 731u32,
+        wire: 733u32,
         call: 712u32,
         name: "cublasDdgmm",
         form: None,
@@ -13779,7 +13781,7 @@ pub mod cublas {
         },
     };
     pub static cublasDdgmm_64: CallDesc = CallDesc {
-        wire: 732u32,
+        wire: 734u32,
         call: 713u32,
         name: "cublasDdgmm_64",
         form: None,
@@ -13828,7 +13830,7 @@ pub mod cublas {
         },
     };
     pub static cublasDdot: CallDesc = CallDesc {
-        wire: 733u32,
+        wire: 735u32,
         call: 714u32,
         name: "cublasDdot",
         form: None,
@@ -13863,7 +13865,7 @@ pub mod cublas {
         },
     };
     pub static cublasDdot_v2: CallDesc = CallDesc {
-        wire: 734u32,
+        wire: 736u32,
         call: 715u32,
         name: "cublasDdot_v2",
         form: None,
@@ -13904,7 +13906,7 @@ pub mod cublas {
         },
     };
     pub static cublasDdot_v2_64: CallDesc = CallDesc {
-        wire: 735u32,
+        wire: 737u32,
         call: 716u32,
         name: "cublasDdot_v2_64",
         form: None,
@@ -13945,7 +13947,7 @@ pub mod cublas {
         },
     };
     pub static cublasDestroy_v2: CallDesc = CallDesc {
-        wire: 736u32,
+        wire: 738u32,
         call: 717u32,
         name: "cublasDestroy_v2",
         form: None,
@@ -13967,7 +13969,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgbmv: CallDesc = CallDesc {
-        wire: 737u32,
+        wire: 739u32,
         call: 718u32,
         name: "cublasDgbmv",
         form: None,
@@ -14028,7 +14030,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgbmv_v2: CallDesc = CallDesc {
-        wire: 738u32,
+        wire: 740u32,
         call: 719u32,
         name: "cublasDgbmv_v2",
         form: None,
@@ -14095,7 +14097,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgbmv_v2_64: CallDesc = CallDesc {
-        wire: 739u32,
+        wire: 741u32,
         call: 720u32,
         name: "cublasDgbmv_v2_64",
         form: None,
@@ -14162,7 +14164,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgeam: CallDesc = CallDesc {
-        wire: 740u32,
+        wire: 742u32,
         call: 721u32,
         name: "cublasDgeam",
         form: None,
@@ -14225,7 +14227,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgeam_64: CallDesc = CallDesc {
-        wire: 741u32,
+        wire: 743u32,
         call: 722u32,
         name: "cublasDgeam_64",
         form: None,
@@ -14288,7 +14290,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgelsBatched: CallDesc = CallDesc {
-        wire: 742u32,
+        wire: 744u32,
         call: 723u32,
         name: "cublasDgelsBatched",
         form: None,
@@ -14347,7 +14349,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgemm: CallDesc = CallDesc {
-        wire: 743u32,
+        wire: 745u32,
         call: 724u32,
         name: "cublasDgemm",
         form: None,
@@ -14408,7 +14410,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgemmBatched: CallDesc = CallDesc {
-        wire: 744u32,
+        wire: 746u32,
         call: 725u32,
         name: "cublasDgemmBatched",
         form: None,
@@ -14479,7 +14481,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgemmBatched_64: CallDesc = CallDesc {
-        wire: 745u32,
+        wire: 747u32,
         call: 726u32,
         name: "cublasDgemmBatched_64",
         form: None,
@@ -14550,7 +14552,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgemmStridedBatched: CallDesc = CallDesc {
-        wire: 746u32,
+        wire: 748u32,
         call: 727u32,
         name: "cublasDgemmStridedBatched",
         form: None,
@@ -14633,7 +14635,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 747u32,
+        wire: 749u32,
         call: 728u32,
         name: "cublasDgemmStridedBatched_64",
         form: None,
@@ -14716,7 +14718,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgemm_v2: CallDesc = CallDesc {
-        wire: 748u32,
+        wire: 750u32,
         call: 729u32,
         name: "cublasDgemm_v2",
         form: None,
@@ -14783,7 +14785,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgemm_v2_64: CallDesc = CallDesc {
-        wire: 749u32,
+        wire: 751u32,
         call: 730u32,
         name: "cublasDgemm_v2_64",
         form: None,
@@ -14850,7 +14852,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgemv: CallDesc = CallDesc {
-        wire: 750u32,
+        wire: 752u32,
         call: 731u32,
         name: "cublasDgemv",
         form: None,
@@ -14903,7 +14905,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgemvStridedBatched: CallDesc = CallDesc {
-        wire: 751u32,
+        wire: 753u32,
         call: 732u32,
         name: "cublasDgemvStridedBatched",
         form: None,
@@ -14978,7 +14980,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 752u32,
+        wire: 754u32,
         call: 733u32,
         name: "cublasDgemvStridedBatched_64",
         form: None,
@@ -15053,7 +15055,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgemv_v2: CallDesc = CallDesc {
-        wire: 753u32,
+        wire: 755u32,
         call: 734u32,
         name: "cublasDgemv_v2",
         form: None,
@@ -15112,7 +15114,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgemv_v2_64: CallDesc = CallDesc {
-        wire: 754u32,
+        wire: 756u32,
         call: 735u32,
         name: "cublasDgemv_v2_64",
         form: None,
@@ -15171,7 +15173,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgeqrfBatched: CallDesc = CallDesc {
-        wire: 755u32,
+        wire: 757u32,
         call: 736u32,
         name: "cublasDgeqrfBatched",
         form: None,
@@ -15217,7 +15219,7 @@ pub mod cublas {
         },
     };
     pub static cublasDger: CallDesc = CallDesc {
-        wire: 756u32,
+        wire: 758u32,
         call: 737u32,
         name: "cublasDger",
         form: None,
@@ -15262,7 +15264,7 @@ pub mod cublas {
         },
     };
     pub static cublasDger_v2: CallDesc = CallDesc {
-        wire: 757u32,
+        wire: 759u32,
         call: 738u32,
         name: "cublasDger_v2",
         form: None,
@@ -15312,7 +15314,7 @@ pub mod cublas {
         },
     };
     pub static cublasDger_v2_64: CallDesc = CallDesc {
-        wire: 758u32,
+        wire: 760u32,
         call: 739u32,
         name: "cublasDger_v2_64",
         form: None,
@@ -15362,7 +15364,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgetrfBatched: CallDesc = CallDesc {
-        wire: 759u32,
+        wire: 761u32,
         call: 740u32,
         name: "cublasDgetrfBatched",
         form: None,
@@ -15399,7 +15401,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgetriBatched: CallDesc = CallDesc {
-        wire: 760u32,
+        wire: 762u32,
         call: 741u32,
         name: "cublasDgetriBatched",
         form: None,
@@ -15446,7 +15448,7 @@ pub mod cublas {
         },
     };
     pub static cublasDgetrsBatched: CallDesc = CallDesc {
-        wire: 761u32,
+        wire: 763u32,
         call: 742u32,
         name: "cublasDgetrsBatched",
         form: None,
@@ -15501,7 +15503,7 @@ pub mod cublas {
         },
     };
     pub static cublasDnrm2: CallDesc = CallDesc {
-        wire: 762u32,
+        wire: 764u32,
         call: 743u32,
         name: "cublasDnrm2",
         form: None,
@@ -15531,7 +15533,7 @@ pub mod cublas {
         },
     };
     pub static cublasDnrm2_v2: CallDesc = CallDesc {
-        wire: 763u32,
+        wire: 765u32,
         call: 744u32,
         name: "cublasDnrm2_v2",
         form: None,
@@ -15567,7 +15569,7 @@ pub mod cublas {
         },
     };
     pub static cublasDnrm2_v2_64: CallDesc = CallDesc {
-        wire: 764u32,
+        wire: 766u32,
         call: 745u32,
         name: "cublasDnrm2_v2_64",
         form: None,
@@ -15603,7 +15605,7 @@ pub mod cublas {
         },
     };
     pub static cublasDrot: CallDesc = CallDesc {
-        wire: 765u32,
+        wire: 767u32,
         call: 746u32,
         name: "cublasDrot",
         form: None,
@@ -15643,7 +15645,7 @@ pub mod cublas {
         },
     };
     pub static cublasDrot_v2: CallDesc = CallDesc {
-        wire: 766u32,
+        wire: 768u32,
         call: 747u32,
         name: "cublasDrot_v2",
         form: None,
@@ -15689,7 +15691,7 @@ pub mod cublas {
         },
     };
     pub static cublasDrot_v2_64: CallDesc = CallDesc {
-        wire: 767u32,
+        wire: 769u32,
         call: 748u32,
         name: "cublasDrot_v2_64",
         form: None,
@@ -15735,7 +15737,7 @@ pub mod cublas {
         },
     };
     pub static cublasDrotg_v2: CallDesc = CallDesc {
-        wire: 768u32,
+        wire: 770u32,
         call: 749u32,
         name: "cublasDrotg_v2",
         form: None,
@@ -15777,7 +15779,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsbmv: CallDesc = CallDesc {
-        wire: 769u32,
+        wire: 771u32,
         call: 750u32,
         name: "cublasDsbmv",
         form: None,
@@ -15830,7 +15832,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsbmv_v2: CallDesc = CallDesc {
-        wire: 770u32,
+        wire: 772u32,
         call: 751u32,
         name: "cublasDsbmv_v2",
         form: None,
@@ -15889,7 +15891,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsbmv_v2_64: CallDesc = CallDesc {
-        wire: 771u32,
+        wire: 773u32,
         call: 752u32,
         name: "cublasDsbmv_v2_64",
         form: None,
@@ -15948,7 +15950,7 @@ pub mod cublas {
         },
     };
     pub static cublasDscal: CallDesc = CallDesc {
-        wire: 772u32,
+        wire: 774u32,
         call: 753u32,
         name: "cublasDscal",
         form: None,
@@ -15979,7 +15981,7 @@ pub mod cublas {
         },
     };
     pub static cublasDscal_v2: CallDesc = CallDesc {
-        wire: 773u32,
+        wire: 775u32,
         call: 754u32,
         name: "cublasDscal_v2",
         form: None,
@@ -16015,7 +16017,7 @@ pub mod cublas {
         },
     };
     pub static cublasDscal_v2_64: CallDesc = CallDesc {
-        wire: 774u32,
+        wire: 776u32,
         call: 755u32,
         name: "cublasDscal_v2_64",
         form: None,
@@ -16051,7 +16053,7 @@ pub mod cublas {
         },
     };
     pub static cublasDswap: CallDesc = CallDesc {
-        wire: 775u32,
+        wire: 777u32,
         call: 756u32,
         name: "cublasDswap",
         form: None,
@@ -16083,7 +16085,7 @@ pub mod cublas {
         },
     };
     pub static cublasDswap_v2: CallDesc = CallDesc {
-        wire: 776u32,
+        wire: 778u32,
         call: 757u32,
         name: "cublasDswap_v2",
         form: None,
@@ -16119,7 +16121,7 @@ pub mod cublas {
         },
     };
     pub static cublasDswap_v2_64: CallDesc = CallDesc {
-        wire: 777u32,
+        wire: 779u32,
         call: 758u32,
         name: "cublasDswap_v2_64",
         form: None,
@@ -16155,7 +16157,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsymm: CallDesc = CallDesc {
-        wire: 778u32,
+        wire: 780u32,
         call: 759u32,
         name: "cublasDsymm",
         form: None,
@@ -16212,7 +16214,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsymm_v2: CallDesc = CallDesc {
-        wire: 779u32,
+        wire: 781u32,
         call: 760u32,
         name: "cublasDsymm_v2",
         form: None,
@@ -16275,7 +16277,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsymm_v2_64: CallDesc = CallDesc {
-        wire: 780u32,
+        wire: 782u32,
         call: 761u32,
         name: "cublasDsymm_v2_64",
         form: None,
@@ -16338,7 +16340,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsymv: CallDesc = CallDesc {
-        wire: 781u32,
+        wire: 783u32,
         call: 762u32,
         name: "cublasDsymv",
         form: None,
@@ -16387,7 +16389,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsymv_v2: CallDesc = CallDesc {
-        wire: 782u32,
+        wire: 784u32,
         call: 763u32,
         name: "cublasDsymv_v2",
         form: None,
@@ -16442,7 +16444,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsymv_v2_64: CallDesc = CallDesc {
-        wire: 783u32,
+        wire: 785u32,
         call: 764u32,
         name: "cublasDsymv_v2_64",
         form: None,
@@ -16497,7 +16499,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr: CallDesc = CallDesc {
-        wire: 784u32,
+        wire: 786u32,
         call: 765u32,
         name: "cublasDsyr",
         form: None,
@@ -16537,7 +16539,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr2: CallDesc = CallDesc {
-        wire: 785u32,
+        wire: 787u32,
         call: 766u32,
         name: "cublasDsyr2",
         form: None,
@@ -16582,7 +16584,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr2_v2: CallDesc = CallDesc {
-        wire: 786u32,
+        wire: 788u32,
         call: 767u32,
         name: "cublasDsyr2_v2",
         form: None,
@@ -16632,7 +16634,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr2_v2_64: CallDesc = CallDesc {
-        wire: 787u32,
+        wire: 789u32,
         call: 768u32,
         name: "cublasDsyr2_v2_64",
         form: None,
@@ -16682,7 +16684,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr2k: CallDesc = CallDesc {
-        wire: 788u32,
+        wire: 790u32,
         call: 769u32,
         name: "cublasDsyr2k",
         form: None,
@@ -16739,7 +16741,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr2k_v2: CallDesc = CallDesc {
-        wire: 789u32,
+        wire: 791u32,
         call: 770u32,
         name: "cublasDsyr2k_v2",
         form: None,
@@ -16802,7 +16804,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 790u32,
+        wire: 792u32,
         call: 771u32,
         name: "cublasDsyr2k_v2_64",
         form: None,
@@ -16865,7 +16867,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr_v2: CallDesc = CallDesc {
-        wire: 791u32,
+        wire: 793u32,
         call: 772u32,
         name: "cublasDsyr_v2",
         form: None,
@@ -16910,7 +16912,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr_v2_64: CallDesc = CallDesc {
-        wire: 792u32,
+        wire: 794u32,
         call: 773u32,
         name: "cublasDsyr_v2_64",
         form: None,
@@ -16955,7 +16957,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsyrk: CallDesc = CallDesc {
-        wire: 793u32,
+        wire: 795u32,
         call: 774u32,
         name: "cublasDsyrk",
         form: None,
@@ -17007,7 +17009,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsyrk_v2: CallDesc = CallDesc {
-        wire: 794u32,
+        wire: 796u32,
         call: 775u32,
         name: "cublasDsyrk_v2",
         form: None,
@@ -17065,7 +17067,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsyrk_v2_64: CallDesc = CallDesc {
-        wire: 795u32,
+        wire: 797u32,
         call: 776u32,
         name: "cublasDsyrk_v2_64",
         form: None,
@@ -17123,7 +17125,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsyrkx: CallDesc = CallDesc {
-        wire: 796u32,
+        wire: 798u32,
         call: 777u32,
         name: "cublasDsyrkx",
         form: None,
@@ -17186,7 +17188,7 @@ pub mod cublas {
         },
     };
     pub static cublasDsyrkx_64: CallDesc = CallDesc {
-        wire: 797u32,
+        wire: 799u32,
         call: 778u32,
         name: "cublasDsyrkx_64",
         form: None,
@@ -17249,7 +17251,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtbmv: CallDesc = CallDesc {
-        wire: 798u32,
+        wire: 800u32,
         call: 779u32,
         name: "cublasDtbmv",
         form: None,
@@ -17297,7 +17299,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtbmv_v2: CallDesc = CallDesc {
-        wire: 799u32,
+        wire: 801u32,
         call: 780u32,
         name: "cublasDtbmv_v2",
         form: None,
@@ -17349,7 +17351,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtbmv_v2_64: CallDesc = CallDesc {
-        wire: 800u32,
+        wire: 802u32,
         call: 781u32,
         name: "cublasDtbmv_v2_64",
         form: None,
@@ -17401,7 +17403,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtbsv: CallDesc = CallDesc {
-        wire: 801u32,
+        wire: 803u32,
         call: 782u32,
         name: "cublasDtbsv",
         form: None,
@@ -17449,7 +17451,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtbsv_v2: CallDesc = CallDesc {
-        wire: 802u32,
+        wire: 804u32,
         call: 783u32,
         name: "cublasDtbsv_v2",
         form: None,
@@ -17501,7 +17503,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtbsv_v2_64: CallDesc = CallDesc {
-        wire: 803u32,
+        wire: 805u32,
         call: 784u32,
         name: "cublasDtbsv_v2_64",
         form: None,
@@ -17553,7 +17555,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtrmm: CallDesc = CallDesc {
-        wire: 804u32,
+        wire: 806u32,
         call: 785u32,
         name: "cublasDtrmm",
         form: None,
@@ -17609,7 +17611,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtrmm_v2: CallDesc = CallDesc {
-        wire: 805u32,
+        wire: 807u32,
         call: 786u32,
         name: "cublasDtrmm_v2",
         form: None,
@@ -17675,7 +17677,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtrmm_v2_64: CallDesc = CallDesc {
-        wire: 806u32,
+        wire: 808u32,
         call: 787u32,
         name: "cublasDtrmm_v2_64",
         form: None,
@@ -17741,7 +17743,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtrmv: CallDesc = CallDesc {
-        wire: 807u32,
+        wire: 809u32,
         call: 788u32,
         name: "cublasDtrmv",
         form: None,
@@ -17785,7 +17787,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtrmv_v2: CallDesc = CallDesc {
-        wire: 808u32,
+        wire: 810u32,
         call: 789u32,
         name: "cublasDtrmv_v2",
         form: None,
@@ -17833,7 +17835,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtrmv_v2_64: CallDesc = CallDesc {
-        wire: 809u32,
+        wire: 811u32,
         call: 790u32,
         name: "cublasDtrmv_v2_64",
         form: None,
@@ -17881,7 +17883,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtrsm: CallDesc = CallDesc {
-        wire: 810u32,
+        wire: 812u32,
         call: 791u32,
         name: "cublasDtrsm",
         form: None,
@@ -17937,7 +17939,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtrsmBatched: CallDesc = CallDesc {
-        wire: 811u32,
+        wire: 813u32,
         call: 792u32,
         name: "cublasDtrsmBatched",
         form: None,
@@ -18002,7 +18004,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtrsmBatched_64: CallDesc = CallDesc {
-        wire: 812u32,
+        wire: 814u32,
         call: 793u32,
         name: "cublasDtrsmBatched_64",
         form: None,
@@ -18067,7 +18069,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtrsm_v2: CallDesc = CallDesc {
-        wire: 813u32,
+        wire: 815u32,
         call: 794u32,
         name: "cublasDtrsm_v2",
         form: None,
@@ -18128,7 +18130,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtrsm_v2_64: CallDesc = CallDesc {
-        wire: 814u32,
+        wire: 816u32,
         call: 795u32,
         name: "cublasDtrsm_v2_64",
         form: None,
@@ -18189,7 +18191,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtrsv: CallDesc = CallDesc {
-        wire: 815u32,
+        wire: 817u32,
         call: 796u32,
         name: "cublasDtrsv",
         form: None,
@@ -18233,7 +18235,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtrsv_v2: CallDesc = CallDesc {
-        wire: 816u32,
+        wire: 818u32,
         call: 797u32,
         name: "cublasDtrsv_v2",
         form: None,
@@ -18281,7 +18283,7 @@ pub mod cublas {
         },
     };
     pub static cublasDtrsv_v2_64: CallDesc = CallDesc {
-        wire: 817u32,
+        wire: 819u32,
         call: 798u32,
         name: "cublasDtrsv_v2_64",
         form: None,
@@ -18329,7 +18331,7 @@ pub mod cublas {
         },
     };
     pub static cublasDzasum: CallDesc = CallDesc {
-        wire: 818u32,
+        wire: 820u32,
         call: 799u32,
         name: "cublasDzasum",
         form: None,
@@ -18359,7 +18361,7 @@ pub mod cublas {
         },
     };
     pub static cublasDzasum_v2: CallDesc = CallDesc {
-        wire: 819u32,
+        wire: 821u32,
         call: 800u32,
         name: "cublasDzasum_v2",
         form: None,
@@ -18395,7 +18397,7 @@ pub mod cublas {
         },
     };
     pub static cublasDzasum_v2_64: CallDesc = CallDesc {
-        wire: 820u32,
+        wire: 822u32,
         call: 801u32,
         name: "cublasDzasum_v2_64",
         form: None,
@@ -18431,7 +18433,7 @@ pub mod cublas {
         },
     };
     pub static cublasDznrm2: CallDesc = CallDesc {
-        wire: 821u32,
+        wire: 823u32,
         call: 802u32,
         name: "cublasDznrm2",
         form: None,
@@ -18461,7 +18463,7 @@ pub mod cublas {
         },
     };
     pub static cublasDznrm2_v2: CallDesc = CallDesc {
-        wire: 822u32,
+        wire: 824u32,
         call: 803u32,
         name: "cublasDznrm2_v2",
         form: None,
@@ -18497,7 +18499,7 @@ pub mod cublas {
         },
     };
     pub static cublasDznrm2_v2_64: CallDesc = CallDesc {
-        wire: 823u32,
+        wire: 825u32,
         call: 804u32,
         name: "cublasDznrm2_v2_64",
         form: None,
@@ -18533,7 +18535,7 @@ pub mod cublas {
         },
     };
     pub static cublasGemmBatchedEx: CallDesc = CallDesc {
-        wire: 824u32,
+        wire: 826u32,
         call: 805u32,
         name: "cublasGemmBatchedEx",
         form: None,
@@ -18624,7 +18626,7 @@ pub mod cublas {
         },
     };
     pub static cublasGemmBatchedEx_64: CallDesc = CallDesc {
-        wire: 825u32,
+        wire: 827u32,
         call: 806u32,
         name: "cublasGemmBatchedEx_64",
         form: None,
@@ -18715,7 +18717,7 @@ pub mod cublas {
         },
     };
     pub static cublasGemmEx: CallDesc = CallDesc {
-        wire: 826u32,
+        wire: 828u32,
         call: 807u32,
         name: "cublasGemmEx",
         form: None,
@@ -18802,7 +18804,7 @@ pub mod cublas {
         },
     };
     pub static cublasGemmEx_64: CallDesc = CallDesc {
-        wire: 827u32,
+        wire: 829u32,
         call: 808u32,
         name: "cublasGemmEx_64",
         form: None,
@@ -18889,7 +18891,7 @@ pub mod cublas {
         },
     };
     pub static cublasGemmStridedBatchedEx: CallDesc = CallDesc {
-        wire: 828u32,
+        wire: 830u32,
         call: 809u32,
         name: "cublasGemmStridedBatchedEx",
         form: None,
@@ -18992,7 +18994,7 @@ pub mod cublas {
         },
     };
     pub static cublasGemmStridedBatchedEx_64: CallDesc = CallDesc {
-        wire: 829u32,
+        wire: 831u32,
         call: 810u32,
         name: "cublasGemmStridedBatchedEx_64",
         form: None,
@@ -19095,7 +19097,7 @@ pub mod cublas {
         },
     };
     pub static cublasGetAtomicsMode: CallDesc = CallDesc {
-        wire: 830u32,
+        wire: 832u32,
         call: 811u32,
         name: "cublasGetAtomicsMode",
         form: None,
@@ -19123,7 +19125,7 @@ pub mod cublas {
         },
     };
     pub static cublasGetCudartVersion: CallDesc = CallDesc {
-        wire: 831u32,
+        wire: 833u32,
         call: 812u32,
         name: "cublasGetCudartVersion",
         form: None,
@@ -19143,7 +19145,7 @@ pub mod cublas {
         },
     };
     pub static cublasGetError: CallDesc = CallDesc {
-        wire: 832u32,
+        wire: 834u32,
         call: 813u32,
         name: "cublasGetError",
         form: None,
@@ -19160,7 +19162,7 @@ pub mod cublas {
         },
     };
     pub static cublasGetMathMode: CallDesc = CallDesc {
-        wire: 833u32,
+        wire: 835u32,
         call: 814u32,
         name: "cublasGetMathMode",
         form: None,
@@ -19188,7 +19190,7 @@ pub mod cublas {
         },
     };
     pub static cublasGetMatrix: CallDesc = CallDesc {
-        wire: 834u32,
+        wire: 836u32,
         call: 815u32,
         name: "cublasGetMatrix",
         form: None,
@@ -19228,7 +19230,7 @@ pub mod cublas {
         },
     };
     pub static cublasGetMatrixAsync_64: CallDesc = CallDesc {
-        wire: 835u32,
+        wire: 837u32,
         call: 816u32,
         name: "cublasGetMatrixAsync_64",
         form: None,
@@ -19272,7 +19274,7 @@ pub mod cublas {
         },
     };
     pub static cublasGetMatrix_64: CallDesc = CallDesc {
-        wire: 836u32,
+        wire: 838u32,
         call: 817u32,
         name: "cublasGetMatrix_64",
         form: None,
@@ -19312,7 +19314,7 @@ pub mod cublas {
         },
     };
     pub static cublasGetPointerMode_v2: CallDesc = CallDesc {
-        wire: 837u32,
+        wire: 839u32,
         call: 818u32,
         name: "cublasGetPointerMode_v2",
         form: None,
@@ -19340,7 +19342,7 @@ pub mod cublas {
         },
     };
     pub static cublasGetStream_v2: CallDesc = CallDesc {
-        wire: 838u32,
+        wire: 840u32,
         call: 819u32,
         name: "cublasGetStream_v2",
         form: None,
@@ -19363,7 +19365,7 @@ pub mod cublas {
         },
     };
     pub static cublasGetVector: CallDesc = CallDesc {
-        wire: 839u32,
+        wire: 841u32,
         call: 820u32,
         name: "cublasGetVector",
         form: None,
@@ -19399,7 +19401,7 @@ pub mod cublas {
         },
     };
     pub static cublasGetVector_64: CallDesc = CallDesc {
-        wire: 840u32,
+        wire: 842u32,
         call: 821u32,
         name: "cublasGetVector_64",
         form: None,
@@ -19435,7 +19437,7 @@ pub mod cublas {
         },
     };
     pub static cublasIamaxEx: CallDesc = CallDesc {
-        wire: 841u32,
+        wire: 843u32,
         call: 822u32,
         name: "cublasIamaxEx",
         form: None,
@@ -19475,7 +19477,7 @@ pub mod cublas {
         },
     };
     pub static cublasIamaxEx_64: CallDesc = CallDesc {
-        wire: 842u32,
+        wire: 844u32,
         call: 823u32,
         name: "cublasIamaxEx_64",
         form: None,
@@ -19515,7 +19517,7 @@ pub mod cublas {
         },
     };
     pub static cublasIaminEx: CallDesc = CallDesc {
-        wire: 843u32,
+        wire: 845u32,
         call: 824u32,
         name: "cublasIaminEx",
         form: None,
@@ -19555,7 +19557,7 @@ pub mod cublas {
         },
     };
     pub static cublasIaminEx_64: CallDesc = CallDesc {
-        wire: 844u32,
+        wire: 846u32,
         call: 825u32,
         name: "cublasIaminEx_64",
         form: None,
@@ -19595,7 +19597,7 @@ pub mod cublas {
         },
     };
     pub static cublasIcamax: CallDesc = CallDesc {
-        wire: 845u32,
+        wire: 847u32,
         call: 826u32,
         name: "cublasIcamax",
         form: None,
@@ -19625,7 +19627,7 @@ pub mod cublas {
         },
     };
     pub static cublasIcamax_v2: CallDesc = CallDesc {
-        wire: 846u32,
+        wire: 848u32,
         call: 827u32,
         name: "cublasIcamax_v2",
         form: None,
@@ -19661,7 +19663,7 @@ pub mod cublas {
         },
     };
     pub static cublasIcamax_v2_64: CallDesc = CallDesc {
-        wire: 847u32,
+        wire: 849u32,
         call: 828u32,
         name: "cublasIcamax_v2_64",
         form: None,
@@ -19697,7 +19699,7 @@ pub mod cublas {
         },
     };
     pub static cublasIcamin: CallDesc = CallDesc {
-        wire: 848u32,
+        wire: 850u32,
         call: 829u32,
         name: "cublasIcamin",
         form: None,
@@ -19727,7 +19729,7 @@ pub mod cublas {
         },
     };
     pub static cublasIcamin_v2: CallDesc = CallDesc {
-        wire: 849u32,
+        wire: 851u32,
         call: 830u32,
         name: "cublasIcamin_v2",
         form: None,
@@ -19763,7 +19765,7 @@ pub mod cublas {
         },
     };
     pub static cublasIcamin_v2_64: CallDesc = CallDesc {
-        wire: 850u32,
+        wire: 852u32,
         call: 831u32,
         name: "cublasIcamin_v2_64",
         form: None,
@@ -19799,7 +19801,7 @@ pub mod cublas {
         },
     };
     pub static cublasIdamax: CallDesc = CallDesc {
-        wire: 851u32,
+        wire: 853u32,
         call: 832u32,
         name: "cublasIdamax",
         form: None,
@@ -19829,7 +19831,7 @@ pub mod cublas {
         },
     };
     pub static cublasIdamax_v2: CallDesc = CallDesc {
-        wire: 852u32,
+        wire: 854u32,
         call: 833u32,
         name: "cublasIdamax_v2",
         form: None,
@@ -19865,7 +19867,7 @@ pub mod cublas {
         },
     };
     pub static cublasIdamax_v2_64: CallDesc = CallDesc {
-        wire: 853u32,
+        wire: 855u32,
         call: 834u32,
         name: "cublasIdamax_v2_64",
         form: None,
@@ -19901,7 +19903,7 @@ pub mod cublas {
         },
     };
     pub static cublasIdamin: CallDesc = CallDesc {
-        wire: 854u32,
+        wire: 856u32,
         call: 835u32,
         name: "cublasIdamin",
         form: None,
@@ -19931,7 +19933,7 @@ pub mod cublas {
         },
     };
     pub static cublasIdamin_v2: CallDesc = CallDesc {
-        wire: 855u32,
+        wire: 857u32,
         call: 836u32,
         name: "cublasIdamin_v2",
         form: None,
@@ -19967,7 +19969,7 @@ pub mod cublas {
         },
     };
     pub static cublasIdamin_v2_64: CallDesc = CallDesc {
-        wire: 856u32,
+        wire: 858u32,
         call: 837u32,
         name: "cublasIdamin_v2_64",
         form: None,
@@ -20003,7 +20005,7 @@ pub mod cublas {
         },
     };
     pub static cublasInit: CallDesc = CallDesc {
-        wire: 857u32,
+        wire: 859u32,
         call: 838u32,
         name: "cublasInit",
         form: None,
@@ -20020,7 +20022,7 @@ pub mod cublas {
         },
     };
     pub static cublasIsamax: CallDesc = CallDesc {
-        wire: 858u32,
+        wire: 860u32,
         call: 839u32,
         name: "cublasIsamax",
         form: None,
@@ -20050,7 +20052,7 @@ pub mod cublas {
         },
     };
     pub static cublasIsamax_v2: CallDesc = CallDesc {
-        wire: 859u32,
+        wire: 861u32,
         call: 840u32,
         name: "cublasIsamax_v2",
         form: None,
@@ -20086,7 +20088,7 @@ pub mod cublas {
         },
     };
     pub static cublasIsamax_v2_64: CallDesc = CallDesc {
-        wire: 860u32,
+        wire: 862u32,
         call: 841u32,
         name: "cublasIsamax_v2_64",
         form: None,
@@ -20122,7 +20124,7 @@ pub mod cublas {
         },
     };
     pub static cublasIsamin: CallDesc = CallDesc {
-        wire: 861u32,
+        wire: 863u32,
         call: 842u32,
         name: "cublasIsamin",
         form: None,
@@ -20152,7 +20154,7 @@ pub mod cublas {
         },
     };
     pub static cublasIsamin_v2: CallDesc = CallDesc {
-        wire: 862u32,
+        wire: 864u32,
         call: 843u32,
         name: "cublasIsamin_v2",
         form: None,
@@ -20188,7 +20190,7 @@ pub mod cublas {
         },
     };
     pub static cublasIsamin_v2_64: CallDesc = CallDesc {
-        wire: 863u32,
+        wire: 865u32,
         call: 844u32,
         name: "cublasIsamin_v2_64",
         form: None,
@@ -20224,7 +20226,7 @@ pub mod cublas {
         },
     };
     pub static cublasIzamax: CallDesc = CallDesc {
-        wire: 864u32,
+        wire: 866u32,
         call: 845u32,
         name: "cublasIzamax",
         form: None,
@@ -20254,7 +20256,7 @@ pub mod cublas {
         },
     };
     pub static cublasIzamax_v2: CallDesc = CallDesc {
-        wire: 865u32,
+        wire: 867u32,
         call: 846u32,
         name: "cublasIzamax_v2",
         form: None,
@@ -20290,7 +20292,7 @@ pub mod cublas {
         },
     };
     pub static cublasIzamax_v2_64: CallDesc = CallDesc {
-        wire: 866u32,
+        wire: 868u32,
         call: 847u32,
         name: "cublasIzamax_v2_64",
         form: None,
@@ -20326,7 +20328,7 @@ pub mod cublas {
         },
     };
     pub static cublasIzamin: CallDesc = CallDesc {
-        wire: 867u32,
+        wire: 869u32,
         call: 848u32,
         name: "cublasIzamin",
         form: None,
@@ -20356,7 +20358,7 @@ pub mod cublas {
         },
     };
     pub static cublasIzamin_v2: CallDesc = CallDesc {
-        wire: 868u32,
+        wire: 870u32,
         call: 849u32,
         name: "cublasIzamin_v2",
         form: None,
@@ -20392,7 +20394,7 @@ pub mod cublas {
         },
     };
     pub static cublasIzamin_v2_64: CallDesc = CallDesc {
-        wire: 869u32,
+        wire: 871u32,
         call: 850u32,
         name: "cublasIzamin_v2_64",
         form: None,
@@ -20428,7 +20430,7 @@ pub mod cublas {
         },
     };
     pub static cublasRotEx: CallDesc = CallDesc {
-        wire: 870u32,
+        wire: 872u32,
         call: 851u32,
         name: "cublasRotEx",
         form: None,
@@ -20490,7 +20492,7 @@ pub mod cublas {
         },
     };
     pub static cublasRotEx_64: CallDesc = CallDesc {
-        wire: 871u32,
+        wire: 873u32,
         call: 852u32,
         name: "cublasRotEx_64",
         form: None,
@@ -20552,7 +20554,7 @@ pub mod cublas {
         },
     };
     pub static cublasSasum: CallDesc = CallDesc {
-        wire: 872u32,
+        wire: 874u32,
         call: 853u32,
         name: "cublasSasum",
         form: None,
@@ -20582,7 +20584,7 @@ pub mod cublas {
         },
     };
     pub static cublasSasum_v2: CallDesc = CallDesc {
-        wire: 873u32,
+        wire: 875u32,
         call: 854u32,
         name: "cublasSasum_v2",
         form: None,
@@ -20618,7 +20620,7 @@ pub mod cublas {
         },
     };
     pub static cublasSasum_v2_64: CallDesc = CallDesc {
-        wire: 874u32,
+        wire: 876u32,
         call: 855u32,
         name: "cublasSasum_v2_64",
         form: None,
@@ -20654,7 +20656,7 @@ pub mod cublas {
         },
     };
     pub static cublasSaxpy: CallDesc = CallDesc {
-        wire: 875u32,
+        wire: 877u32,
         call: 856u32,
         name: "cublasSaxpy",
         form: None,
@@ -20690,7 +20692,7 @@ pub mod cublas {
         },
     };
     pub static cublasSaxpy_v2: CallDesc = CallDesc {
-        wire: 876u32,
+        wire: 878u32,
         call: 857u32,
         name: "cublasSaxpy_v2",
         form: None,
@@ -20731,7 +20733,7 @@ pub mod cublas {
         },
     };
     pub static cublasSaxpy_v2_64: CallDesc = CallDesc {
-        wire: 877u32,
+        wire: 879u32,
         call: 858u32,
         name: "cublasSaxpy_v2_64",
         form: None,
@@ -20772,7 +20774,7 @@ pub mod cublas {
         },
     };
     pub static cublasScalEx: CallDesc = CallDesc {
-        wire: 878u32,
+        wire: 880u32,
         call: 859u32,
         name: "cublasScalEx",
         form: None,
@@ -20820,7 +20822,7 @@ pub mod cublas {
         },
     };
     pub static cublasScalEx_64: CallDesc = CallDesc {
-        wire: 879u32,
+        wire: 881u32,
         call: 860u32,
         name: "cublasScalEx_64",
         form: None,
@@ -20868,7 +20870,7 @@ pub mod cublas {
         },
     };
     pub static cublasScasum: CallDesc = CallDesc {
-        wire: 880u32,
+        wire: 882u32,
         call: 861u32,
         name: "cublasScasum",
         form: None,
@@ -20898,7 +20900,7 @@ pub mod cublas {
         },
     };
     pub static cublasScasum_v2: CallDesc = CallDesc {
-        wire: 881u32,
+        wire: 883u32,
         call: 862u32,
         name: "cublasScasum_v2",
         form: None,
@@ -20934,7 +20936,7 @@ pub mod cublas {
         },
     };
     pub static cublasScasum_v2_64: CallDesc = CallDesc {
-        wire: 882u32,
+        wire: 884u32,
         call: 863u32,
         name: "cublasScasum_v2_64",
         form: None,
@@ -20970,7 +20972,7 @@ pub mod cublas {
         },
     };
     pub static cublasScnrm2: CallDesc = CallDesc {
-        wire: 883u32,
+        wire: 885u32,
         call: 864u32,
         name: "cublasScnrm2",
         form: None,
@@ -21000,7 +21002,7 @@ pub mod cublas {
         },
     };
     pub static cublasScnrm2_v2: CallDesc = CallDesc {
-        wire: 884u32,
+        wire: 886u32,
         call: 865u32,
         name: "cublasScnrm2_v2",
         form: None,
@@ -21036,7 +21038,7 @@ pub mod cublas {
         },
     };
     pub static cublasScnrm2_v2_64: CallDesc = CallDesc {
-        wire: 885u32,
+        wire: 887u32,
         call: 866u32,
         name: "cublasScnrm2_v2_64",
         form: None,
@@ -21072,7 +21074,7 @@ pub mod cublas {
         },
     };
     pub static cublasScopy: CallDesc = CallDesc {
-        wire: 886u32,
+        wire: 888u32,
         call: 867u32,
         name: "cublasScopy",
         form: None,
@@ -21104,7 +21106,7 @@ pub mod cublas {
         },
     };
     pub static cublasScopy_v2: CallDesc = CallDesc {
-        wire: 887u32,
+        wire: 889u32,
         call: 868u32,
         name: "cublasScopy_v2",
         form: None,
@@ -21140,7 +21142,7 @@ pub mod cublas {
         },
     };
     pub static cublasScopy_v2_64: CallDesc = CallDesc {
-        wire: 888u32,
+        wire: 890u32,
         call: 869u32,
         name: "cublasScopy_v2_64",
         form: None,
@@ -21176,7 +21178,7 @@ pub mod cublas {
         },
     };
     pub static cublasSdgmm: CallDesc = CallDesc {
-        wire: 889u32,
+        wire: 891u32,
         call: 870u32,
         name: "cublasSdgmm",
         form: None,
@@ -21225,7 +21227,7 @@ pub mod cublas {
         },
     };
     pub static cublasSdgmm_64: CallDesc = CallDesc {
-        wire: 890u32,
+        wire: 892u32,
         call: 871u32,
         name: "cublasSdgmm_64",
         form: None,
@@ -21274,7 +21276,7 @@ pub mod cublas {
         },
     };
     pub static cublasSdot: CallDesc = CallDesc {
-        wire: 891u32,
+        wire: 893u32,
         call: 872u32,
         name: "cublasSdot",
         form: None,
@@ -21309,7 +21311,7 @@ pub mod cublas {
         },
     };
     pub static cublasSdot_v2: CallDesc = CallDesc {
-        wire: 892u32,
+        wire: 894u32,
         call: 873u32,
         name: "cublasSdot_v2",
         form: None,
@@ -21350,7 +21352,7 @@ pub mod cublas {
         },
     };
     pub static cublasSdot_v2_64: CallDesc = CallDesc {
-        wire: 893u32,
+        wire: 895u32,
         call: 874u32,
         name: "cublasSdot_v2_64",
         form: None,
@@ -21391,7 +21393,7 @@ pub mod cublas {
         },
     };
     pub static cublasSetAtomicsMode: CallDesc = CallDesc {
-        wire: 894u32,
+        wire: 896u32,
         call: 875u32,
         name: "cublasSetAtomicsMode",
         form: None,
@@ -21417,7 +21419,7 @@ pub mod cublas {
         },
     };
     pub static cublasSetEmulationSpecialValuesSupport: CallDesc = CallDesc {
-        wire: 895u32,
+        wire: 897u32,
         call: 876u32,
         name: "cublasSetEmulationSpecialValuesSupport",
         form: None,
@@ -21443,7 +21445,7 @@ pub mod cublas {
         },
     };
     pub static cublasSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 896u32,
+        wire: 898u32,
         call: 877u32,
         name: "cublasSetEmulationStrategy",
         form: None,
@@ -21469,7 +21471,7 @@ pub mod cublas {
         },
     };
     pub static cublasSetFixedPointEmulationMantissaBitOffset: CallDesc = CallDesc {
-        wire: 897u32,
+        wire: 899u32,
         call: 878u32,
         name: "cublasSetFixedPointEmulationMantissaBitOffset",
         form: None,
@@ -21495,7 +21497,7 @@ pub mod cublas {
         },
     };
     pub static cublasSetFixedPointEmulationMantissaControl: CallDesc = CallDesc {
-        wire: 898u32,
+        wire: 900u32,
         call: 879u32,
         name: "cublasSetFixedPointEmulationMantissaControl",
         form: None,
@@ -21521,7 +21523,7 @@ pub mod cublas {
         },
     };
     pub static cublasSetFixedPointEmulationMaxMantissaBitCount: CallDesc = CallDesc {
-        wire: 899u32,
+        wire: 901u32,
         call: 880u32,
         name: "cublasSetFixedPointEmulationMaxMantissaBitCount",
         form: None,
@@ -21547,7 +21549,7 @@ pub mod cublas {
         },
     };
     pub static cublasSetKernelStream: CallDesc = CallDesc {
-        wire: 900u32,
+        wire: 902u32,
         call: 881u32,
         name: "cublasSetKernelStream",
         form: None,
@@ -21569,7 +21571,7 @@ pub mod cublas {
         },
     };
     pub static cublasSetMathMode: CallDesc = CallDesc {
-        wire: 901u32,
+        wire: 903u32,
         call: 882u32,
         name: "cublasSetMathMode",
         form: None,
@@ -21595,7 +21597,7 @@ pub mod cublas {
         },
     };
     pub static cublasSetMatrix: CallDesc = CallDesc {
-        wire: 902u32,
+        wire: 904u32,
         call: 883u32,
         name: "cublasSetMatrix",
         form: None,
@@ -21635,7 +21637,7 @@ pub mod cublas {
         },
     };
     pub static cublasSetMatrixAsync_64: CallDesc = CallDesc {
-        wire: 903u32,
+        wire: 905u32,
         call: 884u32,
         name: "cublasSetMatrixAsync_64",
         form: None,
@@ -21679,7 +21681,7 @@ pub mod cublas {
         },
     };
     pub static cublasSetMatrix_64: CallDesc = CallDesc {
-        wire: 904u32,
+        wire: 906u32,
         call: 885u32,
         name: "cublasSetMatrix_64",
         form: None,
@@ -21719,7 +21721,7 @@ pub mod cublas {
         },
     };
     pub static cublasSetPointerMode_v2__call: CallDesc = CallDesc {
-        wire: 905u32,
+        wire: 907u32,
         call: 886u32,
         name: "cublasSetPointerMode_v2",
         form: Some("call"),
@@ -21745,7 +21747,7 @@ pub mod cublas {
         },
     };
     pub static cublasSetSmCountTarget: CallDesc = CallDesc {
-        wire: 906u32,
+        wire: 908u32,
         call: 887u32,
         name: "cublasSetSmCountTarget",
         form: None,
@@ -21771,7 +21773,7 @@ pub mod cublas {
         },
     };
     pub static cublasSetStream_v2: CallDesc = CallDesc {
-        wire: 907u32,
+        wire: 909u32,
         call: 888u32,
         name: "cublasSetStream_v2",
         form: None,
@@ -21797,7 +21799,7 @@ pub mod cublas {
         },
     };
     pub static cublasSetWorkspace_v2: CallDesc = CallDesc {
-        wire: 908u32,
+        wire: 910u32,
         call: 889u32,
         name: "cublasSetWorkspace_v2",
         form: None,
@@ -21824,7 +21826,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgbmv: CallDesc = CallDesc {
-        wire: 909u32,
+        wire: 911u32,
         call: 890u32,
         name: "cublasSgbmv",
         form: None,
@@ -21885,7 +21887,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgbmv_v2: CallDesc = CallDesc {
-        wire: 910u32,
+        wire: 912u32,
         call: 891u32,
         name: "cublasSgbmv_v2",
         form: None,
@@ -21952,7 +21954,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgbmv_v2_64: CallDesc = CallDesc {
-        wire: 911u32,
+        wire: 913u32,
         call: 892u32,
         name: "cublasSgbmv_v2_64",
         form: None,
@@ -22019,7 +22021,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgeam: CallDesc = CallDesc {
-        wire: 912u32,
+        wire: 914u32,
         call: 893u32,
         name: "cublasSgeam",
         form: None,
@@ -22082,7 +22084,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgeam_64: CallDesc = CallDesc {
-        wire: 913u32,
+        wire: 915u32,
         call: 894u32,
         name: "cublasSgeam_64",
         form: None,
@@ -22145,7 +22147,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgelsBatched: CallDesc = CallDesc {
-        wire: 914u32,
+        wire: 916u32,
         call: 895u32,
         name: "cublasSgelsBatched",
         form: None,
@@ -22204,7 +22206,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgemm: CallDesc = CallDesc {
-        wire: 915u32,
+        wire: 917u32,
         call: 896u32,
         name: "cublasSgemm",
         form: None,
@@ -22265,7 +22267,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgemmBatched: CallDesc = CallDesc {
-        wire: 916u32,
+        wire: 918u32,
         call: 897u32,
         name: "cublasSgemmBatched",
         form: None,
@@ -22336,7 +22338,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgemmBatched_64: CallDesc = CallDesc {
-        wire: 917u32,
+        wire: 919u32,
         call: 898u32,
         name: "cublasSgemmBatched_64",
         form: None,
@@ -22407,7 +22409,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgemmEx: CallDesc = CallDesc {
-        wire: 918u32,
+        wire: 920u32,
         call: 899u32,
         name: "cublasSgemmEx",
         form: None,
@@ -22486,7 +22488,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgemmEx_64: CallDesc = CallDesc {
-        wire: 919u32,
+        wire: 921u32,
         call: 900u32,
         name: "cublasSgemmEx_64",
         form: None,
@@ -22565,7 +22567,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgemmStridedBatched: CallDesc = CallDesc {
-        wire: 920u32,
+        wire: 922u32,
         call: 901u32,
         name: "cublasSgemmStridedBatched",
         form: None,
@@ -22648,7 +22650,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 921u32,
+        wire: 923u32,
         call: 902u32,
         name: "cublasSgemmStridedBatched_64",
         form: None,
@@ -22731,7 +22733,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgemm_v2: CallDesc = CallDesc {
-        wire: 922u32,
+        wire: 924u32,
         call: 903u32,
         name: "cublasSgemm_v2",
         form: None,
@@ -22798,7 +22800,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgemm_v2_64: CallDesc = CallDesc {
-        wire: 923u32,
+        wire: 925u32,
         call: 904u32,
         name: "cublasSgemm_v2_64",
         form: None,
@@ -22865,7 +22867,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgemv: CallDesc = CallDesc {
-        wire: 924u32,
+        wire: 926u32,
         call: 905u32,
         name: "cublasSgemv",
         form: None,
@@ -22918,7 +22920,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgemvStridedBatched: CallDesc = CallDesc {
-        wire: 925u32,
+        wire: 927u32,
         call: 906u32,
         name: "cublasSgemvStridedBatched",
         form: None,
@@ -22993,7 +22995,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 926u32,
+        wire: 928u32,
         call: 907u32,
         name: "cublasSgemvStridedBatched_64",
         form: None,
@@ -23068,7 +23070,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgemv_v2: CallDesc = CallDesc {
-        wire: 927u32,
+        wire: 929u32,
         call: 908u32,
         name: "cublasSgemv_v2",
         form: None,
@@ -23127,7 +23129,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgemv_v2_64: CallDesc = CallDesc {
-        wire: 928u32,
+        wire: 930u32,
         call: 909u32,
         name: "cublasSgemv_v2_64",
         form: None,
@@ -23186,7 +23188,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgeqrfBatched: CallDesc = CallDesc {
-        wire: 929u32,
+        wire: 931u32,
         call: 910u32,
         name: "cublasSgeqrfBatched",
         form: None,
@@ -23232,7 +23234,7 @@ pub mod cublas {
         },
     };
     pub static cublasSger: CallDesc = CallDesc {
-        wire: 930u32,
+        wire: 932u32,
         call: 911u32,
         name: "cublasSger",
         form: None,
@@ -23277,7 +23279,7 @@ pub mod cublas {
         },
     };
     pub static cublasSger_v2: CallDesc = CallDesc {
-        wire: 931u32,
+        wire: 933u32,
         call: 912u32,
         name: "cublasSger_v2",
         form: None,
@@ -23327,7 +23329,7 @@ pub mod cublas {
         },
     };
     pub static cublasSger_v2_64: CallDesc = CallDesc {
-        wire: 932u32,
+        wire: 934u32,
         call: 913u32,
         name: "cublasSger_v2_64",
         form: None,
@@ -23377,7 +23379,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgetrfBatched: CallDesc = CallDesc {
-        wire: 933u32,
+        wire: 935u32,
         call: 914u32,
         name: "cublasSgetrfBatched",
         form: None,
@@ -23414,7 +23416,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgetriBatched: CallDesc = CallDesc {
-        wire: 934u32,
+        wire: 936u32,
         call: 915u32,
         name: "cublasSgetriBatched",
         form: None,
@@ -23461,7 +23463,7 @@ pub mod cublas {
         },
     };
     pub static cublasSgetrsBatched: CallDesc = CallDesc {
-        wire: 935u32,
+        wire: 937u32,
         call: 916u32,
         name: "cublasSgetrsBatched",
         form: None,
@@ -23516,7 +23518,7 @@ pub mod cublas {
         },
     };
     pub static cublasShutdown: CallDesc = CallDesc {
-        wire: 936u32,
+        wire: 938u32,
         call: 917u32,
         name: "cublasShutdown",
         form: None,
@@ -23533,7 +23535,7 @@ pub mod cublas {
         },
     };
     pub static cublasSnrm2: CallDesc = CallDesc {
-        wire: 937u32,
+        wire: 939u32,
         call: 918u32,
         name: "cublasSnrm2",
         form: None,
@@ -23563,7 +23565,7 @@ pub mod cublas {
         },
     };
     pub static cublasSnrm2_v2: CallDesc = CallDesc {
-        wire: 938u32,
+        wire: 940u32,
         call: 919u32,
         name: "cublasSnrm2_v2",
         form: None,
@@ -23599,7 +23601,7 @@ pub mod cublas {
         },
     };
     pub static cublasSnrm2_v2_64: CallDesc = CallDesc {
-        wire: 939u32,
+        wire: 941u32,
         call: 920u32,
         name: "cublasSnrm2_v2_64",
         form: None,
@@ -23635,7 +23637,7 @@ pub mod cublas {
         },
     };
     pub static cublasSrot: CallDesc = CallDesc {
-        wire: 940u32,
+        wire: 942u32,
         call: 921u32,
         name: "cublasSrot",
         form: None,
@@ -23675,7 +23677,7 @@ pub mod cublas {
         },
     };
     pub static cublasSrot_v2: CallDesc = CallDesc {
-        wire: 941u32,
+        wire: 943u32,
         call: 922u32,
         name: "cublasSrot_v2",
         form: None,
@@ -23721,7 +23723,7 @@ pub mod cublas {
         },
     };
     pub static cublasSrot_v2_64: CallDesc = CallDesc {
-        wire: 942u32,
+        wire: 944u32,
         call: 923u32,
         name: "cublasSrot_v2_64",
         form: None,
@@ -23767,7 +23769,7 @@ pub mod cublas {
         },
     };
     pub static cublasSrotg_v2: CallDesc = CallDesc {
-        wire: 943u32,
+        wire: 945u32,
         call: 924u32,
         name: "cublasSrotg_v2",
         form: None,
@@ -23809,7 +23811,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsbmv: CallDesc = CallDesc {
-        wire: 944u32,
+        wire: 946u32,
         call: 925u32,
         name: "cublasSsbmv",
         form: None,
@@ -23862,7 +23864,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsbmv_v2: CallDesc = CallDesc {
-        wire: 945u32,
+        wire: 947u32,
         call: 926u32,
         name: "cublasSsbmv_v2",
         form: None,
@@ -23921,7 +23923,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsbmv_v2_64: CallDesc = CallDesc {
-        wire: 946u32,
+        wire: 948u32,
         call: 927u32,
         name: "cublasSsbmv_v2_64",
         form: None,
@@ -23980,7 +23982,7 @@ pub mod cublas {
         },
     };
     pub static cublasSscal: CallDesc = CallDesc {
-        wire: 947u32,
+        wire: 949u32,
         call: 928u32,
         name: "cublasSscal",
         form: None,
@@ -24011,7 +24013,7 @@ pub mod cublas {
         },
     };
     pub static cublasSscal_v2: CallDesc = CallDesc {
-        wire: 948u32,
+        wire: 950u32,
         call: 929u32,
         name: "cublasSscal_v2",
         form: None,
@@ -24047,7 +24049,7 @@ pub mod cublas {
         },
     };
     pub static cublasSscal_v2_64: CallDesc = CallDesc {
-        wire: 949u32,
+        wire: 951u32,
         call: 930u32,
         name: "cublasSscal_v2_64",
         form: None,
@@ -24083,7 +24085,7 @@ pub mod cublas {
         },
     };
     pub static cublasSswap: CallDesc = CallDesc {
-        wire: 950u32,
+        wire: 952u32,
         call: 931u32,
         name: "cublasSswap",
         form: None,
@@ -24115,7 +24117,7 @@ pub mod cublas {
         },
     };
     pub static cublasSswap_v2: CallDesc = CallDesc {
-        wire: 951u32,
+        wire: 953u32,
         call: 932u32,
         name: "cublasSswap_v2",
         form: None,
@@ -24151,7 +24153,7 @@ pub mod cublas {
         },
     };
     pub static cublasSswap_v2_64: CallDesc = CallDesc {
-        wire: 952u32,
+        wire: 954u32,
         call: 933u32,
         name: "cublasSswap_v2_64",
         form: None,
@@ -24187,7 +24189,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsymm: CallDesc = CallDesc {
-        wire: 953u32,
+        wire: 955u32,
         call: 934u32,
         name: "cublasSsymm",
         form: None,
@@ -24244,7 +24246,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsymm_v2: CallDesc = CallDesc {
-        wire: 954u32,
+        wire: 956u32,
         call: 935u32,
         name: "cublasSsymm_v2",
         form: None,
@@ -24307,7 +24309,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsymm_v2_64: CallDesc = CallDesc {
-        wire: 955u32,
+        wire: 957u32,
         call: 936u32,
         name: "cublasSsymm_v2_64",
         form: None,
@@ -24370,7 +24372,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsymv: CallDesc = CallDesc {
-        wire: 956u32,
+        wire: 958u32,
         call: 937u32,
         name: "cublasSsymv",
         form: None,
@@ -24419,7 +24421,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsymv_v2: CallDesc = CallDesc {
-        wire: 957u32,
+        wire: 959u32,
         call: 938u32,
         name: "cublasSsymv_v2",
         form: None,
@@ -24474,7 +24476,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsymv_v2_64: CallDesc = CallDesc {
-        wire: 958u32,
+        wire: 960u32,
         call: 939u32,
         name: "cublasSsymv_v2_64",
         form: None,
@@ -24529,7 +24531,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr: CallDesc = CallDesc {
-        wire: 959u32,
+        wire: 961u32,
         call: 940u32,
         name: "cublasSsyr",
         form: None,
@@ -24569,7 +24571,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr2: CallDesc = CallDesc {
-        wire: 960u32,
+        wire: 962u32,
         call: 941u32,
         name: "cublasSsyr2",
         form: None,
@@ -24614,7 +24616,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr2_v2: CallDesc = CallDesc {
-        wire: 961u32,
+        wire: 963u32,
         call: 942u32,
         name: "cublasSsyr2_v2",
         form: None,
@@ -24664,7 +24666,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr2_v2_64: CallDesc = CallDesc {
-        wire: 962u32,
+        wire: 964u32,
         call: 943u32,
         name: "cublasSsyr2_v2_64",
         form: None,
@@ -24714,7 +24716,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr2k: CallDesc = CallDesc {
-        wire: 963u32,
+        wire: 965u32,
         call: 944u32,
         name: "cublasSsyr2k",
         form: None,
@@ -24771,7 +24773,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr2k_v2: CallDesc = CallDesc {
-        wire: 964u32,
+        wire: 966u32,
         call: 945u32,
         name: "cublasSsyr2k_v2",
         form: None,
@@ -24834,7 +24836,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 965u32,
+        wire: 967u32,
         call: 946u32,
         name: "cublasSsyr2k_v2_64",
         form: None,
@@ -24897,7 +24899,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr_v2: CallDesc = CallDesc {
-        wire: 966u32,
+        wire: 968u32,
         call: 947u32,
         name: "cublasSsyr_v2",
         form: None,
@@ -24942,7 +24944,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr_v2_64: CallDesc = CallDesc {
-        wire: 967u32,
+        wire: 969u32,
         call: 948u32,
         name: "cublasSsyr_v2_64",
         form: None,
@@ -24987,7 +24989,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsyrk: CallDesc = CallDesc {
-        wire: 968u32,
+        wire: 970u32,
         call: 949u32,
         name: "cublasSsyrk",
         form: None,
@@ -25039,7 +25041,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsyrk_v2: CallDesc = CallDesc {
-        wire: 969u32,
+        wire: 971u32,
         call: 950u32,
         name: "cublasSsyrk_v2",
         form: None,
@@ -25097,7 +25099,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsyrk_v2_64: CallDesc = CallDesc {
-        wire: 970u32,
+        wire: 972u32,
         call: 951u32,
         name: "cublasSsyrk_v2_64",
         form: None,
@@ -25155,7 +25157,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsyrkx: CallDesc = CallDesc {
-        wire: 971u32,
+        wire: 973u32,
         call: 952u32,
         name: "cublasSsyrkx",
         form: None,
@@ -25218,7 +25220,7 @@ pub mod cublas {
         },
     };
     pub static cublasSsyrkx_64: CallDesc = CallDesc {
-        wire: 972u32,
+        wire: 974u32,
         call: 953u32,
         name: "cublasSsyrkx_64",
         form: None,
@@ -25281,7 +25283,7 @@ pub mod cublas {
         },
     };
     pub static cublasStbmv: CallDesc = CallDesc {
-        wire: 973u32,
+        wire: 975u32,
         call: 954u32,
         name: "cublasStbmv",
         form: None,
@@ -25329,7 +25331,7 @@ pub mod cublas {
         },
     };
     pub static cublasStbmv_v2: CallDesc = CallDesc {
-        wire: 974u32,
+        wire: 976u32,
         call: 955u32,
         name: "cublasStbmv_v2",
         form: None,
@@ -25381,7 +25383,7 @@ pub mod cublas {
         },
     };
     pub static cublasStbmv_v2_64: CallDesc = CallDesc {
-        wire: 975u32,
+        wire: 977u32,
         call: 956u32,
         name: "cublasStbmv_v2_64",
         form: None,
@@ -25433,7 +25435,7 @@ pub mod cublas {
         },
     };
     pub static cublasStbsv: CallDesc = CallDesc {
-        wire: 976u32,
+        wire: 978u32,
         call: 957u32,
         name: "cublasStbsv",
         form: None,
@@ -25481,7 +25483,7 @@ pub mod cublas {
         },
     };
     pub static cublasStbsv_v2: CallDesc = CallDesc {
-        wire: 977u32,
+        wire: 979u32,
         call: 958u32,
         name: "cublasStbsv_v2",
         form: None,
@@ -25533,7 +25535,7 @@ pub mod cublas {
         },
     };
     pub static cublasStbsv_v2_64: CallDesc = CallDesc {
-        wire: 978u32,
+        wire: 980u32,
         call: 959u32,
         name: "cublasStbsv_v2_64",
         form: None,
@@ -25585,7 +25587,7 @@ pub mod cublas {
         },
     };
     pub static cublasStrmm: CallDesc = CallDesc {
-        wire: 979u32,
+        wire: 981u32,
         call: 960u32,
         name: "cublasStrmm",
         form: None,
@@ -25641,7 +25643,7 @@ pub mod cublas {
         },
     };
     pub static cublasStrmm_v2: CallDesc = CallDesc {
-        wire: 980u32,
+        wire: 982u32,
         call: 961u32,
         name: "cublasStrmm_v2",
         form: None,
@@ -25707,7 +25709,7 @@ pub mod cublas {
         },
     };
     pub static cublasStrmm_v2_64: CallDesc = CallDesc {
-        wire: 981u32,
+        wire: 983u32,
         call: 962u32,
         name: "cublasStrmm_v2_64",
         form: None,
@@ -25773,7 +25775,7 @@ pub mod cublas {
         },
     };
     pub static cublasStrmv: CallDesc = CallDesc {
-        wire: 982u32,
+        wire: 984u32,
         call: 963u32,
         name: "cublasStrmv",
         form: None,
@@ -25817,7 +25819,7 @@ pub mod cublas {
         },
     };
     pub static cublasStrmv_v2: CallDesc = CallDesc {
-        wire: 983u32,
+        wire: 985u32,
         call: 964u32,
         name: "cublasStrmv_v2",
         form: None,
@@ -25865,7 +25867,7 @@ pub mod cublas {
         },
     };
     pub static cublasStrmv_v2_64: CallDesc = CallDesc {
-        wire: 984u32,
+        wire: 986u32,
         call: 965u32,
         name: "cublasStrmv_v2_64",
         form: None,
@@ -25913,7 +25915,7 @@ pub mod cublas {
         },
     };
     pub static cublasStrsm: CallDesc = CallDesc {
-        wire: 985u32,
+        wire: 987u32,
         call: 966u32,
         name: "cublasStrsm",
         form: None,
@@ -25969,7 +25971,7 @@ pub mod cublas {
         },
     };
     pub static cublasStrsmBatched: CallDesc = CallDesc {
-        wire: 986u32,
+        wire: 988u32,
         call: 967u32,
         name: "cublasStrsmBatched",
         form: None,
@@ -26034,7 +26036,7 @@ pub mod cublas {
         },
     };
     pub static cublasStrsmBatched_64: CallDesc = CallDesc {
-        wire: 987u32,
+        wire: 989u32,
         call: 968u32,
         name: "cublasStrsmBatched_64",
         form: None,
@@ -26099,7 +26101,7 @@ pub mod cublas {
         },
     };
     pub static cublasStrsm_v2: CallDesc = CallDesc {
-        wire: 988u32,
+        wire: 990u32,
         call: 969u32,
         name: "cublasStrsm_v2",
         form: None,
@@ -26160,7 +26162,7 @@ pub mod cublas {
         },
     };
     pub static cublasStrsm_v2_64: CallDesc = CallDesc {
-        wire: 989u32,
+        wire: 991u32,
         call: 970u32,
         name: "cublasStrsm_v2_64",
         form: None,
@@ -26221,7 +26223,7 @@ pub mod cublas {
         },
     };
     pub static cublasStrsv: CallDesc = CallDesc {
-        wire: 990u32,
+        wire: 992u32,
         call: 971u32,
         name: "cublasStrsv",
         form: None,
@@ -26265,7 +26267,7 @@ pub mod cublas {
         },
     };
     pub static cublasStrsv_v2: CallDesc = CallDesc {
-        wire: 991u32,
+        wire: 993u32,
         call: 972u32,
         name: "cublasStrsv_v2",
         form: None,
@@ -26313,7 +26315,7 @@ pub mod cublas {
         },
     };
     pub static cublasStrsv_v2_64: CallDesc = CallDesc {
-        wire: 992u32,
+        wire: 994u32,
         call: 973u32,
         name: "cublasStrsv_v2_64",
         form: None,
@@ -26361,7 +26363,7 @@ pub mod cublas {
         },
     };
     pub static cublasSwapEx: CallDesc = CallDesc {
-        wire: 993u32,
+        wire: 995u32,
         call: 974u32,
         name: "cublasSwapEx",
         form: None,
@@ -26405,7 +26407,7 @@ pub mod cublas {
         },
     };
     pub static cublasSwapEx_64: CallDesc = CallDesc {
-        wire: 994u32,
+        wire: 996u32,
         call: 975u32,
         name: "cublasSwapEx_64",
         form: None,
@@ -26449,7 +26451,7 @@ pub mod cublas {
         },
     };
     pub static cublasUint8gemmBias: CallDesc = CallDesc {
-        wire: 995u32,
+        wire: 997u32,
         call: 976u32,
         name: "cublasUint8gemmBias",
         form: None,
@@ -26530,7 +26532,7 @@ pub mod cublas {
         },
     };
     pub static cublasXerbla: CallDesc = CallDesc {
-        wire: 996u32,
+        wire: 998u32,
         call: 977u32,
         name: "cublasXerbla",
         form: None,
@@ -26553,7 +26555,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtCgemm: CallDesc = CallDesc {
-        wire: 997u32,
+        wire: 999u32,
         call: 978u32,
         name: "cublasXtCgemm",
         form: None,
@@ -26620,7 +26622,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtChemm: CallDesc = CallDesc {
-        wire: 998u32,
+        wire: 1000u32,
         call: 979u32,
         name: "cublasXtChemm",
         form: None,
@@ -26683,7 +26685,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtCher2k: CallDesc = CallDesc {
-        wire: 999u32,
+        wire: 1001u32,
         call: 980u32,
         name: "cublasXtCher2k",
         form: None,
@@ -26746,7 +26748,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtCherk: CallDesc = CallDesc {
-        wire: 1000u32,
+        wire: 1002u32,
         call: 981u32,
         name: "cublasXtCherk",
         form: None,
@@ -26804,7 +26806,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtCherkx: CallDesc = CallDesc {
-        wire: 1001u32,
+        wire: 1003u32,
         call: 982u32,
         name: "cublasXtCherkx",
         form: None,
@@ -26867,7 +26869,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtCreate: CallDesc = CallDesc {
-        wire: 1002u32,
+        wire: 1004u32,
         call: 983u32,
         name: "cublasXtCreate",
         form: None,
@@ -26884,7 +26886,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtCspmm: CallDesc = CallDesc {
-        wire: 1003u32,
+        wire: 1005u32,
         call: 984u32,
         name: "cublasXtCspmm",
         form: None,
@@ -26948,7 +26950,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtCsymm: CallDesc = CallDesc {
-        wire: 1004u32,
+        wire: 1006u32,
         call: 985u32,
         name: "cublasXtCsymm",
         form: None,
@@ -27011,7 +27013,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtCsyr2k: CallDesc = CallDesc {
-        wire: 1005u32,
+        wire: 1007u32,
         call: 986u32,
         name: "cublasXtCsyr2k",
         form: None,
@@ -27074,7 +27076,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtCsyrk: CallDesc = CallDesc {
-        wire: 1006u32,
+        wire: 1008u32,
         call: 987u32,
         name: "cublasXtCsyrk",
         form: None,
@@ -27132,7 +27134,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtCsyrkx: CallDesc = CallDesc {
-        wire: 1007u32,
+        wire: 1009u32,
         call: 988u32,
         name: "cublasXtCsyrkx",
         form: None,
@@ -27195,7 +27197,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtCtrmm: CallDesc = CallDesc {
-        wire: 1008u32,
+        wire: 1010u32,
         call: 989u32,
         name: "cublasXtCtrmm",
         form: None,
@@ -27261,7 +27263,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtCtrsm: CallDesc = CallDesc {
-        wire: 1009u32,
+        wire: 1011u32,
         call: 990u32,
         name: "cublasXtCtrsm",
         form: None,
@@ -27322,7 +27324,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtDestroy: CallDesc = CallDesc {
-        wire: 1010u32,
+        wire: 1012u32,
         call: 991u32,
         name: "cublasXtDestroy",
         form: None,
@@ -27344,7 +27346,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtDgemm: CallDesc = CallDesc {
-        wire: 1011u32,
+        wire: 1013u32,
         call: 992u32,
         name: "cublasXtDgemm",
         form: None,
@@ -27411,7 +27413,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtDsymm: CallDesc = CallDesc {
-        wire: 1012u32,
+        wire: 1014u32,
         call: 993u32,
         name: "cublasXtDsymm",
         form: None,
@@ -27474,7 +27476,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtDsyr2k: CallDesc = CallDesc {
-        wire: 1013u32,
+        wire: 1015u32,
         call: 994u32,
         name: "cublasXtDsyr2k",
         form: None,
@@ -27537,7 +27539,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtDsyrk: CallDesc = CallDesc {
-        wire: 1014u32,
+        wire: 1016u32,
         call: 995u32,
         name: "cublasXtDsyrk",
         form: None,
@@ -27595,7 +27597,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtDsyrkx: CallDesc = CallDesc {
-        wire: 1015u32,
+        wire: 1017u32,
         call: 996u32,
         name: "cublasXtDsyrkx",
         form: None,
@@ -27658,7 +27660,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtDtrmm: CallDesc = CallDesc {
-        wire: 1016u32,
+        wire: 1018u32,
         call: 997u32,
         name: "cublasXtDtrmm",
         form: None,
@@ -27724,7 +27726,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtDtrsm: CallDesc = CallDesc {
-        wire: 1017u32,
+        wire: 1019u32,
         call: 998u32,
         name: "cublasXtDtrsm",
         form: None,
@@ -27785,7 +27787,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtGetPinningMemMode: CallDesc = CallDesc {
-        wire: 1018u32,
+        wire: 1020u32,
         call: 999u32,
         name: "cublasXtGetPinningMemMode",
         form: None,
@@ -27813,7 +27815,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtSetBlockDim: CallDesc = CallDesc {
-        wire: 1019u32,
+        wire: 1021u32,
         call: 1000u32,
         name: "cublasXtSetBlockDim",
         form: None,
@@ -27839,7 +27841,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtSetCpuRatio: CallDesc = CallDesc {
-        wire: 1020u32,
+        wire: 1022u32,
         call: 1001u32,
         name: "cublasXtSetCpuRatio",
         form: None,
@@ -27873,7 +27875,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtSetPinningMemMode: CallDesc = CallDesc {
-        wire: 1021u32,
+        wire: 1023u32,
         call: 1002u32,
         name: "cublasXtSetPinningMemMode",
         form: None,
@@ -27899,7 +27901,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtSgemm: CallDesc = CallDesc {
-        wire: 1022u32,
+        wire: 1024u32,
         call: 1003u32,
         name: "cublasXtSgemm",
         form: None,
@@ -27966,7 +27968,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtSsymm: CallDesc = CallDesc {
-        wire: 1023u32,
+        wire: 1025u32,
         call: 1004u32,
         name: "cublasXtSsymm",
         form: None,
@@ -28029,7 +28031,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtSsyr2k: CallDesc = CallDesc {
-        wire: 1024u32,
+        wire: 1026u32,
         call: 1005u32,
         name: "cublasXtSsyr2k",
         form: None,
@@ -28092,7 +28094,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtSsyrk: CallDesc = CallDesc {
-        wire: 1025u32,
+        wire: 1027u32,
         call: 1006u32,
         name: "cublasXtSsyrk",
         form: None,
@@ -28150,7 +28152,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtSsyrkx: CallDesc = CallDesc {
-        wire: 1026u32,
+        wire: 1028u32,
         call: 1007u32,
         name: "cublasXtSsyrkx",
         form: None,
@@ -28213,7 +28215,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtStrmm: CallDesc = CallDesc {
-        wire: 1027u32,
+        wire: 1029u32,
         call: 1008u32,
         name: "cublasXtStrmm",
         form: None,
@@ -28279,7 +28281,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtStrsm: CallDesc = CallDesc {
-        wire: 1028u32,
+        wire: 1030u32,
         call: 1009u32,
         name: "cublasXtStrsm",
         form: None,
@@ -28340,7 +28342,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtZgemm: CallDesc = CallDesc {
-        wire: 1029u32,
+        wire: 1031u32,
         call: 1010u32,
         name: "cublasXtZgemm",
         form: None,
@@ -28407,7 +28409,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtZhemm: CallDesc = CallDesc {
-        wire: 1030u32,
+        wire: 1032u32,
         call: 1011u32,
         name: "cublasXtZhemm",
         form: None,
@@ -28470,7 +28472,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtZher2k: CallDesc = CallDesc {
-        wire: 1031u32,
+        wire: 1033u32,
         call: 1012u32,
         name: "cublasXtZher2k",
         form: None,
@@ -28533,7 +28535,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtZherk: CallDesc = CallDesc {
-        wire: 1032u32,
+        wire: 1034u32,
         call: 1013u32,
         name: "cublasXtZherk",
         form: None,
@@ -28591,7 +28593,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtZherkx: CallDesc = CallDesc {
-        wire: 1033u32,
+        wire: 1035u32,
         call: 1014u32,
         name: "cublasXtZherkx",
         form: None,
@@ -28654,7 +28656,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtZspmm: CallDesc = CallDesc {
-        wire: 1034u32,
+        wire: 1036u32,
         call: 1015u32,
         name: "cublasXtZspmm",
         form: None,
@@ -28718,7 +28720,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtZsymm: CallDesc = CallDesc {
-        wire: 1035u32,
+        wire: 1037u32,
         call: 1016u32,
         name: "cublasXtZsymm",
         form: None,
@@ -28781,7 +28783,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtZsyr2k: CallDesc = CallDesc {
-        wire: 1036u32,
+        wire: 1038u32,
         call: 1017u32,
         name: "cublasXtZsyr2k",
         form: None,
@@ -28844,7 +28846,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtZsyrk: CallDesc = CallDesc {
-        wire: 1037u32,
+        wire: 1039u32,
         call: 1018u32,
         name: "cublasXtZsyrk",
         form: None,
@@ -28902,7 +28904,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtZsyrkx: CallDesc = CallDesc {
-        wire: 1038u32,
+        wire: 1040u32,
         call: 1019u32,
         name: "cublasXtZsyrkx",
         form: None,
@@ -28965,7 +28967,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtZtrmm: CallDesc = CallDesc {
-        wire: 1039u32,
+        wire: 1041u32,
         call: 1020u32,
         name: "cublasXtZtrmm",
         form: None,
@@ -29031,7 +29033,7 @@ pub mod cublas {
         },
     };
     pub static cublasXtZtrsm: CallDesc = CallDesc {
-        wire: 1040u32,
+        wire: 1042u32,
         call: 1021u32,
         name: "cublasXtZtrsm",
         form: None,
@@ -29092,7 +29094,7 @@ pub mod cublas {
         },
     };
     pub static cublasZaxpy: CallDesc = CallDesc {
-        wire: 1041u32,
+        wire: 1043u32,
         call: 1022u32,
         name: "cublasZaxpy",
         form: None,
@@ -29125,7 +29127,7 @@ pub mod cublas {
         },
     };
     pub static cublasZaxpy_v2: CallDesc = CallDesc {
-        wire: 1042u32,
+        wire: 1044u32,
         call: 1023u32,
         name: "cublasZaxpy_v2",
         form: None,
@@ -29166,7 +29168,7 @@ pub mod cublas {
         },
     };
     pub static cublasZaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1043u32,
+        wire: 1045u32,
         call: 1024u32,
         name: "cublasZaxpy_v2_64",
         form: None,
@@ -29207,7 +29209,7 @@ pub mod cublas {
         },
     };
     pub static cublasZcopy: CallDesc = CallDesc {
-        wire: 1044u32,
+        wire: 1046u32,
         call: 1025u32,
         name: "cublasZcopy",
         form: None,
@@ -29239,7 +29241,7 @@ pub mod cublas {
         },
     };
     pub static cublasZcopy_v2: CallDesc = CallDesc {
-        wire: 1045u32,
+        wire: 1047u32,
         call: 1026u32,
         name: "cublasZcopy_v2",
         form: None,
@@ -29275,7 +29277,7 @@ pub mod cublas {
         },
     };
     pub static cublasZcopy_v2_64: CallDesc = CallDesc {
-        wire: 1046u32,
+        wire: 1048u32,
         call: 1027u32,
         name: "cublasZcopy_v2_64",
         form: None,
@@ -29311,7 +29313,7 @@ pub mod cublas {
         },
     };
     pub static cublasZdgmm: CallDesc = CallDesc {
-        wire: 1047u32,
+        wire: 1049u32,
         call: 1028u32,
         name: "cublasZdgmm",
         form: None,
@@ -29360,7 +29362,7 @@ pub mod cublas {
         },
     };
     pub static cublasZdgmm_64: CallDesc = CallDesc {
-        wire: 1048u32,
+        wire: 1050u32,
         call: 1029u32,
         name: "cublasZdgmm_64",
         form: None,
@@ -29409,7 +29411,7 @@ pub mod cublas {
         },
     };
     pub static cublasZdotc_v2: CallDesc = CallDesc {
-        wire: 1049u32,
+        wire: 1051u32,
         call: 1030u32,
         name: "cublasZdotc_v2",
         form: None,
@@ -29450,7 +29452,7 @@ pub mod cublas {
         },
     };
     pub static cublasZdotc_v2_64: CallDesc = CallDesc {
-        wire: 1050u32,
+        wire: 1052u32,
         call: 1031u32,
         name: "cublasZdotc_v2_64",
         form: None,
@@ -29491,7 +29493,7 @@ pub mod cublas {
         },
     };
     pub static cublasZdotu_v2: CallDesc = CallDesc {
-        wire: 1051u32,
+        wire: 1053u32,
         call: 1032u32,
         name: "cublasZdotu_v2",
         form: None,
@@ -29532,7 +29534,7 @@ pub mod cublas {
         },
     };
     pub static cublasZdotu_v2_64: CallDesc = CallDesc {
-        wire: 1052u32,
+        wire: 1054u32,
         call: 1033u32,
         name: "cublasZdotu_v2_64",
         form: None,
@@ -29573,7 +29575,7 @@ pub mod cublas {
         },
     };
     pub static cublasZdrot: CallDesc = CallDesc {
-        wire: 1053u32,
+        wire: 1055u32,
         call: 1034u32,
         name: "cublasZdrot",
         form: None,
@@ -29613,7 +29615,7 @@ pub mod cublas {
         },
     };
     pub static cublasZdrot_v2: CallDesc = CallDesc {
-        wire: 1054u32,
+        wire: 1056u32,
         call: 1035u32,
         name: "cublasZdrot_v2",
         form: None,
@@ -29659,7 +29661,7 @@ pub mod cublas {
         },
     };
     pub static cublasZdrot_v2_64: CallDesc = CallDesc {
-        wire: 1055u32,
+        wire: 1057u32,
         call: 1036u32,
         name: "cublasZdrot_v2_64",
         form: None,
@@ -29705,7 +29707,7 @@ pub mod cublas {
         },
     };
     pub static cublasZdscal: CallDesc = CallDesc {
-        wire: 1056u32,
+        wire: 1058u32,
         call: 1037u32,
         name: "cublasZdscal",
         form: None,
@@ -29736,7 +29738,7 @@ pub mod cublas {
         },
     };
     pub static cublasZdscal_v2: CallDesc = CallDesc {
-        wire: 1057u32,
+        wire: 1059u32,
         call: 1038u32,
         name: "cublasZdscal_v2",
         form: None,
@@ -29772,7 +29774,7 @@ pub mod cublas {
         },
     };
     pub static cublasZdscal_v2_64: CallDesc = CallDesc {
-        wire: 1058u32,
+        wire: 1060u32,
         call: 1039u32,
         name: "cublasZdscal_v2_64",
         form: None,
@@ -29808,7 +29810,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgbmv: CallDesc = CallDesc {
-        wire: 1059u32,
+        wire: 1061u32,
         call: 1040u32,
         name: "cublasZgbmv",
         form: None,
@@ -29863,7 +29865,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgbmv_v2: CallDesc = CallDesc {
-        wire: 1060u32,
+        wire: 1062u32,
         call: 1041u32,
         name: "cublasZgbmv_v2",
         form: None,
@@ -29930,7 +29932,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1061u32,
+        wire: 1063u32,
         call: 1042u32,
         name: "cublasZgbmv_v2_64",
         form: None,
@@ -29997,7 +29999,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgeam: CallDesc = CallDesc {
-        wire: 1062u32,
+        wire: 1064u32,
         call: 1043u32,
         name: "cublasZgeam",
         form: None,
@@ -30060,7 +30062,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgeam_64: CallDesc = CallDesc {
-        wire: 1063u32,
+        wire: 1065u32,
         call: 1044u32,
         name: "cublasZgeam_64",
         form: None,
@@ -30123,7 +30125,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgelsBatched: CallDesc = CallDesc {
-        wire: 1064u32,
+        wire: 1066u32,
         call: 1045u32,
         name: "cublasZgelsBatched",
         form: None,
@@ -30182,7 +30184,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgemm: CallDesc = CallDesc {
-        wire: 1065u32,
+        wire: 1067u32,
         call: 1046u32,
         name: "cublasZgemm",
         form: None,
@@ -30237,7 +30239,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgemm3m: CallDesc = CallDesc {
-        wire: 1066u32,
+        wire: 1068u32,
         call: 1047u32,
         name: "cublasZgemm3m",
         form: None,
@@ -30304,7 +30306,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgemm3m_64: CallDesc = CallDesc {
-        wire: 1067u32,
+        wire: 1069u32,
         call: 1048u32,
         name: "cublasZgemm3m_64",
         form: None,
@@ -30371,7 +30373,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgemmBatched: CallDesc = CallDesc {
-        wire: 1068u32,
+        wire: 1070u32,
         call: 1049u32,
         name: "cublasZgemmBatched",
         form: None,
@@ -30442,7 +30444,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgemmBatched_64: CallDesc = CallDesc {
-        wire: 1069u32,
+        wire: 1071u32,
         call: 1050u32,
         name: "cublasZgemmBatched_64",
         form: None,
@@ -30513,7 +30515,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1070u32,
+        wire: 1072u32,
         call: 1051u32,
         name: "cublasZgemmStridedBatched",
         form: None,
@@ -30596,7 +30598,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1071u32,
+        wire: 1073u32,
         call: 1052u32,
         name: "cublasZgemmStridedBatched_64",
         form: None,
@@ -30679,7 +30681,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgemm_v2: CallDesc = CallDesc {
-        wire: 1072u32,
+        wire: 1074u32,
         call: 1053u32,
         name: "cublasZgemm_v2",
         form: None,
@@ -30746,7 +30748,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgemm_v2_64: CallDesc = CallDesc {
-        wire: 1073u32,
+        wire: 1075u32,
         call: 1054u32,
         name: "cublasZgemm_v2_64",
         form: None,
@@ -30813,7 +30815,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgemv: CallDesc = CallDesc {
-        wire: 1074u32,
+        wire: 1076u32,
         call: 1055u32,
         name: "cublasZgemv",
         form: None,
@@ -30860,7 +30862,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1075u32,
+        wire: 1077u32,
         call: 1056u32,
         name: "cublasZgemvStridedBatched",
         form: None,
@@ -30935,7 +30937,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1076u32,
+        wire: 1078u32,
         call: 1057u32,
         name: "cublasZgemvStridedBatched_64",
         form: None,
@@ -31010,7 +31012,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgemv_v2: CallDesc = CallDesc {
-        wire: 1077u32,
+        wire: 1079u32,
         call: 1058u32,
         name: "cublasZgemv_v2",
         form: None,
@@ -31069,7 +31071,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgemv_v2_64: CallDesc = CallDesc {
-        wire: 1078u32,
+        wire: 1080u32,
         call: 1059u32,
         name: "cublasZgemv_v2_64",
         form: None,
@@ -31128,7 +31130,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgeqrfBatched: CallDesc = CallDesc {
-        wire: 1079u32,
+        wire: 1081u32,
         call: 1060u32,
         name: "cublasZgeqrfBatched",
         form: None,
@@ -31174,7 +31176,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgerc: CallDesc = CallDesc {
-        wire: 1080u32,
+        wire: 1082u32,
         call: 1061u32,
         name: "cublasZgerc",
         form: None,
@@ -31216,7 +31218,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgerc_v2: CallDesc = CallDesc {
-        wire: 1081u32,
+        wire: 1083u32,
         call: 1062u32,
         name: "cublasZgerc_v2",
         form: None,
@@ -31266,7 +31268,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgerc_v2_64: CallDesc = CallDesc {
-        wire: 1082u32,
+        wire: 1084u32,
         call: 1063u32,
         name: "cublasZgerc_v2_64",
         form: None,
@@ -31316,7 +31318,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgeru: CallDesc = CallDesc {
-        wire: 1083u32,
+        wire: 1085u32,
         call: 1064u32,
         name: "cublasZgeru",
         form: None,
@@ -31358,7 +31360,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgeru_v2: CallDesc = CallDesc {
-        wire: 1084u32,
+        wire: 1086u32,
         call: 1065u32,
         name: "cublasZgeru_v2",
         form: None,
@@ -31408,7 +31410,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgeru_v2_64: CallDesc = CallDesc {
-        wire: 1085u32,
+        wire: 1087u32,
         call: 1066u32,
         name: "cublasZgeru_v2_64",
         form: None,
@@ -31458,7 +31460,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgetrfBatched: CallDesc = CallDesc {
-        wire: 1086u32,
+        wire: 1088u32,
         call: 1067u32,
         name: "cublasZgetrfBatched",
         form: None,
@@ -31495,7 +31497,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgetriBatched: CallDesc = CallDesc {
-        wire: 1087u32,
+        wire: 1089u32,
         call: 1068u32,
         name: "cublasZgetriBatched",
         form: None,
@@ -31542,7 +31544,7 @@ pub mod cublas {
         },
     };
     pub static cublasZgetrsBatched: CallDesc = CallDesc {
-        wire: 1088u32,
+        wire: 1090u32,
         call: 1069u32,
         name: "cublasZgetrsBatched",
         form: None,
@@ -31597,7 +31599,7 @@ pub mod cublas {
         },
     };
     pub static cublasZhbmv: CallDesc = CallDesc {
-        wire: 1089u32,
+        wire: 1091u32,
         call: 1070u32,
         name: "cublasZhbmv",
         form: None,
@@ -31644,7 +31646,7 @@ pub mod cublas {
         },
     };
     pub static cublasZhbmv_v2: CallDesc = CallDesc {
-        wire: 1090u32,
+        wire: 1092u32,
         call: 1071u32,
         name: "cublasZhbmv_v2",
         form: None,
@@ -31703,7 +31705,7 @@ pub mod cublas {
         },
     };
     pub static cublasZhbmv_v2_64: CallDesc = CallDesc {
-        wire: 1091u32,
+        wire: 1093u32,
         call: 1072u32,
         name: "cublasZhbmv_v2_64",
         form: None,
@@ -31762,7 +31764,7 @@ pub mod cublas {
         },
     };
     pub static cublasZhemm: CallDesc = CallDesc {
-        wire: 1092u32,
+        wire: 1094u32,
         call: 1073u32,
         name: "cublasZhemm",
         form: None,
@@ -31813,7 +31815,7 @@ pub mod cublas {
         },
     };
     pub static cublasZhemm_v2: CallDesc = CallDesc {
-        wire: 1093u32,
+        wire: 1095u32,
         call: 1074u32,
         name: "cublasZhemm_v2",
         form: None,
@@ -31876,7 +31878,7 @@ pub mod cublas {
         },
     };
     pub static cublasZhemm_v2_64: CallDesc = CallDesc {
-        wire: 1094u32,
+        wire: 1096u32,
         call: 1075u32,
         name: "cublasZhemm_v2_64",
         form: None,
@@ -31939,7 +31941,7 @@ pub mod cublas {
         },
     };
     pub static cublasZhemv: CallDesc = CallDesc {
-        wire: 1095u32,
+        wire: 1097u32,
         call: 1076u32,
         name: "cublasZhemv",
         form: None,
@@ -31982,7 +31984,7 @@ pub mod cublas {
         },
     };
     pub static cublasZhemv_v2: CallDesc = CallDesc {
-        wire: 1096u32,
+        wire: 1098u32,
         call: 1077u32,
         name: "cublasZhemv_v2",
         form: None,
@@ -32037,7 +32039,7 @@ pub mod cublas {
         },
     };
     pub static cublasZhemv_v2_64: CallDesc = CallDesc {
-        wire: 1097u32,
+        wire: 1099u32,
         call: 1078u32,
         name: "cublasZhemv_v2_64",
         form: None,
@@ -32092,7 +32094,7 @@ pub mod cublas {
         },
     };
     pub static cublasZher: CallDesc = CallDesc {
-        wire: 1098u32,
+        wire: 1100u32,
         call: 1079u32,
         name: "cublasZher",
         form: None,
@@ -32132,7 +32134,7 @@ pub mod cublas {
         },
     };
     pub static cublasZher2: CallDesc = CallDesc {
-        wire: 1099u32,
+        wire: 1101u32,
         call: 1080u32,
         name: "cublasZher2",
         form: None,
@@ -32174,7 +32176,7 @@ pub mod cublas {
         },
     };
     pub static cublasZher2_v2: CallDesc = CallDesc {
-        wire: 1100u32,
+        wire: 1102u32,
         call: 1081u32,
         name: "cublasZher2_v2",
         form: None,
@@ -32224,7 +32226,7 @@ pub mod cublas {
         },
     };
     pub static cublasZher2_v2_64: CallDesc = CallDesc {
-        wire: 1101u32,
+        wire: 1103u32,
         call: 1082u32,
         name: "cublasZher2_v2_64",
         form: None,
@@ -32274,7 +32276,7 @@ pub mod cublas {
         },
     };
     pub static cublasZher2k: CallDesc = CallDesc {
-        wire: 1102u32,
+        wire: 1104u32,
         call: 1083u32,
         name: "cublasZher2k",
         form: None,
@@ -32328,7 +32330,7 @@ pub mod cublas {
         },
     };
     pub static cublasZher2k_v2: CallDesc = CallDesc {
-        wire: 1103u32,
+        wire: 1105u32,
         call: 1084u32,
         name: "cublasZher2k_v2",
         form: None,
@@ -32391,7 +32393,7 @@ pub mod cublas {
         },
     };
     pub static cublasZher2k_v2_64: CallDesc = CallDesc {
-        wire: 1104u32,
+        wire: 1106u32,
         call: 1085u32,
         name: "cublasZher2k_v2_64",
         form: None,
@@ -32454,7 +32456,7 @@ pub mod cublas {
         },
     };
     pub static cublasZher_v2: CallDesc = CallDesc {
-        wire: 1105u32,
+        wire: 1107u32,
         call: 1086u32,
         name: "cublasZher_v2",
         form: None,
@@ -32499,7 +32501,7 @@ pub mod cublas {
         },
     };
     pub static cublasZher_v2_64: CallDesc = CallDesc {
-        wire: 1106u32,
+        wire: 1108u32,
         call: 1087u32,
         name: "cublasZher_v2_64",
         form: None,
@@ -32544,7 +32546,7 @@ pub mod cublas {
         },
     };
     pub static cublasZherk: CallDesc = CallDesc {
-        wire: 1107u32,
+        wire: 1109u32,
         call: 1088u32,
         name: "cublasZherk",
         form: None,
@@ -32596,7 +32598,7 @@ pub mod cublas {
         },
     };
     pub static cublasZherk_v2: CallDesc = CallDesc {
-        wire: 1108u32,
+        wire: 1110u32,
         call: 1089u32,
         name: "cublasZherk_v2",
         form: None,
@@ -32654,7 +32656,7 @@ pub mod cublas {
         },
     };
     pub static cublasZherk_v2_64: CallDesc = CallDesc {
-        wire: 1109u32,
+        wire: 1111u32,
         call: 1090u32,
         name: "cublasZherk_v2_64",
         form: None,
@@ -32712,7 +32714,7 @@ pub mod cublas {
         },
     };
     pub static cublasZherkx: CallDesc = CallDesc {
-        wire: 1110u32,
+        wire: 1112u32,
         call: 1091u32,
         name: "cublasZherkx",
         form: None,
@@ -32775,7 +32777,7 @@ pub mod cublas {
         },
     };
     pub static cublasZherkx_64: CallDesc = CallDesc {
-        wire: 1111u32,
+        wire: 1113u32,
         call: 1092u32,
         name: "cublasZherkx_64",
         form: None,
@@ -32838,7 +32840,7 @@ pub mod cublas {
         },
     };
     pub static cublasZhpmv: CallDesc = CallDesc {
-        wire: 1112u32,
+        wire: 1114u32,
         call: 1093u32,
         name: "cublasZhpmv",
         form: None,
@@ -32882,7 +32884,7 @@ pub mod cublas {
         },
     };
     pub static cublasZhpmv_v2: CallDesc = CallDesc {
-        wire: 1113u32,
+        wire: 1115u32,
         call: 1094u32,
         name: "cublasZhpmv_v2",
         form: None,
@@ -32938,7 +32940,7 @@ pub mod cublas {
         },
     };
     pub static cublasZhpmv_v2_64: CallDesc = CallDesc {
-        wire: 1114u32,
+        wire: 1116u32,
         call: 1095u32,
         name: "cublasZhpmv_v2_64",
         form: None,
@@ -32994,7 +32996,7 @@ pub mod cublas {
         },
     };
     pub static cublasZrot: CallDesc = CallDesc {
-        wire: 1115u32,
+        wire: 1117u32,
         call: 1096u32,
         name: "cublasZrot",
         form: None,
@@ -33031,7 +33033,7 @@ pub mod cublas {
         },
     };
     pub static cublasZrot_v2: CallDesc = CallDesc {
-        wire: 1116u32,
+        wire: 1118u32,
         call: 1097u32,
         name: "cublasZrot_v2",
         form: None,
@@ -33077,7 +33079,7 @@ pub mod cublas {
         },
     };
     pub static cublasZrot_v2_64: CallDesc = CallDesc {
-        wire: 1117u32,
+        wire: 1119u32,
         call: 1098u32,
         name: "cublasZrot_v2_64",
         form: None,
@@ -33123,7 +33125,7 @@ pub mod cublas {
         },
     };
     pub static cublasZrotg_v2: CallDesc = CallDesc {
-        wire: 1118u32,
+        wire: 1120u32,
         call: 1099u32,
         name: "cublasZrotg_v2",
         form: None,
@@ -33165,7 +33167,7 @@ pub mod cublas {
         },
     };
     pub static cublasZscal: CallDesc = CallDesc {
-        wire: 1119u32,
+        wire: 1121u32,
         call: 1100u32,
         name: "cublasZscal",
         form: None,
@@ -33193,7 +33195,7 @@ pub mod cublas {
         },
     };
     pub static cublasZscal_v2: CallDesc = CallDesc {
-        wire: 1120u32,
+        wire: 1122u32,
         call: 1101u32,
         name: "cublasZscal_v2",
         form: None,
@@ -33229,7 +33231,7 @@ pub mod cublas {
         },
     };
     pub static cublasZscal_v2_64: CallDesc = CallDesc {
-        wire: 1121u32,
+        wire: 1123u32,
         call: 1102u32,
         name: "cublasZscal_v2_64",
         form: None,
@@ -33265,7 +33267,7 @@ pub mod cublas {
         },
     };
     pub static cublasZswap: CallDesc = CallDesc {
-        wire: 1122u32,
+        wire: 1124u32,
         call: 1103u32,
         name: "cublasZswap",
         form: None,
@@ -33297,7 +33299,7 @@ pub mod cublas {
         },
     };
     pub static cublasZswap_v2: CallDesc = CallDesc {
-        wire: 1123u32,
+        wire: 1125u32,
         call: 1104u32,
         name: "cublasZswap_v2",
         form: None,
@@ -33333,7 +33335,7 @@ pub mod cublas {
         },
     };
     pub static cublasZswap_v2_64: CallDesc = CallDesc {
-        wire: 1124u32,
+        wire: 1126u32,
         call: 1105u32,
         name: "cublasZswap_v2_64",
         form: None,
@@ -33369,7 +33371,7 @@ pub mod cublas {
         },
     };
     pub static cublasZsymm: CallDesc = CallDesc {
-        wire: 1125u32,
+        wire: 1127u32,
         call: 1106u32,
         name: "cublasZsymm",
         form: None,
@@ -33420,7 +33422,7 @@ pub mod cublas {
         },
     };
     pub static cublasZsymm_v2: CallDesc = CallDesc {
-        wire: 1126u32,
+        wire: 1128u32,
         call: 1107u32,
         name: "cublasZsymm_v2",
         form: None,
@@ -33483,7 +33485,7 @@ pub mod cublas {
         },
     };
     pub static cublasZsymm_v2_64: CallDesc = CallDesc {
-        wire: 1127u32,
+        wire: 1129u32,
         call: 1108u32,
         name: "cublasZsymm_v2_64",
         form: None,
@@ -33546,7 +33548,7 @@ pub mod cublas {
         },
     };
     pub static cublasZsymv_v2: CallDesc = CallDesc {
-        wire: 1128u32,
+        wire: 1130u32,
         call: 1109u32,
         name: "cublasZsymv_v2",
         form: None,
@@ -33601,7 +33603,7 @@ pub mod cublas {
         },
     };
     pub static cublasZsymv_v2_64: CallDesc = CallDesc {
-        wire: 1129u32,
+        wire: 1131u32,
         call: 1110u32,
         name: "cublasZsymv_v2_64",
         form: None,
@@ -33656,7 +33658,7 @@ pub mod cublas {
         },
     };
     pub static cublasZsyr2_v2: CallDesc = CallDesc {
-        wire: 1130u32,
+        wire: 1132u32,
         call: 1111u32,
         name: "cublasZsyr2_v2",
         form: None,
@@ -33706,7 +33708,7 @@ pub mod cublas {
         },
     };
     pub static cublasZsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1131u32,
+        wire: 1133u32,
         call: 1112u32,
         name: "cublasZsyr2_v2_64",
         form: None,
@@ -33756,7 +33758,7 @@ pub mod cublas {
         },
     };
     pub static cublasZsyr2k: CallDesc = CallDesc {
-        wire: 1132u32,
+        wire: 1134u32,
         call: 1113u32,
         name: "cublasZsyr2k",
         form: None,
@@ -33807,7 +33809,7 @@ pub mod cublas {
         },
     };
     pub static cublasZsyr2k_v2: CallDesc = CallDesc {
-        wire: 1133u32,
+        wire: 1135u32,
         call: 1114u32,
         name: "cublasZsyr2k_v2",
         form: None,
@@ -33870,7 +33872,7 @@ pub mod cublas {
         },
     };
     pub static cublasZsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1134u32,
+        wire: 1136u32,
         call: 1115u32,
         name: "cublasZsyr2k_v2_64",
         form: None,
@@ -33933,7 +33935,7 @@ pub mod cublas {
         },
     };
     pub static cublasZsyr_v2: CallDesc = CallDesc {
-        wire: 1135u32,
+        wire: 1137u32,
         call: 1116u32,
         name: "cublasZsyr_v2",
         form: None,
@@ -33978,7 +33980,7 @@ pub mod cublas {
         },
     };
     pub static cublasZsyr_v2_64: CallDesc = CallDesc {
-        wire: 1136u32,
+        wire: 1138u32,
         call: 1117u32,
         name: "cublasZsyr_v2_64",
         form: None,
@@ -34023,7 +34025,7 @@ pub mod cublas {
         },
     };
     pub static cublasZsyrk: CallDesc = CallDesc {
-        wire: 1137u32,
+        wire: 1139u32,
         call: 1118u32,
         name: "cublasZsyrk",
         form: None,
@@ -34069,7 +34071,7 @@ pub mod cublas {
         },
     };
     pub static cublasZsyrk_v2: CallDesc = CallDesc {
-        wire: 1138u32,
+        wire: 1140u32,
         call: 1119u32,
         name: "cublasZsyrk_v2",
         form: None,
@@ -34127,7 +34129,7 @@ pub mod cublas {
         },
     };
     pub static cublasZsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1139u32,
+        wire: 1141u32,
         call: 1120u32,
         name: "cublasZsyrk_v2_64",
         form: None,
@@ -34185,7 +34187,7 @@ pub mod cublas {
         },
     };
     pub static cublasZsyrkx: CallDesc = CallDesc {
-        wire: 1140u32,
+        wire: 1142u32,
         call: 1121u32,
         name: "cublasZsyrkx",
         form: None,
@@ -34248,7 +34250,7 @@ pub mod cublas {
         },
     };
     pub static cublasZsyrkx_64: CallDesc = CallDesc {
-        wire: 1141u32,
+        wire: 1143u32,
         call: 1122u32,
         name: "cublasZsyrkx_64",
         form: None,
@@ -34311,7 +34313,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtbmv: CallDesc = CallDesc {
-        wire: 1142u32,
+        wire: 1144u32,
         call: 1123u32,
         name: "cublasZtbmv",
         form: None,
@@ -34359,7 +34361,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtbmv_v2: CallDesc = CallDesc {
-        wire: 1143u32,
+        wire: 1145u32,
         call: 1124u32,
         name: "cublasZtbmv_v2",
         form: None,
@@ -34411,7 +34413,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtbmv_v2_64: CallDesc = CallDesc {
-        wire: 1144u32,
+        wire: 1146u32,
         call: 1125u32,
         name: "cublasZtbmv_v2_64",
         form: None,
@@ -34463,7 +34465,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtbsv: CallDesc = CallDesc {
-        wire: 1145u32,
+        wire: 1147u32,
         call: 1126u32,
         name: "cublasZtbsv",
         form: None,
@@ -34511,7 +34513,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtbsv_v2: CallDesc = CallDesc {
-        wire: 1146u32,
+        wire: 1148u32,
         call: 1127u32,
         name: "cublasZtbsv_v2",
         form: None,
@@ -34563,7 +34565,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtbsv_v2_64: CallDesc = CallDesc {
-        wire: 1147u32,
+        wire: 1149u32,
         call: 1128u32,
         name: "cublasZtbsv_v2_64",
         form: None,
@@ -34615,7 +34617,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtpmv: CallDesc = CallDesc {
-        wire: 1148u32,
+        wire: 1150u32,
         call: 1129u32,
         name: "cublasZtpmv",
         form: None,
@@ -34660,7 +34662,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtpmv_v2: CallDesc = CallDesc {
-        wire: 1149u32,
+        wire: 1151u32,
         call: 1130u32,
         name: "cublasZtpmv_v2",
         form: None,
@@ -34709,7 +34711,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtpmv_v2_64: CallDesc = CallDesc {
-        wire: 1150u32,
+        wire: 1152u32,
         call: 1131u32,
         name: "cublasZtpmv_v2_64",
         form: None,
@@ -34758,7 +34760,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtpsv: CallDesc = CallDesc {
-        wire: 1151u32,
+        wire: 1153u32,
         call: 1132u32,
         name: "cublasZtpsv",
         form: None,
@@ -34803,7 +34805,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtpsv_v2: CallDesc = CallDesc {
-        wire: 1152u32,
+        wire: 1154u32,
         call: 1133u32,
         name: "cublasZtpsv_v2",
         form: None,
@@ -34852,7 +34854,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtpsv_v2_64: CallDesc = CallDesc {
-        wire: 1153u32,
+        wire: 1155u32,
         call: 1134u32,
         name: "cublasZtpsv_v2_64",
         form: None,
@@ -34901,7 +34903,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtpttr: CallDesc = CallDesc {
-        wire: 1154u32,
+        wire: 1156u32,
         call: 1135u32,
         name: "cublasZtpttr",
         form: None,
@@ -34942,7 +34944,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtrmm: CallDesc = CallDesc {
-        wire: 1155u32,
+        wire: 1157u32,
         call: 1136u32,
         name: "cublasZtrmm",
         form: None,
@@ -34995,7 +34997,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtrmm_v2: CallDesc = CallDesc {
-        wire: 1156u32,
+        wire: 1158u32,
         call: 1137u32,
         name: "cublasZtrmm_v2",
         form: None,
@@ -35061,7 +35063,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtrmm_v2_64: CallDesc = CallDesc {
-        wire: 1157u32,
+        wire: 1159u32,
         call: 1138u32,
         name: "cublasZtrmm_v2_64",
         form: None,
@@ -35127,7 +35129,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtrmv: CallDesc = CallDesc {
-        wire: 1158u32,
+        wire: 1160u32,
         call: 1139u32,
         name: "cublasZtrmv",
         form: None,
@@ -35171,7 +35173,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtrmv_v2: CallDesc = CallDesc {
-        wire: 1159u32,
+        wire: 1161u32,
         call: 1140u32,
         name: "cublasZtrmv_v2",
         form: None,
@@ -35219,7 +35221,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtrmv_v2_64: CallDesc = CallDesc {
-        wire: 1160u32,
+        wire: 1162u32,
         call: 1141u32,
         name: "cublasZtrmv_v2_64",
         form: None,
@@ -35267,7 +35269,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtrsm: CallDesc = CallDesc {
-        wire: 1161u32,
+        wire: 1163u32,
         call: 1142u32,
         name: "cublasZtrsm",
         form: None,
@@ -35320,7 +35322,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtrsmBatched: CallDesc = CallDesc {
-        wire: 1162u32,
+        wire: 1164u32,
         call: 1143u32,
         name: "cublasZtrsmBatched",
         form: None,
@@ -35385,7 +35387,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtrsmBatched_64: CallDesc = CallDesc {
-        wire: 1163u32,
+        wire: 1165u32,
         call: 1144u32,
         name: "cublasZtrsmBatched_64",
         form: None,
@@ -35450,7 +35452,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtrsm_v2: CallDesc = CallDesc {
-        wire: 1164u32,
+        wire: 1166u32,
         call: 1145u32,
         name: "cublasZtrsm_v2",
         form: None,
@@ -35511,7 +35513,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtrsm_v2_64: CallDesc = CallDesc {
-        wire: 1165u32,
+        wire: 1167u32,
         call: 1146u32,
         name: "cublasZtrsm_v2_64",
         form: None,
@@ -35572,7 +35574,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtrsv: CallDesc = CallDesc {
-        wire: 1166u32,
+        wire: 1168u32,
         call: 1147u32,
         name: "cublasZtrsv",
         form: None,
@@ -35616,7 +35618,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtrsv_v2: CallDesc = CallDesc {
-        wire: 1167u32,
+        wire: 1169u32,
         call: 1148u32,
         name: "cublasZtrsv_v2",
         form: None,
@@ -35664,7 +35666,7 @@ pub mod cublas {
         },
     };
     pub static cublasZtrsv_v2_64: CallDesc = CallDesc {
-        wire: 1168u32,
+        wire: 1170u32,
         call: 1149u32,
         name: "cublasZtrsv_v2_64",
         form: None,
@@ -35723,7 +35725,7 @@ pub mod cublaslt {
     static LEN_cublasLtMatmulPreferenceSetAttribute__cu121_6: Len = Len::Param(3u8);
     static LEN_cublasLtMatrixLayoutSetAttribute_7: Len = Len::Param(3u8);
     pub static cublasLtCreate: CallDesc = CallDesc {
-        wire: 1169u32,
+        wire: 1171u32,
         call: 1150u32,
         name: "cublasLtCreate",
         form: None,
@@ -35740,7 +35742,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtDestroy: CallDesc = CallDesc {
-        wire: 1170u32,
+        wire: 1172u32,
         call: 1151u32,
         name: "cublasLtDestroy",
         form: None,
@@ -35762,7 +35764,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtDisableCpuInstructionsSetMask: CallDesc = CallDesc {
-        wire: 1171u32,
+        wire: 1173u32,
         call: 1152u32,
         name: "cublasLtDisableCpuInstructionsSetMask",
         form: None,
@@ -35787,7 +35789,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtEmulationDescCreate: CallDesc = CallDesc {
-        wire: 1172u32,
+        wire: 1174u32,
         call: 1153u32,
         name: "cublasLtEmulationDescCreate",
         form: None,
@@ -35804,7 +35806,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtEmulationDescDestroy: CallDesc = CallDesc {
-        wire: 1173u32,
+        wire: 1175u32,
         call: 1154u32,
         name: "cublasLtEmulationDescDestroy",
         form: None,
@@ -35826,7 +35828,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtEmulationDescInit_internal: CallDesc = CallDesc {
-        wire: 1174u32,
+        wire: 1176u32,
         call: 1155u32,
         name: "cublasLtEmulationDescInit_internal",
         form: None,
@@ -35852,7 +35854,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtGetCudartVersion: CallDesc = CallDesc {
-        wire: 1175u32,
+        wire: 1177u32,
         call: 1156u32,
         name: "cublasLtGetCudartVersion",
         form: None,
@@ -35872,7 +35874,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtGetVersion: CallDesc = CallDesc {
-        wire: 1176u32,
+        wire: 1178u32,
         call: 1157u32,
         name: "cublasLtGetVersion",
         form: None,
@@ -35892,7 +35894,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtHeuristicsCacheSetCapacity: CallDesc = CallDesc {
-        wire: 1177u32,
+        wire: 1179u32,
         call: 1158u32,
         name: "cublasLtHeuristicsCacheSetCapacity",
         form: None,
@@ -35914,7 +35916,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1178u32,
+        wire: 1180u32,
         call: 1159u32,
         name: "cublasLtLoggerForceDisable",
         form: None,
@@ -35931,7 +35933,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1179u32,
+        wire: 1181u32,
         call: 1160u32,
         name: "cublasLtLoggerSetLevel",
         form: None,
@@ -35953,7 +35955,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtLoggerSetMask: CallDesc = CallDesc {
-        wire: 1180u32,
+        wire: 1182u32,
         call: 1161u32,
         name: "cublasLtLoggerSetMask",
         form: None,
@@ -35975,7 +35977,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmul__cu118: CallDesc = CallDesc {
-        wire: 1181u32,
+        wire: 1183u32,
         call: 1162u32,
         name: "cublasLtMatmul",
         form: None,
@@ -36046,7 +36048,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmul__cu126: CallDesc = CallDesc {
-        wire: 1182u32,
+        wire: 1184u32,
         call: 1162u32,
         name: "cublasLtMatmul",
         form: None,
@@ -36117,7 +36119,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu118: CallDesc = CallDesc {
-        wire: 1183u32,
+        wire: 1185u32,
         call: 1163u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: None,
@@ -36179,7 +36181,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu121: CallDesc = CallDesc {
-        wire: 1184u32,
+        wire: 1186u32,
         call: 1163u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: None,
@@ -36241,7 +36243,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu126: CallDesc = CallDesc {
-        wire: 1185u32,
+        wire: 1187u32,
         call: 1163u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: None,
@@ -36303,7 +36305,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1186u32,
+        wire: 1188u32,
         call: 1164u32,
         name: "cublasLtMatmulDescCreate",
         form: Some("call"),
@@ -36330,7 +36332,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescCreate__cu126__call: CallDesc = CallDesc {
-        wire: 1187u32,
+        wire: 1189u32,
         call: 1164u32,
         name: "cublasLtMatmulDescCreate",
         form: Some("call"),
@@ -36357,7 +36359,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescDestroy__cu118: CallDesc = CallDesc {
-        wire: 1188u32,
+        wire: 1190u32,
         call: 1165u32,
         name: "cublasLtMatmulDescDestroy",
         form: None,
@@ -36379,7 +36381,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescDestroy__cu126: CallDesc = CallDesc {
-        wire: 1189u32,
+        wire: 1191u32,
         call: 1165u32,
         name: "cublasLtMatmulDescDestroy",
         form: None,
@@ -36401,7 +36403,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1190u32,
+        wire: 1192u32,
         call: 1166u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
@@ -36435,7 +36437,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescInit_internal__cu126: CallDesc = CallDesc {
-        wire: 1191u32,
+        wire: 1193u32,
         call: 1166u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
@@ -36469,7 +36471,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1192u32,
+        wire: 1194u32,
         call: 1167u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some("call"),
@@ -36505,7 +36507,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1193u32,
+        wire: 1195u32,
         call: 1167u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some("call"),
@@ -36541,7 +36543,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceCreate__cu118: CallDesc = CallDesc {
-        wire: 1194u32,
+        wire: 1196u32,
         call: 1168u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: None,
@@ -36558,7 +36560,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceCreate__cu121: CallDesc = CallDesc {
-        wire: 1195u32,
+        wire: 1197u32,
         call: 1168u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: None,
@@ -36575,7 +36577,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceDestroy__cu118: CallDesc = CallDesc {
-        wire: 1196u32,
+        wire: 1198u32,
         call: 1169u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: None,
@@ -36597,7 +36599,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceDestroy__cu121: CallDesc = CallDesc {
-        wire: 1197u32,
+        wire: 1199u32,
         call: 1169u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: None,
@@ -36619,7 +36621,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1198u32,
+        wire: 1200u32,
         call: 1170u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
@@ -36645,7 +36647,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu121: CallDesc = CallDesc {
-        wire: 1199u32,
+        wire: 1201u32,
         call: 1170u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
@@ -36671,7 +36673,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu118: CallDesc = CallDesc {
-        wire: 1200u32,
+        wire: 1202u32,
         call: 1171u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: None,
@@ -36707,7 +36709,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu121: CallDesc = CallDesc {
-        wire: 1201u32,
+        wire: 1203u32,
         call: 1171u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: None,
@@ -36743,7 +36745,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixLayoutCreate: CallDesc = CallDesc {
-        wire: 1202u32,
+        wire: 1204u32,
         call: 1172u32,
         name: "cublasLtMatrixLayoutCreate",
         form: None,
@@ -36778,7 +36780,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixLayoutDestroy: CallDesc = CallDesc {
-        wire: 1203u32,
+        wire: 1205u32,
         call: 1173u32,
         name: "cublasLtMatrixLayoutDestroy",
         form: None,
@@ -36800,7 +36802,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixLayoutInit_internal: CallDesc = CallDesc {
-        wire: 1204u32,
+        wire: 1206u32,
         call: 1174u32,
         name: "cublasLtMatrixLayoutInit_internal",
         form: None,
@@ -36842,7 +36844,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixLayoutSetAttribute: CallDesc = CallDesc {
-        wire: 1205u32,
+        wire: 1207u32,
         call: 1175u32,
         name: "cublasLtMatrixLayoutSetAttribute",
         form: None,
@@ -36878,7 +36880,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixTransformDescCreate: CallDesc = CallDesc {
-        wire: 1206u32,
+        wire: 1208u32,
         call: 1176u32,
         name: "cublasLtMatrixTransformDescCreate",
         form: None,
@@ -36901,7 +36903,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixTransformDescDestroy: CallDesc = CallDesc {
-        wire: 1207u32,
+        wire: 1209u32,
         call: 1177u32,
         name: "cublasLtMatrixTransformDescDestroy",
         form: None,
@@ -36923,7 +36925,7 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixTransformDescInit_internal: CallDesc = CallDesc {
-        wire: 1208u32,
+        wire: 1210u32,
         call: 1178u32,
         name: "cublasLtMatrixTransformDescInit_internal",
         form: None,
@@ -42275,11 +42277,11 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaStreamGetCaptureInfo__cu118: CallDesc = CallDesc {
+    pub static cudaStreamGetCaptureInfo__cu118__call: CallDesc = CallDesc {
         wire: 181u32,
         call: 162u32,
         name: "cudaStreamGetCaptureInfo",
-        form: None,
+        form: Some("call"),
         library: "cudart",
         versions: &["11.8"],
         class: Class::Sync,
@@ -42309,11 +42311,54 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaStreamGetCaptureInfo_ptsz__cu118: CallDesc = CallDesc {
+    pub static cudaStreamGetCaptureInfo__cu130__call: CallDesc = CallDesc {
         wire: 182u32,
+        call: 162u32,
+        name: "cudaStreamGetCaptureInfo",
+        form: Some("call"),
+        library: "cudart",
+        versions: &["13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::OutHandle { kind: 12u16 },
+            Wire::Null,
+            Wire::Null,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaStreamGetCaptureInfo_ptsz__cu118__call: CallDesc = CallDesc {
+        wire: 183u32,
         call: 163u32,
         name: "cudaStreamGetCaptureInfo_ptsz",
-        form: None,
+        form: Some("call"),
         library: "cudart",
         versions: &["11.8"],
         class: Class::Sync,
@@ -42328,6 +42373,49 @@ pub mod cudart {
                 len: None,
                 record: None,
             },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaStreamGetCaptureInfo_ptsz__cu130__call: CallDesc = CallDesc {
+        wire: 184u32,
+        call: 163u32,
+        name: "cudaStreamGetCaptureInfo_ptsz",
+        form: Some("call"),
+        library: "cudart",
+        versions: &["13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::OutHandle { kind: 12u16 },
+            Wire::Null,
+            Wire::Null,
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
@@ -42344,7 +42432,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetDevice: CallDesc = CallDesc {
-        wire: 183u32,
+        wire: 185u32,
         call: 164u32,
         name: "cudaStreamGetDevice",
         form: None,
@@ -42372,7 +42460,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetDevice_ptsz: CallDesc = CallDesc {
-        wire: 184u32,
+        wire: 186u32,
         call: 165u32,
         name: "cudaStreamGetDevice_ptsz",
         form: None,
@@ -42400,7 +42488,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetFlags: CallDesc = CallDesc {
-        wire: 185u32,
+        wire: 187u32,
         call: 166u32,
         name: "cudaStreamGetFlags",
         form: None,
@@ -42428,7 +42516,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetFlags_ptsz: CallDesc = CallDesc {
-        wire: 186u32,
+        wire: 188u32,
         call: 167u32,
         name: "cudaStreamGetFlags_ptsz",
         form: None,
@@ -42456,7 +42544,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetId: CallDesc = CallDesc {
-        wire: 187u32,
+        wire: 189u32,
         call: 168u32,
         name: "cudaStreamGetId",
         form: None,
@@ -42484,7 +42572,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetId_ptsz: CallDesc = CallDesc {
-        wire: 188u32,
+        wire: 190u32,
         call: 169u32,
         name: "cudaStreamGetId_ptsz",
         form: None,
@@ -42512,7 +42600,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetPriority: CallDesc = CallDesc {
-        wire: 189u32,
+        wire: 191u32,
         call: 170u32,
         name: "cudaStreamGetPriority",
         form: None,
@@ -42540,7 +42628,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetPriority_ptsz: CallDesc = CallDesc {
-        wire: 190u32,
+        wire: 192u32,
         call: 171u32,
         name: "cudaStreamGetPriority_ptsz",
         form: None,
@@ -42568,7 +42656,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamIsCapturing__call: CallDesc = CallDesc {
-        wire: 191u32,
+        wire: 193u32,
         call: 172u32,
         name: "cudaStreamIsCapturing",
         form: Some("call"),
@@ -42596,7 +42684,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamIsCapturing_ptsz__call: CallDesc = CallDesc {
-        wire: 192u32,
+        wire: 194u32,
         call: 173u32,
         name: "cudaStreamIsCapturing_ptsz",
         form: Some("call"),
@@ -42624,7 +42712,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamQuery: CallDesc = CallDesc {
-        wire: 193u32,
+        wire: 195u32,
         call: 174u32,
         name: "cudaStreamQuery",
         form: None,
@@ -42646,7 +42734,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamQuery_ptsz: CallDesc = CallDesc {
-        wire: 194u32,
+        wire: 196u32,
         call: 175u32,
         name: "cudaStreamQuery_ptsz",
         form: None,
@@ -42668,7 +42756,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamSynchronize: CallDesc = CallDesc {
-        wire: 195u32,
+        wire: 197u32,
         call: 176u32,
         name: "cudaStreamSynchronize",
         form: None,
@@ -42690,7 +42778,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamSynchronize_ptsz: CallDesc = CallDesc {
-        wire: 196u32,
+        wire: 198u32,
         call: 177u32,
         name: "cudaStreamSynchronize_ptsz",
         form: None,
@@ -42712,7 +42800,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamUpdateCaptureDependencies__cu118: CallDesc = CallDesc {
-        wire: 197u32,
+        wire: 199u32,
         call: 178u32,
         name: "cudaStreamUpdateCaptureDependencies",
         form: None,
@@ -42743,7 +42831,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamUpdateCaptureDependencies_ptsz__cu126: CallDesc = CallDesc {
-        wire: 198u32,
+        wire: 200u32,
         call: 179u32,
         name: "cudaStreamUpdateCaptureDependencies_ptsz",
         form: None,
@@ -42774,7 +42862,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamWaitEvent: CallDesc = CallDesc {
-        wire: 199u32,
+        wire: 201u32,
         call: 180u32,
         name: "cudaStreamWaitEvent",
         form: None,
@@ -42804,7 +42892,7 @@ pub mod cudart {
         },
     };
     pub static cudaStreamWaitEvent_ptsz: CallDesc = CallDesc {
-        wire: 200u32,
+        wire: 202u32,
         call: 181u32,
         name: "cudaStreamWaitEvent_ptsz",
         form: None,
@@ -42834,7 +42922,7 @@ pub mod cudart {
         },
     };
     pub static cudaThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
-        wire: 201u32,
+        wire: 203u32,
         call: 182u32,
         name: "cudaThreadExchangeStreamCaptureMode",
         form: None,
@@ -42858,7 +42946,7 @@ pub mod cudart {
         },
     };
     pub static cudaThreadExit: CallDesc = CallDesc {
-        wire: 202u32,
+        wire: 204u32,
         call: 183u32,
         name: "cudaThreadExit",
         form: None,
@@ -42875,7 +42963,7 @@ pub mod cudart {
         },
     };
     pub static cudaThreadGetCacheConfig: CallDesc = CallDesc {
-        wire: 203u32,
+        wire: 205u32,
         call: 184u32,
         name: "cudaThreadGetCacheConfig",
         form: None,
@@ -42899,7 +42987,7 @@ pub mod cudart {
         },
     };
     pub static cudaThreadGetLimit: CallDesc = CallDesc {
-        wire: 204u32,
+        wire: 206u32,
         call: 185u32,
         name: "cudaThreadGetLimit",
         form: None,
@@ -42927,7 +43015,7 @@ pub mod cudart {
         },
     };
     pub static cudaThreadSetCacheConfig: CallDesc = CallDesc {
-        wire: 205u32,
+        wire: 207u32,
         call: 186u32,
         name: "cudaThreadSetCacheConfig",
         form: None,
@@ -42949,7 +43037,7 @@ pub mod cudart {
         },
     };
     pub static cudaThreadSetLimit: CallDesc = CallDesc {
-        wire: 206u32,
+        wire: 208u32,
         call: 187u32,
         name: "cudaThreadSetLimit",
         form: None,
@@ -42975,7 +43063,7 @@ pub mod cudart {
         },
     };
     pub static cudaThreadSynchronize: CallDesc = CallDesc {
-        wire: 207u32,
+        wire: 209u32,
         call: 188u32,
         name: "cudaThreadSynchronize",
         form: None,
@@ -42992,7 +43080,7 @@ pub mod cudart {
         },
     };
     pub static cudaUnbindTexture: CallDesc = CallDesc {
-        wire: 208u32,
+        wire: 210u32,
         call: 189u32,
         name: "cudaUnbindTexture",
         form: None,
@@ -43016,7 +43104,7 @@ pub mod cudart {
         },
     };
     pub static cudaUserObjectRelease: CallDesc = CallDesc {
-        wire: 209u32,
+        wire: 211u32,
         call: 190u32,
         name: "cudaUserObjectRelease",
         form: None,
@@ -43042,7 +43130,7 @@ pub mod cudart {
         },
     };
     pub static cudaUserObjectRetain: CallDesc = CallDesc {
-        wire: 210u32,
+        wire: 212u32,
         call: 191u32,
         name: "cudaUserObjectRetain",
         form: None,
@@ -43071,7 +43159,7 @@ pub mod cudart {
 pub mod cudnn {
     use chidori_protocol::desc::*;
     pub static cudnnAdvInferVersionCheck: CallDesc = CallDesc {
-        wire: 1209u32,
+        wire: 1211u32,
         call: 1179u32,
         name: "cudnnAdvInferVersionCheck",
         form: None,
@@ -43088,7 +43176,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnAdvTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1210u32,
+        wire: 1212u32,
         call: 1180u32,
         name: "cudnnAdvTrainVersionCheck",
         form: None,
@@ -43105,7 +43193,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnAdvVersionCheck: CallDesc = CallDesc {
-        wire: 1211u32,
+        wire: 1213u32,
         call: 1181u32,
         name: "cudnnAdvVersionCheck",
         form: None,
@@ -43122,7 +43210,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 1212u32,
+        wire: 1214u32,
         call: 1182u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
@@ -43152,7 +43240,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 1213u32,
+        wire: 1215u32,
         call: 1182u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
@@ -43182,7 +43270,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 1214u32,
+        wire: 1216u32,
         call: 1183u32,
         name: "cudnnCnnInferVersionCheck",
         form: None,
@@ -43199,7 +43287,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1215u32,
+        wire: 1217u32,
         call: 1184u32,
         name: "cudnnCnnTrainVersionCheck",
         form: None,
@@ -43216,7 +43304,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 1216u32,
+        wire: 1218u32,
         call: 1185u32,
         name: "cudnnCnnVersionCheck",
         form: None,
@@ -43233,7 +43321,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1217u32,
+        wire: 1219u32,
         call: 1186u32,
         name: "cudnnCopyAlgorithmDescriptor",
         form: None,
@@ -43259,7 +43347,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 1218u32,
+        wire: 1220u32,
         call: 1187u32,
         name: "cudnnCreate",
         form: None,
@@ -43276,7 +43364,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 1219u32,
+        wire: 1221u32,
         call: 1187u32,
         name: "cudnnCreate",
         form: None,
@@ -43293,7 +43381,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1220u32,
+        wire: 1222u32,
         call: 1188u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
@@ -43310,7 +43398,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1221u32,
+        wire: 1223u32,
         call: 1188u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
@@ -43327,7 +43415,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1222u32,
+        wire: 1224u32,
         call: 1189u32,
         name: "cudnnCreateAlgorithmDescriptor",
         form: None,
@@ -43344,7 +43432,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1223u32,
+        wire: 1225u32,
         call: 1190u32,
         name: "cudnnCreateAlgorithmPerformance",
         form: None,
@@ -43367,7 +43455,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1224u32,
+        wire: 1226u32,
         call: 1191u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
@@ -43384,7 +43472,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1225u32,
+        wire: 1227u32,
         call: 1191u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
@@ -43401,7 +43489,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1226u32,
+        wire: 1228u32,
         call: 1192u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
@@ -43418,7 +43506,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1227u32,
+        wire: 1229u32,
         call: 1192u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
@@ -43435,7 +43523,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1228u32,
+        wire: 1230u32,
         call: 1193u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
@@ -43452,7 +43540,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1229u32,
+        wire: 1231u32,
         call: 1193u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
@@ -43469,7 +43557,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1230u32,
+        wire: 1232u32,
         call: 1194u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
@@ -43486,7 +43574,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1231u32,
+        wire: 1233u32,
         call: 1194u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
@@ -43503,7 +43591,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1232u32,
+        wire: 1234u32,
         call: 1195u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
@@ -43520,7 +43608,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1233u32,
+        wire: 1235u32,
         call: 1195u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
@@ -43537,7 +43625,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1234u32,
+        wire: 1236u32,
         call: 1196u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
@@ -43560,7 +43648,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1235u32,
+        wire: 1237u32,
         call: 1196u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
@@ -43583,7 +43671,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1236u32,
+        wire: 1238u32,
         call: 1197u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
@@ -43606,7 +43694,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1237u32,
+        wire: 1239u32,
         call: 1197u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
@@ -43629,7 +43717,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1238u32,
+        wire: 1240u32,
         call: 1198u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
@@ -43652,7 +43740,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1239u32,
+        wire: 1241u32,
         call: 1198u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
@@ -43675,7 +43763,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1240u32,
+        wire: 1242u32,
         call: 1199u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
@@ -43692,7 +43780,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1241u32,
+        wire: 1243u32,
         call: 1199u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
@@ -43709,7 +43797,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1242u32,
+        wire: 1244u32,
         call: 1200u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
@@ -43726,7 +43814,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1243u32,
+        wire: 1245u32,
         call: 1200u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
@@ -43743,7 +43831,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1244u32,
+        wire: 1246u32,
         call: 1201u32,
         name: "cudnnCreatePersistentRNNPlan",
         form: None,
@@ -43774,7 +43862,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1245u32,
+        wire: 1247u32,
         call: 1202u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
@@ -43791,7 +43879,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1246u32,
+        wire: 1248u32,
         call: 1202u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
@@ -43808,7 +43896,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1247u32,
+        wire: 1249u32,
         call: 1203u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
@@ -43825,7 +43913,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1248u32,
+        wire: 1250u32,
         call: 1203u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
@@ -43842,7 +43930,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1249u32,
+        wire: 1251u32,
         call: 1204u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
@@ -43859,7 +43947,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1250u32,
+        wire: 1252u32,
         call: 1204u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
@@ -43876,7 +43964,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1251u32,
+        wire: 1253u32,
         call: 1205u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
@@ -43893,7 +43981,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1252u32,
+        wire: 1254u32,
         call: 1205u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
@@ -43910,7 +43998,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1253u32,
+        wire: 1255u32,
         call: 1206u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
@@ -43927,7 +44015,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1254u32,
+        wire: 1256u32,
         call: 1206u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
@@ -43944,7 +44032,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1255u32,
+        wire: 1257u32,
         call: 1207u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
@@ -43961,7 +44049,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1256u32,
+        wire: 1258u32,
         call: 1207u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
@@ -43978,7 +44066,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1257u32,
+        wire: 1259u32,
         call: 1208u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
@@ -43995,7 +44083,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1258u32,
+        wire: 1260u32,
         call: 1208u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
@@ -44012,7 +44100,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1259u32,
+        wire: 1261u32,
         call: 1209u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
@@ -44029,7 +44117,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1260u32,
+        wire: 1262u32,
         call: 1209u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
@@ -44046,7 +44134,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1261u32,
+        wire: 1263u32,
         call: 1210u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
@@ -44076,7 +44164,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1262u32,
+        wire: 1264u32,
         call: 1210u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
@@ -44106,7 +44194,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1263u32,
+        wire: 1265u32,
         call: 1211u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
@@ -44144,7 +44232,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1264u32,
+        wire: 1266u32,
         call: 1211u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
@@ -44182,7 +44270,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroy__cu118: CallDesc = CallDesc {
-        wire: 1265u32,
+        wire: 1267u32,
         call: 1212u32,
         name: "cudnnDestroy",
         form: None,
@@ -44204,7 +44292,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroy__cu126: CallDesc = CallDesc {
-        wire: 1266u32,
+        wire: 1268u32,
         call: 1212u32,
         name: "cudnnDestroy",
         form: None,
@@ -44226,7 +44314,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1267u32,
+        wire: 1269u32,
         call: 1213u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
@@ -44248,7 +44336,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1268u32,
+        wire: 1270u32,
         call: 1213u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
@@ -44270,7 +44358,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1269u32,
+        wire: 1271u32,
         call: 1214u32,
         name: "cudnnDestroyAlgorithmDescriptor",
         form: None,
@@ -44292,7 +44380,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1270u32,
+        wire: 1272u32,
         call: 1215u32,
         name: "cudnnDestroyAlgorithmPerformance",
         form: None,
@@ -44315,7 +44403,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1271u32,
+        wire: 1273u32,
         call: 1216u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
@@ -44337,7 +44425,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1272u32,
+        wire: 1274u32,
         call: 1216u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
@@ -44359,7 +44447,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1273u32,
+        wire: 1275u32,
         call: 1217u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
@@ -44381,7 +44469,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1274u32,
+        wire: 1276u32,
         call: 1217u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
@@ -44403,7 +44491,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1275u32,
+        wire: 1277u32,
         call: 1218u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
@@ -44425,7 +44513,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1276u32,
+        wire: 1278u32,
         call: 1218u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
@@ -44447,7 +44535,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1277u32,
+        wire: 1279u32,
         call: 1219u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
@@ -44469,7 +44557,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1278u32,
+        wire: 1280u32,
         call: 1219u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
@@ -44491,7 +44579,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1279u32,
+        wire: 1281u32,
         call: 1220u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
@@ -44513,7 +44601,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1280u32,
+        wire: 1282u32,
         call: 1220u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
@@ -44535,7 +44623,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1281u32,
+        wire: 1283u32,
         call: 1221u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
@@ -44557,7 +44645,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1282u32,
+        wire: 1284u32,
         call: 1221u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
@@ -44579,7 +44667,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1283u32,
+        wire: 1285u32,
         call: 1222u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
@@ -44601,7 +44689,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1284u32,
+        wire: 1286u32,
         call: 1222u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
@@ -44623,7 +44711,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1285u32,
+        wire: 1287u32,
         call: 1223u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
@@ -44645,7 +44733,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1286u32,
+        wire: 1288u32,
         call: 1223u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
@@ -44667,7 +44755,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1287u32,
+        wire: 1289u32,
         call: 1224u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
@@ -44689,7 +44777,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1288u32,
+        wire: 1290u32,
         call: 1224u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
@@ -44711,7 +44799,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1289u32,
+        wire: 1291u32,
         call: 1225u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
@@ -44733,7 +44821,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1290u32,
+        wire: 1292u32,
         call: 1225u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
@@ -44755,7 +44843,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1291u32,
+        wire: 1293u32,
         call: 1226u32,
         name: "cudnnDestroyPersistentRNNPlan",
         form: None,
@@ -44777,7 +44865,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1292u32,
+        wire: 1294u32,
         call: 1227u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
@@ -44799,7 +44887,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1293u32,
+        wire: 1295u32,
         call: 1227u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
@@ -44821,7 +44909,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1294u32,
+        wire: 1296u32,
         call: 1228u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
@@ -44843,7 +44931,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1295u32,
+        wire: 1297u32,
         call: 1228u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
@@ -44865,7 +44953,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1296u32,
+        wire: 1298u32,
         call: 1229u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
@@ -44887,7 +44975,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1297u32,
+        wire: 1299u32,
         call: 1229u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
@@ -44909,7 +44997,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1298u32,
+        wire: 1300u32,
         call: 1230u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
@@ -44931,7 +45019,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1299u32,
+        wire: 1301u32,
         call: 1230u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
@@ -44953,7 +45041,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1300u32,
+        wire: 1302u32,
         call: 1231u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
@@ -44975,7 +45063,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1301u32,
+        wire: 1303u32,
         call: 1231u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
@@ -44997,7 +45085,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1302u32,
+        wire: 1304u32,
         call: 1232u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
@@ -45019,7 +45107,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1303u32,
+        wire: 1305u32,
         call: 1232u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
@@ -45041,7 +45129,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1304u32,
+        wire: 1306u32,
         call: 1233u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
@@ -45063,7 +45151,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1305u32,
+        wire: 1307u32,
         call: 1233u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
@@ -45085,7 +45173,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1306u32,
+        wire: 1308u32,
         call: 1234u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
@@ -45107,7 +45195,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1307u32,
+        wire: 1309u32,
         call: 1234u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
@@ -45129,7 +45217,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1308u32,
+        wire: 1310u32,
         call: 1235u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
@@ -45157,7 +45245,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1309u32,
+        wire: 1311u32,
         call: 1235u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
@@ -45185,7 +45273,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 1310u32,
+        wire: 1312u32,
         call: 1236u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
@@ -45213,7 +45301,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 1311u32,
+        wire: 1313u32,
         call: 1236u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
@@ -45241,7 +45329,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 1312u32,
+        wire: 1314u32,
         call: 1237u32,
         name: "cudnnFusedOpsExecute",
         form: None,
@@ -45271,7 +45359,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 1313u32,
+        wire: 1315u32,
         call: 1237u32,
         name: "cudnnFusedOpsExecute",
         form: None,
@@ -45301,7 +45389,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1314u32,
+        wire: 1316u32,
         call: 1238u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
@@ -45341,7 +45429,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1315u32,
+        wire: 1317u32,
         call: 1238u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
@@ -45381,7 +45469,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1316u32,
+        wire: 1318u32,
         call: 1239u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
@@ -45409,7 +45497,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1317u32,
+        wire: 1319u32,
         call: 1239u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
@@ -45437,7 +45525,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1318u32,
+        wire: 1320u32,
         call: 1240u32,
         name: "cudnnGetAlgorithmPerformance",
         form: None,
@@ -45478,7 +45566,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 1319u32,
+        wire: 1321u32,
         call: 1241u32,
         name: "cudnnGetAlgorithmSpaceSize",
         form: None,
@@ -45510,7 +45598,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1320u32,
+        wire: 1322u32,
         call: 1242u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
@@ -45574,7 +45662,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1321u32,
+        wire: 1323u32,
         call: 1242u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
@@ -45638,7 +45726,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1322u32,
+        wire: 1324u32,
         call: 1243u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
@@ -45694,7 +45782,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1323u32,
+        wire: 1325u32,
         call: 1243u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
@@ -45750,7 +45838,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1324u32,
+        wire: 1326u32,
         call: 1244u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
@@ -45794,7 +45882,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1325u32,
+        wire: 1327u32,
         call: 1244u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
@@ -45838,7 +45926,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1326u32,
+        wire: 1328u32,
         call: 1245u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
@@ -45866,7 +45954,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1327u32,
+        wire: 1329u32,
         call: 1245u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
@@ -45894,7 +45982,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1328u32,
+        wire: 1330u32,
         call: 1246u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
@@ -45934,7 +46022,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1329u32,
+        wire: 1331u32,
         call: 1246u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
@@ -45974,7 +46062,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 1330u32,
+        wire: 1332u32,
         call: 1247u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
@@ -46018,7 +46106,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 1331u32,
+        wire: 1333u32,
         call: 1247u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
@@ -46062,7 +46150,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1332u32,
+        wire: 1334u32,
         call: 1248u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
@@ -46132,7 +46220,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1333u32,
+        wire: 1335u32,
         call: 1248u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
@@ -46202,7 +46290,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1334u32,
+        wire: 1336u32,
         call: 1249u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
@@ -46256,7 +46344,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1335u32,
+        wire: 1337u32,
         call: 1249u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
@@ -46310,7 +46398,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1336u32,
+        wire: 1338u32,
         call: 1250u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
@@ -46338,7 +46426,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1337u32,
+        wire: 1339u32,
         call: 1250u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
@@ -46366,7 +46454,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1338u32,
+        wire: 1340u32,
         call: 1251u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
@@ -46414,7 +46502,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1339u32,
+        wire: 1341u32,
         call: 1251u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
@@ -46462,7 +46550,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1340u32,
+        wire: 1342u32,
         call: 1252u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
@@ -46490,7 +46578,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1341u32,
+        wire: 1343u32,
         call: 1252u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
@@ -46518,7 +46606,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1342u32,
+        wire: 1344u32,
         call: 1253u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
@@ -46566,7 +46654,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1343u32,
+        wire: 1345u32,
         call: 1253u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
@@ -46614,7 +46702,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1344u32,
+        wire: 1346u32,
         call: 1254u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
@@ -46642,7 +46730,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1345u32,
+        wire: 1347u32,
         call: 1254u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
@@ -46670,7 +46758,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1346u32,
+        wire: 1348u32,
         call: 1255u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
@@ -46718,7 +46806,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1347u32,
+        wire: 1349u32,
         call: 1255u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
@@ -46766,7 +46854,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1348u32,
+        wire: 1350u32,
         call: 1256u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
@@ -46794,7 +46882,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1349u32,
+        wire: 1351u32,
         call: 1256u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
@@ -46822,7 +46910,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1350u32,
+        wire: 1352u32,
         call: 1257u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
@@ -46850,7 +46938,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1351u32,
+        wire: 1353u32,
         call: 1257u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
@@ -46878,7 +46966,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1352u32,
+        wire: 1354u32,
         call: 1258u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
@@ -46918,7 +47006,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1353u32,
+        wire: 1355u32,
         call: 1258u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
@@ -46958,7 +47046,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1354u32,
+        wire: 1356u32,
         call: 1259u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
@@ -46986,7 +47074,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1355u32,
+        wire: 1357u32,
         call: 1259u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
@@ -47014,7 +47102,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCudartVersion__cu118: CallDesc = CallDesc {
-        wire: 1356u32,
+        wire: 1358u32,
         call: 1260u32,
         name: "cudnnGetCudartVersion",
         form: None,
@@ -47034,7 +47122,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCudartVersion__cu126: CallDesc = CallDesc {
-        wire: 1357u32,
+        wire: 1359u32,
         call: 1260u32,
         name: "cudnnGetCudartVersion",
         form: None,
@@ -47054,7 +47142,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1358u32,
+        wire: 1360u32,
         call: 1261u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
@@ -47112,7 +47200,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1359u32,
+        wire: 1361u32,
         call: 1261u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
@@ -47170,7 +47258,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1360u32,
+        wire: 1362u32,
         call: 1262u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
@@ -47220,7 +47308,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1361u32,
+        wire: 1363u32,
         call: 1262u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
@@ -47270,7 +47358,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1362u32,
+        wire: 1364u32,
         call: 1263u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
@@ -47298,7 +47386,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1363u32,
+        wire: 1365u32,
         call: 1263u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
@@ -47326,7 +47414,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 1364u32,
+        wire: 1366u32,
         call: 1264u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
@@ -47400,7 +47488,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 1365u32,
+        wire: 1367u32,
         call: 1264u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
@@ -47474,7 +47562,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1366u32,
+        wire: 1368u32,
         call: 1265u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
@@ -47520,7 +47608,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1367u32,
+        wire: 1369u32,
         call: 1265u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
@@ -47566,7 +47654,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 1368u32,
+        wire: 1370u32,
         call: 1266u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
@@ -47586,7 +47674,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 1369u32,
+        wire: 1371u32,
         call: 1266u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
@@ -47606,7 +47694,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1370u32,
+        wire: 1372u32,
         call: 1267u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
@@ -47682,7 +47770,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1371u32,
+        wire: 1373u32,
         call: 1267u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
@@ -47758,7 +47846,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1372u32,
+        wire: 1374u32,
         call: 1268u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
@@ -47826,7 +47914,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1373u32,
+        wire: 1375u32,
         call: 1268u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
@@ -47894,7 +47982,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1374u32,
+        wire: 1376u32,
         call: 1269u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
@@ -47946,7 +48034,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1375u32,
+        wire: 1377u32,
         call: 1269u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
@@ -47998,7 +48086,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1376u32,
+        wire: 1378u32,
         call: 1270u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
@@ -48038,7 +48126,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1377u32,
+        wire: 1379u32,
         call: 1270u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
@@ -48078,7 +48166,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1378u32,
+        wire: 1380u32,
         call: 1271u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
@@ -48148,7 +48236,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1379u32,
+        wire: 1381u32,
         call: 1271u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
@@ -48218,7 +48306,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1380u32,
+        wire: 1382u32,
         call: 1272u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
@@ -48268,7 +48356,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1381u32,
+        wire: 1383u32,
         call: 1272u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
@@ -48318,7 +48406,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1382u32,
+        wire: 1384u32,
         call: 1273u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
@@ -48380,7 +48468,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1383u32,
+        wire: 1385u32,
         call: 1273u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
@@ -48442,7 +48530,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1384u32,
+        wire: 1386u32,
         call: 1274u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
@@ -48478,7 +48566,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1385u32,
+        wire: 1387u32,
         call: 1274u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
@@ -48514,7 +48602,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 1386u32,
+        wire: 1388u32,
         call: 1275u32,
         name: "cudnnGetProperty",
         form: None,
@@ -48542,7 +48630,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 1387u32,
+        wire: 1389u32,
         call: 1275u32,
         name: "cudnnGetProperty",
         form: None,
@@ -48570,7 +48658,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1388u32,
+        wire: 1390u32,
         call: 1276u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
         form: None,
@@ -48602,7 +48690,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1389u32,
+        wire: 1391u32,
         call: 1277u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
         form: None,
@@ -48634,7 +48722,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1390u32,
+        wire: 1392u32,
         call: 1278u32,
         name: "cudnnGetRNNBiasMode",
         form: None,
@@ -48662,7 +48750,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1391u32,
+        wire: 1393u32,
         call: 1279u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
         form: None,
@@ -48694,7 +48782,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1392u32,
+        wire: 1394u32,
         call: 1280u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
         form: None,
@@ -48726,7 +48814,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1393u32,
+        wire: 1395u32,
         call: 1281u32,
         name: "cudnnGetRNNMatrixMathType",
         form: None,
@@ -48754,7 +48842,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1394u32,
+        wire: 1396u32,
         call: 1282u32,
         name: "cudnnGetRNNPaddingMode",
         form: None,
@@ -48782,7 +48870,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 1395u32,
+        wire: 1397u32,
         call: 1283u32,
         name: "cudnnGetRNNParamsSize",
         form: None,
@@ -48822,7 +48910,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1396u32,
+        wire: 1398u32,
         call: 1284u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
@@ -48854,7 +48942,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1397u32,
+        wire: 1399u32,
         call: 1284u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
@@ -48886,7 +48974,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1398u32,
+        wire: 1400u32,
         call: 1285u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
@@ -48938,7 +49026,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1399u32,
+        wire: 1401u32,
         call: 1285u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
@@ -48990,7 +49078,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 1400u32,
+        wire: 1402u32,
         call: 1286u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
@@ -49030,7 +49118,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 1401u32,
+        wire: 1403u32,
         call: 1286u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
@@ -49070,7 +49158,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1402u32,
+        wire: 1404u32,
         call: 1287u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
@@ -49110,7 +49198,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1403u32,
+        wire: 1405u32,
         call: 1287u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
@@ -49150,7 +49238,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetStream__cu118: CallDesc = CallDesc {
-        wire: 1404u32,
+        wire: 1406u32,
         call: 1288u32,
         name: "cudnnGetStream",
         form: None,
@@ -49173,7 +49261,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetStream__cu126: CallDesc = CallDesc {
-        wire: 1405u32,
+        wire: 1407u32,
         call: 1288u32,
         name: "cudnnGetStream",
         form: None,
@@ -49196,7 +49284,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1406u32,
+        wire: 1408u32,
         call: 1289u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
@@ -49272,7 +49360,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1407u32,
+        wire: 1409u32,
         call: 1289u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
@@ -49348,7 +49436,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1408u32,
+        wire: 1410u32,
         call: 1290u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
@@ -49398,7 +49486,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1409u32,
+        wire: 1411u32,
         call: 1290u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
@@ -49448,7 +49536,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1410u32,
+        wire: 1412u32,
         call: 1291u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
@@ -49476,7 +49564,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1411u32,
+        wire: 1413u32,
         call: 1291u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
@@ -49504,7 +49592,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1412u32,
+        wire: 1414u32,
         call: 1292u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
@@ -49560,7 +49648,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1413u32,
+        wire: 1415u32,
         call: 1292u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
@@ -49616,7 +49704,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetVersion__cu118: CallDesc = CallDesc {
-        wire: 1414u32,
+        wire: 1416u32,
         call: 1293u32,
         name: "cudnnGetVersion",
         form: None,
@@ -49636,7 +49724,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetVersion__cu126: CallDesc = CallDesc {
-        wire: 1415u32,
+        wire: 1417u32,
         call: 1293u32,
         name: "cudnnGetVersion",
         form: None,
@@ -49656,7 +49744,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 1416u32,
+        wire: 1418u32,
         call: 1294u32,
         name: "cudnnGraphVersionCheck",
         form: None,
@@ -49673,7 +49761,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 1417u32,
+        wire: 1419u32,
         call: 1295u32,
         name: "cudnnInitTransformDest",
         form: None,
@@ -49709,7 +49797,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 1418u32,
+        wire: 1420u32,
         call: 1295u32,
         name: "cudnnInitTransformDest",
         form: None,
@@ -49745,7 +49833,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1419u32,
+        wire: 1421u32,
         call: 1296u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
@@ -49781,7 +49869,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1420u32,
+        wire: 1422u32,
         call: 1296u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
@@ -49817,7 +49905,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 1421u32,
+        wire: 1423u32,
         call: 1297u32,
         name: "cudnnOpsInferVersionCheck",
         form: None,
@@ -49834,7 +49922,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1422u32,
+        wire: 1424u32,
         call: 1298u32,
         name: "cudnnOpsTrainVersionCheck",
         form: None,
@@ -49851,7 +49939,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 1423u32,
+        wire: 1425u32,
         call: 1299u32,
         name: "cudnnOpsVersionCheck",
         form: None,
@@ -49868,7 +49956,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 1424u32,
+        wire: 1426u32,
         call: 1300u32,
         name: "cudnnQueryRuntimeError",
         form: None,
@@ -49904,7 +49992,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 1425u32,
+        wire: 1427u32,
         call: 1300u32,
         name: "cudnnQueryRuntimeError",
         form: None,
@@ -49940,7 +50028,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 1426u32,
+        wire: 1428u32,
         call: 1301u32,
         name: "cudnnRNNGetClip",
         form: None,
@@ -49990,7 +50078,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1427u32,
+        wire: 1429u32,
         call: 1302u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
@@ -50036,7 +50124,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1428u32,
+        wire: 1430u32,
         call: 1302u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
@@ -50082,7 +50170,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 1429u32,
+        wire: 1431u32,
         call: 1303u32,
         name: "cudnnRNNGetClip_v9",
         form: None,
@@ -50122,7 +50210,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 1430u32,
+        wire: 1432u32,
         call: 1304u32,
         name: "cudnnRNNSetClip",
         form: None,
@@ -50164,7 +50252,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1431u32,
+        wire: 1433u32,
         call: 1305u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
@@ -50202,7 +50290,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1432u32,
+        wire: 1434u32,
         call: 1305u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
@@ -50240,7 +50328,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 1433u32,
+        wire: 1435u32,
         call: 1306u32,
         name: "cudnnRNNSetClip_v9",
         form: None,
@@ -50274,7 +50362,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1434u32,
+        wire: 1436u32,
         call: 1307u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
@@ -50308,7 +50396,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1435u32,
+        wire: 1437u32,
         call: 1307u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
@@ -50342,7 +50430,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1436u32,
+        wire: 1438u32,
         call: 1308u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
@@ -50368,7 +50456,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1437u32,
+        wire: 1439u32,
         call: 1308u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
@@ -50394,7 +50482,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1438u32,
+        wire: 1440u32,
         call: 1309u32,
         name: "cudnnSetAlgorithmDescriptor",
         form: None,
@@ -50417,7 +50505,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1439u32,
+        wire: 1441u32,
         call: 1310u32,
         name: "cudnnSetAlgorithmPerformance",
         form: None,
@@ -50455,7 +50543,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1440u32,
+        wire: 1442u32,
         call: 1311u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
@@ -50553,7 +50641,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1441u32,
+        wire: 1443u32,
         call: 1311u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
@@ -50651,7 +50739,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1442u32,
+        wire: 1444u32,
         call: 1312u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
@@ -50677,7 +50765,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1443u32,
+        wire: 1445u32,
         call: 1312u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
@@ -50703,7 +50791,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1444u32,
+        wire: 1446u32,
         call: 1313u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
@@ -50737,7 +50825,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1445u32,
+        wire: 1447u32,
         call: 1313u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
@@ -50771,7 +50859,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1446u32,
+        wire: 1448u32,
         call: 1314u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
@@ -50809,7 +50897,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1447u32,
+        wire: 1449u32,
         call: 1314u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
@@ -50847,7 +50935,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 1448u32,
+        wire: 1450u32,
         call: 1315u32,
         name: "cudnnSetCTCLossDescriptor_v9",
         form: None,
@@ -50885,7 +50973,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1449u32,
+        wire: 1451u32,
         call: 1316u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
@@ -50939,7 +51027,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1450u32,
+        wire: 1452u32,
         call: 1316u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
@@ -50993,7 +51081,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1451u32,
+        wire: 1453u32,
         call: 1317u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
@@ -51019,7 +51107,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1452u32,
+        wire: 1454u32,
         call: 1317u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
@@ -51045,7 +51133,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1453u32,
+        wire: 1455u32,
         call: 1318u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
@@ -51071,7 +51159,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1454u32,
+        wire: 1456u32,
         call: 1318u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
@@ -51097,7 +51185,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1455u32,
+        wire: 1457u32,
         call: 1319u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
@@ -51123,7 +51211,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1456u32,
+        wire: 1458u32,
         call: 1319u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
@@ -51149,7 +51237,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1457u32,
+        wire: 1459u32,
         call: 1320u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
@@ -51195,7 +51283,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1458u32,
+        wire: 1460u32,
         call: 1320u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
@@ -51241,7 +51329,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1459u32,
+        wire: 1461u32,
         call: 1321u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
@@ -51279,7 +51367,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1460u32,
+        wire: 1462u32,
         call: 1321u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
@@ -51317,7 +51405,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1461u32,
+        wire: 1463u32,
         call: 1322u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
@@ -51351,7 +51439,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1462u32,
+        wire: 1464u32,
         call: 1322u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
@@ -51385,7 +51473,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1463u32,
+        wire: 1465u32,
         call: 1323u32,
         name: "cudnnSetPersistentRNNPlan",
         form: None,
@@ -51411,7 +51499,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1464u32,
+        wire: 1466u32,
         call: 1324u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
@@ -51465,7 +51553,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1465u32,
+        wire: 1467u32,
         call: 1324u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
@@ -51519,7 +51607,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1466u32,
+        wire: 1468u32,
         call: 1325u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
         form: None,
@@ -51549,7 +51637,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1467u32,
+        wire: 1469u32,
         call: 1326u32,
         name: "cudnnSetRNNBiasMode",
         form: None,
@@ -51575,7 +51663,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 1468u32,
+        wire: 1470u32,
         call: 1327u32,
         name: "cudnnSetRNNDescriptor_v6",
         form: None,
@@ -51633,7 +51721,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1469u32,
+        wire: 1471u32,
         call: 1328u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
@@ -51711,7 +51799,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1470u32,
+        wire: 1472u32,
         call: 1328u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
@@ -51789,7 +51877,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1471u32,
+        wire: 1473u32,
         call: 1329u32,
         name: "cudnnSetRNNMatrixMathType",
         form: None,
@@ -51815,7 +51903,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1472u32,
+        wire: 1474u32,
         call: 1330u32,
         name: "cudnnSetRNNPaddingMode",
         form: None,
@@ -51841,7 +51929,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 1473u32,
+        wire: 1475u32,
         call: 1331u32,
         name: "cudnnSetRNNProjectionLayers",
         form: None,
@@ -51875,7 +51963,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1474u32,
+        wire: 1476u32,
         call: 1332u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
@@ -51917,7 +52005,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1475u32,
+        wire: 1477u32,
         call: 1332u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
@@ -51959,7 +52047,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetStream__cu118: CallDesc = CallDesc {
-        wire: 1476u32,
+        wire: 1478u32,
         call: 1333u32,
         name: "cudnnSetStream",
         form: None,
@@ -51985,7 +52073,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetStream__cu126: CallDesc = CallDesc {
-        wire: 1477u32,
+        wire: 1479u32,
         call: 1333u32,
         name: "cudnnSetStream",
         form: None,
@@ -52011,7 +52099,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1478u32,
+        wire: 1480u32,
         call: 1334u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
@@ -52057,7 +52145,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1479u32,
+        wire: 1481u32,
         call: 1334u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
@@ -52103,7 +52191,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1480u32,
+        wire: 1482u32,
         call: 1335u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
@@ -52161,7 +52249,7 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1481u32,
+        wire: 1483u32,
         call: 1335u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
@@ -52222,7 +52310,7 @@ pub mod cudnn {
 pub mod cufft {
     use chidori_protocol::desc::*;
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 1689u32,
+        wire: 1691u32,
         call: 1543u32,
         name: "cufftDestroy",
         form: None,
@@ -52244,7 +52332,7 @@ pub mod cufft {
         },
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 1690u32,
+        wire: 1692u32,
         call: 1544u32,
         name: "cufftResetPlanProperty",
         form: None,
@@ -52270,7 +52358,7 @@ pub mod cufft {
         },
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 1691u32,
+        wire: 1693u32,
         call: 1545u32,
         name: "cufftSetAutoAllocation",
         form: None,
@@ -52296,7 +52384,7 @@ pub mod cufft {
         },
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 1692u32,
+        wire: 1694u32,
         call: 1546u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
@@ -52326,7 +52414,7 @@ pub mod cufft {
         },
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 1693u32,
+        wire: 1695u32,
         call: 1547u32,
         name: "cufftSetStream",
         form: None,
@@ -52352,7 +52440,7 @@ pub mod cufft {
         },
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 1694u32,
+        wire: 1696u32,
         call: 1548u32,
         name: "cufftXtClearCallback",
         form: None,
@@ -52378,7 +52466,7 @@ pub mod cufft {
         },
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 1695u32,
+        wire: 1697u32,
         call: 1549u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
@@ -52408,7 +52496,7 @@ pub mod cufft {
         },
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 1696u32,
+        wire: 1698u32,
         call: 1550u32,
         name: "cufftXtSetDistribution",
         form: None,
@@ -52445,7 +52533,7 @@ pub mod cufft {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 1697u32,
+        wire: 1699u32,
         call: 1551u32,
         name: "curandCreateGenerator",
         form: None,
@@ -52468,7 +52556,7 @@ pub mod curand {
         },
     };
     pub static curandCreateGeneratorHost: CallDesc = CallDesc {
-        wire: 1698u32,
+        wire: 1700u32,
         call: 1552u32,
         name: "curandCreateGeneratorHost",
         form: None,
@@ -52491,7 +52579,7 @@ pub mod curand {
         },
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 1699u32,
+        wire: 1701u32,
         call: 1553u32,
         name: "curandCreatePoissonDistribution",
         form: None,
@@ -52514,7 +52602,7 @@ pub mod curand {
         },
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 1700u32,
+        wire: 1702u32,
         call: 1554u32,
         name: "curandDestroyDistribution",
         form: None,
@@ -52536,7 +52624,7 @@ pub mod curand {
         },
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 1701u32,
+        wire: 1703u32,
         call: 1555u32,
         name: "curandDestroyGenerator",
         form: None,
@@ -52558,7 +52646,7 @@ pub mod curand {
         },
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 1702u32,
+        wire: 1704u32,
         call: 1556u32,
         name: "curandGenerateSeeds",
         form: None,
@@ -52580,7 +52668,7 @@ pub mod curand {
         },
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 1703u32,
+        wire: 1705u32,
         call: 1557u32,
         name: "curandSetGeneratorOffset",
         form: None,
@@ -52606,7 +52694,7 @@ pub mod curand {
         },
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 1704u32,
+        wire: 1706u32,
         call: 1558u32,
         name: "curandSetGeneratorOrdering",
         form: None,
@@ -52632,7 +52720,7 @@ pub mod curand {
         },
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 1705u32,
+        wire: 1707u32,
         call: 1559u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
@@ -52658,7 +52746,7 @@ pub mod curand {
         },
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 1706u32,
+        wire: 1708u32,
         call: 1560u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
@@ -52684,7 +52772,7 @@ pub mod curand {
         },
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 1707u32,
+        wire: 1709u32,
         call: 1561u32,
         name: "curandSetStream",
         form: None,
@@ -52713,7 +52801,7 @@ pub mod curand {
 pub mod cusolver {
     use chidori_protocol::desc::*;
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 1770u32,
+        wire: 1772u32,
         call: 1624u32,
         name: "cusolverDnCreate",
         form: None,
@@ -52730,7 +52818,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 1771u32,
+        wire: 1773u32,
         call: 1625u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
@@ -52747,7 +52835,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 1772u32,
+        wire: 1774u32,
         call: 1626u32,
         name: "cusolverDnCreateParams",
         form: None,
@@ -52764,7 +52852,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 1773u32,
+        wire: 1775u32,
         call: 1627u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
@@ -52781,7 +52869,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 1774u32,
+        wire: 1776u32,
         call: 1628u32,
         name: "cusolverDnDestroy",
         form: None,
@@ -52803,7 +52891,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 1775u32,
+        wire: 1777u32,
         call: 1629u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
@@ -52825,7 +52913,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 1776u32,
+        wire: 1778u32,
         call: 1630u32,
         name: "cusolverDnDestroyParams",
         form: None,
@@ -52847,7 +52935,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 1777u32,
+        wire: 1779u32,
         call: 1631u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
@@ -52869,7 +52957,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 1778u32,
+        wire: 1780u32,
         call: 1632u32,
         name: "cusolverDnGetStream",
         form: None,
@@ -52892,7 +52980,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 1779u32,
+        wire: 1781u32,
         call: 1633u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
@@ -52909,7 +52997,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 1780u32,
+        wire: 1782u32,
         call: 1634u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
@@ -52931,7 +53019,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 1781u32,
+        wire: 1783u32,
         call: 1635u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
@@ -52953,7 +53041,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 1782u32,
+        wire: 1784u32,
         call: 1636u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
@@ -52970,7 +53058,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 1783u32,
+        wire: 1785u32,
         call: 1637u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
@@ -52992,7 +53080,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 1784u32,
+        wire: 1786u32,
         call: 1638u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
@@ -53014,7 +53102,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 1785u32,
+        wire: 1787u32,
         call: 1639u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
@@ -53036,7 +53124,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 1786u32,
+        wire: 1788u32,
         call: 1640u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
@@ -53062,7 +53150,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 1787u32,
+        wire: 1789u32,
         call: 1641u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
@@ -53088,7 +53176,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 1788u32,
+        wire: 1790u32,
         call: 1642u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
@@ -53114,7 +53202,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 1789u32,
+        wire: 1791u32,
         call: 1643u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
@@ -53140,7 +53228,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 1790u32,
+        wire: 1792u32,
         call: 1644u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
@@ -53166,7 +53254,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 1791u32,
+        wire: 1793u32,
         call: 1645u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
@@ -53196,7 +53284,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 1792u32,
+        wire: 1794u32,
         call: 1646u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
@@ -53222,7 +53310,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 1793u32,
+        wire: 1795u32,
         call: 1647u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
@@ -53248,7 +53336,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1794u32,
+        wire: 1796u32,
         call: 1648u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
@@ -53265,7 +53353,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1795u32,
+        wire: 1797u32,
         call: 1649u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
@@ -53287,7 +53375,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 1796u32,
+        wire: 1798u32,
         call: 1650u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
@@ -53309,7 +53397,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 1797u32,
+        wire: 1799u32,
         call: 1651u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
@@ -53339,7 +53427,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 1798u32,
+        wire: 1800u32,
         call: 1652u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
@@ -53365,7 +53453,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 1799u32,
+        wire: 1801u32,
         call: 1653u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
@@ -53391,7 +53479,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 1800u32,
+        wire: 1802u32,
         call: 1654u32,
         name: "cusolverDnSetMathMode",
         form: None,
@@ -53417,7 +53505,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 1801u32,
+        wire: 1803u32,
         call: 1655u32,
         name: "cusolverDnSetStream",
         form: None,
@@ -53443,7 +53531,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 1802u32,
+        wire: 1804u32,
         call: 1656u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
@@ -53469,7 +53557,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 1803u32,
+        wire: 1805u32,
         call: 1657u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
@@ -53495,7 +53583,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 1804u32,
+        wire: 1806u32,
         call: 1658u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
@@ -53521,7 +53609,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 1805u32,
+        wire: 1807u32,
         call: 1659u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
@@ -53547,7 +53635,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 1806u32,
+        wire: 1808u32,
         call: 1660u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
@@ -53573,7 +53661,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 1807u32,
+        wire: 1809u32,
         call: 1661u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
@@ -53599,7 +53687,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 1808u32,
+        wire: 1810u32,
         call: 1662u32,
         name: "cusolverRfAnalyze",
         form: None,
@@ -53621,7 +53709,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 1809u32,
+        wire: 1811u32,
         call: 1663u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
@@ -53643,7 +53731,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 1810u32,
+        wire: 1812u32,
         call: 1664u32,
         name: "cusolverRfBatchRefactor",
         form: None,
@@ -53665,7 +53753,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 1811u32,
+        wire: 1813u32,
         call: 1665u32,
         name: "cusolverRfCreate",
         form: None,
@@ -53682,7 +53770,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 1812u32,
+        wire: 1814u32,
         call: 1666u32,
         name: "cusolverRfDestroy",
         form: None,
@@ -53704,7 +53792,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 1813u32,
+        wire: 1815u32,
         call: 1667u32,
         name: "cusolverRfRefactor",
         form: None,
@@ -53726,7 +53814,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 1814u32,
+        wire: 1816u32,
         call: 1668u32,
         name: "cusolverRfSetAlgs",
         form: None,
@@ -53756,7 +53844,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 1815u32,
+        wire: 1817u32,
         call: 1669u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
@@ -53786,7 +53874,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 1816u32,
+        wire: 1818u32,
         call: 1670u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
@@ -53816,7 +53904,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 1817u32,
+        wire: 1819u32,
         call: 1671u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
@@ -53842,7 +53930,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 1818u32,
+        wire: 1820u32,
         call: 1672u32,
         name: "cusolverSpCreate",
         form: None,
@@ -53859,7 +53947,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 1819u32,
+        wire: 1821u32,
         call: 1673u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
@@ -53876,7 +53964,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 1820u32,
+        wire: 1822u32,
         call: 1674u32,
         name: "cusolverSpDestroy",
         form: None,
@@ -53898,7 +53986,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 1821u32,
+        wire: 1823u32,
         call: 1675u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
@@ -53920,7 +54008,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 1822u32,
+        wire: 1824u32,
         call: 1676u32,
         name: "cusolverSpGetStream",
         form: None,
@@ -53943,7 +54031,7 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 1823u32,
+        wire: 1825u32,
         call: 1677u32,
         name: "cusolverSpSetStream",
         form: None,
@@ -53972,7 +54060,7 @@ pub mod cusolver {
 pub mod cusparse {
     use chidori_protocol::desc::*;
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1708u32,
+        wire: 1710u32,
         call: 1562u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
@@ -54010,7 +54098,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 1709u32,
+        wire: 1711u32,
         call: 1563u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
@@ -54040,7 +54128,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 1710u32,
+        wire: 1712u32,
         call: 1564u32,
         name: "cusparseCopyMatDescr",
         form: None,
@@ -54066,7 +54154,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreate: CallDesc = CallDesc {
-        wire: 1711u32,
+        wire: 1713u32,
         call: 1565u32,
         name: "cusparseCreate",
         form: None,
@@ -54083,7 +54171,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 1712u32,
+        wire: 1714u32,
         call: 1566u32,
         name: "cusparseCreateBsric02Info",
         form: None,
@@ -54100,7 +54188,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 1713u32,
+        wire: 1715u32,
         call: 1567u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
@@ -54117,7 +54205,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 1714u32,
+        wire: 1716u32,
         call: 1568u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
@@ -54134,7 +54222,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 1715u32,
+        wire: 1717u32,
         call: 1569u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
@@ -54151,7 +54239,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 1716u32,
+        wire: 1718u32,
         call: 1570u32,
         name: "cusparseCreateColorInfo",
         form: None,
@@ -54168,7 +54256,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1717u32,
+        wire: 1719u32,
         call: 1571u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
@@ -54185,7 +54273,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 1718u32,
+        wire: 1720u32,
         call: 1572u32,
         name: "cusparseCreateCsric02Info",
         form: None,
@@ -54202,7 +54290,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 1719u32,
+        wire: 1721u32,
         call: 1573u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
@@ -54219,7 +54307,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 1720u32,
+        wire: 1722u32,
         call: 1574u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
@@ -54236,7 +54324,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 1721u32,
+        wire: 1723u32,
         call: 1575u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
@@ -54253,7 +54341,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1722u32,
+        wire: 1724u32,
         call: 1576u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
@@ -54270,7 +54358,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 1723u32,
+        wire: 1725u32,
         call: 1577u32,
         name: "cusparseCreateMatDescr",
         form: None,
@@ -54287,7 +54375,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 1724u32,
+        wire: 1726u32,
         call: 1578u32,
         name: "cusparseCreatePruneInfo",
         form: None,
@@ -54304,7 +54392,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1725u32,
+        wire: 1727u32,
         call: 1579u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
@@ -54338,7 +54426,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 1726u32,
+        wire: 1728u32,
         call: 1580u32,
         name: "cusparseDestroy",
         form: None,
@@ -54360,7 +54448,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 1727u32,
+        wire: 1729u32,
         call: 1581u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
@@ -54382,7 +54470,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 1728u32,
+        wire: 1730u32,
         call: 1582u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
@@ -54404,7 +54492,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 1729u32,
+        wire: 1731u32,
         call: 1583u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
@@ -54426,7 +54514,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 1730u32,
+        wire: 1732u32,
         call: 1584u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
@@ -54448,7 +54536,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 1731u32,
+        wire: 1733u32,
         call: 1585u32,
         name: "cusparseDestroyColorInfo",
         form: None,
@@ -54470,7 +54558,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1732u32,
+        wire: 1734u32,
         call: 1586u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
@@ -54492,7 +54580,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 1733u32,
+        wire: 1735u32,
         call: 1587u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
@@ -54514,7 +54602,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 1734u32,
+        wire: 1736u32,
         call: 1588u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
@@ -54536,7 +54624,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 1735u32,
+        wire: 1737u32,
         call: 1589u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
@@ -54558,7 +54646,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 1736u32,
+        wire: 1738u32,
         call: 1590u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
@@ -54580,7 +54668,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1737u32,
+        wire: 1739u32,
         call: 1591u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
@@ -54602,7 +54690,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 1738u32,
+        wire: 1740u32,
         call: 1592u32,
         name: "cusparseDestroyDnMat",
         form: None,
@@ -54624,7 +54712,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 1739u32,
+        wire: 1741u32,
         call: 1593u32,
         name: "cusparseDestroyDnVec",
         form: None,
@@ -54646,7 +54734,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 1740u32,
+        wire: 1742u32,
         call: 1594u32,
         name: "cusparseDestroyMatDescr",
         form: None,
@@ -54668,7 +54756,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 1741u32,
+        wire: 1743u32,
         call: 1595u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
@@ -54690,7 +54778,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 1742u32,
+        wire: 1744u32,
         call: 1596u32,
         name: "cusparseDestroySpMat",
         form: None,
@@ -54712,7 +54800,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 1743u32,
+        wire: 1745u32,
         call: 1597u32,
         name: "cusparseDestroySpVec",
         form: None,
@@ -54734,7 +54822,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1744u32,
+        wire: 1746u32,
         call: 1598u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
@@ -54764,7 +54852,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 1745u32,
+        wire: 1747u32,
         call: 1599u32,
         name: "cusparseGather",
         form: None,
@@ -54794,7 +54882,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 1746u32,
+        wire: 1748u32,
         call: 1600u32,
         name: "cusparseGetMatDiagType",
         form: None,
@@ -54819,7 +54907,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 1747u32,
+        wire: 1749u32,
         call: 1601u32,
         name: "cusparseGetMatFillMode",
         form: None,
@@ -54844,7 +54932,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 1748u32,
+        wire: 1750u32,
         call: 1602u32,
         name: "cusparseGetMatIndexBase",
         form: None,
@@ -54869,7 +54957,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 1749u32,
+        wire: 1751u32,
         call: 1603u32,
         name: "cusparseGetMatType",
         form: None,
@@ -54894,7 +54982,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 1750u32,
+        wire: 1752u32,
         call: 1604u32,
         name: "cusparseGetStream",
         form: None,
@@ -54917,7 +55005,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1751u32,
+        wire: 1753u32,
         call: 1605u32,
         name: "cusparseLoggerForceDisable",
         form: None,
@@ -54934,7 +55022,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1752u32,
+        wire: 1754u32,
         call: 1606u32,
         name: "cusparseLoggerSetLevel",
         form: None,
@@ -54956,7 +55044,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 1753u32,
+        wire: 1755u32,
         call: 1607u32,
         name: "cusparseLoggerSetMask",
         form: None,
@@ -54978,7 +55066,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 1754u32,
+        wire: 1756u32,
         call: 1608u32,
         name: "cusparseScatter",
         form: None,
@@ -55008,7 +55096,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 1755u32,
+        wire: 1757u32,
         call: 1609u32,
         name: "cusparseSetColorAlgs",
         form: None,
@@ -55034,7 +55122,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 1756u32,
+        wire: 1758u32,
         call: 1610u32,
         name: "cusparseSetMatDiagType",
         form: None,
@@ -55060,7 +55148,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 1757u32,
+        wire: 1759u32,
         call: 1611u32,
         name: "cusparseSetMatFillMode",
         form: None,
@@ -55086,7 +55174,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 1758u32,
+        wire: 1760u32,
         call: 1612u32,
         name: "cusparseSetMatIndexBase",
         form: None,
@@ -55112,7 +55200,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 1759u32,
+        wire: 1761u32,
         call: 1613u32,
         name: "cusparseSetMatType",
         form: None,
@@ -55138,7 +55226,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetPointerMode: CallDesc = CallDesc {
-        wire: 1760u32,
+        wire: 1762u32,
         call: 1614u32,
         name: "cusparseSetPointerMode",
         form: None,
@@ -55164,7 +55252,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 1761u32,
+        wire: 1763u32,
         call: 1615u32,
         name: "cusparseSetStream",
         form: None,
@@ -55190,7 +55278,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 1762u32,
+        wire: 1764u32,
         call: 1616u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
@@ -55207,7 +55295,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 1763u32,
+        wire: 1765u32,
         call: 1617u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
@@ -55229,7 +55317,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 1764u32,
+        wire: 1766u32,
         call: 1618u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
@@ -55251,7 +55339,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1765u32,
+        wire: 1767u32,
         call: 1619u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
@@ -55277,7 +55365,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 1766u32,
+        wire: 1768u32,
         call: 1620u32,
         name: "cusparseSpSM_createDescr",
         form: None,
@@ -55294,7 +55382,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 1767u32,
+        wire: 1769u32,
         call: 1621u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
@@ -55316,7 +55404,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 1768u32,
+        wire: 1770u32,
         call: 1622u32,
         name: "cusparseSpSV_createDescr",
         form: None,
@@ -55333,7 +55421,7 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 1769u32,
+        wire: 1771u32,
         call: 1623u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
@@ -55358,7 +55446,7 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 1892u32,
+        wire: 1894u32,
         call: 1744u32,
         name: "cusparseLtDestroy",
         form: None,
@@ -55382,7 +55470,7 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 1893u32,
+        wire: 1895u32,
         call: 1744u32,
         name: "cusparseLtDestroy",
         form: None,
@@ -55406,7 +55494,7 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 1894u32,
+        wire: 1896u32,
         call: 1744u32,
         name: "cusparseLtDestroy",
         form: None,
@@ -55430,7 +55518,7 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 1895u32,
+        wire: 1897u32,
         call: 1745u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
@@ -55454,7 +55542,7 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 1896u32,
+        wire: 1898u32,
         call: 1745u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
@@ -55478,7 +55566,7 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 1897u32,
+        wire: 1899u32,
         call: 1745u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
@@ -55502,7 +55590,7 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 1898u32,
+        wire: 1900u32,
         call: 1746u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
@@ -55526,7 +55614,7 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 1899u32,
+        wire: 1901u32,
         call: 1747u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
@@ -55550,7 +55638,7 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 1900u32,
+        wire: 1902u32,
         call: 1747u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
@@ -55574,7 +55662,7 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 1901u32,
+        wire: 1903u32,
         call: 1747u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
@@ -55609,7 +55697,7 @@ pub mod driver {
     static LEN_cuMemcpyHtoD_v2__call_6: Len = Len::Param(2u8);
     static LEN_cuMemcpyHtoD_v2_ptds__call_7: Len = Len::Param(2u8);
     pub static cuArray3DCreate: CallDesc = CallDesc {
-        wire: 211u32,
+        wire: 213u32,
         call: 192u32,
         name: "cuArray3DCreate",
         form: None,
@@ -55634,7 +55722,7 @@ pub mod driver {
         },
     };
     pub static cuArray3DCreate_v2: CallDesc = CallDesc {
-        wire: 212u32,
+        wire: 214u32,
         call: 193u32,
         name: "cuArray3DCreate_v2",
         form: None,
@@ -55659,7 +55747,7 @@ pub mod driver {
         },
     };
     pub static cuArrayCreate: CallDesc = CallDesc {
-        wire: 213u32,
+        wire: 215u32,
         call: 194u32,
         name: "cuArrayCreate",
         form: None,
@@ -55684,7 +55772,7 @@ pub mod driver {
         },
     };
     pub static cuArrayCreate_v2: CallDesc = CallDesc {
-        wire: 214u32,
+        wire: 216u32,
         call: 195u32,
         name: "cuArrayCreate_v2",
         form: None,
@@ -55709,7 +55797,7 @@ pub mod driver {
         },
     };
     pub static cuArrayDestroy: CallDesc = CallDesc {
-        wire: 215u32,
+        wire: 217u32,
         call: 196u32,
         name: "cuArrayDestroy",
         form: None,
@@ -55731,7 +55819,7 @@ pub mod driver {
         },
     };
     pub static cuArrayGetPlane: CallDesc = CallDesc {
-        wire: 216u32,
+        wire: 218u32,
         call: 197u32,
         name: "cuArrayGetPlane",
         form: None,
@@ -55758,7 +55846,7 @@ pub mod driver {
         },
     };
     pub static cuCheckpointProcessGetRestoreThreadId: CallDesc = CallDesc {
-        wire: 217u32,
+        wire: 219u32,
         call: 198u32,
         name: "cuCheckpointProcessGetRestoreThreadId",
         form: None,
@@ -55786,7 +55874,7 @@ pub mod driver {
         },
     };
     pub static cuCheckpointProcessGetState: CallDesc = CallDesc {
-        wire: 218u32,
+        wire: 220u32,
         call: 199u32,
         name: "cuCheckpointProcessGetState",
         form: None,
@@ -55814,7 +55902,7 @@ pub mod driver {
         },
     };
     pub static cuCtxAttach: CallDesc = CallDesc {
-        wire: 219u32,
+        wire: 221u32,
         call: 200u32,
         name: "cuCtxAttach",
         form: None,
@@ -55837,7 +55925,7 @@ pub mod driver {
         },
     };
     pub static cuCtxCreate: CallDesc = CallDesc {
-        wire: 220u32,
+        wire: 222u32,
         call: 201u32,
         name: "cuCtxCreate",
         form: None,
@@ -55864,7 +55952,7 @@ pub mod driver {
         },
     };
     pub static cuCtxCreate_v2: CallDesc = CallDesc {
-        wire: 221u32,
+        wire: 223u32,
         call: 202u32,
         name: "cuCtxCreate_v2",
         form: None,
@@ -55891,7 +55979,7 @@ pub mod driver {
         },
     };
     pub static cuCtxDestroy: CallDesc = CallDesc {
-        wire: 222u32,
+        wire: 224u32,
         call: 203u32,
         name: "cuCtxDestroy",
         form: None,
@@ -55913,7 +56001,7 @@ pub mod driver {
         },
     };
     pub static cuCtxDestroy_v2: CallDesc = CallDesc {
-        wire: 223u32,
+        wire: 225u32,
         call: 204u32,
         name: "cuCtxDestroy_v2",
         form: None,
@@ -55935,7 +56023,7 @@ pub mod driver {
         },
     };
     pub static cuCtxDetach: CallDesc = CallDesc {
-        wire: 224u32,
+        wire: 226u32,
         call: 205u32,
         name: "cuCtxDetach",
         form: None,
@@ -55957,7 +56045,7 @@ pub mod driver {
         },
     };
     pub static cuCtxDisablePeerAccess: CallDesc = CallDesc {
-        wire: 225u32,
+        wire: 227u32,
         call: 206u32,
         name: "cuCtxDisablePeerAccess",
         form: None,
@@ -55979,7 +56067,7 @@ pub mod driver {
         },
     };
     pub static cuCtxEnablePeerAccess: CallDesc = CallDesc {
-        wire: 226u32,
+        wire: 228u32,
         call: 207u32,
         name: "cuCtxEnablePeerAccess",
         form: None,
@@ -56005,7 +56093,7 @@ pub mod driver {
         },
     };
     pub static cuCtxFromGreenCtx: CallDesc = CallDesc {
-        wire: 227u32,
+        wire: 229u32,
         call: 208u32,
         name: "cuCtxFromGreenCtx",
         form: None,
@@ -56028,7 +56116,7 @@ pub mod driver {
         },
     };
     pub static cuCtxGetApiVersion: CallDesc = CallDesc {
-        wire: 228u32,
+        wire: 230u32,
         call: 209u32,
         name: "cuCtxGetApiVersion",
         form: None,
@@ -56056,7 +56144,7 @@ pub mod driver {
         },
     };
     pub static cuCtxGetCacheConfig: CallDesc = CallDesc {
-        wire: 229u32,
+        wire: 231u32,
         call: 210u32,
         name: "cuCtxGetCacheConfig",
         form: None,
@@ -56080,7 +56168,7 @@ pub mod driver {
         },
     };
     pub static cuCtxGetCurrent: CallDesc = CallDesc {
-        wire: 230u32,
+        wire: 232u32,
         call: 211u32,
         name: "cuCtxGetCurrent",
         form: None,
@@ -56097,7 +56185,7 @@ pub mod driver {
         },
     };
     pub static cuCtxGetDevice: CallDesc = CallDesc {
-        wire: 231u32,
+        wire: 233u32,
         call: 212u32,
         name: "cuCtxGetDevice",
         form: None,
@@ -56121,7 +56209,7 @@ pub mod driver {
         },
     };
     pub static cuCtxGetDevice_v2: CallDesc = CallDesc {
-        wire: 232u32,
+        wire: 234u32,
         call: 213u32,
         name: "cuCtxGetDevice_v2",
         form: None,
@@ -56149,7 +56237,7 @@ pub mod driver {
         },
     };
     pub static cuCtxGetFlags: CallDesc = CallDesc {
-        wire: 233u32,
+        wire: 235u32,
         call: 214u32,
         name: "cuCtxGetFlags",
         form: None,
@@ -56173,7 +56261,7 @@ pub mod driver {
         },
     };
     pub static cuCtxGetId: CallDesc = CallDesc {
-        wire: 234u32,
+        wire: 236u32,
         call: 215u32,
         name: "cuCtxGetId",
         form: None,
@@ -56201,7 +56289,7 @@ pub mod driver {
         },
     };
     pub static cuCtxGetLimit: CallDesc = CallDesc {
-        wire: 235u32,
+        wire: 237u32,
         call: 216u32,
         name: "cuCtxGetLimit",
         form: None,
@@ -56229,7 +56317,7 @@ pub mod driver {
         },
     };
     pub static cuCtxGetSharedMemConfig: CallDesc = CallDesc {
-        wire: 236u32,
+        wire: 238u32,
         call: 217u32,
         name: "cuCtxGetSharedMemConfig",
         form: None,
@@ -56253,7 +56341,7 @@ pub mod driver {
         },
     };
     pub static cuCtxGetStreamPriorityRange: CallDesc = CallDesc {
-        wire: 237u32,
+        wire: 239u32,
         call: 218u32,
         name: "cuCtxGetStreamPriorityRange",
         form: None,
@@ -56283,7 +56371,7 @@ pub mod driver {
         },
     };
     pub static cuCtxPopCurrent: CallDesc = CallDesc {
-        wire: 238u32,
+        wire: 240u32,
         call: 219u32,
         name: "cuCtxPopCurrent",
         form: None,
@@ -56300,7 +56388,7 @@ pub mod driver {
         },
     };
     pub static cuCtxPopCurrent_v2: CallDesc = CallDesc {
-        wire: 239u32,
+        wire: 241u32,
         call: 220u32,
         name: "cuCtxPopCurrent_v2",
         form: None,
@@ -56317,7 +56405,7 @@ pub mod driver {
         },
     };
     pub static cuCtxPushCurrent: CallDesc = CallDesc {
-        wire: 240u32,
+        wire: 242u32,
         call: 221u32,
         name: "cuCtxPushCurrent",
         form: None,
@@ -56339,7 +56427,7 @@ pub mod driver {
         },
     };
     pub static cuCtxPushCurrent_v2: CallDesc = CallDesc {
-        wire: 241u32,
+        wire: 243u32,
         call: 222u32,
         name: "cuCtxPushCurrent_v2",
         form: None,
@@ -56361,7 +56449,7 @@ pub mod driver {
         },
     };
     pub static cuCtxRecordEvent: CallDesc = CallDesc {
-        wire: 242u32,
+        wire: 244u32,
         call: 223u32,
         name: "cuCtxRecordEvent",
         form: None,
@@ -56387,7 +56475,7 @@ pub mod driver {
         },
     };
     pub static cuCtxResetPersistingL2Cache: CallDesc = CallDesc {
-        wire: 243u32,
+        wire: 245u32,
         call: 224u32,
         name: "cuCtxResetPersistingL2Cache",
         form: None,
@@ -56404,7 +56492,7 @@ pub mod driver {
         },
     };
     pub static cuCtxSetCacheConfig: CallDesc = CallDesc {
-        wire: 244u32,
+        wire: 246u32,
         call: 225u32,
         name: "cuCtxSetCacheConfig",
         form: None,
@@ -56426,7 +56514,7 @@ pub mod driver {
         },
     };
     pub static cuCtxSetCurrent: CallDesc = CallDesc {
-        wire: 245u32,
+        wire: 247u32,
         call: 226u32,
         name: "cuCtxSetCurrent",
         form: None,
@@ -56448,7 +56536,7 @@ pub mod driver {
         },
     };
     pub static cuCtxSetFlags: CallDesc = CallDesc {
-        wire: 246u32,
+        wire: 248u32,
         call: 227u32,
         name: "cuCtxSetFlags",
         form: None,
@@ -56470,7 +56558,7 @@ pub mod driver {
         },
     };
     pub static cuCtxSetLimit: CallDesc = CallDesc {
-        wire: 247u32,
+        wire: 249u32,
         call: 228u32,
         name: "cuCtxSetLimit",
         form: None,
@@ -56496,7 +56584,7 @@ pub mod driver {
         },
     };
     pub static cuCtxSetSharedMemConfig: CallDesc = CallDesc {
-        wire: 248u32,
+        wire: 250u32,
         call: 229u32,
         name: "cuCtxSetSharedMemConfig",
         form: None,
@@ -56518,7 +56606,7 @@ pub mod driver {
         },
     };
     pub static cuCtxSynchronize: CallDesc = CallDesc {
-        wire: 249u32,
+        wire: 251u32,
         call: 230u32,
         name: "cuCtxSynchronize",
         form: None,
@@ -56535,7 +56623,7 @@ pub mod driver {
         },
     };
     pub static cuCtxSynchronize_v2: CallDesc = CallDesc {
-        wire: 250u32,
+        wire: 252u32,
         call: 231u32,
         name: "cuCtxSynchronize_v2",
         form: None,
@@ -56557,7 +56645,7 @@ pub mod driver {
         },
     };
     pub static cuCtxWaitEvent: CallDesc = CallDesc {
-        wire: 251u32,
+        wire: 253u32,
         call: 232u32,
         name: "cuCtxWaitEvent",
         form: None,
@@ -56583,7 +56671,7 @@ pub mod driver {
         },
     };
     pub static cuDestroyExternalMemory: CallDesc = CallDesc {
-        wire: 252u32,
+        wire: 254u32,
         call: 233u32,
         name: "cuDestroyExternalMemory",
         form: None,
@@ -56605,7 +56693,7 @@ pub mod driver {
         },
     };
     pub static cuDestroyExternalSemaphore: CallDesc = CallDesc {
-        wire: 253u32,
+        wire: 255u32,
         call: 234u32,
         name: "cuDestroyExternalSemaphore",
         form: None,
@@ -56627,7 +56715,7 @@ pub mod driver {
         },
     };
     pub static cuDeviceCanAccessPeer: CallDesc = CallDesc {
-        wire: 254u32,
+        wire: 256u32,
         call: 235u32,
         name: "cuDeviceCanAccessPeer",
         form: None,
@@ -56659,7 +56747,7 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetByPCIBusId: CallDesc = CallDesc {
-        wire: 255u32,
+        wire: 257u32,
         call: 236u32,
         name: "cuDeviceGetByPCIBusId",
         form: None,
@@ -56684,7 +56772,7 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetDefaultMemPool: CallDesc = CallDesc {
-        wire: 256u32,
+        wire: 258u32,
         call: 237u32,
         name: "cuDeviceGetDefaultMemPool",
         form: None,
@@ -56707,7 +56795,7 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetExecAffinitySupport: CallDesc = CallDesc {
-        wire: 257u32,
+        wire: 259u32,
         call: 238u32,
         name: "cuDeviceGetExecAffinitySupport",
         form: None,
@@ -56739,7 +56827,7 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetMemPool: CallDesc = CallDesc {
-        wire: 258u32,
+        wire: 260u32,
         call: 239u32,
         name: "cuDeviceGetMemPool",
         form: None,
@@ -56762,7 +56850,7 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetP2PAttribute: CallDesc = CallDesc {
-        wire: 259u32,
+        wire: 261u32,
         call: 240u32,
         name: "cuDeviceGetP2PAttribute",
         form: None,
@@ -56798,7 +56886,7 @@ pub mod driver {
         },
     };
     pub static cuDeviceGraphMemTrim: CallDesc = CallDesc {
-        wire: 260u32,
+        wire: 262u32,
         call: 241u32,
         name: "cuDeviceGraphMemTrim",
         form: None,
@@ -56820,7 +56908,7 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxGetState: CallDesc = CallDesc {
-        wire: 261u32,
+        wire: 263u32,
         call: 242u32,
         name: "cuDevicePrimaryCtxGetState",
         form: None,
@@ -56854,7 +56942,7 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxRelease: CallDesc = CallDesc {
-        wire: 262u32,
+        wire: 264u32,
         call: 243u32,
         name: "cuDevicePrimaryCtxRelease",
         form: None,
@@ -56876,7 +56964,7 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxRelease_v2: CallDesc = CallDesc {
-        wire: 263u32,
+        wire: 265u32,
         call: 244u32,
         name: "cuDevicePrimaryCtxRelease_v2",
         form: None,
@@ -56898,7 +56986,7 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxReset: CallDesc = CallDesc {
-        wire: 264u32,
+        wire: 266u32,
         call: 245u32,
         name: "cuDevicePrimaryCtxReset",
         form: None,
@@ -56920,7 +57008,7 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxReset_v2: CallDesc = CallDesc {
-        wire: 265u32,
+        wire: 267u32,
         call: 246u32,
         name: "cuDevicePrimaryCtxReset_v2",
         form: None,
@@ -56942,7 +57030,7 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxRetain: CallDesc = CallDesc {
-        wire: 266u32,
+        wire: 268u32,
         call: 247u32,
         name: "cuDevicePrimaryCtxRetain",
         form: None,
@@ -56965,7 +57053,7 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxSetFlags: CallDesc = CallDesc {
-        wire: 267u32,
+        wire: 269u32,
         call: 248u32,
         name: "cuDevicePrimaryCtxSetFlags",
         form: None,
@@ -56991,7 +57079,7 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxSetFlags_v2: CallDesc = CallDesc {
-        wire: 268u32,
+        wire: 270u32,
         call: 249u32,
         name: "cuDevicePrimaryCtxSetFlags_v2",
         form: None,
@@ -57017,7 +57105,7 @@ pub mod driver {
         },
     };
     pub static cuDeviceSetMemPool: CallDesc = CallDesc {
-        wire: 269u32,
+        wire: 271u32,
         call: 250u32,
         name: "cuDeviceSetMemPool",
         form: None,
@@ -57043,7 +57131,7 @@ pub mod driver {
         },
     };
     pub static cuDeviceTotalMem: CallDesc = CallDesc {
-        wire: 270u32,
+        wire: 272u32,
         call: 251u32,
         name: "cuDeviceTotalMem",
         form: None,
@@ -57071,7 +57159,7 @@ pub mod driver {
         },
     };
     pub static cuDeviceUnregisterAsyncNotification: CallDesc = CallDesc {
-        wire: 271u32,
+        wire: 273u32,
         call: 252u32,
         name: "cuDeviceUnregisterAsyncNotification",
         form: None,
@@ -57097,7 +57185,7 @@ pub mod driver {
         },
     };
     pub static cuEventCreate: CallDesc = CallDesc {
-        wire: 272u32,
+        wire: 274u32,
         call: 253u32,
         name: "cuEventCreate",
         form: None,
@@ -57120,7 +57208,7 @@ pub mod driver {
         },
     };
     pub static cuEventDestroy: CallDesc = CallDesc {
-        wire: 273u32,
+        wire: 275u32,
         call: 254u32,
         name: "cuEventDestroy",
         form: None,
@@ -57142,7 +57230,7 @@ pub mod driver {
         },
     };
     pub static cuEventDestroy_v2: CallDesc = CallDesc {
-        wire: 274u32,
+        wire: 276u32,
         call: 255u32,
         name: "cuEventDestroy_v2",
         form: None,
@@ -57164,7 +57252,7 @@ pub mod driver {
         },
     };
     pub static cuEventElapsedTime: CallDesc = CallDesc {
-        wire: 275u32,
+        wire: 277u32,
         call: 256u32,
         name: "cuEventElapsedTime",
         form: None,
@@ -57196,7 +57284,7 @@ pub mod driver {
         },
     };
     pub static cuEventElapsedTime_v2: CallDesc = CallDesc {
-        wire: 276u32,
+        wire: 278u32,
         call: 257u32,
         name: "cuEventElapsedTime_v2",
         form: None,
@@ -57228,7 +57316,7 @@ pub mod driver {
         },
     };
     pub static cuEventQuery: CallDesc = CallDesc {
-        wire: 277u32,
+        wire: 279u32,
         call: 258u32,
         name: "cuEventQuery",
         form: None,
@@ -57250,7 +57338,7 @@ pub mod driver {
         },
     };
     pub static cuEventRecord: CallDesc = CallDesc {
-        wire: 278u32,
+        wire: 280u32,
         call: 259u32,
         name: "cuEventRecord",
         form: None,
@@ -57276,7 +57364,7 @@ pub mod driver {
         },
     };
     pub static cuEventRecordWithFlags: CallDesc = CallDesc {
-        wire: 279u32,
+        wire: 281u32,
         call: 260u32,
         name: "cuEventRecordWithFlags",
         form: None,
@@ -57306,7 +57394,7 @@ pub mod driver {
         },
     };
     pub static cuEventRecordWithFlags_ptsz: CallDesc = CallDesc {
-        wire: 280u32,
+        wire: 282u32,
         call: 261u32,
         name: "cuEventRecordWithFlags_ptsz",
         form: None,
@@ -57336,7 +57424,7 @@ pub mod driver {
         },
     };
     pub static cuEventRecord_ptsz: CallDesc = CallDesc {
-        wire: 281u32,
+        wire: 283u32,
         call: 262u32,
         name: "cuEventRecord_ptsz",
         form: None,
@@ -57362,7 +57450,7 @@ pub mod driver {
         },
     };
     pub static cuEventSynchronize: CallDesc = CallDesc {
-        wire: 282u32,
+        wire: 284u32,
         call: 263u32,
         name: "cuEventSynchronize",
         form: None,
@@ -57384,7 +57472,7 @@ pub mod driver {
         },
     };
     pub static cuExternalMemoryGetMappedBuffer: CallDesc = CallDesc {
-        wire: 283u32,
+        wire: 285u32,
         call: 264u32,
         name: "cuExternalMemoryGetMappedBuffer",
         form: None,
@@ -57418,7 +57506,7 @@ pub mod driver {
         },
     };
     pub static cuExternalMemoryGetMappedMipmappedArray: CallDesc = CallDesc {
-        wire: 284u32,
+        wire: 286u32,
         call: 265u32,
         name: "cuExternalMemoryGetMappedMipmappedArray",
         form: None,
@@ -57447,7 +57535,7 @@ pub mod driver {
         },
     };
     pub static cuFlushGPUDirectRDMAWrites: CallDesc = CallDesc {
-        wire: 285u32,
+        wire: 287u32,
         call: 266u32,
         name: "cuFlushGPUDirectRDMAWrites",
         form: None,
@@ -57473,7 +57561,7 @@ pub mod driver {
         },
     };
     pub static cuFuncGetAttribute: CallDesc = CallDesc {
-        wire: 286u32,
+        wire: 288u32,
         call: 267u32,
         name: "cuFuncGetAttribute",
         form: None,
@@ -57505,7 +57593,7 @@ pub mod driver {
         },
     };
     pub static cuFuncGetModule: CallDesc = CallDesc {
-        wire: 287u32,
+        wire: 289u32,
         call: 268u32,
         name: "cuFuncGetModule",
         form: None,
@@ -57528,7 +57616,7 @@ pub mod driver {
         },
     };
     pub static cuFuncIsLoaded: CallDesc = CallDesc {
-        wire: 288u32,
+        wire: 290u32,
         call: 269u32,
         name: "cuFuncIsLoaded",
         form: None,
@@ -57556,7 +57644,7 @@ pub mod driver {
         },
     };
     pub static cuFuncLoad: CallDesc = CallDesc {
-        wire: 289u32,
+        wire: 291u32,
         call: 270u32,
         name: "cuFuncLoad",
         form: None,
@@ -57578,7 +57666,7 @@ pub mod driver {
         },
     };
     pub static cuFuncSetAttribute: CallDesc = CallDesc {
-        wire: 290u32,
+        wire: 292u32,
         call: 271u32,
         name: "cuFuncSetAttribute",
         form: None,
@@ -57608,7 +57696,7 @@ pub mod driver {
         },
     };
     pub static cuFuncSetBlockShape: CallDesc = CallDesc {
-        wire: 291u32,
+        wire: 293u32,
         call: 272u32,
         name: "cuFuncSetBlockShape",
         form: None,
@@ -57642,7 +57730,7 @@ pub mod driver {
         },
     };
     pub static cuFuncSetCacheConfig: CallDesc = CallDesc {
-        wire: 292u32,
+        wire: 294u32,
         call: 273u32,
         name: "cuFuncSetCacheConfig",
         form: None,
@@ -57668,7 +57756,7 @@ pub mod driver {
         },
     };
     pub static cuFuncSetSharedMemConfig: CallDesc = CallDesc {
-        wire: 293u32,
+        wire: 295u32,
         call: 274u32,
         name: "cuFuncSetSharedMemConfig",
         form: None,
@@ -57694,7 +57782,7 @@ pub mod driver {
         },
     };
     pub static cuFuncSetSharedSize: CallDesc = CallDesc {
-        wire: 294u32,
+        wire: 296u32,
         call: 275u32,
         name: "cuFuncSetSharedSize",
         form: None,
@@ -57720,7 +57808,7 @@ pub mod driver {
         },
     };
     pub static cuGraphChildGraphNodeGetGraph: CallDesc = CallDesc {
-        wire: 295u32,
+        wire: 297u32,
         call: 276u32,
         name: "cuGraphChildGraphNodeGetGraph",
         form: None,
@@ -57743,7 +57831,7 @@ pub mod driver {
         },
     };
     pub static cuGraphClone: CallDesc = CallDesc {
-        wire: 296u32,
+        wire: 298u32,
         call: 277u32,
         name: "cuGraphClone",
         form: None,
@@ -57766,7 +57854,7 @@ pub mod driver {
         },
     };
     pub static cuGraphConditionalHandleCreate: CallDesc = CallDesc {
-        wire: 297u32,
+        wire: 299u32,
         call: 278u32,
         name: "cuGraphConditionalHandleCreate",
         form: None,
@@ -57806,7 +57894,7 @@ pub mod driver {
         },
     };
     pub static cuGraphCreate: CallDesc = CallDesc {
-        wire: 298u32,
+        wire: 300u32,
         call: 279u32,
         name: "cuGraphCreate",
         form: None,
@@ -57829,7 +57917,7 @@ pub mod driver {
         },
     };
     pub static cuGraphDestroy: CallDesc = CallDesc {
-        wire: 299u32,
+        wire: 301u32,
         call: 280u32,
         name: "cuGraphDestroy",
         form: None,
@@ -57851,7 +57939,7 @@ pub mod driver {
         },
     };
     pub static cuGraphDestroyNode: CallDesc = CallDesc {
-        wire: 300u32,
+        wire: 302u32,
         call: 281u32,
         name: "cuGraphDestroyNode",
         form: None,
@@ -57873,7 +57961,7 @@ pub mod driver {
         },
     };
     pub static cuGraphEventRecordNodeGetEvent: CallDesc = CallDesc {
-        wire: 301u32,
+        wire: 303u32,
         call: 282u32,
         name: "cuGraphEventRecordNodeGetEvent",
         form: None,
@@ -57896,7 +57984,7 @@ pub mod driver {
         },
     };
     pub static cuGraphEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 302u32,
+        wire: 304u32,
         call: 283u32,
         name: "cuGraphEventRecordNodeSetEvent",
         form: None,
@@ -57922,7 +58010,7 @@ pub mod driver {
         },
     };
     pub static cuGraphEventWaitNodeGetEvent: CallDesc = CallDesc {
-        wire: 303u32,
+        wire: 305u32,
         call: 284u32,
         name: "cuGraphEventWaitNodeGetEvent",
         form: None,
@@ -57945,7 +58033,7 @@ pub mod driver {
         },
     };
     pub static cuGraphEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 304u32,
+        wire: 306u32,
         call: 285u32,
         name: "cuGraphEventWaitNodeSetEvent",
         form: None,
@@ -57971,7 +58059,7 @@ pub mod driver {
         },
     };
     pub static cuGraphExecChildGraphNodeSetParams: CallDesc = CallDesc {
-        wire: 305u32,
+        wire: 307u32,
         call: 286u32,
         name: "cuGraphExecChildGraphNodeSetParams",
         form: None,
@@ -58001,7 +58089,7 @@ pub mod driver {
         },
     };
     pub static cuGraphExecDestroy: CallDesc = CallDesc {
-        wire: 306u32,
+        wire: 308u32,
         call: 287u32,
         name: "cuGraphExecDestroy",
         form: None,
@@ -58023,7 +58111,7 @@ pub mod driver {
         },
     };
     pub static cuGraphExecEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 307u32,
+        wire: 309u32,
         call: 288u32,
         name: "cuGraphExecEventRecordNodeSetEvent",
         form: None,
@@ -58053,7 +58141,7 @@ pub mod driver {
         },
     };
     pub static cuGraphExecEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 308u32,
+        wire: 310u32,
         call: 289u32,
         name: "cuGraphExecEventWaitNodeSetEvent",
         form: None,
@@ -58083,7 +58171,7 @@ pub mod driver {
         },
     };
     pub static cuGraphExecGetFlags: CallDesc = CallDesc {
-        wire: 309u32,
+        wire: 311u32,
         call: 290u32,
         name: "cuGraphExecGetFlags",
         form: None,
@@ -58111,7 +58199,7 @@ pub mod driver {
         },
     };
     pub static cuGraphExecGetId: CallDesc = CallDesc {
-        wire: 310u32,
+        wire: 312u32,
         call: 291u32,
         name: "cuGraphExecGetId",
         form: None,
@@ -58139,7 +58227,7 @@ pub mod driver {
         },
     };
     pub static cuGraphExecMemsetNodeSetParams: CallDesc = CallDesc {
-        wire: 311u32,
+        wire: 313u32,
         call: 292u32,
         name: "cuGraphExecMemsetNodeSetParams",
         form: None,
@@ -58175,7 +58263,7 @@ pub mod driver {
         },
     };
     pub static cuGraphExecUpdate: CallDesc = CallDesc {
-        wire: 312u32,
+        wire: 314u32,
         call: 293u32,
         name: "cuGraphExecUpdate",
         form: None,
@@ -58208,7 +58296,7 @@ pub mod driver {
         },
     };
     pub static cuGraphGetEdges: CallDesc = CallDesc {
-        wire: 313u32,
+        wire: 315u32,
         call: 294u32,
         name: "cuGraphGetEdges",
         form: None,
@@ -58238,7 +58326,7 @@ pub mod driver {
         },
     };
     pub static cuGraphGetId: CallDesc = CallDesc {
-        wire: 314u32,
+        wire: 316u32,
         call: 295u32,
         name: "cuGraphGetId",
         form: None,
@@ -58266,7 +58354,7 @@ pub mod driver {
         },
     };
     pub static cuGraphGetNodes: CallDesc = CallDesc {
-        wire: 315u32,
+        wire: 317u32,
         call: 296u32,
         name: "cuGraphGetNodes",
         form: None,
@@ -58295,7 +58383,7 @@ pub mod driver {
         },
     };
     pub static cuGraphGetRootNodes: CallDesc = CallDesc {
-        wire: 316u32,
+        wire: 318u32,
         call: 297u32,
         name: "cuGraphGetRootNodes",
         form: None,
@@ -58324,7 +58412,7 @@ pub mod driver {
         },
     };
     pub static cuGraphInstantiateWithFlags: CallDesc = CallDesc {
-        wire: 317u32,
+        wire: 319u32,
         call: 298u32,
         name: "cuGraphInstantiateWithFlags",
         form: None,
@@ -58351,7 +58439,7 @@ pub mod driver {
         },
     };
     pub static cuGraphKernelNodeCopyAttributes: CallDesc = CallDesc {
-        wire: 318u32,
+        wire: 320u32,
         call: 299u32,
         name: "cuGraphKernelNodeCopyAttributes",
         form: None,
@@ -58377,7 +58465,7 @@ pub mod driver {
         },
     };
     pub static cuGraphLaunch: CallDesc = CallDesc {
-        wire: 319u32,
+        wire: 321u32,
         call: 300u32,
         name: "cuGraphLaunch",
         form: None,
@@ -58403,7 +58491,7 @@ pub mod driver {
         },
     };
     pub static cuGraphLaunch_ptsz: CallDesc = CallDesc {
-        wire: 320u32,
+        wire: 322u32,
         call: 301u32,
         name: "cuGraphLaunch_ptsz",
         form: None,
@@ -58429,7 +58517,7 @@ pub mod driver {
         },
     };
     pub static cuGraphMemFreeNodeGetParams: CallDesc = CallDesc {
-        wire: 321u32,
+        wire: 323u32,
         call: 302u32,
         name: "cuGraphMemFreeNodeGetParams",
         form: None,
@@ -58457,7 +58545,7 @@ pub mod driver {
         },
     };
     pub static cuGraphMemsetNodeSetParams: CallDesc = CallDesc {
-        wire: 322u32,
+        wire: 324u32,
         call: 303u32,
         name: "cuGraphMemsetNodeSetParams",
         form: None,
@@ -58485,7 +58573,7 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeFindInClone: CallDesc = CallDesc {
-        wire: 323u32,
+        wire: 325u32,
         call: 304u32,
         name: "cuGraphNodeFindInClone",
         form: None,
@@ -58512,7 +58600,7 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetContainingGraph: CallDesc = CallDesc {
-        wire: 324u32,
+        wire: 326u32,
         call: 305u32,
         name: "cuGraphNodeGetContainingGraph",
         form: None,
@@ -58535,7 +58623,7 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetDependencies: CallDesc = CallDesc {
-        wire: 325u32,
+        wire: 327u32,
         call: 306u32,
         name: "cuGraphNodeGetDependencies",
         form: None,
@@ -58564,7 +58652,7 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetDependentNodes: CallDesc = CallDesc {
-        wire: 326u32,
+        wire: 328u32,
         call: 307u32,
         name: "cuGraphNodeGetDependentNodes",
         form: None,
@@ -58593,7 +58681,7 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetEnabled: CallDesc = CallDesc {
-        wire: 327u32,
+        wire: 329u32,
         call: 308u32,
         name: "cuGraphNodeGetEnabled",
         form: None,
@@ -58625,7 +58713,7 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetLocalId: CallDesc = CallDesc {
-        wire: 328u32,
+        wire: 330u32,
         call: 309u32,
         name: "cuGraphNodeGetLocalId",
         form: None,
@@ -58653,7 +58741,7 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetToolsId: CallDesc = CallDesc {
-        wire: 329u32,
+        wire: 331u32,
         call: 310u32,
         name: "cuGraphNodeGetToolsId",
         form: None,
@@ -58681,7 +58769,7 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetType: CallDesc = CallDesc {
-        wire: 330u32,
+        wire: 332u32,
         call: 311u32,
         name: "cuGraphNodeGetType",
         form: None,
@@ -58709,7 +58797,7 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeSetEnabled: CallDesc = CallDesc {
-        wire: 331u32,
+        wire: 333u32,
         call: 312u32,
         name: "cuGraphNodeSetEnabled",
         form: None,
@@ -58739,7 +58827,7 @@ pub mod driver {
         },
     };
     pub static cuGraphReleaseUserObject: CallDesc = CallDesc {
-        wire: 332u32,
+        wire: 334u32,
         call: 313u32,
         name: "cuGraphReleaseUserObject",
         form: None,
@@ -58769,7 +58857,7 @@ pub mod driver {
         },
     };
     pub static cuGraphRetainUserObject: CallDesc = CallDesc {
-        wire: 333u32,
+        wire: 335u32,
         call: 314u32,
         name: "cuGraphRetainUserObject",
         form: None,
@@ -58803,7 +58891,7 @@ pub mod driver {
         },
     };
     pub static cuGraphUpload: CallDesc = CallDesc {
-        wire: 334u32,
+        wire: 336u32,
         call: 315u32,
         name: "cuGraphUpload",
         form: None,
@@ -58829,7 +58917,7 @@ pub mod driver {
         },
     };
     pub static cuGraphUpload_ptsz: CallDesc = CallDesc {
-        wire: 335u32,
+        wire: 337u32,
         call: 316u32,
         name: "cuGraphUpload_ptsz",
         form: None,
@@ -58855,7 +58943,7 @@ pub mod driver {
         },
     };
     pub static cuGraphicsMapResources: CallDesc = CallDesc {
-        wire: 336u32,
+        wire: 338u32,
         call: 317u32,
         name: "cuGraphicsMapResources",
         form: None,
@@ -58882,7 +58970,7 @@ pub mod driver {
         },
     };
     pub static cuGraphicsMapResources_ptsz: CallDesc = CallDesc {
-        wire: 337u32,
+        wire: 339u32,
         call: 318u32,
         name: "cuGraphicsMapResources_ptsz",
         form: None,
@@ -58909,7 +58997,7 @@ pub mod driver {
         },
     };
     pub static cuGraphicsResourceGetMappedMipmappedArray: CallDesc = CallDesc {
-        wire: 338u32,
+        wire: 340u32,
         call: 319u32,
         name: "cuGraphicsResourceGetMappedMipmappedArray",
         form: None,
@@ -58932,7 +59020,7 @@ pub mod driver {
         },
     };
     pub static cuGraphicsResourceSetMapFlags: CallDesc = CallDesc {
-        wire: 339u32,
+        wire: 341u32,
         call: 320u32,
         name: "cuGraphicsResourceSetMapFlags",
         form: None,
@@ -58958,7 +59046,7 @@ pub mod driver {
         },
     };
     pub static cuGraphicsResourceSetMapFlags_v2: CallDesc = CallDesc {
-        wire: 340u32,
+        wire: 342u32,
         call: 321u32,
         name: "cuGraphicsResourceSetMapFlags_v2",
         form: None,
@@ -58984,7 +59072,7 @@ pub mod driver {
         },
     };
     pub static cuGraphicsSubResourceGetMappedArray: CallDesc = CallDesc {
-        wire: 341u32,
+        wire: 343u32,
         call: 322u32,
         name: "cuGraphicsSubResourceGetMappedArray",
         form: None,
@@ -59015,7 +59103,7 @@ pub mod driver {
         },
     };
     pub static cuGraphicsUnmapResources: CallDesc = CallDesc {
-        wire: 342u32,
+        wire: 344u32,
         call: 323u32,
         name: "cuGraphicsUnmapResources",
         form: None,
@@ -59042,7 +59130,7 @@ pub mod driver {
         },
     };
     pub static cuGraphicsUnmapResources_ptsz: CallDesc = CallDesc {
-        wire: 343u32,
+        wire: 345u32,
         call: 324u32,
         name: "cuGraphicsUnmapResources_ptsz",
         form: None,
@@ -59069,7 +59157,7 @@ pub mod driver {
         },
     };
     pub static cuGraphicsUnregisterResource: CallDesc = CallDesc {
-        wire: 344u32,
+        wire: 346u32,
         call: 325u32,
         name: "cuGraphicsUnregisterResource",
         form: None,
@@ -59091,7 +59179,7 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxCreate: CallDesc = CallDesc {
-        wire: 345u32,
+        wire: 347u32,
         call: 326u32,
         name: "cuGreenCtxCreate",
         form: None,
@@ -59122,7 +59210,7 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxDestroy: CallDesc = CallDesc {
-        wire: 346u32,
+        wire: 348u32,
         call: 327u32,
         name: "cuGreenCtxDestroy",
         form: None,
@@ -59144,7 +59232,7 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxGetId: CallDesc = CallDesc {
-        wire: 347u32,
+        wire: 349u32,
         call: 328u32,
         name: "cuGreenCtxGetId",
         form: None,
@@ -59172,7 +59260,7 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxRecordEvent: CallDesc = CallDesc {
-        wire: 348u32,
+        wire: 350u32,
         call: 329u32,
         name: "cuGreenCtxRecordEvent",
         form: None,
@@ -59198,7 +59286,7 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxStreamCreate: CallDesc = CallDesc {
-        wire: 349u32,
+        wire: 351u32,
         call: 330u32,
         name: "cuGreenCtxStreamCreate",
         form: None,
@@ -59229,7 +59317,7 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxWaitEvent: CallDesc = CallDesc {
-        wire: 350u32,
+        wire: 352u32,
         call: 331u32,
         name: "cuGreenCtxWaitEvent",
         form: None,
@@ -59255,7 +59343,7 @@ pub mod driver {
         },
     };
     pub static cuInit: CallDesc = CallDesc {
-        wire: 351u32,
+        wire: 353u32,
         call: 332u32,
         name: "cuInit",
         form: None,
@@ -59277,7 +59365,7 @@ pub mod driver {
         },
     };
     pub static cuIpcCloseMemHandle: CallDesc = CallDesc {
-        wire: 352u32,
+        wire: 354u32,
         call: 333u32,
         name: "cuIpcCloseMemHandle",
         form: None,
@@ -59299,7 +59387,7 @@ pub mod driver {
         },
     };
     pub static cuIpcOpenEventHandle: CallDesc = CallDesc {
-        wire: 353u32,
+        wire: 355u32,
         call: 334u32,
         name: "cuIpcOpenEventHandle",
         form: None,
@@ -59316,7 +59404,7 @@ pub mod driver {
         },
     };
     pub static cuIpcOpenMemHandle: CallDesc = CallDesc {
-        wire: 354u32,
+        wire: 356u32,
         call: 335u32,
         name: "cuIpcOpenMemHandle",
         form: None,
@@ -59345,7 +59433,7 @@ pub mod driver {
         },
     };
     pub static cuIpcOpenMemHandle_v2: CallDesc = CallDesc {
-        wire: 355u32,
+        wire: 357u32,
         call: 336u32,
         name: "cuIpcOpenMemHandle_v2",
         form: None,
@@ -59374,7 +59462,7 @@ pub mod driver {
         },
     };
     pub static cuKernelGetAttribute: CallDesc = CallDesc {
-        wire: 356u32,
+        wire: 358u32,
         call: 337u32,
         name: "cuKernelGetAttribute",
         form: None,
@@ -59410,7 +59498,7 @@ pub mod driver {
         },
     };
     pub static cuKernelGetFunction: CallDesc = CallDesc {
-        wire: 357u32,
+        wire: 359u32,
         call: 338u32,
         name: "cuKernelGetFunction",
         form: None,
@@ -59433,7 +59521,7 @@ pub mod driver {
         },
     };
     pub static cuKernelGetLibrary: CallDesc = CallDesc {
-        wire: 358u32,
+        wire: 360u32,
         call: 339u32,
         name: "cuKernelGetLibrary",
         form: None,
@@ -59456,7 +59544,7 @@ pub mod driver {
         },
     };
     pub static cuKernelSetAttribute: CallDesc = CallDesc {
-        wire: 359u32,
+        wire: 361u32,
         call: 340u32,
         name: "cuKernelSetAttribute",
         form: None,
@@ -59490,7 +59578,7 @@ pub mod driver {
         },
     };
     pub static cuKernelSetCacheConfig: CallDesc = CallDesc {
-        wire: 360u32,
+        wire: 362u32,
         call: 341u32,
         name: "cuKernelSetCacheConfig",
         form: None,
@@ -59520,7 +59608,7 @@ pub mod driver {
         },
     };
     pub static cuLaunch: CallDesc = CallDesc {
-        wire: 361u32,
+        wire: 363u32,
         call: 342u32,
         name: "cuLaunch",
         form: None,
@@ -59542,7 +59630,7 @@ pub mod driver {
         },
     };
     pub static cuLaunchGrid: CallDesc = CallDesc {
-        wire: 362u32,
+        wire: 364u32,
         call: 343u32,
         name: "cuLaunchGrid",
         form: None,
@@ -59572,7 +59660,7 @@ pub mod driver {
         },
     };
     pub static cuLaunchGridAsync: CallDesc = CallDesc {
-        wire: 363u32,
+        wire: 365u32,
         call: 344u32,
         name: "cuLaunchGridAsync",
         form: None,
@@ -59606,7 +59694,7 @@ pub mod driver {
         },
     };
     pub static cuLaunchHostFunc__host: CallDesc = CallDesc {
-        wire: 364u32,
+        wire: 366u32,
         call: 345u32,
         name: "cuLaunchHostFunc",
         form: Some("host"),
@@ -59636,7 +59724,7 @@ pub mod driver {
         },
     };
     pub static cuLaunchHostFunc_ptsz__host: CallDesc = CallDesc {
-        wire: 365u32,
+        wire: 367u32,
         call: 346u32,
         name: "cuLaunchHostFunc_ptsz",
         form: Some("host"),
@@ -59666,7 +59754,7 @@ pub mod driver {
         },
     };
     pub static cuLibraryEnumerateKernels: CallDesc = CallDesc {
-        wire: 366u32,
+        wire: 368u32,
         call: 347u32,
         name: "cuLibraryEnumerateKernels",
         form: None,
@@ -59693,7 +59781,7 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetGlobal: CallDesc = CallDesc {
-        wire: 367u32,
+        wire: 369u32,
         call: 348u32,
         name: "cuLibraryGetGlobal",
         form: None,
@@ -59728,7 +59816,7 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetKernel: CallDesc = CallDesc {
-        wire: 368u32,
+        wire: 370u32,
         call: 349u32,
         name: "cuLibraryGetKernel",
         form: None,
@@ -59752,7 +59840,7 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetKernelCount: CallDesc = CallDesc {
-        wire: 369u32,
+        wire: 371u32,
         call: 350u32,
         name: "cuLibraryGetKernelCount",
         form: None,
@@ -59780,7 +59868,7 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetManaged: CallDesc = CallDesc {
-        wire: 370u32,
+        wire: 372u32,
         call: 351u32,
         name: "cuLibraryGetManaged",
         form: None,
@@ -59815,7 +59903,7 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetModule: CallDesc = CallDesc {
-        wire: 371u32,
+        wire: 373u32,
         call: 352u32,
         name: "cuLibraryGetModule",
         form: None,
@@ -59838,7 +59926,7 @@ pub mod driver {
         },
     };
     pub static cuLibraryUnload: CallDesc = CallDesc {
-        wire: 372u32,
+        wire: 374u32,
         call: 353u32,
         name: "cuLibraryUnload",
         form: None,
@@ -59860,7 +59948,7 @@ pub mod driver {
         },
     };
     pub static cuLinkDestroy: CallDesc = CallDesc {
-        wire: 373u32,
+        wire: 375u32,
         call: 354u32,
         name: "cuLinkDestroy",
         form: None,
@@ -59882,7 +59970,7 @@ pub mod driver {
         },
     };
     pub static cuLogsCurrent: CallDesc = CallDesc {
-        wire: 374u32,
+        wire: 376u32,
         call: 355u32,
         name: "cuLogsCurrent",
         form: None,
@@ -59910,7 +59998,7 @@ pub mod driver {
         },
     };
     pub static cuLogsUnregisterCallback: CallDesc = CallDesc {
-        wire: 375u32,
+        wire: 377u32,
         call: 356u32,
         name: "cuLogsUnregisterCallback",
         form: None,
@@ -59932,7 +60020,7 @@ pub mod driver {
         },
     };
     pub static cuMemAddressFree: CallDesc = CallDesc {
-        wire: 376u32,
+        wire: 378u32,
         call: 357u32,
         name: "cuMemAddressFree",
         form: None,
@@ -59958,7 +60046,7 @@ pub mod driver {
         },
     };
     pub static cuMemAdvise: CallDesc = CallDesc {
-        wire: 377u32,
+        wire: 379u32,
         call: 358u32,
         name: "cuMemAdvise",
         form: None,
@@ -59992,7 +60080,7 @@ pub mod driver {
         },
     };
     pub static cuMemAdvise_v2: CallDesc = CallDesc {
-        wire: 378u32,
+        wire: 380u32,
         call: 359u32,
         name: "cuMemAdvise_v2",
         form: None,
@@ -60023,7 +60111,7 @@ pub mod driver {
         },
     };
     pub static cuMemAlloc_v2__call: CallDesc = CallDesc {
-        wire: 379u32,
+        wire: 381u32,
         call: 360u32,
         name: "cuMemAlloc_v2",
         form: Some("call"),
@@ -60051,7 +60139,7 @@ pub mod driver {
         },
     };
     pub static cuMemFree: CallDesc = CallDesc {
-        wire: 380u32,
+        wire: 382u32,
         call: 361u32,
         name: "cuMemFree",
         form: None,
@@ -60073,7 +60161,7 @@ pub mod driver {
         },
     };
     pub static cuMemFreeAsync: CallDesc = CallDesc {
-        wire: 381u32,
+        wire: 383u32,
         call: 362u32,
         name: "cuMemFreeAsync",
         form: None,
@@ -60099,7 +60187,7 @@ pub mod driver {
         },
     };
     pub static cuMemFreeAsync_ptsz: CallDesc = CallDesc {
-        wire: 382u32,
+        wire: 384u32,
         call: 363u32,
         name: "cuMemFreeAsync_ptsz",
         form: None,
@@ -60125,7 +60213,7 @@ pub mod driver {
         },
     };
     pub static cuMemFree_v2__call: CallDesc = CallDesc {
-        wire: 383u32,
+        wire: 385u32,
         call: 364u32,
         name: "cuMemFree_v2",
         form: Some("call"),
@@ -60147,7 +60235,7 @@ pub mod driver {
         },
     };
     pub static cuMemGetAccess: CallDesc = CallDesc {
-        wire: 384u32,
+        wire: 386u32,
         call: 365u32,
         name: "cuMemGetAccess",
         form: None,
@@ -60181,7 +60269,7 @@ pub mod driver {
         },
     };
     pub static cuMemGetInfo: CallDesc = CallDesc {
-        wire: 385u32,
+        wire: 387u32,
         call: 366u32,
         name: "cuMemGetInfo",
         form: None,
@@ -60211,7 +60299,7 @@ pub mod driver {
         },
     };
     pub static cuMemGetInfo_v2: CallDesc = CallDesc {
-        wire: 386u32,
+        wire: 388u32,
         call: 367u32,
         name: "cuMemGetInfo_v2",
         form: None,
@@ -60241,7 +60329,7 @@ pub mod driver {
         },
     };
     pub static cuMemMap: CallDesc = CallDesc {
-        wire: 387u32,
+        wire: 389u32,
         call: 368u32,
         name: "cuMemMap",
         form: None,
@@ -60279,7 +60367,7 @@ pub mod driver {
         },
     };
     pub static cuMemPoolDestroy: CallDesc = CallDesc {
-        wire: 388u32,
+        wire: 390u32,
         call: 369u32,
         name: "cuMemPoolDestroy",
         form: None,
@@ -60301,7 +60389,7 @@ pub mod driver {
         },
     };
     pub static cuMemPoolTrimTo: CallDesc = CallDesc {
-        wire: 389u32,
+        wire: 391u32,
         call: 370u32,
         name: "cuMemPoolTrimTo",
         form: None,
@@ -60327,7 +60415,7 @@ pub mod driver {
         },
     };
     pub static cuMemPrefetchAsync: CallDesc = CallDesc {
-        wire: 390u32,
+        wire: 392u32,
         call: 371u32,
         name: "cuMemPrefetchAsync",
         form: None,
@@ -60361,7 +60449,7 @@ pub mod driver {
         },
     };
     pub static cuMemPrefetchAsync_ptsz: CallDesc = CallDesc {
-        wire: 391u32,
+        wire: 393u32,
         call: 372u32,
         name: "cuMemPrefetchAsync_ptsz",
         form: None,
@@ -60395,7 +60483,7 @@ pub mod driver {
         },
     };
     pub static cuMemPrefetchAsync_v2: CallDesc = CallDesc {
-        wire: 392u32,
+        wire: 394u32,
         call: 373u32,
         name: "cuMemPrefetchAsync_v2",
         form: None,
@@ -60430,7 +60518,7 @@ pub mod driver {
         },
     };
     pub static cuMemPrefetchAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 393u32,
+        wire: 395u32,
         call: 374u32,
         name: "cuMemPrefetchAsync_v2_ptsz",
         form: None,
@@ -60465,7 +60553,7 @@ pub mod driver {
         },
     };
     pub static cuMemRelease: CallDesc = CallDesc {
-        wire: 394u32,
+        wire: 396u32,
         call: 375u32,
         name: "cuMemRelease",
         form: None,
@@ -60487,7 +60575,7 @@ pub mod driver {
         },
     };
     pub static cuMemUnmap: CallDesc = CallDesc {
-        wire: 395u32,
+        wire: 397u32,
         call: 376u32,
         name: "cuMemUnmap",
         form: None,
@@ -60513,7 +60601,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpy: CallDesc = CallDesc {
-        wire: 396u32,
+        wire: 398u32,
         call: 377u32,
         name: "cuMemcpy",
         form: None,
@@ -60543,7 +60631,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAsync: CallDesc = CallDesc {
-        wire: 397u32,
+        wire: 399u32,
         call: 378u32,
         name: "cuMemcpyAsync",
         form: None,
@@ -60577,7 +60665,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAsync_ptsz: CallDesc = CallDesc {
-        wire: 398u32,
+        wire: 400u32,
         call: 379u32,
         name: "cuMemcpyAsync_ptsz",
         form: None,
@@ -60611,7 +60699,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoA: CallDesc = CallDesc {
-        wire: 399u32,
+        wire: 401u32,
         call: 380u32,
         name: "cuMemcpyAtoA",
         form: None,
@@ -60649,7 +60737,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoA_v2: CallDesc = CallDesc {
-        wire: 400u32,
+        wire: 402u32,
         call: 381u32,
         name: "cuMemcpyAtoA_v2",
         form: None,
@@ -60687,7 +60775,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 401u32,
+        wire: 403u32,
         call: 382u32,
         name: "cuMemcpyAtoA_v2_ptds",
         form: None,
@@ -60725,7 +60813,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoD: CallDesc = CallDesc {
-        wire: 402u32,
+        wire: 404u32,
         call: 383u32,
         name: "cuMemcpyAtoD",
         form: None,
@@ -60759,7 +60847,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoD_v2: CallDesc = CallDesc {
-        wire: 403u32,
+        wire: 405u32,
         call: 384u32,
         name: "cuMemcpyAtoD_v2",
         form: None,
@@ -60793,7 +60881,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 404u32,
+        wire: 406u32,
         call: 385u32,
         name: "cuMemcpyAtoD_v2_ptds",
         form: None,
@@ -60827,7 +60915,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoA: CallDesc = CallDesc {
-        wire: 405u32,
+        wire: 407u32,
         call: 386u32,
         name: "cuMemcpyDtoA",
         form: None,
@@ -60861,7 +60949,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoA_v2: CallDesc = CallDesc {
-        wire: 406u32,
+        wire: 408u32,
         call: 387u32,
         name: "cuMemcpyDtoA_v2",
         form: None,
@@ -60895,7 +60983,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 407u32,
+        wire: 409u32,
         call: 388u32,
         name: "cuMemcpyDtoA_v2_ptds",
         form: None,
@@ -60929,7 +61017,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoD: CallDesc = CallDesc {
-        wire: 408u32,
+        wire: 410u32,
         call: 389u32,
         name: "cuMemcpyDtoD",
         form: None,
@@ -60959,7 +61047,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoDAsync: CallDesc = CallDesc {
-        wire: 409u32,
+        wire: 411u32,
         call: 390u32,
         name: "cuMemcpyDtoDAsync",
         form: None,
@@ -60993,7 +61081,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoDAsync_v2: CallDesc = CallDesc {
-        wire: 410u32,
+        wire: 412u32,
         call: 391u32,
         name: "cuMemcpyDtoDAsync_v2",
         form: None,
@@ -61027,7 +61115,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoDAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 411u32,
+        wire: 413u32,
         call: 392u32,
         name: "cuMemcpyDtoDAsync_v2_ptsz",
         form: None,
@@ -61061,7 +61149,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoD_v2: CallDesc = CallDesc {
-        wire: 412u32,
+        wire: 414u32,
         call: 393u32,
         name: "cuMemcpyDtoD_v2",
         form: None,
@@ -61091,7 +61179,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 413u32,
+        wire: 415u32,
         call: 394u32,
         name: "cuMemcpyDtoD_v2_ptds",
         form: None,
@@ -61121,7 +61209,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoHAsync_v2__call: CallDesc = CallDesc {
-        wire: 414u32,
+        wire: 416u32,
         call: 395u32,
         name: "cuMemcpyDtoHAsync_v2",
         form: Some("call"),
@@ -61157,7 +61245,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoHAsync_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 415u32,
+        wire: 417u32,
         call: 396u32,
         name: "cuMemcpyDtoHAsync_v2_ptsz",
         form: Some("call"),
@@ -61193,7 +61281,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoH_v2__call: CallDesc = CallDesc {
-        wire: 416u32,
+        wire: 418u32,
         call: 397u32,
         name: "cuMemcpyDtoH_v2",
         form: Some("call"),
@@ -61225,7 +61313,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoH_v2_ptds__call: CallDesc = CallDesc {
-        wire: 417u32,
+        wire: 419u32,
         call: 398u32,
         name: "cuMemcpyDtoH_v2_ptds",
         form: Some("call"),
@@ -61257,7 +61345,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyHtoDAsync_v2__call: CallDesc = CallDesc {
-        wire: 418u32,
+        wire: 420u32,
         call: 399u32,
         name: "cuMemcpyHtoDAsync_v2",
         form: Some("call"),
@@ -61293,7 +61381,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyHtoDAsync_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 419u32,
+        wire: 421u32,
         call: 400u32,
         name: "cuMemcpyHtoDAsync_v2_ptsz",
         form: Some("call"),
@@ -61329,7 +61417,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyHtoD_v2__call: CallDesc = CallDesc {
-        wire: 420u32,
+        wire: 422u32,
         call: 401u32,
         name: "cuMemcpyHtoD_v2",
         form: Some("call"),
@@ -61361,7 +61449,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyHtoD_v2_ptds__call: CallDesc = CallDesc {
-        wire: 421u32,
+        wire: 423u32,
         call: 402u32,
         name: "cuMemcpyHtoD_v2_ptds",
         form: Some("call"),
@@ -61393,7 +61481,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyPeer: CallDesc = CallDesc {
-        wire: 422u32,
+        wire: 424u32,
         call: 403u32,
         name: "cuMemcpyPeer",
         form: None,
@@ -61431,7 +61519,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyPeerAsync: CallDesc = CallDesc {
-        wire: 423u32,
+        wire: 425u32,
         call: 404u32,
         name: "cuMemcpyPeerAsync",
         form: None,
@@ -61473,7 +61561,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyPeerAsync_ptsz: CallDesc = CallDesc {
-        wire: 424u32,
+        wire: 426u32,
         call: 405u32,
         name: "cuMemcpyPeerAsync_ptsz",
         form: None,
@@ -61515,7 +61603,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpyPeer_ptds: CallDesc = CallDesc {
-        wire: 425u32,
+        wire: 427u32,
         call: 406u32,
         name: "cuMemcpyPeer_ptds",
         form: None,
@@ -61553,7 +61641,7 @@ pub mod driver {
         },
     };
     pub static cuMemcpy_ptds: CallDesc = CallDesc {
-        wire: 426u32,
+        wire: 428u32,
         call: 407u32,
         name: "cuMemcpy_ptds",
         form: None,
@@ -61583,7 +61671,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16: CallDesc = CallDesc {
-        wire: 427u32,
+        wire: 429u32,
         call: 408u32,
         name: "cuMemsetD16",
         form: None,
@@ -61613,7 +61701,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16Async: CallDesc = CallDesc {
-        wire: 428u32,
+        wire: 430u32,
         call: 409u32,
         name: "cuMemsetD16Async",
         form: None,
@@ -61647,7 +61735,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16Async_ptsz: CallDesc = CallDesc {
-        wire: 429u32,
+        wire: 431u32,
         call: 410u32,
         name: "cuMemsetD16Async_ptsz",
         form: None,
@@ -61681,7 +61769,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16_v2: CallDesc = CallDesc {
-        wire: 430u32,
+        wire: 432u32,
         call: 411u32,
         name: "cuMemsetD16_v2",
         form: None,
@@ -61711,7 +61799,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16_v2_ptds: CallDesc = CallDesc {
-        wire: 431u32,
+        wire: 433u32,
         call: 412u32,
         name: "cuMemsetD16_v2_ptds",
         form: None,
@@ -61741,7 +61829,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16: CallDesc = CallDesc {
-        wire: 432u32,
+        wire: 434u32,
         call: 413u32,
         name: "cuMemsetD2D16",
         form: None,
@@ -61779,7 +61867,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16Async: CallDesc = CallDesc {
-        wire: 433u32,
+        wire: 435u32,
         call: 414u32,
         name: "cuMemsetD2D16Async",
         form: None,
@@ -61821,7 +61909,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16Async_ptsz: CallDesc = CallDesc {
-        wire: 434u32,
+        wire: 436u32,
         call: 415u32,
         name: "cuMemsetD2D16Async_ptsz",
         form: None,
@@ -61863,7 +61951,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16_v2: CallDesc = CallDesc {
-        wire: 435u32,
+        wire: 437u32,
         call: 416u32,
         name: "cuMemsetD2D16_v2",
         form: None,
@@ -61901,7 +61989,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16_v2_ptds: CallDesc = CallDesc {
-        wire: 436u32,
+        wire: 438u32,
         call: 417u32,
         name: "cuMemsetD2D16_v2_ptds",
         form: None,
@@ -61939,7 +62027,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32: CallDesc = CallDesc {
-        wire: 437u32,
+        wire: 439u32,
         call: 418u32,
         name: "cuMemsetD2D32",
         form: None,
@@ -61977,7 +62065,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32Async: CallDesc = CallDesc {
-        wire: 438u32,
+        wire: 440u32,
         call: 419u32,
         name: "cuMemsetD2D32Async",
         form: None,
@@ -62019,7 +62107,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32Async_ptsz: CallDesc = CallDesc {
-        wire: 439u32,
+        wire: 441u32,
         call: 420u32,
         name: "cuMemsetD2D32Async_ptsz",
         form: None,
@@ -62061,7 +62149,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32_v2: CallDesc = CallDesc {
-        wire: 440u32,
+        wire: 442u32,
         call: 421u32,
         name: "cuMemsetD2D32_v2",
         form: None,
@@ -62099,7 +62187,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32_v2_ptds: CallDesc = CallDesc {
-        wire: 441u32,
+        wire: 443u32,
         call: 422u32,
         name: "cuMemsetD2D32_v2_ptds",
         form: None,
@@ -62137,7 +62225,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8: CallDesc = CallDesc {
-        wire: 442u32,
+        wire: 444u32,
         call: 423u32,
         name: "cuMemsetD2D8",
         form: None,
@@ -62175,7 +62263,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8Async: CallDesc = CallDesc {
-        wire: 443u32,
+        wire: 445u32,
         call: 424u32,
         name: "cuMemsetD2D8Async",
         form: None,
@@ -62217,7 +62305,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8Async_ptsz: CallDesc = CallDesc {
-        wire: 444u32,
+        wire: 446u32,
         call: 425u32,
         name: "cuMemsetD2D8Async_ptsz",
         form: None,
@@ -62259,7 +62347,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8_v2: CallDesc = CallDesc {
-        wire: 445u32,
+        wire: 447u32,
         call: 426u32,
         name: "cuMemsetD2D8_v2",
         form: None,
@@ -62297,7 +62385,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8_v2_ptds: CallDesc = CallDesc {
-        wire: 446u32,
+        wire: 448u32,
         call: 427u32,
         name: "cuMemsetD2D8_v2_ptds",
         form: None,
@@ -62335,7 +62423,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32: CallDesc = CallDesc {
-        wire: 447u32,
+        wire: 449u32,
         call: 428u32,
         name: "cuMemsetD32",
         form: None,
@@ -62365,7 +62453,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32Async: CallDesc = CallDesc {
-        wire: 448u32,
+        wire: 450u32,
         call: 429u32,
         name: "cuMemsetD32Async",
         form: None,
@@ -62399,7 +62487,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32Async_ptsz: CallDesc = CallDesc {
-        wire: 449u32,
+        wire: 451u32,
         call: 430u32,
         name: "cuMemsetD32Async_ptsz",
         form: None,
@@ -62433,7 +62521,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32_v2: CallDesc = CallDesc {
-        wire: 450u32,
+        wire: 452u32,
         call: 431u32,
         name: "cuMemsetD32_v2",
         form: None,
@@ -62463,7 +62551,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32_v2_ptds: CallDesc = CallDesc {
-        wire: 451u32,
+        wire: 453u32,
         call: 432u32,
         name: "cuMemsetD32_v2_ptds",
         form: None,
@@ -62493,7 +62581,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8: CallDesc = CallDesc {
-        wire: 452u32,
+        wire: 454u32,
         call: 433u32,
         name: "cuMemsetD8",
         form: None,
@@ -62523,7 +62611,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8Async: CallDesc = CallDesc {
-        wire: 453u32,
+        wire: 455u32,
         call: 434u32,
         name: "cuMemsetD8Async",
         form: None,
@@ -62557,7 +62645,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8Async_ptsz: CallDesc = CallDesc {
-        wire: 454u32,
+        wire: 456u32,
         call: 435u32,
         name: "cuMemsetD8Async_ptsz",
         form: None,
@@ -62591,7 +62679,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8_v2: CallDesc = CallDesc {
-        wire: 455u32,
+        wire: 457u32,
         call: 436u32,
         name: "cuMemsetD8_v2",
         form: None,
@@ -62621,7 +62709,7 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8_v2_ptds: CallDesc = CallDesc {
-        wire: 456u32,
+        wire: 458u32,
         call: 437u32,
         name: "cuMemsetD8_v2_ptds",
         form: None,
@@ -62651,7 +62739,7 @@ pub mod driver {
         },
     };
     pub static cuMipmappedArrayDestroy: CallDesc = CallDesc {
-        wire: 457u32,
+        wire: 459u32,
         call: 438u32,
         name: "cuMipmappedArrayDestroy",
         form: None,
@@ -62673,7 +62761,7 @@ pub mod driver {
         },
     };
     pub static cuMipmappedArrayGetLevel: CallDesc = CallDesc {
-        wire: 458u32,
+        wire: 460u32,
         call: 439u32,
         name: "cuMipmappedArrayGetLevel",
         form: None,
@@ -62700,7 +62788,7 @@ pub mod driver {
         },
     };
     pub static cuModuleEnumerateFunctions: CallDesc = CallDesc {
-        wire: 459u32,
+        wire: 461u32,
         call: 440u32,
         name: "cuModuleEnumerateFunctions",
         form: None,
@@ -62727,7 +62815,7 @@ pub mod driver {
         },
     };
     pub static cuModuleGetFunction: CallDesc = CallDesc {
-        wire: 460u32,
+        wire: 462u32,
         call: 441u32,
         name: "cuModuleGetFunction",
         form: None,
@@ -62751,7 +62839,7 @@ pub mod driver {
         },
     };
     pub static cuModuleGetFunctionCount: CallDesc = CallDesc {
-        wire: 461u32,
+        wire: 463u32,
         call: 442u32,
         name: "cuModuleGetFunctionCount",
         form: None,
@@ -62779,7 +62867,7 @@ pub mod driver {
         },
     };
     pub static cuModuleGetGlobal: CallDesc = CallDesc {
-        wire: 462u32,
+        wire: 464u32,
         call: 443u32,
         name: "cuModuleGetGlobal",
         form: None,
@@ -62814,7 +62902,7 @@ pub mod driver {
         },
     };
     pub static cuModuleGetGlobal_v2: CallDesc = CallDesc {
-        wire: 463u32,
+        wire: 465u32,
         call: 444u32,
         name: "cuModuleGetGlobal_v2",
         form: None,
@@ -62849,7 +62937,7 @@ pub mod driver {
         },
     };
     pub static cuModuleGetLoadingMode: CallDesc = CallDesc {
-        wire: 464u32,
+        wire: 466u32,
         call: 445u32,
         name: "cuModuleGetLoadingMode",
         form: None,
@@ -62873,7 +62961,7 @@ pub mod driver {
         },
     };
     pub static cuModuleGetSurfRef: CallDesc = CallDesc {
-        wire: 465u32,
+        wire: 467u32,
         call: 446u32,
         name: "cuModuleGetSurfRef",
         form: None,
@@ -62897,7 +62985,7 @@ pub mod driver {
         },
     };
     pub static cuModuleGetTexRef: CallDesc = CallDesc {
-        wire: 466u32,
+        wire: 468u32,
         call: 447u32,
         name: "cuModuleGetTexRef",
         form: None,
@@ -62921,7 +63009,7 @@ pub mod driver {
         },
     };
     pub static cuMulticastAddDevice: CallDesc = CallDesc {
-        wire: 467u32,
+        wire: 469u32,
         call: 448u32,
         name: "cuMulticastAddDevice",
         form: None,
@@ -62947,7 +63035,7 @@ pub mod driver {
         },
     };
     pub static cuMulticastBindAddr: CallDesc = CallDesc {
-        wire: 468u32,
+        wire: 470u32,
         call: 449u32,
         name: "cuMulticastBindAddr",
         form: None,
@@ -62985,7 +63073,7 @@ pub mod driver {
         },
     };
     pub static cuMulticastBindAddr_v2: CallDesc = CallDesc {
-        wire: 469u32,
+        wire: 471u32,
         call: 450u32,
         name: "cuMulticastBindAddr_v2",
         form: None,
@@ -63027,7 +63115,7 @@ pub mod driver {
         },
     };
     pub static cuMulticastBindMem: CallDesc = CallDesc {
-        wire: 470u32,
+        wire: 472u32,
         call: 451u32,
         name: "cuMulticastBindMem",
         form: None,
@@ -63069,7 +63157,7 @@ pub mod driver {
         },
     };
     pub static cuMulticastBindMem_v2: CallDesc = CallDesc {
-        wire: 471u32,
+        wire: 473u32,
         call: 452u32,
         name: "cuMulticastBindMem_v2",
         form: None,
@@ -63115,7 +63203,7 @@ pub mod driver {
         },
     };
     pub static cuMulticastCreate: CallDesc = CallDesc {
-        wire: 472u32,
+        wire: 474u32,
         call: 453u32,
         name: "cuMulticastCreate",
         form: None,
@@ -63145,7 +63233,7 @@ pub mod driver {
         },
     };
     pub static cuMulticastGetGranularity: CallDesc = CallDesc {
-        wire: 473u32,
+        wire: 475u32,
         call: 454u32,
         name: "cuMulticastGetGranularity",
         form: None,
@@ -63179,7 +63267,7 @@ pub mod driver {
         },
     };
     pub static cuMulticastUnbind: CallDesc = CallDesc {
-        wire: 474u32,
+        wire: 476u32,
         call: 455u32,
         name: "cuMulticastUnbind",
         form: None,
@@ -63213,7 +63301,7 @@ pub mod driver {
         },
     };
     pub static cuOccupancyMaxActiveBlocksPerMultiprocessor: CallDesc = CallDesc {
-        wire: 475u32,
+        wire: 477u32,
         call: 456u32,
         name: "cuOccupancyMaxActiveBlocksPerMultiprocessor",
         form: None,
@@ -63249,7 +63337,7 @@ pub mod driver {
         },
     };
     pub static cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags: CallDesc = CallDesc {
-        wire: 476u32,
+        wire: 478u32,
         call: 457u32,
         name: "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
         form: None,
@@ -63289,7 +63377,7 @@ pub mod driver {
         },
     };
     pub static cuParamSetSize: CallDesc = CallDesc {
-        wire: 477u32,
+        wire: 479u32,
         call: 458u32,
         name: "cuParamSetSize",
         form: None,
@@ -63315,7 +63403,7 @@ pub mod driver {
         },
     };
     pub static cuParamSetTexRef: CallDesc = CallDesc {
-        wire: 478u32,
+        wire: 480u32,
         call: 459u32,
         name: "cuParamSetTexRef",
         form: None,
@@ -63345,7 +63433,7 @@ pub mod driver {
         },
     };
     pub static cuParamSetf: CallDesc = CallDesc {
-        wire: 479u32,
+        wire: 481u32,
         call: 460u32,
         name: "cuParamSetf",
         form: None,
@@ -63375,7 +63463,7 @@ pub mod driver {
         },
     };
     pub static cuParamSeti: CallDesc = CallDesc {
-        wire: 480u32,
+        wire: 482u32,
         call: 461u32,
         name: "cuParamSeti",
         form: None,
@@ -63405,7 +63493,7 @@ pub mod driver {
         },
     };
     pub static cuStreamAttachMemAsync: CallDesc = CallDesc {
-        wire: 481u32,
+        wire: 483u32,
         call: 462u32,
         name: "cuStreamAttachMemAsync",
         form: None,
@@ -63439,7 +63527,7 @@ pub mod driver {
         },
     };
     pub static cuStreamAttachMemAsync_ptsz: CallDesc = CallDesc {
-        wire: 482u32,
+        wire: 484u32,
         call: 463u32,
         name: "cuStreamAttachMemAsync_ptsz",
         form: None,
@@ -63473,7 +63561,7 @@ pub mod driver {
         },
     };
     pub static cuStreamBeginCapture__call: CallDesc = CallDesc {
-        wire: 483u32,
+        wire: 485u32,
         call: 464u32,
         name: "cuStreamBeginCapture",
         form: Some("call"),
@@ -63495,7 +63583,7 @@ pub mod driver {
         },
     };
     pub static cuStreamBeginCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 484u32,
+        wire: 486u32,
         call: 465u32,
         name: "cuStreamBeginCapture_ptsz",
         form: Some("call"),
@@ -63517,7 +63605,7 @@ pub mod driver {
         },
     };
     pub static cuStreamBeginCapture_v2__call: CallDesc = CallDesc {
-        wire: 485u32,
+        wire: 487u32,
         call: 466u32,
         name: "cuStreamBeginCapture_v2",
         form: Some("call"),
@@ -63543,7 +63631,7 @@ pub mod driver {
         },
     };
     pub static cuStreamBeginCapture_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 486u32,
+        wire: 488u32,
         call: 467u32,
         name: "cuStreamBeginCapture_v2_ptsz",
         form: Some("call"),
@@ -63569,7 +63657,7 @@ pub mod driver {
         },
     };
     pub static cuStreamCopyAttributes: CallDesc = CallDesc {
-        wire: 487u32,
+        wire: 489u32,
         call: 468u32,
         name: "cuStreamCopyAttributes",
         form: None,
@@ -63595,7 +63683,7 @@ pub mod driver {
         },
     };
     pub static cuStreamCopyAttributes_ptsz: CallDesc = CallDesc {
-        wire: 488u32,
+        wire: 490u32,
         call: 469u32,
         name: "cuStreamCopyAttributes_ptsz",
         form: None,
@@ -63621,7 +63709,7 @@ pub mod driver {
         },
     };
     pub static cuStreamCreate: CallDesc = CallDesc {
-        wire: 489u32,
+        wire: 491u32,
         call: 470u32,
         name: "cuStreamCreate",
         form: None,
@@ -63644,7 +63732,7 @@ pub mod driver {
         },
     };
     pub static cuStreamCreateWithPriority: CallDesc = CallDesc {
-        wire: 490u32,
+        wire: 492u32,
         call: 471u32,
         name: "cuStreamCreateWithPriority",
         form: None,
@@ -63671,7 +63759,7 @@ pub mod driver {
         },
     };
     pub static cuStreamDestroy: CallDesc = CallDesc {
-        wire: 491u32,
+        wire: 493u32,
         call: 472u32,
         name: "cuStreamDestroy",
         form: None,
@@ -63693,7 +63781,7 @@ pub mod driver {
         },
     };
     pub static cuStreamDestroy_v2: CallDesc = CallDesc {
-        wire: 492u32,
+        wire: 494u32,
         call: 473u32,
         name: "cuStreamDestroy_v2",
         form: None,
@@ -63715,7 +63803,7 @@ pub mod driver {
         },
     };
     pub static cuStreamEndCapture__call: CallDesc = CallDesc {
-        wire: 493u32,
+        wire: 495u32,
         call: 474u32,
         name: "cuStreamEndCapture",
         form: Some("call"),
@@ -63738,7 +63826,7 @@ pub mod driver {
         },
     };
     pub static cuStreamEndCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 494u32,
+        wire: 496u32,
         call: 475u32,
         name: "cuStreamEndCapture_ptsz",
         form: Some("call"),
@@ -63761,7 +63849,7 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCaptureInfo: CallDesc = CallDesc {
-        wire: 495u32,
+        wire: 497u32,
         call: 476u32,
         name: "cuStreamGetCaptureInfo",
         form: None,
@@ -63795,7 +63883,7 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCaptureInfo_ptsz: CallDesc = CallDesc {
-        wire: 496u32,
+        wire: 498u32,
         call: 477u32,
         name: "cuStreamGetCaptureInfo_ptsz",
         form: None,
@@ -63829,7 +63917,7 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCtx: CallDesc = CallDesc {
-        wire: 497u32,
+        wire: 499u32,
         call: 478u32,
         name: "cuStreamGetCtx",
         form: None,
@@ -63852,7 +63940,7 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCtx_ptsz: CallDesc = CallDesc {
-        wire: 498u32,
+        wire: 500u32,
         call: 479u32,
         name: "cuStreamGetCtx_ptsz",
         form: None,
@@ -63875,7 +63963,7 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCtx_v2: CallDesc = CallDesc {
-        wire: 499u32,
+        wire: 501u32,
         call: 480u32,
         name: "cuStreamGetCtx_v2",
         form: None,
@@ -63899,7 +63987,7 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCtx_v2_ptsz: CallDesc = CallDesc {
-        wire: 500u32,
+        wire: 502u32,
         call: 481u32,
         name: "cuStreamGetCtx_v2_ptsz",
         form: None,
@@ -63923,7 +64011,7 @@ pub mod driver {
         },
     };
     pub static cuStreamGetDevice: CallDesc = CallDesc {
-        wire: 501u32,
+        wire: 503u32,
         call: 482u32,
         name: "cuStreamGetDevice",
         form: None,
@@ -63951,7 +64039,7 @@ pub mod driver {
         },
     };
     pub static cuStreamGetDevice_ptsz: CallDesc = CallDesc {
-        wire: 502u32,
+        wire: 504u32,
         call: 483u32,
         name: "cuStreamGetDevice_ptsz",
         form: None,
@@ -63979,7 +64067,7 @@ pub mod driver {
         },
     };
     pub static cuStreamGetFlags: CallDesc = CallDesc {
-        wire: 503u32,
+        wire: 505u32,
         call: 484u32,
         name: "cuStreamGetFlags",
         form: None,
@@ -64007,7 +64095,7 @@ pub mod driver {
         },
     };
     pub static cuStreamGetFlags_ptsz: CallDesc = CallDesc {
-        wire: 504u32,
+        wire: 506u32,
         call: 485u32,
         name: "cuStreamGetFlags_ptsz",
         form: None,
@@ -64035,7 +64123,7 @@ pub mod driver {
         },
     };
     pub static cuStreamGetGreenCtx: CallDesc = CallDesc {
-        wire: 505u32,
+        wire: 507u32,
         call: 486u32,
         name: "cuStreamGetGreenCtx",
         form: None,
@@ -64058,7 +64146,7 @@ pub mod driver {
         },
     };
     pub static cuStreamGetId: CallDesc = CallDesc {
-        wire: 506u32,
+        wire: 508u32,
         call: 487u32,
         name: "cuStreamGetId",
         form: None,
@@ -64086,7 +64174,7 @@ pub mod driver {
         },
     };
     pub static cuStreamGetId_ptsz: CallDesc = CallDesc {
-        wire: 507u32,
+        wire: 509u32,
         call: 488u32,
         name: "cuStreamGetId_ptsz",
         form: None,
@@ -64114,7 +64202,7 @@ pub mod driver {
         },
     };
     pub static cuStreamGetPriority: CallDesc = CallDesc {
-        wire: 508u32,
+        wire: 510u32,
         call: 489u32,
         name: "cuStreamGetPriority",
         form: None,
@@ -64142,7 +64230,7 @@ pub mod driver {
         },
     };
     pub static cuStreamGetPriority_ptsz: CallDesc = CallDesc {
-        wire: 509u32,
+        wire: 511u32,
         call: 490u32,
         name: "cuStreamGetPriority_ptsz",
         form: None,
@@ -64170,7 +64258,7 @@ pub mod driver {
         },
     };
     pub static cuStreamIsCapturing__call: CallDesc = CallDesc {
-        wire: 510u32,
+        wire: 512u32,
         call: 491u32,
         name: "cuStreamIsCapturing",
         form: Some("call"),
@@ -64198,7 +64286,7 @@ pub mod driver {
         },
     };
     pub static cuStreamIsCapturing_ptsz__call: CallDesc = CallDesc {
-        wire: 511u32,
+        wire: 513u32,
         call: 492u32,
         name: "cuStreamIsCapturing_ptsz",
         form: Some("call"),
@@ -64226,7 +64314,7 @@ pub mod driver {
         },
     };
     pub static cuStreamQuery: CallDesc = CallDesc {
-        wire: 512u32,
+        wire: 514u32,
         call: 493u32,
         name: "cuStreamQuery",
         form: None,
@@ -64248,7 +64336,7 @@ pub mod driver {
         },
     };
     pub static cuStreamQuery_ptsz: CallDesc = CallDesc {
-        wire: 513u32,
+        wire: 515u32,
         call: 494u32,
         name: "cuStreamQuery_ptsz",
         form: None,
@@ -64270,7 +64358,7 @@ pub mod driver {
         },
     };
     pub static cuStreamSynchronize: CallDesc = CallDesc {
-        wire: 514u32,
+        wire: 516u32,
         call: 495u32,
         name: "cuStreamSynchronize",
         form: None,
@@ -64292,7 +64380,7 @@ pub mod driver {
         },
     };
     pub static cuStreamSynchronize_ptsz: CallDesc = CallDesc {
-        wire: 515u32,
+        wire: 517u32,
         call: 496u32,
         name: "cuStreamSynchronize_ptsz",
         form: None,
@@ -64314,7 +64402,7 @@ pub mod driver {
         },
     };
     pub static cuStreamUpdateCaptureDependencies: CallDesc = CallDesc {
-        wire: 516u32,
+        wire: 518u32,
         call: 497u32,
         name: "cuStreamUpdateCaptureDependencies",
         form: None,
@@ -64345,7 +64433,7 @@ pub mod driver {
         },
     };
     pub static cuStreamUpdateCaptureDependencies_ptsz: CallDesc = CallDesc {
-        wire: 517u32,
+        wire: 519u32,
         call: 498u32,
         name: "cuStreamUpdateCaptureDependencies_ptsz",
         form: None,
@@ -64376,7 +64464,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitEvent: CallDesc = CallDesc {
-        wire: 518u32,
+        wire: 520u32,
         call: 499u32,
         name: "cuStreamWaitEvent",
         form: None,
@@ -64406,7 +64494,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitEvent_ptsz: CallDesc = CallDesc {
-        wire: 519u32,
+        wire: 521u32,
         call: 500u32,
         name: "cuStreamWaitEvent_ptsz",
         form: None,
@@ -64436,7 +64524,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue32: CallDesc = CallDesc {
-        wire: 520u32,
+        wire: 522u32,
         call: 501u32,
         name: "cuStreamWaitValue32",
         form: None,
@@ -64470,7 +64558,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue32_ptsz: CallDesc = CallDesc {
-        wire: 521u32,
+        wire: 523u32,
         call: 502u32,
         name: "cuStreamWaitValue32_ptsz",
         form: None,
@@ -64504,7 +64592,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue32_v2: CallDesc = CallDesc {
-        wire: 522u32,
+        wire: 524u32,
         call: 503u32,
         name: "cuStreamWaitValue32_v2",
         form: None,
@@ -64538,7 +64626,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 523u32,
+        wire: 525u32,
         call: 504u32,
         name: "cuStreamWaitValue32_v2_ptsz",
         form: None,
@@ -64572,7 +64660,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue64: CallDesc = CallDesc {
-        wire: 524u32,
+        wire: 526u32,
         call: 505u32,
         name: "cuStreamWaitValue64",
         form: None,
@@ -64606,7 +64694,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue64_ptsz: CallDesc = CallDesc {
-        wire: 525u32,
+        wire: 527u32,
         call: 506u32,
         name: "cuStreamWaitValue64_ptsz",
         form: None,
@@ -64640,7 +64728,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue64_v2: CallDesc = CallDesc {
-        wire: 526u32,
+        wire: 528u32,
         call: 507u32,
         name: "cuStreamWaitValue64_v2",
         form: None,
@@ -64674,7 +64762,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 527u32,
+        wire: 529u32,
         call: 508u32,
         name: "cuStreamWaitValue64_v2_ptsz",
         form: None,
@@ -64708,7 +64796,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue32: CallDesc = CallDesc {
-        wire: 528u32,
+        wire: 530u32,
         call: 509u32,
         name: "cuStreamWriteValue32",
         form: None,
@@ -64742,7 +64830,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue32_ptsz: CallDesc = CallDesc {
-        wire: 529u32,
+        wire: 531u32,
         call: 510u32,
         name: "cuStreamWriteValue32_ptsz",
         form: None,
@@ -64776,7 +64864,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue32_v2: CallDesc = CallDesc {
-        wire: 530u32,
+        wire: 532u32,
         call: 511u32,
         name: "cuStreamWriteValue32_v2",
         form: None,
@@ -64810,7 +64898,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 531u32,
+        wire: 533u32,
         call: 512u32,
         name: "cuStreamWriteValue32_v2_ptsz",
         form: None,
@@ -64844,7 +64932,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue64: CallDesc = CallDesc {
-        wire: 532u32,
+        wire: 534u32,
         call: 513u32,
         name: "cuStreamWriteValue64",
         form: None,
@@ -64878,7 +64966,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue64_ptsz: CallDesc = CallDesc {
-        wire: 533u32,
+        wire: 535u32,
         call: 514u32,
         name: "cuStreamWriteValue64_ptsz",
         form: None,
@@ -64912,7 +65000,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue64_v2: CallDesc = CallDesc {
-        wire: 534u32,
+        wire: 536u32,
         call: 515u32,
         name: "cuStreamWriteValue64_v2",
         form: None,
@@ -64946,7 +65034,7 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 535u32,
+        wire: 537u32,
         call: 516u32,
         name: "cuStreamWriteValue64_v2_ptsz",
         form: None,
@@ -64980,7 +65068,7 @@ pub mod driver {
         },
     };
     pub static cuSurfObjectDestroy: CallDesc = CallDesc {
-        wire: 536u32,
+        wire: 538u32,
         call: 517u32,
         name: "cuSurfObjectDestroy",
         form: None,
@@ -65002,7 +65090,7 @@ pub mod driver {
         },
     };
     pub static cuSurfRefGetArray: CallDesc = CallDesc {
-        wire: 537u32,
+        wire: 539u32,
         call: 518u32,
         name: "cuSurfRefGetArray",
         form: None,
@@ -65025,7 +65113,7 @@ pub mod driver {
         },
     };
     pub static cuSurfRefSetArray: CallDesc = CallDesc {
-        wire: 538u32,
+        wire: 540u32,
         call: 519u32,
         name: "cuSurfRefSetArray",
         form: None,
@@ -65055,7 +65143,7 @@ pub mod driver {
         },
     };
     pub static cuTexObjectDestroy: CallDesc = CallDesc {
-        wire: 539u32,
+        wire: 541u32,
         call: 520u32,
         name: "cuTexObjectDestroy",
         form: None,
@@ -65077,7 +65165,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefCreate: CallDesc = CallDesc {
-        wire: 540u32,
+        wire: 542u32,
         call: 521u32,
         name: "cuTexRefCreate",
         form: None,
@@ -65094,7 +65182,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefDestroy: CallDesc = CallDesc {
-        wire: 541u32,
+        wire: 543u32,
         call: 522u32,
         name: "cuTexRefDestroy",
         form: None,
@@ -65116,7 +65204,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetAddress: CallDesc = CallDesc {
-        wire: 542u32,
+        wire: 544u32,
         call: 523u32,
         name: "cuTexRefGetAddress",
         form: None,
@@ -65144,7 +65232,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetAddressMode: CallDesc = CallDesc {
-        wire: 543u32,
+        wire: 545u32,
         call: 524u32,
         name: "cuTexRefGetAddressMode",
         form: None,
@@ -65176,7 +65264,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetAddress_v2: CallDesc = CallDesc {
-        wire: 544u32,
+        wire: 546u32,
         call: 525u32,
         name: "cuTexRefGetAddress_v2",
         form: None,
@@ -65204,7 +65292,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetArray: CallDesc = CallDesc {
-        wire: 545u32,
+        wire: 547u32,
         call: 526u32,
         name: "cuTexRefGetArray",
         form: None,
@@ -65227,7 +65315,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetBorderColor: CallDesc = CallDesc {
-        wire: 546u32,
+        wire: 548u32,
         call: 527u32,
         name: "cuTexRefGetBorderColor",
         form: None,
@@ -65255,7 +65343,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetFilterMode: CallDesc = CallDesc {
-        wire: 547u32,
+        wire: 549u32,
         call: 528u32,
         name: "cuTexRefGetFilterMode",
         form: None,
@@ -65283,7 +65371,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetFlags: CallDesc = CallDesc {
-        wire: 548u32,
+        wire: 550u32,
         call: 529u32,
         name: "cuTexRefGetFlags",
         form: None,
@@ -65311,7 +65399,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 549u32,
+        wire: 551u32,
         call: 530u32,
         name: "cuTexRefGetMaxAnisotropy",
         form: None,
@@ -65339,7 +65427,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 550u32,
+        wire: 552u32,
         call: 531u32,
         name: "cuTexRefGetMipmapFilterMode",
         form: None,
@@ -65367,7 +65455,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 551u32,
+        wire: 553u32,
         call: 532u32,
         name: "cuTexRefGetMipmapLevelBias",
         form: None,
@@ -65395,7 +65483,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 552u32,
+        wire: 554u32,
         call: 533u32,
         name: "cuTexRefGetMipmapLevelClamp",
         form: None,
@@ -65429,7 +65517,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMipmappedArray: CallDesc = CallDesc {
-        wire: 553u32,
+        wire: 555u32,
         call: 534u32,
         name: "cuTexRefGetMipmappedArray",
         form: None,
@@ -65452,7 +65540,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress: CallDesc = CallDesc {
-        wire: 554u32,
+        wire: 556u32,
         call: 535u32,
         name: "cuTexRefSetAddress",
         form: None,
@@ -65488,7 +65576,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress2D: CallDesc = CallDesc {
-        wire: 555u32,
+        wire: 557u32,
         call: 536u32,
         name: "cuTexRefSetAddress2D",
         form: None,
@@ -65524,7 +65612,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress2D_v2: CallDesc = CallDesc {
-        wire: 556u32,
+        wire: 558u32,
         call: 537u32,
         name: "cuTexRefSetAddress2D_v2",
         form: None,
@@ -65560,7 +65648,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress2D_v3: CallDesc = CallDesc {
-        wire: 557u32,
+        wire: 559u32,
         call: 538u32,
         name: "cuTexRefSetAddress2D_v3",
         form: None,
@@ -65596,7 +65684,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddressMode: CallDesc = CallDesc {
-        wire: 558u32,
+        wire: 560u32,
         call: 539u32,
         name: "cuTexRefSetAddressMode",
         form: None,
@@ -65626,7 +65714,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress_v2: CallDesc = CallDesc {
-        wire: 559u32,
+        wire: 561u32,
         call: 540u32,
         name: "cuTexRefSetAddress_v2",
         form: None,
@@ -65662,7 +65750,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetArray: CallDesc = CallDesc {
-        wire: 560u32,
+        wire: 562u32,
         call: 541u32,
         name: "cuTexRefSetArray",
         form: None,
@@ -65692,7 +65780,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetBorderColor: CallDesc = CallDesc {
-        wire: 561u32,
+        wire: 563u32,
         call: 542u32,
         name: "cuTexRefSetBorderColor",
         form: None,
@@ -65720,7 +65808,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetFilterMode: CallDesc = CallDesc {
-        wire: 562u32,
+        wire: 564u32,
         call: 543u32,
         name: "cuTexRefSetFilterMode",
         form: None,
@@ -65746,7 +65834,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetFlags: CallDesc = CallDesc {
-        wire: 563u32,
+        wire: 565u32,
         call: 544u32,
         name: "cuTexRefSetFlags",
         form: None,
@@ -65772,7 +65860,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetFormat: CallDesc = CallDesc {
-        wire: 564u32,
+        wire: 566u32,
         call: 545u32,
         name: "cuTexRefSetFormat",
         form: None,
@@ -65802,7 +65890,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 565u32,
+        wire: 567u32,
         call: 546u32,
         name: "cuTexRefSetMaxAnisotropy",
         form: None,
@@ -65828,7 +65916,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 566u32,
+        wire: 568u32,
         call: 547u32,
         name: "cuTexRefSetMipmapFilterMode",
         form: None,
@@ -65854,7 +65942,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 567u32,
+        wire: 569u32,
         call: 548u32,
         name: "cuTexRefSetMipmapLevelBias",
         form: None,
@@ -65880,7 +65968,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 568u32,
+        wire: 570u32,
         call: 549u32,
         name: "cuTexRefSetMipmapLevelClamp",
         form: None,
@@ -65910,7 +65998,7 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMipmappedArray: CallDesc = CallDesc {
-        wire: 569u32,
+        wire: 571u32,
         call: 550u32,
         name: "cuTexRefSetMipmappedArray",
         form: None,
@@ -65940,7 +66028,7 @@ pub mod driver {
         },
     };
     pub static cuThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
-        wire: 570u32,
+        wire: 572u32,
         call: 551u32,
         name: "cuThreadExchangeStreamCaptureMode",
         form: None,
@@ -65964,7 +66052,7 @@ pub mod driver {
         },
     };
     pub static cuUserObjectRelease: CallDesc = CallDesc {
-        wire: 571u32,
+        wire: 573u32,
         call: 552u32,
         name: "cuUserObjectRelease",
         form: None,
@@ -65990,7 +66078,7 @@ pub mod driver {
         },
     };
     pub static cuUserObjectRetain: CallDesc = CallDesc {
-        wire: 572u32,
+        wire: 574u32,
         call: 553u32,
         name: "cuUserObjectRetain",
         form: None,
@@ -66019,7 +66107,7 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 1870u32,
+        wire: 1872u32,
         call: 1724u32,
         name: "ncclCommAbort",
         form: None,
@@ -66041,7 +66129,7 @@ pub mod nccl {
         },
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 1871u32,
+        wire: 1873u32,
         call: 1725u32,
         name: "ncclCommDestroy",
         form: None,
@@ -66063,7 +66151,7 @@ pub mod nccl {
         },
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 1872u32,
+        wire: 1874u32,
         call: 1726u32,
         name: "ncclCommFinalize",
         form: None,
@@ -66085,7 +66173,7 @@ pub mod nccl {
         },
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 1873u32,
+        wire: 1875u32,
         call: 1727u32,
         name: "ncclCommInitRank",
         form: None,
@@ -66113,7 +66201,7 @@ pub mod nccl {
         },
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 1874u32,
+        wire: 1876u32,
         call: 1728u32,
         name: "ncclCommRevoke",
         form: None,
@@ -66139,7 +66227,7 @@ pub mod nccl {
         },
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 1875u32,
+        wire: 1877u32,
         call: 1729u32,
         name: "ncclCommWindowDeregister",
         form: None,
@@ -66165,7 +66253,7 @@ pub mod nccl {
         },
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 1876u32,
+        wire: 1878u32,
         call: 1729u32,
         name: "ncclCommWindowDeregister",
         form: None,
@@ -66191,7 +66279,7 @@ pub mod nccl {
         },
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 1877u32,
+        wire: 1879u32,
         call: 1730u32,
         name: "ncclGroupEnd",
         form: None,
@@ -66208,7 +66296,7 @@ pub mod nccl {
         },
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 1878u32,
+        wire: 1880u32,
         call: 1731u32,
         name: "ncclGroupStart",
         form: None,
@@ -66225,7 +66313,7 @@ pub mod nccl {
         },
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 1879u32,
+        wire: 1881u32,
         call: 1732u32,
         name: "ncclRedOpDestroy",
         form: None,
@@ -66251,7 +66339,7 @@ pub mod nccl {
         },
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 1880u32,
+        wire: 1882u32,
         call: 1733u32,
         name: "ncclResetDebugInit",
         form: None,
@@ -66268,7 +66356,7 @@ pub mod nccl {
         },
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 1881u32,
+        wire: 1883u32,
         call: 1734u32,
         name: "pncclCommAbort",
         form: None,
@@ -66290,7 +66378,7 @@ pub mod nccl {
         },
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 1882u32,
+        wire: 1884u32,
         call: 1735u32,
         name: "pncclCommDestroy",
         form: None,
@@ -66312,7 +66400,7 @@ pub mod nccl {
         },
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 1883u32,
+        wire: 1885u32,
         call: 1736u32,
         name: "pncclCommFinalize",
         form: None,
@@ -66334,7 +66422,7 @@ pub mod nccl {
         },
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 1884u32,
+        wire: 1886u32,
         call: 1737u32,
         name: "pncclCommInitRank",
         form: None,
@@ -66362,7 +66450,7 @@ pub mod nccl {
         },
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 1885u32,
+        wire: 1887u32,
         call: 1738u32,
         name: "pncclCommRevoke",
         form: None,
@@ -66388,7 +66476,7 @@ pub mod nccl {
         },
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 1886u32,
+        wire: 1888u32,
         call: 1739u32,
         name: "pncclCommWindowDeregister",
         form: None,
@@ -66414,7 +66502,7 @@ pub mod nccl {
         },
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 1887u32,
+        wire: 1889u32,
         call: 1739u32,
         name: "pncclCommWindowDeregister",
         form: None,
@@ -66440,7 +66528,7 @@ pub mod nccl {
         },
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 1888u32,
+        wire: 1890u32,
         call: 1740u32,
         name: "pncclGroupEnd",
         form: None,
@@ -66457,7 +66545,7 @@ pub mod nccl {
         },
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 1889u32,
+        wire: 1891u32,
         call: 1741u32,
         name: "pncclGroupStart",
         form: None,
@@ -66474,7 +66562,7 @@ pub mod nccl {
         },
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 1890u32,
+        wire: 1892u32,
         call: 1742u32,
         name: "pncclRedOpDestroy",
         form: None,
@@ -66500,7 +66588,7 @@ pub mod nccl {
         },
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 1891u32,
+        wire: 1893u32,
         call: 1743u32,
         name: "pncclResetDebugInit",
         form: None,
@@ -66520,7 +66608,7 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 1839u32,
+        wire: 1841u32,
         call: 1693u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
@@ -66542,7 +66630,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 1840u32,
+        wire: 1842u32,
         call: 1694u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
@@ -66564,7 +66652,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 1841u32,
+        wire: 1843u32,
         call: 1695u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
@@ -66586,7 +66674,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 1842u32,
+        wire: 1844u32,
         call: 1696u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
@@ -66608,7 +66696,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 1843u32,
+        wire: 1845u32,
         call: 1697u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
@@ -66630,7 +66718,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 1844u32,
+        wire: 1846u32,
         call: 1698u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
@@ -66647,7 +66735,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 1845u32,
+        wire: 1847u32,
         call: 1699u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
@@ -66664,7 +66752,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 1846u32,
+        wire: 1848u32,
         call: 1700u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
@@ -66681,7 +66769,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 1847u32,
+        wire: 1849u32,
         call: 1701u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
@@ -66698,7 +66786,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 1848u32,
+        wire: 1850u32,
         call: 1702u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
@@ -66715,7 +66803,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 1849u32,
+        wire: 1851u32,
         call: 1703u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
@@ -66743,7 +66831,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 1850u32,
+        wire: 1852u32,
         call: 1704u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
@@ -66771,7 +66859,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 1851u32,
+        wire: 1853u32,
         call: 1705u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
@@ -66799,7 +66887,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 1852u32,
+        wire: 1854u32,
         call: 1706u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
@@ -66827,7 +66915,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 1853u32,
+        wire: 1855u32,
         call: 1707u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
@@ -66855,7 +66943,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 1854u32,
+        wire: 1856u32,
         call: 1708u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
@@ -66883,7 +66971,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 1855u32,
+        wire: 1857u32,
         call: 1709u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
@@ -66911,7 +66999,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 1856u32,
+        wire: 1858u32,
         call: 1710u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
@@ -66939,7 +67027,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 1857u32,
+        wire: 1859u32,
         call: 1711u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
@@ -66967,7 +67055,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 1858u32,
+        wire: 1860u32,
         call: 1712u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
@@ -66995,7 +67083,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 1859u32,
+        wire: 1861u32,
         call: 1713u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
@@ -67023,7 +67111,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 1860u32,
+        wire: 1862u32,
         call: 1714u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
@@ -67051,7 +67139,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 1861u32,
+        wire: 1863u32,
         call: 1715u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
@@ -67079,7 +67167,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 1862u32,
+        wire: 1864u32,
         call: 1716u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
@@ -67107,7 +67195,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 1863u32,
+        wire: 1865u32,
         call: 1717u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
@@ -67135,7 +67223,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 1864u32,
+        wire: 1866u32,
         call: 1718u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
@@ -67163,7 +67251,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 1865u32,
+        wire: 1867u32,
         call: 1719u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
@@ -67191,7 +67279,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 1866u32,
+        wire: 1868u32,
         call: 1720u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
@@ -67219,7 +67307,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 1867u32,
+        wire: 1869u32,
         call: 1721u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
@@ -67247,7 +67335,7 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 1868u32,
+        wire: 1870u32,
         call: 1722u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
@@ -67275,7 +67363,7 @@ pub mod nvjitlink {
         },
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 1869u32,
+        wire: 1871u32,
         call: 1723u32,
         name: "nvJitLinkVersion",
         form: None,
@@ -67308,7 +67396,7 @@ pub mod nvjitlink {
 pub mod nvml {
     use chidori_protocol::desc::*;
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 1482u32,
+        wire: 1484u32,
         call: 1336u32,
         name: "nvmlComputeInstanceDestroy",
         form: None,
@@ -67330,7 +67418,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 1483u32,
+        wire: 1485u32,
         call: 1337u32,
         name: "nvmlDeviceCcuGetStreamState",
         form: None,
@@ -67358,7 +67446,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 1484u32,
+        wire: 1486u32,
         call: 1338u32,
         name: "nvmlDeviceCcuSetStreamState",
         form: None,
@@ -67384,7 +67472,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1485u32,
+        wire: 1487u32,
         call: 1339u32,
         name: "nvmlDeviceClearAccountingPids",
         form: None,
@@ -67406,7 +67494,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 1486u32,
+        wire: 1488u32,
         call: 1340u32,
         name: "nvmlDeviceClearCpuAffinity",
         form: None,
@@ -67428,7 +67516,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 1487u32,
+        wire: 1489u32,
         call: 1341u32,
         name: "nvmlDeviceClearEccErrorCounts",
         form: None,
@@ -67454,7 +67542,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 1488u32,
+        wire: 1490u32,
         call: 1342u32,
         name: "nvmlDeviceCreateGpuInstance",
         form: None,
@@ -67481,7 +67569,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1489u32,
+        wire: 1491u32,
         call: 1343u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
         form: None,
@@ -67514,7 +67602,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1490u32,
+        wire: 1492u32,
         call: 1344u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
         form: None,
@@ -67548,7 +67636,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 1491u32,
+        wire: 1493u32,
         call: 1345u32,
         name: "nvmlDeviceGetAPIRestriction",
         form: None,
@@ -67580,7 +67668,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 1492u32,
+        wire: 1494u32,
         call: 1346u32,
         name: "nvmlDeviceGetAccountingBufferSize",
         form: None,
@@ -67608,7 +67696,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1493u32,
+        wire: 1495u32,
         call: 1347u32,
         name: "nvmlDeviceGetAccountingMode",
         form: None,
@@ -67636,7 +67724,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 1494u32,
+        wire: 1496u32,
         call: 1348u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
         form: None,
@@ -67664,7 +67752,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 1495u32,
+        wire: 1497u32,
         call: 1349u32,
         name: "nvmlDeviceGetApplicationsClock",
         form: None,
@@ -67696,7 +67784,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 1496u32,
+        wire: 1498u32,
         call: 1350u32,
         name: "nvmlDeviceGetArchitecture",
         form: None,
@@ -67724,7 +67812,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1497u32,
+        wire: 1499u32,
         call: 1351u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
         form: None,
@@ -67758,7 +67846,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 1498u32,
+        wire: 1500u32,
         call: 1352u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
@@ -67786,7 +67874,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 1499u32,
+        wire: 1501u32,
         call: 1353u32,
         name: "nvmlDeviceGetBrand",
         form: None,
@@ -67814,7 +67902,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 1500u32,
+        wire: 1502u32,
         call: 1354u32,
         name: "nvmlDeviceGetBusType",
         form: None,
@@ -67842,7 +67930,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 1501u32,
+        wire: 1503u32,
         call: 1355u32,
         name: "nvmlDeviceGetClock",
         form: None,
@@ -67878,7 +67966,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 1502u32,
+        wire: 1504u32,
         call: 1356u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
@@ -67910,7 +67998,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 1503u32,
+        wire: 1505u32,
         call: 1357u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
@@ -67938,7 +68026,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 1504u32,
+        wire: 1506u32,
         call: 1358u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
@@ -67966,7 +68054,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCount: CallDesc = CallDesc {
-        wire: 1505u32,
+        wire: 1507u32,
         call: 1359u32,
         name: "nvmlDeviceGetCount",
         form: None,
@@ -67990,7 +68078,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCount_v2: CallDesc = CallDesc {
-        wire: 1506u32,
+        wire: 1508u32,
         call: 1360u32,
         name: "nvmlDeviceGetCount_v2",
         form: None,
@@ -68014,7 +68102,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1507u32,
+        wire: 1509u32,
         call: 1361u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
@@ -68048,7 +68136,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1508u32,
+        wire: 1510u32,
         call: 1362u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
@@ -68076,7 +68164,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1509u32,
+        wire: 1511u32,
         call: 1363u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
@@ -68104,7 +68192,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1510u32,
+        wire: 1512u32,
         call: 1364u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
@@ -68132,7 +68220,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1511u32,
+        wire: 1513u32,
         call: 1365u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
@@ -68160,7 +68248,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1512u32,
+        wire: 1514u32,
         call: 1366u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
@@ -68194,7 +68282,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1513u32,
+        wire: 1515u32,
         call: 1367u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
@@ -68226,7 +68314,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1514u32,
+        wire: 1516u32,
         call: 1368u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
@@ -68254,7 +68342,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1515u32,
+        wire: 1517u32,
         call: 1369u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
@@ -68277,7 +68365,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1516u32,
+        wire: 1518u32,
         call: 1370u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
@@ -68305,7 +68393,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1517u32,
+        wire: 1519u32,
         call: 1371u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
@@ -68333,7 +68421,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1518u32,
+        wire: 1520u32,
         call: 1372u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
@@ -68367,7 +68455,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1519u32,
+        wire: 1521u32,
         call: 1373u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
@@ -68401,7 +68489,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1520u32,
+        wire: 1522u32,
         call: 1374u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
@@ -68435,7 +68523,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1521u32,
+        wire: 1523u32,
         call: 1375u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
@@ -68467,7 +68555,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1522u32,
+        wire: 1524u32,
         call: 1376u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
@@ -68501,7 +68589,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1523u32,
+        wire: 1525u32,
         call: 1377u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
@@ -68529,7 +68617,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1524u32,
+        wire: 1526u32,
         call: 1378u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
@@ -68561,7 +68649,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1525u32,
+        wire: 1527u32,
         call: 1379u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
@@ -68589,7 +68677,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1526u32,
+        wire: 1528u32,
         call: 1380u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
@@ -68621,7 +68709,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1527u32,
+        wire: 1529u32,
         call: 1381u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
@@ -68655,7 +68743,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1528u32,
+        wire: 1530u32,
         call: 1382u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
@@ -68683,7 +68771,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1529u32,
+        wire: 1531u32,
         call: 1383u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
@@ -68710,7 +68798,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1530u32,
+        wire: 1532u32,
         call: 1384u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
@@ -68738,7 +68826,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1531u32,
+        wire: 1533u32,
         call: 1385u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
@@ -68770,7 +68858,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 1532u32,
+        wire: 1534u32,
         call: 1386u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
@@ -68803,7 +68891,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1533u32,
+        wire: 1535u32,
         call: 1387u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
@@ -68831,7 +68919,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1534u32,
+        wire: 1536u32,
         call: 1388u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
@@ -68865,7 +68953,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 1535u32,
+        wire: 1537u32,
         call: 1389u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
@@ -68899,7 +68987,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1536u32,
+        wire: 1538u32,
         call: 1390u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
@@ -68922,7 +69010,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 1537u32,
+        wire: 1539u32,
         call: 1391u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
@@ -68945,7 +69033,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 1538u32,
+        wire: 1540u32,
         call: 1392u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
@@ -68962,7 +69050,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 1539u32,
+        wire: 1541u32,
         call: 1393u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
@@ -68979,7 +69067,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 1540u32,
+        wire: 1542u32,
         call: 1394u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
@@ -68996,7 +69084,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 1541u32,
+        wire: 1543u32,
         call: 1395u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
@@ -69013,7 +69101,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 1542u32,
+        wire: 1544u32,
         call: 1396u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
@@ -69038,7 +69126,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 1543u32,
+        wire: 1545u32,
         call: 1397u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
@@ -69066,7 +69154,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 1544u32,
+        wire: 1546u32,
         call: 1398u32,
         name: "nvmlDeviceGetIndex",
         form: None,
@@ -69094,7 +69182,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 1545u32,
+        wire: 1547u32,
         call: 1399u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
@@ -69122,7 +69210,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 1546u32,
+        wire: 1548u32,
         call: 1400u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
@@ -69150,7 +69238,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 1547u32,
+        wire: 1549u32,
         call: 1401u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
@@ -69184,7 +69272,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 1548u32,
+        wire: 1550u32,
         call: 1402u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
@@ -69218,7 +69306,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 1549u32,
+        wire: 1551u32,
         call: 1403u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
@@ -69250,7 +69338,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 1550u32,
+        wire: 1552u32,
         call: 1404u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
@@ -69282,7 +69370,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 1551u32,
+        wire: 1553u32,
         call: 1405u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
@@ -69310,7 +69398,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1552u32,
+        wire: 1554u32,
         call: 1406u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
@@ -69338,7 +69426,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1553u32,
+        wire: 1555u32,
         call: 1407u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
@@ -69366,7 +69454,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1554u32,
+        wire: 1556u32,
         call: 1408u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
@@ -69400,7 +69488,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1555u32,
+        wire: 1557u32,
         call: 1409u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
@@ -69428,7 +69516,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 1556u32,
+        wire: 1558u32,
         call: 1410u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
@@ -69456,7 +69544,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 1557u32,
+        wire: 1559u32,
         call: 1411u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
@@ -69483,7 +69571,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 1558u32,
+        wire: 1560u32,
         call: 1412u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
@@ -69517,7 +69605,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 1559u32,
+        wire: 1561u32,
         call: 1413u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
@@ -69559,7 +69647,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 1560u32,
+        wire: 1562u32,
         call: 1414u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
@@ -69593,7 +69681,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 1561u32,
+        wire: 1563u32,
         call: 1415u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
@@ -69621,7 +69709,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 1562u32,
+        wire: 1564u32,
         call: 1416u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
@@ -69649,7 +69737,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 1563u32,
+        wire: 1565u32,
         call: 1417u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
@@ -69677,7 +69765,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 1564u32,
+        wire: 1566u32,
         call: 1418u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
@@ -69705,7 +69793,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 1565u32,
+        wire: 1567u32,
         call: 1419u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
@@ -69733,7 +69821,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 1566u32,
+        wire: 1568u32,
         call: 1420u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
@@ -69761,7 +69849,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 1567u32,
+        wire: 1569u32,
         call: 1421u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
@@ -69797,7 +69885,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 1568u32,
+        wire: 1570u32,
         call: 1422u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
@@ -69829,7 +69917,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 1569u32,
+        wire: 1571u32,
         call: 1423u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
@@ -69861,7 +69949,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 1570u32,
+        wire: 1572u32,
         call: 1424u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
@@ -69893,7 +69981,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 1571u32,
+        wire: 1573u32,
         call: 1425u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
@@ -69927,7 +70015,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 1572u32,
+        wire: 1574u32,
         call: 1426u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
@@ -69963,7 +70051,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 1573u32,
+        wire: 1575u32,
         call: 1427u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
@@ -69991,7 +70079,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 1574u32,
+        wire: 1576u32,
         call: 1428u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
@@ -70019,7 +70107,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 1575u32,
+        wire: 1577u32,
         call: 1429u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
@@ -70047,7 +70135,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 1576u32,
+        wire: 1578u32,
         call: 1430u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
@@ -70075,7 +70163,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 1577u32,
+        wire: 1579u32,
         call: 1431u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
@@ -70103,7 +70191,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 1578u32,
+        wire: 1580u32,
         call: 1432u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
@@ -70131,7 +70219,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1579u32,
+        wire: 1581u32,
         call: 1433u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
@@ -70159,7 +70247,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 1580u32,
+        wire: 1582u32,
         call: 1434u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
@@ -70193,7 +70281,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 1581u32,
+        wire: 1583u32,
         call: 1435u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
@@ -70221,7 +70309,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 1582u32,
+        wire: 1584u32,
         call: 1436u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
@@ -70249,7 +70337,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 1583u32,
+        wire: 1585u32,
         call: 1437u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
@@ -70277,7 +70365,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 1584u32,
+        wire: 1586u32,
         call: 1438u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
@@ -70305,7 +70393,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 1585u32,
+        wire: 1587u32,
         call: 1439u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
@@ -70333,7 +70421,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 1586u32,
+        wire: 1588u32,
         call: 1440u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
@@ -70379,7 +70467,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 1587u32,
+        wire: 1589u32,
         call: 1441u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
@@ -70407,7 +70495,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 1588u32,
+        wire: 1590u32,
         call: 1442u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
@@ -70435,7 +70523,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1589u32,
+        wire: 1591u32,
         call: 1443u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
@@ -70463,7 +70551,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 1590u32,
+        wire: 1592u32,
         call: 1444u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
@@ -70491,7 +70579,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 1591u32,
+        wire: 1593u32,
         call: 1445u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
@@ -70519,7 +70607,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 1592u32,
+        wire: 1594u32,
         call: 1446u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
@@ -70551,7 +70639,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 1593u32,
+        wire: 1595u32,
         call: 1447u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
@@ -70583,7 +70671,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1594u32,
+        wire: 1596u32,
         call: 1448u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
@@ -70615,7 +70703,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 1595u32,
+        wire: 1597u32,
         call: 1449u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
@@ -70647,7 +70735,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 1596u32,
+        wire: 1598u32,
         call: 1450u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
@@ -70680,7 +70768,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 1597u32,
+        wire: 1599u32,
         call: 1451u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
@@ -70708,7 +70796,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1598u32,
+        wire: 1600u32,
         call: 1452u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
@@ -70740,7 +70828,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1599u32,
+        wire: 1601u32,
         call: 1453u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
@@ -70768,7 +70856,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1600u32,
+        wire: 1602u32,
         call: 1454u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
@@ -70796,7 +70884,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 1601u32,
+        wire: 1603u32,
         call: 1455u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
@@ -70828,7 +70916,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 1602u32,
+        wire: 1604u32,
         call: 1456u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
@@ -70858,7 +70946,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1603u32,
+        wire: 1605u32,
         call: 1457u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
@@ -70880,7 +70968,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1604u32,
+        wire: 1606u32,
         call: 1458u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
@@ -70902,7 +70990,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1605u32,
+        wire: 1607u32,
         call: 1459u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
@@ -70924,7 +71012,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 1606u32,
+        wire: 1608u32,
         call: 1460u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
@@ -70950,7 +71038,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1607u32,
+        wire: 1609u32,
         call: 1461u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
@@ -70980,7 +71068,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 1608u32,
+        wire: 1610u32,
         call: 1462u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
@@ -71010,7 +71098,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 1609u32,
+        wire: 1611u32,
         call: 1463u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
@@ -71036,7 +71124,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1610u32,
+        wire: 1612u32,
         call: 1464u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
@@ -71066,7 +71154,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1611u32,
+        wire: 1613u32,
         call: 1465u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
@@ -71092,7 +71180,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 1612u32,
+        wire: 1614u32,
         call: 1466u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
@@ -71118,7 +71206,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 1613u32,
+        wire: 1615u32,
         call: 1467u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
@@ -71144,7 +71232,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 1614u32,
+        wire: 1616u32,
         call: 1468u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
@@ -71166,7 +71254,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1615u32,
+        wire: 1617u32,
         call: 1469u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
@@ -71196,7 +71284,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1616u32,
+        wire: 1618u32,
         call: 1470u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
@@ -71222,7 +71310,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 1617u32,
+        wire: 1619u32,
         call: 1471u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
@@ -71250,7 +71338,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 1618u32,
+        wire: 1620u32,
         call: 1472u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
@@ -71280,7 +71368,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 1619u32,
+        wire: 1621u32,
         call: 1473u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
@@ -71306,7 +71394,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 1620u32,
+        wire: 1622u32,
         call: 1474u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
@@ -71336,7 +71424,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1621u32,
+        wire: 1623u32,
         call: 1475u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
@@ -71366,7 +71454,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1622u32,
+        wire: 1624u32,
         call: 1476u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
@@ -71392,7 +71480,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1623u32,
+        wire: 1625u32,
         call: 1477u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
@@ -71422,7 +71510,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1624u32,
+        wire: 1626u32,
         call: 1478u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
@@ -71448,7 +71536,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1625u32,
+        wire: 1627u32,
         call: 1479u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
@@ -71474,7 +71562,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1626u32,
+        wire: 1628u32,
         call: 1480u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
@@ -71504,7 +71592,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 1627u32,
+        wire: 1629u32,
         call: 1481u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
@@ -71536,7 +71624,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 1628u32,
+        wire: 1630u32,
         call: 1482u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
@@ -71562,7 +71650,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1629u32,
+        wire: 1631u32,
         call: 1483u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
@@ -71588,7 +71676,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 1630u32,
+        wire: 1632u32,
         call: 1484u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
@@ -71614,7 +71702,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1631u32,
+        wire: 1633u32,
         call: 1485u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
@@ -71646,7 +71734,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1632u32,
+        wire: 1634u32,
         call: 1486u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
@@ -71676,7 +71764,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1633u32,
+        wire: 1635u32,
         call: 1487u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
@@ -71704,7 +71792,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1634u32,
+        wire: 1636u32,
         call: 1488u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
@@ -71730,7 +71818,7 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 1635u32,
+        wire: 1637u32,
         call: 1489u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
@@ -71752,7 +71840,7 @@ pub mod nvml {
         },
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 1636u32,
+        wire: 1638u32,
         call: 1490u32,
         name: "nvmlEventSetCreate",
         form: None,
@@ -71769,7 +71857,7 @@ pub mod nvml {
         },
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 1637u32,
+        wire: 1639u32,
         call: 1491u32,
         name: "nvmlEventSetFree",
         form: None,
@@ -71791,7 +71879,7 @@ pub mod nvml {
         },
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 1638u32,
+        wire: 1640u32,
         call: 1492u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
@@ -71815,7 +71903,7 @@ pub mod nvml {
         },
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 1639u32,
+        wire: 1641u32,
         call: 1493u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
@@ -71843,7 +71931,7 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 1640u32,
+        wire: 1642u32,
         call: 1494u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
@@ -71873,7 +71961,7 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 1641u32,
+        wire: 1643u32,
         call: 1495u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
@@ -71901,7 +71989,7 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 1642u32,
+        wire: 1644u32,
         call: 1496u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
@@ -71918,7 +72006,7 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 1643u32,
+        wire: 1645u32,
         call: 1497u32,
         name: "nvmlGpmSampleFree",
         form: None,
@@ -71940,7 +72028,7 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 1644u32,
+        wire: 1646u32,
         call: 1498u32,
         name: "nvmlGpmSampleGet",
         form: None,
@@ -71966,7 +72054,7 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 1645u32,
+        wire: 1647u32,
         call: 1499u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
@@ -71992,7 +72080,7 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 1646u32,
+        wire: 1648u32,
         call: 1500u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
@@ -72019,7 +72107,7 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1647u32,
+        wire: 1649u32,
         call: 1501u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
@@ -72052,7 +72140,7 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 1648u32,
+        wire: 1650u32,
         call: 1502u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
@@ -72074,7 +72162,7 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 1649u32,
+        wire: 1651u32,
         call: 1503u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
@@ -72101,7 +72189,7 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1650u32,
+        wire: 1652u32,
         call: 1504u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
@@ -72133,7 +72221,7 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 1651u32,
+        wire: 1653u32,
         call: 1505u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
@@ -72166,7 +72254,7 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1652u32,
+        wire: 1654u32,
         call: 1506u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
@@ -72194,7 +72282,7 @@ pub mod nvml {
         },
     };
     pub static nvmlInit: CallDesc = CallDesc {
-        wire: 1653u32,
+        wire: 1655u32,
         call: 1507u32,
         name: "nvmlInit",
         form: None,
@@ -72211,7 +72299,7 @@ pub mod nvml {
         },
     };
     pub static nvmlInitWithFlags: CallDesc = CallDesc {
-        wire: 1654u32,
+        wire: 1656u32,
         call: 1508u32,
         name: "nvmlInitWithFlags",
         form: None,
@@ -72233,7 +72321,7 @@ pub mod nvml {
         },
     };
     pub static nvmlInit_v2: CallDesc = CallDesc {
-        wire: 1655u32,
+        wire: 1657u32,
         call: 1509u32,
         name: "nvmlInit_v2",
         form: None,
@@ -72250,7 +72338,7 @@ pub mod nvml {
         },
     };
     pub static nvmlShutdown: CallDesc = CallDesc {
-        wire: 1656u32,
+        wire: 1658u32,
         call: 1510u32,
         name: "nvmlShutdown",
         form: None,
@@ -72267,7 +72355,7 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1657u32,
+        wire: 1659u32,
         call: 1511u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
@@ -72291,7 +72379,7 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 1658u32,
+        wire: 1660u32,
         call: 1512u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
@@ -72315,7 +72403,7 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 1659u32,
+        wire: 1661u32,
         call: 1513u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
@@ -72339,7 +72427,7 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1660u32,
+        wire: 1662u32,
         call: 1514u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
@@ -72363,7 +72451,7 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1661u32,
+        wire: 1663u32,
         call: 1515u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
@@ -72385,7 +72473,7 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1662u32,
+        wire: 1664u32,
         call: 1516u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
@@ -72407,7 +72495,7 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 1663u32,
+        wire: 1665u32,
         call: 1517u32,
         name: "nvmlUnitGetCount",
         form: None,
@@ -72431,7 +72519,7 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 1664u32,
+        wire: 1666u32,
         call: 1518u32,
         name: "nvmlUnitGetDevices",
         form: None,
@@ -72460,7 +72548,7 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1665u32,
+        wire: 1667u32,
         call: 1519u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
@@ -72483,7 +72571,7 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 1666u32,
+        wire: 1668u32,
         call: 1520u32,
         name: "nvmlUnitGetTemperature",
         form: None,
@@ -72515,7 +72603,7 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 1667u32,
+        wire: 1669u32,
         call: 1521u32,
         name: "nvmlUnitSetLedState",
         form: None,
@@ -72541,7 +72629,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1668u32,
+        wire: 1670u32,
         call: 1522u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
@@ -72563,7 +72651,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1669u32,
+        wire: 1671u32,
         call: 1523u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
@@ -72591,7 +72679,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 1670u32,
+        wire: 1672u32,
         call: 1524u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
@@ -72619,7 +72707,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1671u32,
+        wire: 1673u32,
         call: 1525u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
@@ -72647,7 +72735,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 1672u32,
+        wire: 1674u32,
         call: 1526u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
@@ -72675,7 +72763,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1673u32,
+        wire: 1675u32,
         call: 1527u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
@@ -72703,7 +72791,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1674u32,
+        wire: 1676u32,
         call: 1528u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
@@ -72731,7 +72819,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 1675u32,
+        wire: 1677u32,
         call: 1529u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
@@ -72759,7 +72847,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 1676u32,
+        wire: 1678u32,
         call: 1530u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
@@ -72787,7 +72875,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1677u32,
+        wire: 1679u32,
         call: 1531u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
@@ -72813,7 +72901,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 1678u32,
+        wire: 1680u32,
         call: 1532u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
@@ -72845,7 +72933,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 1679u32,
+        wire: 1681u32,
         call: 1533u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
@@ -72879,7 +72967,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 1680u32,
+        wire: 1682u32,
         call: 1534u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
@@ -72907,7 +72995,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1681u32,
+        wire: 1683u32,
         call: 1535u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
@@ -72935,7 +73023,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 1682u32,
+        wire: 1684u32,
         call: 1536u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
@@ -72963,7 +73051,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 1683u32,
+        wire: 1685u32,
         call: 1537u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
@@ -72991,7 +73079,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 1684u32,
+        wire: 1686u32,
         call: 1538u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
@@ -73019,7 +73107,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 1685u32,
+        wire: 1687u32,
         call: 1539u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
@@ -73051,7 +73139,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 1686u32,
+        wire: 1688u32,
         call: 1540u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
@@ -73079,7 +73167,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 1687u32,
+        wire: 1689u32,
         call: 1541u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
@@ -73107,7 +73195,7 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 1688u32,
+        wire: 1690u32,
         call: 1542u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
@@ -73148,7 +73236,7 @@ pub mod nvml {
 pub mod nvrtc {
     use chidori_protocol::desc::*;
     pub static nvrtcAddNameExpression: CallDesc = CallDesc {
-        wire: 1824u32,
+        wire: 1826u32,
         call: 1678u32,
         name: "nvrtcAddNameExpression",
         form: None,
@@ -73171,7 +73259,7 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcDestroyProgram: CallDesc = CallDesc {
-        wire: 1825u32,
+        wire: 1827u32,
         call: 1679u32,
         name: "nvrtcDestroyProgram",
         form: None,
@@ -73188,7 +73276,7 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetCUBINSize: CallDesc = CallDesc {
-        wire: 1826u32,
+        wire: 1828u32,
         call: 1680u32,
         name: "nvrtcGetCUBINSize",
         form: None,
@@ -73216,7 +73304,7 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetLTOIRSize: CallDesc = CallDesc {
-        wire: 1827u32,
+        wire: 1829u32,
         call: 1681u32,
         name: "nvrtcGetLTOIRSize",
         form: None,
@@ -73244,7 +73332,7 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetNVVMSize: CallDesc = CallDesc {
-        wire: 1828u32,
+        wire: 1830u32,
         call: 1682u32,
         name: "nvrtcGetNVVMSize",
         form: None,
@@ -73272,7 +73360,7 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 1829u32,
+        wire: 1831u32,
         call: 1683u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
@@ -73296,7 +73384,7 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetOptiXIRSize: CallDesc = CallDesc {
-        wire: 1830u32,
+        wire: 1832u32,
         call: 1684u32,
         name: "nvrtcGetOptiXIRSize",
         form: None,
@@ -73324,7 +73412,7 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHCreateStatus: CallDesc = CallDesc {
-        wire: 1831u32,
+        wire: 1833u32,
         call: 1685u32,
         name: "nvrtcGetPCHCreateStatus",
         form: None,
@@ -73346,7 +73434,7 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 1832u32,
+        wire: 1834u32,
         call: 1686u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
@@ -73370,7 +73458,7 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHHeapSizeRequired: CallDesc = CallDesc {
-        wire: 1833u32,
+        wire: 1835u32,
         call: 1687u32,
         name: "nvrtcGetPCHHeapSizeRequired",
         form: None,
@@ -73398,7 +73486,7 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPTXSize: CallDesc = CallDesc {
-        wire: 1834u32,
+        wire: 1836u32,
         call: 1688u32,
         name: "nvrtcGetPTXSize",
         form: None,
@@ -73426,7 +73514,7 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetProgramLogSize: CallDesc = CallDesc {
-        wire: 1835u32,
+        wire: 1837u32,
         call: 1689u32,
         name: "nvrtcGetProgramLogSize",
         form: None,
@@ -73454,7 +73542,7 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetSupportedArchs: CallDesc = CallDesc {
-        wire: 1836u32,
+        wire: 1838u32,
         call: 1690u32,
         name: "nvrtcGetSupportedArchs",
         form: None,
@@ -73478,7 +73566,7 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 1837u32,
+        wire: 1839u32,
         call: 1691u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
@@ -73500,7 +73588,7 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 1838u32,
+        wire: 1840u32,
         call: 1692u32,
         name: "nvrtcVersion",
         form: None,

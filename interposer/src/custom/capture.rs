@@ -174,3 +174,106 @@ pub unsafe fn cuStreamIsCapturing_ptsz(hStream: *mut c_void, captureStatus: *mut
     let desc = &driver::cuStreamIsCapturing_ptsz__call;
     is_capturing("cuStreamIsCapturing", desc, hStream as u64, captureStatus, false)
 }
+
+/// cudaStreamGetCaptureInfo: nothing captures → status None without a round trip; else
+/// asked of the server. The 13.x dependency and edge arrays live in the server's runtime:
+/// when a capture is active and the caller asks for them, the answer is not-supported.
+#[allow(clippy::too_many_arguments)]
+fn capture_info(
+    desc: &'static CallDesc,
+    stream: u64,
+    status: *mut c_void,
+    id: *mut c_void,
+    graph: *mut c_void,
+    deps: *mut c_void,
+    edges: *mut c_void,
+    count: *mut c_void,
+    full: bool,
+) -> u32 {
+    guarded("cudaStreamGetCaptureInfo", true, || {
+        if status.is_null() {
+            return Err(1);
+        }
+        if !any_active() {
+            // SAFETY: the caller's out-pointers, each checked non-null.
+            unsafe {
+                std::ptr::write_unaligned(status as *mut u32, 0);
+                if !deps.is_null() {
+                    std::ptr::write_unaligned(deps as *mut usize, 0);
+                }
+                if !edges.is_null() {
+                    std::ptr::write_unaligned(edges as *mut usize, 0);
+                }
+                if !count.is_null() {
+                    std::ptr::write_unaligned(count as *mut usize, 0);
+                }
+            }
+            return Ok(0);
+        }
+        if !deps.is_null() || !edges.is_null() {
+            crate::log::once("capture-info-deps", || {
+                tracing::warn!(
+                    "cudaStreamGetCaptureInfo: the dependency nodes of an active capture are not \
+                     supported by Chidori (status, id, graph and count are)"
+                )
+            });
+            return Err(801);
+        }
+        let args: Vec<u64> = if full {
+            vec![stream, status as u64, id as u64, graph as u64, 0, 0, count as u64]
+        } else {
+            vec![stream, status as u64, id as u64]
+        };
+        call(desc, &args, 100)
+    })
+}
+
+pub unsafe fn cudaStreamGetCaptureInfo__cu118(
+    stream: *mut c_void,
+    pCaptureStatus: *mut c_void,
+    pId: *mut c_void,
+) -> u32 {
+    let n = std::ptr::null_mut();
+    let desc = &cudart::cudaStreamGetCaptureInfo__cu118__call;
+    capture_info(desc, stream as u64, pCaptureStatus, pId, n, n, n, n, false)
+}
+
+pub unsafe fn cudaStreamGetCaptureInfo_ptsz__cu118(
+    stream: *mut c_void,
+    pCaptureStatus: *mut c_void,
+    pId: *mut c_void,
+) -> u32 {
+    let n = std::ptr::null_mut();
+    let desc = &cudart::cudaStreamGetCaptureInfo_ptsz__cu118__call;
+    capture_info(desc, stream as u64, pCaptureStatus, pId, n, n, n, n, false)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cudaStreamGetCaptureInfo__cu130(
+    stream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    edgeData_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    let desc = &cudart::cudaStreamGetCaptureInfo__cu130__call;
+    let (s, st, id, g) = (stream as u64, captureStatus_out, id_out, graph_out);
+    capture_info(desc, s, st, id, g, dependencies_out, edgeData_out, numDependencies_out, true)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cudaStreamGetCaptureInfo_ptsz__cu130(
+    stream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    edgeData_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    let desc = &cudart::cudaStreamGetCaptureInfo_ptsz__cu130__call;
+    let (s, st, id, g) = (stream as u64, captureStatus_out, id_out, graph_out);
+    capture_info(desc, s, st, id, g, dependencies_out, edgeData_out, numDependencies_out, true)
+}

@@ -161,7 +161,15 @@ pub mod driver {
         let v = u32::try_from(cudaVersion).unwrap_or(0);
         // SAFETY: the caller's arguments, as documented.
         unsafe {
-            super::get_proc("cuGetProcAddress", symbol as _, pfn, v, super::per_thread(flags, false), std::ptr::null_mut(), super::NOT_FOUND)
+            super::get_proc(
+                "cuGetProcAddress",
+                symbol as _,
+                pfn,
+                v,
+                super::per_thread(flags, false),
+                std::ptr::null_mut(),
+                super::NOT_FOUND,
+            )
         }
     }
 
@@ -175,7 +183,15 @@ pub mod driver {
         let v = u32::try_from(cudaVersion).unwrap_or(0);
         // SAFETY: the caller's arguments, as documented.
         unsafe {
-            super::get_proc("cuGetProcAddress", symbol as _, pfn, v, super::per_thread(flags, false), symbolStatus, super::NOT_FOUND)
+            super::get_proc(
+                "cuGetProcAddress",
+                symbol as _,
+                pfn,
+                v,
+                super::per_thread(flags, false),
+                symbolStatus,
+                super::NOT_FOUND,
+            )
         }
     }
 }
