@@ -107,17 +107,21 @@ if want kernels; then
 fi
 
 if want torch; then
-  for w in "$SHARED"/workloads/*.py; do
-    name=$(basename "$w" .py)
-    timeout 240 python3 "$w" > "$LOGS/w-$name-native.txt" 2>&1
-    timeout 240 "$CHIDORI" run -s $SERVER -- python3 "$w" > "$LOGS/w-$name-remote.txt" 2>&1
-    row "workload $name" "native: $(tail -1 "$LOGS/w-$name-native.txt") | remote: $(tail -1 "$LOGS/w-$name-remote.txt")"
-  done
-  timeout 400 python3 gpu/torch-suite/compare.py --chidori "$CHIDORI" --server $SERVER \
-    --json "$LOGS/torch-suite.json" --timeout 180 > "$LOGS/torch-suite.txt" 2>&1
+  # The standard workloads (QUICK=1: small sizes, a functional check), then the suite.
+  quick=(); [[ ${QUICK:-0} == 1 ]] && quick=(--quick)
+  timeout ${WORKLOAD_TIMEOUT:-400} python3 gpu/workloads.py --chidori "$CHIDORI" --server $SERVER \
+    --wan-server 127.0.0.1:$WAN_PORT --workloads "$SHARED/workloads" --json "$LOGS/workloads.json" \
+    --timeout ${RUN_TIMEOUT:-150} "${quick[@]}" > "$LOGS/workloads.txt" 2>&1
   rc=$?
-  tail -30 "$LOGS/torch-suite.txt"
-  row "torch suite" "$( ((rc == 0)) && echo "all match" || echo "FAILURES rc=$rc (torch-suite.txt)")"
+  cat "$LOGS/workloads.txt"
+  row "workloads" "rc=$rc (workloads.txt)"
+  if [[ ${SUITE:-1} == 1 ]]; then
+    timeout ${SUITE_TIMEOUT:-200} python3 gpu/torch-suite/compare.py --chidori "$CHIDORI" --server $SERVER \
+      --json "$LOGS/torch-suite.json" --timeout 90 > "$LOGS/torch-suite.txt" 2>&1
+    rc=$?
+    tail -40 "$LOGS/torch-suite.txt"
+    row "torch suite" "$( ((rc == 0)) && echo "all match" || echo "FAILURES rc=$rc (torch-suite.txt)")"
+  fi
 fi
 
 kill $SERVE_PID $WAN_PID 2>/dev/null

@@ -4,6 +4,134 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
+///`cudnnActivationBackward` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnActivationBackward__cu118(
+    handle: *mut c_void,
+    activationDesc: *mut c_void,
+    alpha: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnActivationBackward__cu118,
+            &[
+                (handle) as usize as u64,
+                (activationDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnActivationBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnActivationBackward__cu126(
+    handle: *mut c_void,
+    activationDesc: *mut c_void,
+    alpha: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnActivationBackward__cu126,
+            &[
+                (handle) as usize as u64,
+                (activationDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnActivationForward` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnActivationForward__cu118(
+    handle: *mut c_void,
+    activationDesc: *mut c_void,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnActivationForward__cu118,
+            &[
+                (handle) as usize as u64,
+                (activationDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnActivationForward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnActivationForward__cu126(
+    handle: *mut c_void,
+    activationDesc: *mut c_void,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnActivationForward__cu126,
+            &[
+                (handle) as usize as u64,
+                (activationDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnAdvInferVersionCheck` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnAdvInferVersionCheck() -> u32 {
@@ -26,6 +154,648 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnAdvVersionCheck() -> u32 {
     unsafe {
         crate::runtime::call(&chidori_cuda::calls::cudnn::cudnnAdvVersionCheck, &[])
             as u32
+    }
+}
+///`cudnnBackendCreateDescriptor` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendCreateDescriptor__cu118(
+    descriptorType: u32,
+    descriptor: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBackendCreateDescriptor__cu118,
+            &[(descriptorType) as u64, (descriptor) as usize as u64],
+        ) as u32
+    }
+}
+///`cudnnBackendCreateDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendCreateDescriptor__cu126(
+    descriptorType: u32,
+    descriptor: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBackendCreateDescriptor__cu126,
+            &[(descriptorType) as u64, (descriptor) as usize as u64],
+        ) as u32
+    }
+}
+///`cudnnBackendDestroyDescriptor` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendDestroyDescriptor__cu118(
+    descriptor: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBackendDestroyDescriptor__cu118,
+            &[(descriptor) as usize as u64],
+        ) as u32
+    }
+}
+///`cudnnBackendDestroyDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendDestroyDescriptor__cu126(
+    descriptor: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBackendDestroyDescriptor__cu126,
+            &[(descriptor) as usize as u64],
+        ) as u32
+    }
+}
+///`cudnnBackendExecute` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendExecute__cu118(
+    handle: *mut c_void,
+    executionPlan: *mut c_void,
+    variantPack: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBackendExecute__cu118,
+            &[
+                (handle) as usize as u64,
+                (executionPlan) as usize as u64,
+                (variantPack) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnBackendExecute` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendExecute__cu126(
+    handle: *mut c_void,
+    executionPlan: *mut c_void,
+    variantPack: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBackendExecute__cu126,
+            &[
+                (handle) as usize as u64,
+                (executionPlan) as usize as u64,
+                (variantPack) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnBackendFinalize` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendFinalize__cu118(
+    descriptor: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBackendFinalize__cu118,
+            &[(descriptor) as usize as u64],
+        ) as u32
+    }
+}
+///`cudnnBackendFinalize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendFinalize__cu126(
+    descriptor: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBackendFinalize__cu126,
+            &[(descriptor) as usize as u64],
+        ) as u32
+    }
+}
+///`cudnnBackendGetAttribute` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendGetAttribute__cu118(
+    descriptor: *mut c_void,
+    attributeName: u32,
+    attributeType: u32,
+    requestedElementCount: i64,
+    elementCount: *mut c_void,
+    arrayOfElements: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBackendGetAttribute__cu118,
+            &[
+                (descriptor) as usize as u64,
+                (attributeName) as u64,
+                (attributeType) as u64,
+                (requestedElementCount) as i64 as u64,
+                (elementCount) as usize as u64,
+                (arrayOfElements) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnBackendGetAttribute` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendGetAttribute__cu126(
+    descriptor: *mut c_void,
+    attributeName: u32,
+    attributeType: u32,
+    requestedElementCount: i64,
+    elementCount: *mut c_void,
+    arrayOfElements: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBackendGetAttribute__cu126,
+            &[
+                (descriptor) as usize as u64,
+                (attributeName) as u64,
+                (attributeType) as u64,
+                (requestedElementCount) as i64 as u64,
+                (elementCount) as usize as u64,
+                (arrayOfElements) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnBackendSetAttribute` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendSetAttribute__cu118(
+    descriptor: *mut c_void,
+    attributeName: u32,
+    attributeType: u32,
+    elementCount: i64,
+    arrayOfElements: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu118,
+            &[
+                (descriptor) as usize as u64,
+                (attributeName) as u64,
+                (attributeType) as u64,
+                (elementCount) as i64 as u64,
+                (arrayOfElements) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnBackendSetAttribute` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendSetAttribute__cu126(
+    descriptor: *mut c_void,
+    attributeName: u32,
+    attributeType: u32,
+    elementCount: i64,
+    arrayOfElements: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu126,
+            &[
+                (descriptor) as usize as u64,
+                (attributeName) as u64,
+                (attributeType) as u64,
+                (elementCount) as i64 as u64,
+                (arrayOfElements) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnBatchNormalizationBackwardEx` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationBackwardEx__cu118(
+    handle: *mut c_void,
+    mode: u32,
+    bnOps: u32,
+    alphaDataDiff: *mut c_void,
+    betaDataDiff: *mut c_void,
+    alphaParamDiff: *mut c_void,
+    betaParamDiff: *mut c_void,
+    xDesc: *mut c_void,
+    xData: *mut c_void,
+    yDesc: *mut c_void,
+    yData: *mut c_void,
+    dyDesc: *mut c_void,
+    dyData: *mut c_void,
+    dzDesc: *mut c_void,
+    dzData: *mut c_void,
+    dxDesc: *mut c_void,
+    dxData: *mut c_void,
+    dBnScaleBiasDesc: *mut c_void,
+    bnScaleData: *mut c_void,
+    bnBiasData: *mut c_void,
+    dBnScaleData: *mut c_void,
+    dBnBiasData: *mut c_void,
+    epsilon: f64,
+    savedMean: *mut c_void,
+    savedInvVariance: *mut c_void,
+    activationDesc: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBatchNormalizationBackwardEx__cu118,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (bnOps) as u64,
+                (alphaDataDiff) as usize as u64,
+                (betaDataDiff) as usize as u64,
+                (alphaParamDiff) as usize as u64,
+                (betaParamDiff) as usize as u64,
+                (xDesc) as usize as u64,
+                (xData) as usize as u64,
+                (yDesc) as usize as u64,
+                (yData) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dyData) as usize as u64,
+                (dzDesc) as usize as u64,
+                (dzData) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dxData) as usize as u64,
+                (dBnScaleBiasDesc) as usize as u64,
+                (bnScaleData) as usize as u64,
+                (bnBiasData) as usize as u64,
+                (dBnScaleData) as usize as u64,
+                (dBnBiasData) as usize as u64,
+                (epsilon).to_bits(),
+                (savedMean) as usize as u64,
+                (savedInvVariance) as usize as u64,
+                (activationDesc) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnBatchNormalizationBackwardEx` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationBackwardEx__cu126(
+    handle: *mut c_void,
+    mode: u32,
+    bnOps: u32,
+    alphaDataDiff: *mut c_void,
+    betaDataDiff: *mut c_void,
+    alphaParamDiff: *mut c_void,
+    betaParamDiff: *mut c_void,
+    xDesc: *mut c_void,
+    xData: *mut c_void,
+    yDesc: *mut c_void,
+    yData: *mut c_void,
+    dyDesc: *mut c_void,
+    dyData: *mut c_void,
+    dzDesc: *mut c_void,
+    dzData: *mut c_void,
+    dxDesc: *mut c_void,
+    dxData: *mut c_void,
+    dBnScaleBiasDesc: *mut c_void,
+    bnScaleData: *mut c_void,
+    bnBiasData: *mut c_void,
+    dBnScaleData: *mut c_void,
+    dBnBiasData: *mut c_void,
+    epsilon: f64,
+    savedMean: *mut c_void,
+    savedInvVariance: *mut c_void,
+    activationDesc: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBatchNormalizationBackwardEx__cu126,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (bnOps) as u64,
+                (alphaDataDiff) as usize as u64,
+                (betaDataDiff) as usize as u64,
+                (alphaParamDiff) as usize as u64,
+                (betaParamDiff) as usize as u64,
+                (xDesc) as usize as u64,
+                (xData) as usize as u64,
+                (yDesc) as usize as u64,
+                (yData) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dyData) as usize as u64,
+                (dzDesc) as usize as u64,
+                (dzData) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dxData) as usize as u64,
+                (dBnScaleBiasDesc) as usize as u64,
+                (bnScaleData) as usize as u64,
+                (bnBiasData) as usize as u64,
+                (dBnScaleData) as usize as u64,
+                (dBnBiasData) as usize as u64,
+                (epsilon).to_bits(),
+                (savedMean) as usize as u64,
+                (savedInvVariance) as usize as u64,
+                (activationDesc) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnBatchNormalizationForwardInference` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationForwardInference__cu118(
+    handle: *mut c_void,
+    mode: u32,
+    alpha: *mut c_void,
+    beta: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    bnScaleBiasMeanVarDesc: *mut c_void,
+    bnScale: *mut c_void,
+    bnBias: *mut c_void,
+    estimatedMean: *mut c_void,
+    estimatedVariance: *mut c_void,
+    epsilon: f64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBatchNormalizationForwardInference__cu118,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (alpha) as usize as u64,
+                (beta) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (bnScaleBiasMeanVarDesc) as usize as u64,
+                (bnScale) as usize as u64,
+                (bnBias) as usize as u64,
+                (estimatedMean) as usize as u64,
+                (estimatedVariance) as usize as u64,
+                (epsilon).to_bits(),
+            ],
+        ) as u32
+    }
+}
+///`cudnnBatchNormalizationForwardInference` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationForwardInference__cu126(
+    handle: *mut c_void,
+    mode: u32,
+    alpha: *mut c_void,
+    beta: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    bnScaleBiasMeanVarDesc: *mut c_void,
+    bnScale: *mut c_void,
+    bnBias: *mut c_void,
+    estimatedMean: *mut c_void,
+    estimatedVariance: *mut c_void,
+    epsilon: f64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBatchNormalizationForwardInference__cu126,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (alpha) as usize as u64,
+                (beta) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (bnScaleBiasMeanVarDesc) as usize as u64,
+                (bnScale) as usize as u64,
+                (bnBias) as usize as u64,
+                (estimatedMean) as usize as u64,
+                (estimatedVariance) as usize as u64,
+                (epsilon).to_bits(),
+            ],
+        ) as u32
+    }
+}
+///`cudnnBatchNormalizationForwardTraining` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationForwardTraining__cu118(
+    handle: *mut c_void,
+    mode: u32,
+    alpha: *mut c_void,
+    beta: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    bnScaleBiasMeanVarDesc: *mut c_void,
+    bnScale: *mut c_void,
+    bnBias: *mut c_void,
+    exponentialAverageFactor: f64,
+    resultRunningMean: *mut c_void,
+    resultRunningVariance: *mut c_void,
+    epsilon: f64,
+    resultSaveMean: *mut c_void,
+    resultSaveInvVariance: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBatchNormalizationForwardTraining__cu118,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (alpha) as usize as u64,
+                (beta) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (bnScaleBiasMeanVarDesc) as usize as u64,
+                (bnScale) as usize as u64,
+                (bnBias) as usize as u64,
+                (exponentialAverageFactor).to_bits(),
+                (resultRunningMean) as usize as u64,
+                (resultRunningVariance) as usize as u64,
+                (epsilon).to_bits(),
+                (resultSaveMean) as usize as u64,
+                (resultSaveInvVariance) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnBatchNormalizationForwardTraining` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationForwardTraining__cu126(
+    handle: *mut c_void,
+    mode: u32,
+    alpha: *mut c_void,
+    beta: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    bnScaleBiasMeanVarDesc: *mut c_void,
+    bnScale: *mut c_void,
+    bnBias: *mut c_void,
+    exponentialAverageFactor: f64,
+    resultRunningMean: *mut c_void,
+    resultRunningVariance: *mut c_void,
+    epsilon: f64,
+    resultSaveMean: *mut c_void,
+    resultSaveInvVariance: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBatchNormalizationForwardTraining__cu126,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (alpha) as usize as u64,
+                (beta) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (bnScaleBiasMeanVarDesc) as usize as u64,
+                (bnScale) as usize as u64,
+                (bnBias) as usize as u64,
+                (exponentialAverageFactor).to_bits(),
+                (resultRunningMean) as usize as u64,
+                (resultRunningVariance) as usize as u64,
+                (epsilon).to_bits(),
+                (resultSaveMean) as usize as u64,
+                (resultSaveInvVariance) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnBatchNormalizationForwardTrainingEx` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationForwardTrainingEx__cu118(
+    handle: *mut c_void,
+    mode: u32,
+    bnOps: u32,
+    alpha: *mut c_void,
+    beta: *mut c_void,
+    xDesc: *mut c_void,
+    xData: *mut c_void,
+    zDesc: *mut c_void,
+    zData: *mut c_void,
+    yDesc: *mut c_void,
+    yData: *mut c_void,
+    bnScaleBiasMeanVarDesc: *mut c_void,
+    bnScale: *mut c_void,
+    bnBias: *mut c_void,
+    exponentialAverageFactor: f64,
+    resultRunningMean: *mut c_void,
+    resultRunningVariance: *mut c_void,
+    epsilon: f64,
+    resultSaveMean: *mut c_void,
+    resultSaveInvVariance: *mut c_void,
+    activationDesc: *mut c_void,
+    workspace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBatchNormalizationForwardTrainingEx__cu118,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (bnOps) as u64,
+                (alpha) as usize as u64,
+                (beta) as usize as u64,
+                (xDesc) as usize as u64,
+                (xData) as usize as u64,
+                (zDesc) as usize as u64,
+                (zData) as usize as u64,
+                (yDesc) as usize as u64,
+                (yData) as usize as u64,
+                (bnScaleBiasMeanVarDesc) as usize as u64,
+                (bnScale) as usize as u64,
+                (bnBias) as usize as u64,
+                (exponentialAverageFactor).to_bits(),
+                (resultRunningMean) as usize as u64,
+                (resultRunningVariance) as usize as u64,
+                (epsilon).to_bits(),
+                (resultSaveMean) as usize as u64,
+                (resultSaveInvVariance) as usize as u64,
+                (activationDesc) as usize as u64,
+                (workspace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnBatchNormalizationForwardTrainingEx` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationForwardTrainingEx__cu126(
+    handle: *mut c_void,
+    mode: u32,
+    bnOps: u32,
+    alpha: *mut c_void,
+    beta: *mut c_void,
+    xDesc: *mut c_void,
+    xData: *mut c_void,
+    zDesc: *mut c_void,
+    zData: *mut c_void,
+    yDesc: *mut c_void,
+    yData: *mut c_void,
+    bnScaleBiasMeanVarDesc: *mut c_void,
+    bnScale: *mut c_void,
+    bnBias: *mut c_void,
+    exponentialAverageFactor: f64,
+    resultRunningMean: *mut c_void,
+    resultRunningVariance: *mut c_void,
+    epsilon: f64,
+    resultSaveMean: *mut c_void,
+    resultSaveInvVariance: *mut c_void,
+    activationDesc: *mut c_void,
+    workspace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBatchNormalizationForwardTrainingEx__cu126,
+            &[
+                (handle) as usize as u64,
+                (mode) as u64,
+                (bnOps) as u64,
+                (alpha) as usize as u64,
+                (beta) as usize as u64,
+                (xDesc) as usize as u64,
+                (xData) as usize as u64,
+                (zDesc) as usize as u64,
+                (zData) as usize as u64,
+                (yDesc) as usize as u64,
+                (yData) as usize as u64,
+                (bnScaleBiasMeanVarDesc) as usize as u64,
+                (bnScale) as usize as u64,
+                (bnBias) as usize as u64,
+                (exponentialAverageFactor).to_bits(),
+                (resultRunningMean) as usize as u64,
+                (resultRunningVariance) as usize as u64,
+                (epsilon).to_bits(),
+                (resultSaveMean) as usize as u64,
+                (resultSaveInvVariance) as usize as u64,
+                (activationDesc) as usize as u64,
+                (workspace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
     }
 }
 ///`cudnnBuildRNNDynamic` for CUDA 11.8, 12.1 (sync).
@@ -64,6 +834,82 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBuildRNNDynamic__cu126(
         ) as u32
     }
 }
+///`cudnnCTCLoss_v8` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnCTCLoss_v8__cu118(
+    handle: *mut c_void,
+    algo: u32,
+    ctcLossDesc: *mut c_void,
+    probsDesc: *mut c_void,
+    probs: *mut c_void,
+    labels: *mut c_void,
+    labelLengths: *mut c_void,
+    inputLengths: *mut c_void,
+    costs: *mut c_void,
+    gradientsDesc: *mut c_void,
+    gradients: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    workspace: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnCTCLoss_v8__cu118,
+            &[
+                (handle) as usize as u64,
+                (algo) as u64,
+                (ctcLossDesc) as usize as u64,
+                (probsDesc) as usize as u64,
+                (probs) as usize as u64,
+                (labels) as usize as u64,
+                (labelLengths) as usize as u64,
+                (inputLengths) as usize as u64,
+                (costs) as usize as u64,
+                (gradientsDesc) as usize as u64,
+                (gradients) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (workspace) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnCTCLoss_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnCTCLoss_v8__cu126(
+    handle: *mut c_void,
+    algo: u32,
+    ctcLossDesc: *mut c_void,
+    probsDesc: *mut c_void,
+    probs: *mut c_void,
+    labels: *mut c_void,
+    labelLengths: *mut c_void,
+    inputLengths: *mut c_void,
+    costs: *mut c_void,
+    gradientsDesc: *mut c_void,
+    gradients: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    workspace: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnCTCLoss_v8__cu126,
+            &[
+                (handle) as usize as u64,
+                (algo) as u64,
+                (ctcLossDesc) as usize as u64,
+                (probsDesc) as usize as u64,
+                (probs) as usize as u64,
+                (labels) as usize as u64,
+                (labelLengths) as usize as u64,
+                (inputLengths) as usize as u64,
+                (costs) as usize as u64,
+                (gradientsDesc) as usize as u64,
+                (gradients) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (workspace) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnCnnInferVersionCheck` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCnnInferVersionCheck() -> u32 {
@@ -86,6 +932,330 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCnnVersionCheck() -> u32 {
     unsafe {
         crate::runtime::call(&chidori_cuda::calls::cudnn::cudnnCnnVersionCheck, &[])
             as u32
+    }
+}
+///`cudnnConvolutionBackwardData` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionBackwardData__cu118(
+    handle: *mut c_void,
+    alpha: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    convDesc: *mut c_void,
+    algo: u32,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    beta: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnConvolutionBackwardData__cu118,
+            &[
+                (handle) as usize as u64,
+                (alpha) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (convDesc) as usize as u64,
+                (algo) as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (beta) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnConvolutionBackwardData` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionBackwardData__cu126(
+    handle: *mut c_void,
+    alpha: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    convDesc: *mut c_void,
+    algo: u32,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    beta: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnConvolutionBackwardData__cu126,
+            &[
+                (handle) as usize as u64,
+                (alpha) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (convDesc) as usize as u64,
+                (algo) as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (beta) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnConvolutionBackwardFilter` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionBackwardFilter__cu118(
+    handle: *mut c_void,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    convDesc: *mut c_void,
+    algo: u32,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    beta: *mut c_void,
+    dwDesc: *mut c_void,
+    dw: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnConvolutionBackwardFilter__cu118,
+            &[
+                (handle) as usize as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (convDesc) as usize as u64,
+                (algo) as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (beta) as usize as u64,
+                (dwDesc) as usize as u64,
+                (dw) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnConvolutionBackwardFilter` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionBackwardFilter__cu126(
+    handle: *mut c_void,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    convDesc: *mut c_void,
+    algo: u32,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    beta: *mut c_void,
+    dwDesc: *mut c_void,
+    dw: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnConvolutionBackwardFilter__cu126,
+            &[
+                (handle) as usize as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (convDesc) as usize as u64,
+                (algo) as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (beta) as usize as u64,
+                (dwDesc) as usize as u64,
+                (dw) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnConvolutionBiasActivationForward` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionBiasActivationForward__cu118(
+    handle: *mut c_void,
+    alpha1: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    convDesc: *mut c_void,
+    algo: u32,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    alpha2: *mut c_void,
+    zDesc: *mut c_void,
+    z: *mut c_void,
+    biasDesc: *mut c_void,
+    bias: *mut c_void,
+    activationDesc: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnConvolutionBiasActivationForward__cu118,
+            &[
+                (handle) as usize as u64,
+                (alpha1) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (convDesc) as usize as u64,
+                (algo) as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (alpha2) as usize as u64,
+                (zDesc) as usize as u64,
+                (z) as usize as u64,
+                (biasDesc) as usize as u64,
+                (bias) as usize as u64,
+                (activationDesc) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnConvolutionBiasActivationForward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionBiasActivationForward__cu126(
+    handle: *mut c_void,
+    alpha1: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    convDesc: *mut c_void,
+    algo: u32,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    alpha2: *mut c_void,
+    zDesc: *mut c_void,
+    z: *mut c_void,
+    biasDesc: *mut c_void,
+    bias: *mut c_void,
+    activationDesc: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnConvolutionBiasActivationForward__cu126,
+            &[
+                (handle) as usize as u64,
+                (alpha1) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (convDesc) as usize as u64,
+                (algo) as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (alpha2) as usize as u64,
+                (zDesc) as usize as u64,
+                (z) as usize as u64,
+                (biasDesc) as usize as u64,
+                (bias) as usize as u64,
+                (activationDesc) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnConvolutionForward` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionForward__cu118(
+    handle: *mut c_void,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    convDesc: *mut c_void,
+    algo: u32,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    beta: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnConvolutionForward__cu118,
+            &[
+                (handle) as usize as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (convDesc) as usize as u64,
+                (algo) as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (beta) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnConvolutionForward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionForward__cu126(
+    handle: *mut c_void,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    convDesc: *mut c_void,
+    algo: u32,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    beta: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnConvolutionForward__cu126,
+            &[
+                (handle) as usize as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (convDesc) as usize as u64,
+                (algo) as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (beta) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
     }
 }
 ///`cudnnCopyAlgorithmDescriptor` for CUDA 11.8, 12.1 (sync).
@@ -700,7 +1870,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDeriveNormTensorDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnDestroy` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroy` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroy__cu118(
     handle: *mut c_void,
@@ -712,7 +1882,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroy__cu118(
         ) as u32
     }
 }
-///`cudnnDestroy` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroy` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroy__cu126(
     handle: *mut c_void,
@@ -724,7 +1894,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroy__cu126(
         ) as u32
     }
 }
-///`cudnnDestroyActivationDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyActivationDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyActivationDescriptor__cu118(
     activationDesc: *mut c_void,
@@ -736,7 +1906,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyActivationDescriptor__cu118
         ) as u32
     }
 }
-///`cudnnDestroyActivationDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroyActivationDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyActivationDescriptor__cu126(
     activationDesc: *mut c_void,
@@ -748,7 +1918,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyActivationDescriptor__cu126
         ) as u32
     }
 }
-///`cudnnDestroyAlgorithmDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyAlgorithmDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyAlgorithmDescriptor(
     algoDesc: *mut c_void,
@@ -773,7 +1943,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyAlgorithmPerformance(
         ) as u32
     }
 }
-///`cudnnDestroyAttnDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyAttnDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyAttnDescriptor__cu118(
     attnDesc: *mut c_void,
@@ -785,7 +1955,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyAttnDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyAttnDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroyAttnDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyAttnDescriptor__cu126(
     attnDesc: *mut c_void,
@@ -797,7 +1967,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyAttnDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnDestroyCTCLossDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyCTCLossDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyCTCLossDescriptor__cu118(
     ctcLossDesc: *mut c_void,
@@ -809,7 +1979,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyCTCLossDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyCTCLossDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroyCTCLossDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyCTCLossDescriptor__cu126(
     ctcLossDesc: *mut c_void,
@@ -821,7 +1991,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyCTCLossDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnDestroyConvolutionDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyConvolutionDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyConvolutionDescriptor__cu118(
     convDesc: *mut c_void,
@@ -833,7 +2003,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyConvolutionDescriptor__cu11
         ) as u32
     }
 }
-///`cudnnDestroyConvolutionDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroyConvolutionDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyConvolutionDescriptor__cu126(
     convDesc: *mut c_void,
@@ -845,7 +2015,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyConvolutionDescriptor__cu12
         ) as u32
     }
 }
-///`cudnnDestroyDropoutDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyDropoutDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyDropoutDescriptor__cu118(
     dropoutDesc: *mut c_void,
@@ -857,7 +2027,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyDropoutDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroyDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyDropoutDescriptor__cu126(
     dropoutDesc: *mut c_void,
@@ -869,7 +2039,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyDropoutDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnDestroyFilterDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyFilterDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFilterDescriptor__cu118(
     filterDesc: *mut c_void,
@@ -881,7 +2051,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFilterDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyFilterDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroyFilterDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFilterDescriptor__cu126(
     filterDesc: *mut c_void,
@@ -893,7 +2063,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFilterDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnDestroyFusedOpsConstParamPack` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyFusedOpsConstParamPack` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsConstParamPack__cu118(
     constPack: *mut c_void,
@@ -905,7 +2075,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsConstParamPack__cu1
         ) as u32
     }
 }
-///`cudnnDestroyFusedOpsConstParamPack` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroyFusedOpsConstParamPack` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsConstParamPack__cu126(
     constPack: *mut c_void,
@@ -917,7 +2087,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsConstParamPack__cu1
         ) as u32
     }
 }
-///`cudnnDestroyFusedOpsPlan` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyFusedOpsPlan` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsPlan__cu118(
     plan: *mut c_void,
@@ -929,7 +2099,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsPlan__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyFusedOpsPlan` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroyFusedOpsPlan` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsPlan__cu126(
     plan: *mut c_void,
@@ -941,7 +2111,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsPlan__cu126(
         ) as u32
     }
 }
-///`cudnnDestroyFusedOpsVariantParamPack` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyFusedOpsVariantParamPack` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsVariantParamPack__cu118(
     varPack: *mut c_void,
@@ -953,7 +2123,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsVariantParamPack__c
         ) as u32
     }
 }
-///`cudnnDestroyFusedOpsVariantParamPack` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroyFusedOpsVariantParamPack` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsVariantParamPack__cu126(
     varPack: *mut c_void,
@@ -965,7 +2135,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsVariantParamPack__c
         ) as u32
     }
 }
-///`cudnnDestroyLRNDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyLRNDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyLRNDescriptor__cu118(
     lrnDesc: *mut c_void,
@@ -977,7 +2147,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyLRNDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyLRNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroyLRNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyLRNDescriptor__cu126(
     lrnDesc: *mut c_void,
@@ -989,7 +2159,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyLRNDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnDestroyOpTensorDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyOpTensorDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyOpTensorDescriptor__cu118(
     opTensorDesc: *mut c_void,
@@ -1001,7 +2171,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyOpTensorDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyOpTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroyOpTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyOpTensorDescriptor__cu126(
     opTensorDesc: *mut c_void,
@@ -1013,7 +2183,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyOpTensorDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnDestroyPersistentRNNPlan` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyPersistentRNNPlan` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyPersistentRNNPlan(
     plan: *mut c_void,
@@ -1025,7 +2195,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyPersistentRNNPlan(
         ) as u32
     }
 }
-///`cudnnDestroyPoolingDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyPoolingDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyPoolingDescriptor__cu118(
     poolingDesc: *mut c_void,
@@ -1037,7 +2207,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyPoolingDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyPoolingDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroyPoolingDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyPoolingDescriptor__cu126(
     poolingDesc: *mut c_void,
@@ -1049,7 +2219,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyPoolingDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnDestroyRNNDataDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyRNNDataDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyRNNDataDescriptor__cu118(
     rnnDataDesc: *mut c_void,
@@ -1061,7 +2231,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyRNNDataDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyRNNDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroyRNNDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyRNNDataDescriptor__cu126(
     rnnDataDesc: *mut c_void,
@@ -1073,7 +2243,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyRNNDataDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnDestroyRNNDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyRNNDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyRNNDescriptor__cu118(
     rnnDesc: *mut c_void,
@@ -1085,7 +2255,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyRNNDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyRNNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroyRNNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyRNNDescriptor__cu126(
     rnnDesc: *mut c_void,
@@ -1097,7 +2267,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyRNNDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnDestroyReduceTensorDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyReduceTensorDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyReduceTensorDescriptor__cu118(
     reduceTensorDesc: *mut c_void,
@@ -1109,7 +2279,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyReduceTensorDescriptor__cu1
         ) as u32
     }
 }
-///`cudnnDestroyReduceTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroyReduceTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyReduceTensorDescriptor__cu126(
     reduceTensorDesc: *mut c_void,
@@ -1121,7 +2291,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyReduceTensorDescriptor__cu1
         ) as u32
     }
 }
-///`cudnnDestroySeqDataDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroySeqDataDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroySeqDataDescriptor__cu118(
     seqDataDesc: *mut c_void,
@@ -1133,7 +2303,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroySeqDataDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroySeqDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroySeqDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroySeqDataDescriptor__cu126(
     seqDataDesc: *mut c_void,
@@ -1145,7 +2315,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroySeqDataDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnDestroySpatialTransformerDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroySpatialTransformerDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroySpatialTransformerDescriptor__cu118(
     stDesc: *mut c_void,
@@ -1157,7 +2327,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroySpatialTransformerDescripto
         ) as u32
     }
 }
-///`cudnnDestroySpatialTransformerDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroySpatialTransformerDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroySpatialTransformerDescriptor__cu126(
     stDesc: *mut c_void,
@@ -1169,7 +2339,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroySpatialTransformerDescripto
         ) as u32
     }
 }
-///`cudnnDestroyTensorDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyTensorDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyTensorDescriptor__cu118(
     tensorDesc: *mut c_void,
@@ -1181,7 +2351,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyTensorDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroyTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyTensorDescriptor__cu126(
     tensorDesc: *mut c_void,
@@ -1193,7 +2363,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyTensorDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnDestroyTensorTransformDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnDestroyTensorTransformDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyTensorTransformDescriptor__cu118(
     transformDesc: *mut c_void,
@@ -1205,7 +2375,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyTensorTransformDescriptor__
         ) as u32
     }
 }
-///`cudnnDestroyTensorTransformDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDestroyTensorTransformDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyTensorTransformDescriptor__cu126(
     transformDesc: *mut c_void,
@@ -1214,6 +2384,118 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyTensorTransformDescriptor__
         crate::runtime::call(
             &chidori_cuda::calls::cudnn::cudnnDestroyTensorTransformDescriptor__cu126,
             &[(transformDesc) as usize as u64],
+        ) as u32
+    }
+}
+///`cudnnDropoutBackward` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnDropoutBackward__cu118(
+    handle: *mut c_void,
+    dropoutDesc: *mut c_void,
+    dydesc: *mut c_void,
+    dy: *mut c_void,
+    dxdesc: *mut c_void,
+    dx: *mut c_void,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnDropoutBackward__cu118,
+            &[
+                (handle) as usize as u64,
+                (dropoutDesc) as usize as u64,
+                (dydesc) as usize as u64,
+                (dy) as usize as u64,
+                (dxdesc) as usize as u64,
+                (dx) as usize as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnDropoutBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnDropoutBackward__cu126(
+    handle: *mut c_void,
+    dropoutDesc: *mut c_void,
+    dydesc: *mut c_void,
+    dy: *mut c_void,
+    dxdesc: *mut c_void,
+    dx: *mut c_void,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnDropoutBackward__cu126,
+            &[
+                (handle) as usize as u64,
+                (dropoutDesc) as usize as u64,
+                (dydesc) as usize as u64,
+                (dy) as usize as u64,
+                (dxdesc) as usize as u64,
+                (dx) as usize as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnDropoutForward` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnDropoutForward__cu118(
+    handle: *mut c_void,
+    dropoutDesc: *mut c_void,
+    xdesc: *mut c_void,
+    x: *mut c_void,
+    ydesc: *mut c_void,
+    y: *mut c_void,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnDropoutForward__cu118,
+            &[
+                (handle) as usize as u64,
+                (dropoutDesc) as usize as u64,
+                (xdesc) as usize as u64,
+                (x) as usize as u64,
+                (ydesc) as usize as u64,
+                (y) as usize as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnDropoutForward` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnDropoutForward__cu126(
+    handle: *mut c_void,
+    dropoutDesc: *mut c_void,
+    xdesc: *mut c_void,
+    x: *mut c_void,
+    ydesc: *mut c_void,
+    y: *mut c_void,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnDropoutForward__cu126,
+            &[
+                (handle) as usize as u64,
+                (dropoutDesc) as usize as u64,
+                (xdesc) as usize as u64,
+                (x) as usize as u64,
+                (ydesc) as usize as u64,
+                (y) as usize as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+            ],
         ) as u32
     }
 }
@@ -1266,6 +2548,234 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDropoutGetStatesSize__cu126(
         crate::runtime::call(
             &chidori_cuda::calls::cudnn::cudnnDropoutGetStatesSize__cu126,
             &[(handle) as usize as u64, (sizeInBytes) as usize as u64],
+        ) as u32
+    }
+}
+///`cudnnFindConvolutionBackwardDataAlgorithmEx` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118(
+    handle: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    convDesc: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnFindConvolutionBackwardDataAlgorithmEx__cu118,
+            &[
+                (handle) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (convDesc) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnFindConvolutionBackwardDataAlgorithmEx` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126(
+    handle: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    convDesc: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnFindConvolutionBackwardDataAlgorithmEx__cu126,
+            &[
+                (handle) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (convDesc) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnFindConvolutionBackwardFilterAlgorithmEx` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118(
+    handle: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    dyDesc: *mut c_void,
+    y: *mut c_void,
+    convDesc: *mut c_void,
+    dwDesc: *mut c_void,
+    dw: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118,
+            &[
+                (handle) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (dyDesc) as usize as u64,
+                (y) as usize as u64,
+                (convDesc) as usize as u64,
+                (dwDesc) as usize as u64,
+                (dw) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnFindConvolutionBackwardFilterAlgorithmEx` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126(
+    handle: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    dyDesc: *mut c_void,
+    y: *mut c_void,
+    convDesc: *mut c_void,
+    dwDesc: *mut c_void,
+    dw: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126,
+            &[
+                (handle) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (dyDesc) as usize as u64,
+                (y) as usize as u64,
+                (convDesc) as usize as u64,
+                (dwDesc) as usize as u64,
+                (dw) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnFindConvolutionForwardAlgorithmEx` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionForwardAlgorithmEx__cu118(
+    handle: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    convDesc: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnFindConvolutionForwardAlgorithmEx__cu118,
+            &[
+                (handle) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (convDesc) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnFindConvolutionForwardAlgorithmEx` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionForwardAlgorithmEx__cu126(
+    handle: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    wDesc: *mut c_void,
+    w: *mut c_void,
+    convDesc: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnFindConvolutionForwardAlgorithmEx__cu126,
+            &[
+                (handle) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (wDesc) as usize as u64,
+                (w) as usize as u64,
+                (convDesc) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+            ],
         ) as u32
     }
 }
@@ -1839,6 +3349,62 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardDataAlgorith
         ) as u32
     }
 }
+///`cudnnGetConvolutionBackwardDataAlgorithm_v7` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118(
+    handle: *mut c_void,
+    filterDesc: *mut c_void,
+    diffDesc: *mut c_void,
+    convDesc: *mut c_void,
+    gradDesc: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118,
+            &[
+                (handle) as usize as u64,
+                (filterDesc) as usize as u64,
+                (diffDesc) as usize as u64,
+                (convDesc) as usize as u64,
+                (gradDesc) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetConvolutionBackwardDataAlgorithm_v7` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126(
+    handle: *mut c_void,
+    filterDesc: *mut c_void,
+    diffDesc: *mut c_void,
+    convDesc: *mut c_void,
+    gradDesc: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126,
+            &[
+                (handle) as usize as u64,
+                (filterDesc) as usize as u64,
+                (diffDesc) as usize as u64,
+                (convDesc) as usize as u64,
+                (gradDesc) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnGetConvolutionBackwardDataWorkspaceSize` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardDataWorkspaceSize__cu118(
@@ -1917,6 +3483,62 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardFilterAlgori
         ) as u32
     }
 }
+///`cudnnGetConvolutionBackwardFilterAlgorithm_v7` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118(
+    handle: *mut c_void,
+    srcDesc: *mut c_void,
+    diffDesc: *mut c_void,
+    convDesc: *mut c_void,
+    gradDesc: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118,
+            &[
+                (handle) as usize as u64,
+                (srcDesc) as usize as u64,
+                (diffDesc) as usize as u64,
+                (convDesc) as usize as u64,
+                (gradDesc) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetConvolutionBackwardFilterAlgorithm_v7` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126(
+    handle: *mut c_void,
+    srcDesc: *mut c_void,
+    diffDesc: *mut c_void,
+    convDesc: *mut c_void,
+    gradDesc: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126,
+            &[
+                (handle) as usize as u64,
+                (srcDesc) as usize as u64,
+                (diffDesc) as usize as u64,
+                (convDesc) as usize as u64,
+                (gradDesc) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnGetConvolutionBackwardFilterWorkspaceSize` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118(
@@ -1992,6 +3614,62 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionForwardAlgorithmMaxC
         crate::runtime::call(
             &chidori_cuda::calls::cudnn::cudnnGetConvolutionForwardAlgorithmMaxCount__cu126,
             &[(handle) as usize as u64, (count) as usize as u64],
+        ) as u32
+    }
+}
+///`cudnnGetConvolutionForwardAlgorithm_v7` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionForwardAlgorithm_v7__cu118(
+    handle: *mut c_void,
+    srcDesc: *mut c_void,
+    filterDesc: *mut c_void,
+    convDesc: *mut c_void,
+    destDesc: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetConvolutionForwardAlgorithm_v7__cu118,
+            &[
+                (handle) as usize as u64,
+                (srcDesc) as usize as u64,
+                (filterDesc) as usize as u64,
+                (convDesc) as usize as u64,
+                (destDesc) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetConvolutionForwardAlgorithm_v7` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionForwardAlgorithm_v7__cu126(
+    handle: *mut c_void,
+    srcDesc: *mut c_void,
+    filterDesc: *mut c_void,
+    convDesc: *mut c_void,
+    destDesc: *mut c_void,
+    requestedAlgoCount: i32,
+    returnedAlgoCount: *mut c_void,
+    perfResults: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetConvolutionForwardAlgorithm_v7__cu126,
+            &[
+                (handle) as usize as u64,
+                (srcDesc) as usize as u64,
+                (filterDesc) as usize as u64,
+                (convDesc) as usize as u64,
+                (destDesc) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (returnedAlgoCount) as usize as u64,
+                (perfResults) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -2187,6 +3865,50 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCudartVersion__cu126() -> usize
             &chidori_cuda::calls::cudnn::cudnnGetCudartVersion__cu126,
             &[],
         ) as usize
+    }
+}
+///`cudnnGetDropoutDescriptor` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetDropoutDescriptor__cu118(
+    dropoutDesc: *mut c_void,
+    handle: *mut c_void,
+    dropout: *mut c_void,
+    states: *mut c_void,
+    seed: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetDropoutDescriptor__cu118,
+            &[
+                (dropoutDesc) as usize as u64,
+                (handle) as usize as u64,
+                (dropout) as usize as u64,
+                (states) as usize as u64,
+                (seed) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetDropoutDescriptor__cu126(
+    dropoutDesc: *mut c_void,
+    handle: *mut c_void,
+    dropout: *mut c_void,
+    states: *mut c_void,
+    seed: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetDropoutDescriptor__cu126,
+            &[
+                (dropoutDesc) as usize as u64,
+                (handle) as usize as u64,
+                (dropout) as usize as u64,
+                (states) as usize as u64,
+                (seed) as usize as u64,
+            ],
+        ) as u32
     }
 }
 ///`cudnnGetErrorString` for CUDA 11.8, 12.1 (local, generated).
@@ -2455,6 +4177,21 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetLRNDescriptor__cu126(
                 (lrnK) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cudnnGetLastErrorString` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetLastErrorString(
+    message: *mut c_void,
+    max_size: usize,
+) {
+    unsafe {
+        {
+            crate::runtime::call(
+                &chidori_cuda::calls::cudnn::cudnnGetLastErrorString,
+                &[(message) as usize as u64, (max_size) as u64],
+            );
+        }
     }
 }
 ///`cudnnGetMaxDeviceVersion` for CUDA 11.8, 12.1 (sync).
@@ -3088,6 +4825,118 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNParamsSize(
         ) as u32
     }
 }
+///`cudnnGetRNNTempSpaceSizes` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNTempSpaceSizes__cu118(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    fwdMode: u32,
+    xDesc: *mut c_void,
+    workSpaceSize: *mut c_void,
+    reserveSpaceSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetRNNTempSpaceSizes__cu118,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (fwdMode) as u64,
+                (xDesc) as usize as u64,
+                (workSpaceSize) as usize as u64,
+                (reserveSpaceSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetRNNTempSpaceSizes` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNTempSpaceSizes__cu126(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    fwdMode: u32,
+    xDesc: *mut c_void,
+    workSpaceSize: *mut c_void,
+    reserveSpaceSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetRNNTempSpaceSizes__cu126,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (fwdMode) as u64,
+                (xDesc) as usize as u64,
+                (workSpaceSize) as usize as u64,
+                (reserveSpaceSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetRNNWeightParams` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNWeightParams__cu118(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    pseudoLayer: i32,
+    weightSpaceSize: usize,
+    weightSpace: *mut c_void,
+    linLayerID: i32,
+    mDesc: *mut c_void,
+    mAddr: *mut c_void,
+    bDesc: *mut c_void,
+    bAddr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetRNNWeightParams__cu118,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (pseudoLayer) as i64 as u64,
+                (weightSpaceSize) as u64,
+                (weightSpace) as usize as u64,
+                (linLayerID) as i64 as u64,
+                (mDesc) as usize as u64,
+                (mAddr) as usize as u64,
+                (bDesc) as usize as u64,
+                (bAddr) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnGetRNNWeightParams` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNWeightParams__cu126(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    pseudoLayer: i32,
+    weightSpaceSize: usize,
+    weightSpace: *mut c_void,
+    linLayerID: i32,
+    mDesc: *mut c_void,
+    mAddr: *mut c_void,
+    bDesc: *mut c_void,
+    bAddr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetRNNWeightParams__cu126,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (pseudoLayer) as i64 as u64,
+                (weightSpaceSize) as u64,
+                (weightSpace) as usize as u64,
+                (linLayerID) as i64 as u64,
+                (mDesc) as usize as u64,
+                (mAddr) as usize as u64,
+                (bDesc) as usize as u64,
+                (bAddr) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnGetRNNWeightSpaceSize` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNWeightSpaceSize__cu118(
@@ -3540,6 +5389,142 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnInitTransformDest__cu126(
         ) as u32
     }
 }
+///`cudnnLRNCrossChannelBackward` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnLRNCrossChannelBackward__cu118(
+    handle: *mut c_void,
+    normDesc: *mut c_void,
+    lrnMode: u32,
+    alpha: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnLRNCrossChannelBackward__cu118,
+            &[
+                (handle) as usize as u64,
+                (normDesc) as usize as u64,
+                (lrnMode) as u64,
+                (alpha) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnLRNCrossChannelBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnLRNCrossChannelBackward__cu126(
+    handle: *mut c_void,
+    normDesc: *mut c_void,
+    lrnMode: u32,
+    alpha: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnLRNCrossChannelBackward__cu126,
+            &[
+                (handle) as usize as u64,
+                (normDesc) as usize as u64,
+                (lrnMode) as u64,
+                (alpha) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnLRNCrossChannelForward` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnLRNCrossChannelForward__cu118(
+    handle: *mut c_void,
+    normDesc: *mut c_void,
+    lrnMode: u32,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnLRNCrossChannelForward__cu118,
+            &[
+                (handle) as usize as u64,
+                (normDesc) as usize as u64,
+                (lrnMode) as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnLRNCrossChannelForward` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnLRNCrossChannelForward__cu126(
+    handle: *mut c_void,
+    normDesc: *mut c_void,
+    lrnMode: u32,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnLRNCrossChannelForward__cu126,
+            &[
+                (handle) as usize as u64,
+                (normDesc) as usize as u64,
+                (lrnMode) as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnMakeFusedOpsPlan` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnMakeFusedOpsPlan__cu118(
@@ -3604,6 +5589,134 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnOpsVersionCheck() -> u32 {
             as u32
     }
 }
+///`cudnnPoolingBackward` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnPoolingBackward__cu118(
+    handle: *mut c_void,
+    poolingDesc: *mut c_void,
+    alpha: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnPoolingBackward__cu118,
+            &[
+                (handle) as usize as u64,
+                (poolingDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnPoolingBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnPoolingBackward__cu126(
+    handle: *mut c_void,
+    poolingDesc: *mut c_void,
+    alpha: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnPoolingBackward__cu126,
+            &[
+                (handle) as usize as u64,
+                (poolingDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnPoolingForward` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnPoolingForward__cu118(
+    handle: *mut c_void,
+    poolingDesc: *mut c_void,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnPoolingForward__cu118,
+            &[
+                (handle) as usize as u64,
+                (poolingDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnPoolingForward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnPoolingForward__cu126(
+    handle: *mut c_void,
+    poolingDesc: *mut c_void,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnPoolingForward__cu126,
+            &[
+                (handle) as usize as u64,
+                (poolingDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnQueryRuntimeError` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnQueryRuntimeError__cu118(
@@ -3640,6 +5753,350 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnQueryRuntimeError__cu126(
                 (rstatus) as usize as u64,
                 (mode) as u64,
                 (tag) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnRNNBackwardData_v8` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNBackwardData_v8__cu118(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    devSeqLengths: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    dy: *mut c_void,
+    xDesc: *mut c_void,
+    dx: *mut c_void,
+    hDesc: *mut c_void,
+    hx: *mut c_void,
+    dhy: *mut c_void,
+    dhx: *mut c_void,
+    cDesc: *mut c_void,
+    cx: *mut c_void,
+    dcy: *mut c_void,
+    dcx: *mut c_void,
+    weightSpaceSize: usize,
+    weightSpace: *mut c_void,
+    workSpaceSize: usize,
+    workSpace: *mut c_void,
+    reserveSpaceSize: usize,
+    reserveSpace: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnRNNBackwardData_v8__cu118,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (devSeqLengths) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (dy) as usize as u64,
+                (xDesc) as usize as u64,
+                (dx) as usize as u64,
+                (hDesc) as usize as u64,
+                (hx) as usize as u64,
+                (dhy) as usize as u64,
+                (dhx) as usize as u64,
+                (cDesc) as usize as u64,
+                (cx) as usize as u64,
+                (dcy) as usize as u64,
+                (dcx) as usize as u64,
+                (weightSpaceSize) as u64,
+                (weightSpace) as usize as u64,
+                (workSpaceSize) as u64,
+                (workSpace) as usize as u64,
+                (reserveSpaceSize) as u64,
+                (reserveSpace) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnRNNBackwardData_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNBackwardData_v8__cu126(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    devSeqLengths: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    dy: *mut c_void,
+    xDesc: *mut c_void,
+    dx: *mut c_void,
+    hDesc: *mut c_void,
+    hx: *mut c_void,
+    dhy: *mut c_void,
+    dhx: *mut c_void,
+    cDesc: *mut c_void,
+    cx: *mut c_void,
+    dcy: *mut c_void,
+    dcx: *mut c_void,
+    weightSpaceSize: usize,
+    weightSpace: *mut c_void,
+    workSpaceSize: usize,
+    workSpace: *mut c_void,
+    reserveSpaceSize: usize,
+    reserveSpace: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnRNNBackwardData_v8__cu126,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (devSeqLengths) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (dy) as usize as u64,
+                (xDesc) as usize as u64,
+                (dx) as usize as u64,
+                (hDesc) as usize as u64,
+                (hx) as usize as u64,
+                (dhy) as usize as u64,
+                (dhx) as usize as u64,
+                (cDesc) as usize as u64,
+                (cx) as usize as u64,
+                (dcy) as usize as u64,
+                (dcx) as usize as u64,
+                (weightSpaceSize) as u64,
+                (weightSpace) as usize as u64,
+                (workSpaceSize) as u64,
+                (workSpace) as usize as u64,
+                (reserveSpaceSize) as u64,
+                (reserveSpace) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnRNNBackwardWeightsEx` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNBackwardWeightsEx(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    hxDesc: *mut c_void,
+    hx: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    workSpace: *mut c_void,
+    workSpaceSizeInBytes: usize,
+    dwDesc: *mut c_void,
+    dw: *mut c_void,
+    reserveSpace: *mut c_void,
+    reserveSpaceSizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnRNNBackwardWeightsEx,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (hxDesc) as usize as u64,
+                (hx) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (workSpace) as usize as u64,
+                (workSpaceSizeInBytes) as u64,
+                (dwDesc) as usize as u64,
+                (dw) as usize as u64,
+                (reserveSpace) as usize as u64,
+                (reserveSpaceSizeInBytes) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnRNNBackwardWeights_v8` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNBackwardWeights_v8__cu118(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    addGrad: u32,
+    devSeqLengths: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    hDesc: *mut c_void,
+    hx: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    weightSpaceSize: usize,
+    dweightSpace: *mut c_void,
+    workSpaceSize: usize,
+    workSpace: *mut c_void,
+    reserveSpaceSize: usize,
+    reserveSpace: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnRNNBackwardWeights_v8__cu118,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (addGrad) as u64,
+                (devSeqLengths) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (hDesc) as usize as u64,
+                (hx) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (weightSpaceSize) as u64,
+                (dweightSpace) as usize as u64,
+                (workSpaceSize) as u64,
+                (workSpace) as usize as u64,
+                (reserveSpaceSize) as u64,
+                (reserveSpace) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnRNNBackwardWeights_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNBackwardWeights_v8__cu126(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    addGrad: u32,
+    devSeqLengths: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    hDesc: *mut c_void,
+    hx: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    weightSpaceSize: usize,
+    dweightSpace: *mut c_void,
+    workSpaceSize: usize,
+    workSpace: *mut c_void,
+    reserveSpaceSize: usize,
+    reserveSpace: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnRNNBackwardWeights_v8__cu126,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (addGrad) as u64,
+                (devSeqLengths) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (hDesc) as usize as u64,
+                (hx) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (weightSpaceSize) as u64,
+                (dweightSpace) as usize as u64,
+                (workSpaceSize) as u64,
+                (workSpace) as usize as u64,
+                (reserveSpaceSize) as u64,
+                (reserveSpace) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnRNNForward` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNForward__cu118(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    fwdMode: u32,
+    devSeqLengths: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    hDesc: *mut c_void,
+    hx: *mut c_void,
+    hy: *mut c_void,
+    cDesc: *mut c_void,
+    cx: *mut c_void,
+    cy: *mut c_void,
+    weightSpaceSize: usize,
+    weightSpace: *mut c_void,
+    workSpaceSize: usize,
+    workSpace: *mut c_void,
+    reserveSpaceSize: usize,
+    reserveSpace: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnRNNForward__cu118,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (fwdMode) as u64,
+                (devSeqLengths) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (hDesc) as usize as u64,
+                (hx) as usize as u64,
+                (hy) as usize as u64,
+                (cDesc) as usize as u64,
+                (cx) as usize as u64,
+                (cy) as usize as u64,
+                (weightSpaceSize) as u64,
+                (weightSpace) as usize as u64,
+                (workSpaceSize) as u64,
+                (workSpace) as usize as u64,
+                (reserveSpaceSize) as u64,
+                (reserveSpace) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnRNNForward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNForward__cu126(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    fwdMode: u32,
+    devSeqLengths: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    hDesc: *mut c_void,
+    hx: *mut c_void,
+    hy: *mut c_void,
+    cDesc: *mut c_void,
+    cx: *mut c_void,
+    cy: *mut c_void,
+    weightSpaceSize: usize,
+    weightSpace: *mut c_void,
+    workSpaceSize: usize,
+    workSpace: *mut c_void,
+    reserveSpaceSize: usize,
+    reserveSpace: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnRNNForward__cu126,
+            &[
+                (handle) as usize as u64,
+                (rnnDesc) as usize as u64,
+                (fwdMode) as u64,
+                (devSeqLengths) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (hDesc) as usize as u64,
+                (hx) as usize as u64,
+                (hy) as usize as u64,
+                (cDesc) as usize as u64,
+                (cx) as usize as u64,
+                (cy) as usize as u64,
+                (weightSpaceSize) as u64,
+                (weightSpace) as usize as u64,
+                (workSpaceSize) as u64,
+                (workSpace) as usize as u64,
+                (reserveSpaceSize) as u64,
+                (reserveSpace) as usize as u64,
             ],
         ) as u32
     }
@@ -3816,6 +6273,94 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNSetClip_v9(
                 (clipMode) as u64,
                 (lclip).to_bits(),
                 (rclip).to_bits(),
+            ],
+        ) as u32
+    }
+}
+///`cudnnRestoreDropoutDescriptor` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnRestoreDropoutDescriptor__cu118(
+    dropoutDesc: *mut c_void,
+    handle: *mut c_void,
+    dropout: f32,
+    states: *mut c_void,
+    stateSizeInBytes: usize,
+    seed: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnRestoreDropoutDescriptor__cu118,
+            &[
+                (dropoutDesc) as usize as u64,
+                (handle) as usize as u64,
+                (dropout).to_bits() as u64,
+                (states) as usize as u64,
+                (stateSizeInBytes) as u64,
+                (seed) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnRestoreDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnRestoreDropoutDescriptor__cu126(
+    dropoutDesc: *mut c_void,
+    handle: *mut c_void,
+    dropout: f32,
+    states: *mut c_void,
+    stateSizeInBytes: usize,
+    seed: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnRestoreDropoutDescriptor__cu126,
+            &[
+                (dropoutDesc) as usize as u64,
+                (handle) as usize as u64,
+                (dropout).to_bits() as u64,
+                (states) as usize as u64,
+                (stateSizeInBytes) as u64,
+                (seed) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnScaleTensor` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnScaleTensor__cu118(
+    handle: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    alpha: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnScaleTensor__cu118,
+            &[
+                (handle) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (alpha) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnScaleTensor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnScaleTensor__cu126(
+    handle: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    alpha: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnScaleTensor__cu126,
+            &[
+                (handle) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (alpha) as usize as u64,
             ],
         ) as u32
     }
@@ -4269,6 +6814,58 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionMathType__cu126(
         ) as u32
     }
 }
+///`cudnnSetConvolutionNdDescriptor` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionNdDescriptor__cu118(
+    convDesc: *mut c_void,
+    arrayLength: i32,
+    padA: *mut c_void,
+    filterStrideA: *mut c_void,
+    dilationA: *mut c_void,
+    mode: u32,
+    computeType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetConvolutionNdDescriptor__cu118,
+            &[
+                (convDesc) as usize as u64,
+                (arrayLength) as i64 as u64,
+                (padA) as usize as u64,
+                (filterStrideA) as usize as u64,
+                (dilationA) as usize as u64,
+                (mode) as u64,
+                (computeType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSetConvolutionNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionNdDescriptor__cu126(
+    convDesc: *mut c_void,
+    arrayLength: i32,
+    padA: *mut c_void,
+    filterStrideA: *mut c_void,
+    dilationA: *mut c_void,
+    mode: u32,
+    computeType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetConvolutionNdDescriptor__cu126,
+            &[
+                (convDesc) as usize as u64,
+                (arrayLength) as i64 as u64,
+                (padA) as usize as u64,
+                (filterStrideA) as usize as u64,
+                (dilationA) as usize as u64,
+                (mode) as u64,
+                (computeType) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnSetConvolutionReorderType` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionReorderType__cu118(
@@ -4292,6 +6889,54 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionReorderType__cu126(
         crate::runtime::call(
             &chidori_cuda::calls::cudnn::cudnnSetConvolutionReorderType__cu126,
             &[(convDesc) as usize as u64, (reorderType) as u64],
+        ) as u32
+    }
+}
+///`cudnnSetDropoutDescriptor` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetDropoutDescriptor__cu118(
+    dropoutDesc: *mut c_void,
+    handle: *mut c_void,
+    dropout: f32,
+    states: *mut c_void,
+    stateSizeInBytes: usize,
+    seed: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetDropoutDescriptor__cu118,
+            &[
+                (dropoutDesc) as usize as u64,
+                (handle) as usize as u64,
+                (dropout).to_bits() as u64,
+                (states) as usize as u64,
+                (stateSizeInBytes) as u64,
+                (seed) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSetDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetDropoutDescriptor__cu126(
+    dropoutDesc: *mut c_void,
+    handle: *mut c_void,
+    dropout: f32,
+    states: *mut c_void,
+    stateSizeInBytes: usize,
+    seed: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetDropoutDescriptor__cu126,
+            &[
+                (dropoutDesc) as usize as u64,
+                (handle) as usize as u64,
+                (dropout).to_bits() as u64,
+                (states) as usize as u64,
+                (stateSizeInBytes) as u64,
+                (seed) as u64,
+            ],
         ) as u32
     }
 }
@@ -4343,6 +6988,50 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetFilter4dDescriptor__cu126(
                 (c) as i64 as u64,
                 (h) as i64 as u64,
                 (w) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSetFilterNdDescriptor` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetFilterNdDescriptor__cu118(
+    filterDesc: *mut c_void,
+    dataType: u32,
+    format: u32,
+    nbDims: i32,
+    filterDimA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetFilterNdDescriptor__cu118,
+            &[
+                (filterDesc) as usize as u64,
+                (dataType) as u64,
+                (format) as u64,
+                (nbDims) as i64 as u64,
+                (filterDimA) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSetFilterNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetFilterNdDescriptor__cu126(
+    filterDesc: *mut c_void,
+    dataType: u32,
+    format: u32,
+    nbDims: i32,
+    filterDimA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetFilterNdDescriptor__cu126,
+            &[
+                (filterDesc) as usize as u64,
+                (dataType) as u64,
+                (format) as u64,
+                (nbDims) as i64 as u64,
+                (filterDimA) as usize as u64,
             ],
         ) as u32
     }
@@ -4532,6 +7221,62 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNBiasMode(
         crate::runtime::call(
             &chidori_cuda::calls::cudnn::cudnnSetRNNBiasMode,
             &[(rnnDesc) as usize as u64, (biasMode) as u64],
+        ) as u32
+    }
+}
+///`cudnnSetRNNDataDescriptor` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNDataDescriptor__cu118(
+    rnnDataDesc: *mut c_void,
+    dataType: u32,
+    layout: u32,
+    maxSeqLength: i32,
+    batchSize: i32,
+    vectorSize: i32,
+    seqLengthArray: *mut c_void,
+    paddingFill: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetRNNDataDescriptor__cu118,
+            &[
+                (rnnDataDesc) as usize as u64,
+                (dataType) as u64,
+                (layout) as u64,
+                (maxSeqLength) as i64 as u64,
+                (batchSize) as i64 as u64,
+                (vectorSize) as i64 as u64,
+                (seqLengthArray) as usize as u64,
+                (paddingFill) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSetRNNDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNDataDescriptor__cu126(
+    rnnDataDesc: *mut c_void,
+    dataType: u32,
+    layout: u32,
+    maxSeqLength: i32,
+    batchSize: i32,
+    vectorSize: i32,
+    seqLengthArray: *mut c_void,
+    paddingFill: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetRNNDataDescriptor__cu126,
+            &[
+                (rnnDataDesc) as usize as u64,
+                (dataType) as u64,
+                (layout) as u64,
+                (maxSeqLength) as i64 as u64,
+                (batchSize) as i64 as u64,
+                (vectorSize) as i64 as u64,
+                (seqLengthArray) as usize as u64,
+                (paddingFill) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -4745,7 +7490,51 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetReduceTensorDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnSetStream` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetSpatialTransformerNdDescriptor` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetSpatialTransformerNdDescriptor__cu118(
+    stDesc: *mut c_void,
+    samplerType: u32,
+    dataType: u32,
+    nbDims: i32,
+    dimA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetSpatialTransformerNdDescriptor__cu118,
+            &[
+                (stDesc) as usize as u64,
+                (samplerType) as u64,
+                (dataType) as u64,
+                (nbDims) as i64 as u64,
+                (dimA) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSetSpatialTransformerNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetSpatialTransformerNdDescriptor__cu126(
+    stDesc: *mut c_void,
+    samplerType: u32,
+    dataType: u32,
+    nbDims: i32,
+    dimA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetSpatialTransformerNdDescriptor__cu126,
+            &[
+                (stDesc) as usize as u64,
+                (samplerType) as u64,
+                (dataType) as u64,
+                (nbDims) as i64 as u64,
+                (dimA) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSetStream` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetStream__cu118(
     handle: *mut c_void,
@@ -4758,7 +7547,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetStream__cu118(
         ) as u32
     }
 }
-///`cudnnSetStream` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetStream` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetStream__cu126(
     handle: *mut c_void,
@@ -4883,6 +7672,450 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensor4dDescriptorEx__cu126(
                 (cStride) as i64 as u64,
                 (hStride) as i64 as u64,
                 (wStride) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSetTensorNdDescriptor` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensorNdDescriptor__cu118(
+    tensorDesc: *mut c_void,
+    dataType: u32,
+    nbDims: i32,
+    dimA: *mut c_void,
+    strideA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetTensorNdDescriptor__cu118,
+            &[
+                (tensorDesc) as usize as u64,
+                (dataType) as u64,
+                (nbDims) as i64 as u64,
+                (dimA) as usize as u64,
+                (strideA) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSetTensorNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensorNdDescriptor__cu126(
+    tensorDesc: *mut c_void,
+    dataType: u32,
+    nbDims: i32,
+    dimA: *mut c_void,
+    strideA: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSetTensorNdDescriptor__cu126,
+            &[
+                (tensorDesc) as usize as u64,
+                (dataType) as u64,
+                (nbDims) as i64 as u64,
+                (dimA) as usize as u64,
+                (strideA) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSoftmaxBackward` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSoftmaxBackward__cu118(
+    handle: *mut c_void,
+    algo: u32,
+    mode: u32,
+    alpha: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    beta: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSoftmaxBackward__cu118,
+            &[
+                (handle) as usize as u64,
+                (algo) as u64,
+                (mode) as u64,
+                (alpha) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (beta) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSoftmaxBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSoftmaxBackward__cu126(
+    handle: *mut c_void,
+    algo: u32,
+    mode: u32,
+    alpha: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    beta: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSoftmaxBackward__cu126,
+            &[
+                (handle) as usize as u64,
+                (algo) as u64,
+                (mode) as u64,
+                (alpha) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (beta) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSoftmaxForward` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSoftmaxForward__cu118(
+    handle: *mut c_void,
+    algo: u32,
+    mode: u32,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSoftmaxForward__cu118,
+            &[
+                (handle) as usize as u64,
+                (algo) as u64,
+                (mode) as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSoftmaxForward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSoftmaxForward__cu126(
+    handle: *mut c_void,
+    algo: u32,
+    mode: u32,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSoftmaxForward__cu126,
+            &[
+                (handle) as usize as u64,
+                (algo) as u64,
+                (mode) as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSpatialTfGridGeneratorBackward` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSpatialTfGridGeneratorBackward__cu118(
+    handle: *mut c_void,
+    stDesc: *mut c_void,
+    dgrid: *mut c_void,
+    dtheta: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSpatialTfGridGeneratorBackward__cu118,
+            &[
+                (handle) as usize as u64,
+                (stDesc) as usize as u64,
+                (dgrid) as usize as u64,
+                (dtheta) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSpatialTfGridGeneratorBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSpatialTfGridGeneratorBackward__cu126(
+    handle: *mut c_void,
+    stDesc: *mut c_void,
+    dgrid: *mut c_void,
+    dtheta: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSpatialTfGridGeneratorBackward__cu126,
+            &[
+                (handle) as usize as u64,
+                (stDesc) as usize as u64,
+                (dgrid) as usize as u64,
+                (dtheta) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSpatialTfGridGeneratorForward` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSpatialTfGridGeneratorForward__cu118(
+    handle: *mut c_void,
+    stDesc: *mut c_void,
+    theta: *mut c_void,
+    grid: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSpatialTfGridGeneratorForward__cu118,
+            &[
+                (handle) as usize as u64,
+                (stDesc) as usize as u64,
+                (theta) as usize as u64,
+                (grid) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSpatialTfGridGeneratorForward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSpatialTfGridGeneratorForward__cu126(
+    handle: *mut c_void,
+    stDesc: *mut c_void,
+    theta: *mut c_void,
+    grid: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSpatialTfGridGeneratorForward__cu126,
+            &[
+                (handle) as usize as u64,
+                (stDesc) as usize as u64,
+                (theta) as usize as u64,
+                (grid) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSpatialTfSamplerBackward` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSpatialTfSamplerBackward__cu118(
+    handle: *mut c_void,
+    stDesc: *mut c_void,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+    alphaDgrid: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    grid: *mut c_void,
+    betaDgrid: *mut c_void,
+    dgrid: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSpatialTfSamplerBackward__cu118,
+            &[
+                (handle) as usize as u64,
+                (stDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+                (alphaDgrid) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (grid) as usize as u64,
+                (betaDgrid) as usize as u64,
+                (dgrid) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSpatialTfSamplerBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSpatialTfSamplerBackward__cu126(
+    handle: *mut c_void,
+    stDesc: *mut c_void,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    dxDesc: *mut c_void,
+    dx: *mut c_void,
+    alphaDgrid: *mut c_void,
+    dyDesc: *mut c_void,
+    dy: *mut c_void,
+    grid: *mut c_void,
+    betaDgrid: *mut c_void,
+    dgrid: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSpatialTfSamplerBackward__cu126,
+            &[
+                (handle) as usize as u64,
+                (stDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (dxDesc) as usize as u64,
+                (dx) as usize as u64,
+                (alphaDgrid) as usize as u64,
+                (dyDesc) as usize as u64,
+                (dy) as usize as u64,
+                (grid) as usize as u64,
+                (betaDgrid) as usize as u64,
+                (dgrid) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSpatialTfSamplerForward` for CUDA 11.8, 12.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSpatialTfSamplerForward__cu118(
+    handle: *mut c_void,
+    stDesc: *mut c_void,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    grid: *mut c_void,
+    beta: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSpatialTfSamplerForward__cu118,
+            &[
+                (handle) as usize as u64,
+                (stDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (grid) as usize as u64,
+                (beta) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnSpatialTfSamplerForward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnSpatialTfSamplerForward__cu126(
+    handle: *mut c_void,
+    stDesc: *mut c_void,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    grid: *mut c_void,
+    beta: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnSpatialTfSamplerForward__cu126,
+            &[
+                (handle) as usize as u64,
+                (stDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (grid) as usize as u64,
+                (beta) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnTransformTensor` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnTransformTensor__cu118(
+    handle: *mut c_void,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnTransformTensor__cu118,
+            &[
+                (handle) as usize as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudnnTransformTensor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnTransformTensor__cu126(
+    handle: *mut c_void,
+    alpha: *mut c_void,
+    xDesc: *mut c_void,
+    x: *mut c_void,
+    beta: *mut c_void,
+    yDesc: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnTransformTensor__cu126,
+            &[
+                (handle) as usize as u64,
+                (alpha) as usize as u64,
+                (xDesc) as usize as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (yDesc) as usize as u64,
+                (y) as usize as u64,
             ],
         ) as u32
     }

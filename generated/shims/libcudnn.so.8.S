@@ -4,23 +4,17 @@
     .globl cudnnActivationBackward
     .type cudnnActivationBackward, @function
 cudnnActivationBackward:
-    leaq .Lname0(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnActivationBackward__cu118@PLT
     .size cudnnActivationBackward, .-cudnnActivationBackward
     .globl cudnnActivationForward
     .type cudnnActivationForward, @function
 cudnnActivationForward:
-    leaq .Lname1(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnActivationForward__cu118@PLT
     .size cudnnActivationForward, .-cudnnActivationForward
     .globl cudnnAddTensor
     .type cudnnAddTensor, @function
 cudnnAddTensor:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -38,47 +32,32 @@ cudnnAdvTrainVersionCheck:
     .globl cudnnBackendCreateDescriptor
     .type cudnnBackendCreateDescriptor, @function
 cudnnBackendCreateDescriptor:
-    leaq .Lname3(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBackendCreateDescriptor__cu118@PLT
     .size cudnnBackendCreateDescriptor, .-cudnnBackendCreateDescriptor
     .globl cudnnBackendDestroyDescriptor
     .type cudnnBackendDestroyDescriptor, @function
 cudnnBackendDestroyDescriptor:
-    leaq .Lname4(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBackendDestroyDescriptor__cu118@PLT
     .size cudnnBackendDestroyDescriptor, .-cudnnBackendDestroyDescriptor
     .globl cudnnBackendExecute
     .type cudnnBackendExecute, @function
 cudnnBackendExecute:
-    leaq .Lname5(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBackendExecute__cu118@PLT
     .size cudnnBackendExecute, .-cudnnBackendExecute
     .globl cudnnBackendFinalize
     .type cudnnBackendFinalize, @function
 cudnnBackendFinalize:
-    leaq .Lname6(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBackendFinalize__cu118@PLT
     .size cudnnBackendFinalize, .-cudnnBackendFinalize
     .globl cudnnBackendGetAttribute
     .type cudnnBackendGetAttribute, @function
 cudnnBackendGetAttribute:
-    leaq .Lname7(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBackendGetAttribute__cu118@PLT
     .size cudnnBackendGetAttribute, .-cudnnBackendGetAttribute
     .globl cudnnBackendInitialize
     .type cudnnBackendInitialize, @function
 cudnnBackendInitialize:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -86,15 +65,12 @@ cudnnBackendInitialize:
     .globl cudnnBackendSetAttribute
     .type cudnnBackendSetAttribute, @function
 cudnnBackendSetAttribute:
-    leaq .Lname9(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBackendSetAttribute__cu118@PLT
     .size cudnnBackendSetAttribute, .-cudnnBackendSetAttribute
     .globl cudnnBatchNormalizationBackward
     .type cudnnBatchNormalizationBackward, @function
 cudnnBatchNormalizationBackward:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -102,34 +78,22 @@ cudnnBatchNormalizationBackward:
     .globl cudnnBatchNormalizationBackwardEx
     .type cudnnBatchNormalizationBackwardEx, @function
 cudnnBatchNormalizationBackwardEx:
-    leaq .Lname11(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBatchNormalizationBackwardEx__cu118@PLT
     .size cudnnBatchNormalizationBackwardEx, .-cudnnBatchNormalizationBackwardEx
     .globl cudnnBatchNormalizationForwardInference
     .type cudnnBatchNormalizationForwardInference, @function
 cudnnBatchNormalizationForwardInference:
-    leaq .Lname12(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBatchNormalizationForwardInference__cu118@PLT
     .size cudnnBatchNormalizationForwardInference, .-cudnnBatchNormalizationForwardInference
     .globl cudnnBatchNormalizationForwardTraining
     .type cudnnBatchNormalizationForwardTraining, @function
 cudnnBatchNormalizationForwardTraining:
-    leaq .Lname13(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBatchNormalizationForwardTraining__cu118@PLT
     .size cudnnBatchNormalizationForwardTraining, .-cudnnBatchNormalizationForwardTraining
     .globl cudnnBatchNormalizationForwardTrainingEx
     .type cudnnBatchNormalizationForwardTrainingEx, @function
 cudnnBatchNormalizationForwardTrainingEx:
-    leaq .Lname14(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBatchNormalizationForwardTrainingEx__cu118@PLT
     .size cudnnBatchNormalizationForwardTrainingEx, .-cudnnBatchNormalizationForwardTrainingEx
     .globl cudnnBuildRNNDynamic
     .type cudnnBuildRNNDynamic, @function
@@ -139,7 +103,7 @@ cudnnBuildRNNDynamic:
     .globl cudnnCTCLoss
     .type cudnnCTCLoss, @function
 cudnnCTCLoss:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -147,10 +111,7 @@ cudnnCTCLoss:
     .globl cudnnCTCLoss_v8
     .type cudnnCTCLoss_v8, @function
 cudnnCTCLoss_v8:
-    leaq .Lname16(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnCTCLoss_v8__cu118@PLT
     .size cudnnCTCLoss_v8, .-cudnnCTCLoss_v8
     .globl cudnnCnnInferVersionCheck
     .type cudnnCnnInferVersionCheck, @function
@@ -165,7 +126,7 @@ cudnnCnnTrainVersionCheck:
     .globl cudnnConvolutionBackwardBias
     .type cudnnConvolutionBackwardBias, @function
 cudnnConvolutionBackwardBias:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -173,34 +134,22 @@ cudnnConvolutionBackwardBias:
     .globl cudnnConvolutionBackwardData
     .type cudnnConvolutionBackwardData, @function
 cudnnConvolutionBackwardData:
-    leaq .Lname18(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnConvolutionBackwardData__cu118@PLT
     .size cudnnConvolutionBackwardData, .-cudnnConvolutionBackwardData
     .globl cudnnConvolutionBackwardFilter
     .type cudnnConvolutionBackwardFilter, @function
 cudnnConvolutionBackwardFilter:
-    leaq .Lname19(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnConvolutionBackwardFilter__cu118@PLT
     .size cudnnConvolutionBackwardFilter, .-cudnnConvolutionBackwardFilter
     .globl cudnnConvolutionBiasActivationForward
     .type cudnnConvolutionBiasActivationForward, @function
 cudnnConvolutionBiasActivationForward:
-    leaq .Lname20(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnConvolutionBiasActivationForward__cu118@PLT
     .size cudnnConvolutionBiasActivationForward, .-cudnnConvolutionBiasActivationForward
     .globl cudnnConvolutionForward
     .type cudnnConvolutionForward, @function
 cudnnConvolutionForward:
-    leaq .Lname21(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnConvolutionForward__cu118@PLT
     .size cudnnConvolutionForward, .-cudnnConvolutionForward
     .globl cudnnCopyAlgorithmDescriptor
     .type cudnnCopyAlgorithmDescriptor, @function
@@ -450,7 +399,7 @@ cudnnDestroyTensorTransformDescriptor:
     .globl cudnnDivisiveNormalizationBackward
     .type cudnnDivisiveNormalizationBackward, @function
 cudnnDivisiveNormalizationBackward:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -458,7 +407,7 @@ cudnnDivisiveNormalizationBackward:
     .globl cudnnDivisiveNormalizationForward
     .type cudnnDivisiveNormalizationForward, @function
 cudnnDivisiveNormalizationForward:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -466,18 +415,12 @@ cudnnDivisiveNormalizationForward:
     .globl cudnnDropoutBackward
     .type cudnnDropoutBackward, @function
 cudnnDropoutBackward:
-    leaq .Lname24(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnDropoutBackward__cu118@PLT
     .size cudnnDropoutBackward, .-cudnnDropoutBackward
     .globl cudnnDropoutForward
     .type cudnnDropoutForward, @function
 cudnnDropoutForward:
-    leaq .Lname25(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnDropoutForward__cu118@PLT
     .size cudnnDropoutForward, .-cudnnDropoutForward
     .globl cudnnDropoutGetReserveSpaceSize
     .type cudnnDropoutGetReserveSpaceSize, @function
@@ -492,7 +435,7 @@ cudnnDropoutGetStatesSize:
     .globl cudnnFindConvolutionBackwardDataAlgorithm
     .type cudnnFindConvolutionBackwardDataAlgorithm, @function
 cudnnFindConvolutionBackwardDataAlgorithm:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -500,15 +443,12 @@ cudnnFindConvolutionBackwardDataAlgorithm:
     .globl cudnnFindConvolutionBackwardDataAlgorithmEx
     .type cudnnFindConvolutionBackwardDataAlgorithmEx, @function
 cudnnFindConvolutionBackwardDataAlgorithmEx:
-    leaq .Lname27(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118@PLT
     .size cudnnFindConvolutionBackwardDataAlgorithmEx, .-cudnnFindConvolutionBackwardDataAlgorithmEx
     .globl cudnnFindConvolutionBackwardFilterAlgorithm
     .type cudnnFindConvolutionBackwardFilterAlgorithm, @function
 cudnnFindConvolutionBackwardFilterAlgorithm:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -516,15 +456,12 @@ cudnnFindConvolutionBackwardFilterAlgorithm:
     .globl cudnnFindConvolutionBackwardFilterAlgorithmEx
     .type cudnnFindConvolutionBackwardFilterAlgorithmEx, @function
 cudnnFindConvolutionBackwardFilterAlgorithmEx:
-    leaq .Lname29(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118@PLT
     .size cudnnFindConvolutionBackwardFilterAlgorithmEx, .-cudnnFindConvolutionBackwardFilterAlgorithmEx
     .globl cudnnFindConvolutionForwardAlgorithm
     .type cudnnFindConvolutionForwardAlgorithm, @function
 cudnnFindConvolutionForwardAlgorithm:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -532,15 +469,12 @@ cudnnFindConvolutionForwardAlgorithm:
     .globl cudnnFindConvolutionForwardAlgorithmEx
     .type cudnnFindConvolutionForwardAlgorithmEx, @function
 cudnnFindConvolutionForwardAlgorithmEx:
-    leaq .Lname31(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnFindConvolutionForwardAlgorithmEx__cu118@PLT
     .size cudnnFindConvolutionForwardAlgorithmEx, .-cudnnFindConvolutionForwardAlgorithmEx
     .globl cudnnFindRNNBackwardDataAlgorithmEx
     .type cudnnFindRNNBackwardDataAlgorithmEx, @function
 cudnnFindRNNBackwardDataAlgorithmEx:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -548,7 +482,7 @@ cudnnFindRNNBackwardDataAlgorithmEx:
     .globl cudnnFindRNNBackwardWeightsAlgorithmEx
     .type cudnnFindRNNBackwardWeightsAlgorithmEx, @function
 cudnnFindRNNBackwardWeightsAlgorithmEx:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -556,7 +490,7 @@ cudnnFindRNNBackwardWeightsAlgorithmEx:
     .globl cudnnFindRNNForwardInferenceAlgorithmEx
     .type cudnnFindRNNForwardInferenceAlgorithmEx, @function
 cudnnFindRNNForwardInferenceAlgorithmEx:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -564,7 +498,7 @@ cudnnFindRNNForwardInferenceAlgorithmEx:
     .globl cudnnFindRNNForwardTrainingAlgorithmEx
     .type cudnnFindRNNForwardTrainingAlgorithmEx, @function
 cudnnFindRNNForwardTrainingAlgorithmEx:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -587,7 +521,7 @@ cudnnGetActivationDescriptorSwishBeta:
     .globl cudnnGetAlgorithmDescriptor
     .type cudnnGetAlgorithmDescriptor, @function
 cudnnGetAlgorithmDescriptor:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -605,7 +539,7 @@ cudnnGetAlgorithmSpaceSize:
     .globl cudnnGetAttnDescriptor
     .type cudnnGetAttnDescriptor, @function
 cudnnGetAttnDescriptor:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -613,7 +547,7 @@ cudnnGetAttnDescriptor:
     .globl cudnnGetBackdoor
     .type cudnnGetBackdoor, @function
 cudnnGetBackdoor:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -646,7 +580,7 @@ cudnnGetCTCLossDescriptorEx:
     .globl cudnnGetCTCLossDescriptor_v8
     .type cudnnGetCTCLossDescriptor_v8, @function
 cudnnGetCTCLossDescriptor_v8:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -654,7 +588,7 @@ cudnnGetCTCLossDescriptor_v8:
     .globl cudnnGetCTCLossWorkspaceSize
     .type cudnnGetCTCLossWorkspaceSize, @function
 cudnnGetCTCLossWorkspaceSize:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -667,7 +601,7 @@ cudnnGetCTCLossWorkspaceSize_v8:
     .globl cudnnGetCallback
     .type cudnnGetCallback, @function
 cudnnGetCallback:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -690,10 +624,7 @@ cudnnGetConvolutionBackwardDataAlgorithmMaxCount:
     .globl cudnnGetConvolutionBackwardDataAlgorithm_v7
     .type cudnnGetConvolutionBackwardDataAlgorithm_v7, @function
 cudnnGetConvolutionBackwardDataAlgorithm_v7:
-    leaq .Lname42(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118@PLT
     .size cudnnGetConvolutionBackwardDataAlgorithm_v7, .-cudnnGetConvolutionBackwardDataAlgorithm_v7
     .globl cudnnGetConvolutionBackwardDataWorkspaceSize
     .type cudnnGetConvolutionBackwardDataWorkspaceSize, @function
@@ -708,10 +639,7 @@ cudnnGetConvolutionBackwardFilterAlgorithmMaxCount:
     .globl cudnnGetConvolutionBackwardFilterAlgorithm_v7
     .type cudnnGetConvolutionBackwardFilterAlgorithm_v7, @function
 cudnnGetConvolutionBackwardFilterAlgorithm_v7:
-    leaq .Lname43(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118@PLT
     .size cudnnGetConvolutionBackwardFilterAlgorithm_v7, .-cudnnGetConvolutionBackwardFilterAlgorithm_v7
     .globl cudnnGetConvolutionBackwardFilterWorkspaceSize
     .type cudnnGetConvolutionBackwardFilterWorkspaceSize, @function
@@ -726,10 +654,7 @@ cudnnGetConvolutionForwardAlgorithmMaxCount:
     .globl cudnnGetConvolutionForwardAlgorithm_v7
     .type cudnnGetConvolutionForwardAlgorithm_v7, @function
 cudnnGetConvolutionForwardAlgorithm_v7:
-    leaq .Lname44(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetConvolutionForwardAlgorithm_v7__cu118@PLT
     .size cudnnGetConvolutionForwardAlgorithm_v7, .-cudnnGetConvolutionForwardAlgorithm_v7
     .globl cudnnGetConvolutionForwardWorkspaceSize
     .type cudnnGetConvolutionForwardWorkspaceSize, @function
@@ -749,7 +674,7 @@ cudnnGetConvolutionMathType:
     .globl cudnnGetConvolutionNdDescriptor
     .type cudnnGetConvolutionNdDescriptor, @function
 cudnnGetConvolutionNdDescriptor:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -772,10 +697,7 @@ cudnnGetCudartVersion:
     .globl cudnnGetDropoutDescriptor
     .type cudnnGetDropoutDescriptor, @function
 cudnnGetDropoutDescriptor:
-    leaq .Lname46(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetDropoutDescriptor__cu118@PLT
     .size cudnnGetDropoutDescriptor, .-cudnnGetDropoutDescriptor
     .globl cudnnGetErrorString
     .type cudnnGetErrorString, @function
@@ -805,7 +727,7 @@ cudnnGetFoldedConvBackwardDataDescriptors:
     .globl cudnnGetFusedOpsConstParamPackAttribute
     .type cudnnGetFusedOpsConstParamPackAttribute, @function
 cudnnGetFusedOpsConstParamPackAttribute:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -813,7 +735,7 @@ cudnnGetFusedOpsConstParamPackAttribute:
     .globl cudnnGetFusedOpsVariantParamPackAttribute
     .type cudnnGetFusedOpsVariantParamPackAttribute, @function
 cudnnGetFusedOpsVariantParamPackAttribute:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -831,7 +753,7 @@ cudnnGetMaxDeviceVersion:
     .globl cudnnGetMultiHeadAttnBuffers
     .type cudnnGetMultiHeadAttnBuffers, @function
 cudnnGetMultiHeadAttnBuffers:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -839,7 +761,7 @@ cudnnGetMultiHeadAttnBuffers:
     .globl cudnnGetMultiHeadAttnWeights
     .type cudnnGetMultiHeadAttnWeights, @function
 cudnnGetMultiHeadAttnWeights:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -907,7 +829,7 @@ cudnnGetRNNBiasMode:
     .globl cudnnGetRNNDataDescriptor
     .type cudnnGetRNNDataDescriptor, @function
 cudnnGetRNNDataDescriptor:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -915,7 +837,7 @@ cudnnGetRNNDataDescriptor:
     .globl cudnnGetRNNDescriptor_v6
     .type cudnnGetRNNDescriptor_v6, @function
 cudnnGetRNNDescriptor_v6:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -923,7 +845,7 @@ cudnnGetRNNDescriptor_v6:
     .globl cudnnGetRNNDescriptor_v8
     .type cudnnGetRNNDescriptor_v8, @function
 cudnnGetRNNDescriptor_v8:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -931,7 +853,7 @@ cudnnGetRNNDescriptor_v8:
     .globl cudnnGetRNNDropoutLocationsInternal
     .type cudnnGetRNNDropoutLocationsInternal, @function
 cudnnGetRNNDropoutLocationsInternal:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -949,7 +871,7 @@ cudnnGetRNNForwardTrainingAlgorithmMaxCount:
     .globl cudnnGetRNNLinLayerBiasParams
     .type cudnnGetRNNLinLayerBiasParams, @function
 cudnnGetRNNLinLayerBiasParams:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -957,7 +879,7 @@ cudnnGetRNNLinLayerBiasParams:
     .globl cudnnGetRNNLinLayerMatrixParams
     .type cudnnGetRNNLinLayerMatrixParams, @function
 cudnnGetRNNLinLayerMatrixParams:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -980,7 +902,7 @@ cudnnGetRNNParamsSize:
     .globl cudnnGetRNNProjectionLayers
     .type cudnnGetRNNProjectionLayers, @function
 cudnnGetRNNProjectionLayers:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -988,15 +910,12 @@ cudnnGetRNNProjectionLayers:
     .globl cudnnGetRNNTempSpaceSizes
     .type cudnnGetRNNTempSpaceSizes, @function
 cudnnGetRNNTempSpaceSizes:
-    leaq .Lname58(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetRNNTempSpaceSizes__cu118@PLT
     .size cudnnGetRNNTempSpaceSizes, .-cudnnGetRNNTempSpaceSizes
     .globl cudnnGetRNNTrainingReserveSize
     .type cudnnGetRNNTrainingReserveSize, @function
 cudnnGetRNNTrainingReserveSize:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1004,10 +923,7 @@ cudnnGetRNNTrainingReserveSize:
     .globl cudnnGetRNNWeightParams
     .type cudnnGetRNNWeightParams, @function
 cudnnGetRNNWeightParams:
-    leaq .Lname60(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetRNNWeightParams__cu118@PLT
     .size cudnnGetRNNWeightParams, .-cudnnGetRNNWeightParams
     .globl cudnnGetRNNWeightSpaceSize
     .type cudnnGetRNNWeightSpaceSize, @function
@@ -1017,7 +933,7 @@ cudnnGetRNNWeightSpaceSize:
     .globl cudnnGetRNNWorkspaceSize
     .type cudnnGetRNNWorkspaceSize, @function
 cudnnGetRNNWorkspaceSize:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1040,7 +956,7 @@ cudnnGetReductionWorkspaceSize:
     .globl cudnnGetSeqDataDescriptor
     .type cudnnGetSeqDataDescriptor, @function
 cudnnGetSeqDataDescriptor:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1078,7 +994,7 @@ cudnnGetVersion:
     .globl cudnnIm2Col
     .type cudnnIm2Col, @function
 cudnnIm2Col:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1091,18 +1007,12 @@ cudnnInitTransformDest:
     .globl cudnnLRNCrossChannelBackward
     .type cudnnLRNCrossChannelBackward, @function
 cudnnLRNCrossChannelBackward:
-    leaq .Lname64(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnLRNCrossChannelBackward__cu118@PLT
     .size cudnnLRNCrossChannelBackward, .-cudnnLRNCrossChannelBackward
     .globl cudnnLRNCrossChannelForward
     .type cudnnLRNCrossChannelForward, @function
 cudnnLRNCrossChannelForward:
-    leaq .Lname65(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnLRNCrossChannelForward__cu118@PLT
     .size cudnnLRNCrossChannelForward, .-cudnnLRNCrossChannelForward
     .globl cudnnMakeFusedOpsPlan
     .type cudnnMakeFusedOpsPlan, @function
@@ -1112,7 +1022,7 @@ cudnnMakeFusedOpsPlan:
     .globl cudnnMultiHeadAttnBackwardData
     .type cudnnMultiHeadAttnBackwardData, @function
 cudnnMultiHeadAttnBackwardData:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1120,7 +1030,7 @@ cudnnMultiHeadAttnBackwardData:
     .globl cudnnMultiHeadAttnBackwardWeights
     .type cudnnMultiHeadAttnBackwardWeights, @function
 cudnnMultiHeadAttnBackwardWeights:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1128,7 +1038,7 @@ cudnnMultiHeadAttnBackwardWeights:
     .globl cudnnMultiHeadAttnForward
     .type cudnnMultiHeadAttnForward, @function
 cudnnMultiHeadAttnForward:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1136,7 +1046,7 @@ cudnnMultiHeadAttnForward:
     .globl cudnnNormalizationBackward
     .type cudnnNormalizationBackward, @function
 cudnnNormalizationBackward:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1144,7 +1054,7 @@ cudnnNormalizationBackward:
     .globl cudnnNormalizationForwardInference
     .type cudnnNormalizationForwardInference, @function
 cudnnNormalizationForwardInference:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1152,7 +1062,7 @@ cudnnNormalizationForwardInference:
     .globl cudnnNormalizationForwardTraining
     .type cudnnNormalizationForwardTraining, @function
 cudnnNormalizationForwardTraining:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1160,7 +1070,7 @@ cudnnNormalizationForwardTraining:
     .globl cudnnOpTensor
     .type cudnnOpTensor, @function
 cudnnOpTensor:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1178,18 +1088,12 @@ cudnnOpsTrainVersionCheck:
     .globl cudnnPoolingBackward
     .type cudnnPoolingBackward, @function
 cudnnPoolingBackward:
-    leaq .Lname73(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnPoolingBackward__cu118@PLT
     .size cudnnPoolingBackward, .-cudnnPoolingBackward
     .globl cudnnPoolingForward
     .type cudnnPoolingForward, @function
 cudnnPoolingForward:
-    leaq .Lname74(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnPoolingForward__cu118@PLT
     .size cudnnPoolingForward, .-cudnnPoolingForward
     .globl cudnnQueryRuntimeError
     .type cudnnQueryRuntimeError, @function
@@ -1199,7 +1103,7 @@ cudnnQueryRuntimeError:
     .globl cudnnRNNBackwardData
     .type cudnnRNNBackwardData, @function
 cudnnRNNBackwardData:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1207,7 +1111,7 @@ cudnnRNNBackwardData:
     .globl cudnnRNNBackwardDataEx
     .type cudnnRNNBackwardDataEx, @function
 cudnnRNNBackwardDataEx:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1215,15 +1119,12 @@ cudnnRNNBackwardDataEx:
     .globl cudnnRNNBackwardData_v8
     .type cudnnRNNBackwardData_v8, @function
 cudnnRNNBackwardData_v8:
-    leaq .Lname77(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnRNNBackwardData_v8__cu118@PLT
     .size cudnnRNNBackwardData_v8, .-cudnnRNNBackwardData_v8
     .globl cudnnRNNBackwardWeights
     .type cudnnRNNBackwardWeights, @function
 cudnnRNNBackwardWeights:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1231,31 +1132,22 @@ cudnnRNNBackwardWeights:
     .globl cudnnRNNBackwardWeightsEx
     .type cudnnRNNBackwardWeightsEx, @function
 cudnnRNNBackwardWeightsEx:
-    leaq .Lname79(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnRNNBackwardWeightsEx@PLT
     .size cudnnRNNBackwardWeightsEx, .-cudnnRNNBackwardWeightsEx
     .globl cudnnRNNBackwardWeights_v8
     .type cudnnRNNBackwardWeights_v8, @function
 cudnnRNNBackwardWeights_v8:
-    leaq .Lname80(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnRNNBackwardWeights_v8__cu118@PLT
     .size cudnnRNNBackwardWeights_v8, .-cudnnRNNBackwardWeights_v8
     .globl cudnnRNNForward
     .type cudnnRNNForward, @function
 cudnnRNNForward:
-    leaq .Lname81(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnRNNForward__cu118@PLT
     .size cudnnRNNForward, .-cudnnRNNForward
     .globl cudnnRNNForwardInference
     .type cudnnRNNForwardInference, @function
 cudnnRNNForwardInference:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1263,7 +1155,7 @@ cudnnRNNForwardInference:
     .globl cudnnRNNForwardInferenceEx
     .type cudnnRNNForwardInferenceEx, @function
 cudnnRNNForwardInferenceEx:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1271,7 +1163,7 @@ cudnnRNNForwardInferenceEx:
     .globl cudnnRNNForwardTraining
     .type cudnnRNNForwardTraining, @function
 cudnnRNNForwardTraining:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1279,7 +1171,7 @@ cudnnRNNForwardTraining:
     .globl cudnnRNNForwardTrainingEx
     .type cudnnRNNForwardTrainingEx, @function
 cudnnRNNForwardTrainingEx:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1307,7 +1199,7 @@ cudnnRNNSetClip_v8:
     .globl cudnnReduceTensor
     .type cudnnReduceTensor, @function
 cudnnReduceTensor:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1315,7 +1207,7 @@ cudnnReduceTensor:
     .globl cudnnReorderFilterAndBias
     .type cudnnReorderFilterAndBias, @function
 cudnnReorderFilterAndBias:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1323,7 +1215,7 @@ cudnnReorderFilterAndBias:
     .globl cudnnRestoreAlgorithm
     .type cudnnRestoreAlgorithm, @function
 cudnnRestoreAlgorithm:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1331,15 +1223,12 @@ cudnnRestoreAlgorithm:
     .globl cudnnRestoreDropoutDescriptor
     .type cudnnRestoreDropoutDescriptor, @function
 cudnnRestoreDropoutDescriptor:
-    leaq .Lname89(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnRestoreDropoutDescriptor__cu118@PLT
     .size cudnnRestoreDropoutDescriptor, .-cudnnRestoreDropoutDescriptor
     .globl cudnnSaveAlgorithm
     .type cudnnSaveAlgorithm, @function
 cudnnSaveAlgorithm:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1347,10 +1236,7 @@ cudnnSaveAlgorithm:
     .globl cudnnScaleTensor
     .type cudnnScaleTensor, @function
 cudnnScaleTensor:
-    leaq .Lname91(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnScaleTensor__cu118@PLT
     .size cudnnScaleTensor, .-cudnnScaleTensor
     .globl cudnnSetActivationDescriptor
     .type cudnnSetActivationDescriptor, @function
@@ -1380,7 +1266,7 @@ cudnnSetAttnDescriptor:
     .globl cudnnSetBackdoor
     .type cudnnSetBackdoor, @function
 cudnnSetBackdoor:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1388,7 +1274,7 @@ cudnnSetBackdoor:
     .globl cudnnSetBackdoorEx
     .type cudnnSetBackdoorEx, @function
 cudnnSetBackdoorEx:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1411,7 +1297,7 @@ cudnnSetCTCLossDescriptor_v8:
     .globl cudnnSetCallback
     .type cudnnSetCallback, @function
 cudnnSetCallback:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1434,10 +1320,7 @@ cudnnSetConvolutionMathType:
     .globl cudnnSetConvolutionNdDescriptor
     .type cudnnSetConvolutionNdDescriptor, @function
 cudnnSetConvolutionNdDescriptor:
-    leaq .Lname95(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetConvolutionNdDescriptor__cu118@PLT
     .size cudnnSetConvolutionNdDescriptor, .-cudnnSetConvolutionNdDescriptor
     .globl cudnnSetConvolutionReorderType
     .type cudnnSetConvolutionReorderType, @function
@@ -1447,10 +1330,7 @@ cudnnSetConvolutionReorderType:
     .globl cudnnSetDropoutDescriptor
     .type cudnnSetDropoutDescriptor, @function
 cudnnSetDropoutDescriptor:
-    leaq .Lname96(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetDropoutDescriptor__cu118@PLT
     .size cudnnSetDropoutDescriptor, .-cudnnSetDropoutDescriptor
     .globl cudnnSetFilter4dDescriptor
     .type cudnnSetFilter4dDescriptor, @function
@@ -1460,15 +1340,12 @@ cudnnSetFilter4dDescriptor:
     .globl cudnnSetFilterNdDescriptor
     .type cudnnSetFilterNdDescriptor, @function
 cudnnSetFilterNdDescriptor:
-    leaq .Lname97(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetFilterNdDescriptor__cu118@PLT
     .size cudnnSetFilterNdDescriptor, .-cudnnSetFilterNdDescriptor
     .globl cudnnSetFusedOpsConstParamPackAttribute
     .type cudnnSetFusedOpsConstParamPackAttribute, @function
 cudnnSetFusedOpsConstParamPackAttribute:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1476,7 +1353,7 @@ cudnnSetFusedOpsConstParamPackAttribute:
     .globl cudnnSetFusedOpsVariantParamPackAttribute
     .type cudnnSetFusedOpsVariantParamPackAttribute, @function
 cudnnSetFusedOpsVariantParamPackAttribute:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1504,7 +1381,7 @@ cudnnSetPooling2dDescriptor:
     .globl cudnnSetPoolingNdDescriptor
     .type cudnnSetPoolingNdDescriptor, @function
 cudnnSetPoolingNdDescriptor:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1522,10 +1399,7 @@ cudnnSetRNNBiasMode:
     .globl cudnnSetRNNDataDescriptor
     .type cudnnSetRNNDataDescriptor, @function
 cudnnSetRNNDataDescriptor:
-    leaq .Lname101(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetRNNDataDescriptor__cu118@PLT
     .size cudnnSetRNNDataDescriptor, .-cudnnSetRNNDataDescriptor
     .globl cudnnSetRNNDescriptor_v6
     .type cudnnSetRNNDescriptor_v6, @function
@@ -1560,7 +1434,7 @@ cudnnSetReduceTensorDescriptor:
     .globl cudnnSetSeqDataDescriptor
     .type cudnnSetSeqDataDescriptor, @function
 cudnnSetSeqDataDescriptor:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1568,10 +1442,7 @@ cudnnSetSeqDataDescriptor:
     .globl cudnnSetSpatialTransformerNdDescriptor
     .type cudnnSetSpatialTransformerNdDescriptor, @function
 cudnnSetSpatialTransformerNdDescriptor:
-    leaq .Lname103(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetSpatialTransformerNdDescriptor__cu118@PLT
     .size cudnnSetSpatialTransformerNdDescriptor, .-cudnnSetSpatialTransformerNdDescriptor
     .globl cudnnSetStream
     .type cudnnSetStream, @function
@@ -1581,7 +1452,7 @@ cudnnSetStream:
     .globl cudnnSetTensor
     .type cudnnSetTensor, @function
 cudnnSetTensor:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1599,15 +1470,12 @@ cudnnSetTensor4dDescriptorEx:
     .globl cudnnSetTensorNdDescriptor
     .type cudnnSetTensorNdDescriptor, @function
 cudnnSetTensorNdDescriptor:
-    leaq .Lname105(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetTensorNdDescriptor__cu118@PLT
     .size cudnnSetTensorNdDescriptor, .-cudnnSetTensorNdDescriptor
     .globl cudnnSetTensorNdDescriptorEx
     .type cudnnSetTensorNdDescriptorEx, @function
 cudnnSetTensorNdDescriptorEx:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1615,7 +1483,7 @@ cudnnSetTensorNdDescriptorEx:
     .globl cudnnSetTensorTransformDescriptor
     .type cudnnSetTensorTransformDescriptor, @function
 cudnnSetTensorTransformDescriptor:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1623,55 +1491,37 @@ cudnnSetTensorTransformDescriptor:
     .globl cudnnSoftmaxBackward
     .type cudnnSoftmaxBackward, @function
 cudnnSoftmaxBackward:
-    leaq .Lname108(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSoftmaxBackward__cu118@PLT
     .size cudnnSoftmaxBackward, .-cudnnSoftmaxBackward
     .globl cudnnSoftmaxForward
     .type cudnnSoftmaxForward, @function
 cudnnSoftmaxForward:
-    leaq .Lname109(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSoftmaxForward__cu118@PLT
     .size cudnnSoftmaxForward, .-cudnnSoftmaxForward
     .globl cudnnSpatialTfGridGeneratorBackward
     .type cudnnSpatialTfGridGeneratorBackward, @function
 cudnnSpatialTfGridGeneratorBackward:
-    leaq .Lname110(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSpatialTfGridGeneratorBackward__cu118@PLT
     .size cudnnSpatialTfGridGeneratorBackward, .-cudnnSpatialTfGridGeneratorBackward
     .globl cudnnSpatialTfGridGeneratorForward
     .type cudnnSpatialTfGridGeneratorForward, @function
 cudnnSpatialTfGridGeneratorForward:
-    leaq .Lname111(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSpatialTfGridGeneratorForward__cu118@PLT
     .size cudnnSpatialTfGridGeneratorForward, .-cudnnSpatialTfGridGeneratorForward
     .globl cudnnSpatialTfSamplerBackward
     .type cudnnSpatialTfSamplerBackward, @function
 cudnnSpatialTfSamplerBackward:
-    leaq .Lname112(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSpatialTfSamplerBackward__cu118@PLT
     .size cudnnSpatialTfSamplerBackward, .-cudnnSpatialTfSamplerBackward
     .globl cudnnSpatialTfSamplerForward
     .type cudnnSpatialTfSamplerForward, @function
 cudnnSpatialTfSamplerForward:
-    leaq .Lname113(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSpatialTfSamplerForward__cu118@PLT
     .size cudnnSpatialTfSamplerForward, .-cudnnSpatialTfSamplerForward
     .globl cudnnTransformFilter
     .type cudnnTransformFilter, @function
 cudnnTransformFilter:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1679,252 +1529,147 @@ cudnnTransformFilter:
     .globl cudnnTransformTensor
     .type cudnnTransformTensor, @function
 cudnnTransformTensor:
-    leaq .Lname115(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnTransformTensor__cu118@PLT
     .size cudnnTransformTensor, .-cudnnTransformTensor
     .globl cudnnTransformTensorEx
     .type cudnnTransformTensorEx, @function
 cudnnTransformTensorEx:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cudnnTransformTensorEx, .-cudnnTransformTensorEx
     .section .rodata
 .Lname0:
-    .asciz "cudnnActivationBackward"
-.Lname1:
-    .asciz "cudnnActivationForward"
-.Lname2:
     .asciz "cudnnAddTensor"
-.Lname3:
-    .asciz "cudnnBackendCreateDescriptor"
-.Lname4:
-    .asciz "cudnnBackendDestroyDescriptor"
-.Lname5:
-    .asciz "cudnnBackendExecute"
-.Lname6:
-    .asciz "cudnnBackendFinalize"
-.Lname7:
-    .asciz "cudnnBackendGetAttribute"
-.Lname8:
+.Lname1:
     .asciz "cudnnBackendInitialize"
-.Lname9:
-    .asciz "cudnnBackendSetAttribute"
-.Lname10:
+.Lname2:
     .asciz "cudnnBatchNormalizationBackward"
-.Lname11:
-    .asciz "cudnnBatchNormalizationBackwardEx"
-.Lname12:
-    .asciz "cudnnBatchNormalizationForwardInference"
-.Lname13:
-    .asciz "cudnnBatchNormalizationForwardTraining"
-.Lname14:
-    .asciz "cudnnBatchNormalizationForwardTrainingEx"
-.Lname15:
+.Lname3:
     .asciz "cudnnCTCLoss"
-.Lname16:
-    .asciz "cudnnCTCLoss_v8"
-.Lname17:
+.Lname4:
     .asciz "cudnnConvolutionBackwardBias"
-.Lname18:
-    .asciz "cudnnConvolutionBackwardData"
-.Lname19:
-    .asciz "cudnnConvolutionBackwardFilter"
-.Lname20:
-    .asciz "cudnnConvolutionBiasActivationForward"
-.Lname21:
-    .asciz "cudnnConvolutionForward"
-.Lname22:
+.Lname5:
     .asciz "cudnnDivisiveNormalizationBackward"
-.Lname23:
+.Lname6:
     .asciz "cudnnDivisiveNormalizationForward"
-.Lname24:
-    .asciz "cudnnDropoutBackward"
-.Lname25:
-    .asciz "cudnnDropoutForward"
-.Lname26:
+.Lname7:
     .asciz "cudnnFindConvolutionBackwardDataAlgorithm"
-.Lname27:
-    .asciz "cudnnFindConvolutionBackwardDataAlgorithmEx"
-.Lname28:
+.Lname8:
     .asciz "cudnnFindConvolutionBackwardFilterAlgorithm"
-.Lname29:
-    .asciz "cudnnFindConvolutionBackwardFilterAlgorithmEx"
-.Lname30:
+.Lname9:
     .asciz "cudnnFindConvolutionForwardAlgorithm"
-.Lname31:
-    .asciz "cudnnFindConvolutionForwardAlgorithmEx"
-.Lname32:
+.Lname10:
     .asciz "cudnnFindRNNBackwardDataAlgorithmEx"
-.Lname33:
+.Lname11:
     .asciz "cudnnFindRNNBackwardWeightsAlgorithmEx"
-.Lname34:
+.Lname12:
     .asciz "cudnnFindRNNForwardInferenceAlgorithmEx"
-.Lname35:
+.Lname13:
     .asciz "cudnnFindRNNForwardTrainingAlgorithmEx"
-.Lname36:
+.Lname14:
     .asciz "cudnnGetAlgorithmDescriptor"
-.Lname37:
+.Lname15:
     .asciz "cudnnGetAttnDescriptor"
-.Lname38:
+.Lname16:
     .asciz "cudnnGetBackdoor"
-.Lname39:
+.Lname17:
     .asciz "cudnnGetCTCLossDescriptor_v8"
-.Lname40:
+.Lname18:
     .asciz "cudnnGetCTCLossWorkspaceSize"
-.Lname41:
+.Lname19:
     .asciz "cudnnGetCallback"
-.Lname42:
-    .asciz "cudnnGetConvolutionBackwardDataAlgorithm_v7"
-.Lname43:
-    .asciz "cudnnGetConvolutionBackwardFilterAlgorithm_v7"
-.Lname44:
-    .asciz "cudnnGetConvolutionForwardAlgorithm_v7"
-.Lname45:
+.Lname20:
     .asciz "cudnnGetConvolutionNdDescriptor"
-.Lname46:
-    .asciz "cudnnGetDropoutDescriptor"
-.Lname47:
+.Lname21:
     .asciz "cudnnGetFusedOpsConstParamPackAttribute"
-.Lname48:
+.Lname22:
     .asciz "cudnnGetFusedOpsVariantParamPackAttribute"
-.Lname49:
+.Lname23:
     .asciz "cudnnGetMultiHeadAttnBuffers"
-.Lname50:
+.Lname24:
     .asciz "cudnnGetMultiHeadAttnWeights"
-.Lname51:
+.Lname25:
     .asciz "cudnnGetRNNDataDescriptor"
-.Lname52:
+.Lname26:
     .asciz "cudnnGetRNNDescriptor_v6"
-.Lname53:
+.Lname27:
     .asciz "cudnnGetRNNDescriptor_v8"
-.Lname54:
+.Lname28:
     .asciz "cudnnGetRNNDropoutLocationsInternal"
-.Lname55:
+.Lname29:
     .asciz "cudnnGetRNNLinLayerBiasParams"
-.Lname56:
+.Lname30:
     .asciz "cudnnGetRNNLinLayerMatrixParams"
-.Lname57:
+.Lname31:
     .asciz "cudnnGetRNNProjectionLayers"
-.Lname58:
-    .asciz "cudnnGetRNNTempSpaceSizes"
-.Lname59:
+.Lname32:
     .asciz "cudnnGetRNNTrainingReserveSize"
-.Lname60:
-    .asciz "cudnnGetRNNWeightParams"
-.Lname61:
+.Lname33:
     .asciz "cudnnGetRNNWorkspaceSize"
-.Lname62:
+.Lname34:
     .asciz "cudnnGetSeqDataDescriptor"
-.Lname63:
+.Lname35:
     .asciz "cudnnIm2Col"
-.Lname64:
-    .asciz "cudnnLRNCrossChannelBackward"
-.Lname65:
-    .asciz "cudnnLRNCrossChannelForward"
-.Lname66:
+.Lname36:
     .asciz "cudnnMultiHeadAttnBackwardData"
-.Lname67:
+.Lname37:
     .asciz "cudnnMultiHeadAttnBackwardWeights"
-.Lname68:
+.Lname38:
     .asciz "cudnnMultiHeadAttnForward"
-.Lname69:
+.Lname39:
     .asciz "cudnnNormalizationBackward"
-.Lname70:
+.Lname40:
     .asciz "cudnnNormalizationForwardInference"
-.Lname71:
+.Lname41:
     .asciz "cudnnNormalizationForwardTraining"
-.Lname72:
+.Lname42:
     .asciz "cudnnOpTensor"
-.Lname73:
-    .asciz "cudnnPoolingBackward"
-.Lname74:
-    .asciz "cudnnPoolingForward"
-.Lname75:
+.Lname43:
     .asciz "cudnnRNNBackwardData"
-.Lname76:
+.Lname44:
     .asciz "cudnnRNNBackwardDataEx"
-.Lname77:
-    .asciz "cudnnRNNBackwardData_v8"
-.Lname78:
+.Lname45:
     .asciz "cudnnRNNBackwardWeights"
-.Lname79:
-    .asciz "cudnnRNNBackwardWeightsEx"
-.Lname80:
-    .asciz "cudnnRNNBackwardWeights_v8"
-.Lname81:
-    .asciz "cudnnRNNForward"
-.Lname82:
+.Lname46:
     .asciz "cudnnRNNForwardInference"
-.Lname83:
+.Lname47:
     .asciz "cudnnRNNForwardInferenceEx"
-.Lname84:
+.Lname48:
     .asciz "cudnnRNNForwardTraining"
-.Lname85:
+.Lname49:
     .asciz "cudnnRNNForwardTrainingEx"
-.Lname86:
+.Lname50:
     .asciz "cudnnReduceTensor"
-.Lname87:
+.Lname51:
     .asciz "cudnnReorderFilterAndBias"
-.Lname88:
+.Lname52:
     .asciz "cudnnRestoreAlgorithm"
-.Lname89:
-    .asciz "cudnnRestoreDropoutDescriptor"
-.Lname90:
+.Lname53:
     .asciz "cudnnSaveAlgorithm"
-.Lname91:
-    .asciz "cudnnScaleTensor"
-.Lname92:
+.Lname54:
     .asciz "cudnnSetBackdoor"
-.Lname93:
+.Lname55:
     .asciz "cudnnSetBackdoorEx"
-.Lname94:
+.Lname56:
     .asciz "cudnnSetCallback"
-.Lname95:
-    .asciz "cudnnSetConvolutionNdDescriptor"
-.Lname96:
-    .asciz "cudnnSetDropoutDescriptor"
-.Lname97:
-    .asciz "cudnnSetFilterNdDescriptor"
-.Lname98:
+.Lname57:
     .asciz "cudnnSetFusedOpsConstParamPackAttribute"
-.Lname99:
+.Lname58:
     .asciz "cudnnSetFusedOpsVariantParamPackAttribute"
-.Lname100:
+.Lname59:
     .asciz "cudnnSetPoolingNdDescriptor"
-.Lname101:
-    .asciz "cudnnSetRNNDataDescriptor"
-.Lname102:
+.Lname60:
     .asciz "cudnnSetSeqDataDescriptor"
-.Lname103:
-    .asciz "cudnnSetSpatialTransformerNdDescriptor"
-.Lname104:
+.Lname61:
     .asciz "cudnnSetTensor"
-.Lname105:
-    .asciz "cudnnSetTensorNdDescriptor"
-.Lname106:
+.Lname62:
     .asciz "cudnnSetTensorNdDescriptorEx"
-.Lname107:
+.Lname63:
     .asciz "cudnnSetTensorTransformDescriptor"
-.Lname108:
-    .asciz "cudnnSoftmaxBackward"
-.Lname109:
-    .asciz "cudnnSoftmaxForward"
-.Lname110:
-    .asciz "cudnnSpatialTfGridGeneratorBackward"
-.Lname111:
-    .asciz "cudnnSpatialTfGridGeneratorForward"
-.Lname112:
-    .asciz "cudnnSpatialTfSamplerBackward"
-.Lname113:
-    .asciz "cudnnSpatialTfSamplerForward"
-.Lname114:
+.Lname64:
     .asciz "cudnnTransformFilter"
-.Lname115:
-    .asciz "cudnnTransformTensor"
-.Lname116:
+.Lname65:
     .asciz "cudnnTransformTensorEx"
     .section .note.GNU-stack,"",@progbits

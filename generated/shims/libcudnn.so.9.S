@@ -4,23 +4,17 @@
     .globl cudnnActivationBackward
     .type cudnnActivationBackward, @function
 cudnnActivationBackward:
-    leaq .Lname0(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnActivationBackward__cu126@PLT
     .size cudnnActivationBackward, .-cudnnActivationBackward
     .globl cudnnActivationForward
     .type cudnnActivationForward, @function
 cudnnActivationForward:
-    leaq .Lname1(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnActivationForward__cu126@PLT
     .size cudnnActivationForward, .-cudnnActivationForward
     .globl cudnnAddTensor
     .type cudnnAddTensor, @function
 cudnnAddTensor:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -33,47 +27,32 @@ cudnnAdvVersionCheck:
     .globl cudnnBackendCreateDescriptor
     .type cudnnBackendCreateDescriptor, @function
 cudnnBackendCreateDescriptor:
-    leaq .Lname3(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBackendCreateDescriptor__cu126@PLT
     .size cudnnBackendCreateDescriptor, .-cudnnBackendCreateDescriptor
     .globl cudnnBackendDestroyDescriptor
     .type cudnnBackendDestroyDescriptor, @function
 cudnnBackendDestroyDescriptor:
-    leaq .Lname4(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBackendDestroyDescriptor__cu126@PLT
     .size cudnnBackendDestroyDescriptor, .-cudnnBackendDestroyDescriptor
     .globl cudnnBackendExecute
     .type cudnnBackendExecute, @function
 cudnnBackendExecute:
-    leaq .Lname5(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBackendExecute__cu126@PLT
     .size cudnnBackendExecute, .-cudnnBackendExecute
     .globl cudnnBackendFinalize
     .type cudnnBackendFinalize, @function
 cudnnBackendFinalize:
-    leaq .Lname6(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBackendFinalize__cu126@PLT
     .size cudnnBackendFinalize, .-cudnnBackendFinalize
     .globl cudnnBackendGetAttribute
     .type cudnnBackendGetAttribute, @function
 cudnnBackendGetAttribute:
-    leaq .Lname7(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBackendGetAttribute__cu126@PLT
     .size cudnnBackendGetAttribute, .-cudnnBackendGetAttribute
     .globl cudnnBackendInitialize
     .type cudnnBackendInitialize, @function
 cudnnBackendInitialize:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -81,7 +60,7 @@ cudnnBackendInitialize:
     .globl cudnnBackendPopulateCudaGraph
     .type cudnnBackendPopulateCudaGraph, @function
 cudnnBackendPopulateCudaGraph:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -89,15 +68,12 @@ cudnnBackendPopulateCudaGraph:
     .globl cudnnBackendSetAttribute
     .type cudnnBackendSetAttribute, @function
 cudnnBackendSetAttribute:
-    leaq .Lname10(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBackendSetAttribute__cu126@PLT
     .size cudnnBackendSetAttribute, .-cudnnBackendSetAttribute
     .globl cudnnBackendUpdateCudaGraph
     .type cudnnBackendUpdateCudaGraph, @function
 cudnnBackendUpdateCudaGraph:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -105,7 +81,7 @@ cudnnBackendUpdateCudaGraph:
     .globl cudnnBatchNormalizationBackward
     .type cudnnBatchNormalizationBackward, @function
 cudnnBatchNormalizationBackward:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -113,34 +89,22 @@ cudnnBatchNormalizationBackward:
     .globl cudnnBatchNormalizationBackwardEx
     .type cudnnBatchNormalizationBackwardEx, @function
 cudnnBatchNormalizationBackwardEx:
-    leaq .Lname13(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBatchNormalizationBackwardEx__cu126@PLT
     .size cudnnBatchNormalizationBackwardEx, .-cudnnBatchNormalizationBackwardEx
     .globl cudnnBatchNormalizationForwardInference
     .type cudnnBatchNormalizationForwardInference, @function
 cudnnBatchNormalizationForwardInference:
-    leaq .Lname14(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBatchNormalizationForwardInference__cu126@PLT
     .size cudnnBatchNormalizationForwardInference, .-cudnnBatchNormalizationForwardInference
     .globl cudnnBatchNormalizationForwardTraining
     .type cudnnBatchNormalizationForwardTraining, @function
 cudnnBatchNormalizationForwardTraining:
-    leaq .Lname15(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBatchNormalizationForwardTraining__cu126@PLT
     .size cudnnBatchNormalizationForwardTraining, .-cudnnBatchNormalizationForwardTraining
     .globl cudnnBatchNormalizationForwardTrainingEx
     .type cudnnBatchNormalizationForwardTrainingEx, @function
 cudnnBatchNormalizationForwardTrainingEx:
-    leaq .Lname16(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBatchNormalizationForwardTrainingEx__cu126@PLT
     .size cudnnBatchNormalizationForwardTrainingEx, .-cudnnBatchNormalizationForwardTrainingEx
     .globl cudnnBuildRNNDynamic
     .type cudnnBuildRNNDynamic, @function
@@ -150,7 +114,7 @@ cudnnBuildRNNDynamic:
     .globl cudnnCTCLoss
     .type cudnnCTCLoss, @function
 cudnnCTCLoss:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -158,10 +122,7 @@ cudnnCTCLoss:
     .globl cudnnCTCLoss_v8
     .type cudnnCTCLoss_v8, @function
 cudnnCTCLoss_v8:
-    leaq .Lname18(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnCTCLoss_v8__cu126@PLT
     .size cudnnCTCLoss_v8, .-cudnnCTCLoss_v8
     .globl cudnnCnnVersionCheck
     .type cudnnCnnVersionCheck, @function
@@ -171,7 +132,7 @@ cudnnCnnVersionCheck:
     .globl cudnnConvolutionBackwardBias
     .type cudnnConvolutionBackwardBias, @function
 cudnnConvolutionBackwardBias:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -179,34 +140,22 @@ cudnnConvolutionBackwardBias:
     .globl cudnnConvolutionBackwardData
     .type cudnnConvolutionBackwardData, @function
 cudnnConvolutionBackwardData:
-    leaq .Lname20(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnConvolutionBackwardData__cu126@PLT
     .size cudnnConvolutionBackwardData, .-cudnnConvolutionBackwardData
     .globl cudnnConvolutionBackwardFilter
     .type cudnnConvolutionBackwardFilter, @function
 cudnnConvolutionBackwardFilter:
-    leaq .Lname21(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnConvolutionBackwardFilter__cu126@PLT
     .size cudnnConvolutionBackwardFilter, .-cudnnConvolutionBackwardFilter
     .globl cudnnConvolutionBiasActivationForward
     .type cudnnConvolutionBiasActivationForward, @function
 cudnnConvolutionBiasActivationForward:
-    leaq .Lname22(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnConvolutionBiasActivationForward__cu126@PLT
     .size cudnnConvolutionBiasActivationForward, .-cudnnConvolutionBiasActivationForward
     .globl cudnnConvolutionForward
     .type cudnnConvolutionForward, @function
 cudnnConvolutionForward:
-    leaq .Lname23(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnConvolutionForward__cu126@PLT
     .size cudnnConvolutionForward, .-cudnnConvolutionForward
     .globl cudnnCreate
     .type cudnnCreate, @function
@@ -421,7 +370,7 @@ cudnnDestroyTensorTransformDescriptor:
     .globl cudnnDivisiveNormalizationBackward
     .type cudnnDivisiveNormalizationBackward, @function
 cudnnDivisiveNormalizationBackward:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -429,7 +378,7 @@ cudnnDivisiveNormalizationBackward:
     .globl cudnnDivisiveNormalizationForward
     .type cudnnDivisiveNormalizationForward, @function
 cudnnDivisiveNormalizationForward:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -437,18 +386,12 @@ cudnnDivisiveNormalizationForward:
     .globl cudnnDropoutBackward
     .type cudnnDropoutBackward, @function
 cudnnDropoutBackward:
-    leaq .Lname26(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnDropoutBackward__cu126@PLT
     .size cudnnDropoutBackward, .-cudnnDropoutBackward
     .globl cudnnDropoutForward
     .type cudnnDropoutForward, @function
 cudnnDropoutForward:
-    leaq .Lname27(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnDropoutForward__cu126@PLT
     .size cudnnDropoutForward, .-cudnnDropoutForward
     .globl cudnnDropoutGetReserveSpaceSize
     .type cudnnDropoutGetReserveSpaceSize, @function
@@ -463,7 +406,7 @@ cudnnDropoutGetStatesSize:
     .globl cudnnFindConvolutionBackwardDataAlgorithm
     .type cudnnFindConvolutionBackwardDataAlgorithm, @function
 cudnnFindConvolutionBackwardDataAlgorithm:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -471,15 +414,12 @@ cudnnFindConvolutionBackwardDataAlgorithm:
     .globl cudnnFindConvolutionBackwardDataAlgorithmEx
     .type cudnnFindConvolutionBackwardDataAlgorithmEx, @function
 cudnnFindConvolutionBackwardDataAlgorithmEx:
-    leaq .Lname29(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126@PLT
     .size cudnnFindConvolutionBackwardDataAlgorithmEx, .-cudnnFindConvolutionBackwardDataAlgorithmEx
     .globl cudnnFindConvolutionBackwardFilterAlgorithm
     .type cudnnFindConvolutionBackwardFilterAlgorithm, @function
 cudnnFindConvolutionBackwardFilterAlgorithm:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -487,15 +427,12 @@ cudnnFindConvolutionBackwardFilterAlgorithm:
     .globl cudnnFindConvolutionBackwardFilterAlgorithmEx
     .type cudnnFindConvolutionBackwardFilterAlgorithmEx, @function
 cudnnFindConvolutionBackwardFilterAlgorithmEx:
-    leaq .Lname31(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126@PLT
     .size cudnnFindConvolutionBackwardFilterAlgorithmEx, .-cudnnFindConvolutionBackwardFilterAlgorithmEx
     .globl cudnnFindConvolutionForwardAlgorithm
     .type cudnnFindConvolutionForwardAlgorithm, @function
 cudnnFindConvolutionForwardAlgorithm:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -503,10 +440,7 @@ cudnnFindConvolutionForwardAlgorithm:
     .globl cudnnFindConvolutionForwardAlgorithmEx
     .type cudnnFindConvolutionForwardAlgorithmEx, @function
 cudnnFindConvolutionForwardAlgorithmEx:
-    leaq .Lname33(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnFindConvolutionForwardAlgorithmEx__cu126@PLT
     .size cudnnFindConvolutionForwardAlgorithmEx, .-cudnnFindConvolutionForwardAlgorithmEx
     .globl cudnnFusedOpsExecute
     .type cudnnFusedOpsExecute, @function
@@ -526,7 +460,7 @@ cudnnGetActivationDescriptorSwishBeta:
     .globl cudnnGetAttnDescriptor
     .type cudnnGetAttnDescriptor, @function
 cudnnGetAttnDescriptor:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -534,7 +468,7 @@ cudnnGetAttnDescriptor:
     .globl cudnnGetBackdoor
     .type cudnnGetBackdoor, @function
 cudnnGetBackdoor:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -567,7 +501,7 @@ cudnnGetCTCLossDescriptorEx:
     .globl cudnnGetCTCLossDescriptor_v8
     .type cudnnGetCTCLossDescriptor_v8, @function
 cudnnGetCTCLossDescriptor_v8:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -575,7 +509,7 @@ cudnnGetCTCLossDescriptor_v8:
     .globl cudnnGetCTCLossDescriptor_v9
     .type cudnnGetCTCLossDescriptor_v9, @function
 cudnnGetCTCLossDescriptor_v9:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -583,7 +517,7 @@ cudnnGetCTCLossDescriptor_v9:
     .globl cudnnGetCTCLossWorkspaceSize
     .type cudnnGetCTCLossWorkspaceSize, @function
 cudnnGetCTCLossWorkspaceSize:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -596,7 +530,7 @@ cudnnGetCTCLossWorkspaceSize_v8:
     .globl cudnnGetCallback
     .type cudnnGetCallback, @function
 cudnnGetCallback:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -619,10 +553,7 @@ cudnnGetConvolutionBackwardDataAlgorithmMaxCount:
     .globl cudnnGetConvolutionBackwardDataAlgorithm_v7
     .type cudnnGetConvolutionBackwardDataAlgorithm_v7, @function
 cudnnGetConvolutionBackwardDataAlgorithm_v7:
-    leaq .Lname40(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126@PLT
     .size cudnnGetConvolutionBackwardDataAlgorithm_v7, .-cudnnGetConvolutionBackwardDataAlgorithm_v7
     .globl cudnnGetConvolutionBackwardDataWorkspaceSize
     .type cudnnGetConvolutionBackwardDataWorkspaceSize, @function
@@ -637,10 +568,7 @@ cudnnGetConvolutionBackwardFilterAlgorithmMaxCount:
     .globl cudnnGetConvolutionBackwardFilterAlgorithm_v7
     .type cudnnGetConvolutionBackwardFilterAlgorithm_v7, @function
 cudnnGetConvolutionBackwardFilterAlgorithm_v7:
-    leaq .Lname41(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126@PLT
     .size cudnnGetConvolutionBackwardFilterAlgorithm_v7, .-cudnnGetConvolutionBackwardFilterAlgorithm_v7
     .globl cudnnGetConvolutionBackwardFilterWorkspaceSize
     .type cudnnGetConvolutionBackwardFilterWorkspaceSize, @function
@@ -655,10 +583,7 @@ cudnnGetConvolutionForwardAlgorithmMaxCount:
     .globl cudnnGetConvolutionForwardAlgorithm_v7
     .type cudnnGetConvolutionForwardAlgorithm_v7, @function
 cudnnGetConvolutionForwardAlgorithm_v7:
-    leaq .Lname42(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetConvolutionForwardAlgorithm_v7__cu126@PLT
     .size cudnnGetConvolutionForwardAlgorithm_v7, .-cudnnGetConvolutionForwardAlgorithm_v7
     .globl cudnnGetConvolutionForwardWorkspaceSize
     .type cudnnGetConvolutionForwardWorkspaceSize, @function
@@ -678,7 +603,7 @@ cudnnGetConvolutionMathType:
     .globl cudnnGetConvolutionNdDescriptor
     .type cudnnGetConvolutionNdDescriptor, @function
 cudnnGetConvolutionNdDescriptor:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -701,10 +626,7 @@ cudnnGetCudartVersion:
     .globl cudnnGetDropoutDescriptor
     .type cudnnGetDropoutDescriptor, @function
 cudnnGetDropoutDescriptor:
-    leaq .Lname44(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetDropoutDescriptor__cu126@PLT
     .size cudnnGetDropoutDescriptor, .-cudnnGetDropoutDescriptor
     .globl cudnnGetErrorString
     .type cudnnGetErrorString, @function
@@ -734,7 +656,7 @@ cudnnGetFoldedConvBackwardDataDescriptors:
     .globl cudnnGetFusedOpsConstParamPackAttribute
     .type cudnnGetFusedOpsConstParamPackAttribute, @function
 cudnnGetFusedOpsConstParamPackAttribute:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -742,7 +664,7 @@ cudnnGetFusedOpsConstParamPackAttribute:
     .globl cudnnGetFusedOpsVariantParamPackAttribute
     .type cudnnGetFusedOpsVariantParamPackAttribute, @function
 cudnnGetFusedOpsVariantParamPackAttribute:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -755,10 +677,7 @@ cudnnGetLRNDescriptor:
     .globl cudnnGetLastErrorString
     .type cudnnGetLastErrorString, @function
 cudnnGetLastErrorString:
-    leaq .Lname47(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetLastErrorString@PLT
     .size cudnnGetLastErrorString, .-cudnnGetLastErrorString
     .globl cudnnGetMaxDeviceVersion
     .type cudnnGetMaxDeviceVersion, @function
@@ -768,7 +687,7 @@ cudnnGetMaxDeviceVersion:
     .globl cudnnGetMultiHeadAttnBuffers
     .type cudnnGetMultiHeadAttnBuffers, @function
 cudnnGetMultiHeadAttnBuffers:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -776,7 +695,7 @@ cudnnGetMultiHeadAttnBuffers:
     .globl cudnnGetMultiHeadAttnWeights
     .type cudnnGetMultiHeadAttnWeights, @function
 cudnnGetMultiHeadAttnWeights:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -829,7 +748,7 @@ cudnnGetProperty:
     .globl cudnnGetRNNDataDescriptor
     .type cudnnGetRNNDataDescriptor, @function
 cudnnGetRNNDataDescriptor:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -837,7 +756,7 @@ cudnnGetRNNDataDescriptor:
     .globl cudnnGetRNNDescriptor_v8
     .type cudnnGetRNNDescriptor_v8, @function
 cudnnGetRNNDescriptor_v8:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -845,7 +764,7 @@ cudnnGetRNNDescriptor_v8:
     .globl cudnnGetRNNDropoutLocationsInternal
     .type cudnnGetRNNDropoutLocationsInternal, @function
 cudnnGetRNNDropoutLocationsInternal:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -853,18 +772,12 @@ cudnnGetRNNDropoutLocationsInternal:
     .globl cudnnGetRNNTempSpaceSizes
     .type cudnnGetRNNTempSpaceSizes, @function
 cudnnGetRNNTempSpaceSizes:
-    leaq .Lname53(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetRNNTempSpaceSizes__cu126@PLT
     .size cudnnGetRNNTempSpaceSizes, .-cudnnGetRNNTempSpaceSizes
     .globl cudnnGetRNNWeightParams
     .type cudnnGetRNNWeightParams, @function
 cudnnGetRNNWeightParams:
-    leaq .Lname54(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnGetRNNWeightParams__cu126@PLT
     .size cudnnGetRNNWeightParams, .-cudnnGetRNNWeightParams
     .globl cudnnGetRNNWeightSpaceSize
     .type cudnnGetRNNWeightSpaceSize, @function
@@ -889,7 +802,7 @@ cudnnGetReductionWorkspaceSize:
     .globl cudnnGetSeqDataDescriptor
     .type cudnnGetSeqDataDescriptor, @function
 cudnnGetSeqDataDescriptor:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -932,7 +845,7 @@ cudnnGraphVersionCheck:
     .globl cudnnIm2Col
     .type cudnnIm2Col, @function
 cudnnIm2Col:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -945,18 +858,12 @@ cudnnInitTransformDest:
     .globl cudnnLRNCrossChannelBackward
     .type cudnnLRNCrossChannelBackward, @function
 cudnnLRNCrossChannelBackward:
-    leaq .Lname57(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnLRNCrossChannelBackward__cu126@PLT
     .size cudnnLRNCrossChannelBackward, .-cudnnLRNCrossChannelBackward
     .globl cudnnLRNCrossChannelForward
     .type cudnnLRNCrossChannelForward, @function
 cudnnLRNCrossChannelForward:
-    leaq .Lname58(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnLRNCrossChannelForward__cu126@PLT
     .size cudnnLRNCrossChannelForward, .-cudnnLRNCrossChannelForward
     .globl cudnnMakeFusedOpsPlan
     .type cudnnMakeFusedOpsPlan, @function
@@ -966,7 +873,7 @@ cudnnMakeFusedOpsPlan:
     .globl cudnnMultiHeadAttnBackwardData
     .type cudnnMultiHeadAttnBackwardData, @function
 cudnnMultiHeadAttnBackwardData:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -974,7 +881,7 @@ cudnnMultiHeadAttnBackwardData:
     .globl cudnnMultiHeadAttnBackwardWeights
     .type cudnnMultiHeadAttnBackwardWeights, @function
 cudnnMultiHeadAttnBackwardWeights:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -982,7 +889,7 @@ cudnnMultiHeadAttnBackwardWeights:
     .globl cudnnMultiHeadAttnForward
     .type cudnnMultiHeadAttnForward, @function
 cudnnMultiHeadAttnForward:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -990,7 +897,7 @@ cudnnMultiHeadAttnForward:
     .globl cudnnNormalizationBackward
     .type cudnnNormalizationBackward, @function
 cudnnNormalizationBackward:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -998,7 +905,7 @@ cudnnNormalizationBackward:
     .globl cudnnNormalizationForwardInference
     .type cudnnNormalizationForwardInference, @function
 cudnnNormalizationForwardInference:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1006,7 +913,7 @@ cudnnNormalizationForwardInference:
     .globl cudnnNormalizationForwardTraining
     .type cudnnNormalizationForwardTraining, @function
 cudnnNormalizationForwardTraining:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1014,7 +921,7 @@ cudnnNormalizationForwardTraining:
     .globl cudnnOpTensor
     .type cudnnOpTensor, @function
 cudnnOpTensor:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1027,18 +934,12 @@ cudnnOpsVersionCheck:
     .globl cudnnPoolingBackward
     .type cudnnPoolingBackward, @function
 cudnnPoolingBackward:
-    leaq .Lname66(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnPoolingBackward__cu126@PLT
     .size cudnnPoolingBackward, .-cudnnPoolingBackward
     .globl cudnnPoolingForward
     .type cudnnPoolingForward, @function
 cudnnPoolingForward:
-    leaq .Lname67(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnPoolingForward__cu126@PLT
     .size cudnnPoolingForward, .-cudnnPoolingForward
     .globl cudnnQueryRuntimeError
     .type cudnnQueryRuntimeError, @function
@@ -1048,26 +949,17 @@ cudnnQueryRuntimeError:
     .globl cudnnRNNBackwardData_v8
     .type cudnnRNNBackwardData_v8, @function
 cudnnRNNBackwardData_v8:
-    leaq .Lname68(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnRNNBackwardData_v8__cu126@PLT
     .size cudnnRNNBackwardData_v8, .-cudnnRNNBackwardData_v8
     .globl cudnnRNNBackwardWeights_v8
     .type cudnnRNNBackwardWeights_v8, @function
 cudnnRNNBackwardWeights_v8:
-    leaq .Lname69(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnRNNBackwardWeights_v8__cu126@PLT
     .size cudnnRNNBackwardWeights_v8, .-cudnnRNNBackwardWeights_v8
     .globl cudnnRNNForward
     .type cudnnRNNForward, @function
 cudnnRNNForward:
-    leaq .Lname70(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnRNNForward__cu126@PLT
     .size cudnnRNNForward, .-cudnnRNNForward
     .globl cudnnRNNGetClip_v8
     .type cudnnRNNGetClip_v8, @function
@@ -1092,7 +984,7 @@ cudnnRNNSetClip_v9:
     .globl cudnnReduceTensor
     .type cudnnReduceTensor, @function
 cudnnReduceTensor:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1100,7 +992,7 @@ cudnnReduceTensor:
     .globl cudnnReorderFilterAndBias
     .type cudnnReorderFilterAndBias, @function
 cudnnReorderFilterAndBias:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1108,18 +1000,12 @@ cudnnReorderFilterAndBias:
     .globl cudnnRestoreDropoutDescriptor
     .type cudnnRestoreDropoutDescriptor, @function
 cudnnRestoreDropoutDescriptor:
-    leaq .Lname73(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnRestoreDropoutDescriptor__cu126@PLT
     .size cudnnRestoreDropoutDescriptor, .-cudnnRestoreDropoutDescriptor
     .globl cudnnScaleTensor
     .type cudnnScaleTensor, @function
 cudnnScaleTensor:
-    leaq .Lname74(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnScaleTensor__cu126@PLT
     .size cudnnScaleTensor, .-cudnnScaleTensor
     .globl cudnnSetActivationDescriptor
     .type cudnnSetActivationDescriptor, @function
@@ -1139,7 +1025,7 @@ cudnnSetAttnDescriptor:
     .globl cudnnSetBackdoor
     .type cudnnSetBackdoor, @function
 cudnnSetBackdoor:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1147,7 +1033,7 @@ cudnnSetBackdoor:
     .globl cudnnSetBackdoorEx
     .type cudnnSetBackdoorEx, @function
 cudnnSetBackdoorEx:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1175,7 +1061,7 @@ cudnnSetCTCLossDescriptor_v9:
     .globl cudnnSetCallback
     .type cudnnSetCallback, @function
 cudnnSetCallback:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1198,10 +1084,7 @@ cudnnSetConvolutionMathType:
     .globl cudnnSetConvolutionNdDescriptor
     .type cudnnSetConvolutionNdDescriptor, @function
 cudnnSetConvolutionNdDescriptor:
-    leaq .Lname78(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetConvolutionNdDescriptor__cu126@PLT
     .size cudnnSetConvolutionNdDescriptor, .-cudnnSetConvolutionNdDescriptor
     .globl cudnnSetConvolutionReorderType
     .type cudnnSetConvolutionReorderType, @function
@@ -1211,10 +1094,7 @@ cudnnSetConvolutionReorderType:
     .globl cudnnSetDropoutDescriptor
     .type cudnnSetDropoutDescriptor, @function
 cudnnSetDropoutDescriptor:
-    leaq .Lname79(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetDropoutDescriptor__cu126@PLT
     .size cudnnSetDropoutDescriptor, .-cudnnSetDropoutDescriptor
     .globl cudnnSetFilter4dDescriptor
     .type cudnnSetFilter4dDescriptor, @function
@@ -1224,15 +1104,12 @@ cudnnSetFilter4dDescriptor:
     .globl cudnnSetFilterNdDescriptor
     .type cudnnSetFilterNdDescriptor, @function
 cudnnSetFilterNdDescriptor:
-    leaq .Lname80(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetFilterNdDescriptor__cu126@PLT
     .size cudnnSetFilterNdDescriptor, .-cudnnSetFilterNdDescriptor
     .globl cudnnSetFusedOpsConstParamPackAttribute
     .type cudnnSetFusedOpsConstParamPackAttribute, @function
 cudnnSetFusedOpsConstParamPackAttribute:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1240,7 +1117,7 @@ cudnnSetFusedOpsConstParamPackAttribute:
     .globl cudnnSetFusedOpsVariantParamPackAttribute
     .type cudnnSetFusedOpsVariantParamPackAttribute, @function
 cudnnSetFusedOpsVariantParamPackAttribute:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1263,7 +1140,7 @@ cudnnSetPooling2dDescriptor:
     .globl cudnnSetPoolingNdDescriptor
     .type cudnnSetPoolingNdDescriptor, @function
 cudnnSetPoolingNdDescriptor:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1271,10 +1148,7 @@ cudnnSetPoolingNdDescriptor:
     .globl cudnnSetRNNDataDescriptor
     .type cudnnSetRNNDataDescriptor, @function
 cudnnSetRNNDataDescriptor:
-    leaq .Lname84(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetRNNDataDescriptor__cu126@PLT
     .size cudnnSetRNNDataDescriptor, .-cudnnSetRNNDataDescriptor
     .globl cudnnSetRNNDescriptor_v8
     .type cudnnSetRNNDescriptor_v8, @function
@@ -1289,7 +1163,7 @@ cudnnSetReduceTensorDescriptor:
     .globl cudnnSetSeqDataDescriptor
     .type cudnnSetSeqDataDescriptor, @function
 cudnnSetSeqDataDescriptor:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1297,10 +1171,7 @@ cudnnSetSeqDataDescriptor:
     .globl cudnnSetSpatialTransformerNdDescriptor
     .type cudnnSetSpatialTransformerNdDescriptor, @function
 cudnnSetSpatialTransformerNdDescriptor:
-    leaq .Lname86(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetSpatialTransformerNdDescriptor__cu126@PLT
     .size cudnnSetSpatialTransformerNdDescriptor, .-cudnnSetSpatialTransformerNdDescriptor
     .globl cudnnSetStream
     .type cudnnSetStream, @function
@@ -1310,7 +1181,7 @@ cudnnSetStream:
     .globl cudnnSetTensor
     .type cudnnSetTensor, @function
 cudnnSetTensor:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1328,15 +1199,12 @@ cudnnSetTensor4dDescriptorEx:
     .globl cudnnSetTensorNdDescriptor
     .type cudnnSetTensorNdDescriptor, @function
 cudnnSetTensorNdDescriptor:
-    leaq .Lname88(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSetTensorNdDescriptor__cu126@PLT
     .size cudnnSetTensorNdDescriptor, .-cudnnSetTensorNdDescriptor
     .globl cudnnSetTensorNdDescriptorEx
     .type cudnnSetTensorNdDescriptorEx, @function
 cudnnSetTensorNdDescriptorEx:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1344,7 +1212,7 @@ cudnnSetTensorNdDescriptorEx:
     .globl cudnnSetTensorTransformDescriptor
     .type cudnnSetTensorTransformDescriptor, @function
 cudnnSetTensorTransformDescriptor:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1352,55 +1220,37 @@ cudnnSetTensorTransformDescriptor:
     .globl cudnnSoftmaxBackward
     .type cudnnSoftmaxBackward, @function
 cudnnSoftmaxBackward:
-    leaq .Lname91(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSoftmaxBackward__cu126@PLT
     .size cudnnSoftmaxBackward, .-cudnnSoftmaxBackward
     .globl cudnnSoftmaxForward
     .type cudnnSoftmaxForward, @function
 cudnnSoftmaxForward:
-    leaq .Lname92(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSoftmaxForward__cu126@PLT
     .size cudnnSoftmaxForward, .-cudnnSoftmaxForward
     .globl cudnnSpatialTfGridGeneratorBackward
     .type cudnnSpatialTfGridGeneratorBackward, @function
 cudnnSpatialTfGridGeneratorBackward:
-    leaq .Lname93(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSpatialTfGridGeneratorBackward__cu126@PLT
     .size cudnnSpatialTfGridGeneratorBackward, .-cudnnSpatialTfGridGeneratorBackward
     .globl cudnnSpatialTfGridGeneratorForward
     .type cudnnSpatialTfGridGeneratorForward, @function
 cudnnSpatialTfGridGeneratorForward:
-    leaq .Lname94(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSpatialTfGridGeneratorForward__cu126@PLT
     .size cudnnSpatialTfGridGeneratorForward, .-cudnnSpatialTfGridGeneratorForward
     .globl cudnnSpatialTfSamplerBackward
     .type cudnnSpatialTfSamplerBackward, @function
 cudnnSpatialTfSamplerBackward:
-    leaq .Lname95(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSpatialTfSamplerBackward__cu126@PLT
     .size cudnnSpatialTfSamplerBackward, .-cudnnSpatialTfSamplerBackward
     .globl cudnnSpatialTfSamplerForward
     .type cudnnSpatialTfSamplerForward, @function
 cudnnSpatialTfSamplerForward:
-    leaq .Lname96(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnSpatialTfSamplerForward__cu126@PLT
     .size cudnnSpatialTfSamplerForward, .-cudnnSpatialTfSamplerForward
     .globl cudnnTransformFilter
     .type cudnnTransformFilter, @function
 cudnnTransformFilter:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1408,218 +1258,113 @@ cudnnTransformFilter:
     .globl cudnnTransformTensor
     .type cudnnTransformTensor, @function
 cudnnTransformTensor:
-    leaq .Lname98(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnTransformTensor__cu126@PLT
     .size cudnnTransformTensor, .-cudnnTransformTensor
     .globl cudnnTransformTensorEx
     .type cudnnTransformTensorEx, @function
 cudnnTransformTensorEx:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cudnnTransformTensorEx, .-cudnnTransformTensorEx
     .section .rodata
 .Lname0:
-    .asciz "cudnnActivationBackward"
-.Lname1:
-    .asciz "cudnnActivationForward"
-.Lname2:
     .asciz "cudnnAddTensor"
-.Lname3:
-    .asciz "cudnnBackendCreateDescriptor"
-.Lname4:
-    .asciz "cudnnBackendDestroyDescriptor"
-.Lname5:
-    .asciz "cudnnBackendExecute"
-.Lname6:
-    .asciz "cudnnBackendFinalize"
-.Lname7:
-    .asciz "cudnnBackendGetAttribute"
-.Lname8:
+.Lname1:
     .asciz "cudnnBackendInitialize"
-.Lname9:
+.Lname2:
     .asciz "cudnnBackendPopulateCudaGraph"
-.Lname10:
-    .asciz "cudnnBackendSetAttribute"
-.Lname11:
+.Lname3:
     .asciz "cudnnBackendUpdateCudaGraph"
-.Lname12:
+.Lname4:
     .asciz "cudnnBatchNormalizationBackward"
-.Lname13:
-    .asciz "cudnnBatchNormalizationBackwardEx"
-.Lname14:
-    .asciz "cudnnBatchNormalizationForwardInference"
-.Lname15:
-    .asciz "cudnnBatchNormalizationForwardTraining"
-.Lname16:
-    .asciz "cudnnBatchNormalizationForwardTrainingEx"
-.Lname17:
+.Lname5:
     .asciz "cudnnCTCLoss"
-.Lname18:
-    .asciz "cudnnCTCLoss_v8"
-.Lname19:
+.Lname6:
     .asciz "cudnnConvolutionBackwardBias"
-.Lname20:
-    .asciz "cudnnConvolutionBackwardData"
-.Lname21:
-    .asciz "cudnnConvolutionBackwardFilter"
-.Lname22:
-    .asciz "cudnnConvolutionBiasActivationForward"
-.Lname23:
-    .asciz "cudnnConvolutionForward"
-.Lname24:
+.Lname7:
     .asciz "cudnnDivisiveNormalizationBackward"
-.Lname25:
+.Lname8:
     .asciz "cudnnDivisiveNormalizationForward"
-.Lname26:
-    .asciz "cudnnDropoutBackward"
-.Lname27:
-    .asciz "cudnnDropoutForward"
-.Lname28:
+.Lname9:
     .asciz "cudnnFindConvolutionBackwardDataAlgorithm"
-.Lname29:
-    .asciz "cudnnFindConvolutionBackwardDataAlgorithmEx"
-.Lname30:
+.Lname10:
     .asciz "cudnnFindConvolutionBackwardFilterAlgorithm"
-.Lname31:
-    .asciz "cudnnFindConvolutionBackwardFilterAlgorithmEx"
-.Lname32:
+.Lname11:
     .asciz "cudnnFindConvolutionForwardAlgorithm"
-.Lname33:
-    .asciz "cudnnFindConvolutionForwardAlgorithmEx"
-.Lname34:
+.Lname12:
     .asciz "cudnnGetAttnDescriptor"
-.Lname35:
+.Lname13:
     .asciz "cudnnGetBackdoor"
-.Lname36:
+.Lname14:
     .asciz "cudnnGetCTCLossDescriptor_v8"
-.Lname37:
+.Lname15:
     .asciz "cudnnGetCTCLossDescriptor_v9"
-.Lname38:
+.Lname16:
     .asciz "cudnnGetCTCLossWorkspaceSize"
-.Lname39:
+.Lname17:
     .asciz "cudnnGetCallback"
-.Lname40:
-    .asciz "cudnnGetConvolutionBackwardDataAlgorithm_v7"
-.Lname41:
-    .asciz "cudnnGetConvolutionBackwardFilterAlgorithm_v7"
-.Lname42:
-    .asciz "cudnnGetConvolutionForwardAlgorithm_v7"
-.Lname43:
+.Lname18:
     .asciz "cudnnGetConvolutionNdDescriptor"
-.Lname44:
-    .asciz "cudnnGetDropoutDescriptor"
-.Lname45:
+.Lname19:
     .asciz "cudnnGetFusedOpsConstParamPackAttribute"
-.Lname46:
+.Lname20:
     .asciz "cudnnGetFusedOpsVariantParamPackAttribute"
-.Lname47:
-    .asciz "cudnnGetLastErrorString"
-.Lname48:
+.Lname21:
     .asciz "cudnnGetMultiHeadAttnBuffers"
-.Lname49:
+.Lname22:
     .asciz "cudnnGetMultiHeadAttnWeights"
-.Lname50:
+.Lname23:
     .asciz "cudnnGetRNNDataDescriptor"
-.Lname51:
+.Lname24:
     .asciz "cudnnGetRNNDescriptor_v8"
-.Lname52:
+.Lname25:
     .asciz "cudnnGetRNNDropoutLocationsInternal"
-.Lname53:
-    .asciz "cudnnGetRNNTempSpaceSizes"
-.Lname54:
-    .asciz "cudnnGetRNNWeightParams"
-.Lname55:
+.Lname26:
     .asciz "cudnnGetSeqDataDescriptor"
-.Lname56:
+.Lname27:
     .asciz "cudnnIm2Col"
-.Lname57:
-    .asciz "cudnnLRNCrossChannelBackward"
-.Lname58:
-    .asciz "cudnnLRNCrossChannelForward"
-.Lname59:
+.Lname28:
     .asciz "cudnnMultiHeadAttnBackwardData"
-.Lname60:
+.Lname29:
     .asciz "cudnnMultiHeadAttnBackwardWeights"
-.Lname61:
+.Lname30:
     .asciz "cudnnMultiHeadAttnForward"
-.Lname62:
+.Lname31:
     .asciz "cudnnNormalizationBackward"
-.Lname63:
+.Lname32:
     .asciz "cudnnNormalizationForwardInference"
-.Lname64:
+.Lname33:
     .asciz "cudnnNormalizationForwardTraining"
-.Lname65:
+.Lname34:
     .asciz "cudnnOpTensor"
-.Lname66:
-    .asciz "cudnnPoolingBackward"
-.Lname67:
-    .asciz "cudnnPoolingForward"
-.Lname68:
-    .asciz "cudnnRNNBackwardData_v8"
-.Lname69:
-    .asciz "cudnnRNNBackwardWeights_v8"
-.Lname70:
-    .asciz "cudnnRNNForward"
-.Lname71:
+.Lname35:
     .asciz "cudnnReduceTensor"
-.Lname72:
+.Lname36:
     .asciz "cudnnReorderFilterAndBias"
-.Lname73:
-    .asciz "cudnnRestoreDropoutDescriptor"
-.Lname74:
-    .asciz "cudnnScaleTensor"
-.Lname75:
+.Lname37:
     .asciz "cudnnSetBackdoor"
-.Lname76:
+.Lname38:
     .asciz "cudnnSetBackdoorEx"
-.Lname77:
+.Lname39:
     .asciz "cudnnSetCallback"
-.Lname78:
-    .asciz "cudnnSetConvolutionNdDescriptor"
-.Lname79:
-    .asciz "cudnnSetDropoutDescriptor"
-.Lname80:
-    .asciz "cudnnSetFilterNdDescriptor"
-.Lname81:
+.Lname40:
     .asciz "cudnnSetFusedOpsConstParamPackAttribute"
-.Lname82:
+.Lname41:
     .asciz "cudnnSetFusedOpsVariantParamPackAttribute"
-.Lname83:
+.Lname42:
     .asciz "cudnnSetPoolingNdDescriptor"
-.Lname84:
-    .asciz "cudnnSetRNNDataDescriptor"
-.Lname85:
+.Lname43:
     .asciz "cudnnSetSeqDataDescriptor"
-.Lname86:
-    .asciz "cudnnSetSpatialTransformerNdDescriptor"
-.Lname87:
+.Lname44:
     .asciz "cudnnSetTensor"
-.Lname88:
-    .asciz "cudnnSetTensorNdDescriptor"
-.Lname89:
+.Lname45:
     .asciz "cudnnSetTensorNdDescriptorEx"
-.Lname90:
+.Lname46:
     .asciz "cudnnSetTensorTransformDescriptor"
-.Lname91:
-    .asciz "cudnnSoftmaxBackward"
-.Lname92:
-    .asciz "cudnnSoftmaxForward"
-.Lname93:
-    .asciz "cudnnSpatialTfGridGeneratorBackward"
-.Lname94:
-    .asciz "cudnnSpatialTfGridGeneratorForward"
-.Lname95:
-    .asciz "cudnnSpatialTfSamplerBackward"
-.Lname96:
-    .asciz "cudnnSpatialTfSamplerForward"
-.Lname97:
+.Lname47:
     .asciz "cudnnTransformFilter"
-.Lname98:
-    .asciz "cudnnTransformTensor"
-.Lname99:
+.Lname48:
     .asciz "cudnnTransformTensorEx"
     .section .note.GNU-stack,"",@progbits

@@ -37,6 +37,8 @@ pub enum Len {
     Param(u8),
     Add(&'static Len, &'static Len),
     Mul(&'static Len, &'static Len),
+    /// Element size by the enum value of parameter `.0` (None outside the table).
+    Table(u8, &'static [u32]),
 }
 
 impl Len {
@@ -47,6 +49,10 @@ impl Len {
             Len::Param(i) => args.get(usize::from(i)).copied(),
             Len::Add(a, b) => a.eval(args)?.checked_add(b.eval(args)?),
             Len::Mul(a, b) => a.eval(args)?.checked_mul(b.eval(args)?),
+            Len::Table(i, sizes) => {
+                let v = usize::try_from(*args.get(usize::from(i))?).ok()?;
+                sizes.get(v).map(|s| u64::from(*s))
+            }
         }
     }
 }
@@ -143,5 +149,16 @@ mod tests {
         assert_eq!(PRODUCT.eval(&[3, 5]), Some(35));
         assert_eq!(PRODUCT.eval(&[3]), None);
         assert_eq!(PRODUCT.eval(&[u64::MAX, 2]), None);
+    }
+
+    #[test]
+    fn tables_give_element_sizes_by_enum_value() {
+        static SIZES: Len = Len::Table(1, &[8, 4, 1]);
+        static COUNT: Len = Len::Param(0);
+        static BYTES: Len = Len::Mul(&COUNT, &SIZES);
+        assert_eq!(BYTES.eval(&[3, 0]), Some(24));
+        assert_eq!(BYTES.eval(&[3, 2]), Some(3));
+        // An enum value the table does not know has no length.
+        assert_eq!(BYTES.eval(&[3, 7]), None);
     }
 }

@@ -848,6 +848,11 @@ fn len_static(l: &Len, statics: &mut Vec<TokenStream>, prefix: &str) -> Ident {
             let i = *i as u8;
             quote!(Len::Param(#i))
         }
+        Len::Table(i, sizes) => {
+            let i = *i as u8;
+            let sizes = sizes.iter().map(|s| *s as u32);
+            quote!(Len::Table(#i, &[#(#sizes),*]))
+        }
         Len::Add(a, b) | Len::Mul(a, b) => {
             let a = len_static(a, statics, prefix);
             let b = len_static(b, statics, prefix);

@@ -265,6 +265,8 @@ pub enum Len {
     Param(usize),
     Add(Box<Len>, Box<Len>),
     Mul(Box<Len>, Box<Len>),
+    /// Element size by the enum value of parameter `.0`: `.1[value]` (None: out of range).
+    Table(usize, Vec<u64>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -452,7 +454,10 @@ fn build_library(lib: &Library, spec: SpecFile, all: &AllIr, envs: &BTreeMap<Str
         }
     }
 
-    let rules = spec.rule.iter().map(CompiledRule::new).collect::<Result<Vec<_>>>()?;
+    let rules = LibRules {
+        rules: spec.rule.iter().map(CompiledRule::new).collect::<Result<Vec<_>>>()?,
+        sizes: spec.size.clone(),
+    };
     let mut functions = BTreeMap::new();
     for (name, per_version) in &decls {
         // Per-thread-default-stream twins (`cudaMemcpy_ptds`, `cuMemcpyHtoD_v2_ptds`) share
@@ -618,6 +623,12 @@ fn lower(env: &TypeEnv, ty: &Ty) -> Result<Lowered> {
     })
 }
 
+/// A library's rules and size tables.
+struct LibRules {
+    rules: Vec<CompiledRule>,
+    sizes: BTreeMap<String, BTreeMap<String, u64>>,
+}
+
 /// A library rule with its regexes compiled.
 struct CompiledRule {
     functions: Option<regex::Regex>,
@@ -638,13 +649,10 @@ impl CompiledRule {
 
 /// The function's spec with the library's rules filled in: kinds for pointer parameters
 /// the spec does not name (the first matching rule wins), and the rules' class.
-fn with_rules(
-    env: &TypeEnv,
-    fspec: &FnSpec,
-    decl: &Function,
-    rules: &[CompiledRule],
-) -> Result<(FnSpec, Option<Class>)> {
+fn with_rules(env: &TypeEnv, fspec: &FnSpec, decl: &Function, rules: &LibRules) -> Result<(FnSpec, Option<Class>)> {
     let mut out = fspec.clone();
+    out.sizes = rules.sizes.clone();
+    let rules = &rules.rules;
     let mut class = None;
     for r in rules.iter().filter(|r| r.matches_function(&decl.name)) {
         if class.is_none() {
@@ -670,7 +678,7 @@ fn build_variant(
     decl: &Function,
     tag: &str,
     versions: Vec<String>,
-    rules: &[CompiledRule],
+    rules: &LibRules,
 ) -> Result<Variant> {
     let (fspec, rule_class) = with_rules(env, fspec, decl, rules)?;
     let fspec = &fspec;
@@ -711,7 +719,7 @@ fn build_variant(
         if !matches!(disposition, Disposition::Custom { .. }) {
             bail!("wire forms are for custom functions; {} is not custom", decl.name);
         }
-        let d = classify_call(lib, env, decl, ret_is_status, w.class, &w.params, true)
+        let d = classify_call(lib, env, decl, ret_is_status, w.class, &w.params, true, &fspec.sizes)
             .with_context(|| format!("wire form {form}"))?;
         if let Disposition::Unsupported { reason } = d {
             bail!("wire form {form} of {} cannot be classified: {reason}", decl.name);
@@ -750,11 +758,12 @@ fn dispose(lib: &Library, fspec: &FnSpec, env: &TypeEnv, decl: &Function, ret_is
     if let Some(class @ (Class::Custom | Class::Local)) = fspec.class {
         return Ok(Disposition::Custom { class });
     }
-    classify_call(lib, env, decl, ret_is_status, fspec.class, &fspec.params, false)
+    classify_call(lib, env, decl, ret_is_status, fspec.class, &fspec.params, false, &fspec.sizes)
 }
 
 /// Classify a whole call with the given class and parameter specs. `explicit`: a wire form,
 /// where every unlisted parameter must still classify by inference.
+#[allow(clippy::too_many_arguments)]
 fn classify_call(
     lib: &Library,
     env: &TypeEnv,
@@ -763,6 +772,7 @@ fn classify_call(
     class: Option<Class>,
     params: &BTreeMap<String, String>,
     explicit: bool,
+    sizes: &SizeTables,
 ) -> Result<Disposition> {
     for name in params.keys().filter(|n| !n.starts_with('?')) {
         if !decl.params.iter().any(|p| &p.name == name) {
@@ -791,7 +801,7 @@ fn classify_call(
             Some(s) => Some(spec::parse_param(s).with_context(|| format!("parameter {}", p.name))?),
             None => None,
         };
-        match classify(lib, env, decl, i, p, pspec.as_ref())? {
+        match classify(lib, env, decl, i, p, pspec.as_ref(), sizes)? {
             Ok(w) => wires.push(w),
             Err(why) => return Ok(Disposition::Unsupported { reason: format!("parameter {}: {why}", p.name) }),
         }
@@ -821,6 +831,7 @@ fn classify(
     index: usize,
     p: &Param,
     pspec: Option<&ParamSpec>,
+    sizes: &SizeTables,
 ) -> Result<std::result::Result<Wire, String>> {
     let ty = Ty::parse(&p.ty)?;
     let kind = env.kind(&ty);
@@ -842,7 +853,7 @@ fn classify(
             _ => None,
         }
     };
-    let len = |e: &LenExpr| -> Result<Len> { lower_len(decl, e) };
+    let len = |e: &LenExpr| -> Result<Len> { lower_len(env, decl, e, sizes) };
     if let Some(s) = pspec {
         let is_ptr = matches!(kind, Kind::Pointer { .. });
         return Ok(Ok(match s {
@@ -963,16 +974,51 @@ fn looks_like_length(name: &str) -> bool {
     ["count", "size", "len", "num"].iter().any(|w| lower.contains(w))
 }
 
-fn lower_len(decl: &Function, e: &LenExpr) -> Result<Len> {
+fn lower_len(env: &TypeEnv, decl: &Function, e: &LenExpr, sizes: &SizeTables) -> Result<Len> {
+    let index = |name: &str| -> Result<usize> {
+        decl.params.iter().position(|p| p.name == name).with_context(|| format!("no parameter {name}"))
+    };
     Ok(match e {
         LenExpr::Lit(n) => Len::Lit(*n),
-        LenExpr::Param(name) => Len::Param(
-            decl.params.iter().position(|p| &p.name == name).with_context(|| format!("no parameter {name}"))?,
-        ),
-        LenExpr::Add(a, b) => Len::Add(Box::new(lower_len(decl, a)?), Box::new(lower_len(decl, b)?)),
-        LenExpr::Mul(a, b) => Len::Mul(Box::new(lower_len(decl, a)?), Box::new(lower_len(decl, b)?)),
+        LenExpr::Param(name) => Len::Param(index(name)?),
+        LenExpr::Add(a, b) => {
+            Len::Add(Box::new(lower_len(env, decl, a, sizes)?), Box::new(lower_len(env, decl, b, sizes)?))
+        }
+        LenExpr::Mul(a, b) => {
+            Len::Mul(Box::new(lower_len(env, decl, a, sizes)?), Box::new(lower_len(env, decl, b, sizes)?))
+        }
+        LenExpr::Size(name) => {
+            let i = index(name)?;
+            let ty = env.resolve(&Ty::parse(&decl.params[i].ty)?);
+            let Ty::Named(enum_name) = ty else { bail!("size({name}): {name} is not an enum") };
+            let e = env.enums.get(&enum_name).with_context(|| format!("size({name}): {enum_name} is not an enum"))?;
+            // The table is named by the declared type (a typedef) or the enum itself.
+            let declared = decl.params[i].ty.as_str();
+            let table = sizes
+                .get(declared)
+                .or_else(|| sizes.get(&enum_name))
+                .with_context(|| format!("size({name}): no [size.{declared}] table"))?;
+            let default = table.get("default").copied().context("size table without a default")?;
+            for key in table.keys().filter(|k| *k != "default") {
+                if !e.variants.iter().any(|v| &v.name == key) {
+                    bail!("[size.{declared}] names {key}, which is no enumerator of it");
+                }
+            }
+            let max = e.variants.iter().map(|v| v.value).filter(|v| (0..4096).contains(v)).max().unwrap_or(0);
+            let mut out = vec![default; max as usize + 1];
+            for var in &e.variants {
+                if let (Some(size), Ok(v)) = (table.get(&var.name), usize::try_from(var.value))
+                    && v < out.len()
+                {
+                    out[v] = *size;
+                }
+            }
+            Len::Table(i, out)
+        }
     })
 }
+
+type SizeTables = BTreeMap<String, BTreeMap<String, u64>>;
 
 /// Map every `PFN_<base>_v<version>` typedef to the exported driver symbol with that
 /// signature (the newest suffix among equal signatures).

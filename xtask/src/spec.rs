@@ -89,6 +89,10 @@ pub struct SpecFile {
     pub hidden: BTreeMap<String, HiddenFn>,
     #[serde(default)]
     pub rule: Vec<Rule>,
+    /// Element sizes by the value of an enum parameter, for `size(param)` in lengths:
+    /// `[size.cudnnBackendAttributeType_t]` maps enumerator names to bytes, `default` the rest.
+    #[serde(default)]
+    pub size: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
 /// A library convention: parameter kinds (and a class) for every function it matches.
@@ -123,6 +127,9 @@ pub struct FnSpec {
     /// (cudaMemcpy travels as `h2d`, `d2h` or `d2d`). Each gets its own call descriptor.
     #[serde(default)]
     pub wire: BTreeMap<String, WireForm>,
+    /// The library's size tables (filled in by the model from the file's `[size]`).
+    #[serde(skip)]
+    pub sizes: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -188,13 +195,15 @@ pub enum LenExpr {
     Param(String),
     Add(Box<LenExpr>, Box<LenExpr>),
     Mul(Box<LenExpr>, Box<LenExpr>),
+    /// `size(p)`: the element size the spec's table gives for the enum value of `p`.
+    Size(String),
 }
 
 impl LenExpr {
     pub fn params(&self, out: &mut Vec<String>) {
         match self {
             LenExpr::Lit(_) => {}
-            LenExpr::Param(p) => out.push(p.clone()),
+            LenExpr::Param(p) | LenExpr::Size(p) => out.push(p.clone()),
             LenExpr::Add(a, b) | LenExpr::Mul(a, b) => {
                 a.params(out);
                 b.params(out);
@@ -308,6 +317,14 @@ fn atom(t: &[String], pos: &mut usize) -> Result<LenExpr> {
     }
     if let Ok(n) = tok.parse::<u64>() {
         return Ok(LenExpr::Lit(n));
+    }
+    if tok == "size" && t.get(*pos).map(String::as_str) == Some("(") {
+        let name = t.get(*pos + 1).context("size( needs a parameter")?.clone();
+        if t.get(*pos + 2).map(String::as_str) != Some(")") {
+            bail!("size(...) takes one parameter name");
+        }
+        *pos += 3;
+        return Ok(LenExpr::Size(name));
     }
     if tok.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') {
         return Ok(LenExpr::Param(tok.clone()));

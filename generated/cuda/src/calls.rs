@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 8823728310277225152u64;
+pub const SCHEMA_HASH: u64 = 11810711839290268212u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 1748usize] = [
+pub static FUNCTIONS: [&str; 1800usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -824,13 +824,30 @@ pub static FUNCTIONS: [&str; 1748usize] = [
     "cudaUnbindTexture",
     "cudaUserObjectRelease",
     "cudaUserObjectRetain",
+    "cudnnActivationBackward",
+    "cudnnActivationForward",
     "cudnnAdvInferVersionCheck",
     "cudnnAdvTrainVersionCheck",
     "cudnnAdvVersionCheck",
+    "cudnnBackendCreateDescriptor",
+    "cudnnBackendDestroyDescriptor",
+    "cudnnBackendExecute",
+    "cudnnBackendFinalize",
+    "cudnnBackendGetAttribute",
+    "cudnnBackendSetAttribute",
+    "cudnnBatchNormalizationBackwardEx",
+    "cudnnBatchNormalizationForwardInference",
+    "cudnnBatchNormalizationForwardTraining",
+    "cudnnBatchNormalizationForwardTrainingEx",
     "cudnnBuildRNNDynamic",
+    "cudnnCTCLoss_v8",
     "cudnnCnnInferVersionCheck",
     "cudnnCnnTrainVersionCheck",
     "cudnnCnnVersionCheck",
+    "cudnnConvolutionBackwardData",
+    "cudnnConvolutionBackwardFilter",
+    "cudnnConvolutionBiasActivationForward",
+    "cudnnConvolutionForward",
     "cudnnCopyAlgorithmDescriptor",
     "cudnnCreate",
     "cudnnCreateActivationDescriptor",
@@ -880,8 +897,13 @@ pub static FUNCTIONS: [&str; 1748usize] = [
     "cudnnDestroySpatialTransformerDescriptor",
     "cudnnDestroyTensorDescriptor",
     "cudnnDestroyTensorTransformDescriptor",
+    "cudnnDropoutBackward",
+    "cudnnDropoutForward",
     "cudnnDropoutGetReserveSpaceSize",
     "cudnnDropoutGetStatesSize",
+    "cudnnFindConvolutionBackwardDataAlgorithmEx",
+    "cudnnFindConvolutionBackwardFilterAlgorithmEx",
+    "cudnnFindConvolutionForwardAlgorithmEx",
     "cudnnFusedOpsExecute",
     "cudnnGetActivationDescriptor",
     "cudnnGetActivationDescriptorSwishBeta",
@@ -896,21 +918,26 @@ pub static FUNCTIONS: [&str; 1748usize] = [
     "cudnnGetConvolution2dDescriptor",
     "cudnnGetConvolution2dForwardOutputDim",
     "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
+    "cudnnGetConvolutionBackwardDataAlgorithm_v7",
     "cudnnGetConvolutionBackwardDataWorkspaceSize",
     "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
+    "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
     "cudnnGetConvolutionBackwardFilterWorkspaceSize",
     "cudnnGetConvolutionForwardAlgorithmMaxCount",
+    "cudnnGetConvolutionForwardAlgorithm_v7",
     "cudnnGetConvolutionForwardWorkspaceSize",
     "cudnnGetConvolutionGroupCount",
     "cudnnGetConvolutionMathType",
     "cudnnGetConvolutionNdForwardOutputDim",
     "cudnnGetConvolutionReorderType",
     "cudnnGetCudartVersion",
+    "cudnnGetDropoutDescriptor",
     "cudnnGetFilter4dDescriptor",
     "cudnnGetFilterNdDescriptor",
     "cudnnGetFilterSizeInBytes",
     "cudnnGetFoldedConvBackwardDataDescriptors",
     "cudnnGetLRNDescriptor",
+    "cudnnGetLastErrorString",
     "cudnnGetMaxDeviceVersion",
     "cudnnGetNormalizationBackwardWorkspaceSize",
     "cudnnGetNormalizationForwardTrainingWorkspaceSize",
@@ -929,6 +956,8 @@ pub static FUNCTIONS: [&str; 1748usize] = [
     "cudnnGetRNNMatrixMathType",
     "cudnnGetRNNPaddingMode",
     "cudnnGetRNNParamsSize",
+    "cudnnGetRNNTempSpaceSizes",
+    "cudnnGetRNNWeightParams",
     "cudnnGetRNNWeightSpaceSize",
     "cudnnGetReduceTensorDescriptor",
     "cudnnGetReductionIndicesSize",
@@ -941,17 +970,27 @@ pub static FUNCTIONS: [&str; 1748usize] = [
     "cudnnGetVersion",
     "cudnnGraphVersionCheck",
     "cudnnInitTransformDest",
+    "cudnnLRNCrossChannelBackward",
+    "cudnnLRNCrossChannelForward",
     "cudnnMakeFusedOpsPlan",
     "cudnnOpsInferVersionCheck",
     "cudnnOpsTrainVersionCheck",
     "cudnnOpsVersionCheck",
+    "cudnnPoolingBackward",
+    "cudnnPoolingForward",
     "cudnnQueryRuntimeError",
+    "cudnnRNNBackwardData_v8",
+    "cudnnRNNBackwardWeightsEx",
+    "cudnnRNNBackwardWeights_v8",
+    "cudnnRNNForward",
     "cudnnRNNGetClip",
     "cudnnRNNGetClip_v8",
     "cudnnRNNGetClip_v9",
     "cudnnRNNSetClip",
     "cudnnRNNSetClip_v8",
     "cudnnRNNSetClip_v9",
+    "cudnnRestoreDropoutDescriptor",
+    "cudnnScaleTensor",
     "cudnnSetActivationDescriptor",
     "cudnnSetActivationDescriptorSwishBeta",
     "cudnnSetAlgorithmDescriptor",
@@ -964,23 +1003,36 @@ pub static FUNCTIONS: [&str; 1748usize] = [
     "cudnnSetConvolution2dDescriptor",
     "cudnnSetConvolutionGroupCount",
     "cudnnSetConvolutionMathType",
+    "cudnnSetConvolutionNdDescriptor",
     "cudnnSetConvolutionReorderType",
+    "cudnnSetDropoutDescriptor",
     "cudnnSetFilter4dDescriptor",
+    "cudnnSetFilterNdDescriptor",
     "cudnnSetLRNDescriptor",
     "cudnnSetOpTensorDescriptor",
     "cudnnSetPersistentRNNPlan",
     "cudnnSetPooling2dDescriptor",
     "cudnnSetRNNAlgorithmDescriptor",
     "cudnnSetRNNBiasMode",
+    "cudnnSetRNNDataDescriptor",
     "cudnnSetRNNDescriptor_v6",
     "cudnnSetRNNDescriptor_v8",
     "cudnnSetRNNMatrixMathType",
     "cudnnSetRNNPaddingMode",
     "cudnnSetRNNProjectionLayers",
     "cudnnSetReduceTensorDescriptor",
+    "cudnnSetSpatialTransformerNdDescriptor",
     "cudnnSetStream",
     "cudnnSetTensor4dDescriptor",
     "cudnnSetTensor4dDescriptorEx",
+    "cudnnSetTensorNdDescriptor",
+    "cudnnSoftmaxBackward",
+    "cudnnSoftmaxForward",
+    "cudnnSpatialTfGridGeneratorBackward",
+    "cudnnSpatialTfGridGeneratorForward",
+    "cudnnSpatialTfSamplerBackward",
+    "cudnnSpatialTfSamplerForward",
+    "cudnnTransformTensor",
     "cufftDestroy",
     "cufftResetPlanProperty",
     "cufftSetAutoAllocation",
@@ -1757,7 +1809,7 @@ pub static FUNCTIONS: [&str; 1748usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 1748usize] = [
+pub static LIBRARY_OF: [&str; 1800usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -2575,6 +2627,58 @@ pub static LIBRARY_OF: [&str; 1748usize] = [
     "cudart",
     "cudart",
     "cudart",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "cudnn",
     "cudnn",
     "cudnn",
     "cudnn",
@@ -4720,14 +4824,48 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cublaslt::cublasLtMatrixTransformDescCreate,
     &cublaslt::cublasLtMatrixTransformDescDestroy,
     &cublaslt::cublasLtMatrixTransformDescInit_internal,
+    &cudnn::cudnnActivationBackward__cu118,
+    &cudnn::cudnnActivationBackward__cu126,
+    &cudnn::cudnnActivationForward__cu118,
+    &cudnn::cudnnActivationForward__cu126,
     &cudnn::cudnnAdvInferVersionCheck,
     &cudnn::cudnnAdvTrainVersionCheck,
     &cudnn::cudnnAdvVersionCheck,
+    &cudnn::cudnnBackendCreateDescriptor__cu118,
+    &cudnn::cudnnBackendCreateDescriptor__cu126,
+    &cudnn::cudnnBackendDestroyDescriptor__cu118,
+    &cudnn::cudnnBackendDestroyDescriptor__cu126,
+    &cudnn::cudnnBackendExecute__cu118,
+    &cudnn::cudnnBackendExecute__cu126,
+    &cudnn::cudnnBackendFinalize__cu118,
+    &cudnn::cudnnBackendFinalize__cu126,
+    &cudnn::cudnnBackendGetAttribute__cu118,
+    &cudnn::cudnnBackendGetAttribute__cu126,
+    &cudnn::cudnnBackendSetAttribute__cu118,
+    &cudnn::cudnnBackendSetAttribute__cu126,
+    &cudnn::cudnnBatchNormalizationBackwardEx__cu118,
+    &cudnn::cudnnBatchNormalizationBackwardEx__cu126,
+    &cudnn::cudnnBatchNormalizationForwardInference__cu118,
+    &cudnn::cudnnBatchNormalizationForwardInference__cu126,
+    &cudnn::cudnnBatchNormalizationForwardTraining__cu118,
+    &cudnn::cudnnBatchNormalizationForwardTraining__cu126,
+    &cudnn::cudnnBatchNormalizationForwardTrainingEx__cu118,
+    &cudnn::cudnnBatchNormalizationForwardTrainingEx__cu126,
     &cudnn::cudnnBuildRNNDynamic__cu118,
     &cudnn::cudnnBuildRNNDynamic__cu126,
+    &cudnn::cudnnCTCLoss_v8__cu118,
+    &cudnn::cudnnCTCLoss_v8__cu126,
     &cudnn::cudnnCnnInferVersionCheck,
     &cudnn::cudnnCnnTrainVersionCheck,
     &cudnn::cudnnCnnVersionCheck,
+    &cudnn::cudnnConvolutionBackwardData__cu118,
+    &cudnn::cudnnConvolutionBackwardData__cu126,
+    &cudnn::cudnnConvolutionBackwardFilter__cu118,
+    &cudnn::cudnnConvolutionBackwardFilter__cu126,
+    &cudnn::cudnnConvolutionBiasActivationForward__cu118,
+    &cudnn::cudnnConvolutionBiasActivationForward__cu126,
+    &cudnn::cudnnConvolutionForward__cu118,
+    &cudnn::cudnnConvolutionForward__cu126,
     &cudnn::cudnnCopyAlgorithmDescriptor,
     &cudnn::cudnnCreate__cu118,
     &cudnn::cudnnCreate__cu126,
@@ -4819,10 +4957,20 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnDestroyTensorDescriptor__cu126,
     &cudnn::cudnnDestroyTensorTransformDescriptor__cu118,
     &cudnn::cudnnDestroyTensorTransformDescriptor__cu126,
+    &cudnn::cudnnDropoutBackward__cu118,
+    &cudnn::cudnnDropoutBackward__cu126,
+    &cudnn::cudnnDropoutForward__cu118,
+    &cudnn::cudnnDropoutForward__cu126,
     &cudnn::cudnnDropoutGetReserveSpaceSize__cu118,
     &cudnn::cudnnDropoutGetReserveSpaceSize__cu126,
     &cudnn::cudnnDropoutGetStatesSize__cu118,
     &cudnn::cudnnDropoutGetStatesSize__cu126,
+    &cudnn::cudnnFindConvolutionBackwardDataAlgorithmEx__cu118,
+    &cudnn::cudnnFindConvolutionBackwardDataAlgorithmEx__cu126,
+    &cudnn::cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118,
+    &cudnn::cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126,
+    &cudnn::cudnnFindConvolutionForwardAlgorithmEx__cu118,
+    &cudnn::cudnnFindConvolutionForwardAlgorithmEx__cu126,
     &cudnn::cudnnFusedOpsExecute__cu118,
     &cudnn::cudnnFusedOpsExecute__cu126,
     &cudnn::cudnnGetActivationDescriptor__cu118,
@@ -4849,14 +4997,20 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnGetConvolution2dForwardOutputDim__cu126,
     &cudnn::cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118,
     &cudnn::cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126,
+    &cudnn::cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118,
+    &cudnn::cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126,
     &cudnn::cudnnGetConvolutionBackwardDataWorkspaceSize__cu118,
     &cudnn::cudnnGetConvolutionBackwardDataWorkspaceSize__cu126,
     &cudnn::cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118,
     &cudnn::cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126,
+    &cudnn::cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118,
+    &cudnn::cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126,
     &cudnn::cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118,
     &cudnn::cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126,
     &cudnn::cudnnGetConvolutionForwardAlgorithmMaxCount__cu118,
     &cudnn::cudnnGetConvolutionForwardAlgorithmMaxCount__cu126,
+    &cudnn::cudnnGetConvolutionForwardAlgorithm_v7__cu118,
+    &cudnn::cudnnGetConvolutionForwardAlgorithm_v7__cu126,
     &cudnn::cudnnGetConvolutionForwardWorkspaceSize__cu118,
     &cudnn::cudnnGetConvolutionForwardWorkspaceSize__cu126,
     &cudnn::cudnnGetConvolutionGroupCount__cu118,
@@ -4869,6 +5023,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnGetConvolutionReorderType__cu126,
     &cudnn::cudnnGetCudartVersion__cu118,
     &cudnn::cudnnGetCudartVersion__cu126,
+    &cudnn::cudnnGetDropoutDescriptor__cu118,
+    &cudnn::cudnnGetDropoutDescriptor__cu126,
     &cudnn::cudnnGetFilter4dDescriptor__cu118,
     &cudnn::cudnnGetFilter4dDescriptor__cu126,
     &cudnn::cudnnGetFilterNdDescriptor__cu118,
@@ -4879,6 +5035,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnGetFoldedConvBackwardDataDescriptors__cu126,
     &cudnn::cudnnGetLRNDescriptor__cu118,
     &cudnn::cudnnGetLRNDescriptor__cu126,
+    &cudnn::cudnnGetLastErrorString,
     &cudnn::cudnnGetMaxDeviceVersion__cu118,
     &cudnn::cudnnGetMaxDeviceVersion__cu126,
     &cudnn::cudnnGetNormalizationBackwardWorkspaceSize__cu118,
@@ -4907,6 +5064,10 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnGetRNNMatrixMathType,
     &cudnn::cudnnGetRNNPaddingMode,
     &cudnn::cudnnGetRNNParamsSize,
+    &cudnn::cudnnGetRNNTempSpaceSizes__cu118,
+    &cudnn::cudnnGetRNNTempSpaceSizes__cu126,
+    &cudnn::cudnnGetRNNWeightParams__cu118,
+    &cudnn::cudnnGetRNNWeightParams__cu126,
     &cudnn::cudnnGetRNNWeightSpaceSize__cu118,
     &cudnn::cudnnGetRNNWeightSpaceSize__cu126,
     &cudnn::cudnnGetReduceTensorDescriptor__cu118,
@@ -4930,13 +5091,28 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnGraphVersionCheck,
     &cudnn::cudnnInitTransformDest__cu118,
     &cudnn::cudnnInitTransformDest__cu126,
+    &cudnn::cudnnLRNCrossChannelBackward__cu118,
+    &cudnn::cudnnLRNCrossChannelBackward__cu126,
+    &cudnn::cudnnLRNCrossChannelForward__cu118,
+    &cudnn::cudnnLRNCrossChannelForward__cu126,
     &cudnn::cudnnMakeFusedOpsPlan__cu118,
     &cudnn::cudnnMakeFusedOpsPlan__cu126,
     &cudnn::cudnnOpsInferVersionCheck,
     &cudnn::cudnnOpsTrainVersionCheck,
     &cudnn::cudnnOpsVersionCheck,
+    &cudnn::cudnnPoolingBackward__cu118,
+    &cudnn::cudnnPoolingBackward__cu126,
+    &cudnn::cudnnPoolingForward__cu118,
+    &cudnn::cudnnPoolingForward__cu126,
     &cudnn::cudnnQueryRuntimeError__cu118,
     &cudnn::cudnnQueryRuntimeError__cu126,
+    &cudnn::cudnnRNNBackwardData_v8__cu118,
+    &cudnn::cudnnRNNBackwardData_v8__cu126,
+    &cudnn::cudnnRNNBackwardWeightsEx,
+    &cudnn::cudnnRNNBackwardWeights_v8__cu118,
+    &cudnn::cudnnRNNBackwardWeights_v8__cu126,
+    &cudnn::cudnnRNNForward__cu118,
+    &cudnn::cudnnRNNForward__cu126,
     &cudnn::cudnnRNNGetClip,
     &cudnn::cudnnRNNGetClip_v8__cu118,
     &cudnn::cudnnRNNGetClip_v8__cu126,
@@ -4945,6 +5121,10 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnRNNSetClip_v8__cu118,
     &cudnn::cudnnRNNSetClip_v8__cu126,
     &cudnn::cudnnRNNSetClip_v9,
+    &cudnn::cudnnRestoreDropoutDescriptor__cu118,
+    &cudnn::cudnnRestoreDropoutDescriptor__cu126,
+    &cudnn::cudnnScaleTensor__cu118,
+    &cudnn::cudnnScaleTensor__cu126,
     &cudnn::cudnnSetActivationDescriptor__cu118,
     &cudnn::cudnnSetActivationDescriptor__cu126,
     &cudnn::cudnnSetActivationDescriptorSwishBeta__cu118,
@@ -4966,10 +5146,16 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnSetConvolutionGroupCount__cu126,
     &cudnn::cudnnSetConvolutionMathType__cu118,
     &cudnn::cudnnSetConvolutionMathType__cu126,
+    &cudnn::cudnnSetConvolutionNdDescriptor__cu118,
+    &cudnn::cudnnSetConvolutionNdDescriptor__cu126,
     &cudnn::cudnnSetConvolutionReorderType__cu118,
     &cudnn::cudnnSetConvolutionReorderType__cu126,
+    &cudnn::cudnnSetDropoutDescriptor__cu118,
+    &cudnn::cudnnSetDropoutDescriptor__cu126,
     &cudnn::cudnnSetFilter4dDescriptor__cu118,
     &cudnn::cudnnSetFilter4dDescriptor__cu126,
+    &cudnn::cudnnSetFilterNdDescriptor__cu118,
+    &cudnn::cudnnSetFilterNdDescriptor__cu126,
     &cudnn::cudnnSetLRNDescriptor__cu118,
     &cudnn::cudnnSetLRNDescriptor__cu126,
     &cudnn::cudnnSetOpTensorDescriptor__cu118,
@@ -4979,6 +5165,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnSetPooling2dDescriptor__cu126,
     &cudnn::cudnnSetRNNAlgorithmDescriptor,
     &cudnn::cudnnSetRNNBiasMode,
+    &cudnn::cudnnSetRNNDataDescriptor__cu118,
+    &cudnn::cudnnSetRNNDataDescriptor__cu126,
     &cudnn::cudnnSetRNNDescriptor_v6,
     &cudnn::cudnnSetRNNDescriptor_v8__cu118,
     &cudnn::cudnnSetRNNDescriptor_v8__cu126,
@@ -4987,12 +5175,30 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnSetRNNProjectionLayers,
     &cudnn::cudnnSetReduceTensorDescriptor__cu118,
     &cudnn::cudnnSetReduceTensorDescriptor__cu126,
+    &cudnn::cudnnSetSpatialTransformerNdDescriptor__cu118,
+    &cudnn::cudnnSetSpatialTransformerNdDescriptor__cu126,
     &cudnn::cudnnSetStream__cu118,
     &cudnn::cudnnSetStream__cu126,
     &cudnn::cudnnSetTensor4dDescriptor__cu118,
     &cudnn::cudnnSetTensor4dDescriptor__cu126,
     &cudnn::cudnnSetTensor4dDescriptorEx__cu118,
     &cudnn::cudnnSetTensor4dDescriptorEx__cu126,
+    &cudnn::cudnnSetTensorNdDescriptor__cu118,
+    &cudnn::cudnnSetTensorNdDescriptor__cu126,
+    &cudnn::cudnnSoftmaxBackward__cu118,
+    &cudnn::cudnnSoftmaxBackward__cu126,
+    &cudnn::cudnnSoftmaxForward__cu118,
+    &cudnn::cudnnSoftmaxForward__cu126,
+    &cudnn::cudnnSpatialTfGridGeneratorBackward__cu118,
+    &cudnn::cudnnSpatialTfGridGeneratorBackward__cu126,
+    &cudnn::cudnnSpatialTfGridGeneratorForward__cu118,
+    &cudnn::cudnnSpatialTfGridGeneratorForward__cu126,
+    &cudnn::cudnnSpatialTfSamplerBackward__cu118,
+    &cudnn::cudnnSpatialTfSamplerBackward__cu126,
+    &cudnn::cudnnSpatialTfSamplerForward__cu118,
+    &cudnn::cudnnSpatialTfSamplerForward__cu126,
+    &cudnn::cudnnTransformTensor__cu118,
+    &cudnn::cudnnTransformTensor__cu126,
     &nvml::nvmlComputeInstanceDestroy,
     &nvml::nvmlDeviceCcuGetStreamState,
     &nvml::nvmlDeviceCcuSetStreamState,
@@ -43158,9 +43364,412 @@ pub mod cudart {
 }
 pub mod cudnn {
     use chidori_protocol::desc::*;
-    pub static cudnnAdvInferVersionCheck: CallDesc = CallDesc {
+    static LEN_cudnnActivationBackward__cu118_0: Len = Len::Lit(16u64);
+    static LEN_cudnnActivationBackward__cu118_1: Len = Len::Lit(16u64);
+    static LEN_cudnnActivationBackward__cu126_2: Len = Len::Lit(16u64);
+    static LEN_cudnnActivationBackward__cu126_3: Len = Len::Lit(16u64);
+    static LEN_cudnnActivationForward__cu118_4: Len = Len::Lit(16u64);
+    static LEN_cudnnActivationForward__cu118_5: Len = Len::Lit(16u64);
+    static LEN_cudnnActivationForward__cu126_6: Len = Len::Lit(16u64);
+    static LEN_cudnnActivationForward__cu126_7: Len = Len::Lit(16u64);
+    static LEN_cudnnBackendGetAttribute__cu118_8: Len = Len::Param(3u8);
+    static LEN_cudnnBackendGetAttribute__cu118_9: Len = Len::Table(
+        2u8,
+        &[
+            8u32, 4u32, 1u32, 8u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32,
+            4u32, 4u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 1u32, 4u32,
+            16u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cudnnBackendGetAttribute__cu118_10: Len = Len::Mul(
+        &LEN_cudnnBackendGetAttribute__cu118_8,
+        &LEN_cudnnBackendGetAttribute__cu118_9,
+    );
+    static LEN_cudnnBackendGetAttribute__cu126_11: Len = Len::Param(3u8);
+    static LEN_cudnnBackendGetAttribute__cu126_12: Len = Len::Table(
+        2u8,
+        &[
+            8u32, 4u32, 1u32, 8u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32,
+            4u32, 4u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 1u32, 4u32,
+            16u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cudnnBackendGetAttribute__cu126_13: Len = Len::Mul(
+        &LEN_cudnnBackendGetAttribute__cu126_11,
+        &LEN_cudnnBackendGetAttribute__cu126_12,
+    );
+    static LEN_cudnnBackendSetAttribute__cu118_14: Len = Len::Param(3u8);
+    static LEN_cudnnBackendSetAttribute__cu118_15: Len = Len::Table(
+        2u8,
+        &[
+            8u32, 4u32, 1u32, 8u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32,
+            4u32, 4u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 1u32, 4u32,
+            16u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cudnnBackendSetAttribute__cu118_16: Len = Len::Mul(
+        &LEN_cudnnBackendSetAttribute__cu118_14,
+        &LEN_cudnnBackendSetAttribute__cu118_15,
+    );
+    static LEN_cudnnBackendSetAttribute__cu126_17: Len = Len::Param(3u8);
+    static LEN_cudnnBackendSetAttribute__cu126_18: Len = Len::Table(
+        2u8,
+        &[
+            8u32, 4u32, 1u32, 8u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32,
+            4u32, 4u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 1u32, 4u32,
+            16u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cudnnBackendSetAttribute__cu126_19: Len = Len::Mul(
+        &LEN_cudnnBackendSetAttribute__cu126_17,
+        &LEN_cudnnBackendSetAttribute__cu126_18,
+    );
+    static LEN_cudnnBatchNormalizationBackwardEx__cu118_20: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu118_21: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu118_22: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu118_23: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu126_24: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu126_25: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu126_26: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu126_27: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardInference__cu118_28: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardInference__cu118_29: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardInference__cu126_30: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardInference__cu126_31: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTraining__cu118_32: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTraining__cu118_33: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTraining__cu126_34: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTraining__cu126_35: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_36: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_37: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_38: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_39: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardData__cu118_40: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardData__cu118_41: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardData__cu126_42: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardData__cu126_43: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardFilter__cu118_44: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardFilter__cu118_45: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardFilter__cu126_46: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardFilter__cu126_47: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBiasActivationForward__cu118_48: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBiasActivationForward__cu118_49: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBiasActivationForward__cu126_50: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBiasActivationForward__cu126_51: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionForward__cu118_52: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionForward__cu118_53: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionForward__cu126_54: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionForward__cu126_55: Len = Len::Lit(16u64);
+    static LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118_56: Len = Len::Param(
+        8u8,
+    );
+    static LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126_57: Len = Len::Param(
+        8u8,
+    );
+    static LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118_58: Len = Len::Param(
+        8u8,
+    );
+    static LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126_59: Len = Len::Param(
+        8u8,
+    );
+    static LEN_cudnnFindConvolutionForwardAlgorithmEx__cu118_60: Len = Len::Param(8u8);
+    static LEN_cudnnFindConvolutionForwardAlgorithmEx__cu126_61: Len = Len::Param(8u8);
+    static LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118_62: Len = Len::Param(
+        5u8,
+    );
+    static LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126_63: Len = Len::Param(
+        5u8,
+    );
+    static LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118_64: Len = Len::Param(
+        5u8,
+    );
+    static LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126_65: Len = Len::Param(
+        5u8,
+    );
+    static LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu118_66: Len = Len::Param(5u8);
+    static LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu126_67: Len = Len::Param(5u8);
+    static LEN_cudnnGetFilterNdDescriptor__cu118_68: Len = Len::Param(1u8);
+    static LEN_cudnnGetFilterNdDescriptor__cu126_69: Len = Len::Param(1u8);
+    static LEN_cudnnGetLastErrorString_70: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu118_71: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu118_72: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu126_73: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu126_74: Len = Len::Param(1u8);
+    static LEN_cudnnLRNCrossChannelBackward__cu118_75: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelBackward__cu118_76: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelBackward__cu126_77: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelBackward__cu126_78: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelForward__cu118_79: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelForward__cu118_80: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelForward__cu126_81: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelForward__cu126_82: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingBackward__cu118_83: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingBackward__cu118_84: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingBackward__cu126_85: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingBackward__cu126_86: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingForward__cu118_87: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingForward__cu118_88: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingForward__cu126_89: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingForward__cu126_90: Len = Len::Lit(16u64);
+    static LEN_cudnnScaleTensor__cu118_91: Len = Len::Lit(16u64);
+    static LEN_cudnnScaleTensor__cu126_92: Len = Len::Lit(16u64);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu118_93: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu118_94: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu118_95: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu126_96: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu126_97: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu126_98: Len = Len::Param(1u8);
+    static LEN_cudnnSetFilterNdDescriptor__cu118_99: Len = Len::Param(3u8);
+    static LEN_cudnnSetFilterNdDescriptor__cu126_100: Len = Len::Param(3u8);
+    static LEN_cudnnSetRNNDataDescriptor__cu118_101: Len = Len::Param(4u8);
+    static LEN_cudnnSetRNNDataDescriptor__cu118_102: Len = Len::Lit(16u64);
+    static LEN_cudnnSetRNNDataDescriptor__cu126_103: Len = Len::Param(4u8);
+    static LEN_cudnnSetRNNDataDescriptor__cu126_104: Len = Len::Lit(16u64);
+    static LEN_cudnnSetSpatialTransformerNdDescriptor__cu118_105: Len = Len::Param(3u8);
+    static LEN_cudnnSetSpatialTransformerNdDescriptor__cu126_106: Len = Len::Param(3u8);
+    static LEN_cudnnSetTensorNdDescriptor__cu118_107: Len = Len::Param(2u8);
+    static LEN_cudnnSetTensorNdDescriptor__cu118_108: Len = Len::Param(2u8);
+    static LEN_cudnnSetTensorNdDescriptor__cu126_109: Len = Len::Param(2u8);
+    static LEN_cudnnSetTensorNdDescriptor__cu126_110: Len = Len::Param(2u8);
+    static LEN_cudnnSoftmaxBackward__cu118_111: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxBackward__cu118_112: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxBackward__cu126_113: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxBackward__cu126_114: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxForward__cu118_115: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxForward__cu118_116: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxForward__cu126_117: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxForward__cu126_118: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu118_119: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu118_120: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu118_121: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu118_122: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu126_123: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu126_124: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu126_125: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu126_126: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerForward__cu118_127: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerForward__cu118_128: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerForward__cu126_129: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerForward__cu126_130: Len = Len::Lit(16u64);
+    static LEN_cudnnTransformTensor__cu118_131: Len = Len::Lit(16u64);
+    static LEN_cudnnTransformTensor__cu118_132: Len = Len::Lit(16u64);
+    static LEN_cudnnTransformTensor__cu126_133: Len = Len::Lit(16u64);
+    static LEN_cudnnTransformTensor__cu126_134: Len = Len::Lit(16u64);
+    pub static cudnnActivationBackward__cu118: CallDesc = CallDesc {
         wire: 1211u32,
         call: 1179u32,
+        name: "cudnnActivationBackward",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 51u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnActivationBackward__cu118_0),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnActivationBackward__cu118_1),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnActivationBackward__cu126: CallDesc = CallDesc {
+        wire: 1212u32,
+        call: 1179u32,
+        name: "cudnnActivationBackward",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 51u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnActivationBackward__cu126_2),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnActivationBackward__cu126_3),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnActivationForward__cu118: CallDesc = CallDesc {
+        wire: 1213u32,
+        call: 1180u32,
+        name: "cudnnActivationForward",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 51u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnActivationForward__cu118_4),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnActivationForward__cu118_5),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnActivationForward__cu126: CallDesc = CallDesc {
+        wire: 1214u32,
+        call: 1180u32,
+        name: "cudnnActivationForward",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 51u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnActivationForward__cu126_6),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnActivationForward__cu126_7),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnAdvInferVersionCheck: CallDesc = CallDesc {
+        wire: 1215u32,
+        call: 1181u32,
         name: "cudnnAdvInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -43176,8 +43785,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnAdvTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1212u32,
-        call: 1180u32,
+        wire: 1216u32,
+        call: 1182u32,
         name: "cudnnAdvTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -43193,8 +43802,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnAdvVersionCheck: CallDesc = CallDesc {
-        wire: 1213u32,
-        call: 1181u32,
+        wire: 1217u32,
+        call: 1183u32,
         name: "cudnnAdvVersionCheck",
         form: None,
         library: "cudnn",
@@ -43209,9 +43818,1029 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnBackendCreateDescriptor__cu118: CallDesc = CallDesc {
+        wire: 1218u32,
+        call: 1184u32,
+        name: "cudnnBackendCreateDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnBackendCreateDescriptor__cu126: CallDesc = CallDesc {
+        wire: 1219u32,
+        call: 1184u32,
+        name: "cudnnBackendCreateDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnBackendDestroyDescriptor__cu118: CallDesc = CallDesc {
+        wire: 1220u32,
+        call: 1185u32,
+        name: "cudnnBackendDestroyDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnBackendDestroyDescriptor__cu126: CallDesc = CallDesc {
+        wire: 1221u32,
+        call: 1185u32,
+        name: "cudnnBackendDestroyDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnBackendExecute__cu118: CallDesc = CallDesc {
+        wire: 1222u32,
+        call: 1186u32,
+        name: "cudnnBackendExecute",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnBackendExecute__cu126: CallDesc = CallDesc {
+        wire: 1223u32,
+        call: 1186u32,
+        name: "cudnnBackendExecute",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnBackendFinalize__cu118: CallDesc = CallDesc {
+        wire: 1224u32,
+        call: 1187u32,
+        name: "cudnnBackendFinalize",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnBackendFinalize__cu126: CallDesc = CallDesc {
+        wire: 1225u32,
+        call: 1187u32,
+        name: "cudnnBackendFinalize",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnBackendGetAttribute__cu118: CallDesc = CallDesc {
+        wire: 1226u32,
+        call: 1188u32,
+        name: "cudnnBackendGetAttribute",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBackendGetAttribute__cu118_10),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnBackendGetAttribute__cu126: CallDesc = CallDesc {
+        wire: 1227u32,
+        call: 1188u32,
+        name: "cudnnBackendGetAttribute",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBackendGetAttribute__cu126_13),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnBackendSetAttribute__cu118: CallDesc = CallDesc {
+        wire: 1228u32,
+        call: 1189u32,
+        name: "cudnnBackendSetAttribute",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBackendSetAttribute__cu118_16),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnBackendSetAttribute__cu126: CallDesc = CallDesc {
+        wire: 1229u32,
+        call: 1189u32,
+        name: "cudnnBackendSetAttribute",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBackendSetAttribute__cu126_19),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnBatchNormalizationBackwardEx__cu118: CallDesc = CallDesc {
+        wire: 1230u32,
+        call: 1190u32,
+        name: "cudnnBatchNormalizationBackwardEx",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_20),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_21),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_22),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_23),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 51u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnBatchNormalizationBackwardEx__cu126: CallDesc = CallDesc {
+        wire: 1231u32,
+        call: 1190u32,
+        name: "cudnnBatchNormalizationBackwardEx",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_24),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_25),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_26),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_27),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 51u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnBatchNormalizationForwardInference__cu118: CallDesc = CallDesc {
+        wire: 1232u32,
+        call: 1191u32,
+        name: "cudnnBatchNormalizationForwardInference",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu118_28),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu118_29),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnBatchNormalizationForwardInference__cu126: CallDesc = CallDesc {
+        wire: 1233u32,
+        call: 1191u32,
+        name: "cudnnBatchNormalizationForwardInference",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu126_30),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu126_31),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnBatchNormalizationForwardTraining__cu118: CallDesc = CallDesc {
+        wire: 1234u32,
+        call: 1192u32,
+        name: "cudnnBatchNormalizationForwardTraining",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu118_32),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu118_33),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnBatchNormalizationForwardTraining__cu126: CallDesc = CallDesc {
+        wire: 1235u32,
+        call: 1192u32,
+        name: "cudnnBatchNormalizationForwardTraining",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu126_34),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu126_35),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnBatchNormalizationForwardTrainingEx__cu118: CallDesc = CallDesc {
+        wire: 1236u32,
+        call: 1193u32,
+        name: "cudnnBatchNormalizationForwardTrainingEx",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_36),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_37),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 51u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnBatchNormalizationForwardTrainingEx__cu126: CallDesc = CallDesc {
+        wire: 1237u32,
+        call: 1193u32,
+        name: "cudnnBatchNormalizationForwardTrainingEx",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_38),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_39),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: true,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 51u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 1214u32,
-        call: 1182u32,
+        wire: 1238u32,
+        call: 1194u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -43240,8 +44869,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 1215u32,
-        call: 1182u32,
+        wire: 1239u32,
+        call: 1194u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -43269,9 +44898,107 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnCTCLoss_v8__cu118: CallDesc = CallDesc {
+        wire: 1240u32,
+        call: 1195u32,
+        name: "cudnnCTCLoss_v8",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnCTCLoss_v8__cu126: CallDesc = CallDesc {
+        wire: 1241u32,
+        call: 1195u32,
+        name: "cudnnCTCLoss_v8",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 1216u32,
-        call: 1183u32,
+        wire: 1242u32,
+        call: 1196u32,
         name: "cudnnCnnInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -43287,8 +45014,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1217u32,
-        call: 1184u32,
+        wire: 1243u32,
+        call: 1197u32,
         name: "cudnnCnnTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -43304,8 +45031,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 1218u32,
-        call: 1185u32,
+        wire: 1244u32,
+        call: 1198u32,
         name: "cudnnCnnVersionCheck",
         form: None,
         library: "cudnn",
@@ -43320,9 +45047,533 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnConvolutionBackwardData__cu118: CallDesc = CallDesc {
+        wire: 1245u32,
+        call: 1199u32,
+        name: "cudnnConvolutionBackwardData",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnConvolutionBackwardData__cu118_40),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnConvolutionBackwardData__cu118_41),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnConvolutionBackwardData__cu126: CallDesc = CallDesc {
+        wire: 1246u32,
+        call: 1199u32,
+        name: "cudnnConvolutionBackwardData",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnConvolutionBackwardData__cu126_42),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnConvolutionBackwardData__cu126_43),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnConvolutionBackwardFilter__cu118: CallDesc = CallDesc {
+        wire: 1247u32,
+        call: 1200u32,
+        name: "cudnnConvolutionBackwardFilter",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu118_44),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu118_45),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnConvolutionBackwardFilter__cu126: CallDesc = CallDesc {
+        wire: 1248u32,
+        call: 1200u32,
+        name: "cudnnConvolutionBackwardFilter",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu126_46),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu126_47),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnConvolutionBiasActivationForward__cu118: CallDesc = CallDesc {
+        wire: 1249u32,
+        call: 1201u32,
+        name: "cudnnConvolutionBiasActivationForward",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu118_48),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu118_49),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 51u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnConvolutionBiasActivationForward__cu126: CallDesc = CallDesc {
+        wire: 1250u32,
+        call: 1201u32,
+        name: "cudnnConvolutionBiasActivationForward",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu126_50),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu126_51),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 51u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnConvolutionForward__cu118: CallDesc = CallDesc {
+        wire: 1251u32,
+        call: 1202u32,
+        name: "cudnnConvolutionForward",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnConvolutionForward__cu118_52),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnConvolutionForward__cu118_53),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnConvolutionForward__cu126: CallDesc = CallDesc {
+        wire: 1252u32,
+        call: 1202u32,
+        name: "cudnnConvolutionForward",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnConvolutionForward__cu126_54),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnConvolutionForward__cu126_55),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1219u32,
-        call: 1186u32,
+        wire: 1253u32,
+        call: 1203u32,
         name: "cudnnCopyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -43347,8 +45598,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 1220u32,
-        call: 1187u32,
+        wire: 1254u32,
+        call: 1204u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -43364,8 +45615,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 1221u32,
-        call: 1187u32,
+        wire: 1255u32,
+        call: 1204u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -43381,8 +45632,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1222u32,
-        call: 1188u32,
+        wire: 1256u32,
+        call: 1205u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -43398,8 +45649,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1223u32,
-        call: 1188u32,
+        wire: 1257u32,
+        call: 1205u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -43415,8 +45666,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1224u32,
-        call: 1189u32,
+        wire: 1258u32,
+        call: 1206u32,
         name: "cudnnCreateAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -43432,8 +45683,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1225u32,
-        call: 1190u32,
+        wire: 1259u32,
+        call: 1207u32,
         name: "cudnnCreateAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -43455,8 +45706,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1226u32,
-        call: 1191u32,
+        wire: 1260u32,
+        call: 1208u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -43472,8 +45723,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1227u32,
-        call: 1191u32,
+        wire: 1261u32,
+        call: 1208u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -43489,8 +45740,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1228u32,
-        call: 1192u32,
+        wire: 1262u32,
+        call: 1209u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -43506,8 +45757,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1229u32,
-        call: 1192u32,
+        wire: 1263u32,
+        call: 1209u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -43523,8 +45774,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1230u32,
-        call: 1193u32,
+        wire: 1264u32,
+        call: 1210u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -43540,8 +45791,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1231u32,
-        call: 1193u32,
+        wire: 1265u32,
+        call: 1210u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -43557,8 +45808,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1232u32,
-        call: 1194u32,
+        wire: 1266u32,
+        call: 1211u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -43574,8 +45825,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1233u32,
-        call: 1194u32,
+        wire: 1267u32,
+        call: 1211u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -43591,8 +45842,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1234u32,
-        call: 1195u32,
+        wire: 1268u32,
+        call: 1212u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -43608,8 +45859,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1235u32,
-        call: 1195u32,
+        wire: 1269u32,
+        call: 1212u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -43625,8 +45876,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1236u32,
-        call: 1196u32,
+        wire: 1270u32,
+        call: 1213u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -43648,8 +45899,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1237u32,
-        call: 1196u32,
+        wire: 1271u32,
+        call: 1213u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -43671,8 +45922,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1238u32,
-        call: 1197u32,
+        wire: 1272u32,
+        call: 1214u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -43694,8 +45945,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1239u32,
-        call: 1197u32,
+        wire: 1273u32,
+        call: 1214u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -43717,8 +45968,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1240u32,
-        call: 1198u32,
+        wire: 1274u32,
+        call: 1215u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -43740,8 +45991,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1241u32,
-        call: 1198u32,
+        wire: 1275u32,
+        call: 1215u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -43763,8 +46014,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1242u32,
-        call: 1199u32,
+        wire: 1276u32,
+        call: 1216u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -43780,8 +46031,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1243u32,
-        call: 1199u32,
+        wire: 1277u32,
+        call: 1216u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -43797,8 +46048,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1244u32,
-        call: 1200u32,
+        wire: 1278u32,
+        call: 1217u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -43814,8 +46065,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1245u32,
-        call: 1200u32,
+        wire: 1279u32,
+        call: 1217u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -43831,8 +46082,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1246u32,
-        call: 1201u32,
+        wire: 1280u32,
+        call: 1218u32,
         name: "cudnnCreatePersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -43862,8 +46113,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1247u32,
-        call: 1202u32,
+        wire: 1281u32,
+        call: 1219u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -43879,8 +46130,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1248u32,
-        call: 1202u32,
+        wire: 1282u32,
+        call: 1219u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -43896,8 +46147,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1249u32,
-        call: 1203u32,
+        wire: 1283u32,
+        call: 1220u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -43913,8 +46164,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1250u32,
-        call: 1203u32,
+        wire: 1284u32,
+        call: 1220u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -43930,8 +46181,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1251u32,
-        call: 1204u32,
+        wire: 1285u32,
+        call: 1221u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -43947,8 +46198,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1252u32,
-        call: 1204u32,
+        wire: 1286u32,
+        call: 1221u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -43964,8 +46215,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1253u32,
-        call: 1205u32,
+        wire: 1287u32,
+        call: 1222u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -43981,8 +46232,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1254u32,
-        call: 1205u32,
+        wire: 1288u32,
+        call: 1222u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -43998,8 +46249,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1255u32,
-        call: 1206u32,
+        wire: 1289u32,
+        call: 1223u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -44015,8 +46266,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1256u32,
-        call: 1206u32,
+        wire: 1290u32,
+        call: 1223u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -44032,8 +46283,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1257u32,
-        call: 1207u32,
+        wire: 1291u32,
+        call: 1224u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -44049,8 +46300,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1258u32,
-        call: 1207u32,
+        wire: 1292u32,
+        call: 1224u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -44066,8 +46317,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1259u32,
-        call: 1208u32,
+        wire: 1293u32,
+        call: 1225u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -44083,8 +46334,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1260u32,
-        call: 1208u32,
+        wire: 1294u32,
+        call: 1225u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -44100,8 +46351,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1261u32,
-        call: 1209u32,
+        wire: 1295u32,
+        call: 1226u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -44117,8 +46368,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1262u32,
-        call: 1209u32,
+        wire: 1296u32,
+        call: 1226u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -44134,8 +46385,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1263u32,
-        call: 1210u32,
+        wire: 1297u32,
+        call: 1227u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -44164,8 +46415,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1264u32,
-        call: 1210u32,
+        wire: 1298u32,
+        call: 1227u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -44194,8 +46445,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1265u32,
-        call: 1211u32,
+        wire: 1299u32,
+        call: 1228u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -44232,8 +46483,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1266u32,
-        call: 1211u32,
+        wire: 1300u32,
+        call: 1228u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -44270,13 +46521,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroy__cu118: CallDesc = CallDesc {
-        wire: 1267u32,
-        call: 1212u32,
+        wire: 1301u32,
+        call: 1229u32,
         name: "cudnnDestroy",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 56u16,
@@ -44292,13 +46543,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroy__cu126: CallDesc = CallDesc {
-        wire: 1268u32,
-        call: 1212u32,
+        wire: 1302u32,
+        call: 1229u32,
         name: "cudnnDestroy",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 56u16,
@@ -44314,13 +46565,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1269u32,
-        call: 1213u32,
+        wire: 1303u32,
+        call: 1230u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 51u16,
@@ -44336,13 +46587,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1270u32,
-        call: 1213u32,
+        wire: 1304u32,
+        call: 1230u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 51u16,
@@ -44358,13 +46609,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1271u32,
-        call: 1214u32,
+        wire: 1305u32,
+        call: 1231u32,
         name: "cudnnDestroyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 53u16,
@@ -44380,8 +46631,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1272u32,
-        call: 1215u32,
+        wire: 1306u32,
+        call: 1232u32,
         name: "cudnnDestroyAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -44403,13 +46654,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1273u32,
-        call: 1216u32,
+        wire: 1307u32,
+        call: 1233u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 54u16,
@@ -44425,13 +46676,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1274u32,
-        call: 1216u32,
+        wire: 1308u32,
+        call: 1233u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 54u16,
@@ -44447,13 +46698,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1275u32,
-        call: 1217u32,
+        wire: 1309u32,
+        call: 1234u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 55u16,
@@ -44469,13 +46720,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1276u32,
-        call: 1217u32,
+        wire: 1310u32,
+        call: 1234u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 55u16,
@@ -44491,13 +46742,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1277u32,
-        call: 1218u32,
+        wire: 1311u32,
+        call: 1235u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 57u16,
@@ -44513,13 +46764,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1278u32,
-        call: 1218u32,
+        wire: 1312u32,
+        call: 1235u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 57u16,
@@ -44535,13 +46786,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1279u32,
-        call: 1219u32,
+        wire: 1313u32,
+        call: 1236u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 58u16,
@@ -44557,13 +46808,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1280u32,
-        call: 1219u32,
+        wire: 1314u32,
+        call: 1236u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 58u16,
@@ -44579,13 +46830,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1281u32,
-        call: 1220u32,
+        wire: 1315u32,
+        call: 1237u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 59u16,
@@ -44601,13 +46852,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1282u32,
-        call: 1220u32,
+        wire: 1316u32,
+        call: 1237u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 59u16,
@@ -44623,13 +46874,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1283u32,
-        call: 1221u32,
+        wire: 1317u32,
+        call: 1238u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 60u16,
@@ -44645,13 +46896,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1284u32,
-        call: 1221u32,
+        wire: 1318u32,
+        call: 1238u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 60u16,
@@ -44667,13 +46918,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1285u32,
-        call: 1222u32,
+        wire: 1319u32,
+        call: 1239u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 61u16,
@@ -44689,13 +46940,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1286u32,
-        call: 1222u32,
+        wire: 1320u32,
+        call: 1239u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 61u16,
@@ -44711,13 +46962,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1287u32,
-        call: 1223u32,
+        wire: 1321u32,
+        call: 1240u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 62u16,
@@ -44733,13 +46984,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1288u32,
-        call: 1223u32,
+        wire: 1322u32,
+        call: 1240u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 62u16,
@@ -44755,13 +47006,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1289u32,
-        call: 1224u32,
+        wire: 1323u32,
+        call: 1241u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 63u16,
@@ -44777,13 +47028,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1290u32,
-        call: 1224u32,
+        wire: 1324u32,
+        call: 1241u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 63u16,
@@ -44799,13 +47050,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1291u32,
-        call: 1225u32,
+        wire: 1325u32,
+        call: 1242u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 64u16,
@@ -44821,13 +47072,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1292u32,
-        call: 1225u32,
+        wire: 1326u32,
+        call: 1242u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 64u16,
@@ -44843,13 +47094,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1293u32,
-        call: 1226u32,
+        wire: 1327u32,
+        call: 1243u32,
         name: "cudnnDestroyPersistentRNNPlan",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 65u16,
@@ -44865,13 +47116,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1294u32,
-        call: 1227u32,
+        wire: 1328u32,
+        call: 1244u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 66u16,
@@ -44887,13 +47138,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1295u32,
-        call: 1227u32,
+        wire: 1329u32,
+        call: 1244u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 66u16,
@@ -44909,13 +47160,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1296u32,
-        call: 1228u32,
+        wire: 1330u32,
+        call: 1245u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 67u16,
@@ -44931,13 +47182,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1297u32,
-        call: 1228u32,
+        wire: 1331u32,
+        call: 1245u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 67u16,
@@ -44953,13 +47204,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1298u32,
-        call: 1229u32,
+        wire: 1332u32,
+        call: 1246u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 68u16,
@@ -44975,13 +47226,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1299u32,
-        call: 1229u32,
+        wire: 1333u32,
+        call: 1246u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 68u16,
@@ -44997,13 +47248,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1300u32,
-        call: 1230u32,
+        wire: 1334u32,
+        call: 1247u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 69u16,
@@ -45019,13 +47270,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1301u32,
-        call: 1230u32,
+        wire: 1335u32,
+        call: 1247u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 69u16,
@@ -45041,13 +47292,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1302u32,
-        call: 1231u32,
+        wire: 1336u32,
+        call: 1248u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 71u16,
@@ -45063,13 +47314,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1303u32,
-        call: 1231u32,
+        wire: 1337u32,
+        call: 1248u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 71u16,
@@ -45085,13 +47336,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1304u32,
-        call: 1232u32,
+        wire: 1338u32,
+        call: 1249u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 72u16,
@@ -45107,13 +47358,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1305u32,
-        call: 1232u32,
+        wire: 1339u32,
+        call: 1249u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 72u16,
@@ -45129,13 +47380,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1306u32,
-        call: 1233u32,
+        wire: 1340u32,
+        call: 1250u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 73u16,
@@ -45151,13 +47402,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1307u32,
-        call: 1233u32,
+        wire: 1341u32,
+        call: 1250u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 73u16,
@@ -45173,13 +47424,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1308u32,
-        call: 1234u32,
+        wire: 1342u32,
+        call: 1251u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 74u16,
@@ -45195,13 +47446,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1309u32,
-        call: 1234u32,
+        wire: 1343u32,
+        call: 1251u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 74u16,
@@ -45216,9 +47467,173 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnDropoutBackward__cu118: CallDesc = CallDesc {
+        wire: 1344u32,
+        call: 1252u32,
+        name: "cudnnDropoutBackward",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnDropoutBackward__cu126: CallDesc = CallDesc {
+        wire: 1345u32,
+        call: 1252u32,
+        name: "cudnnDropoutBackward",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnDropoutForward__cu118: CallDesc = CallDesc {
+        wire: 1346u32,
+        call: 1253u32,
+        name: "cudnnDropoutForward",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnDropoutForward__cu126: CallDesc = CallDesc {
+        wire: 1347u32,
+        call: 1253u32,
+        name: "cudnnDropoutForward",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1310u32,
-        call: 1235u32,
+        wire: 1348u32,
+        call: 1254u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -45245,8 +47660,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1311u32,
-        call: 1235u32,
+        wire: 1349u32,
+        call: 1254u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -45273,8 +47688,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 1312u32,
-        call: 1236u32,
+        wire: 1350u32,
+        call: 1255u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -45301,8 +47716,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 1313u32,
-        call: 1236u32,
+        wire: 1351u32,
+        call: 1255u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -45328,9 +47743,381 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu118: CallDesc = CallDesc {
+        wire: 1352u32,
+        call: 1256u32,
+        name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 48u32,
+                len: Some(&LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118_56),
+                record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu126: CallDesc = CallDesc {
+        wire: 1353u32,
+        call: 1256u32,
+        name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 48u32,
+                len: Some(&LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126_57),
+                record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118: CallDesc = CallDesc {
+        wire: 1354u32,
+        call: 1257u32,
+        name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 48u32,
+                len: Some(&LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118_58),
+                record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126: CallDesc = CallDesc {
+        wire: 1355u32,
+        call: 1257u32,
+        name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 48u32,
+                len: Some(&LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126_59),
+                record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnFindConvolutionForwardAlgorithmEx__cu118: CallDesc = CallDesc {
+        wire: 1356u32,
+        call: 1258u32,
+        name: "cudnnFindConvolutionForwardAlgorithmEx",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 48u32,
+                len: Some(&LEN_cudnnFindConvolutionForwardAlgorithmEx__cu118_60),
+                record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnFindConvolutionForwardAlgorithmEx__cu126: CallDesc = CallDesc {
+        wire: 1357u32,
+        call: 1258u32,
+        name: "cudnnFindConvolutionForwardAlgorithmEx",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 48u32,
+                len: Some(&LEN_cudnnFindConvolutionForwardAlgorithmEx__cu126_61),
+                record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 1314u32,
-        call: 1237u32,
+        wire: 1358u32,
+        call: 1259u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -45359,8 +48146,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 1315u32,
-        call: 1237u32,
+        wire: 1359u32,
+        call: 1259u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -45389,8 +48176,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1316u32,
-        call: 1238u32,
+        wire: 1360u32,
+        call: 1260u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -45429,8 +48216,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1317u32,
-        call: 1238u32,
+        wire: 1361u32,
+        call: 1260u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -45469,8 +48256,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1318u32,
-        call: 1239u32,
+        wire: 1362u32,
+        call: 1261u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -45497,8 +48284,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1319u32,
-        call: 1239u32,
+        wire: 1363u32,
+        call: 1261u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -45525,8 +48312,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1320u32,
-        call: 1240u32,
+        wire: 1364u32,
+        call: 1262u32,
         name: "cudnnGetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -45566,8 +48353,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 1321u32,
-        call: 1241u32,
+        wire: 1365u32,
+        call: 1263u32,
         name: "cudnnGetAlgorithmSpaceSize",
         form: None,
         library: "cudnn",
@@ -45598,8 +48385,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1322u32,
-        call: 1242u32,
+        wire: 1366u32,
+        call: 1264u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -45662,8 +48449,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1323u32,
-        call: 1242u32,
+        wire: 1367u32,
+        call: 1264u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -45726,8 +48513,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1324u32,
-        call: 1243u32,
+        wire: 1368u32,
+        call: 1265u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -45782,8 +48569,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1325u32,
-        call: 1243u32,
+        wire: 1369u32,
+        call: 1265u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -45838,8 +48625,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1326u32,
-        call: 1244u32,
+        wire: 1370u32,
+        call: 1266u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -45882,8 +48669,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1327u32,
-        call: 1244u32,
+        wire: 1371u32,
+        call: 1266u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -45926,8 +48713,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1328u32,
-        call: 1245u32,
+        wire: 1372u32,
+        call: 1267u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -45954,8 +48741,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1329u32,
-        call: 1245u32,
+        wire: 1373u32,
+        call: 1267u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -45982,8 +48769,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1330u32,
-        call: 1246u32,
+        wire: 1374u32,
+        call: 1268u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -46022,8 +48809,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1331u32,
-        call: 1246u32,
+        wire: 1375u32,
+        call: 1268u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -46062,8 +48849,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 1332u32,
-        call: 1247u32,
+        wire: 1376u32,
+        call: 1269u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -46106,8 +48893,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 1333u32,
-        call: 1247u32,
+        wire: 1377u32,
+        call: 1269u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -46150,8 +48937,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1334u32,
-        call: 1248u32,
+        wire: 1378u32,
+        call: 1270u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -46220,8 +49007,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1335u32,
-        call: 1248u32,
+        wire: 1379u32,
+        call: 1270u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -46290,8 +49077,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1336u32,
-        call: 1249u32,
+        wire: 1380u32,
+        call: 1271u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -46328,12 +49115,7 @@ pub mod cudnn {
                 len: None,
                 record: None,
             },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
+            Wire::Device,
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -46344,8 +49126,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1337u32,
-        call: 1249u32,
+        wire: 1381u32,
+        call: 1271u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -46382,12 +49164,7 @@ pub mod cudnn {
                 len: None,
                 record: None,
             },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
+            Wire::Device,
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -46398,8 +49175,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1338u32,
-        call: 1250u32,
+        wire: 1382u32,
+        call: 1272u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -46426,8 +49203,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1339u32,
-        call: 1250u32,
+        wire: 1383u32,
+        call: 1272u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -46453,9 +49230,117 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118: CallDesc = CallDesc {
+        wire: 1384u32,
+        call: 1273u32,
+        name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 48u32,
+                len: Some(&LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118_62),
+                record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126: CallDesc = CallDesc {
+        wire: 1385u32,
+        call: 1273u32,
+        name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 48u32,
+                len: Some(&LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126_63),
+                record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1340u32,
-        call: 1251u32,
+        wire: 1386u32,
+        call: 1274u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -46502,8 +49387,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1341u32,
-        call: 1251u32,
+        wire: 1387u32,
+        call: 1274u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -46550,8 +49435,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1342u32,
-        call: 1252u32,
+        wire: 1388u32,
+        call: 1275u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -46578,8 +49463,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1343u32,
-        call: 1252u32,
+        wire: 1389u32,
+        call: 1275u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -46605,9 +49490,117 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118: CallDesc = CallDesc {
+        wire: 1390u32,
+        call: 1276u32,
+        name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 48u32,
+                len: Some(&LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118_64),
+                record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126: CallDesc = CallDesc {
+        wire: 1391u32,
+        call: 1276u32,
+        name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 48u32,
+                len: Some(&LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126_65),
+                record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1344u32,
-        call: 1253u32,
+        wire: 1392u32,
+        call: 1277u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -46654,8 +49647,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1345u32,
-        call: 1253u32,
+        wire: 1393u32,
+        call: 1277u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -46702,8 +49695,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1346u32,
-        call: 1254u32,
+        wire: 1394u32,
+        call: 1278u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -46730,8 +49723,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1347u32,
-        call: 1254u32,
+        wire: 1395u32,
+        call: 1278u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -46757,9 +49750,117 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnGetConvolutionForwardAlgorithm_v7__cu118: CallDesc = CallDesc {
+        wire: 1396u32,
+        call: 1279u32,
+        name: "cudnnGetConvolutionForwardAlgorithm_v7",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 48u32,
+                len: Some(&LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu118_66),
+                record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnGetConvolutionForwardAlgorithm_v7__cu126: CallDesc = CallDesc {
+        wire: 1397u32,
+        call: 1279u32,
+        name: "cudnnGetConvolutionForwardAlgorithm_v7",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 48u32,
+                len: Some(&LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu126_67),
+                record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1348u32,
-        call: 1255u32,
+        wire: 1398u32,
+        call: 1280u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -46806,8 +49907,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1349u32,
-        call: 1255u32,
+        wire: 1399u32,
+        call: 1280u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -46854,8 +49955,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1350u32,
-        call: 1256u32,
+        wire: 1400u32,
+        call: 1281u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -46882,8 +49983,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1351u32,
-        call: 1256u32,
+        wire: 1401u32,
+        call: 1281u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -46910,8 +50011,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1352u32,
-        call: 1257u32,
+        wire: 1402u32,
+        call: 1282u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -46938,8 +50039,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1353u32,
-        call: 1257u32,
+        wire: 1403u32,
+        call: 1282u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -46966,8 +50067,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1354u32,
-        call: 1258u32,
+        wire: 1404u32,
+        call: 1283u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -47006,8 +50107,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1355u32,
-        call: 1258u32,
+        wire: 1405u32,
+        call: 1283u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -47046,8 +50147,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1356u32,
-        call: 1259u32,
+        wire: 1406u32,
+        call: 1284u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -47074,8 +50175,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1357u32,
-        call: 1259u32,
+        wire: 1407u32,
+        call: 1284u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -47102,8 +50203,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCudartVersion__cu118: CallDesc = CallDesc {
-        wire: 1358u32,
-        call: 1260u32,
+        wire: 1408u32,
+        call: 1285u32,
         name: "cudnnGetCudartVersion",
         form: None,
         library: "cudnn",
@@ -47122,8 +50223,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCudartVersion__cu126: CallDesc = CallDesc {
-        wire: 1359u32,
-        call: 1260u32,
+        wire: 1409u32,
+        call: 1285u32,
         name: "cudnnGetCudartVersion",
         form: None,
         library: "cudnn",
@@ -47141,9 +50242,87 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnGetDropoutDescriptor__cu118: CallDesc = CallDesc {
+        wire: 1410u32,
+        call: 1286u32,
+        name: "cudnnGetDropoutDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnGetDropoutDescriptor__cu126: CallDesc = CallDesc {
+        wire: 1411u32,
+        call: 1286u32,
+        name: "cudnnGetDropoutDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1360u32,
-        call: 1261u32,
+        wire: 1412u32,
+        call: 1287u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -47184,12 +50363,7 @@ pub mod cudnn {
                 len: None,
                 record: None,
             },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
+            Wire::Device,
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -47200,8 +50374,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1361u32,
-        call: 1261u32,
+        wire: 1413u32,
+        call: 1287u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -47242,12 +50416,7 @@ pub mod cudnn {
                 len: None,
                 record: None,
             },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
+            Wire::Device,
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -47258,8 +50427,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1362u32,
-        call: 1262u32,
+        wire: 1414u32,
+        call: 1288u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -47295,7 +50464,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: None,
+                len: Some(&LEN_cudnnGetFilterNdDescriptor__cu118_68),
                 record: None,
             },
         ],
@@ -47308,8 +50477,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1363u32,
-        call: 1262u32,
+        wire: 1415u32,
+        call: 1288u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -47345,7 +50514,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: None,
+                len: Some(&LEN_cudnnGetFilterNdDescriptor__cu126_69),
                 record: None,
             },
         ],
@@ -47358,8 +50527,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1364u32,
-        call: 1263u32,
+        wire: 1416u32,
+        call: 1289u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -47386,8 +50555,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1365u32,
-        call: 1263u32,
+        wire: 1417u32,
+        call: 1289u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -47414,8 +50583,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 1366u32,
-        call: 1264u32,
+        wire: 1418u32,
+        call: 1290u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -47488,8 +50657,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 1367u32,
-        call: 1264u32,
+        wire: 1419u32,
+        call: 1290u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -47562,8 +50731,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1368u32,
-        call: 1265u32,
+        wire: 1420u32,
+        call: 1291u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -47608,8 +50777,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1369u32,
-        call: 1265u32,
+        wire: 1421u32,
+        call: 1291u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -47653,9 +50822,37 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnGetLastErrorString: CallDesc = CallDesc {
+        wire: 1422u32,
+        call: 1292u32,
+        name: "cudnnGetLastErrorString",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cudnnGetLastErrorString_70),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Void,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 1370u32,
-        call: 1266u32,
+        wire: 1423u32,
+        call: 1293u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -47674,8 +50871,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 1371u32,
-        call: 1266u32,
+        wire: 1424u32,
+        call: 1293u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -47694,8 +50891,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1372u32,
-        call: 1267u32,
+        wire: 1425u32,
+        call: 1294u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -47770,8 +50967,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1373u32,
-        call: 1267u32,
+        wire: 1426u32,
+        call: 1294u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -47846,8 +51043,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1374u32,
-        call: 1268u32,
+        wire: 1427u32,
+        call: 1295u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -47914,8 +51111,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1375u32,
-        call: 1268u32,
+        wire: 1428u32,
+        call: 1295u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -47982,8 +51179,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1376u32,
-        call: 1269u32,
+        wire: 1429u32,
+        call: 1296u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -48034,8 +51231,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1377u32,
-        call: 1269u32,
+        wire: 1430u32,
+        call: 1296u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -48086,8 +51283,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1378u32,
-        call: 1270u32,
+        wire: 1431u32,
+        call: 1297u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -48126,8 +51323,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1379u32,
-        call: 1270u32,
+        wire: 1432u32,
+        call: 1297u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -48166,8 +51363,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1380u32,
-        call: 1271u32,
+        wire: 1433u32,
+        call: 1298u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -48236,8 +51433,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1381u32,
-        call: 1271u32,
+        wire: 1434u32,
+        call: 1298u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -48306,8 +51503,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1382u32,
-        call: 1272u32,
+        wire: 1435u32,
+        call: 1299u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -48340,12 +51537,7 @@ pub mod cudnn {
                 len: None,
                 record: None,
             },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
+            Wire::Device,
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -48356,8 +51548,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1383u32,
-        call: 1272u32,
+        wire: 1436u32,
+        call: 1299u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -48390,12 +51582,7 @@ pub mod cudnn {
                 len: None,
                 record: None,
             },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
+            Wire::Device,
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -48406,8 +51593,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1384u32,
-        call: 1273u32,
+        wire: 1437u32,
+        call: 1300u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -48468,8 +51655,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1385u32,
-        call: 1273u32,
+        wire: 1438u32,
+        call: 1300u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -48530,8 +51717,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1386u32,
-        call: 1274u32,
+        wire: 1439u32,
+        call: 1301u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -48566,8 +51753,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1387u32,
-        call: 1274u32,
+        wire: 1440u32,
+        call: 1301u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -48602,8 +51789,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 1388u32,
-        call: 1275u32,
+        wire: 1441u32,
+        call: 1302u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -48630,8 +51817,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 1389u32,
-        call: 1275u32,
+        wire: 1442u32,
+        call: 1302u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -48658,8 +51845,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1390u32,
-        call: 1276u32,
+        wire: 1443u32,
+        call: 1303u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -48690,8 +51877,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1391u32,
-        call: 1277u32,
+        wire: 1444u32,
+        call: 1304u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -48722,8 +51909,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1392u32,
-        call: 1278u32,
+        wire: 1445u32,
+        call: 1305u32,
         name: "cudnnGetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -48750,8 +51937,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1393u32,
-        call: 1279u32,
+        wire: 1446u32,
+        call: 1306u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -48782,8 +51969,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1394u32,
-        call: 1280u32,
+        wire: 1447u32,
+        call: 1307u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -48814,8 +52001,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1395u32,
-        call: 1281u32,
+        wire: 1448u32,
+        call: 1308u32,
         name: "cudnnGetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -48842,8 +52029,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1396u32,
-        call: 1282u32,
+        wire: 1449u32,
+        call: 1309u32,
         name: "cudnnGetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -48870,8 +52057,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 1397u32,
-        call: 1283u32,
+        wire: 1450u32,
+        call: 1310u32,
         name: "cudnnGetRNNParamsSize",
         form: None,
         library: "cudnn",
@@ -48909,9 +52096,219 @@ pub mod cudnn {
             invalid_handle: 3i64,
         },
     };
+    pub static cudnnGetRNNTempSpaceSizes__cu118: CallDesc = CallDesc {
+        wire: 1451u32,
+        call: 1311u32,
+        name: "cudnnGetRNNTempSpaceSizes",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 68u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnGetRNNTempSpaceSizes__cu126: CallDesc = CallDesc {
+        wire: 1452u32,
+        call: 1311u32,
+        name: "cudnnGetRNNTempSpaceSizes",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 68u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnGetRNNWeightParams__cu118: CallDesc = CallDesc {
+        wire: 1453u32,
+        call: 1312u32,
+        name: "cudnnGetRNNWeightParams",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 68u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnGetRNNWeightParams__cu126: CallDesc = CallDesc {
+        wire: 1454u32,
+        call: 1312u32,
+        name: "cudnnGetRNNWeightParams",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 68u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1398u32,
-        call: 1284u32,
+        wire: 1455u32,
+        call: 1313u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -48942,8 +52339,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1399u32,
-        call: 1284u32,
+        wire: 1456u32,
+        call: 1313u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -48974,8 +52371,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1400u32,
-        call: 1285u32,
+        wire: 1457u32,
+        call: 1314u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49026,8 +52423,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1401u32,
-        call: 1285u32,
+        wire: 1458u32,
+        call: 1314u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49078,8 +52475,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 1402u32,
-        call: 1286u32,
+        wire: 1459u32,
+        call: 1315u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -49118,8 +52515,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 1403u32,
-        call: 1286u32,
+        wire: 1460u32,
+        call: 1315u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -49158,8 +52555,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1404u32,
-        call: 1287u32,
+        wire: 1461u32,
+        call: 1316u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -49198,8 +52595,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1405u32,
-        call: 1287u32,
+        wire: 1462u32,
+        call: 1316u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -49238,8 +52635,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetStream__cu118: CallDesc = CallDesc {
-        wire: 1406u32,
-        call: 1288u32,
+        wire: 1463u32,
+        call: 1317u32,
         name: "cudnnGetStream",
         form: None,
         library: "cudnn",
@@ -49261,8 +52658,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetStream__cu126: CallDesc = CallDesc {
-        wire: 1407u32,
-        call: 1288u32,
+        wire: 1464u32,
+        call: 1317u32,
         name: "cudnnGetStream",
         form: None,
         library: "cudnn",
@@ -49284,8 +52681,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1408u32,
-        call: 1289u32,
+        wire: 1465u32,
+        call: 1318u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -49320,12 +52717,7 @@ pub mod cudnn {
                 len: None,
                 record: None,
             },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
+            Wire::Device,
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
@@ -49360,8 +52752,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1409u32,
-        call: 1289u32,
+        wire: 1466u32,
+        call: 1318u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -49396,12 +52788,7 @@ pub mod cudnn {
                 len: None,
                 record: None,
             },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
+            Wire::Device,
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
@@ -49436,8 +52823,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1410u32,
-        call: 1290u32,
+        wire: 1467u32,
+        call: 1319u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -49467,13 +52854,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: None,
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118_71),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: None,
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118_72),
                 record: None,
             },
         ],
@@ -49486,8 +52873,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1411u32,
-        call: 1290u32,
+        wire: 1468u32,
+        call: 1319u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -49517,13 +52904,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: None,
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126_73),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: None,
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126_74),
                 record: None,
             },
         ],
@@ -49536,8 +52923,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1412u32,
-        call: 1291u32,
+        wire: 1469u32,
+        call: 1320u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -49564,8 +52951,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1413u32,
-        call: 1291u32,
+        wire: 1470u32,
+        call: 1320u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -49592,8 +52979,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1414u32,
-        call: 1292u32,
+        wire: 1471u32,
+        call: 1321u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -49648,8 +53035,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1415u32,
-        call: 1292u32,
+        wire: 1472u32,
+        call: 1321u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -49704,8 +53091,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetVersion__cu118: CallDesc = CallDesc {
-        wire: 1416u32,
-        call: 1293u32,
+        wire: 1473u32,
+        call: 1322u32,
         name: "cudnnGetVersion",
         form: None,
         library: "cudnn",
@@ -49724,8 +53111,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetVersion__cu126: CallDesc = CallDesc {
-        wire: 1417u32,
-        call: 1293u32,
+        wire: 1474u32,
+        call: 1322u32,
         name: "cudnnGetVersion",
         form: None,
         library: "cudnn",
@@ -49744,8 +53131,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 1418u32,
-        call: 1294u32,
+        wire: 1475u32,
+        call: 1323u32,
         name: "cudnnGraphVersionCheck",
         form: None,
         library: "cudnn",
@@ -49761,8 +53148,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 1419u32,
-        call: 1295u32,
+        wire: 1476u32,
+        call: 1324u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -49797,8 +53184,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 1420u32,
-        call: 1295u32,
+        wire: 1477u32,
+        call: 1324u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -49832,9 +53219,237 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnLRNCrossChannelBackward__cu118: CallDesc = CallDesc {
+        wire: 1478u32,
+        call: 1325u32,
+        name: "cudnnLRNCrossChannelBackward",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 63u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu118_75),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu118_76),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnLRNCrossChannelBackward__cu126: CallDesc = CallDesc {
+        wire: 1479u32,
+        call: 1325u32,
+        name: "cudnnLRNCrossChannelBackward",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 63u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu126_77),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu126_78),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnLRNCrossChannelForward__cu118: CallDesc = CallDesc {
+        wire: 1480u32,
+        call: 1326u32,
+        name: "cudnnLRNCrossChannelForward",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 63u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnLRNCrossChannelForward__cu118_79),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnLRNCrossChannelForward__cu118_80),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnLRNCrossChannelForward__cu126: CallDesc = CallDesc {
+        wire: 1481u32,
+        call: 1326u32,
+        name: "cudnnLRNCrossChannelForward",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 63u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnLRNCrossChannelForward__cu126_81),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnLRNCrossChannelForward__cu126_82),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1421u32,
-        call: 1296u32,
+        wire: 1482u32,
+        call: 1327u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -49869,8 +53484,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1422u32,
-        call: 1296u32,
+        wire: 1483u32,
+        call: 1327u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -49905,8 +53520,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 1423u32,
-        call: 1297u32,
+        wire: 1484u32,
+        call: 1328u32,
         name: "cudnnOpsInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -49922,8 +53537,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1424u32,
-        call: 1298u32,
+        wire: 1485u32,
+        call: 1329u32,
         name: "cudnnOpsTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -49939,8 +53554,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 1425u32,
-        call: 1299u32,
+        wire: 1486u32,
+        call: 1330u32,
         name: "cudnnOpsVersionCheck",
         form: None,
         library: "cudnn",
@@ -49955,9 +53570,221 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnPoolingBackward__cu118: CallDesc = CallDesc {
+        wire: 1487u32,
+        call: 1331u32,
+        name: "cudnnPoolingBackward",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 66u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnPoolingBackward__cu118_83),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnPoolingBackward__cu118_84),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnPoolingBackward__cu126: CallDesc = CallDesc {
+        wire: 1488u32,
+        call: 1331u32,
+        name: "cudnnPoolingBackward",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 66u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnPoolingBackward__cu126_85),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnPoolingBackward__cu126_86),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnPoolingForward__cu118: CallDesc = CallDesc {
+        wire: 1489u32,
+        call: 1332u32,
+        name: "cudnnPoolingForward",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 66u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnPoolingForward__cu118_87),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnPoolingForward__cu118_88),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnPoolingForward__cu126: CallDesc = CallDesc {
+        wire: 1490u32,
+        call: 1332u32,
+        name: "cudnnPoolingForward",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 66u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnPoolingForward__cu126_89),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnPoolingForward__cu126_90),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 1426u32,
-        call: 1300u32,
+        wire: 1491u32,
+        call: 1333u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -49992,8 +53819,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 1427u32,
-        call: 1300u32,
+        wire: 1492u32,
+        call: 1333u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -50027,9 +53854,457 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnRNNBackwardData_v8__cu118: CallDesc = CallDesc {
+        wire: 1493u32,
+        call: 1334u32,
+        name: "cudnnRNNBackwardData_v8",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 68u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnRNNBackwardData_v8__cu126: CallDesc = CallDesc {
+        wire: 1494u32,
+        call: 1334u32,
+        name: "cudnnRNNBackwardData_v8",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 68u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnRNNBackwardWeightsEx: CallDesc = CallDesc {
+        wire: 1495u32,
+        call: 1335u32,
+        name: "cudnnRNNBackwardWeightsEx",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 68u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnRNNBackwardWeights_v8__cu118: CallDesc = CallDesc {
+        wire: 1496u32,
+        call: 1336u32,
+        name: "cudnnRNNBackwardWeights_v8",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 68u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnRNNBackwardWeights_v8__cu126: CallDesc = CallDesc {
+        wire: 1497u32,
+        call: 1336u32,
+        name: "cudnnRNNBackwardWeights_v8",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 68u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnRNNForward__cu118: CallDesc = CallDesc {
+        wire: 1498u32,
+        call: 1337u32,
+        name: "cudnnRNNForward",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 68u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnRNNForward__cu126: CallDesc = CallDesc {
+        wire: 1499u32,
+        call: 1337u32,
+        name: "cudnnRNNForward",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 68u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 1428u32,
-        call: 1301u32,
+        wire: 1500u32,
+        call: 1338u32,
         name: "cudnnRNNGetClip",
         form: None,
         library: "cudnn",
@@ -50078,8 +54353,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1429u32,
-        call: 1302u32,
+        wire: 1501u32,
+        call: 1339u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -50124,8 +54399,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1430u32,
-        call: 1302u32,
+        wire: 1502u32,
+        call: 1339u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -50170,8 +54445,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 1431u32,
-        call: 1303u32,
+        wire: 1503u32,
+        call: 1340u32,
         name: "cudnnRNNGetClip_v9",
         form: None,
         library: "cudnn",
@@ -50210,8 +54485,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 1432u32,
-        call: 1304u32,
+        wire: 1504u32,
+        call: 1341u32,
         name: "cudnnRNNSetClip",
         form: None,
         library: "cudnn",
@@ -50252,8 +54527,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1433u32,
-        call: 1305u32,
+        wire: 1505u32,
+        call: 1342u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -50290,8 +54565,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1434u32,
-        call: 1305u32,
+        wire: 1506u32,
+        call: 1342u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -50328,8 +54603,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 1435u32,
-        call: 1306u32,
+        wire: 1507u32,
+        call: 1343u32,
         name: "cudnnRNNSetClip_v9",
         form: None,
         library: "cudnn",
@@ -50361,9 +54636,153 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnRestoreDropoutDescriptor__cu118: CallDesc = CallDesc {
+        wire: 1508u32,
+        call: 1344u32,
+        name: "cudnnRestoreDropoutDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnRestoreDropoutDescriptor__cu126: CallDesc = CallDesc {
+        wire: 1509u32,
+        call: 1344u32,
+        name: "cudnnRestoreDropoutDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnScaleTensor__cu118: CallDesc = CallDesc {
+        wire: 1510u32,
+        call: 1345u32,
+        name: "cudnnScaleTensor",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnScaleTensor__cu118_91),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnScaleTensor__cu126: CallDesc = CallDesc {
+        wire: 1511u32,
+        call: 1345u32,
+        name: "cudnnScaleTensor",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnScaleTensor__cu126_92),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1436u32,
-        call: 1307u32,
+        wire: 1512u32,
+        call: 1346u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -50396,8 +54815,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1437u32,
-        call: 1307u32,
+        wire: 1513u32,
+        call: 1346u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -50430,8 +54849,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1438u32,
-        call: 1308u32,
+        wire: 1514u32,
+        call: 1347u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -50456,8 +54875,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1439u32,
-        call: 1308u32,
+        wire: 1515u32,
+        call: 1347u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -50482,8 +54901,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1440u32,
-        call: 1309u32,
+        wire: 1516u32,
+        call: 1348u32,
         name: "cudnnSetAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -50505,8 +54924,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1441u32,
-        call: 1310u32,
+        wire: 1517u32,
+        call: 1349u32,
         name: "cudnnSetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -50543,8 +54962,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1442u32,
-        call: 1311u32,
+        wire: 1518u32,
+        call: 1350u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -50641,8 +55060,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1443u32,
-        call: 1311u32,
+        wire: 1519u32,
+        call: 1350u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -50739,8 +55158,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1444u32,
-        call: 1312u32,
+        wire: 1520u32,
+        call: 1351u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -50765,8 +55184,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1445u32,
-        call: 1312u32,
+        wire: 1521u32,
+        call: 1351u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -50791,8 +55210,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1446u32,
-        call: 1313u32,
+        wire: 1522u32,
+        call: 1352u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -50825,8 +55244,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1447u32,
-        call: 1313u32,
+        wire: 1523u32,
+        call: 1352u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -50859,8 +55278,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1448u32,
-        call: 1314u32,
+        wire: 1524u32,
+        call: 1353u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -50897,8 +55316,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1449u32,
-        call: 1314u32,
+        wire: 1525u32,
+        call: 1353u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -50935,8 +55354,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 1450u32,
-        call: 1315u32,
+        wire: 1526u32,
+        call: 1354u32,
         name: "cudnnSetCTCLossDescriptor_v9",
         form: None,
         library: "cudnn",
@@ -50973,8 +55392,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1451u32,
-        call: 1316u32,
+        wire: 1527u32,
+        call: 1355u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -51027,8 +55446,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1452u32,
-        call: 1316u32,
+        wire: 1528u32,
+        call: 1355u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -51081,8 +55500,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1453u32,
-        call: 1317u32,
+        wire: 1529u32,
+        call: 1356u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -51107,8 +55526,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1454u32,
-        call: 1317u32,
+        wire: 1530u32,
+        call: 1356u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -51133,8 +55552,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1455u32,
-        call: 1318u32,
+        wire: 1531u32,
+        call: 1357u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -51159,8 +55578,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1456u32,
-        call: 1318u32,
+        wire: 1532u32,
+        call: 1357u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -51184,9 +55603,113 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnSetConvolutionNdDescriptor__cu118: CallDesc = CallDesc {
+        wire: 1533u32,
+        call: 1358u32,
+        name: "cudnnSetConvolutionNdDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_93),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_94),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_95),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnSetConvolutionNdDescriptor__cu126: CallDesc = CallDesc {
+        wire: 1534u32,
+        call: 1358u32,
+        name: "cudnnSetConvolutionNdDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_96),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_97),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_98),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1457u32,
-        call: 1319u32,
+        wire: 1535u32,
+        call: 1359u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -51211,8 +55734,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1458u32,
-        call: 1319u32,
+        wire: 1536u32,
+        call: 1359u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -51236,9 +55759,87 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnSetDropoutDescriptor__cu118: CallDesc = CallDesc {
+        wire: 1537u32,
+        call: 1360u32,
+        name: "cudnnSetDropoutDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnSetDropoutDescriptor__cu126: CallDesc = CallDesc {
+        wire: 1538u32,
+        call: 1360u32,
+        name: "cudnnSetDropoutDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1459u32,
-        call: 1320u32,
+        wire: 1539u32,
+        call: 1361u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -51283,8 +55884,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1460u32,
-        call: 1320u32,
+        wire: 1540u32,
+        call: 1361u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -51328,9 +55929,89 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnSetFilterNdDescriptor__cu118: CallDesc = CallDesc {
+        wire: 1541u32,
+        call: 1362u32,
+        name: "cudnnSetFilterNdDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetFilterNdDescriptor__cu118_99),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnSetFilterNdDescriptor__cu126: CallDesc = CallDesc {
+        wire: 1542u32,
+        call: 1362u32,
+        name: "cudnnSetFilterNdDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetFilterNdDescriptor__cu126_100),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1461u32,
-        call: 1321u32,
+        wire: 1543u32,
+        call: 1363u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -51367,8 +56048,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1462u32,
-        call: 1321u32,
+        wire: 1544u32,
+        call: 1363u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -51405,8 +56086,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1463u32,
-        call: 1322u32,
+        wire: 1545u32,
+        call: 1364u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -51439,8 +56120,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1464u32,
-        call: 1322u32,
+        wire: 1546u32,
+        call: 1364u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -51473,8 +56154,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1465u32,
-        call: 1323u32,
+        wire: 1547u32,
+        call: 1365u32,
         name: "cudnnSetPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -51499,8 +56180,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1466u32,
-        call: 1324u32,
+        wire: 1548u32,
+        call: 1366u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -51553,8 +56234,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1467u32,
-        call: 1324u32,
+        wire: 1549u32,
+        call: 1366u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -51607,8 +56288,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1468u32,
-        call: 1325u32,
+        wire: 1550u32,
+        call: 1367u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -51637,8 +56318,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1469u32,
-        call: 1326u32,
+        wire: 1551u32,
+        call: 1368u32,
         name: "cudnnSetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -51662,9 +56343,117 @@ pub mod cudnn {
             invalid_handle: 3i64,
         },
     };
+    pub static cudnnSetRNNDataDescriptor__cu118: CallDesc = CallDesc {
+        wire: 1552u32,
+        call: 1369u32,
+        name: "cudnnSetRNNDataDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu118_101),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu118_102),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnSetRNNDataDescriptor__cu126: CallDesc = CallDesc {
+        wire: 1553u32,
+        call: 1369u32,
+        name: "cudnnSetRNNDataDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu126_103),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu126_104),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 1470u32,
-        call: 1327u32,
+        wire: 1554u32,
+        call: 1370u32,
         name: "cudnnSetRNNDescriptor_v6",
         form: None,
         library: "cudnn",
@@ -51721,8 +56510,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1471u32,
-        call: 1328u32,
+        wire: 1555u32,
+        call: 1371u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -51799,8 +56588,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1472u32,
-        call: 1328u32,
+        wire: 1556u32,
+        call: 1371u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -51877,8 +56666,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1473u32,
-        call: 1329u32,
+        wire: 1557u32,
+        call: 1372u32,
         name: "cudnnSetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -51903,8 +56692,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1474u32,
-        call: 1330u32,
+        wire: 1558u32,
+        call: 1373u32,
         name: "cudnnSetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -51929,8 +56718,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 1475u32,
-        call: 1331u32,
+        wire: 1559u32,
+        call: 1374u32,
         name: "cudnnSetRNNProjectionLayers",
         form: None,
         library: "cudnn",
@@ -51963,8 +56752,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1476u32,
-        call: 1332u32,
+        wire: 1560u32,
+        call: 1375u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -52005,8 +56794,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1477u32,
-        call: 1332u32,
+        wire: 1561u32,
+        call: 1375u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -52046,14 +56835,94 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
-    pub static cudnnSetStream__cu118: CallDesc = CallDesc {
-        wire: 1478u32,
-        call: 1333u32,
-        name: "cudnnSetStream",
+    pub static cudnnSetSpatialTransformerNdDescriptor__cu118: CallDesc = CallDesc {
+        wire: 1562u32,
+        call: 1376u32,
+        name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 72u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetSpatialTransformerNdDescriptor__cu118_105),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnSetSpatialTransformerNdDescriptor__cu126: CallDesc = CallDesc {
+        wire: 1563u32,
+        call: 1376u32,
+        name: "cudnnSetSpatialTransformerNdDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 72u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetSpatialTransformerNdDescriptor__cu126_106),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnSetStream__cu118: CallDesc = CallDesc {
+        wire: 1564u32,
+        call: 1377u32,
+        name: "cudnnSetStream",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 56u16,
@@ -52073,13 +56942,13 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetStream__cu126: CallDesc = CallDesc {
-        wire: 1479u32,
-        call: 1333u32,
+        wire: 1565u32,
+        call: 1377u32,
         name: "cudnnSetStream",
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 56u16,
@@ -52099,8 +56968,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1480u32,
-        call: 1334u32,
+        wire: 1566u32,
+        call: 1378u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -52145,8 +57014,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1481u32,
-        call: 1334u32,
+        wire: 1567u32,
+        call: 1378u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -52191,8 +57060,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1482u32,
-        call: 1335u32,
+        wire: 1568u32,
+        call: 1379u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -52249,8 +57118,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1483u32,
-        call: 1335u32,
+        wire: 1569u32,
+        call: 1379u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -52306,12 +57175,746 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
+    pub static cudnnSetTensorNdDescriptor__cu118: CallDesc = CallDesc {
+        wire: 1570u32,
+        call: 1380u32,
+        name: "cudnnSetTensorNdDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu118_107),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu118_108),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnSetTensorNdDescriptor__cu126: CallDesc = CallDesc {
+        wire: 1571u32,
+        call: 1380u32,
+        name: "cudnnSetTensorNdDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu126_109),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu126_110),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnSoftmaxBackward__cu118: CallDesc = CallDesc {
+        wire: 1572u32,
+        call: 1381u32,
+        name: "cudnnSoftmaxBackward",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSoftmaxBackward__cu118_111),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSoftmaxBackward__cu118_112),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnSoftmaxBackward__cu126: CallDesc = CallDesc {
+        wire: 1573u32,
+        call: 1381u32,
+        name: "cudnnSoftmaxBackward",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSoftmaxBackward__cu126_113),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSoftmaxBackward__cu126_114),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnSoftmaxForward__cu118: CallDesc = CallDesc {
+        wire: 1574u32,
+        call: 1382u32,
+        name: "cudnnSoftmaxForward",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSoftmaxForward__cu118_115),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSoftmaxForward__cu118_116),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnSoftmaxForward__cu126: CallDesc = CallDesc {
+        wire: 1575u32,
+        call: 1382u32,
+        name: "cudnnSoftmaxForward",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSoftmaxForward__cu126_117),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSoftmaxForward__cu126_118),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnSpatialTfGridGeneratorBackward__cu118: CallDesc = CallDesc {
+        wire: 1576u32,
+        call: 1383u32,
+        name: "cudnnSpatialTfGridGeneratorBackward",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 72u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnSpatialTfGridGeneratorBackward__cu126: CallDesc = CallDesc {
+        wire: 1577u32,
+        call: 1383u32,
+        name: "cudnnSpatialTfGridGeneratorBackward",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 72u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnSpatialTfGridGeneratorForward__cu118: CallDesc = CallDesc {
+        wire: 1578u32,
+        call: 1384u32,
+        name: "cudnnSpatialTfGridGeneratorForward",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 72u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnSpatialTfGridGeneratorForward__cu126: CallDesc = CallDesc {
+        wire: 1579u32,
+        call: 1384u32,
+        name: "cudnnSpatialTfGridGeneratorForward",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 72u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnSpatialTfSamplerBackward__cu118: CallDesc = CallDesc {
+        wire: 1580u32,
+        call: 1385u32,
+        name: "cudnnSpatialTfSamplerBackward",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 72u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_119),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_120),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_121),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_122),
+                record: None,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnSpatialTfSamplerBackward__cu126: CallDesc = CallDesc {
+        wire: 1581u32,
+        call: 1385u32,
+        name: "cudnnSpatialTfSamplerBackward",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 72u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_123),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_124),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_125),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_126),
+                record: None,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnSpatialTfSamplerForward__cu118: CallDesc = CallDesc {
+        wire: 1582u32,
+        call: 1386u32,
+        name: "cudnnSpatialTfSamplerForward",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 72u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu118_127),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu118_128),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnSpatialTfSamplerForward__cu126: CallDesc = CallDesc {
+        wire: 1583u32,
+        call: 1386u32,
+        name: "cudnnSpatialTfSamplerForward",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 72u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu126_129),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu126_130),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
+    pub static cudnnTransformTensor__cu118: CallDesc = CallDesc {
+        wire: 1584u32,
+        call: 1387u32,
+        name: "cudnnTransformTensor",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnTransformTensor__cu118_131),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnTransformTensor__cu118_132),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cudnnTransformTensor__cu126: CallDesc = CallDesc {
+        wire: 1585u32,
+        call: 1387u32,
+        name: "cudnnTransformTensor",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnTransformTensor__cu126_133),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnTransformTensor__cu126_134),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+    };
 }
 pub mod cufft {
     use chidori_protocol::desc::*;
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 1691u32,
-        call: 1543u32,
+        wire: 1793u32,
+        call: 1595u32,
         name: "cufftDestroy",
         form: None,
         library: "cufft",
@@ -52332,8 +57935,8 @@ pub mod cufft {
         },
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 1692u32,
-        call: 1544u32,
+        wire: 1794u32,
+        call: 1596u32,
         name: "cufftResetPlanProperty",
         form: None,
         library: "cufft",
@@ -52358,8 +57961,8 @@ pub mod cufft {
         },
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 1693u32,
-        call: 1545u32,
+        wire: 1795u32,
+        call: 1597u32,
         name: "cufftSetAutoAllocation",
         form: None,
         library: "cufft",
@@ -52384,8 +57987,8 @@ pub mod cufft {
         },
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 1694u32,
-        call: 1546u32,
+        wire: 1796u32,
+        call: 1598u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -52414,8 +58017,8 @@ pub mod cufft {
         },
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 1695u32,
-        call: 1547u32,
+        wire: 1797u32,
+        call: 1599u32,
         name: "cufftSetStream",
         form: None,
         library: "cufft",
@@ -52440,8 +58043,8 @@ pub mod cufft {
         },
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 1696u32,
-        call: 1548u32,
+        wire: 1798u32,
+        call: 1600u32,
         name: "cufftXtClearCallback",
         form: None,
         library: "cufft",
@@ -52466,8 +58069,8 @@ pub mod cufft {
         },
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 1697u32,
-        call: 1549u32,
+        wire: 1799u32,
+        call: 1601u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
         library: "cufft",
@@ -52496,8 +58099,8 @@ pub mod cufft {
         },
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 1698u32,
-        call: 1550u32,
+        wire: 1800u32,
+        call: 1602u32,
         name: "cufftXtSetDistribution",
         form: None,
         library: "cufft",
@@ -52533,8 +58136,8 @@ pub mod cufft {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 1699u32,
-        call: 1551u32,
+        wire: 1801u32,
+        call: 1603u32,
         name: "curandCreateGenerator",
         form: None,
         library: "curand",
@@ -52556,8 +58159,8 @@ pub mod curand {
         },
     };
     pub static curandCreateGeneratorHost: CallDesc = CallDesc {
-        wire: 1700u32,
-        call: 1552u32,
+        wire: 1802u32,
+        call: 1604u32,
         name: "curandCreateGeneratorHost",
         form: None,
         library: "curand",
@@ -52579,8 +58182,8 @@ pub mod curand {
         },
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 1701u32,
-        call: 1553u32,
+        wire: 1803u32,
+        call: 1605u32,
         name: "curandCreatePoissonDistribution",
         form: None,
         library: "curand",
@@ -52602,8 +58205,8 @@ pub mod curand {
         },
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 1702u32,
-        call: 1554u32,
+        wire: 1804u32,
+        call: 1606u32,
         name: "curandDestroyDistribution",
         form: None,
         library: "curand",
@@ -52624,8 +58227,8 @@ pub mod curand {
         },
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 1703u32,
-        call: 1555u32,
+        wire: 1805u32,
+        call: 1607u32,
         name: "curandDestroyGenerator",
         form: None,
         library: "curand",
@@ -52646,8 +58249,8 @@ pub mod curand {
         },
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 1704u32,
-        call: 1556u32,
+        wire: 1806u32,
+        call: 1608u32,
         name: "curandGenerateSeeds",
         form: None,
         library: "curand",
@@ -52668,8 +58271,8 @@ pub mod curand {
         },
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 1705u32,
-        call: 1557u32,
+        wire: 1807u32,
+        call: 1609u32,
         name: "curandSetGeneratorOffset",
         form: None,
         library: "curand",
@@ -52694,8 +58297,8 @@ pub mod curand {
         },
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 1706u32,
-        call: 1558u32,
+        wire: 1808u32,
+        call: 1610u32,
         name: "curandSetGeneratorOrdering",
         form: None,
         library: "curand",
@@ -52720,8 +58323,8 @@ pub mod curand {
         },
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 1707u32,
-        call: 1559u32,
+        wire: 1809u32,
+        call: 1611u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
         library: "curand",
@@ -52746,8 +58349,8 @@ pub mod curand {
         },
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 1708u32,
-        call: 1560u32,
+        wire: 1810u32,
+        call: 1612u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
         library: "curand",
@@ -52772,8 +58375,8 @@ pub mod curand {
         },
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 1709u32,
-        call: 1561u32,
+        wire: 1811u32,
+        call: 1613u32,
         name: "curandSetStream",
         form: None,
         library: "curand",
@@ -52801,8 +58404,8 @@ pub mod curand {
 pub mod cusolver {
     use chidori_protocol::desc::*;
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 1772u32,
-        call: 1624u32,
+        wire: 1874u32,
+        call: 1676u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -52818,8 +58421,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 1773u32,
-        call: 1625u32,
+        wire: 1875u32,
+        call: 1677u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -52835,8 +58438,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 1774u32,
-        call: 1626u32,
+        wire: 1876u32,
+        call: 1678u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -52852,8 +58455,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 1775u32,
-        call: 1627u32,
+        wire: 1877u32,
+        call: 1679u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -52869,8 +58472,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 1776u32,
-        call: 1628u32,
+        wire: 1878u32,
+        call: 1680u32,
         name: "cusolverDnDestroy",
         form: None,
         library: "cusolver",
@@ -52891,8 +58494,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 1777u32,
-        call: 1629u32,
+        wire: 1879u32,
+        call: 1681u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -52913,8 +58516,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 1778u32,
-        call: 1630u32,
+        wire: 1880u32,
+        call: 1682u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
@@ -52935,8 +58538,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 1779u32,
-        call: 1631u32,
+        wire: 1881u32,
+        call: 1683u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
@@ -52957,8 +58560,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 1780u32,
-        call: 1632u32,
+        wire: 1882u32,
+        call: 1684u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -52980,8 +58583,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 1781u32,
-        call: 1633u32,
+        wire: 1883u32,
+        call: 1685u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -52997,8 +58600,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 1782u32,
-        call: 1634u32,
+        wire: 1884u32,
+        call: 1686u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
@@ -53019,8 +58622,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 1783u32,
-        call: 1635u32,
+        wire: 1885u32,
+        call: 1687u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
@@ -53041,8 +58644,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 1784u32,
-        call: 1636u32,
+        wire: 1886u32,
+        call: 1688u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -53058,8 +58661,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 1785u32,
-        call: 1637u32,
+        wire: 1887u32,
+        call: 1689u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
@@ -53080,8 +58683,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 1786u32,
-        call: 1638u32,
+        wire: 1888u32,
+        call: 1690u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
@@ -53102,8 +58705,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 1787u32,
-        call: 1639u32,
+        wire: 1889u32,
+        call: 1691u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
@@ -53124,8 +58727,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 1788u32,
-        call: 1640u32,
+        wire: 1890u32,
+        call: 1692u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
@@ -53150,8 +58753,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 1789u32,
-        call: 1641u32,
+        wire: 1891u32,
+        call: 1693u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
@@ -53176,8 +58779,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 1790u32,
-        call: 1642u32,
+        wire: 1892u32,
+        call: 1694u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
@@ -53202,8 +58805,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 1791u32,
-        call: 1643u32,
+        wire: 1893u32,
+        call: 1695u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
@@ -53228,8 +58831,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 1792u32,
-        call: 1644u32,
+        wire: 1894u32,
+        call: 1696u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
@@ -53254,8 +58857,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 1793u32,
-        call: 1645u32,
+        wire: 1895u32,
+        call: 1697u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
@@ -53284,8 +58887,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 1794u32,
-        call: 1646u32,
+        wire: 1896u32,
+        call: 1698u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
@@ -53310,8 +58913,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 1795u32,
-        call: 1647u32,
+        wire: 1897u32,
+        call: 1699u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
@@ -53336,8 +58939,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1796u32,
-        call: 1648u32,
+        wire: 1898u32,
+        call: 1700u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
@@ -53353,8 +58956,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1797u32,
-        call: 1649u32,
+        wire: 1899u32,
+        call: 1701u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
@@ -53375,8 +58978,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 1798u32,
-        call: 1650u32,
+        wire: 1900u32,
+        call: 1702u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
@@ -53397,8 +59000,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 1799u32,
-        call: 1651u32,
+        wire: 1901u32,
+        call: 1703u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
@@ -53427,8 +59030,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 1800u32,
-        call: 1652u32,
+        wire: 1902u32,
+        call: 1704u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
@@ -53453,8 +59056,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 1801u32,
-        call: 1653u32,
+        wire: 1903u32,
+        call: 1705u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
@@ -53479,8 +59082,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 1802u32,
-        call: 1654u32,
+        wire: 1904u32,
+        call: 1706u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
@@ -53505,8 +59108,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 1803u32,
-        call: 1655u32,
+        wire: 1905u32,
+        call: 1707u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
@@ -53531,8 +59134,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 1804u32,
-        call: 1656u32,
+        wire: 1906u32,
+        call: 1708u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -53557,8 +59160,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 1805u32,
-        call: 1657u32,
+        wire: 1907u32,
+        call: 1709u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
@@ -53583,8 +59186,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 1806u32,
-        call: 1658u32,
+        wire: 1908u32,
+        call: 1710u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
@@ -53609,8 +59212,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 1807u32,
-        call: 1659u32,
+        wire: 1909u32,
+        call: 1711u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -53635,8 +59238,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 1808u32,
-        call: 1660u32,
+        wire: 1910u32,
+        call: 1712u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
@@ -53661,8 +59264,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 1809u32,
-        call: 1661u32,
+        wire: 1911u32,
+        call: 1713u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
@@ -53687,8 +59290,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 1810u32,
-        call: 1662u32,
+        wire: 1912u32,
+        call: 1714u32,
         name: "cusolverRfAnalyze",
         form: None,
         library: "cusolver",
@@ -53709,8 +59312,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 1811u32,
-        call: 1663u32,
+        wire: 1913u32,
+        call: 1715u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
@@ -53731,8 +59334,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 1812u32,
-        call: 1664u32,
+        wire: 1914u32,
+        call: 1716u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
@@ -53753,8 +59356,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 1813u32,
-        call: 1665u32,
+        wire: 1915u32,
+        call: 1717u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -53770,8 +59373,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 1814u32,
-        call: 1666u32,
+        wire: 1916u32,
+        call: 1718u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
@@ -53792,8 +59395,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 1815u32,
-        call: 1667u32,
+        wire: 1917u32,
+        call: 1719u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
@@ -53814,8 +59417,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 1816u32,
-        call: 1668u32,
+        wire: 1918u32,
+        call: 1720u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
@@ -53844,8 +59447,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 1817u32,
-        call: 1669u32,
+        wire: 1919u32,
+        call: 1721u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
@@ -53874,8 +59477,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 1818u32,
-        call: 1670u32,
+        wire: 1920u32,
+        call: 1722u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
@@ -53904,8 +59507,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 1819u32,
-        call: 1671u32,
+        wire: 1921u32,
+        call: 1723u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
@@ -53930,8 +59533,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 1820u32,
-        call: 1672u32,
+        wire: 1922u32,
+        call: 1724u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -53947,8 +59550,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 1821u32,
-        call: 1673u32,
+        wire: 1923u32,
+        call: 1725u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -53964,8 +59567,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 1822u32,
-        call: 1674u32,
+        wire: 1924u32,
+        call: 1726u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
@@ -53986,8 +59589,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 1823u32,
-        call: 1675u32,
+        wire: 1925u32,
+        call: 1727u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -54008,8 +59611,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 1824u32,
-        call: 1676u32,
+        wire: 1926u32,
+        call: 1728u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -54031,8 +59634,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 1825u32,
-        call: 1677u32,
+        wire: 1927u32,
+        call: 1729u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
@@ -54060,8 +59663,8 @@ pub mod cusolver {
 pub mod cusparse {
     use chidori_protocol::desc::*;
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1710u32,
-        call: 1562u32,
+        wire: 1812u32,
+        call: 1614u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -54098,8 +59701,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 1711u32,
-        call: 1563u32,
+        wire: 1813u32,
+        call: 1615u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -54128,8 +59731,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 1712u32,
-        call: 1564u32,
+        wire: 1814u32,
+        call: 1616u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
@@ -54154,8 +59757,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreate: CallDesc = CallDesc {
-        wire: 1713u32,
-        call: 1565u32,
+        wire: 1815u32,
+        call: 1617u32,
         name: "cusparseCreate",
         form: None,
         library: "cusparse",
@@ -54171,8 +59774,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 1714u32,
-        call: 1566u32,
+        wire: 1816u32,
+        call: 1618u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -54188,8 +59791,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 1715u32,
-        call: 1567u32,
+        wire: 1817u32,
+        call: 1619u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -54205,8 +59808,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 1716u32,
-        call: 1568u32,
+        wire: 1818u32,
+        call: 1620u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -54222,8 +59825,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 1717u32,
-        call: 1569u32,
+        wire: 1819u32,
+        call: 1621u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -54239,8 +59842,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 1718u32,
-        call: 1570u32,
+        wire: 1820u32,
+        call: 1622u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -54256,8 +59859,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1719u32,
-        call: 1571u32,
+        wire: 1821u32,
+        call: 1623u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -54273,8 +59876,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 1720u32,
-        call: 1572u32,
+        wire: 1822u32,
+        call: 1624u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -54290,8 +59893,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 1721u32,
-        call: 1573u32,
+        wire: 1823u32,
+        call: 1625u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -54307,8 +59910,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 1722u32,
-        call: 1574u32,
+        wire: 1824u32,
+        call: 1626u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -54324,8 +59927,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 1723u32,
-        call: 1575u32,
+        wire: 1825u32,
+        call: 1627u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -54341,8 +59944,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1724u32,
-        call: 1576u32,
+        wire: 1826u32,
+        call: 1628u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -54358,8 +59961,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 1725u32,
-        call: 1577u32,
+        wire: 1827u32,
+        call: 1629u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -54375,8 +59978,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 1726u32,
-        call: 1578u32,
+        wire: 1828u32,
+        call: 1630u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -54392,8 +59995,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1727u32,
-        call: 1579u32,
+        wire: 1829u32,
+        call: 1631u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -54426,8 +60029,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 1728u32,
-        call: 1580u32,
+        wire: 1830u32,
+        call: 1632u32,
         name: "cusparseDestroy",
         form: None,
         library: "cusparse",
@@ -54448,8 +60051,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 1729u32,
-        call: 1581u32,
+        wire: 1831u32,
+        call: 1633u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
@@ -54470,8 +60073,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 1730u32,
-        call: 1582u32,
+        wire: 1832u32,
+        call: 1634u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -54492,8 +60095,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 1731u32,
-        call: 1583u32,
+        wire: 1833u32,
+        call: 1635u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -54514,8 +60117,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 1732u32,
-        call: 1584u32,
+        wire: 1834u32,
+        call: 1636u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -54536,8 +60139,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 1733u32,
-        call: 1585u32,
+        wire: 1835u32,
+        call: 1637u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
@@ -54558,8 +60161,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1734u32,
-        call: 1586u32,
+        wire: 1836u32,
+        call: 1638u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -54580,8 +60183,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 1735u32,
-        call: 1587u32,
+        wire: 1837u32,
+        call: 1639u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
@@ -54602,8 +60205,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 1736u32,
-        call: 1588u32,
+        wire: 1838u32,
+        call: 1640u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -54624,8 +60227,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 1737u32,
-        call: 1589u32,
+        wire: 1839u32,
+        call: 1641u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -54646,8 +60249,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 1738u32,
-        call: 1590u32,
+        wire: 1840u32,
+        call: 1642u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -54668,8 +60271,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1739u32,
-        call: 1591u32,
+        wire: 1841u32,
+        call: 1643u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -54690,8 +60293,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 1740u32,
-        call: 1592u32,
+        wire: 1842u32,
+        call: 1644u32,
         name: "cusparseDestroyDnMat",
         form: None,
         library: "cusparse",
@@ -54712,8 +60315,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 1741u32,
-        call: 1593u32,
+        wire: 1843u32,
+        call: 1645u32,
         name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
@@ -54734,8 +60337,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 1742u32,
-        call: 1594u32,
+        wire: 1844u32,
+        call: 1646u32,
         name: "cusparseDestroyMatDescr",
         form: None,
         library: "cusparse",
@@ -54756,8 +60359,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 1743u32,
-        call: 1595u32,
+        wire: 1845u32,
+        call: 1647u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
@@ -54778,8 +60381,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 1744u32,
-        call: 1596u32,
+        wire: 1846u32,
+        call: 1648u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
@@ -54800,8 +60403,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 1745u32,
-        call: 1597u32,
+        wire: 1847u32,
+        call: 1649u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
@@ -54822,8 +60425,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1746u32,
-        call: 1598u32,
+        wire: 1848u32,
+        call: 1650u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -54852,8 +60455,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 1747u32,
-        call: 1599u32,
+        wire: 1849u32,
+        call: 1651u32,
         name: "cusparseGather",
         form: None,
         library: "cusparse",
@@ -54882,8 +60485,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 1748u32,
-        call: 1600u32,
+        wire: 1850u32,
+        call: 1652u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -54907,8 +60510,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 1749u32,
-        call: 1601u32,
+        wire: 1851u32,
+        call: 1653u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -54932,8 +60535,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 1750u32,
-        call: 1602u32,
+        wire: 1852u32,
+        call: 1654u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -54957,8 +60560,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 1751u32,
-        call: 1603u32,
+        wire: 1853u32,
+        call: 1655u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -54982,8 +60585,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 1752u32,
-        call: 1604u32,
+        wire: 1854u32,
+        call: 1656u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -55005,8 +60608,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1753u32,
-        call: 1605u32,
+        wire: 1855u32,
+        call: 1657u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
@@ -55022,8 +60625,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1754u32,
-        call: 1606u32,
+        wire: 1856u32,
+        call: 1658u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
@@ -55044,8 +60647,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 1755u32,
-        call: 1607u32,
+        wire: 1857u32,
+        call: 1659u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
@@ -55066,8 +60669,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 1756u32,
-        call: 1608u32,
+        wire: 1858u32,
+        call: 1660u32,
         name: "cusparseScatter",
         form: None,
         library: "cusparse",
@@ -55096,8 +60699,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 1757u32,
-        call: 1609u32,
+        wire: 1859u32,
+        call: 1661u32,
         name: "cusparseSetColorAlgs",
         form: None,
         library: "cusparse",
@@ -55122,8 +60725,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 1758u32,
-        call: 1610u32,
+        wire: 1860u32,
+        call: 1662u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
@@ -55148,8 +60751,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 1759u32,
-        call: 1611u32,
+        wire: 1861u32,
+        call: 1663u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
@@ -55174,8 +60777,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 1760u32,
-        call: 1612u32,
+        wire: 1862u32,
+        call: 1664u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -55200,8 +60803,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 1761u32,
-        call: 1613u32,
+        wire: 1863u32,
+        call: 1665u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
@@ -55226,8 +60829,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetPointerMode: CallDesc = CallDesc {
-        wire: 1762u32,
-        call: 1614u32,
+        wire: 1864u32,
+        call: 1666u32,
         name: "cusparseSetPointerMode",
         form: None,
         library: "cusparse",
@@ -55252,8 +60855,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 1763u32,
-        call: 1615u32,
+        wire: 1865u32,
+        call: 1667u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
@@ -55278,8 +60881,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 1764u32,
-        call: 1616u32,
+        wire: 1866u32,
+        call: 1668u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -55295,8 +60898,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 1765u32,
-        call: 1617u32,
+        wire: 1867u32,
+        call: 1669u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -55317,8 +60920,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 1766u32,
-        call: 1618u32,
+        wire: 1868u32,
+        call: 1670u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
         library: "cusparse",
@@ -55339,8 +60942,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1767u32,
-        call: 1619u32,
+        wire: 1869u32,
+        call: 1671u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -55365,8 +60968,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 1768u32,
-        call: 1620u32,
+        wire: 1870u32,
+        call: 1672u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -55382,8 +60985,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 1769u32,
-        call: 1621u32,
+        wire: 1871u32,
+        call: 1673u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -55404,8 +61007,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 1770u32,
-        call: 1622u32,
+        wire: 1872u32,
+        call: 1674u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -55421,8 +61024,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 1771u32,
-        call: 1623u32,
+        wire: 1873u32,
+        call: 1675u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
@@ -55446,8 +61049,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 1894u32,
-        call: 1744u32,
+        wire: 1996u32,
+        call: 1796u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -55470,8 +61073,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 1895u32,
-        call: 1744u32,
+        wire: 1997u32,
+        call: 1796u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -55494,8 +61097,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 1896u32,
-        call: 1744u32,
+        wire: 1998u32,
+        call: 1796u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -55518,8 +61121,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 1897u32,
-        call: 1745u32,
+        wire: 1999u32,
+        call: 1797u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -55542,8 +61145,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 1898u32,
-        call: 1745u32,
+        wire: 2000u32,
+        call: 1797u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -55566,8 +61169,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 1899u32,
-        call: 1745u32,
+        wire: 2001u32,
+        call: 1797u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -55590,8 +61193,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 1900u32,
-        call: 1746u32,
+        wire: 2002u32,
+        call: 1798u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -55614,8 +61217,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 1901u32,
-        call: 1747u32,
+        wire: 2003u32,
+        call: 1799u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -55638,8 +61241,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 1902u32,
-        call: 1747u32,
+        wire: 2004u32,
+        call: 1799u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -55662,8 +61265,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 1903u32,
-        call: 1747u32,
+        wire: 2005u32,
+        call: 1799u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -66107,8 +71710,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 1872u32,
-        call: 1724u32,
+        wire: 1974u32,
+        call: 1776u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -66129,8 +71732,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 1873u32,
-        call: 1725u32,
+        wire: 1975u32,
+        call: 1777u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -66151,8 +71754,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 1874u32,
-        call: 1726u32,
+        wire: 1976u32,
+        call: 1778u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -66173,8 +71776,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 1875u32,
-        call: 1727u32,
+        wire: 1977u32,
+        call: 1779u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -66201,8 +71804,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 1876u32,
-        call: 1728u32,
+        wire: 1978u32,
+        call: 1780u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -66227,8 +71830,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 1877u32,
-        call: 1729u32,
+        wire: 1979u32,
+        call: 1781u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -66253,8 +71856,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 1878u32,
-        call: 1729u32,
+        wire: 1980u32,
+        call: 1781u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -66279,8 +71882,8 @@ pub mod nccl {
         },
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 1879u32,
-        call: 1730u32,
+        wire: 1981u32,
+        call: 1782u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -66296,8 +71899,8 @@ pub mod nccl {
         },
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 1880u32,
-        call: 1731u32,
+        wire: 1982u32,
+        call: 1783u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -66313,8 +71916,8 @@ pub mod nccl {
         },
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 1881u32,
-        call: 1732u32,
+        wire: 1983u32,
+        call: 1784u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -66339,8 +71942,8 @@ pub mod nccl {
         },
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 1882u32,
-        call: 1733u32,
+        wire: 1984u32,
+        call: 1785u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -66356,8 +71959,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 1883u32,
-        call: 1734u32,
+        wire: 1985u32,
+        call: 1786u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -66378,8 +71981,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 1884u32,
-        call: 1735u32,
+        wire: 1986u32,
+        call: 1787u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -66400,8 +72003,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 1885u32,
-        call: 1736u32,
+        wire: 1987u32,
+        call: 1788u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -66422,8 +72025,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 1886u32,
-        call: 1737u32,
+        wire: 1988u32,
+        call: 1789u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -66450,8 +72053,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 1887u32,
-        call: 1738u32,
+        wire: 1989u32,
+        call: 1790u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -66476,8 +72079,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 1888u32,
-        call: 1739u32,
+        wire: 1990u32,
+        call: 1791u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -66502,8 +72105,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 1889u32,
-        call: 1739u32,
+        wire: 1991u32,
+        call: 1791u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -66528,8 +72131,8 @@ pub mod nccl {
         },
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 1890u32,
-        call: 1740u32,
+        wire: 1992u32,
+        call: 1792u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -66545,8 +72148,8 @@ pub mod nccl {
         },
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 1891u32,
-        call: 1741u32,
+        wire: 1993u32,
+        call: 1793u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -66562,8 +72165,8 @@ pub mod nccl {
         },
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 1892u32,
-        call: 1742u32,
+        wire: 1994u32,
+        call: 1794u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -66588,8 +72191,8 @@ pub mod nccl {
         },
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 1893u32,
-        call: 1743u32,
+        wire: 1995u32,
+        call: 1795u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -66608,8 +72211,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 1841u32,
-        call: 1693u32,
+        wire: 1943u32,
+        call: 1745u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -66630,8 +72233,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 1842u32,
-        call: 1694u32,
+        wire: 1944u32,
+        call: 1746u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -66652,8 +72255,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 1843u32,
-        call: 1695u32,
+        wire: 1945u32,
+        call: 1747u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -66674,8 +72277,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 1844u32,
-        call: 1696u32,
+        wire: 1946u32,
+        call: 1748u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -66696,8 +72299,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 1845u32,
-        call: 1697u32,
+        wire: 1947u32,
+        call: 1749u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -66718,8 +72321,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 1846u32,
-        call: 1698u32,
+        wire: 1948u32,
+        call: 1750u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -66735,8 +72338,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 1847u32,
-        call: 1699u32,
+        wire: 1949u32,
+        call: 1751u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -66752,8 +72355,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 1848u32,
-        call: 1700u32,
+        wire: 1950u32,
+        call: 1752u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -66769,8 +72372,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 1849u32,
-        call: 1701u32,
+        wire: 1951u32,
+        call: 1753u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -66786,8 +72389,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 1850u32,
-        call: 1702u32,
+        wire: 1952u32,
+        call: 1754u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -66803,8 +72406,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 1851u32,
-        call: 1703u32,
+        wire: 1953u32,
+        call: 1755u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -66831,8 +72434,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 1852u32,
-        call: 1704u32,
+        wire: 1954u32,
+        call: 1756u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -66859,8 +72462,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 1853u32,
-        call: 1705u32,
+        wire: 1955u32,
+        call: 1757u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -66887,8 +72490,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 1854u32,
-        call: 1706u32,
+        wire: 1956u32,
+        call: 1758u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -66915,8 +72518,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 1855u32,
-        call: 1707u32,
+        wire: 1957u32,
+        call: 1759u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -66943,8 +72546,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 1856u32,
-        call: 1708u32,
+        wire: 1958u32,
+        call: 1760u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -66971,8 +72574,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 1857u32,
-        call: 1709u32,
+        wire: 1959u32,
+        call: 1761u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -66999,8 +72602,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 1858u32,
-        call: 1710u32,
+        wire: 1960u32,
+        call: 1762u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -67027,8 +72630,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 1859u32,
-        call: 1711u32,
+        wire: 1961u32,
+        call: 1763u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -67055,8 +72658,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 1860u32,
-        call: 1712u32,
+        wire: 1962u32,
+        call: 1764u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -67083,8 +72686,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 1861u32,
-        call: 1713u32,
+        wire: 1963u32,
+        call: 1765u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -67111,8 +72714,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 1862u32,
-        call: 1714u32,
+        wire: 1964u32,
+        call: 1766u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -67139,8 +72742,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 1863u32,
-        call: 1715u32,
+        wire: 1965u32,
+        call: 1767u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -67167,8 +72770,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 1864u32,
-        call: 1716u32,
+        wire: 1966u32,
+        call: 1768u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -67195,8 +72798,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 1865u32,
-        call: 1717u32,
+        wire: 1967u32,
+        call: 1769u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -67223,8 +72826,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 1866u32,
-        call: 1718u32,
+        wire: 1968u32,
+        call: 1770u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -67251,8 +72854,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 1867u32,
-        call: 1719u32,
+        wire: 1969u32,
+        call: 1771u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -67279,8 +72882,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 1868u32,
-        call: 1720u32,
+        wire: 1970u32,
+        call: 1772u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -67307,8 +72910,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 1869u32,
-        call: 1721u32,
+        wire: 1971u32,
+        call: 1773u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -67335,8 +72938,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 1870u32,
-        call: 1722u32,
+        wire: 1972u32,
+        call: 1774u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -67363,8 +72966,8 @@ pub mod nvjitlink {
         },
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 1871u32,
-        call: 1723u32,
+        wire: 1973u32,
+        call: 1775u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -67396,8 +72999,8 @@ pub mod nvjitlink {
 pub mod nvml {
     use chidori_protocol::desc::*;
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 1484u32,
-        call: 1336u32,
+        wire: 1586u32,
+        call: 1388u32,
         name: "nvmlComputeInstanceDestroy",
         form: None,
         library: "nvml",
@@ -67418,8 +73021,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 1485u32,
-        call: 1337u32,
+        wire: 1587u32,
+        call: 1389u32,
         name: "nvmlDeviceCcuGetStreamState",
         form: None,
         library: "nvml",
@@ -67446,8 +73049,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 1486u32,
-        call: 1338u32,
+        wire: 1588u32,
+        call: 1390u32,
         name: "nvmlDeviceCcuSetStreamState",
         form: None,
         library: "nvml",
@@ -67472,8 +73075,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1487u32,
-        call: 1339u32,
+        wire: 1589u32,
+        call: 1391u32,
         name: "nvmlDeviceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -67494,8 +73097,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 1488u32,
-        call: 1340u32,
+        wire: 1590u32,
+        call: 1392u32,
         name: "nvmlDeviceClearCpuAffinity",
         form: None,
         library: "nvml",
@@ -67516,8 +73119,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 1489u32,
-        call: 1341u32,
+        wire: 1591u32,
+        call: 1393u32,
         name: "nvmlDeviceClearEccErrorCounts",
         form: None,
         library: "nvml",
@@ -67542,8 +73145,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 1490u32,
-        call: 1342u32,
+        wire: 1592u32,
+        call: 1394u32,
         name: "nvmlDeviceCreateGpuInstance",
         form: None,
         library: "nvml",
@@ -67569,8 +73172,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1491u32,
-        call: 1343u32,
+        wire: 1593u32,
+        call: 1395u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -67602,8 +73205,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1492u32,
-        call: 1344u32,
+        wire: 1594u32,
+        call: 1396u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -67636,8 +73239,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 1493u32,
-        call: 1345u32,
+        wire: 1595u32,
+        call: 1397u32,
         name: "nvmlDeviceGetAPIRestriction",
         form: None,
         library: "nvml",
@@ -67668,8 +73271,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 1494u32,
-        call: 1346u32,
+        wire: 1596u32,
+        call: 1398u32,
         name: "nvmlDeviceGetAccountingBufferSize",
         form: None,
         library: "nvml",
@@ -67696,8 +73299,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1495u32,
-        call: 1347u32,
+        wire: 1597u32,
+        call: 1399u32,
         name: "nvmlDeviceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -67724,8 +73327,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 1496u32,
-        call: 1348u32,
+        wire: 1598u32,
+        call: 1400u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
         form: None,
         library: "nvml",
@@ -67752,8 +73355,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 1497u32,
-        call: 1349u32,
+        wire: 1599u32,
+        call: 1401u32,
         name: "nvmlDeviceGetApplicationsClock",
         form: None,
         library: "nvml",
@@ -67784,8 +73387,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 1498u32,
-        call: 1350u32,
+        wire: 1600u32,
+        call: 1402u32,
         name: "nvmlDeviceGetArchitecture",
         form: None,
         library: "nvml",
@@ -67812,8 +73415,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1499u32,
-        call: 1351u32,
+        wire: 1601u32,
+        call: 1403u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -67846,8 +73449,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 1500u32,
-        call: 1352u32,
+        wire: 1602u32,
+        call: 1404u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
         library: "nvml",
@@ -67874,8 +73477,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 1501u32,
-        call: 1353u32,
+        wire: 1603u32,
+        call: 1405u32,
         name: "nvmlDeviceGetBrand",
         form: None,
         library: "nvml",
@@ -67902,8 +73505,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 1502u32,
-        call: 1354u32,
+        wire: 1604u32,
+        call: 1406u32,
         name: "nvmlDeviceGetBusType",
         form: None,
         library: "nvml",
@@ -67930,8 +73533,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 1503u32,
-        call: 1355u32,
+        wire: 1605u32,
+        call: 1407u32,
         name: "nvmlDeviceGetClock",
         form: None,
         library: "nvml",
@@ -67966,8 +73569,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 1504u32,
-        call: 1356u32,
+        wire: 1606u32,
+        call: 1408u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
         library: "nvml",
@@ -67998,8 +73601,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 1505u32,
-        call: 1357u32,
+        wire: 1607u32,
+        call: 1409u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
         library: "nvml",
@@ -68026,8 +73629,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 1506u32,
-        call: 1358u32,
+        wire: 1608u32,
+        call: 1410u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
         library: "nvml",
@@ -68054,8 +73657,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCount: CallDesc = CallDesc {
-        wire: 1507u32,
-        call: 1359u32,
+        wire: 1609u32,
+        call: 1411u32,
         name: "nvmlDeviceGetCount",
         form: None,
         library: "nvml",
@@ -68078,8 +73681,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCount_v2: CallDesc = CallDesc {
-        wire: 1508u32,
-        call: 1360u32,
+        wire: 1610u32,
+        call: 1412u32,
         name: "nvmlDeviceGetCount_v2",
         form: None,
         library: "nvml",
@@ -68102,8 +73705,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1509u32,
-        call: 1361u32,
+        wire: 1611u32,
+        call: 1413u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
         library: "nvml",
@@ -68136,8 +73739,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1510u32,
-        call: 1362u32,
+        wire: 1612u32,
+        call: 1414u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -68164,8 +73767,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1511u32,
-        call: 1363u32,
+        wire: 1613u32,
+        call: 1415u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -68192,8 +73795,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1512u32,
-        call: 1364u32,
+        wire: 1614u32,
+        call: 1416u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
         library: "nvml",
@@ -68220,8 +73823,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1513u32,
-        call: 1365u32,
+        wire: 1615u32,
+        call: 1417u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -68248,8 +73851,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1514u32,
-        call: 1366u32,
+        wire: 1616u32,
+        call: 1418u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
         library: "nvml",
@@ -68282,8 +73885,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1515u32,
-        call: 1367u32,
+        wire: 1617u32,
+        call: 1419u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
         library: "nvml",
@@ -68314,8 +73917,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1516u32,
-        call: 1368u32,
+        wire: 1618u32,
+        call: 1420u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
         library: "nvml",
@@ -68342,8 +73945,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1517u32,
-        call: 1369u32,
+        wire: 1619u32,
+        call: 1421u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -68365,8 +73968,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1518u32,
-        call: 1370u32,
+        wire: 1620u32,
+        call: 1422u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
         library: "nvml",
@@ -68393,8 +73996,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1519u32,
-        call: 1371u32,
+        wire: 1621u32,
+        call: 1423u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
         library: "nvml",
@@ -68421,8 +74024,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1520u32,
-        call: 1372u32,
+        wire: 1622u32,
+        call: 1424u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
         library: "nvml",
@@ -68455,8 +74058,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1521u32,
-        call: 1373u32,
+        wire: 1623u32,
+        call: 1425u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
         library: "nvml",
@@ -68489,8 +74092,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1522u32,
-        call: 1374u32,
+        wire: 1624u32,
+        call: 1426u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
         library: "nvml",
@@ -68523,8 +74126,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1523u32,
-        call: 1375u32,
+        wire: 1625u32,
+        call: 1427u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -68555,8 +74158,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1524u32,
-        call: 1376u32,
+        wire: 1626u32,
+        call: 1428u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
         library: "nvml",
@@ -68589,8 +74192,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1525u32,
-        call: 1377u32,
+        wire: 1627u32,
+        call: 1429u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
         library: "nvml",
@@ -68617,8 +74220,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1526u32,
-        call: 1378u32,
+        wire: 1628u32,
+        call: 1430u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
         library: "nvml",
@@ -68649,8 +74252,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1527u32,
-        call: 1379u32,
+        wire: 1629u32,
+        call: 1431u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
         library: "nvml",
@@ -68677,8 +74280,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1528u32,
-        call: 1380u32,
+        wire: 1630u32,
+        call: 1432u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -68709,8 +74312,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1529u32,
-        call: 1381u32,
+        wire: 1631u32,
+        call: 1433u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -68743,8 +74346,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1530u32,
-        call: 1382u32,
+        wire: 1632u32,
+        call: 1434u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -68771,8 +74374,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1531u32,
-        call: 1383u32,
+        wire: 1633u32,
+        call: 1435u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
         library: "nvml",
@@ -68798,8 +74401,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1532u32,
-        call: 1384u32,
+        wire: 1634u32,
+        call: 1436u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -68826,8 +74429,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1533u32,
-        call: 1385u32,
+        wire: 1635u32,
+        call: 1437u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -68858,8 +74461,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 1534u32,
-        call: 1386u32,
+        wire: 1636u32,
+        call: 1438u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
         library: "nvml",
@@ -68891,8 +74494,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1535u32,
-        call: 1387u32,
+        wire: 1637u32,
+        call: 1439u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -68919,8 +74522,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1536u32,
-        call: 1388u32,
+        wire: 1638u32,
+        call: 1440u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -68953,8 +74556,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 1537u32,
-        call: 1389u32,
+        wire: 1639u32,
+        call: 1441u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
         library: "nvml",
@@ -68987,8 +74590,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1538u32,
-        call: 1390u32,
+        wire: 1640u32,
+        call: 1442u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -69010,8 +74613,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 1539u32,
-        call: 1391u32,
+        wire: 1641u32,
+        call: 1443u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
         library: "nvml",
@@ -69033,8 +74636,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 1540u32,
-        call: 1392u32,
+        wire: 1642u32,
+        call: 1444u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
         library: "nvml",
@@ -69050,8 +74653,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 1541u32,
-        call: 1393u32,
+        wire: 1643u32,
+        call: 1445u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
         library: "nvml",
@@ -69067,8 +74670,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 1542u32,
-        call: 1394u32,
+        wire: 1644u32,
+        call: 1446u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
         library: "nvml",
@@ -69084,8 +74687,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 1543u32,
-        call: 1395u32,
+        wire: 1645u32,
+        call: 1447u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
         library: "nvml",
@@ -69101,8 +74704,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 1544u32,
-        call: 1396u32,
+        wire: 1646u32,
+        call: 1448u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
         library: "nvml",
@@ -69126,8 +74729,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 1545u32,
-        call: 1397u32,
+        wire: 1647u32,
+        call: 1449u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
         library: "nvml",
@@ -69154,8 +74757,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 1546u32,
-        call: 1398u32,
+        wire: 1648u32,
+        call: 1450u32,
         name: "nvmlDeviceGetIndex",
         form: None,
         library: "nvml",
@@ -69182,8 +74785,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 1547u32,
-        call: 1399u32,
+        wire: 1649u32,
+        call: 1451u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
         library: "nvml",
@@ -69210,8 +74813,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 1548u32,
-        call: 1400u32,
+        wire: 1650u32,
+        call: 1452u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
         library: "nvml",
@@ -69238,8 +74841,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 1549u32,
-        call: 1401u32,
+        wire: 1651u32,
+        call: 1453u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
         library: "nvml",
@@ -69272,8 +74875,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 1550u32,
-        call: 1402u32,
+        wire: 1652u32,
+        call: 1454u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
         library: "nvml",
@@ -69306,8 +74909,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 1551u32,
-        call: 1403u32,
+        wire: 1653u32,
+        call: 1455u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
         library: "nvml",
@@ -69338,8 +74941,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 1552u32,
-        call: 1404u32,
+        wire: 1654u32,
+        call: 1456u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
         library: "nvml",
@@ -69370,8 +74973,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 1553u32,
-        call: 1405u32,
+        wire: 1655u32,
+        call: 1457u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
         library: "nvml",
@@ -69398,8 +75001,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1554u32,
-        call: 1406u32,
+        wire: 1656u32,
+        call: 1458u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -69426,8 +75029,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1555u32,
-        call: 1407u32,
+        wire: 1657u32,
+        call: 1459u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -69454,8 +75057,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1556u32,
-        call: 1408u32,
+        wire: 1658u32,
+        call: 1460u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -69488,8 +75091,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1557u32,
-        call: 1409u32,
+        wire: 1659u32,
+        call: 1461u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -69516,8 +75119,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 1558u32,
-        call: 1410u32,
+        wire: 1660u32,
+        call: 1462u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
         library: "nvml",
@@ -69544,8 +75147,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 1559u32,
-        call: 1411u32,
+        wire: 1661u32,
+        call: 1463u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
         library: "nvml",
@@ -69571,8 +75174,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 1560u32,
-        call: 1412u32,
+        wire: 1662u32,
+        call: 1464u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
         library: "nvml",
@@ -69605,8 +75208,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 1561u32,
-        call: 1413u32,
+        wire: 1663u32,
+        call: 1465u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
         library: "nvml",
@@ -69647,8 +75250,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 1562u32,
-        call: 1414u32,
+        wire: 1664u32,
+        call: 1466u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
         library: "nvml",
@@ -69681,8 +75284,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 1563u32,
-        call: 1415u32,
+        wire: 1665u32,
+        call: 1467u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
         library: "nvml",
@@ -69709,8 +75312,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 1564u32,
-        call: 1416u32,
+        wire: 1666u32,
+        call: 1468u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
         library: "nvml",
@@ -69737,8 +75340,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 1565u32,
-        call: 1417u32,
+        wire: 1667u32,
+        call: 1469u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
         library: "nvml",
@@ -69765,8 +75368,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 1566u32,
-        call: 1418u32,
+        wire: 1668u32,
+        call: 1470u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
         library: "nvml",
@@ -69793,8 +75396,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 1567u32,
-        call: 1419u32,
+        wire: 1669u32,
+        call: 1471u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
         library: "nvml",
@@ -69821,8 +75424,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 1568u32,
-        call: 1420u32,
+        wire: 1670u32,
+        call: 1472u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
         library: "nvml",
@@ -69849,8 +75452,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 1569u32,
-        call: 1421u32,
+        wire: 1671u32,
+        call: 1473u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
         library: "nvml",
@@ -69885,8 +75488,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 1570u32,
-        call: 1422u32,
+        wire: 1672u32,
+        call: 1474u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
         library: "nvml",
@@ -69917,8 +75520,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 1571u32,
-        call: 1423u32,
+        wire: 1673u32,
+        call: 1475u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
         library: "nvml",
@@ -69949,8 +75552,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 1572u32,
-        call: 1424u32,
+        wire: 1674u32,
+        call: 1476u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
         library: "nvml",
@@ -69981,8 +75584,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 1573u32,
-        call: 1425u32,
+        wire: 1675u32,
+        call: 1477u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
         library: "nvml",
@@ -70015,8 +75618,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 1574u32,
-        call: 1426u32,
+        wire: 1676u32,
+        call: 1478u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
         library: "nvml",
@@ -70051,8 +75654,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 1575u32,
-        call: 1427u32,
+        wire: 1677u32,
+        call: 1479u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
         library: "nvml",
@@ -70079,8 +75682,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 1576u32,
-        call: 1428u32,
+        wire: 1678u32,
+        call: 1480u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
         library: "nvml",
@@ -70107,8 +75710,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 1577u32,
-        call: 1429u32,
+        wire: 1679u32,
+        call: 1481u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
         library: "nvml",
@@ -70135,8 +75738,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 1578u32,
-        call: 1430u32,
+        wire: 1680u32,
+        call: 1482u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
         library: "nvml",
@@ -70163,8 +75766,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 1579u32,
-        call: 1431u32,
+        wire: 1681u32,
+        call: 1483u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
         library: "nvml",
@@ -70191,8 +75794,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 1580u32,
-        call: 1432u32,
+        wire: 1682u32,
+        call: 1484u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
         library: "nvml",
@@ -70219,8 +75822,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1581u32,
-        call: 1433u32,
+        wire: 1683u32,
+        call: 1485u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -70247,8 +75850,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 1582u32,
-        call: 1434u32,
+        wire: 1684u32,
+        call: 1486u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
         library: "nvml",
@@ -70281,8 +75884,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 1583u32,
-        call: 1435u32,
+        wire: 1685u32,
+        call: 1487u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
         library: "nvml",
@@ -70309,8 +75912,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 1584u32,
-        call: 1436u32,
+        wire: 1686u32,
+        call: 1488u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
         library: "nvml",
@@ -70337,8 +75940,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 1585u32,
-        call: 1437u32,
+        wire: 1687u32,
+        call: 1489u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
         library: "nvml",
@@ -70365,8 +75968,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 1586u32,
-        call: 1438u32,
+        wire: 1688u32,
+        call: 1490u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
         library: "nvml",
@@ -70393,8 +75996,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 1587u32,
-        call: 1439u32,
+        wire: 1689u32,
+        call: 1491u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
         library: "nvml",
@@ -70421,8 +76024,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 1588u32,
-        call: 1440u32,
+        wire: 1690u32,
+        call: 1492u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
         library: "nvml",
@@ -70467,8 +76070,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 1589u32,
-        call: 1441u32,
+        wire: 1691u32,
+        call: 1493u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
         library: "nvml",
@@ -70495,8 +76098,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 1590u32,
-        call: 1442u32,
+        wire: 1692u32,
+        call: 1494u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
         library: "nvml",
@@ -70523,8 +76126,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1591u32,
-        call: 1443u32,
+        wire: 1693u32,
+        call: 1495u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -70551,8 +76154,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 1592u32,
-        call: 1444u32,
+        wire: 1694u32,
+        call: 1496u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
         library: "nvml",
@@ -70579,8 +76182,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 1593u32,
-        call: 1445u32,
+        wire: 1695u32,
+        call: 1497u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
         library: "nvml",
@@ -70607,8 +76210,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 1594u32,
-        call: 1446u32,
+        wire: 1696u32,
+        call: 1498u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
         library: "nvml",
@@ -70639,8 +76242,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 1595u32,
-        call: 1447u32,
+        wire: 1697u32,
+        call: 1499u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
         library: "nvml",
@@ -70671,8 +76274,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1596u32,
-        call: 1448u32,
+        wire: 1698u32,
+        call: 1500u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -70703,8 +76306,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 1597u32,
-        call: 1449u32,
+        wire: 1699u32,
+        call: 1501u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
         library: "nvml",
@@ -70735,8 +76338,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 1598u32,
-        call: 1450u32,
+        wire: 1700u32,
+        call: 1502u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
         library: "nvml",
@@ -70768,8 +76371,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 1599u32,
-        call: 1451u32,
+        wire: 1701u32,
+        call: 1503u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
         library: "nvml",
@@ -70796,8 +76399,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1600u32,
-        call: 1452u32,
+        wire: 1702u32,
+        call: 1504u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -70828,8 +76431,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1601u32,
-        call: 1453u32,
+        wire: 1703u32,
+        call: 1505u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -70856,8 +76459,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1602u32,
-        call: 1454u32,
+        wire: 1704u32,
+        call: 1506u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -70884,8 +76487,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 1603u32,
-        call: 1455u32,
+        wire: 1705u32,
+        call: 1507u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
         library: "nvml",
@@ -70916,8 +76519,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 1604u32,
-        call: 1456u32,
+        wire: 1706u32,
+        call: 1508u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
         library: "nvml",
@@ -70946,8 +76549,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1605u32,
-        call: 1457u32,
+        wire: 1707u32,
+        call: 1509u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -70968,8 +76571,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1606u32,
-        call: 1458u32,
+        wire: 1708u32,
+        call: 1510u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -70990,8 +76593,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1607u32,
-        call: 1459u32,
+        wire: 1709u32,
+        call: 1511u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -71012,8 +76615,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 1608u32,
-        call: 1460u32,
+        wire: 1710u32,
+        call: 1512u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
         library: "nvml",
@@ -71038,8 +76641,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1609u32,
-        call: 1461u32,
+        wire: 1711u32,
+        call: 1513u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -71068,8 +76671,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 1610u32,
-        call: 1462u32,
+        wire: 1712u32,
+        call: 1514u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
         library: "nvml",
@@ -71098,8 +76701,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 1611u32,
-        call: 1463u32,
+        wire: 1713u32,
+        call: 1515u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
         library: "nvml",
@@ -71124,8 +76727,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1612u32,
-        call: 1464u32,
+        wire: 1714u32,
+        call: 1516u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -71154,8 +76757,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1613u32,
-        call: 1465u32,
+        wire: 1715u32,
+        call: 1517u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -71180,8 +76783,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 1614u32,
-        call: 1466u32,
+        wire: 1716u32,
+        call: 1518u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
         library: "nvml",
@@ -71206,8 +76809,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 1615u32,
-        call: 1467u32,
+        wire: 1717u32,
+        call: 1519u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
         library: "nvml",
@@ -71232,8 +76835,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 1616u32,
-        call: 1468u32,
+        wire: 1718u32,
+        call: 1520u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
         library: "nvml",
@@ -71254,8 +76857,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1617u32,
-        call: 1469u32,
+        wire: 1719u32,
+        call: 1521u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -71284,8 +76887,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1618u32,
-        call: 1470u32,
+        wire: 1720u32,
+        call: 1522u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -71310,8 +76913,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 1619u32,
-        call: 1471u32,
+        wire: 1721u32,
+        call: 1523u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
         library: "nvml",
@@ -71338,8 +76941,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 1620u32,
-        call: 1472u32,
+        wire: 1722u32,
+        call: 1524u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
         library: "nvml",
@@ -71368,8 +76971,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 1621u32,
-        call: 1473u32,
+        wire: 1723u32,
+        call: 1525u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
         library: "nvml",
@@ -71394,8 +76997,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 1622u32,
-        call: 1474u32,
+        wire: 1724u32,
+        call: 1526u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
         library: "nvml",
@@ -71424,8 +77027,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1623u32,
-        call: 1475u32,
+        wire: 1725u32,
+        call: 1527u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -71454,8 +77057,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1624u32,
-        call: 1476u32,
+        wire: 1726u32,
+        call: 1528u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -71480,8 +77083,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1625u32,
-        call: 1477u32,
+        wire: 1727u32,
+        call: 1529u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -71510,8 +77113,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1626u32,
-        call: 1478u32,
+        wire: 1728u32,
+        call: 1530u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -71536,8 +77139,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1627u32,
-        call: 1479u32,
+        wire: 1729u32,
+        call: 1531u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -71562,8 +77165,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1628u32,
-        call: 1480u32,
+        wire: 1730u32,
+        call: 1532u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -71592,8 +77195,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 1629u32,
-        call: 1481u32,
+        wire: 1731u32,
+        call: 1533u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
         library: "nvml",
@@ -71624,8 +77227,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 1630u32,
-        call: 1482u32,
+        wire: 1732u32,
+        call: 1534u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
         library: "nvml",
@@ -71650,8 +77253,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1631u32,
-        call: 1483u32,
+        wire: 1733u32,
+        call: 1535u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -71676,8 +77279,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 1632u32,
-        call: 1484u32,
+        wire: 1734u32,
+        call: 1536u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
         library: "nvml",
@@ -71702,8 +77305,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1633u32,
-        call: 1485u32,
+        wire: 1735u32,
+        call: 1537u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -71734,8 +77337,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1634u32,
-        call: 1486u32,
+        wire: 1736u32,
+        call: 1538u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -71764,8 +77367,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1635u32,
-        call: 1487u32,
+        wire: 1737u32,
+        call: 1539u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -71792,8 +77395,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1636u32,
-        call: 1488u32,
+        wire: 1738u32,
+        call: 1540u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -71818,8 +77421,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 1637u32,
-        call: 1489u32,
+        wire: 1739u32,
+        call: 1541u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
         library: "nvml",
@@ -71840,8 +77443,8 @@ pub mod nvml {
         },
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 1638u32,
-        call: 1490u32,
+        wire: 1740u32,
+        call: 1542u32,
         name: "nvmlEventSetCreate",
         form: None,
         library: "nvml",
@@ -71857,8 +77460,8 @@ pub mod nvml {
         },
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 1639u32,
-        call: 1491u32,
+        wire: 1741u32,
+        call: 1543u32,
         name: "nvmlEventSetFree",
         form: None,
         library: "nvml",
@@ -71879,8 +77482,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 1640u32,
-        call: 1492u32,
+        wire: 1742u32,
+        call: 1544u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
         library: "nvml",
@@ -71903,8 +77506,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 1641u32,
-        call: 1493u32,
+        wire: 1743u32,
+        call: 1545u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
         library: "nvml",
@@ -71931,8 +77534,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 1642u32,
-        call: 1494u32,
+        wire: 1744u32,
+        call: 1546u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
         library: "nvml",
@@ -71961,8 +77564,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 1643u32,
-        call: 1495u32,
+        wire: 1745u32,
+        call: 1547u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
         library: "nvml",
@@ -71989,8 +77592,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 1644u32,
-        call: 1496u32,
+        wire: 1746u32,
+        call: 1548u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
         library: "nvml",
@@ -72006,8 +77609,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 1645u32,
-        call: 1497u32,
+        wire: 1747u32,
+        call: 1549u32,
         name: "nvmlGpmSampleFree",
         form: None,
         library: "nvml",
@@ -72028,8 +77631,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 1646u32,
-        call: 1498u32,
+        wire: 1748u32,
+        call: 1550u32,
         name: "nvmlGpmSampleGet",
         form: None,
         library: "nvml",
@@ -72054,8 +77657,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 1647u32,
-        call: 1499u32,
+        wire: 1749u32,
+        call: 1551u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
         library: "nvml",
@@ -72080,8 +77683,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 1648u32,
-        call: 1500u32,
+        wire: 1750u32,
+        call: 1552u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
         library: "nvml",
@@ -72107,8 +77710,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1649u32,
-        call: 1501u32,
+        wire: 1751u32,
+        call: 1553u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -72140,8 +77743,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 1650u32,
-        call: 1502u32,
+        wire: 1752u32,
+        call: 1554u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
         library: "nvml",
@@ -72162,8 +77765,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 1651u32,
-        call: 1503u32,
+        wire: 1753u32,
+        call: 1555u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
         library: "nvml",
@@ -72189,8 +77792,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1652u32,
-        call: 1504u32,
+        wire: 1754u32,
+        call: 1556u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -72221,8 +77824,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 1653u32,
-        call: 1505u32,
+        wire: 1755u32,
+        call: 1557u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
         library: "nvml",
@@ -72254,8 +77857,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1654u32,
-        call: 1506u32,
+        wire: 1756u32,
+        call: 1558u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -72282,8 +77885,8 @@ pub mod nvml {
         },
     };
     pub static nvmlInit: CallDesc = CallDesc {
-        wire: 1655u32,
-        call: 1507u32,
+        wire: 1757u32,
+        call: 1559u32,
         name: "nvmlInit",
         form: None,
         library: "nvml",
@@ -72299,8 +77902,8 @@ pub mod nvml {
         },
     };
     pub static nvmlInitWithFlags: CallDesc = CallDesc {
-        wire: 1656u32,
-        call: 1508u32,
+        wire: 1758u32,
+        call: 1560u32,
         name: "nvmlInitWithFlags",
         form: None,
         library: "nvml",
@@ -72321,8 +77924,8 @@ pub mod nvml {
         },
     };
     pub static nvmlInit_v2: CallDesc = CallDesc {
-        wire: 1657u32,
-        call: 1509u32,
+        wire: 1759u32,
+        call: 1561u32,
         name: "nvmlInit_v2",
         form: None,
         library: "nvml",
@@ -72338,8 +77941,8 @@ pub mod nvml {
         },
     };
     pub static nvmlShutdown: CallDesc = CallDesc {
-        wire: 1658u32,
-        call: 1510u32,
+        wire: 1760u32,
+        call: 1562u32,
         name: "nvmlShutdown",
         form: None,
         library: "nvml",
@@ -72355,8 +77958,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1659u32,
-        call: 1511u32,
+        wire: 1761u32,
+        call: 1563u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -72379,8 +77982,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 1660u32,
-        call: 1512u32,
+        wire: 1762u32,
+        call: 1564u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
         library: "nvml",
@@ -72403,8 +78006,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 1661u32,
-        call: 1513u32,
+        wire: 1763u32,
+        call: 1565u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
         library: "nvml",
@@ -72427,8 +78030,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1662u32,
-        call: 1514u32,
+        wire: 1764u32,
+        call: 1566u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -72451,8 +78054,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1663u32,
-        call: 1515u32,
+        wire: 1765u32,
+        call: 1567u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -72473,8 +78076,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1664u32,
-        call: 1516u32,
+        wire: 1766u32,
+        call: 1568u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -72495,8 +78098,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 1665u32,
-        call: 1517u32,
+        wire: 1767u32,
+        call: 1569u32,
         name: "nvmlUnitGetCount",
         form: None,
         library: "nvml",
@@ -72519,8 +78122,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 1666u32,
-        call: 1518u32,
+        wire: 1768u32,
+        call: 1570u32,
         name: "nvmlUnitGetDevices",
         form: None,
         library: "nvml",
@@ -72548,8 +78151,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1667u32,
-        call: 1519u32,
+        wire: 1769u32,
+        call: 1571u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -72571,8 +78174,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 1668u32,
-        call: 1520u32,
+        wire: 1770u32,
+        call: 1572u32,
         name: "nvmlUnitGetTemperature",
         form: None,
         library: "nvml",
@@ -72603,8 +78206,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 1669u32,
-        call: 1521u32,
+        wire: 1771u32,
+        call: 1573u32,
         name: "nvmlUnitSetLedState",
         form: None,
         library: "nvml",
@@ -72629,8 +78232,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1670u32,
-        call: 1522u32,
+        wire: 1772u32,
+        call: 1574u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -72651,8 +78254,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1671u32,
-        call: 1523u32,
+        wire: 1773u32,
+        call: 1575u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -72679,8 +78282,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 1672u32,
-        call: 1524u32,
+        wire: 1774u32,
+        call: 1576u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
         library: "nvml",
@@ -72707,8 +78310,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1673u32,
-        call: 1525u32,
+        wire: 1775u32,
+        call: 1577u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -72735,8 +78338,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 1674u32,
-        call: 1526u32,
+        wire: 1776u32,
+        call: 1578u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
         library: "nvml",
@@ -72763,8 +78366,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1675u32,
-        call: 1527u32,
+        wire: 1777u32,
+        call: 1579u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -72791,8 +78394,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1676u32,
-        call: 1528u32,
+        wire: 1778u32,
+        call: 1580u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -72819,8 +78422,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 1677u32,
-        call: 1529u32,
+        wire: 1779u32,
+        call: 1581u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
         library: "nvml",
@@ -72847,8 +78450,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 1678u32,
-        call: 1530u32,
+        wire: 1780u32,
+        call: 1582u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
         library: "nvml",
@@ -72875,8 +78478,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1679u32,
-        call: 1531u32,
+        wire: 1781u32,
+        call: 1583u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -72901,8 +78504,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 1680u32,
-        call: 1532u32,
+        wire: 1782u32,
+        call: 1584u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
         library: "nvml",
@@ -72933,8 +78536,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 1681u32,
-        call: 1533u32,
+        wire: 1783u32,
+        call: 1585u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
         library: "nvml",
@@ -72967,8 +78570,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 1682u32,
-        call: 1534u32,
+        wire: 1784u32,
+        call: 1586u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
         library: "nvml",
@@ -72995,8 +78598,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1683u32,
-        call: 1535u32,
+        wire: 1785u32,
+        call: 1587u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -73023,8 +78626,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 1684u32,
-        call: 1536u32,
+        wire: 1786u32,
+        call: 1588u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
         library: "nvml",
@@ -73051,8 +78654,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 1685u32,
-        call: 1537u32,
+        wire: 1787u32,
+        call: 1589u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
         library: "nvml",
@@ -73079,8 +78682,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 1686u32,
-        call: 1538u32,
+        wire: 1788u32,
+        call: 1590u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
         library: "nvml",
@@ -73107,8 +78710,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 1687u32,
-        call: 1539u32,
+        wire: 1789u32,
+        call: 1591u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
         library: "nvml",
@@ -73139,8 +78742,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 1688u32,
-        call: 1540u32,
+        wire: 1790u32,
+        call: 1592u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
         library: "nvml",
@@ -73167,8 +78770,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 1689u32,
-        call: 1541u32,
+        wire: 1791u32,
+        call: 1593u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
         library: "nvml",
@@ -73195,8 +78798,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 1690u32,
-        call: 1542u32,
+        wire: 1792u32,
+        call: 1594u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
         library: "nvml",
@@ -73236,8 +78839,8 @@ pub mod nvml {
 pub mod nvrtc {
     use chidori_protocol::desc::*;
     pub static nvrtcAddNameExpression: CallDesc = CallDesc {
-        wire: 1826u32,
-        call: 1678u32,
+        wire: 1928u32,
+        call: 1730u32,
         name: "nvrtcAddNameExpression",
         form: None,
         library: "nvrtc",
@@ -73259,8 +78862,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcDestroyProgram: CallDesc = CallDesc {
-        wire: 1827u32,
-        call: 1679u32,
+        wire: 1929u32,
+        call: 1731u32,
         name: "nvrtcDestroyProgram",
         form: None,
         library: "nvrtc",
@@ -73276,8 +78879,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetCUBINSize: CallDesc = CallDesc {
-        wire: 1828u32,
-        call: 1680u32,
+        wire: 1930u32,
+        call: 1732u32,
         name: "nvrtcGetCUBINSize",
         form: None,
         library: "nvrtc",
@@ -73304,8 +78907,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetLTOIRSize: CallDesc = CallDesc {
-        wire: 1829u32,
-        call: 1681u32,
+        wire: 1931u32,
+        call: 1733u32,
         name: "nvrtcGetLTOIRSize",
         form: None,
         library: "nvrtc",
@@ -73332,8 +78935,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetNVVMSize: CallDesc = CallDesc {
-        wire: 1830u32,
-        call: 1682u32,
+        wire: 1932u32,
+        call: 1734u32,
         name: "nvrtcGetNVVMSize",
         form: None,
         library: "nvrtc",
@@ -73360,8 +78963,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 1831u32,
-        call: 1683u32,
+        wire: 1933u32,
+        call: 1735u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -73384,8 +78987,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetOptiXIRSize: CallDesc = CallDesc {
-        wire: 1832u32,
-        call: 1684u32,
+        wire: 1934u32,
+        call: 1736u32,
         name: "nvrtcGetOptiXIRSize",
         form: None,
         library: "nvrtc",
@@ -73412,8 +79015,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHCreateStatus: CallDesc = CallDesc {
-        wire: 1833u32,
-        call: 1685u32,
+        wire: 1935u32,
+        call: 1737u32,
         name: "nvrtcGetPCHCreateStatus",
         form: None,
         library: "nvrtc",
@@ -73434,8 +79037,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 1834u32,
-        call: 1686u32,
+        wire: 1936u32,
+        call: 1738u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -73458,8 +79061,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHHeapSizeRequired: CallDesc = CallDesc {
-        wire: 1835u32,
-        call: 1687u32,
+        wire: 1937u32,
+        call: 1739u32,
         name: "nvrtcGetPCHHeapSizeRequired",
         form: None,
         library: "nvrtc",
@@ -73486,8 +79089,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPTXSize: CallDesc = CallDesc {
-        wire: 1836u32,
-        call: 1688u32,
+        wire: 1938u32,
+        call: 1740u32,
         name: "nvrtcGetPTXSize",
         form: None,
         library: "nvrtc",
@@ -73514,8 +79117,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetProgramLogSize: CallDesc = CallDesc {
-        wire: 1837u32,
-        call: 1689u32,
+        wire: 1939u32,
+        call: 1741u32,
         name: "nvrtcGetProgramLogSize",
         form: None,
         library: "nvrtc",
@@ -73542,8 +79145,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetSupportedArchs: CallDesc = CallDesc {
-        wire: 1838u32,
-        call: 1690u32,
+        wire: 1940u32,
+        call: 1742u32,
         name: "nvrtcGetSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -73566,8 +79169,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 1839u32,
-        call: 1691u32,
+        wire: 1941u32,
+        call: 1743u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -73588,8 +79191,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 1840u32,
-        call: 1692u32,
+        wire: 1942u32,
+        call: 1744u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",
