@@ -802,7 +802,7 @@ impl<'a> Emitter<'a> {
             PREAMBLE_ALL,
             "Typed trampolines: call a real library function with a forwarded call's raw arguments.",
             quote! {
-                #![allow(clippy::missing_safety_doc, clippy::unnecessary_cast, clippy::useless_conversion, unused_unsafe)]
+                #![allow(clippy::missing_safety_doc, clippy::type_complexity, clippy::unnecessary_cast, clippy::useless_conversion, unused_unsafe)]
                 use core::ffi::c_void;
                 use chidori_cuda::types;
                 /// Call `f` (the real function for call `call`) with raw arguments: integers

@@ -4,6 +4,7 @@
 
 #![allow(
     clippy::missing_safety_doc,
+    clippy::type_complexity,
     clippy::unnecessary_cast,
     clippy::useless_conversion,
     unused_unsafe
