@@ -4,6 +4,16 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
+///`cufftCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftCreate(handle: *mut c_void) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftCreate,
+            &[(handle) as usize as u64],
+        ) as u32
+    }
+}
 ///`cufftDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftDestroy(plan: i32) -> u32 {
@@ -67,6 +77,19 @@ pub unsafe extern "C" fn __chidori_cufft_cufftSetStream(
         ) as u32
     }
 }
+///`cufftSetWorkArea` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftSetWorkArea(
+    plan: i32,
+    workArea: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftSetWorkArea,
+            &[(plan) as i64 as u64, (workArea) as usize as u64],
+        ) as u32
+    }
+}
 ///`cufftXtClearCallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftXtClearCallback(
@@ -77,6 +100,66 @@ pub unsafe extern "C" fn __chidori_cufft_cufftXtClearCallback(
         crate::runtime::call(
             &chidori_cuda::calls::cufft::cufftXtClearCallback,
             &[(plan) as i64 as u64, (cbType) as u64],
+        ) as u32
+    }
+}
+///`cufftXtExec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftXtExec(
+    plan: i32,
+    input: *mut c_void,
+    output: *mut c_void,
+    direction: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftXtExec,
+            &[
+                (plan) as i64 as u64,
+                (input) as usize as u64,
+                (output) as usize as u64,
+                (direction) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cufftXtMakePlanMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cufft_cufftXtMakePlanMany(
+    plan: i32,
+    rank: i32,
+    n: *mut c_void,
+    inembed: *mut c_void,
+    istride: i64,
+    idist: i64,
+    inputtype: u32,
+    onembed: *mut c_void,
+    ostride: i64,
+    odist: i64,
+    outputtype: u32,
+    batch: i64,
+    workSize: *mut c_void,
+    executiontype: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cufft::cufftXtMakePlanMany,
+            &[
+                (plan) as i64 as u64,
+                (rank) as i64 as u64,
+                (n) as usize as u64,
+                (inembed) as usize as u64,
+                (istride) as i64 as u64,
+                (idist) as i64 as u64,
+                (inputtype) as u64,
+                (onembed) as usize as u64,
+                (ostride) as i64 as u64,
+                (odist) as i64 as u64,
+                (outputtype) as u64,
+                (batch) as i64 as u64,
+                (workSize) as usize as u64,
+                (executiontype) as u64,
+            ],
         ) as u32
     }
 }

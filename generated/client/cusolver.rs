@@ -4,6 +4,1110 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
+///`cusolverDnCgebrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgebrd_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    Lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCgebrd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (Lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCgeqrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgeqrf(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    TAU: *mut c_void,
+    Workspace: *mut c_void,
+    Lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCgeqrf,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (TAU) as usize as u64,
+                (Workspace) as usize as u64,
+                (Lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCgeqrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgeqrf_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCgeqrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCgesvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvd(
+    handle: *mut c_void,
+    jobu: i8,
+    jobvt: i8,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    VT: *mut c_void,
+    ldvt: i32,
+    work: *mut c_void,
+    lwork: i32,
+    rwork: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCgesvd,
+            &[
+                (handle) as usize as u64,
+                (jobu) as i64 as u64,
+                (jobvt) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (VT) as usize as u64,
+                (ldvt) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (rwork) as usize as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCgesvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvd_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCgesvd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCgesvdaStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdaStridedBatched(
+    handle: *mut c_void,
+    jobz: u32,
+    rank: i32,
+    m: i32,
+    n: i32,
+    d_A: *mut c_void,
+    lda: i32,
+    strideA: i64,
+    d_S: *mut c_void,
+    strideS: i64,
+    d_U: *mut c_void,
+    ldu: i32,
+    strideU: i64,
+    d_V: *mut c_void,
+    ldv: i32,
+    strideV: i64,
+    d_work: *mut c_void,
+    lwork: i32,
+    d_info: *mut c_void,
+    h_R_nrmF: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCgesvdaStridedBatched,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (rank) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (d_A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (d_S) as usize as u64,
+                (strideS) as i64 as u64,
+                (d_U) as usize as u64,
+                (ldu) as i64 as u64,
+                (strideU) as i64 as u64,
+                (d_V) as usize as u64,
+                (ldv) as i64 as u64,
+                (strideV) as i64 as u64,
+                (d_work) as usize as u64,
+                (lwork) as i64 as u64,
+                (d_info) as usize as u64,
+                (h_R_nrmF) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCgesvdaStridedBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdaStridedBatched_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    rank: i32,
+    m: i32,
+    n: i32,
+    d_A: *mut c_void,
+    lda: i32,
+    strideA: i64,
+    d_S: *mut c_void,
+    strideS: i64,
+    d_U: *mut c_void,
+    ldu: i32,
+    strideU: i64,
+    d_V: *mut c_void,
+    ldv: i32,
+    strideV: i64,
+    lwork: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCgesvdaStridedBatched_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (rank) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (d_A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (d_S) as usize as u64,
+                (strideS) as i64 as u64,
+                (d_U) as usize as u64,
+                (ldu) as i64 as u64,
+                (strideU) as i64 as u64,
+                (d_V) as usize as u64,
+                (ldv) as i64 as u64,
+                (strideV) as i64 as u64,
+                (lwork) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCgesvdj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdj(
+    handle: *mut c_void,
+    jobz: u32,
+    econ: i32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    V: *mut c_void,
+    ldv: i32,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCgesvdj,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (econ) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCgesvdjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdjBatched(
+    handle: *mut c_void,
+    jobz: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    V: *mut c_void,
+    ldv: i32,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCgesvdjBatched,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCgesvdjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdjBatched_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    V: *mut c_void,
+    ldv: i32,
+    lwork: *mut c_void,
+    params: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCgesvdjBatched_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCgesvdj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdj_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    econ: i32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    V: *mut c_void,
+    ldv: i32,
+    lwork: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCgesvdj_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (econ) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCgetrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgetrf(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Workspace: *mut c_void,
+    devIpiv: *mut c_void,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCgetrf,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Workspace) as usize as u64,
+                (devIpiv) as usize as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCgetrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgetrf_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCgetrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCgetrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgetrs(
+    handle: *mut c_void,
+    trans: u32,
+    n: i32,
+    nrhs: i32,
+    A: *mut c_void,
+    lda: i32,
+    devIpiv: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCgetrs,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (devIpiv) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCheevd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevd(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCheevd,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCheevd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevd_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCheevd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCheevj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevj(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCheevj,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCheevjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevjBatched(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCheevjBatched,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCheevjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevjBatched_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+    params: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCheevjBatched_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCheevj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevj_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCheevj_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnChegvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvd(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnChegvd,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnChegvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvd_bufferSize(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnChegvd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnChegvj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvj(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnChegvj,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnChegvj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvj_bufferSize(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnChegvj_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnClaswp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnClaswp(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    k1: i32,
+    k2: i32,
+    devIpiv: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnClaswp,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (k1) as i64 as u64,
+                (k2) as i64 as u64,
+                (devIpiv) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnClauum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnClauum(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    work: *mut c_void,
+    lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnClauum,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnClauum_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnClauum_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnClauum_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCpotrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotrf(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Workspace: *mut c_void,
+    Lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCpotrf,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Workspace) as usize as u64,
+                (Lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCpotrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotrfBatched(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    Aarray: *mut c_void,
+    lda: i32,
+    infoArray: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCpotrfBatched,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (infoArray) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCpotrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotrf_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCpotrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCpotri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotri(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    work: *mut c_void,
+    lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCpotri,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCpotri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotri_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCpotri_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCpotrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotrs(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    nrhs: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCpotrs,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCpotrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotrsBatched(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    nrhs: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    d_info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCpotrsBatched,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (d_info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverDnCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCreate(
@@ -52,7 +1156,447 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCreateSyevjInfo(
         ) as u32
     }
 }
-///`cusolverDnDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCsytrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCsytrf(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    ipiv: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCsytrf,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCsytrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCsytrf_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCsytrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCsytri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCsytri(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    ipiv: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCsytri,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCsytri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCsytri_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    ipiv: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCsytri_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCungbr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungbr(
+    handle: *mut c_void,
+    side: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCungbr,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCungbr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungbr_bufferSize(
+    handle: *mut c_void,
+    side: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCungbr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCungqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungqr(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCungqr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCungqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungqr_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCungqr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCungtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungtr(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCungtr,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCungtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungtr_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCungtr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCunmqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCunmqr(
+    handle: *mut c_void,
+    side: u32,
+    trans: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    work: *mut c_void,
+    lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCunmqr,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCunmqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCunmqr_bufferSize(
+    handle: *mut c_void,
+    side: u32,
+    trans: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCunmqr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCunmtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCunmtr(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCunmtr,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnCunmtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCunmtr_bufferSize(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnCunmtr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroy(
     handle: *mut c_void,
@@ -64,7 +1608,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroy(
         ) as u32
     }
 }
-///`cusolverDnDestroyGesvdjInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDestroyGesvdjInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroyGesvdjInfo(
     info: *mut c_void,
@@ -76,7 +1620,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroyGesvdjInfo(
         ) as u32
     }
 }
-///`cusolverDnDestroyParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDestroyParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroyParams(
     params: *mut c_void,
@@ -88,7 +1632,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroyParams(
         ) as u32
     }
 }
-///`cusolverDnDestroySyevjInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDestroySyevjInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroySyevjInfo(
     info: *mut c_void,
@@ -97,6 +1641,1550 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroySyevjInfo(
         crate::runtime::call(
             &chidori_cuda::calls::cusolver::cusolverDnDestroySyevjInfo,
             &[(info) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverDnDgebrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgebrd_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    Lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDgebrd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (Lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDgeqrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgeqrf(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    TAU: *mut c_void,
+    Workspace: *mut c_void,
+    Lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDgeqrf,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (TAU) as usize as u64,
+                (Workspace) as usize as u64,
+                (Lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDgeqrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgeqrf_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDgeqrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDgesvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvd(
+    handle: *mut c_void,
+    jobu: i8,
+    jobvt: i8,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    VT: *mut c_void,
+    ldvt: i32,
+    work: *mut c_void,
+    lwork: i32,
+    rwork: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDgesvd,
+            &[
+                (handle) as usize as u64,
+                (jobu) as i64 as u64,
+                (jobvt) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (VT) as usize as u64,
+                (ldvt) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (rwork) as usize as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDgesvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvd_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDgesvd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDgesvdaStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdaStridedBatched(
+    handle: *mut c_void,
+    jobz: u32,
+    rank: i32,
+    m: i32,
+    n: i32,
+    d_A: *mut c_void,
+    lda: i32,
+    strideA: i64,
+    d_S: *mut c_void,
+    strideS: i64,
+    d_U: *mut c_void,
+    ldu: i32,
+    strideU: i64,
+    d_V: *mut c_void,
+    ldv: i32,
+    strideV: i64,
+    d_work: *mut c_void,
+    lwork: i32,
+    d_info: *mut c_void,
+    h_R_nrmF: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDgesvdaStridedBatched,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (rank) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (d_A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (d_S) as usize as u64,
+                (strideS) as i64 as u64,
+                (d_U) as usize as u64,
+                (ldu) as i64 as u64,
+                (strideU) as i64 as u64,
+                (d_V) as usize as u64,
+                (ldv) as i64 as u64,
+                (strideV) as i64 as u64,
+                (d_work) as usize as u64,
+                (lwork) as i64 as u64,
+                (d_info) as usize as u64,
+                (h_R_nrmF) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDgesvdaStridedBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdaStridedBatched_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    rank: i32,
+    m: i32,
+    n: i32,
+    d_A: *mut c_void,
+    lda: i32,
+    strideA: i64,
+    d_S: *mut c_void,
+    strideS: i64,
+    d_U: *mut c_void,
+    ldu: i32,
+    strideU: i64,
+    d_V: *mut c_void,
+    ldv: i32,
+    strideV: i64,
+    lwork: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDgesvdaStridedBatched_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (rank) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (d_A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (d_S) as usize as u64,
+                (strideS) as i64 as u64,
+                (d_U) as usize as u64,
+                (ldu) as i64 as u64,
+                (strideU) as i64 as u64,
+                (d_V) as usize as u64,
+                (ldv) as i64 as u64,
+                (strideV) as i64 as u64,
+                (lwork) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDgesvdj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdj(
+    handle: *mut c_void,
+    jobz: u32,
+    econ: i32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    V: *mut c_void,
+    ldv: i32,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDgesvdj,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (econ) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDgesvdjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdjBatched(
+    handle: *mut c_void,
+    jobz: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    V: *mut c_void,
+    ldv: i32,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDgesvdjBatched,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDgesvdjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdjBatched_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    V: *mut c_void,
+    ldv: i32,
+    lwork: *mut c_void,
+    params: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDgesvdjBatched_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDgesvdj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdj_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    econ: i32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    V: *mut c_void,
+    ldv: i32,
+    lwork: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDgesvdj_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (econ) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDgetrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgetrf(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Workspace: *mut c_void,
+    devIpiv: *mut c_void,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDgetrf,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Workspace) as usize as u64,
+                (devIpiv) as usize as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDgetrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgetrf_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDgetrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDgetrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgetrs(
+    handle: *mut c_void,
+    trans: u32,
+    n: i32,
+    nrhs: i32,
+    A: *mut c_void,
+    lda: i32,
+    devIpiv: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDgetrs,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (devIpiv) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDlaswp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDlaswp(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    k1: i32,
+    k2: i32,
+    devIpiv: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDlaswp,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (k1) as i64 as u64,
+                (k2) as i64 as u64,
+                (devIpiv) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDlauum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDlauum(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    work: *mut c_void,
+    lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDlauum,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDlauum_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDlauum_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDlauum_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDorgbr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgbr(
+    handle: *mut c_void,
+    side: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDorgbr,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDorgbr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgbr_bufferSize(
+    handle: *mut c_void,
+    side: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDorgbr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDorgqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgqr(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDorgqr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDorgqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgqr_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDorgqr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDorgtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgtr(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDorgtr,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDorgtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgtr_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDorgtr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDormqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDormqr(
+    handle: *mut c_void,
+    side: u32,
+    trans: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    work: *mut c_void,
+    lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDormqr,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDormqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDormqr_bufferSize(
+    handle: *mut c_void,
+    side: u32,
+    trans: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDormqr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDormtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDormtr(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDormtr,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDormtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDormtr_bufferSize(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDormtr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDpotrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotrf(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Workspace: *mut c_void,
+    Lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDpotrf,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Workspace) as usize as u64,
+                (Lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDpotrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotrfBatched(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    Aarray: *mut c_void,
+    lda: i32,
+    infoArray: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDpotrfBatched,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (infoArray) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDpotrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotrf_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDpotrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDpotri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotri(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    work: *mut c_void,
+    lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDpotri,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDpotri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotri_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDpotri_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDpotrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotrs(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    nrhs: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDpotrs,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDpotrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotrsBatched(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    nrhs: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    d_info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDpotrsBatched,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (d_info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsyevd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevd(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsyevd,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsyevd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevd_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsyevd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsyevj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevj(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsyevj,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsyevjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevjBatched(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsyevjBatched,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsyevjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevjBatched_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+    params: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsyevjBatched_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsyevj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevj_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsyevj_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsygvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvd(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsygvd,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsygvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvd_bufferSize(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsygvd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsygvj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvj(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsygvj,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsygvj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvj_bufferSize(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsygvj_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsytrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytrf(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    ipiv: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsytrf,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsytrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytrf_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsytrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsytri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytri(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    ipiv: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsytri,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnDsytri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytri_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    ipiv: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnDsytri_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (lwork) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -113,6 +3201,44 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetStream(
         ) as u32
     }
 }
+///`cusolverDnGetrs` for CUDA 11.8, 12.1, 12.6, 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetrs(
+    handle: *mut c_void,
+    params: *mut c_void,
+    trans: u32,
+    n: i64,
+    nrhs: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    ipiv: *mut c_void,
+    dataTypeB: u32,
+    B: *mut c_void,
+    ldb: i64,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnGetrs,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (dataTypeB) as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cusolverDnIRSInfosCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosCreate(
@@ -125,7 +3251,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosCreate(
         ) as u32
     }
 }
-///`cusolverDnIRSInfosDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSInfosDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosDestroy(
     infos: *mut c_void,
@@ -137,7 +3263,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosDestroy(
         ) as u32
     }
 }
-///`cusolverDnIRSInfosRequestResidual` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSInfosRequestResidual` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosRequestResidual(
     infos: *mut c_void,
@@ -161,7 +3287,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsCreate(
         ) as u32
     }
 }
-///`cusolverDnIRSParamsDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSParamsDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsDestroy(
     params: *mut c_void,
@@ -173,7 +3299,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsDestroy(
         ) as u32
     }
 }
-///`cusolverDnIRSParamsDisableFallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSParamsDisableFallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsDisableFallback(
     params: *mut c_void,
@@ -185,7 +3311,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsDisableFallback(
         ) as u32
     }
 }
-///`cusolverDnIRSParamsEnableFallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSParamsEnableFallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsEnableFallback(
     params: *mut c_void,
@@ -197,7 +3323,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsEnableFallback(
         ) as u32
     }
 }
-///`cusolverDnIRSParamsSetMaxIters` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSParamsSetMaxIters` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetMaxIters(
     params: *mut c_void,
@@ -210,7 +3336,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetMaxIters(
         ) as u32
     }
 }
-///`cusolverDnIRSParamsSetMaxItersInner` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSParamsSetMaxItersInner` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetMaxItersInner(
     params: *mut c_void,
@@ -223,7 +3349,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetMaxItersInner(
         ) as u32
     }
 }
-///`cusolverDnIRSParamsSetRefinementSolver` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSParamsSetRefinementSolver` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetRefinementSolver(
     params: *mut c_void,
@@ -236,7 +3362,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetRefinementSolv
         ) as u32
     }
 }
-///`cusolverDnIRSParamsSetSolverLowestPrecision` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSParamsSetSolverLowestPrecision` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetSolverLowestPrecision(
     params: *mut c_void,
@@ -249,7 +3375,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetSolverLowestPr
         ) as u32
     }
 }
-///`cusolverDnIRSParamsSetSolverMainPrecision` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSParamsSetSolverMainPrecision` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetSolverMainPrecision(
     params: *mut c_void,
@@ -262,7 +3388,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetSolverMainPrec
         ) as u32
     }
 }
-///`cusolverDnIRSParamsSetSolverPrecisions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSParamsSetSolverPrecisions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetSolverPrecisions(
     params: *mut c_void,
@@ -280,7 +3406,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetSolverPrecisio
         ) as u32
     }
 }
-///`cusolverDnIRSParamsSetTol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSParamsSetTol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetTol(
     params: *mut c_void,
@@ -293,7 +3419,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetTol(
         ) as u32
     }
 }
-///`cusolverDnIRSParamsSetTolInner` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSParamsSetTolInner` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetTolInner(
     params: *mut c_void,
@@ -306,7 +3432,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetTolInner(
         ) as u32
     }
 }
-///`cusolverDnLoggerForceDisable` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnLoggerForceDisable` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnLoggerForceDisable() -> u32 {
     unsafe {
@@ -316,7 +3442,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnLoggerForceDisable() -> u3
         ) as u32
     }
 }
-///`cusolverDnLoggerSetLevel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnLoggerSetLevel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnLoggerSetLevel(level: i32) -> u32 {
     unsafe {
@@ -326,7 +3452,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnLoggerSetLevel(level: i32)
         ) as u32
     }
 }
-///`cusolverDnLoggerSetMask` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnLoggerSetMask` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnLoggerSetMask(mask: i32) -> u32 {
     unsafe {
@@ -336,7 +3462,43 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnLoggerSetMask(mask: i32) -
         ) as u32
     }
 }
-///`cusolverDnSetAdvOptions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnPotrs` for CUDA 11.8, 12.1, 12.6, 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnPotrs(
+    handle: *mut c_void,
+    params: *mut c_void,
+    uplo: u32,
+    n: i64,
+    nrhs: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeB: u32,
+    B: *mut c_void,
+    ldb: i64,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnPotrs,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeB) as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSetAdvOptions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetAdvOptions(
     params: *mut c_void,
@@ -350,7 +3512,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetAdvOptions(
         ) as u32
     }
 }
-///`cusolverDnSetDeterministicMode` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSetDeterministicMode` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetDeterministicMode(
     handle: *mut c_void,
@@ -363,7 +3525,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetDeterministicMode(
         ) as u32
     }
 }
-///`cusolverDnSetEmulationStrategy` for CUDA 13.0, 13.1 (sync).
+///`cusolverDnSetEmulationStrategy` for CUDA 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetEmulationStrategy(
     handle: *mut c_void,
@@ -376,7 +3538,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetEmulationStrategy(
         ) as u32
     }
 }
-///`cusolverDnSetMathMode` for CUDA 13.0, 13.1 (sync).
+///`cusolverDnSetMathMode` for CUDA 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetMathMode(
     handle: *mut c_void,
@@ -389,7 +3551,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetMathMode(
         ) as u32
     }
 }
-///`cusolverDnSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetStream(
     handle: *mut c_void,
@@ -402,7 +3564,1845 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetStream(
         ) as u32
     }
 }
-///`cusolverDnXgesvdjSetMaxSweeps` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSgebrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgebrd_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    Lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSgebrd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (Lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSgeqrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgeqrf(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    TAU: *mut c_void,
+    Workspace: *mut c_void,
+    Lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSgeqrf,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (TAU) as usize as u64,
+                (Workspace) as usize as u64,
+                (Lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSgeqrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgeqrf_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSgeqrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSgesvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvd(
+    handle: *mut c_void,
+    jobu: i8,
+    jobvt: i8,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    VT: *mut c_void,
+    ldvt: i32,
+    work: *mut c_void,
+    lwork: i32,
+    rwork: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSgesvd,
+            &[
+                (handle) as usize as u64,
+                (jobu) as i64 as u64,
+                (jobvt) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (VT) as usize as u64,
+                (ldvt) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (rwork) as usize as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSgesvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvd_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSgesvd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSgesvdaStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdaStridedBatched(
+    handle: *mut c_void,
+    jobz: u32,
+    rank: i32,
+    m: i32,
+    n: i32,
+    d_A: *mut c_void,
+    lda: i32,
+    strideA: i64,
+    d_S: *mut c_void,
+    strideS: i64,
+    d_U: *mut c_void,
+    ldu: i32,
+    strideU: i64,
+    d_V: *mut c_void,
+    ldv: i32,
+    strideV: i64,
+    d_work: *mut c_void,
+    lwork: i32,
+    d_info: *mut c_void,
+    h_R_nrmF: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSgesvdaStridedBatched,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (rank) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (d_A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (d_S) as usize as u64,
+                (strideS) as i64 as u64,
+                (d_U) as usize as u64,
+                (ldu) as i64 as u64,
+                (strideU) as i64 as u64,
+                (d_V) as usize as u64,
+                (ldv) as i64 as u64,
+                (strideV) as i64 as u64,
+                (d_work) as usize as u64,
+                (lwork) as i64 as u64,
+                (d_info) as usize as u64,
+                (h_R_nrmF) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSgesvdaStridedBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdaStridedBatched_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    rank: i32,
+    m: i32,
+    n: i32,
+    d_A: *mut c_void,
+    lda: i32,
+    strideA: i64,
+    d_S: *mut c_void,
+    strideS: i64,
+    d_U: *mut c_void,
+    ldu: i32,
+    strideU: i64,
+    d_V: *mut c_void,
+    ldv: i32,
+    strideV: i64,
+    lwork: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSgesvdaStridedBatched_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (rank) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (d_A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (d_S) as usize as u64,
+                (strideS) as i64 as u64,
+                (d_U) as usize as u64,
+                (ldu) as i64 as u64,
+                (strideU) as i64 as u64,
+                (d_V) as usize as u64,
+                (ldv) as i64 as u64,
+                (strideV) as i64 as u64,
+                (lwork) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSgesvdj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdj(
+    handle: *mut c_void,
+    jobz: u32,
+    econ: i32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    V: *mut c_void,
+    ldv: i32,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSgesvdj,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (econ) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSgesvdjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdjBatched(
+    handle: *mut c_void,
+    jobz: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    V: *mut c_void,
+    ldv: i32,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSgesvdjBatched,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSgesvdjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdjBatched_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    V: *mut c_void,
+    ldv: i32,
+    lwork: *mut c_void,
+    params: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSgesvdjBatched_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSgesvdj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdj_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    econ: i32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    V: *mut c_void,
+    ldv: i32,
+    lwork: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSgesvdj_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (econ) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSgetrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgetrf(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Workspace: *mut c_void,
+    devIpiv: *mut c_void,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSgetrf,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Workspace) as usize as u64,
+                (devIpiv) as usize as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSgetrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgetrf_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSgetrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSgetrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgetrs(
+    handle: *mut c_void,
+    trans: u32,
+    n: i32,
+    nrhs: i32,
+    A: *mut c_void,
+    lda: i32,
+    devIpiv: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSgetrs,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (devIpiv) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSlaswp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSlaswp(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    k1: i32,
+    k2: i32,
+    devIpiv: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSlaswp,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (k1) as i64 as u64,
+                (k2) as i64 as u64,
+                (devIpiv) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSlauum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSlauum(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    work: *mut c_void,
+    lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSlauum,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSlauum_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSlauum_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSlauum_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSorgbr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgbr(
+    handle: *mut c_void,
+    side: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSorgbr,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSorgbr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgbr_bufferSize(
+    handle: *mut c_void,
+    side: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSorgbr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSorgqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgqr(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSorgqr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSorgqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgqr_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSorgqr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSorgtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgtr(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSorgtr,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSorgtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgtr_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSorgtr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSormqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSormqr(
+    handle: *mut c_void,
+    side: u32,
+    trans: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    work: *mut c_void,
+    lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSormqr,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSormqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSormqr_bufferSize(
+    handle: *mut c_void,
+    side: u32,
+    trans: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSormqr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSormtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSormtr(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSormtr,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSormtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSormtr_bufferSize(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSormtr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSpotrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotrf(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Workspace: *mut c_void,
+    Lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSpotrf,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Workspace) as usize as u64,
+                (Lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSpotrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotrfBatched(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    Aarray: *mut c_void,
+    lda: i32,
+    infoArray: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSpotrfBatched,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (infoArray) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSpotrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotrf_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSpotrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSpotri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotri(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    work: *mut c_void,
+    lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSpotri,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSpotri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotri_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSpotri_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSpotrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotrs(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    nrhs: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSpotrs,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSpotrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotrsBatched(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    nrhs: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    d_info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSpotrsBatched,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (d_info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsyevd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevd(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsyevd,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsyevd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevd_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsyevd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsyevj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevj(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsyevj,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsyevjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevjBatched(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsyevjBatched,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsyevjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevjBatched_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+    params: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsyevjBatched_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsyevj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevj_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsyevj_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsygvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvd(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsygvd,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsygvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvd_bufferSize(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsygvd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsygvj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvj(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsygvj,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsygvj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvj_bufferSize(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsygvj_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsytrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytrf(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    ipiv: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsytrf,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsytrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytrf_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsytrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsytri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytri(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    ipiv: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsytri,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnSsytri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytri_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    ipiv: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSsytri_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXgeev` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeev(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobvl: u32,
+    jobvr: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeW: u32,
+    W: *mut c_void,
+    dataTypeVL: u32,
+    VL: *mut c_void,
+    ldvl: i64,
+    dataTypeVR: u32,
+    VR: *mut c_void,
+    ldvr: i64,
+    computeType: u32,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXgeev,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobvl) as u64,
+                (jobvr) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeW) as u64,
+                (W) as usize as u64,
+                (dataTypeVL) as u64,
+                (VL) as usize as u64,
+                (ldvl) as i64 as u64,
+                (dataTypeVR) as u64,
+                (VR) as usize as u64,
+                (ldvr) as i64 as u64,
+                (computeType) as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXgeev_bufferSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeev_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobvl: u32,
+    jobvr: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeW: u32,
+    W: *mut c_void,
+    dataTypeVL: u32,
+    VL: *mut c_void,
+    ldvl: i64,
+    dataTypeVR: u32,
+    VR: *mut c_void,
+    ldvr: i64,
+    computeType: u32,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXgeev_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobvl) as u64,
+                (jobvr) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeW) as u64,
+                (W) as usize as u64,
+                (dataTypeVL) as u64,
+                (VL) as usize as u64,
+                (ldvl) as i64 as u64,
+                (dataTypeVR) as u64,
+                (VR) as usize as u64,
+                (ldvr) as i64 as u64,
+                (computeType) as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXgeqrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeqrf(
+    handle: *mut c_void,
+    params: *mut c_void,
+    m: i64,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeTau: u32,
+    tau: *mut c_void,
+    computeType: u32,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXgeqrf,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeTau) as u64,
+                (tau) as usize as u64,
+                (computeType) as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXgeqrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeqrf_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    m: i64,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeTau: u32,
+    tau: *mut c_void,
+    computeType: u32,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXgeqrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeTau) as u64,
+                (tau) as usize as u64,
+                (computeType) as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXgesvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvd(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobu: i8,
+    jobvt: i8,
+    m: i64,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeS: u32,
+    S: *mut c_void,
+    dataTypeU: u32,
+    U: *mut c_void,
+    ldu: i64,
+    dataTypeVT: u32,
+    VT: *mut c_void,
+    ldvt: i64,
+    computeType: u32,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXgesvd,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobu) as i64 as u64,
+                (jobvt) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeS) as u64,
+                (S) as usize as u64,
+                (dataTypeU) as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (dataTypeVT) as u64,
+                (VT) as usize as u64,
+                (ldvt) as i64 as u64,
+                (computeType) as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXgesvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvd_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobu: i8,
+    jobvt: i8,
+    m: i64,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeS: u32,
+    S: *mut c_void,
+    dataTypeU: u32,
+    U: *mut c_void,
+    ldu: i64,
+    dataTypeVT: u32,
+    VT: *mut c_void,
+    ldvt: i64,
+    computeType: u32,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXgesvd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobu) as i64 as u64,
+                (jobvt) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeS) as u64,
+                (S) as usize as u64,
+                (dataTypeU) as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (dataTypeVT) as u64,
+                (VT) as usize as u64,
+                (ldvt) as i64 as u64,
+                (computeType) as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXgesvdjSetMaxSweeps` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjSetMaxSweeps(
     info: *mut c_void,
@@ -415,7 +5415,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjSetMaxSweeps(
         ) as u32
     }
 }
-///`cusolverDnXgesvdjSetSortEig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXgesvdjSetSortEig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjSetSortEig(
     info: *mut c_void,
@@ -428,7 +5428,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjSetSortEig(
         ) as u32
     }
 }
-///`cusolverDnXgesvdjSetTolerance` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXgesvdjSetTolerance` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjSetTolerance(
     info: *mut c_void,
@@ -441,7 +5441,443 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjSetTolerance(
         ) as u32
     }
 }
-///`cusolverDnXsyevjSetMaxSweeps` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXgesvdp_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdp_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobz: u32,
+    econ: i32,
+    m: i64,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeS: u32,
+    S: *mut c_void,
+    dataTypeU: u32,
+    U: *mut c_void,
+    ldu: i64,
+    dataTypeV: u32,
+    V: *mut c_void,
+    ldv: i64,
+    computeType: u32,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXgesvdp_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobz) as u64,
+                (econ) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeS) as u64,
+                (S) as usize as u64,
+                (dataTypeU) as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (dataTypeV) as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (computeType) as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXgetrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgetrf(
+    handle: *mut c_void,
+    params: *mut c_void,
+    m: i64,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    ipiv: *mut c_void,
+    computeType: u32,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXgetrf,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (computeType) as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXgetrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgetrf_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    m: i64,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    computeType: u32,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXgetrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (computeType) as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXgetrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgetrs(
+    handle: *mut c_void,
+    params: *mut c_void,
+    trans: u32,
+    n: i64,
+    nrhs: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    ipiv: *mut c_void,
+    dataTypeB: u32,
+    B: *mut c_void,
+    ldb: i64,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXgetrs,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (dataTypeB) as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXpotrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXpotrf(
+    handle: *mut c_void,
+    params: *mut c_void,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    computeType: u32,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXpotrf,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (computeType) as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXpotrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXpotrf_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    computeType: u32,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXpotrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (computeType) as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXpotrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXpotrs(
+    handle: *mut c_void,
+    params: *mut c_void,
+    uplo: u32,
+    n: i64,
+    nrhs: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeB: u32,
+    B: *mut c_void,
+    ldb: i64,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXpotrs,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeB) as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXsyevBatched` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevBatched(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeW: u32,
+    W: *mut c_void,
+    computeType: u32,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    info: *mut c_void,
+    batchSize: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXsyevBatched,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeW) as u64,
+                (W) as usize as u64,
+                (computeType) as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+                (info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXsyevBatched_bufferSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevBatched_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeW: u32,
+    W: *mut c_void,
+    computeType: u32,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+    batchSize: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXsyevBatched_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeW) as u64,
+                (W) as usize as u64,
+                (computeType) as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXsyevd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevd(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeW: u32,
+    W: *mut c_void,
+    computeType: u32,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXsyevd,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeW) as u64,
+                (W) as usize as u64,
+                (computeType) as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXsyevd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevd_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeW: u32,
+    W: *mut c_void,
+    computeType: u32,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXsyevd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeW) as u64,
+                (W) as usize as u64,
+                (computeType) as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXsyevjSetMaxSweeps` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjSetMaxSweeps(
     info: *mut c_void,
@@ -454,7 +5890,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjSetMaxSweeps(
         ) as u32
     }
 }
-///`cusolverDnXsyevjSetSortEig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXsyevjSetSortEig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjSetSortEig(
     info: *mut c_void,
@@ -467,7 +5903,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjSetSortEig(
         ) as u32
     }
 }
-///`cusolverDnXsyevjSetTolerance` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXsyevjSetTolerance` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjSetTolerance(
     info: *mut c_void,
@@ -480,7 +5916,1699 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjSetTolerance(
         ) as u32
     }
 }
-///`cusolverRfAnalyze` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXsytrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsytrs(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    nrhs: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    ipiv: *mut c_void,
+    dataTypeB: u32,
+    B: *mut c_void,
+    ldb: i64,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXsytrs,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (dataTypeB) as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXsytrs_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsytrs_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i64,
+    nrhs: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    ipiv: *mut c_void,
+    dataTypeB: u32,
+    B: *mut c_void,
+    ldb: i64,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXsytrs_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (dataTypeB) as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXtrtri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXtrtri(
+    handle: *mut c_void,
+    uplo: u32,
+    diag: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXtrtri,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXtrtri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXtrtri_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    diag: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXtrtri_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (diag) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZgebrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgebrd_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    Lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZgebrd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (Lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZgeqrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgeqrf(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    TAU: *mut c_void,
+    Workspace: *mut c_void,
+    Lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZgeqrf,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (TAU) as usize as u64,
+                (Workspace) as usize as u64,
+                (Lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZgeqrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgeqrf_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZgeqrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZgesvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvd(
+    handle: *mut c_void,
+    jobu: i8,
+    jobvt: i8,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    VT: *mut c_void,
+    ldvt: i32,
+    work: *mut c_void,
+    lwork: i32,
+    rwork: *mut c_void,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZgesvd,
+            &[
+                (handle) as usize as u64,
+                (jobu) as i64 as u64,
+                (jobvt) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (VT) as usize as u64,
+                (ldvt) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (rwork) as usize as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZgesvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvd_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZgesvd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZgesvdaStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdaStridedBatched(
+    handle: *mut c_void,
+    jobz: u32,
+    rank: i32,
+    m: i32,
+    n: i32,
+    d_A: *mut c_void,
+    lda: i32,
+    strideA: i64,
+    d_S: *mut c_void,
+    strideS: i64,
+    d_U: *mut c_void,
+    ldu: i32,
+    strideU: i64,
+    d_V: *mut c_void,
+    ldv: i32,
+    strideV: i64,
+    d_work: *mut c_void,
+    lwork: i32,
+    d_info: *mut c_void,
+    h_R_nrmF: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZgesvdaStridedBatched,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (rank) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (d_A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (d_S) as usize as u64,
+                (strideS) as i64 as u64,
+                (d_U) as usize as u64,
+                (ldu) as i64 as u64,
+                (strideU) as i64 as u64,
+                (d_V) as usize as u64,
+                (ldv) as i64 as u64,
+                (strideV) as i64 as u64,
+                (d_work) as usize as u64,
+                (lwork) as i64 as u64,
+                (d_info) as usize as u64,
+                (h_R_nrmF) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZgesvdaStridedBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdaStridedBatched_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    rank: i32,
+    m: i32,
+    n: i32,
+    d_A: *mut c_void,
+    lda: i32,
+    strideA: i64,
+    d_S: *mut c_void,
+    strideS: i64,
+    d_U: *mut c_void,
+    ldu: i32,
+    strideU: i64,
+    d_V: *mut c_void,
+    ldv: i32,
+    strideV: i64,
+    lwork: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZgesvdaStridedBatched_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (rank) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (d_A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (d_S) as usize as u64,
+                (strideS) as i64 as u64,
+                (d_U) as usize as u64,
+                (ldu) as i64 as u64,
+                (strideU) as i64 as u64,
+                (d_V) as usize as u64,
+                (ldv) as i64 as u64,
+                (strideV) as i64 as u64,
+                (lwork) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZgesvdj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdj(
+    handle: *mut c_void,
+    jobz: u32,
+    econ: i32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    V: *mut c_void,
+    ldv: i32,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZgesvdj,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (econ) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZgesvdjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdjBatched(
+    handle: *mut c_void,
+    jobz: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    V: *mut c_void,
+    ldv: i32,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZgesvdjBatched,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZgesvdjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdjBatched_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    V: *mut c_void,
+    ldv: i32,
+    lwork: *mut c_void,
+    params: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZgesvdjBatched_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZgesvdj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdj_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    econ: i32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    S: *mut c_void,
+    U: *mut c_void,
+    ldu: i32,
+    V: *mut c_void,
+    ldv: i32,
+    lwork: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZgesvdj_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (econ) as i64 as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (S) as usize as u64,
+                (U) as usize as u64,
+                (ldu) as i64 as u64,
+                (V) as usize as u64,
+                (ldv) as i64 as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZgetrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgetrf(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Workspace: *mut c_void,
+    devIpiv: *mut c_void,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZgetrf,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Workspace) as usize as u64,
+                (devIpiv) as usize as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZgetrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgetrf_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZgetrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZgetrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgetrs(
+    handle: *mut c_void,
+    trans: u32,
+    n: i32,
+    nrhs: i32,
+    A: *mut c_void,
+    lda: i32,
+    devIpiv: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZgetrs,
+            &[
+                (handle) as usize as u64,
+                (trans) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (devIpiv) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZheevd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevd(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZheevd,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZheevd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevd_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZheevd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZheevj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevj(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZheevj,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZheevjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevjBatched(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZheevjBatched,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZheevjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevjBatched_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+    params: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZheevjBatched_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZheevj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevj_bufferSize(
+    handle: *mut c_void,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZheevj_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZhegvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvd(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZhegvd,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZhegvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvd_bufferSize(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZhegvd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZhegvj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvj(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    W: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZhegvj,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (W) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZhegvj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvj_bufferSize(
+    handle: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    W: *mut c_void,
+    lwork: *mut c_void,
+    params: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZhegvj_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (W) as usize as u64,
+                (lwork) as usize as u64,
+                (params) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZlaswp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZlaswp(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    k1: i32,
+    k2: i32,
+    devIpiv: *mut c_void,
+    incx: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZlaswp,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (k1) as i64 as u64,
+                (k2) as i64 as u64,
+                (devIpiv) as usize as u64,
+                (incx) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZlauum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZlauum(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    work: *mut c_void,
+    lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZlauum,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZlauum_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZlauum_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZlauum_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZpotrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotrf(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Workspace: *mut c_void,
+    Lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZpotrf,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Workspace) as usize as u64,
+                (Lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZpotrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotrfBatched(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    Aarray: *mut c_void,
+    lda: i32,
+    infoArray: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZpotrfBatched,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (Aarray) as usize as u64,
+                (lda) as i64 as u64,
+                (infoArray) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZpotrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotrf_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    Lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZpotrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (Lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZpotri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotri(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    work: *mut c_void,
+    lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZpotri,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZpotri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotri_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZpotri_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZpotrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotrs(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    nrhs: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZpotrs,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZpotrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotrsBatched(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    nrhs: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    d_info: *mut c_void,
+    batchSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZpotrsBatched,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (d_info) as usize as u64,
+                (batchSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZsytrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZsytrf(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    ipiv: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZsytrf,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZsytrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZsytrf_bufferSize(
+    handle: *mut c_void,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZsytrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZsytri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZsytri(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    ipiv: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZsytri,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZsytri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZsytri_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    ipiv: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZsytri_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZungbr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungbr(
+    handle: *mut c_void,
+    side: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZungbr,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZungbr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungbr_bufferSize(
+    handle: *mut c_void,
+    side: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZungbr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZungqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungqr(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZungqr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZungqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungqr_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZungqr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZungtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungtr(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZungtr,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZungtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungtr_bufferSize(
+    handle: *mut c_void,
+    uplo: u32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZungtr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZunmqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZunmqr(
+    handle: *mut c_void,
+    side: u32,
+    trans: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    work: *mut c_void,
+    lwork: i32,
+    devInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZunmqr,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (devInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZunmqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZunmqr_bufferSize(
+    handle: *mut c_void,
+    side: u32,
+    trans: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZunmqr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZunmtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZunmtr(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    work: *mut c_void,
+    lwork: i32,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZunmtr,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (work) as usize as u64,
+                (lwork) as i64 as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnZunmtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZunmtr_bufferSize(
+    handle: *mut c_void,
+    side: u32,
+    uplo: u32,
+    trans: u32,
+    m: i32,
+    n: i32,
+    A: *mut c_void,
+    lda: i32,
+    tau: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+    lwork: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnZunmtr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (side) as u64,
+                (uplo) as u64,
+                (trans) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (tau) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+                (lwork) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverRfAnalyze` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfAnalyze(
     handle: *mut c_void,
@@ -492,7 +7620,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfAnalyze(
         ) as u32
     }
 }
-///`cusolverRfBatchAnalyze` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverRfBatchAnalyze` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfBatchAnalyze(
     handle: *mut c_void,
@@ -504,7 +7632,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfBatchAnalyze(
         ) as u32
     }
 }
-///`cusolverRfBatchRefactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverRfBatchRefactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfBatchRefactor(
     handle: *mut c_void,
@@ -528,7 +7656,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfCreate(
         ) as u32
     }
 }
-///`cusolverRfDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverRfDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfDestroy(
     handle: *mut c_void,
@@ -540,7 +7668,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfDestroy(
         ) as u32
     }
 }
-///`cusolverRfRefactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverRfRefactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfRefactor(
     handle: *mut c_void,
@@ -552,7 +7680,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfRefactor(
         ) as u32
     }
 }
-///`cusolverRfSetAlgs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverRfSetAlgs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetAlgs(
     handle: *mut c_void,
@@ -566,7 +7694,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetAlgs(
         ) as u32
     }
 }
-///`cusolverRfSetMatrixFormat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverRfSetMatrixFormat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetMatrixFormat(
     handle: *mut c_void,
@@ -580,7 +7708,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetMatrixFormat(
         ) as u32
     }
 }
-///`cusolverRfSetNumericProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverRfSetNumericProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetNumericProperties(
     handle: *mut c_void,
@@ -594,7 +7722,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetNumericProperties(
         ) as u32
     }
 }
-///`cusolverRfSetResetValuesFastMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverRfSetResetValuesFastMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetResetValuesFastMode(
     handle: *mut c_void,
@@ -631,7 +7759,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrqrInfo(
         ) as u32
     }
 }
-///`cusolverSpDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroy(
     handle: *mut c_void,
@@ -643,7 +7771,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroy(
         ) as u32
     }
 }
-///`cusolverSpDestroyCsrqrInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpDestroyCsrqrInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrqrInfo(
     info: *mut c_void,
@@ -668,7 +7796,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpGetStream(
         ) as u32
     }
 }
-///`cusolverSpSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpSetStream(
     handle: *mut c_void,

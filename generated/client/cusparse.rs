@@ -4,7 +4,29 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`cusparseBsrSetStridedBatch` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseAxpby` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseAxpby(
+    handle: *mut c_void,
+    alpha: *mut c_void,
+    vecX: *mut c_void,
+    beta: *mut c_void,
+    vecY: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseAxpby,
+            &[
+                (handle) as usize as u64,
+                (alpha) as usize as u64,
+                (vecX) as usize as u64,
+                (beta) as usize as u64,
+                (vecY) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseBsrSetStridedBatch` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseBsrSetStridedBatch(
     spMatDescr: *mut c_void,
@@ -26,7 +48,1721 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseBsrSetStridedBatch(
         ) as u32
     }
 }
-///`cusparseCooSetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCbsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsr2csr(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsr2csr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCbsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsric02(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsric02,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCbsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsric02_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsric02_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCbsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrilu02(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsrilu02,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCbsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrilu02_analysis(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsrilu02_analysis,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCbsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrilu02_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsrilu02_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCbsrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrmm(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transB: u32,
+    mb: i32,
+    n: i32,
+    kb: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockSize: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsrmm,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (kb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockSize) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCbsrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrmv(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    x: *mut c_void,
+    beta: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsrmv,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCbsrsm2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsm2_analysis(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transXY: u32,
+    mb: i32,
+    n: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsrsm2_analysis,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transXY) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCbsrsm2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsm2_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transXY: u32,
+    mb: i32,
+    n: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsrsm2_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transXY) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCbsrsm2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsm2_solve(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transXY: u32,
+    mb: i32,
+    n: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    X: *mut c_void,
+    ldx: i32,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsrsm2_solve,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transXY) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (X) as usize as u64,
+                (ldx) as i64 as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCbsrsv2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsv2_analysis(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsrsv2_analysis,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCbsrsv2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsv2_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsrsv2_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCbsrsv2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsv2_solve(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    f: *mut c_void,
+    x: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsrsv2_solve,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (f) as usize as u64,
+                (x) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCbsrxmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrxmv(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    sizeOfMask: i32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedMaskPtrA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedEndPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    x: *mut c_void,
+    beta: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCbsrxmv,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (sizeOfMask) as i64 as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedMaskPtrA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedEndPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsr2bsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2bsr(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    descrC: *mut c_void,
+    bsrSortedValC: *mut c_void,
+    bsrSortedRowPtrC: *mut c_void,
+    bsrSortedColIndC: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsr2bsr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (descrC) as usize as u64,
+                (bsrSortedValC) as usize as u64,
+                (bsrSortedRowPtrC) as usize as u64,
+                (bsrSortedColIndC) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsr2csru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2csru(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsr2csru,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2gebsr(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    descrC: *mut c_void,
+    bsrSortedValC: *mut c_void,
+    bsrSortedRowPtrC: *mut c_void,
+    bsrSortedColIndC: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsr2gebsr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (descrC) as usize as u64,
+                (bsrSortedValC) as usize as u64,
+                (bsrSortedRowPtrC) as usize as u64,
+                (bsrSortedColIndC) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2gebsr_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsr2gebsr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsrgeam2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrgeam2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    beta: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedValB: *mut c_void,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsrgeam2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (beta) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedValB) as usize as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsrgeam2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrgeam2_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    beta: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedValB: *mut c_void,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsrgeam2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (beta) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedValB) as usize as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsrgemm2` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrgemm2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedValB: *mut c_void,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    beta: *mut c_void,
+    descrD: *mut c_void,
+    nnzD: i32,
+    csrSortedValD: *mut c_void,
+    csrSortedRowPtrD: *mut c_void,
+    csrSortedColIndD: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsrgemm2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedValB) as usize as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (beta) as usize as u64,
+                (descrD) as usize as u64,
+                (nnzD) as i64 as u64,
+                (csrSortedValD) as usize as u64,
+                (csrSortedRowPtrD) as usize as u64,
+                (csrSortedColIndD) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsrgemm2_bufferSizeExt` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrgemm2_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    beta: *mut c_void,
+    descrD: *mut c_void,
+    nnzD: i32,
+    csrSortedRowPtrD: *mut c_void,
+    csrSortedColIndD: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsrgemm2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (beta) as usize as u64,
+                (descrD) as usize as u64,
+                (nnzD) as i64 as u64,
+                (csrSortedRowPtrD) as usize as u64,
+                (csrSortedColIndD) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsric02_analysis(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsric02_analysis,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsric02_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsric02_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrilu02_analysis(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsrilu02_analysis,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrilu02_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsrilu02_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsrsm2_analysis` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrsm2_analysis(
+    handle: *mut c_void,
+    algo: i32,
+    transA: u32,
+    transB: u32,
+    m: i32,
+    nrhs: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsrsm2_analysis,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (m) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsrsm2_solve` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrsm2_solve(
+    handle: *mut c_void,
+    algo: i32,
+    transA: u32,
+    transB: u32,
+    m: i32,
+    nrhs: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsrsm2_solve,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (m) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsrsv2_analysis` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrsv2_analysis(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsrsv2_analysis,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsrsv2_bufferSize` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrsv2_bufferSize(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsrsv2_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsrsv2_solve` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrsv2_solve(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    f: *mut c_void,
+    x: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsrsv2_solve,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (f) as usize as u64,
+                (x) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsru2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsru2csr(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsru2csr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCcsru2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsru2csr_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCcsru2csr_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgebsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2csr(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgebsr2csr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgebsr2gebsc_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsc_bufferSize(
+    handle: *mut c_void,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgebsr2gebsc_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgebsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsr(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDimA: i32,
+    colBlockDimA: i32,
+    descrC: *mut c_void,
+    bsrSortedValC: *mut c_void,
+    bsrSortedRowPtrC: *mut c_void,
+    bsrSortedColIndC: *mut c_void,
+    rowBlockDimC: i32,
+    colBlockDimC: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgebsr2gebsr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDimA) as i64 as u64,
+                (colBlockDimA) as i64 as u64,
+                (descrC) as usize as u64,
+                (bsrSortedValC) as usize as u64,
+                (bsrSortedRowPtrC) as usize as u64,
+                (bsrSortedColIndC) as usize as u64,
+                (rowBlockDimC) as i64 as u64,
+                (colBlockDimC) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgebsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsr_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDimA: i32,
+    colBlockDimA: i32,
+    rowBlockDimC: i32,
+    colBlockDimC: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgebsr2gebsr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDimA) as i64 as u64,
+                (colBlockDimA) as i64 as u64,
+                (rowBlockDimC) as i64 as u64,
+                (colBlockDimC) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgtsv2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgtsv2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCgtsv2_nopivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2_nopivot(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCgtsv2_nopivot,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseConstDnMatGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseConstDnMatGetValues(
+    dnMatDescr: *mut c_void,
+    values: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseConstDnMatGetValues,
+            &[(dnMatDescr) as usize as u64, (values) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseConstDnVecGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseConstDnVecGetValues(
+    dnVecDescr: *mut c_void,
+    values: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseConstDnVecGetValues,
+            &[(dnVecDescr) as usize as u64, (values) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseConstSpMatGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseConstSpMatGetValues(
+    spMatDescr: *mut c_void,
+    values: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseConstSpMatGetValues,
+            &[(spMatDescr) as usize as u64, (values) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseConstSpVecGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseConstSpVecGetValues(
+    spVecDescr: *mut c_void,
+    values: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseConstSpVecGetValues,
+            &[(spVecDescr) as usize as u64, (values) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseConstrainedGeMM` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseConstrainedGeMM(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    beta: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    externalBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseConstrainedGeMM,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (beta) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (externalBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseConstrainedGeMM_bufferSize` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseConstrainedGeMM_bufferSize(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    beta: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    bufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseConstrainedGeMM_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (beta) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (bufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCooSetPointers` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCooSetPointers(
+    spMatDescr: *mut c_void,
+    cooRows: *mut c_void,
+    cooColumns: *mut c_void,
+    cooValues: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCooSetPointers,
+            &[
+                (spMatDescr) as usize as u64,
+                (cooRows) as usize as u64,
+                (cooColumns) as usize as u64,
+                (cooValues) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCooSetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCooSetStridedBatch(
     spMatDescr: *mut c_void,
@@ -44,7 +1780,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCooSetStridedBatch(
         ) as u32
     }
 }
-///`cusparseCopyMatDescr` for CUDA 11.8 (sync).
+///`cusparseCopyMatDescr` for CUDA 11.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCopyMatDescr(
     dest: *mut c_void,
@@ -57,13 +1793,48 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCopyMatDescr(
         ) as u32
     }
 }
-///`cusparseCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreate(handle: *mut c_void) -> u32 {
+    unsafe { crate::custom::cusparse::cusparseCreate(handle) }
+}
+///`cusparseCreateBsr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateBsr(
+    spMatDescr: *mut c_void,
+    brows: i64,
+    bcols: i64,
+    bnnz: i64,
+    rowBlockSize: i64,
+    colBlockSize: i64,
+    bsrRowOffsets: *mut c_void,
+    bsrColInd: *mut c_void,
+    bsrValues: *mut c_void,
+    bsrRowOffsetsType: u32,
+    bsrColIndType: u32,
+    idxBase: u32,
+    valueType: u32,
+    order: u32,
+) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cusparse::cusparseCreate,
-            &[(handle) as usize as u64],
+            &chidori_cuda::calls::cusparse::cusparseCreateBsr,
+            &[
+                (spMatDescr) as usize as u64,
+                (brows) as i64 as u64,
+                (bcols) as i64 as u64,
+                (bnnz) as i64 as u64,
+                (rowBlockSize) as i64 as u64,
+                (colBlockSize) as i64 as u64,
+                (bsrRowOffsets) as usize as u64,
+                (bsrColInd) as usize as u64,
+                (bsrValues) as usize as u64,
+                (bsrRowOffsetsType) as u64,
+                (bsrColIndType) as u64,
+                (idxBase) as u64,
+                (valueType) as u64,
+                (order) as u64,
+            ],
         ) as u32
     }
 }
@@ -124,6 +1895,254 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateColorInfo(
         crate::runtime::call(
             &chidori_cuda::calls::cusparse::cusparseCreateColorInfo,
             &[(info) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseCreateConstBsr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstBsr(
+    spMatDescr: *mut c_void,
+    brows: i64,
+    bcols: i64,
+    bnnz: i64,
+    rowBlockDim: i64,
+    colBlockDim: i64,
+    bsrRowOffsets: *mut c_void,
+    bsrColInd: *mut c_void,
+    bsrValues: *mut c_void,
+    bsrRowOffsetsType: u32,
+    bsrColIndType: u32,
+    idxBase: u32,
+    valueType: u32,
+    order: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateConstBsr,
+            &[
+                (spMatDescr) as usize as u64,
+                (brows) as i64 as u64,
+                (bcols) as i64 as u64,
+                (bnnz) as i64 as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (bsrRowOffsets) as usize as u64,
+                (bsrColInd) as usize as u64,
+                (bsrValues) as usize as u64,
+                (bsrRowOffsetsType) as u64,
+                (bsrColIndType) as u64,
+                (idxBase) as u64,
+                (valueType) as u64,
+                (order) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCreateConstCoo` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstCoo(
+    spMatDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    nnz: i64,
+    cooRowInd: *mut c_void,
+    cooColInd: *mut c_void,
+    cooValues: *mut c_void,
+    cooIdxType: u32,
+    idxBase: u32,
+    valueType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateConstCoo,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (nnz) as i64 as u64,
+                (cooRowInd) as usize as u64,
+                (cooColInd) as usize as u64,
+                (cooValues) as usize as u64,
+                (cooIdxType) as u64,
+                (idxBase) as u64,
+                (valueType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCreateConstCsr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstCsr(
+    spMatDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    nnz: i64,
+    csrRowOffsets: *mut c_void,
+    csrColInd: *mut c_void,
+    csrValues: *mut c_void,
+    csrRowOffsetsType: u32,
+    csrColIndType: u32,
+    idxBase: u32,
+    valueType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateConstCsr,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (nnz) as i64 as u64,
+                (csrRowOffsets) as usize as u64,
+                (csrColInd) as usize as u64,
+                (csrValues) as usize as u64,
+                (csrRowOffsetsType) as u64,
+                (csrColIndType) as u64,
+                (idxBase) as u64,
+                (valueType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCreateConstDnMat` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstDnMat(
+    dnMatDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    ld: i64,
+    values: *mut c_void,
+    valueType: u32,
+    order: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateConstDnMat,
+            &[
+                (dnMatDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (ld) as i64 as u64,
+                (values) as usize as u64,
+                (valueType) as u64,
+                (order) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCreateConstDnVec` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstDnVec(
+    dnVecDescr: *mut c_void,
+    size: i64,
+    values: *mut c_void,
+    valueType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateConstDnVec,
+            &[
+                (dnVecDescr) as usize as u64,
+                (size) as i64 as u64,
+                (values) as usize as u64,
+                (valueType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCreateCoo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCoo(
+    spMatDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    nnz: i64,
+    cooRowInd: *mut c_void,
+    cooColInd: *mut c_void,
+    cooValues: *mut c_void,
+    cooIdxType: u32,
+    idxBase: u32,
+    valueType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateCoo,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (nnz) as i64 as u64,
+                (cooRowInd) as usize as u64,
+                (cooColInd) as usize as u64,
+                (cooValues) as usize as u64,
+                (cooIdxType) as u64,
+                (idxBase) as u64,
+                (valueType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCreateCooAoS` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCooAoS(
+    spMatDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    nnz: i64,
+    cooInd: *mut c_void,
+    cooValues: *mut c_void,
+    cooIdxType: u32,
+    idxBase: u32,
+    valueType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateCooAoS,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (nnz) as i64 as u64,
+                (cooInd) as usize as u64,
+                (cooValues) as usize as u64,
+                (cooIdxType) as u64,
+                (idxBase) as u64,
+                (valueType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCreateCsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCsr(
+    spMatDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    nnz: i64,
+    csrRowOffsets: *mut c_void,
+    csrColInd: *mut c_void,
+    csrValues: *mut c_void,
+    csrRowOffsetsType: u32,
+    csrColIndType: u32,
+    idxBase: u32,
+    valueType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateCsr,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (nnz) as i64 as u64,
+                (csrRowOffsets) as usize as u64,
+                (csrColInd) as usize as u64,
+                (csrValues) as usize as u64,
+                (csrRowOffsetsType) as u64,
+                (csrColIndType) as u64,
+                (idxBase) as u64,
+                (valueType) as u64,
+            ],
         ) as u32
     }
 }
@@ -199,6 +2218,66 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCsru2csrInfo(
         ) as u32
     }
 }
+///`cusparseCreateDnMat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateDnMat(
+    dnMatDescr: *mut c_void,
+    rows: i64,
+    cols: i64,
+    ld: i64,
+    values: *mut c_void,
+    valueType: u32,
+    order: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateDnMat,
+            &[
+                (dnMatDescr) as usize as u64,
+                (rows) as i64 as u64,
+                (cols) as i64 as u64,
+                (ld) as i64 as u64,
+                (values) as usize as u64,
+                (valueType) as u64,
+                (order) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCreateDnVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateDnVec(
+    dnVecDescr: *mut c_void,
+    size: i64,
+    values: *mut c_void,
+    valueType: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateDnVec,
+            &[
+                (dnVecDescr) as usize as u64,
+                (size) as i64 as u64,
+                (values) as usize as u64,
+                (valueType) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCreateIdentityPermutation` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateIdentityPermutation(
+    handle: *mut c_void,
+    n: i32,
+    p: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCreateIdentityPermutation,
+            &[(handle) as usize as u64, (n) as i64 as u64, (p) as usize as u64],
+        ) as u32
+    }
+}
 ///`cusparseCreateMatDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateMatDescr(
@@ -223,7 +2302,27 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreatePruneInfo(
         ) as u32
     }
 }
-///`cusparseCsrSetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCsrSetPointers` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseCsrSetPointers(
+    spMatDescr: *mut c_void,
+    csrRowOffsets: *mut c_void,
+    csrColInd: *mut c_void,
+    csrValues: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseCsrSetPointers,
+            &[
+                (spMatDescr) as usize as u64,
+                (csrRowOffsets) as usize as u64,
+                (csrColInd) as usize as u64,
+                (csrValues) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseCsrSetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCsrSetStridedBatch(
     spMatDescr: *mut c_void,
@@ -243,7 +2342,1431 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCsrSetStridedBatch(
         ) as u32
     }
 }
-///`cusparseDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDbsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsr2csr(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsr2csr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDbsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsric02(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsric02,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDbsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsric02_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsric02_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDbsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrilu02(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsrilu02,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDbsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrilu02_analysis(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsrilu02_analysis,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDbsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrilu02_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsrilu02_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDbsrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrmm(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transB: u32,
+    mb: i32,
+    n: i32,
+    kb: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockSize: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsrmm,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (kb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockSize) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDbsrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrmv(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    x: *mut c_void,
+    beta: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsrmv,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDbsrsm2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsm2_analysis(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transXY: u32,
+    mb: i32,
+    n: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsrsm2_analysis,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transXY) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDbsrsm2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsm2_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transXY: u32,
+    mb: i32,
+    n: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsrsm2_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transXY) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDbsrsm2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsm2_solve(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transXY: u32,
+    mb: i32,
+    n: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    X: *mut c_void,
+    ldx: i32,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsrsm2_solve,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transXY) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (X) as usize as u64,
+                (ldx) as i64 as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDbsrsv2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsv2_analysis(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsrsv2_analysis,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDbsrsv2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsv2_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsrsv2_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDbsrsv2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsv2_solve(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    f: *mut c_void,
+    x: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsrsv2_solve,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (f) as usize as u64,
+                (x) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDbsrxmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrxmv(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    sizeOfMask: i32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedMaskPtrA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedEndPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    x: *mut c_void,
+    beta: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDbsrxmv,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (sizeOfMask) as i64 as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedMaskPtrA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedEndPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsr2bsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2bsr(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    descrC: *mut c_void,
+    bsrSortedValC: *mut c_void,
+    bsrSortedRowPtrC: *mut c_void,
+    bsrSortedColIndC: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsr2bsr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (descrC) as usize as u64,
+                (bsrSortedValC) as usize as u64,
+                (bsrSortedRowPtrC) as usize as u64,
+                (bsrSortedColIndC) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsr2csru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2csru(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsr2csru,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2gebsr(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    descrC: *mut c_void,
+    bsrSortedValC: *mut c_void,
+    bsrSortedRowPtrC: *mut c_void,
+    bsrSortedColIndC: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsr2gebsr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (descrC) as usize as u64,
+                (bsrSortedValC) as usize as u64,
+                (bsrSortedRowPtrC) as usize as u64,
+                (bsrSortedColIndC) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2gebsr_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsr2gebsr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsrgeam2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrgeam2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    beta: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedValB: *mut c_void,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsrgeam2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (beta) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedValB) as usize as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsrgeam2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrgeam2_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    beta: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedValB: *mut c_void,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsrgeam2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (beta) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedValB) as usize as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsrgemm2` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrgemm2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedValB: *mut c_void,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    beta: *mut c_void,
+    descrD: *mut c_void,
+    nnzD: i32,
+    csrSortedValD: *mut c_void,
+    csrSortedRowPtrD: *mut c_void,
+    csrSortedColIndD: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsrgemm2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedValB) as usize as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (beta) as usize as u64,
+                (descrD) as usize as u64,
+                (nnzD) as i64 as u64,
+                (csrSortedValD) as usize as u64,
+                (csrSortedRowPtrD) as usize as u64,
+                (csrSortedColIndD) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsrgemm2_bufferSizeExt` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrgemm2_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    beta: *mut c_void,
+    descrD: *mut c_void,
+    nnzD: i32,
+    csrSortedRowPtrD: *mut c_void,
+    csrSortedColIndD: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsrgemm2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (beta) as usize as u64,
+                (descrD) as usize as u64,
+                (nnzD) as i64 as u64,
+                (csrSortedRowPtrD) as usize as u64,
+                (csrSortedColIndD) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsric02_analysis(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsric02_analysis,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsric02_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsric02_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrilu02_analysis(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsrilu02_analysis,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrilu02_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsrilu02_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsrsm2_analysis` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrsm2_analysis(
+    handle: *mut c_void,
+    algo: i32,
+    transA: u32,
+    transB: u32,
+    m: i32,
+    nrhs: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsrsm2_analysis,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (m) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsrsm2_solve` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrsm2_solve(
+    handle: *mut c_void,
+    algo: i32,
+    transA: u32,
+    transB: u32,
+    m: i32,
+    nrhs: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsrsm2_solve,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (m) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsrsv2_analysis` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrsv2_analysis(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsrsv2_analysis,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsrsv2_bufferSize` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrsv2_bufferSize(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsrsv2_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsrsv2_solve` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrsv2_solve(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    f: *mut c_void,
+    x: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsrsv2_solve,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (f) as usize as u64,
+                (x) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsru2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsru2csr(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsru2csr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDcsru2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsru2csr_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDcsru2csr_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDenseToSparse_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDenseToSparse_analysis(
+    handle: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    alg: u32,
+    externalBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDenseToSparse_analysis,
+            &[
+                (handle) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (alg) as u64,
+                (externalBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDenseToSparse_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDenseToSparse_bufferSize(
+    handle: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    alg: u32,
+    bufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDenseToSparse_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (alg) as u64,
+                (bufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDenseToSparse_convert` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDenseToSparse_convert(
+    handle: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    alg: u32,
+    externalBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDenseToSparse_convert,
+            &[
+                (handle) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (alg) as u64,
+                (externalBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroy(handle: *mut c_void) -> u32 {
     unsafe {
@@ -253,7 +3776,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroy(handle: *mut c_void)
         ) as u32
     }
 }
-///`cusparseDestroyBsric02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDestroyBsric02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyBsric02Info(
     info: *mut c_void,
@@ -265,7 +3788,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyBsric02Info(
         ) as u32
     }
 }
-///`cusparseDestroyBsrilu02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDestroyBsrilu02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyBsrilu02Info(
     info: *mut c_void,
@@ -277,7 +3800,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyBsrilu02Info(
         ) as u32
     }
 }
-///`cusparseDestroyBsrsm2Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDestroyBsrsm2Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyBsrsm2Info(
     info: *mut c_void,
@@ -289,7 +3812,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyBsrsm2Info(
         ) as u32
     }
 }
-///`cusparseDestroyBsrsv2Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDestroyBsrsv2Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyBsrsv2Info(
     info: *mut c_void,
@@ -301,7 +3824,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyBsrsv2Info(
         ) as u32
     }
 }
-///`cusparseDestroyColorInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDestroyColorInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyColorInfo(
     info: *mut c_void,
@@ -313,7 +3836,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyColorInfo(
         ) as u32
     }
 }
-///`cusparseDestroyCsrgemm2Info` for CUDA 11.8 (sync).
+///`cusparseDestroyCsrgemm2Info` for CUDA 11.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsrgemm2Info(
     info: *mut c_void,
@@ -325,7 +3848,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsrgemm2Info(
         ) as u32
     }
 }
-///`cusparseDestroyCsric02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDestroyCsric02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsric02Info(
     info: *mut c_void,
@@ -337,7 +3860,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsric02Info(
         ) as u32
     }
 }
-///`cusparseDestroyCsrilu02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDestroyCsrilu02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsrilu02Info(
     info: *mut c_void,
@@ -349,7 +3872,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsrilu02Info(
         ) as u32
     }
 }
-///`cusparseDestroyCsrsm2Info` for CUDA 11.8 (sync).
+///`cusparseDestroyCsrsm2Info` for CUDA 11.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsrsm2Info(
     info: *mut c_void,
@@ -361,7 +3884,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsrsm2Info(
         ) as u32
     }
 }
-///`cusparseDestroyCsrsv2Info` for CUDA 11.8 (sync).
+///`cusparseDestroyCsrsv2Info` for CUDA 11.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsrsv2Info(
     info: *mut c_void,
@@ -373,7 +3896,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsrsv2Info(
         ) as u32
     }
 }
-///`cusparseDestroyCsru2csrInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDestroyCsru2csrInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsru2csrInfo(
     info: *mut c_void,
@@ -385,7 +3908,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsru2csrInfo(
         ) as u32
     }
 }
-///`cusparseDestroyDnMat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDestroyDnMat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyDnMat(
     dnMatDescr: *mut c_void,
@@ -397,7 +3920,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyDnMat(
         ) as u32
     }
 }
-///`cusparseDestroyDnVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDestroyDnVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyDnVec(
     dnVecDescr: *mut c_void,
@@ -409,7 +3932,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyDnVec(
         ) as u32
     }
 }
-///`cusparseDestroyMatDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDestroyMatDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyMatDescr(
     descrA: *mut c_void,
@@ -421,7 +3944,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyMatDescr(
         ) as u32
     }
 }
-///`cusparseDestroyPruneInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDestroyPruneInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyPruneInfo(
     info: *mut c_void,
@@ -433,7 +3956,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyPruneInfo(
         ) as u32
     }
 }
-///`cusparseDestroySpMat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDestroySpMat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroySpMat(
     spMatDescr: *mut c_void,
@@ -445,7 +3968,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroySpMat(
         ) as u32
     }
 }
-///`cusparseDestroySpVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDestroySpVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroySpVec(
     spVecDescr: *mut c_void,
@@ -457,7 +3980,180 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroySpVec(
         ) as u32
     }
 }
-///`cusparseDnMatSetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDgebsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2csr(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgebsr2csr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgebsr2gebsc_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsc_bufferSize(
+    handle: *mut c_void,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgebsr2gebsc_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgebsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsr(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDimA: i32,
+    colBlockDimA: i32,
+    descrC: *mut c_void,
+    bsrSortedValC: *mut c_void,
+    bsrSortedRowPtrC: *mut c_void,
+    bsrSortedColIndC: *mut c_void,
+    rowBlockDimC: i32,
+    colBlockDimC: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgebsr2gebsr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDimA) as i64 as u64,
+                (colBlockDimA) as i64 as u64,
+                (descrC) as usize as u64,
+                (bsrSortedValC) as usize as u64,
+                (bsrSortedRowPtrC) as usize as u64,
+                (bsrSortedColIndC) as usize as u64,
+                (rowBlockDimC) as i64 as u64,
+                (colBlockDimC) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDgebsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsr_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDimA: i32,
+    colBlockDimA: i32,
+    rowBlockDimC: i32,
+    colBlockDimC: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDgebsr2gebsr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDimA) as i64 as u64,
+                (colBlockDimA) as i64 as u64,
+                (rowBlockDimC) as i64 as u64,
+                (colBlockDimC) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDnMatGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatGetValues(
+    dnMatDescr: *mut c_void,
+    values: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDnMatGetValues,
+            &[(dnMatDescr) as usize as u64, (values) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseDnMatSetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatSetStridedBatch(
     dnMatDescr: *mut c_void,
@@ -475,7 +4171,170 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatSetStridedBatch(
         ) as u32
     }
 }
-///`cusparseGather` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDnMatSetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatSetValues(
+    dnMatDescr: *mut c_void,
+    values: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDnMatSetValues,
+            &[(dnMatDescr) as usize as u64, (values) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseDnVecGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDnVecGetValues(
+    dnVecDescr: *mut c_void,
+    values: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDnVecGetValues,
+            &[(dnVecDescr) as usize as u64, (values) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseDnVecSetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDnVecSetValues(
+    dnVecDescr: *mut c_void,
+    values: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDnVecSetValues,
+            &[(dnVecDescr) as usize as u64, (values) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseDpruneCsr2csrByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csrByPercentage(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    percentage: f32,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDpruneCsr2csrByPercentage,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (percentage).to_bits() as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDpruneCsr2csrByPercentage_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csrByPercentage_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    percentage: f32,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDpruneCsr2csrByPercentage_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (percentage).to_bits() as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseDpruneCsr2csrNnzByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csrNnzByPercentage(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    percentage: f32,
+    descrC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    nnzTotalDevHostPtr: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseDpruneCsr2csrNnzByPercentage,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (percentage).to_bits() as u64,
+                (descrC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (nnzTotalDevHostPtr) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseGather` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseGather(
     handle: *mut c_void,
@@ -568,7 +4427,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseGetStream(
         ) as u32
     }
 }
-///`cusparseLoggerForceDisable` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseLoggerForceDisable` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseLoggerForceDisable() -> u32 {
     unsafe {
@@ -578,7 +4437,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseLoggerForceDisable() -> u32 
         ) as u32
     }
 }
-///`cusparseLoggerSetLevel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseLoggerSetLevel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseLoggerSetLevel(level: i32) -> u32 {
     unsafe {
@@ -588,7 +4447,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseLoggerSetLevel(level: i32) -
         ) as u32
     }
 }
-///`cusparseLoggerSetMask` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseLoggerSetMask` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseLoggerSetMask(mask: i32) -> u32 {
     unsafe {
@@ -598,7 +4457,715 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseLoggerSetMask(mask: i32) -> 
         ) as u32
     }
 }
-///`cusparseScatter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSDDMM` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSDDMM(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    beta: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    externalBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSDDMM,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (beta) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (externalBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSDDMM_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSDDMM_bufferSize(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    beta: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    bufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSDDMM_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (beta) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (bufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSDDMM_preprocess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSDDMM_preprocess(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    beta: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    externalBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSDDMM_preprocess,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (beta) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (externalBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsr2csr(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsr2csr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsric02(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsric02,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsric02_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsric02_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrilu02(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsrilu02,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrilu02_analysis(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsrilu02_analysis,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrilu02_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsrilu02_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrmm(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transB: u32,
+    mb: i32,
+    n: i32,
+    kb: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockSize: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsrmm,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (kb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockSize) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrmv(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    x: *mut c_void,
+    beta: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsrmv,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsrsm2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsm2_analysis(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transXY: u32,
+    mb: i32,
+    n: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsrsm2_analysis,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transXY) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsrsm2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsm2_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transXY: u32,
+    mb: i32,
+    n: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsrsm2_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transXY) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsrsm2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsm2_solve(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transXY: u32,
+    mb: i32,
+    n: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    X: *mut c_void,
+    ldx: i32,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsrsm2_solve,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transXY) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (X) as usize as u64,
+                (ldx) as i64 as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsrsv2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsv2_analysis(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsrsv2_analysis,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsrsv2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsv2_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsrsv2_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsrsv2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsv2_solve(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    f: *mut c_void,
+    x: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsrsv2_solve,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (f) as usize as u64,
+                (x) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSbsrxmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrxmv(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    sizeOfMask: i32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedMaskPtrA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedEndPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    x: *mut c_void,
+    beta: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSbsrxmv,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (sizeOfMask) as i64 as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedMaskPtrA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedEndPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScatter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScatter(
     handle: *mut c_void,
@@ -612,7 +5179,759 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScatter(
         ) as u32
     }
 }
-///`cusparseSetColorAlgs` for CUDA 11.8 (sync).
+///`cusparseScsr2bsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2bsr(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    descrC: *mut c_void,
+    bsrSortedValC: *mut c_void,
+    bsrSortedRowPtrC: *mut c_void,
+    bsrSortedColIndC: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsr2bsr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (descrC) as usize as u64,
+                (bsrSortedValC) as usize as u64,
+                (bsrSortedRowPtrC) as usize as u64,
+                (bsrSortedColIndC) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsr2csru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2csru(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsr2csru,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2gebsr(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    descrC: *mut c_void,
+    bsrSortedValC: *mut c_void,
+    bsrSortedRowPtrC: *mut c_void,
+    bsrSortedColIndC: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsr2gebsr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (descrC) as usize as u64,
+                (bsrSortedValC) as usize as u64,
+                (bsrSortedRowPtrC) as usize as u64,
+                (bsrSortedColIndC) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2gebsr_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsr2gebsr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsrgeam2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrgeam2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    beta: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedValB: *mut c_void,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsrgeam2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (beta) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedValB) as usize as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsrgeam2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrgeam2_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    beta: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedValB: *mut c_void,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsrgeam2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (beta) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedValB) as usize as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsrgemm2` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrgemm2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedValB: *mut c_void,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    beta: *mut c_void,
+    descrD: *mut c_void,
+    nnzD: i32,
+    csrSortedValD: *mut c_void,
+    csrSortedRowPtrD: *mut c_void,
+    csrSortedColIndD: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsrgemm2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedValB) as usize as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (beta) as usize as u64,
+                (descrD) as usize as u64,
+                (nnzD) as i64 as u64,
+                (csrSortedValD) as usize as u64,
+                (csrSortedRowPtrD) as usize as u64,
+                (csrSortedColIndD) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsrgemm2_bufferSizeExt` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrgemm2_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    beta: *mut c_void,
+    descrD: *mut c_void,
+    nnzD: i32,
+    csrSortedRowPtrD: *mut c_void,
+    csrSortedColIndD: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsrgemm2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (beta) as usize as u64,
+                (descrD) as usize as u64,
+                (nnzD) as i64 as u64,
+                (csrSortedRowPtrD) as usize as u64,
+                (csrSortedColIndD) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsric02_analysis(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsric02_analysis,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsric02_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsric02_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrilu02_analysis(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsrilu02_analysis,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrilu02_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsrilu02_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsrsm2_analysis` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrsm2_analysis(
+    handle: *mut c_void,
+    algo: i32,
+    transA: u32,
+    transB: u32,
+    m: i32,
+    nrhs: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsrsm2_analysis,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (m) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsrsm2_solve` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrsm2_solve(
+    handle: *mut c_void,
+    algo: i32,
+    transA: u32,
+    transB: u32,
+    m: i32,
+    nrhs: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsrsm2_solve,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (m) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsrsv2_analysis` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrsv2_analysis(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsrsv2_analysis,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsrsv2_bufferSize` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrsv2_bufferSize(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsrsv2_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsrsv2_solve` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrsv2_solve(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    f: *mut c_void,
+    x: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsrsv2_solve,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (f) as usize as u64,
+                (x) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsru2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsru2csr(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsru2csr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseScsru2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseScsru2csr_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseScsru2csr_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSetColorAlgs` for CUDA 11.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSetColorAlgs(
     info: *mut c_void,
@@ -625,7 +5944,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSetColorAlgs(
         ) as u32
     }
 }
-///`cusparseSetMatDiagType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSetMatDiagType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatDiagType(
     descrA: *mut c_void,
@@ -638,7 +5957,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatDiagType(
         ) as u32
     }
 }
-///`cusparseSetMatFillMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSetMatFillMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatFillMode(
     descrA: *mut c_void,
@@ -651,7 +5970,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatFillMode(
         ) as u32
     }
 }
-///`cusparseSetMatIndexBase` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSetMatIndexBase` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatIndexBase(
     descrA: *mut c_void,
@@ -664,7 +5983,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatIndexBase(
         ) as u32
     }
 }
-///`cusparseSetMatType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSetMatType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatType(
     descrA: *mut c_void,
@@ -677,20 +5996,15 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatType(
         ) as u32
     }
 }
-///`cusparseSetPointerMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSetPointerMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSetPointerMode(
     handle: *mut c_void,
     mode: u32,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cusparse::cusparseSetPointerMode,
-            &[(handle) as usize as u64, (mode) as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cusparse::cusparseSetPointerMode(handle, mode) }
 }
-///`cusparseSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSetStream(
     handle: *mut c_void,
@@ -700,6 +6014,238 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSetStream(
         crate::runtime::call(
             &chidori_cuda::calls::cusparse::cusparseSetStream,
             &[(handle) as usize as u64, (streamId) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseSgebsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2csr(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgebsr2csr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgebsr2gebsc_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsc_bufferSize(
+    handle: *mut c_void,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgebsr2gebsc_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgebsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsr(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDimA: i32,
+    colBlockDimA: i32,
+    descrC: *mut c_void,
+    bsrSortedValC: *mut c_void,
+    bsrSortedRowPtrC: *mut c_void,
+    bsrSortedColIndC: *mut c_void,
+    rowBlockDimC: i32,
+    colBlockDimC: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgebsr2gebsr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDimA) as i64 as u64,
+                (colBlockDimA) as i64 as u64,
+                (descrC) as usize as u64,
+                (bsrSortedValC) as usize as u64,
+                (bsrSortedRowPtrC) as usize as u64,
+                (bsrSortedColIndC) as usize as u64,
+                (rowBlockDimC) as i64 as u64,
+                (colBlockDimC) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSgebsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsr_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDimA: i32,
+    colBlockDimA: i32,
+    rowBlockDimC: i32,
+    colBlockDimC: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSgebsr2gebsr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDimA) as i64 as u64,
+                (colBlockDimA) as i64 as u64,
+                (rowBlockDimC) as i64 as u64,
+                (colBlockDimC) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpGEMM_compute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_compute(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    beta: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    spgemmDescr: *mut c_void,
+    bufferSize2: *mut c_void,
+    externalBuffer2: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpGEMM_compute,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (beta) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (spgemmDescr) as usize as u64,
+                (bufferSize2) as usize as u64,
+                (externalBuffer2) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpGEMM_copy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_copy(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    beta: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    spgemmDescr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpGEMM_copy,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (beta) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (spgemmDescr) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -715,7 +6261,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_createDescr(
         ) as u32
     }
 }
-///`cusparseSpGEMM_destroyDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpGEMM_destroyDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_destroyDescr(
     descr: *mut c_void,
@@ -727,7 +6273,158 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_destroyDescr(
         ) as u32
     }
 }
-///`cusparseSpMMOp_destroyPlan` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpGEMM_workEstimation` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_workEstimation(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    beta: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    spgemmDescr: *mut c_void,
+    bufferSize1: *mut c_void,
+    externalBuffer1: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpGEMM_workEstimation,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (beta) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (spgemmDescr) as usize as u64,
+                (bufferSize1) as usize as u64,
+                (externalBuffer1) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpGEMMreuse_compute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMMreuse_compute(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    beta: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    spgemmDescr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpGEMMreuse_compute,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (beta) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (spgemmDescr) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpGEMMreuse_workEstimation` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMMreuse_workEstimation(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    matC: *mut c_void,
+    alg: u32,
+    spgemmDescr: *mut c_void,
+    bufferSize1: *mut c_void,
+    externalBuffer1: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpGEMMreuse_workEstimation,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (matC) as usize as u64,
+                (alg) as u64,
+                (spgemmDescr) as usize as u64,
+                (bufferSize1) as usize as u64,
+                (externalBuffer1) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpMM` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMM(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    beta: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    externalBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpMM,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (beta) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (externalBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpMMOp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMMOp(
+    plan: *mut c_void,
+    externalBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpMMOp,
+            &[(plan) as usize as u64, (externalBuffer) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseSpMMOp_destroyPlan` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMMOp_destroyPlan(
     plan: *mut c_void,
@@ -739,7 +6436,244 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMMOp_destroyPlan(
         ) as u32
     }
 }
-///`cusparseSpMatSetStridedBatch` for CUDA 11.8 (sync).
+///`cusparseSpMM_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMM_bufferSize(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    beta: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    bufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpMM_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (beta) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (bufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpMM_preprocess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMM_preprocess(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    beta: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    externalBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpMM_preprocess,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (beta) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (externalBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpMV` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMV(
+    handle: *mut c_void,
+    opA: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    vecX: *mut c_void,
+    beta: *mut c_void,
+    vecY: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    externalBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpMV,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (vecX) as usize as u64,
+                (beta) as usize as u64,
+                (vecY) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (externalBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpMV_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMV_bufferSize(
+    handle: *mut c_void,
+    opA: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    vecX: *mut c_void,
+    beta: *mut c_void,
+    vecY: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    bufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpMV_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (vecX) as usize as u64,
+                (beta) as usize as u64,
+                (vecY) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (bufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpMV_preprocess` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMV_preprocess(
+    handle: *mut c_void,
+    opA: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    vecX: *mut c_void,
+    beta: *mut c_void,
+    vecY: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    externalBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpMV_preprocess,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (vecX) as usize as u64,
+                (beta) as usize as u64,
+                (vecY) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (externalBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpMatGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetAttribute(
+    spMatDescr: *mut c_void,
+    attribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpMatGetAttribute,
+            &[
+                (spMatDescr) as usize as u64,
+                (attribute) as u64,
+                (data) as usize as u64,
+                (dataSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpMatGetSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetSize(
+    spMatDescr: *mut c_void,
+    rows: *mut c_void,
+    cols: *mut c_void,
+    nnz: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpMatGetSize,
+            &[
+                (spMatDescr) as usize as u64,
+                (rows) as usize as u64,
+                (cols) as usize as u64,
+                (nnz) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpMatGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetValues(
+    spMatDescr: *mut c_void,
+    values: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpMatGetValues,
+            &[(spMatDescr) as usize as u64, (values) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseSpMatSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatSetAttribute(
+    spMatDescr: *mut c_void,
+    attribute: u32,
+    data: *mut c_void,
+    dataSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpMatSetAttribute,
+            &[
+                (spMatDescr) as usize as u64,
+                (attribute) as u64,
+                (data) as usize as u64,
+                (dataSize) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpMatSetStridedBatch` for CUDA 11.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatSetStridedBatch(
     spMatDescr: *mut c_void,
@@ -749,6 +6683,87 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatSetStridedBatch(
         crate::runtime::call(
             &chidori_cuda::calls::cusparse::cusparseSpMatSetStridedBatch,
             &[(spMatDescr) as usize as u64, (batchCount) as i64 as u64],
+        ) as u32
+    }
+}
+///`cusparseSpMatSetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatSetValues(
+    spMatDescr: *mut c_void,
+    values: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpMatSetValues,
+            &[(spMatDescr) as usize as u64, (values) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseSpSM_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_analysis(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    spsmDescr: *mut c_void,
+    externalBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpSM_analysis,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (spsmDescr) as usize as u64,
+                (externalBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpSM_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_bufferSize(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    spsmDescr: *mut c_void,
+    bufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpSM_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (spsmDescr) as usize as u64,
+                (bufferSize) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -764,7 +6779,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_createDescr(
         ) as u32
     }
 }
-///`cusparseSpSM_destroyDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpSM_destroyDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_destroyDescr(
     descr: *mut c_void,
@@ -773,6 +6788,102 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_destroyDescr(
         crate::runtime::call(
             &chidori_cuda::calls::cusparse::cusparseSpSM_destroyDescr,
             &[(descr) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseSpSM_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_solve(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    spsmDescr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpSM_solve,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (spsmDescr) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpSV_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_analysis(
+    handle: *mut c_void,
+    opA: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    vecX: *mut c_void,
+    vecY: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    spsvDescr: *mut c_void,
+    externalBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpSV_analysis,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (vecX) as usize as u64,
+                (vecY) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (spsvDescr) as usize as u64,
+                (externalBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpSV_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_bufferSize(
+    handle: *mut c_void,
+    opA: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    vecX: *mut c_void,
+    vecY: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    spsvDescr: *mut c_void,
+    bufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpSV_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (vecX) as usize as u64,
+                (vecY) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (spsvDescr) as usize as u64,
+                (bufferSize) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -788,7 +6899,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_createDescr(
         ) as u32
     }
 }
-///`cusparseSpSV_destroyDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpSV_destroyDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_destroyDescr(
     descr: *mut c_void,
@@ -797,6 +6908,2386 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_destroyDescr(
         crate::runtime::call(
             &chidori_cuda::calls::cusparse::cusparseSpSV_destroyDescr,
             &[(descr) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseSpSV_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_solve(
+    handle: *mut c_void,
+    opA: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    vecX: *mut c_void,
+    vecY: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    spsvDescr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpSV_solve,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (vecX) as usize as u64,
+                (vecY) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (spsvDescr) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpVecGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVecGetValues(
+    spVecDescr: *mut c_void,
+    values: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpVecGetValues,
+            &[(spVecDescr) as usize as u64, (values) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseSpVecSetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVecSetValues(
+    spVecDescr: *mut c_void,
+    values: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpVecSetValues,
+            &[(spVecDescr) as usize as u64, (values) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseSparseToDense` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSparseToDense(
+    handle: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    alg: u32,
+    externalBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSparseToDense,
+            &[
+                (handle) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (alg) as u64,
+                (externalBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSparseToDense_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSparseToDense_bufferSize(
+    handle: *mut c_void,
+    matA: *mut c_void,
+    matB: *mut c_void,
+    alg: u32,
+    bufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSparseToDense_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (matA) as usize as u64,
+                (matB) as usize as u64,
+                (alg) as u64,
+                (bufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpruneCsr2csrByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csrByPercentage(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    percentage: f32,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpruneCsr2csrByPercentage,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (percentage).to_bits() as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpruneCsr2csrByPercentage_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csrByPercentage_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    percentage: f32,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpruneCsr2csrByPercentage_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (percentage).to_bits() as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpruneCsr2csrNnzByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csrNnzByPercentage(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnzA: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    percentage: f32,
+    descrC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    nnzTotalDevHostPtr: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpruneCsr2csrNnzByPercentage,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzA) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (percentage).to_bits() as u64,
+                (descrC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (nnzTotalDevHostPtr) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXbsric02_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXbsric02_zeroPivot(
+    handle: *mut c_void,
+    info: *mut c_void,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXbsric02_zeroPivot,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (position) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXbsrilu02_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXbsrilu02_zeroPivot(
+    handle: *mut c_void,
+    info: *mut c_void,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXbsrilu02_zeroPivot,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (position) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXbsrsm2_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXbsrsm2_zeroPivot(
+    handle: *mut c_void,
+    info: *mut c_void,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXbsrsm2_zeroPivot,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (position) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXbsrsv2_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXbsrsv2_zeroPivot(
+    handle: *mut c_void,
+    info: *mut c_void,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXbsrsv2_zeroPivot,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (position) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXcoo2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXcoo2csr(
+    handle: *mut c_void,
+    cooRowInd: *mut c_void,
+    nnz: i32,
+    m: i32,
+    csrSortedRowPtr: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXcoo2csr,
+            &[
+                (handle) as usize as u64,
+                (cooRowInd) as usize as u64,
+                (nnz) as i64 as u64,
+                (m) as i64 as u64,
+                (csrSortedRowPtr) as usize as u64,
+                (idxBase) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXcoosortByColumn` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXcoosortByColumn(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    cooRowsA: *mut c_void,
+    cooColsA: *mut c_void,
+    P: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXcoosortByColumn,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (cooRowsA) as usize as u64,
+                (cooColsA) as usize as u64,
+                (P) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXcoosortByRow` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXcoosortByRow(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    cooRowsA: *mut c_void,
+    cooColsA: *mut c_void,
+    P: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXcoosortByRow,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (cooRowsA) as usize as u64,
+                (cooColsA) as usize as u64,
+                (P) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXcoosort_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXcoosort_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    cooRowsA: *mut c_void,
+    cooColsA: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXcoosort_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (cooRowsA) as usize as u64,
+                (cooColsA) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXcsr2bsrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsr2bsrNnz(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    descrC: *mut c_void,
+    bsrSortedRowPtrC: *mut c_void,
+    nnzTotalDevHostPtr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXcsr2bsrNnz,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (descrC) as usize as u64,
+                (bsrSortedRowPtrC) as usize as u64,
+                (nnzTotalDevHostPtr) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXcsr2coo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsr2coo(
+    handle: *mut c_void,
+    csrSortedRowPtr: *mut c_void,
+    nnz: i32,
+    m: i32,
+    cooRowInd: *mut c_void,
+    idxBase: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXcsr2coo,
+            &[
+                (handle) as usize as u64,
+                (csrSortedRowPtr) as usize as u64,
+                (nnz) as i64 as u64,
+                (m) as i64 as u64,
+                (cooRowInd) as usize as u64,
+                (idxBase) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXcsr2gebsrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsr2gebsrNnz(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    descrC: *mut c_void,
+    bsrSortedRowPtrC: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    nnzTotalDevHostPtr: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXcsr2gebsrNnz,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (descrC) as usize as u64,
+                (bsrSortedRowPtrC) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (nnzTotalDevHostPtr) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXcsrgeam2Nnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsrgeam2Nnz(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    nnzTotalDevHostPtr: *mut c_void,
+    workspace: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXcsrgeam2Nnz,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (nnzTotalDevHostPtr) as usize as u64,
+                (workspace) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXcsrgemm2Nnz` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsrgemm2Nnz(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    descrD: *mut c_void,
+    nnzD: i32,
+    csrSortedRowPtrD: *mut c_void,
+    csrSortedColIndD: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    nnzTotalDevHostPtr: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXcsrgemm2Nnz,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (descrD) as usize as u64,
+                (nnzD) as i64 as u64,
+                (csrSortedRowPtrD) as usize as u64,
+                (csrSortedColIndD) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (nnzTotalDevHostPtr) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXcsric02_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsric02_zeroPivot(
+    handle: *mut c_void,
+    info: *mut c_void,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXcsric02_zeroPivot,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (position) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXcsrilu02_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsrilu02_zeroPivot(
+    handle: *mut c_void,
+    info: *mut c_void,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXcsrilu02_zeroPivot,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (position) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXcsrsm2_zeroPivot` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsrsm2_zeroPivot(
+    handle: *mut c_void,
+    info: *mut c_void,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXcsrsm2_zeroPivot,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (position) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXcsrsort` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsrsort(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    P: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXcsrsort,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (P) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXcsrsort_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsrsort_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    csrRowPtrA: *mut c_void,
+    csrColIndA: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXcsrsort_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (csrRowPtrA) as usize as u64,
+                (csrColIndA) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXcsrsv2_zeroPivot` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsrsv2_zeroPivot(
+    handle: *mut c_void,
+    info: *mut c_void,
+    position: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXcsrsv2_zeroPivot,
+            &[
+                (handle) as usize as u64,
+                (info) as usize as u64,
+                (position) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXgebsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXgebsr2csr(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    descrA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    descrC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXgebsr2csr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (descrC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseXgebsr2gebsrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseXgebsr2gebsrNnz(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDimA: i32,
+    colBlockDimA: i32,
+    descrC: *mut c_void,
+    bsrSortedRowPtrC: *mut c_void,
+    rowBlockDimC: i32,
+    colBlockDimC: i32,
+    nnzTotalDevHostPtr: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseXgebsr2gebsrNnz,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDimA) as i64 as u64,
+                (colBlockDimA) as i64 as u64,
+                (descrC) as usize as u64,
+                (bsrSortedRowPtrC) as usize as u64,
+                (rowBlockDimC) as i64 as u64,
+                (colBlockDimC) as i64 as u64,
+                (nnzTotalDevHostPtr) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsr2csr(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsr2csr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsric02(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsric02,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsric02_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsric02_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrilu02(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsrilu02,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrilu02_analysis(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsrilu02_analysis,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrilu02_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsrilu02_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrmm(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transB: u32,
+    mb: i32,
+    n: i32,
+    kb: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockSize: i32,
+    B: *mut c_void,
+    ldb: i32,
+    beta: *mut c_void,
+    C: *mut c_void,
+    ldc: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsrmm,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (kb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockSize) as i64 as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (ldc) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrmv(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    x: *mut c_void,
+    beta: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsrmv,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsrsm2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsm2_analysis(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transXY: u32,
+    mb: i32,
+    n: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsrsm2_analysis,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transXY) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsrsm2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsm2_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transXY: u32,
+    mb: i32,
+    n: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsrsm2_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transXY) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsrsm2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsm2_solve(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    transXY: u32,
+    mb: i32,
+    n: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    blockSize: i32,
+    info: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    X: *mut c_void,
+    ldx: i32,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsrsm2_solve,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (transXY) as u64,
+                (mb) as i64 as u64,
+                (n) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (blockSize) as i64 as u64,
+                (info) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (X) as usize as u64,
+                (ldx) as i64 as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsrsv2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsv2_analysis(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsrsv2_analysis,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsrsv2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsv2_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsrsv2_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsrsv2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsv2_solve(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    mb: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    info: *mut c_void,
+    f: *mut c_void,
+    x: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsrsv2_solve,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (mb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (info) as usize as u64,
+                (f) as usize as u64,
+                (x) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZbsrxmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrxmv(
+    handle: *mut c_void,
+    dirA: u32,
+    transA: u32,
+    sizeOfMask: i32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedMaskPtrA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedEndPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    x: *mut c_void,
+    beta: *mut c_void,
+    y: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZbsrxmv,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (transA) as u64,
+                (sizeOfMask) as i64 as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedMaskPtrA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedEndPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (x) as usize as u64,
+                (beta) as usize as u64,
+                (y) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsr2bsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2bsr(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    blockDim: i32,
+    descrC: *mut c_void,
+    bsrSortedValC: *mut c_void,
+    bsrSortedRowPtrC: *mut c_void,
+    bsrSortedColIndC: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsr2bsr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (blockDim) as i64 as u64,
+                (descrC) as usize as u64,
+                (bsrSortedValC) as usize as u64,
+                (bsrSortedRowPtrC) as usize as u64,
+                (bsrSortedColIndC) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsr2csru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2csru(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsr2csru,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2gebsr(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    descrC: *mut c_void,
+    bsrSortedValC: *mut c_void,
+    bsrSortedRowPtrC: *mut c_void,
+    bsrSortedColIndC: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsr2gebsr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (descrC) as usize as u64,
+                (bsrSortedValC) as usize as u64,
+                (bsrSortedRowPtrC) as usize as u64,
+                (bsrSortedColIndC) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2gebsr_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    m: i32,
+    n: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsr2gebsr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsrgeam2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrgeam2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    beta: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedValB: *mut c_void,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsrgeam2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (beta) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedValB) as usize as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsrgeam2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrgeam2_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    beta: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedValB: *mut c_void,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsrgeam2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (beta) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedValB) as usize as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsrgemm2` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrgemm2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedValB: *mut c_void,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    beta: *mut c_void,
+    descrD: *mut c_void,
+    nnzD: i32,
+    csrSortedValD: *mut c_void,
+    csrSortedRowPtrD: *mut c_void,
+    csrSortedColIndD: *mut c_void,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsrgemm2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedValB) as usize as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (beta) as usize as u64,
+                (descrD) as usize as u64,
+                (nnzD) as i64 as u64,
+                (csrSortedValD) as usize as u64,
+                (csrSortedRowPtrD) as usize as u64,
+                (csrSortedColIndD) as usize as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsrgemm2_bufferSizeExt` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrgemm2_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    nnzA: i32,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    descrB: *mut c_void,
+    nnzB: i32,
+    csrSortedRowPtrB: *mut c_void,
+    csrSortedColIndB: *mut c_void,
+    beta: *mut c_void,
+    descrD: *mut c_void,
+    nnzD: i32,
+    csrSortedRowPtrD: *mut c_void,
+    csrSortedColIndD: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsrgemm2_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (k) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (nnzA) as i64 as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (descrB) as usize as u64,
+                (nnzB) as i64 as u64,
+                (csrSortedRowPtrB) as usize as u64,
+                (csrSortedColIndB) as usize as u64,
+                (beta) as usize as u64,
+                (descrD) as usize as u64,
+                (nnzD) as i64 as u64,
+                (csrSortedRowPtrD) as usize as u64,
+                (csrSortedColIndD) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsric02_analysis(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsric02_analysis,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsric02_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsric02_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrilu02_analysis(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsrilu02_analysis,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrilu02_bufferSize(
+    handle: *mut c_void,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsrilu02_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsrsm2_analysis` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrsm2_analysis(
+    handle: *mut c_void,
+    algo: i32,
+    transA: u32,
+    transB: u32,
+    m: i32,
+    nrhs: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsrsm2_analysis,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (m) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsrsm2_solve` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrsm2_solve(
+    handle: *mut c_void,
+    algo: i32,
+    transA: u32,
+    transB: u32,
+    m: i32,
+    nrhs: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsrsm2_solve,
+            &[
+                (handle) as usize as u64,
+                (algo) as i64 as u64,
+                (transA) as u64,
+                (transB) as u64,
+                (m) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsrsv2_analysis` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrsv2_analysis(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsrsv2_analysis,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsrsv2_bufferSize` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrsv2_bufferSize(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsrsv2_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsrsv2_solve` for CUDA 11.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrsv2_solve(
+    handle: *mut c_void,
+    transA: u32,
+    m: i32,
+    nnz: i32,
+    alpha: *mut c_void,
+    descrA: *mut c_void,
+    csrSortedValA: *mut c_void,
+    csrSortedRowPtrA: *mut c_void,
+    csrSortedColIndA: *mut c_void,
+    info: *mut c_void,
+    f: *mut c_void,
+    x: *mut c_void,
+    policy: u32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsrsv2_solve,
+            &[
+                (handle) as usize as u64,
+                (transA) as u64,
+                (m) as i64 as u64,
+                (nnz) as i64 as u64,
+                (alpha) as usize as u64,
+                (descrA) as usize as u64,
+                (csrSortedValA) as usize as u64,
+                (csrSortedRowPtrA) as usize as u64,
+                (csrSortedColIndA) as usize as u64,
+                (info) as usize as u64,
+                (f) as usize as u64,
+                (x) as usize as u64,
+                (policy) as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsru2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsru2csr(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    descrA: *mut c_void,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    info: *mut c_void,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsru2csr,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (descrA) as usize as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZcsru2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsru2csr_bufferSizeExt(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    nnz: i32,
+    csrVal: *mut c_void,
+    csrRowPtr: *mut c_void,
+    csrColInd: *mut c_void,
+    info: *mut c_void,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZcsru2csr_bufferSizeExt,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (nnz) as i64 as u64,
+                (csrVal) as usize as u64,
+                (csrRowPtr) as usize as u64,
+                (csrColInd) as usize as u64,
+                (info) as usize as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgebsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2csr(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    descrC: *mut c_void,
+    csrSortedValC: *mut c_void,
+    csrSortedRowPtrC: *mut c_void,
+    csrSortedColIndC: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgebsr2csr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (descrC) as usize as u64,
+                (csrSortedValC) as usize as u64,
+                (csrSortedRowPtrC) as usize as u64,
+                (csrSortedColIndC) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgebsr2gebsc_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsc_bufferSize(
+    handle: *mut c_void,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    bsrSortedVal: *mut c_void,
+    bsrSortedRowPtr: *mut c_void,
+    bsrSortedColInd: *mut c_void,
+    rowBlockDim: i32,
+    colBlockDim: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgebsr2gebsc_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (bsrSortedVal) as usize as u64,
+                (bsrSortedRowPtr) as usize as u64,
+                (bsrSortedColInd) as usize as u64,
+                (rowBlockDim) as i64 as u64,
+                (colBlockDim) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgebsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsr(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDimA: i32,
+    colBlockDimA: i32,
+    descrC: *mut c_void,
+    bsrSortedValC: *mut c_void,
+    bsrSortedRowPtrC: *mut c_void,
+    bsrSortedColIndC: *mut c_void,
+    rowBlockDimC: i32,
+    colBlockDimC: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgebsr2gebsr,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDimA) as i64 as u64,
+                (colBlockDimA) as i64 as u64,
+                (descrC) as usize as u64,
+                (bsrSortedValC) as usize as u64,
+                (bsrSortedRowPtrC) as usize as u64,
+                (bsrSortedColIndC) as usize as u64,
+                (rowBlockDimC) as i64 as u64,
+                (colBlockDimC) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgebsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsr_bufferSize(
+    handle: *mut c_void,
+    dirA: u32,
+    mb: i32,
+    nb: i32,
+    nnzb: i32,
+    descrA: *mut c_void,
+    bsrSortedValA: *mut c_void,
+    bsrSortedRowPtrA: *mut c_void,
+    bsrSortedColIndA: *mut c_void,
+    rowBlockDimA: i32,
+    colBlockDimA: i32,
+    rowBlockDimC: i32,
+    colBlockDimC: i32,
+    pBufferSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgebsr2gebsr_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (dirA) as u64,
+                (mb) as i64 as u64,
+                (nb) as i64 as u64,
+                (nnzb) as i64 as u64,
+                (descrA) as usize as u64,
+                (bsrSortedValA) as usize as u64,
+                (bsrSortedRowPtrA) as usize as u64,
+                (bsrSortedColIndA) as usize as u64,
+                (rowBlockDimA) as i64 as u64,
+                (colBlockDimA) as i64 as u64,
+                (rowBlockDimC) as i64 as u64,
+                (colBlockDimC) as i64 as u64,
+                (pBufferSizeInBytes) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgtsv2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgtsv2,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseZgtsv2_nopivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2_nopivot(
+    handle: *mut c_void,
+    m: i32,
+    n: i32,
+    dl: *mut c_void,
+    d: *mut c_void,
+    du: *mut c_void,
+    B: *mut c_void,
+    ldb: i32,
+    pBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseZgtsv2_nopivot,
+            &[
+                (handle) as usize as u64,
+                (m) as i64 as u64,
+                (n) as i64 as u64,
+                (dl) as usize as u64,
+                (d) as usize as u64,
+                (du) as usize as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (pBuffer) as usize as u64,
+            ],
         ) as u32
     }
 }

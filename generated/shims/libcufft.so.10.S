@@ -4,15 +4,12 @@
     .globl cufftCreate
     .type cufftCreate, @function
 cufftCreate:
-    leaq .Lname0(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftCreate@PLT
     .size cufftCreate, .-cufftCreate
     .globl cufftDebug
     .type cufftDebug, @function
 cufftDebug:
-    leaq .Lname1(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -25,7 +22,7 @@ cufftDestroy:
     .globl cufftEnterCS
     .type cufftEnterCS, @function
 cufftEnterCS:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -33,7 +30,7 @@ cufftEnterCS:
     .globl cufftEstimate1d
     .type cufftEstimate1d, @function
 cufftEstimate1d:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -41,7 +38,7 @@ cufftEstimate1d:
     .globl cufftEstimate2d
     .type cufftEstimate2d, @function
 cufftEstimate2d:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -49,7 +46,7 @@ cufftEstimate2d:
     .globl cufftEstimate3d
     .type cufftEstimate3d, @function
 cufftEstimate3d:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -57,7 +54,7 @@ cufftEstimate3d:
     .globl cufftEstimateMany
     .type cufftEstimateMany, @function
 cufftEstimateMany:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -65,7 +62,7 @@ cufftEstimateMany:
     .globl cufftExecC2C
     .type cufftExecC2C, @function
 cufftExecC2C:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -73,7 +70,7 @@ cufftExecC2C:
     .globl cufftExecC2R
     .type cufftExecC2R, @function
 cufftExecC2R:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -81,7 +78,7 @@ cufftExecC2R:
     .globl cufftExecD2Z
     .type cufftExecD2Z, @function
 cufftExecD2Z:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -89,7 +86,7 @@ cufftExecD2Z:
     .globl cufftExecR2C
     .type cufftExecR2C, @function
 cufftExecR2C:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -97,7 +94,7 @@ cufftExecR2C:
     .globl cufftExecZ2D
     .type cufftExecZ2D, @function
 cufftExecZ2D:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -105,7 +102,7 @@ cufftExecZ2D:
     .globl cufftExecZ2Z
     .type cufftExecZ2Z, @function
 cufftExecZ2Z:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -113,7 +110,7 @@ cufftExecZ2Z:
     .globl cufftGetProperty
     .type cufftGetProperty, @function
 cufftGetProperty:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -121,7 +118,7 @@ cufftGetProperty:
     .globl cufftGetSize
     .type cufftGetSize, @function
 cufftGetSize:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -129,7 +126,7 @@ cufftGetSize:
     .globl cufftGetSize1d
     .type cufftGetSize1d, @function
 cufftGetSize1d:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -137,7 +134,7 @@ cufftGetSize1d:
     .globl cufftGetSize2d
     .type cufftGetSize2d, @function
 cufftGetSize2d:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -145,7 +142,7 @@ cufftGetSize2d:
     .globl cufftGetSize3d
     .type cufftGetSize3d, @function
 cufftGetSize3d:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -153,7 +150,7 @@ cufftGetSize3d:
     .globl cufftGetSizeMany
     .type cufftGetSizeMany, @function
 cufftGetSizeMany:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -161,7 +158,7 @@ cufftGetSizeMany:
     .globl cufftGetSizeMany64
     .type cufftGetSizeMany64, @function
 cufftGetSizeMany64:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -169,7 +166,7 @@ cufftGetSizeMany64:
     .globl cufftGetVersion
     .type cufftGetVersion, @function
 cufftGetVersion:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -177,7 +174,7 @@ cufftGetVersion:
     .globl cufftLeaveCS
     .type cufftLeaveCS, @function
 cufftLeaveCS:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -185,7 +182,7 @@ cufftLeaveCS:
     .globl cufftMakePlan1d
     .type cufftMakePlan1d, @function
 cufftMakePlan1d:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -193,7 +190,7 @@ cufftMakePlan1d:
     .globl cufftMakePlan2d
     .type cufftMakePlan2d, @function
 cufftMakePlan2d:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -201,7 +198,7 @@ cufftMakePlan2d:
     .globl cufftMakePlan3d
     .type cufftMakePlan3d, @function
 cufftMakePlan3d:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -209,7 +206,7 @@ cufftMakePlan3d:
     .globl cufftMakePlanGuru64
     .type cufftMakePlanGuru64, @function
 cufftMakePlanGuru64:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -217,7 +214,7 @@ cufftMakePlanGuru64:
     .globl cufftMakePlanMany
     .type cufftMakePlanMany, @function
 cufftMakePlanMany:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -225,7 +222,7 @@ cufftMakePlanMany:
     .globl cufftMakePlanMany64
     .type cufftMakePlanMany64, @function
 cufftMakePlanMany64:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -233,7 +230,7 @@ cufftMakePlanMany64:
     .globl cufftPlan1d
     .type cufftPlan1d, @function
 cufftPlan1d:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -241,7 +238,7 @@ cufftPlan1d:
     .globl cufftPlan2d
     .type cufftPlan2d, @function
 cufftPlan2d:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -249,7 +246,7 @@ cufftPlan2d:
     .globl cufftPlan3d
     .type cufftPlan3d, @function
 cufftPlan3d:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -257,7 +254,7 @@ cufftPlan3d:
     .globl cufftPlanMany
     .type cufftPlanMany, @function
 cufftPlanMany:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -275,10 +272,7 @@ cufftSetStream:
     .globl cufftSetWorkArea
     .type cufftSetWorkArea, @function
 cufftSetWorkArea:
-    leaq .Lname32(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftSetWorkArea@PLT
     .size cufftSetWorkArea, .-cufftSetWorkArea
     .globl cufftXtClearCallback
     .type cufftXtClearCallback, @function
@@ -288,15 +282,12 @@ cufftXtClearCallback:
     .globl cufftXtExec
     .type cufftXtExec, @function
 cufftXtExec:
-    leaq .Lname33(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtExec@PLT
     .size cufftXtExec, .-cufftXtExec
     .globl cufftXtExecDescriptor
     .type cufftXtExecDescriptor, @function
 cufftXtExecDescriptor:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -304,7 +295,7 @@ cufftXtExecDescriptor:
     .globl cufftXtExecDescriptorC2C
     .type cufftXtExecDescriptorC2C, @function
 cufftXtExecDescriptorC2C:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -312,7 +303,7 @@ cufftXtExecDescriptorC2C:
     .globl cufftXtExecDescriptorC2R
     .type cufftXtExecDescriptorC2R, @function
 cufftXtExecDescriptorC2R:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -320,7 +311,7 @@ cufftXtExecDescriptorC2R:
     .globl cufftXtExecDescriptorD2Z
     .type cufftXtExecDescriptorD2Z, @function
 cufftXtExecDescriptorD2Z:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -328,7 +319,7 @@ cufftXtExecDescriptorD2Z:
     .globl cufftXtExecDescriptorR2C
     .type cufftXtExecDescriptorR2C, @function
 cufftXtExecDescriptorR2C:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -336,7 +327,7 @@ cufftXtExecDescriptorR2C:
     .globl cufftXtExecDescriptorZ2D
     .type cufftXtExecDescriptorZ2D, @function
 cufftXtExecDescriptorZ2D:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -344,7 +335,7 @@ cufftXtExecDescriptorZ2D:
     .globl cufftXtExecDescriptorZ2Z
     .type cufftXtExecDescriptorZ2Z, @function
 cufftXtExecDescriptorZ2Z:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -352,7 +343,7 @@ cufftXtExecDescriptorZ2Z:
     .globl cufftXtFree
     .type cufftXtFree, @function
 cufftXtFree:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -360,7 +351,7 @@ cufftXtFree:
     .globl cufftXtGetSizeMany
     .type cufftXtGetSizeMany, @function
 cufftXtGetSizeMany:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -368,7 +359,7 @@ cufftXtGetSizeMany:
     .globl cufftXtMakePlanGuru64
     .type cufftXtMakePlanGuru64, @function
 cufftXtMakePlanGuru64:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -376,15 +367,12 @@ cufftXtMakePlanGuru64:
     .globl cufftXtMakePlanMany
     .type cufftXtMakePlanMany, @function
 cufftXtMakePlanMany:
-    leaq .Lname44(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtMakePlanMany@PLT
     .size cufftXtMakePlanMany, .-cufftXtMakePlanMany
     .globl cufftXtMalloc
     .type cufftXtMalloc, @function
 cufftXtMalloc:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -392,7 +380,7 @@ cufftXtMalloc:
     .globl cufftXtMemcpy
     .type cufftXtMemcpy, @function
 cufftXtMemcpy:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -400,7 +388,7 @@ cufftXtMemcpy:
     .globl cufftXtQueryPlan
     .type cufftXtQueryPlan, @function
 cufftXtQueryPlan:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -408,7 +396,7 @@ cufftXtQueryPlan:
     .globl cufftXtSetCallback
     .type cufftXtSetCallback, @function
 cufftXtSetCallback:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -426,7 +414,7 @@ cufftXtSetDistribution:
     .globl cufftXtSetGPUs
     .type cufftXtSetGPUs, @function
 cufftXtSetGPUs:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -434,7 +422,7 @@ cufftXtSetGPUs:
     .globl cufftXtSetWorkArea
     .type cufftXtSetWorkArea, @function
 cufftXtSetWorkArea:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -442,114 +430,106 @@ cufftXtSetWorkArea:
     .globl cufftXtSetWorkAreaPolicy
     .type cufftXtSetWorkAreaPolicy, @function
 cufftXtSetWorkAreaPolicy:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cufftXtSetWorkAreaPolicy, .-cufftXtSetWorkAreaPolicy
     .section .rodata
 .Lname0:
-    .asciz "cufftCreate"
-.Lname1:
     .asciz "cufftDebug"
-.Lname2:
+.Lname1:
     .asciz "cufftEnterCS"
-.Lname3:
+.Lname2:
     .asciz "cufftEstimate1d"
-.Lname4:
+.Lname3:
     .asciz "cufftEstimate2d"
-.Lname5:
+.Lname4:
     .asciz "cufftEstimate3d"
-.Lname6:
+.Lname5:
     .asciz "cufftEstimateMany"
-.Lname7:
+.Lname6:
     .asciz "cufftExecC2C"
-.Lname8:
+.Lname7:
     .asciz "cufftExecC2R"
-.Lname9:
+.Lname8:
     .asciz "cufftExecD2Z"
-.Lname10:
+.Lname9:
     .asciz "cufftExecR2C"
-.Lname11:
+.Lname10:
     .asciz "cufftExecZ2D"
-.Lname12:
+.Lname11:
     .asciz "cufftExecZ2Z"
-.Lname13:
+.Lname12:
     .asciz "cufftGetProperty"
-.Lname14:
+.Lname13:
     .asciz "cufftGetSize"
-.Lname15:
+.Lname14:
     .asciz "cufftGetSize1d"
-.Lname16:
+.Lname15:
     .asciz "cufftGetSize2d"
-.Lname17:
+.Lname16:
     .asciz "cufftGetSize3d"
-.Lname18:
+.Lname17:
     .asciz "cufftGetSizeMany"
-.Lname19:
+.Lname18:
     .asciz "cufftGetSizeMany64"
-.Lname20:
+.Lname19:
     .asciz "cufftGetVersion"
-.Lname21:
+.Lname20:
     .asciz "cufftLeaveCS"
-.Lname22:
+.Lname21:
     .asciz "cufftMakePlan1d"
-.Lname23:
+.Lname22:
     .asciz "cufftMakePlan2d"
-.Lname24:
+.Lname23:
     .asciz "cufftMakePlan3d"
-.Lname25:
+.Lname24:
     .asciz "cufftMakePlanGuru64"
-.Lname26:
+.Lname25:
     .asciz "cufftMakePlanMany"
-.Lname27:
+.Lname26:
     .asciz "cufftMakePlanMany64"
-.Lname28:
+.Lname27:
     .asciz "cufftPlan1d"
-.Lname29:
+.Lname28:
     .asciz "cufftPlan2d"
-.Lname30:
+.Lname29:
     .asciz "cufftPlan3d"
-.Lname31:
+.Lname30:
     .asciz "cufftPlanMany"
-.Lname32:
-    .asciz "cufftSetWorkArea"
-.Lname33:
-    .asciz "cufftXtExec"
-.Lname34:
+.Lname31:
     .asciz "cufftXtExecDescriptor"
-.Lname35:
+.Lname32:
     .asciz "cufftXtExecDescriptorC2C"
-.Lname36:
+.Lname33:
     .asciz "cufftXtExecDescriptorC2R"
-.Lname37:
+.Lname34:
     .asciz "cufftXtExecDescriptorD2Z"
-.Lname38:
+.Lname35:
     .asciz "cufftXtExecDescriptorR2C"
-.Lname39:
+.Lname36:
     .asciz "cufftXtExecDescriptorZ2D"
-.Lname40:
+.Lname37:
     .asciz "cufftXtExecDescriptorZ2Z"
-.Lname41:
+.Lname38:
     .asciz "cufftXtFree"
-.Lname42:
+.Lname39:
     .asciz "cufftXtGetSizeMany"
-.Lname43:
+.Lname40:
     .asciz "cufftXtMakePlanGuru64"
-.Lname44:
-    .asciz "cufftXtMakePlanMany"
-.Lname45:
+.Lname41:
     .asciz "cufftXtMalloc"
-.Lname46:
+.Lname42:
     .asciz "cufftXtMemcpy"
-.Lname47:
+.Lname43:
     .asciz "cufftXtQueryPlan"
-.Lname48:
+.Lname44:
     .asciz "cufftXtSetCallback"
-.Lname49:
+.Lname45:
     .asciz "cufftXtSetGPUs"
-.Lname50:
+.Lname46:
     .asciz "cufftXtSetWorkArea"
-.Lname51:
+.Lname47:
     .asciz "cufftXtSetWorkAreaPolicy"
     .section .note.GNU-stack,"",@progbits

@@ -4,15 +4,12 @@
     .globl cufftCreate
     .type cufftCreate, @function
 cufftCreate:
-    leaq .Lname0(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftCreate@PLT
     .size cufftCreate, .-cufftCreate
     .globl cufftDebug
     .type cufftDebug, @function
 cufftDebug:
-    leaq .Lname1(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -20,7 +17,7 @@ cufftDebug:
     .globl cufftDescriptionCreate
     .type cufftDescriptionCreate, @function
 cufftDescriptionCreate:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -28,7 +25,7 @@ cufftDescriptionCreate:
     .globl cufftDescriptionGetTraitInt64
     .type cufftDescriptionGetTraitInt64, @function
 cufftDescriptionGetTraitInt64:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -36,7 +33,7 @@ cufftDescriptionGetTraitInt64:
     .globl cufftDescriptionSetTraitInt64
     .type cufftDescriptionSetTraitInt64, @function
 cufftDescriptionSetTraitInt64:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -49,7 +46,7 @@ cufftDestroy:
     .globl cufftDeviceCreate
     .type cufftDeviceCreate, @function
 cufftDeviceCreate:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -57,7 +54,7 @@ cufftDeviceCreate:
     .globl cufftDeviceDestroy
     .type cufftDeviceDestroy, @function
 cufftDeviceDestroy:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -65,7 +62,7 @@ cufftDeviceDestroy:
     .globl cufftDeviceGetDatabaseStr
     .type cufftDeviceGetDatabaseStr, @function
 cufftDeviceGetDatabaseStr:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -73,7 +70,7 @@ cufftDeviceGetDatabaseStr:
     .globl cufftDeviceGetDatabaseStrSize
     .type cufftDeviceGetDatabaseStrSize, @function
 cufftDeviceGetDatabaseStrSize:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -81,7 +78,7 @@ cufftDeviceGetDatabaseStrSize:
     .globl cufftDeviceGetDeviceFunctionTraitInt64
     .type cufftDeviceGetDeviceFunctionTraitInt64, @function
 cufftDeviceGetDeviceFunctionTraitInt64:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -89,7 +86,7 @@ cufftDeviceGetDeviceFunctionTraitInt64:
     .globl cufftDeviceGetDeviceFunctions
     .type cufftDeviceGetDeviceFunctions, @function
 cufftDeviceGetDeviceFunctions:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -97,7 +94,7 @@ cufftDeviceGetDeviceFunctions:
     .globl cufftDeviceGetLTOIRSizes
     .type cufftDeviceGetLTOIRSizes, @function
 cufftDeviceGetLTOIRSizes:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -105,7 +102,7 @@ cufftDeviceGetLTOIRSizes:
     .globl cufftDeviceGetLTOIRs
     .type cufftDeviceGetLTOIRs, @function
 cufftDeviceGetLTOIRs:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -113,7 +110,7 @@ cufftDeviceGetLTOIRs:
     .globl cufftDeviceGetNumDeviceFunctions
     .type cufftDeviceGetNumDeviceFunctions, @function
 cufftDeviceGetNumDeviceFunctions:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -121,7 +118,7 @@ cufftDeviceGetNumDeviceFunctions:
     .globl cufftDeviceGetNumLTOIRs
     .type cufftDeviceGetNumLTOIRs, @function
 cufftDeviceGetNumLTOIRs:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -129,7 +126,7 @@ cufftDeviceGetNumLTOIRs:
     .globl cufftDeviceGetVersion
     .type cufftDeviceGetVersion, @function
 cufftDeviceGetVersion:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -137,7 +134,7 @@ cufftDeviceGetVersion:
     .globl cufftDeviceIsSupported
     .type cufftDeviceIsSupported, @function
 cufftDeviceIsSupported:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -145,7 +142,7 @@ cufftDeviceIsSupported:
     .globl cufftEstimate1d
     .type cufftEstimate1d, @function
 cufftEstimate1d:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -153,7 +150,7 @@ cufftEstimate1d:
     .globl cufftEstimate2d
     .type cufftEstimate2d, @function
 cufftEstimate2d:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -161,7 +158,7 @@ cufftEstimate2d:
     .globl cufftEstimate3d
     .type cufftEstimate3d, @function
 cufftEstimate3d:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -169,7 +166,7 @@ cufftEstimate3d:
     .globl cufftEstimateMany
     .type cufftEstimateMany, @function
 cufftEstimateMany:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -177,7 +174,7 @@ cufftEstimateMany:
     .globl cufftExecC2C
     .type cufftExecC2C, @function
 cufftExecC2C:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -185,7 +182,7 @@ cufftExecC2C:
     .globl cufftExecC2R
     .type cufftExecC2R, @function
 cufftExecC2R:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -193,7 +190,7 @@ cufftExecC2R:
     .globl cufftExecD2Z
     .type cufftExecD2Z, @function
 cufftExecD2Z:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -201,7 +198,7 @@ cufftExecD2Z:
     .globl cufftExecR2C
     .type cufftExecR2C, @function
 cufftExecR2C:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -209,7 +206,7 @@ cufftExecR2C:
     .globl cufftExecZ2D
     .type cufftExecZ2D, @function
 cufftExecZ2D:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -217,7 +214,7 @@ cufftExecZ2D:
     .globl cufftExecZ2Z
     .type cufftExecZ2Z, @function
 cufftExecZ2Z:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -225,7 +222,7 @@ cufftExecZ2Z:
     .globl cufftGetPlanPropertyInt64
     .type cufftGetPlanPropertyInt64, @function
 cufftGetPlanPropertyInt64:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -233,7 +230,7 @@ cufftGetPlanPropertyInt64:
     .globl cufftGetProperty
     .type cufftGetProperty, @function
 cufftGetProperty:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -241,7 +238,7 @@ cufftGetProperty:
     .globl cufftGetSize
     .type cufftGetSize, @function
 cufftGetSize:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -249,7 +246,7 @@ cufftGetSize:
     .globl cufftGetSize1d
     .type cufftGetSize1d, @function
 cufftGetSize1d:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -257,7 +254,7 @@ cufftGetSize1d:
     .globl cufftGetSize2d
     .type cufftGetSize2d, @function
 cufftGetSize2d:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -265,7 +262,7 @@ cufftGetSize2d:
     .globl cufftGetSize3d
     .type cufftGetSize3d, @function
 cufftGetSize3d:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -273,7 +270,7 @@ cufftGetSize3d:
     .globl cufftGetSizeMany
     .type cufftGetSizeMany, @function
 cufftGetSizeMany:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -281,7 +278,7 @@ cufftGetSizeMany:
     .globl cufftGetSizeMany64
     .type cufftGetSizeMany64, @function
 cufftGetSizeMany64:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -289,7 +286,7 @@ cufftGetSizeMany64:
     .globl cufftGetVersion
     .type cufftGetVersion, @function
 cufftGetVersion:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -297,7 +294,7 @@ cufftGetVersion:
     .globl cufftMakePlan1d
     .type cufftMakePlan1d, @function
 cufftMakePlan1d:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -305,7 +302,7 @@ cufftMakePlan1d:
     .globl cufftMakePlan2d
     .type cufftMakePlan2d, @function
 cufftMakePlan2d:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -313,7 +310,7 @@ cufftMakePlan2d:
     .globl cufftMakePlan3d
     .type cufftMakePlan3d, @function
 cufftMakePlan3d:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -321,7 +318,7 @@ cufftMakePlan3d:
     .globl cufftMakePlanMany
     .type cufftMakePlanMany, @function
 cufftMakePlanMany:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -329,7 +326,7 @@ cufftMakePlanMany:
     .globl cufftMakePlanMany64
     .type cufftMakePlanMany64, @function
 cufftMakePlanMany64:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -337,7 +334,7 @@ cufftMakePlanMany64:
     .globl cufftPlan1d
     .type cufftPlan1d, @function
 cufftPlan1d:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -345,7 +342,7 @@ cufftPlan1d:
     .globl cufftPlan2d
     .type cufftPlan2d, @function
 cufftPlan2d:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -353,7 +350,7 @@ cufftPlan2d:
     .globl cufftPlan3d
     .type cufftPlan3d, @function
 cufftPlan3d:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -361,7 +358,7 @@ cufftPlan3d:
     .globl cufftPlanMany
     .type cufftPlanMany, @function
 cufftPlanMany:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -389,10 +386,7 @@ cufftSetStream:
     .globl cufftSetWorkArea
     .type cufftSetWorkArea, @function
 cufftSetWorkArea:
-    leaq .Lname45(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftSetWorkArea@PLT
     .size cufftSetWorkArea, .-cufftSetWorkArea
     .globl cufftXtClearCallback
     .type cufftXtClearCallback, @function
@@ -402,15 +396,12 @@ cufftXtClearCallback:
     .globl cufftXtExec
     .type cufftXtExec, @function
 cufftXtExec:
-    leaq .Lname46(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtExec@PLT
     .size cufftXtExec, .-cufftXtExec
     .globl cufftXtExecDescriptor
     .type cufftXtExecDescriptor, @function
 cufftXtExecDescriptor:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -418,7 +409,7 @@ cufftXtExecDescriptor:
     .globl cufftXtExecDescriptorC2C
     .type cufftXtExecDescriptorC2C, @function
 cufftXtExecDescriptorC2C:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -426,7 +417,7 @@ cufftXtExecDescriptorC2C:
     .globl cufftXtExecDescriptorC2R
     .type cufftXtExecDescriptorC2R, @function
 cufftXtExecDescriptorC2R:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -434,7 +425,7 @@ cufftXtExecDescriptorC2R:
     .globl cufftXtExecDescriptorD2Z
     .type cufftXtExecDescriptorD2Z, @function
 cufftXtExecDescriptorD2Z:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -442,7 +433,7 @@ cufftXtExecDescriptorD2Z:
     .globl cufftXtExecDescriptorR2C
     .type cufftXtExecDescriptorR2C, @function
 cufftXtExecDescriptorR2C:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -450,7 +441,7 @@ cufftXtExecDescriptorR2C:
     .globl cufftXtExecDescriptorZ2D
     .type cufftXtExecDescriptorZ2D, @function
 cufftXtExecDescriptorZ2D:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -458,7 +449,7 @@ cufftXtExecDescriptorZ2D:
     .globl cufftXtExecDescriptorZ2Z
     .type cufftXtExecDescriptorZ2Z, @function
 cufftXtExecDescriptorZ2Z:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -466,7 +457,7 @@ cufftXtExecDescriptorZ2Z:
     .globl cufftXtFree
     .type cufftXtFree, @function
 cufftXtFree:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -474,7 +465,7 @@ cufftXtFree:
     .globl cufftXtGetSizeMany
     .type cufftXtGetSizeMany, @function
 cufftXtGetSizeMany:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -482,7 +473,7 @@ cufftXtGetSizeMany:
     .globl cufftXtMakePlanGuru64
     .type cufftXtMakePlanGuru64, @function
 cufftXtMakePlanGuru64:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -490,15 +481,12 @@ cufftXtMakePlanGuru64:
     .globl cufftXtMakePlanMany
     .type cufftXtMakePlanMany, @function
 cufftXtMakePlanMany:
-    leaq .Lname57(%rip), %rdi
-    movq $16, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cufft_cufftXtMakePlanMany@PLT
     .size cufftXtMakePlanMany, .-cufftXtMakePlanMany
     .globl cufftXtMalloc
     .type cufftXtMalloc, @function
 cufftXtMalloc:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -506,7 +494,7 @@ cufftXtMalloc:
     .globl cufftXtMemcpy
     .type cufftXtMemcpy, @function
 cufftXtMemcpy:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -514,7 +502,7 @@ cufftXtMemcpy:
     .globl cufftXtQueryPlan
     .type cufftXtQueryPlan, @function
 cufftXtQueryPlan:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -522,7 +510,7 @@ cufftXtQueryPlan:
     .globl cufftXtSetCallback
     .type cufftXtSetCallback, @function
 cufftXtSetCallback:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -535,7 +523,7 @@ cufftXtSetCallbackSharedSize:
     .globl cufftXtSetGPUs
     .type cufftXtSetGPUs, @function
 cufftXtSetGPUs:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -543,7 +531,7 @@ cufftXtSetGPUs:
     .globl cufftXtSetJITCallback
     .type cufftXtSetJITCallback, @function
 cufftXtSetJITCallback:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -551,7 +539,7 @@ cufftXtSetJITCallback:
     .globl cufftXtSetWorkArea
     .type cufftXtSetWorkArea, @function
 cufftXtSetWorkArea:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -559,142 +547,134 @@ cufftXtSetWorkArea:
     .globl cufftXtSetWorkAreaPolicy
     .type cufftXtSetWorkAreaPolicy, @function
 cufftXtSetWorkAreaPolicy:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cufftXtSetWorkAreaPolicy, .-cufftXtSetWorkAreaPolicy
     .section .rodata
 .Lname0:
-    .asciz "cufftCreate"
-.Lname1:
     .asciz "cufftDebug"
-.Lname2:
+.Lname1:
     .asciz "cufftDescriptionCreate"
-.Lname3:
+.Lname2:
     .asciz "cufftDescriptionGetTraitInt64"
-.Lname4:
+.Lname3:
     .asciz "cufftDescriptionSetTraitInt64"
-.Lname5:
+.Lname4:
     .asciz "cufftDeviceCreate"
-.Lname6:
+.Lname5:
     .asciz "cufftDeviceDestroy"
-.Lname7:
+.Lname6:
     .asciz "cufftDeviceGetDatabaseStr"
-.Lname8:
+.Lname7:
     .asciz "cufftDeviceGetDatabaseStrSize"
-.Lname9:
+.Lname8:
     .asciz "cufftDeviceGetDeviceFunctionTraitInt64"
-.Lname10:
+.Lname9:
     .asciz "cufftDeviceGetDeviceFunctions"
-.Lname11:
+.Lname10:
     .asciz "cufftDeviceGetLTOIRSizes"
-.Lname12:
+.Lname11:
     .asciz "cufftDeviceGetLTOIRs"
-.Lname13:
+.Lname12:
     .asciz "cufftDeviceGetNumDeviceFunctions"
-.Lname14:
+.Lname13:
     .asciz "cufftDeviceGetNumLTOIRs"
-.Lname15:
+.Lname14:
     .asciz "cufftDeviceGetVersion"
-.Lname16:
+.Lname15:
     .asciz "cufftDeviceIsSupported"
-.Lname17:
+.Lname16:
     .asciz "cufftEstimate1d"
-.Lname18:
+.Lname17:
     .asciz "cufftEstimate2d"
-.Lname19:
+.Lname18:
     .asciz "cufftEstimate3d"
-.Lname20:
+.Lname19:
     .asciz "cufftEstimateMany"
-.Lname21:
+.Lname20:
     .asciz "cufftExecC2C"
-.Lname22:
+.Lname21:
     .asciz "cufftExecC2R"
-.Lname23:
+.Lname22:
     .asciz "cufftExecD2Z"
-.Lname24:
+.Lname23:
     .asciz "cufftExecR2C"
-.Lname25:
+.Lname24:
     .asciz "cufftExecZ2D"
-.Lname26:
+.Lname25:
     .asciz "cufftExecZ2Z"
-.Lname27:
+.Lname26:
     .asciz "cufftGetPlanPropertyInt64"
-.Lname28:
+.Lname27:
     .asciz "cufftGetProperty"
-.Lname29:
+.Lname28:
     .asciz "cufftGetSize"
-.Lname30:
+.Lname29:
     .asciz "cufftGetSize1d"
-.Lname31:
+.Lname30:
     .asciz "cufftGetSize2d"
-.Lname32:
+.Lname31:
     .asciz "cufftGetSize3d"
-.Lname33:
+.Lname32:
     .asciz "cufftGetSizeMany"
-.Lname34:
+.Lname33:
     .asciz "cufftGetSizeMany64"
-.Lname35:
+.Lname34:
     .asciz "cufftGetVersion"
-.Lname36:
+.Lname35:
     .asciz "cufftMakePlan1d"
-.Lname37:
+.Lname36:
     .asciz "cufftMakePlan2d"
-.Lname38:
+.Lname37:
     .asciz "cufftMakePlan3d"
-.Lname39:
+.Lname38:
     .asciz "cufftMakePlanMany"
-.Lname40:
+.Lname39:
     .asciz "cufftMakePlanMany64"
-.Lname41:
+.Lname40:
     .asciz "cufftPlan1d"
-.Lname42:
+.Lname41:
     .asciz "cufftPlan2d"
-.Lname43:
+.Lname42:
     .asciz "cufftPlan3d"
-.Lname44:
+.Lname43:
     .asciz "cufftPlanMany"
-.Lname45:
-    .asciz "cufftSetWorkArea"
-.Lname46:
-    .asciz "cufftXtExec"
-.Lname47:
+.Lname44:
     .asciz "cufftXtExecDescriptor"
-.Lname48:
+.Lname45:
     .asciz "cufftXtExecDescriptorC2C"
-.Lname49:
+.Lname46:
     .asciz "cufftXtExecDescriptorC2R"
-.Lname50:
+.Lname47:
     .asciz "cufftXtExecDescriptorD2Z"
-.Lname51:
+.Lname48:
     .asciz "cufftXtExecDescriptorR2C"
-.Lname52:
+.Lname49:
     .asciz "cufftXtExecDescriptorZ2D"
-.Lname53:
+.Lname50:
     .asciz "cufftXtExecDescriptorZ2Z"
-.Lname54:
+.Lname51:
     .asciz "cufftXtFree"
-.Lname55:
+.Lname52:
     .asciz "cufftXtGetSizeMany"
-.Lname56:
+.Lname53:
     .asciz "cufftXtMakePlanGuru64"
-.Lname57:
-    .asciz "cufftXtMakePlanMany"
-.Lname58:
+.Lname54:
     .asciz "cufftXtMalloc"
-.Lname59:
+.Lname55:
     .asciz "cufftXtMemcpy"
-.Lname60:
+.Lname56:
     .asciz "cufftXtQueryPlan"
-.Lname61:
+.Lname57:
     .asciz "cufftXtSetCallback"
-.Lname62:
+.Lname58:
     .asciz "cufftXtSetGPUs"
-.Lname63:
+.Lname59:
     .asciz "cufftXtSetJITCallback"
-.Lname64:
+.Lname60:
     .asciz "cufftXtSetWorkArea"
-.Lname65:
+.Lname61:
     .asciz "cufftXtSetWorkAreaPolicy"
     .section .note.GNU-stack,"",@progbits

@@ -156,15 +156,12 @@ cusolverDnCgebrd:
     .globl cusolverDnCgebrd_bufferSize
     .type cusolverDnCgebrd_bufferSize, @function
 cusolverDnCgebrd_bufferSize:
-    leaq .Lname19(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgebrd_bufferSize@PLT
     .size cusolverDnCgebrd_bufferSize, .-cusolverDnCgebrd_bufferSize
     .globl cusolverDnCgehd2
     .type cusolverDnCgehd2, @function
 cusolverDnCgehd2:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -172,7 +169,7 @@ cusolverDnCgehd2:
     .globl cusolverDnCgehd2_bufferSize
     .type cusolverDnCgehd2_bufferSize, @function
 cusolverDnCgehd2_bufferSize:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -180,7 +177,7 @@ cusolverDnCgehd2_bufferSize:
     .globl cusolverDnCgehrd
     .type cusolverDnCgehrd, @function
 cusolverDnCgehrd:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -188,7 +185,7 @@ cusolverDnCgehrd:
     .globl cusolverDnCgehrd_bufferSize
     .type cusolverDnCgehrd_bufferSize, @function
 cusolverDnCgehrd_bufferSize:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -196,7 +193,7 @@ cusolverDnCgehrd_bufferSize:
     .globl cusolverDnCgelqfHost
     .type cusolverDnCgelqfHost, @function
 cusolverDnCgelqfHost:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -204,7 +201,7 @@ cusolverDnCgelqfHost:
     .globl cusolverDnCgemmHost
     .type cusolverDnCgemmHost, @function
 cusolverDnCgemmHost:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -212,7 +209,7 @@ cusolverDnCgemmHost:
     .globl cusolverDnCgeqlfHost
     .type cusolverDnCgeqlfHost, @function
 cusolverDnCgeqlfHost:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -220,15 +217,12 @@ cusolverDnCgeqlfHost:
     .globl cusolverDnCgeqrf
     .type cusolverDnCgeqrf, @function
 cusolverDnCgeqrf:
-    leaq .Lname27(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgeqrf@PLT
     .size cusolverDnCgeqrf, .-cusolverDnCgeqrf
     .globl cusolverDnCgeqrfHost
     .type cusolverDnCgeqrfHost, @function
 cusolverDnCgeqrfHost:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -236,7 +230,7 @@ cusolverDnCgeqrfHost:
     .globl cusolverDnCgeqrf_ApI
     .type cusolverDnCgeqrf_ApI, @function
 cusolverDnCgeqrf_ApI:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -244,7 +238,7 @@ cusolverDnCgeqrf_ApI:
     .globl cusolverDnCgeqrf_ApI_bufferSize
     .type cusolverDnCgeqrf_ApI_bufferSize, @function
 cusolverDnCgeqrf_ApI_bufferSize:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -252,15 +246,12 @@ cusolverDnCgeqrf_ApI_bufferSize:
     .globl cusolverDnCgeqrf_bufferSize
     .type cusolverDnCgeqrf_bufferSize, @function
 cusolverDnCgeqrf_bufferSize:
-    leaq .Lname31(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgeqrf_bufferSize@PLT
     .size cusolverDnCgeqrf_bufferSize, .-cusolverDnCgeqrf_bufferSize
     .globl cusolverDnCgercond
     .type cusolverDnCgercond, @function
 cusolverDnCgercond:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -268,7 +259,7 @@ cusolverDnCgercond:
     .globl cusolverDnCgercond_bufferSize
     .type cusolverDnCgercond_bufferSize, @function
 cusolverDnCgercond_bufferSize:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -276,111 +267,72 @@ cusolverDnCgercond_bufferSize:
     .globl cusolverDnCgesvd
     .type cusolverDnCgesvd, @function
 cusolverDnCgesvd:
-    leaq .Lname34(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgesvd@PLT
     .size cusolverDnCgesvd, .-cusolverDnCgesvd
     .globl cusolverDnCgesvd_bufferSize
     .type cusolverDnCgesvd_bufferSize, @function
 cusolverDnCgesvd_bufferSize:
-    leaq .Lname35(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgesvd_bufferSize@PLT
     .size cusolverDnCgesvd_bufferSize, .-cusolverDnCgesvd_bufferSize
     .globl cusolverDnCgesvdaStridedBatched
     .type cusolverDnCgesvdaStridedBatched, @function
 cusolverDnCgesvdaStridedBatched:
-    leaq .Lname36(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgesvdaStridedBatched@PLT
     .size cusolverDnCgesvdaStridedBatched, .-cusolverDnCgesvdaStridedBatched
     .globl cusolverDnCgesvdaStridedBatched_bufferSize
     .type cusolverDnCgesvdaStridedBatched_bufferSize, @function
 cusolverDnCgesvdaStridedBatched_bufferSize:
-    leaq .Lname37(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgesvdaStridedBatched_bufferSize@PLT
     .size cusolverDnCgesvdaStridedBatched_bufferSize, .-cusolverDnCgesvdaStridedBatched_bufferSize
     .globl cusolverDnCgesvdj
     .type cusolverDnCgesvdj, @function
 cusolverDnCgesvdj:
-    leaq .Lname38(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgesvdj@PLT
     .size cusolverDnCgesvdj, .-cusolverDnCgesvdj
     .globl cusolverDnCgesvdjBatched
     .type cusolverDnCgesvdjBatched, @function
 cusolverDnCgesvdjBatched:
-    leaq .Lname39(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgesvdjBatched@PLT
     .size cusolverDnCgesvdjBatched, .-cusolverDnCgesvdjBatched
     .globl cusolverDnCgesvdjBatched_bufferSize
     .type cusolverDnCgesvdjBatched_bufferSize, @function
 cusolverDnCgesvdjBatched_bufferSize:
-    leaq .Lname40(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgesvdjBatched_bufferSize@PLT
     .size cusolverDnCgesvdjBatched_bufferSize, .-cusolverDnCgesvdjBatched_bufferSize
     .globl cusolverDnCgesvdj_bufferSize
     .type cusolverDnCgesvdj_bufferSize, @function
 cusolverDnCgesvdj_bufferSize:
-    leaq .Lname41(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgesvdj_bufferSize@PLT
     .size cusolverDnCgesvdj_bufferSize, .-cusolverDnCgesvdj_bufferSize
     .globl cusolverDnCgetrf
     .type cusolverDnCgetrf, @function
 cusolverDnCgetrf:
-    leaq .Lname42(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgetrf@PLT
     .size cusolverDnCgetrf, .-cusolverDnCgetrf
     .globl cusolverDnCgetrf_bufferSize
     .type cusolverDnCgetrf_bufferSize, @function
 cusolverDnCgetrf_bufferSize:
-    leaq .Lname43(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgetrf_bufferSize@PLT
     .size cusolverDnCgetrf_bufferSize, .-cusolverDnCgetrf_bufferSize
     .globl cusolverDnCgetrs
     .type cusolverDnCgetrs, @function
 cusolverDnCgetrs:
-    leaq .Lname44(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgetrs@PLT
     .size cusolverDnCgetrs, .-cusolverDnCgetrs
     .globl cusolverDnCheevd
     .type cusolverDnCheevd, @function
 cusolverDnCheevd:
-    leaq .Lname45(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCheevd@PLT
     .size cusolverDnCheevd, .-cusolverDnCheevd
     .globl cusolverDnCheevd_bufferSize
     .type cusolverDnCheevd_bufferSize, @function
 cusolverDnCheevd_bufferSize:
-    leaq .Lname46(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCheevd_bufferSize@PLT
     .size cusolverDnCheevd_bufferSize, .-cusolverDnCheevd_bufferSize
     .globl cusolverDnCheevdx
     .type cusolverDnCheevdx, @function
 cusolverDnCheevdx:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -388,7 +340,7 @@ cusolverDnCheevdx:
     .globl cusolverDnCheevdx_bufferSize
     .type cusolverDnCheevdx_bufferSize, @function
 cusolverDnCheevdx_bufferSize:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -396,39 +348,27 @@ cusolverDnCheevdx_bufferSize:
     .globl cusolverDnCheevj
     .type cusolverDnCheevj, @function
 cusolverDnCheevj:
-    leaq .Lname49(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCheevj@PLT
     .size cusolverDnCheevj, .-cusolverDnCheevj
     .globl cusolverDnCheevjBatched
     .type cusolverDnCheevjBatched, @function
 cusolverDnCheevjBatched:
-    leaq .Lname50(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCheevjBatched@PLT
     .size cusolverDnCheevjBatched, .-cusolverDnCheevjBatched
     .globl cusolverDnCheevjBatched_bufferSize
     .type cusolverDnCheevjBatched_bufferSize, @function
 cusolverDnCheevjBatched_bufferSize:
-    leaq .Lname51(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCheevjBatched_bufferSize@PLT
     .size cusolverDnCheevjBatched_bufferSize, .-cusolverDnCheevjBatched_bufferSize
     .globl cusolverDnCheevj_bufferSize
     .type cusolverDnCheevj_bufferSize, @function
 cusolverDnCheevj_bufferSize:
-    leaq .Lname52(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCheevj_bufferSize@PLT
     .size cusolverDnCheevj_bufferSize, .-cusolverDnCheevj_bufferSize
     .globl cusolverDnChegst
     .type cusolverDnChegst, @function
 cusolverDnChegst:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -436,7 +376,7 @@ cusolverDnChegst:
     .globl cusolverDnChegst2
     .type cusolverDnChegst2, @function
 cusolverDnChegst2:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -444,7 +384,7 @@ cusolverDnChegst2:
     .globl cusolverDnChegst2_bufferSize
     .type cusolverDnChegst2_bufferSize, @function
 cusolverDnChegst2_bufferSize:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -452,7 +392,7 @@ cusolverDnChegst2_bufferSize:
     .globl cusolverDnChegst_bufferSize
     .type cusolverDnChegst_bufferSize, @function
 cusolverDnChegst_bufferSize:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -460,23 +400,17 @@ cusolverDnChegst_bufferSize:
     .globl cusolverDnChegvd
     .type cusolverDnChegvd, @function
 cusolverDnChegvd:
-    leaq .Lname57(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnChegvd@PLT
     .size cusolverDnChegvd, .-cusolverDnChegvd
     .globl cusolverDnChegvd_bufferSize
     .type cusolverDnChegvd_bufferSize, @function
 cusolverDnChegvd_bufferSize:
-    leaq .Lname58(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnChegvd_bufferSize@PLT
     .size cusolverDnChegvd_bufferSize, .-cusolverDnChegvd_bufferSize
     .globl cusolverDnChegvdx
     .type cusolverDnChegvdx, @function
 cusolverDnChegvdx:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -484,7 +418,7 @@ cusolverDnChegvdx:
     .globl cusolverDnChegvdx_bufferSize
     .type cusolverDnChegvdx_bufferSize, @function
 cusolverDnChegvdx_bufferSize:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -492,23 +426,17 @@ cusolverDnChegvdx_bufferSize:
     .globl cusolverDnChegvj
     .type cusolverDnChegvj, @function
 cusolverDnChegvj:
-    leaq .Lname61(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnChegvj@PLT
     .size cusolverDnChegvj, .-cusolverDnChegvj
     .globl cusolverDnChegvj_bufferSize
     .type cusolverDnChegvj_bufferSize, @function
 cusolverDnChegvj_bufferSize:
-    leaq .Lname62(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnChegvj_bufferSize@PLT
     .size cusolverDnChegvj_bufferSize, .-cusolverDnChegvj_bufferSize
     .globl cusolverDnChemv
     .type cusolverDnChemv, @function
 cusolverDnChemv:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -516,7 +444,7 @@ cusolverDnChemv:
     .globl cusolverDnChemv_bufferSize
     .type cusolverDnChemv_bufferSize, @function
 cusolverDnChemv_bufferSize:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -524,7 +452,7 @@ cusolverDnChemv_bufferSize:
     .globl cusolverDnChetrd
     .type cusolverDnChetrd, @function
 cusolverDnChetrd:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -532,7 +460,7 @@ cusolverDnChetrd:
     .globl cusolverDnChetrd_bufferSize
     .type cusolverDnChetrd_bufferSize, @function
 cusolverDnChetrd_bufferSize:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -540,7 +468,7 @@ cusolverDnChetrd_bufferSize:
     .globl cusolverDnClacpyHost
     .type cusolverDnClacpyHost, @function
 cusolverDnClacpyHost:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -548,7 +476,7 @@ cusolverDnClacpyHost:
     .globl cusolverDnClahr2
     .type cusolverDnClahr2, @function
 cusolverDnClahr2:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -556,7 +484,7 @@ cusolverDnClahr2:
     .globl cusolverDnClange
     .type cusolverDnClange, @function
 cusolverDnClange:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -564,7 +492,7 @@ cusolverDnClange:
     .globl cusolverDnClangeHost
     .type cusolverDnClangeHost, @function
 cusolverDnClangeHost:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -572,7 +500,7 @@ cusolverDnClangeHost:
     .globl cusolverDnClange_bufferSize
     .type cusolverDnClange_bufferSize, @function
 cusolverDnClange_bufferSize:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -580,7 +508,7 @@ cusolverDnClange_bufferSize:
     .globl cusolverDnClanhe
     .type cusolverDnClanhe, @function
 cusolverDnClanhe:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -588,7 +516,7 @@ cusolverDnClanhe:
     .globl cusolverDnClanheHost
     .type cusolverDnClanheHost, @function
 cusolverDnClanheHost:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -596,7 +524,7 @@ cusolverDnClanheHost:
     .globl cusolverDnClanhe_bufferSize
     .type cusolverDnClanhe_bufferSize, @function
 cusolverDnClanhe_bufferSize:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -604,7 +532,7 @@ cusolverDnClanhe_bufferSize:
     .globl cusolverDnClantrHost
     .type cusolverDnClantrHost, @function
 cusolverDnClantrHost:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -612,7 +540,7 @@ cusolverDnClantrHost:
     .globl cusolverDnClarfb
     .type cusolverDnClarfb, @function
 cusolverDnClarfb:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -620,7 +548,7 @@ cusolverDnClarfb:
     .globl cusolverDnClarfgHost
     .type cusolverDnClarfgHost, @function
 cusolverDnClarfgHost:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -628,7 +556,7 @@ cusolverDnClarfgHost:
     .globl cusolverDnClarft
     .type cusolverDnClarft, @function
 cusolverDnClarft:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -636,7 +564,7 @@ cusolverDnClarft:
     .globl cusolverDnClarft_bufferSize
     .type cusolverDnClarft_bufferSize, @function
 cusolverDnClarft_bufferSize:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -644,7 +572,7 @@ cusolverDnClarft_bufferSize:
     .globl cusolverDnClarnvHost
     .type cusolverDnClarnvHost, @function
 cusolverDnClarnvHost:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -652,7 +580,7 @@ cusolverDnClarnvHost:
     .globl cusolverDnClascl
     .type cusolverDnClascl, @function
 cusolverDnClascl:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -660,7 +588,7 @@ cusolverDnClascl:
     .globl cusolverDnClasetHost
     .type cusolverDnClasetHost, @function
 cusolverDnClasetHost:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -668,23 +596,17 @@ cusolverDnClasetHost:
     .globl cusolverDnClaswp
     .type cusolverDnClaswp, @function
 cusolverDnClaswp:
-    leaq .Lname83(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnClaswp@PLT
     .size cusolverDnClaswp, .-cusolverDnClaswp
     .globl cusolverDnClauum
     .type cusolverDnClauum, @function
 cusolverDnClauum:
-    leaq .Lname84(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnClauum@PLT
     .size cusolverDnClauum, .-cusolverDnClauum
     .globl cusolverDnClauumHost
     .type cusolverDnClauumHost, @function
 cusolverDnClauumHost:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -692,15 +614,12 @@ cusolverDnClauumHost:
     .globl cusolverDnClauum_bufferSize
     .type cusolverDnClauum_bufferSize, @function
 cusolverDnClauum_bufferSize:
-    leaq .Lname86(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnClauum_bufferSize@PLT
     .size cusolverDnClauum_bufferSize, .-cusolverDnClauum_bufferSize
     .globl cusolverDnCnrm2Host
     .type cusolverDnCnrm2Host, @function
 cusolverDnCnrm2Host:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -708,7 +627,7 @@ cusolverDnCnrm2Host:
     .globl cusolverDnCpolar
     .type cusolverDnCpolar, @function
 cusolverDnCpolar:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -716,7 +635,7 @@ cusolverDnCpolar:
     .globl cusolverDnCpolar_bufferSize
     .type cusolverDnCpolar_bufferSize, @function
 cusolverDnCpolar_bufferSize:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -724,23 +643,17 @@ cusolverDnCpolar_bufferSize:
     .globl cusolverDnCpotrf
     .type cusolverDnCpotrf, @function
 cusolverDnCpotrf:
-    leaq .Lname90(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCpotrf@PLT
     .size cusolverDnCpotrf, .-cusolverDnCpotrf
     .globl cusolverDnCpotrfBatched
     .type cusolverDnCpotrfBatched, @function
 cusolverDnCpotrfBatched:
-    leaq .Lname91(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCpotrfBatched@PLT
     .size cusolverDnCpotrfBatched, .-cusolverDnCpotrfBatched
     .globl cusolverDnCpotrfHost
     .type cusolverDnCpotrfHost, @function
 cusolverDnCpotrfHost:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -748,23 +661,17 @@ cusolverDnCpotrfHost:
     .globl cusolverDnCpotrf_bufferSize
     .type cusolverDnCpotrf_bufferSize, @function
 cusolverDnCpotrf_bufferSize:
-    leaq .Lname93(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCpotrf_bufferSize@PLT
     .size cusolverDnCpotrf_bufferSize, .-cusolverDnCpotrf_bufferSize
     .globl cusolverDnCpotri
     .type cusolverDnCpotri, @function
 cusolverDnCpotri:
-    leaq .Lname94(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCpotri@PLT
     .size cusolverDnCpotri, .-cusolverDnCpotri
     .globl cusolverDnCpotriHost
     .type cusolverDnCpotriHost, @function
 cusolverDnCpotriHost:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -772,31 +679,22 @@ cusolverDnCpotriHost:
     .globl cusolverDnCpotri_bufferSize
     .type cusolverDnCpotri_bufferSize, @function
 cusolverDnCpotri_bufferSize:
-    leaq .Lname96(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCpotri_bufferSize@PLT
     .size cusolverDnCpotri_bufferSize, .-cusolverDnCpotri_bufferSize
     .globl cusolverDnCpotrs
     .type cusolverDnCpotrs, @function
 cusolverDnCpotrs:
-    leaq .Lname97(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCpotrs@PLT
     .size cusolverDnCpotrs, .-cusolverDnCpotrs
     .globl cusolverDnCpotrsBatched
     .type cusolverDnCpotrsBatched, @function
 cusolverDnCpotrsBatched:
-    leaq .Lname98(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCpotrsBatched@PLT
     .size cusolverDnCpotrsBatched, .-cusolverDnCpotrsBatched
     .globl cusolverDnCpotrsHost
     .type cusolverDnCpotrsHost, @function
 cusolverDnCpotrsHost:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -824,7 +722,7 @@ cusolverDnCreateSyevjInfo:
     .globl cusolverDnCsscalHost
     .type cusolverDnCsscalHost, @function
 cusolverDnCsscalHost:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -832,31 +730,22 @@ cusolverDnCsscalHost:
     .globl cusolverDnCsytrf
     .type cusolverDnCsytrf, @function
 cusolverDnCsytrf:
-    leaq .Lname101(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCsytrf@PLT
     .size cusolverDnCsytrf, .-cusolverDnCsytrf
     .globl cusolverDnCsytrf_bufferSize
     .type cusolverDnCsytrf_bufferSize, @function
 cusolverDnCsytrf_bufferSize:
-    leaq .Lname102(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCsytrf_bufferSize@PLT
     .size cusolverDnCsytrf_bufferSize, .-cusolverDnCsytrf_bufferSize
     .globl cusolverDnCsytri
     .type cusolverDnCsytri, @function
 cusolverDnCsytri:
-    leaq .Lname103(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCsytri@PLT
     .size cusolverDnCsytri, .-cusolverDnCsytri
     .globl cusolverDnCsytriHost
     .type cusolverDnCsytriHost, @function
 cusolverDnCsytriHost:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -864,15 +753,12 @@ cusolverDnCsytriHost:
     .globl cusolverDnCsytri_bufferSize
     .type cusolverDnCsytri_bufferSize, @function
 cusolverDnCsytri_bufferSize:
-    leaq .Lname105(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCsytri_bufferSize@PLT
     .size cusolverDnCsytri_bufferSize, .-cusolverDnCsytri_bufferSize
     .globl cusolverDnCsytrsHost
     .type cusolverDnCsytrsHost, @function
 cusolverDnCsytrsHost:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -880,7 +766,7 @@ cusolverDnCsytrsHost:
     .globl cusolverDnCtrtriHost
     .type cusolverDnCtrtriHost, @function
 cusolverDnCtrtriHost:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -888,15 +774,12 @@ cusolverDnCtrtriHost:
     .globl cusolverDnCungbr
     .type cusolverDnCungbr, @function
 cusolverDnCungbr:
-    leaq .Lname108(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCungbr@PLT
     .size cusolverDnCungbr, .-cusolverDnCungbr
     .globl cusolverDnCungbrHost
     .type cusolverDnCungbrHost, @function
 cusolverDnCungbrHost:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -904,15 +787,12 @@ cusolverDnCungbrHost:
     .globl cusolverDnCungbr_bufferSize
     .type cusolverDnCungbr_bufferSize, @function
 cusolverDnCungbr_bufferSize:
-    leaq .Lname110(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCungbr_bufferSize@PLT
     .size cusolverDnCungbr_bufferSize, .-cusolverDnCungbr_bufferSize
     .globl cusolverDnCunghrHost
     .type cusolverDnCunghrHost, @function
 cusolverDnCunghrHost:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -920,7 +800,7 @@ cusolverDnCunghrHost:
     .globl cusolverDnCunglqHost
     .type cusolverDnCunglqHost, @function
 cusolverDnCunglqHost:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -928,15 +808,12 @@ cusolverDnCunglqHost:
     .globl cusolverDnCungqr
     .type cusolverDnCungqr, @function
 cusolverDnCungqr:
-    leaq .Lname113(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCungqr@PLT
     .size cusolverDnCungqr, .-cusolverDnCungqr
     .globl cusolverDnCungqrHost
     .type cusolverDnCungqrHost, @function
 cusolverDnCungqrHost:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -944,7 +821,7 @@ cusolverDnCungqrHost:
     .globl cusolverDnCungqr_ApI
     .type cusolverDnCungqr_ApI, @function
 cusolverDnCungqr_ApI:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -952,7 +829,7 @@ cusolverDnCungqr_ApI:
     .globl cusolverDnCungqr_ApI_bufferSize
     .type cusolverDnCungqr_ApI_bufferSize, @function
 cusolverDnCungqr_ApI_bufferSize:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -960,23 +837,17 @@ cusolverDnCungqr_ApI_bufferSize:
     .globl cusolverDnCungqr_bufferSize
     .type cusolverDnCungqr_bufferSize, @function
 cusolverDnCungqr_bufferSize:
-    leaq .Lname117(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCungqr_bufferSize@PLT
     .size cusolverDnCungqr_bufferSize, .-cusolverDnCungqr_bufferSize
     .globl cusolverDnCungtr
     .type cusolverDnCungtr, @function
 cusolverDnCungtr:
-    leaq .Lname118(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCungtr@PLT
     .size cusolverDnCungtr, .-cusolverDnCungtr
     .globl cusolverDnCungtrHost
     .type cusolverDnCungtrHost, @function
 cusolverDnCungtrHost:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -984,23 +855,17 @@ cusolverDnCungtrHost:
     .globl cusolverDnCungtr_bufferSize
     .type cusolverDnCungtr_bufferSize, @function
 cusolverDnCungtr_bufferSize:
-    leaq .Lname120(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCungtr_bufferSize@PLT
     .size cusolverDnCungtr_bufferSize, .-cusolverDnCungtr_bufferSize
     .globl cusolverDnCunmqr
     .type cusolverDnCunmqr, @function
 cusolverDnCunmqr:
-    leaq .Lname121(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCunmqr@PLT
     .size cusolverDnCunmqr, .-cusolverDnCunmqr
     .globl cusolverDnCunmqrHost
     .type cusolverDnCunmqrHost, @function
 cusolverDnCunmqrHost:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1008,23 +873,17 @@ cusolverDnCunmqrHost:
     .globl cusolverDnCunmqr_bufferSize
     .type cusolverDnCunmqr_bufferSize, @function
 cusolverDnCunmqr_bufferSize:
-    leaq .Lname123(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCunmqr_bufferSize@PLT
     .size cusolverDnCunmqr_bufferSize, .-cusolverDnCunmqr_bufferSize
     .globl cusolverDnCunmtr
     .type cusolverDnCunmtr, @function
 cusolverDnCunmtr:
-    leaq .Lname124(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCunmtr@PLT
     .size cusolverDnCunmtr, .-cusolverDnCunmtr
     .globl cusolverDnCunmtrHost
     .type cusolverDnCunmtrHost, @function
 cusolverDnCunmtrHost:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1032,15 +891,12 @@ cusolverDnCunmtrHost:
     .globl cusolverDnCunmtr_bufferSize
     .type cusolverDnCunmtr_bufferSize, @function
 cusolverDnCunmtr_bufferSize:
-    leaq .Lname126(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCunmtr_bufferSize@PLT
     .size cusolverDnCunmtr_bufferSize, .-cusolverDnCunmtr_bufferSize
     .globl cusolverDnDBgels
     .type cusolverDnDBgels, @function
 cusolverDnDBgels:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1048,7 +904,7 @@ cusolverDnDBgels:
     .globl cusolverDnDBgels_bufferSize
     .type cusolverDnDBgels_bufferSize, @function
 cusolverDnDBgels_bufferSize:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1056,7 +912,7 @@ cusolverDnDBgels_bufferSize:
     .globl cusolverDnDBgesv
     .type cusolverDnDBgesv, @function
 cusolverDnDBgesv:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1064,7 +920,7 @@ cusolverDnDBgesv:
     .globl cusolverDnDBgesv_bufferSize
     .type cusolverDnDBgesv_bufferSize, @function
 cusolverDnDBgesv_bufferSize:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1072,7 +928,7 @@ cusolverDnDBgesv_bufferSize:
     .globl cusolverDnDDgels
     .type cusolverDnDDgels, @function
 cusolverDnDDgels:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1080,7 +936,7 @@ cusolverDnDDgels:
     .globl cusolverDnDDgels_bufferSize
     .type cusolverDnDDgels_bufferSize, @function
 cusolverDnDDgels_bufferSize:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1088,7 +944,7 @@ cusolverDnDDgels_bufferSize:
     .globl cusolverDnDDgesv
     .type cusolverDnDDgesv, @function
 cusolverDnDDgesv:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1096,7 +952,7 @@ cusolverDnDDgesv:
     .globl cusolverDnDDgesv_bufferSize
     .type cusolverDnDDgesv_bufferSize, @function
 cusolverDnDDgesv_bufferSize:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1104,7 +960,7 @@ cusolverDnDDgesv_bufferSize:
     .globl cusolverDnDHgels
     .type cusolverDnDHgels, @function
 cusolverDnDHgels:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1112,7 +968,7 @@ cusolverDnDHgels:
     .globl cusolverDnDHgels_bufferSize
     .type cusolverDnDHgels_bufferSize, @function
 cusolverDnDHgels_bufferSize:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1120,7 +976,7 @@ cusolverDnDHgels_bufferSize:
     .globl cusolverDnDHgesv
     .type cusolverDnDHgesv, @function
 cusolverDnDHgesv:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1128,7 +984,7 @@ cusolverDnDHgesv:
     .globl cusolverDnDHgesv_bufferSize
     .type cusolverDnDHgesv_bufferSize, @function
 cusolverDnDHgesv_bufferSize:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1136,7 +992,7 @@ cusolverDnDHgesv_bufferSize:
     .globl cusolverDnDSgels
     .type cusolverDnDSgels, @function
 cusolverDnDSgels:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1144,7 +1000,7 @@ cusolverDnDSgels:
     .globl cusolverDnDSgels_bufferSize
     .type cusolverDnDSgels_bufferSize, @function
 cusolverDnDSgels_bufferSize:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1152,7 +1008,7 @@ cusolverDnDSgels_bufferSize:
     .globl cusolverDnDSgesv
     .type cusolverDnDSgesv, @function
 cusolverDnDSgesv:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1160,7 +1016,7 @@ cusolverDnDSgesv:
     .globl cusolverDnDSgesv_bufferSize
     .type cusolverDnDSgesv_bufferSize, @function
 cusolverDnDSgesv_bufferSize:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1168,7 +1024,7 @@ cusolverDnDSgesv_bufferSize:
     .globl cusolverDnDXgels
     .type cusolverDnDXgels, @function
 cusolverDnDXgels:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1176,7 +1032,7 @@ cusolverDnDXgels:
     .globl cusolverDnDXgels_bufferSize
     .type cusolverDnDXgels_bufferSize, @function
 cusolverDnDXgels_bufferSize:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1184,7 +1040,7 @@ cusolverDnDXgels_bufferSize:
     .globl cusolverDnDXgesv
     .type cusolverDnDXgesv, @function
 cusolverDnDXgesv:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1192,7 +1048,7 @@ cusolverDnDXgesv:
     .globl cusolverDnDXgesv_bufferSize
     .type cusolverDnDXgesv_bufferSize, @function
 cusolverDnDXgesv_bufferSize:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1200,7 +1056,7 @@ cusolverDnDXgesv_bufferSize:
     .globl cusolverDnDaxpyHost
     .type cusolverDnDaxpyHost, @function
 cusolverDnDaxpyHost:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1228,7 +1084,7 @@ cusolverDnDestroySyevjInfo:
     .globl cusolverDnDeyeBatch
     .type cusolverDnDeyeBatch, @function
 cusolverDnDeyeBatch:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1236,7 +1092,7 @@ cusolverDnDeyeBatch:
     .globl cusolverDnDgebrd
     .type cusolverDnDgebrd, @function
 cusolverDnDgebrd:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1244,15 +1100,12 @@ cusolverDnDgebrd:
     .globl cusolverDnDgebrd_bufferSize
     .type cusolverDnDgebrd_bufferSize, @function
 cusolverDnDgebrd_bufferSize:
-    leaq .Lname150(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgebrd_bufferSize@PLT
     .size cusolverDnDgebrd_bufferSize, .-cusolverDnDgebrd_bufferSize
     .globl cusolverDnDgehd2
     .type cusolverDnDgehd2, @function
 cusolverDnDgehd2:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1260,7 +1113,7 @@ cusolverDnDgehd2:
     .globl cusolverDnDgehd2_bufferSize
     .type cusolverDnDgehd2_bufferSize, @function
 cusolverDnDgehd2_bufferSize:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1268,7 +1121,7 @@ cusolverDnDgehd2_bufferSize:
     .globl cusolverDnDgehrd
     .type cusolverDnDgehrd, @function
 cusolverDnDgehrd:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1276,7 +1129,7 @@ cusolverDnDgehrd:
     .globl cusolverDnDgehrd_bufferSize
     .type cusolverDnDgehrd_bufferSize, @function
 cusolverDnDgehrd_bufferSize:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1284,7 +1137,7 @@ cusolverDnDgehrd_bufferSize:
     .globl cusolverDnDgelqfHost
     .type cusolverDnDgelqfHost, @function
 cusolverDnDgelqfHost:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1292,7 +1145,7 @@ cusolverDnDgelqfHost:
     .globl cusolverDnDgemmHost
     .type cusolverDnDgemmHost, @function
 cusolverDnDgemmHost:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1300,7 +1153,7 @@ cusolverDnDgemmHost:
     .globl cusolverDnDgeqlfHost
     .type cusolverDnDgeqlfHost, @function
 cusolverDnDgeqlfHost:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1308,15 +1161,12 @@ cusolverDnDgeqlfHost:
     .globl cusolverDnDgeqrf
     .type cusolverDnDgeqrf, @function
 cusolverDnDgeqrf:
-    leaq .Lname158(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgeqrf@PLT
     .size cusolverDnDgeqrf, .-cusolverDnDgeqrf
     .globl cusolverDnDgeqrfHost
     .type cusolverDnDgeqrfHost, @function
 cusolverDnDgeqrfHost:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1324,7 +1174,7 @@ cusolverDnDgeqrfHost:
     .globl cusolverDnDgeqrf_ApI
     .type cusolverDnDgeqrf_ApI, @function
 cusolverDnDgeqrf_ApI:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1332,7 +1182,7 @@ cusolverDnDgeqrf_ApI:
     .globl cusolverDnDgeqrf_ApI_bufferSize
     .type cusolverDnDgeqrf_ApI_bufferSize, @function
 cusolverDnDgeqrf_ApI_bufferSize:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1340,15 +1190,12 @@ cusolverDnDgeqrf_ApI_bufferSize:
     .globl cusolverDnDgeqrf_bufferSize
     .type cusolverDnDgeqrf_bufferSize, @function
 cusolverDnDgeqrf_bufferSize:
-    leaq .Lname162(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgeqrf_bufferSize@PLT
     .size cusolverDnDgeqrf_bufferSize, .-cusolverDnDgeqrf_bufferSize
     .globl cusolverDnDgercond
     .type cusolverDnDgercond, @function
 cusolverDnDgercond:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1356,7 +1203,7 @@ cusolverDnDgercond:
     .globl cusolverDnDgercond_bufferSize
     .type cusolverDnDgercond_bufferSize, @function
 cusolverDnDgercond_bufferSize:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1364,95 +1211,62 @@ cusolverDnDgercond_bufferSize:
     .globl cusolverDnDgesvd
     .type cusolverDnDgesvd, @function
 cusolverDnDgesvd:
-    leaq .Lname165(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgesvd@PLT
     .size cusolverDnDgesvd, .-cusolverDnDgesvd
     .globl cusolverDnDgesvd_bufferSize
     .type cusolverDnDgesvd_bufferSize, @function
 cusolverDnDgesvd_bufferSize:
-    leaq .Lname166(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgesvd_bufferSize@PLT
     .size cusolverDnDgesvd_bufferSize, .-cusolverDnDgesvd_bufferSize
     .globl cusolverDnDgesvdaStridedBatched
     .type cusolverDnDgesvdaStridedBatched, @function
 cusolverDnDgesvdaStridedBatched:
-    leaq .Lname167(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgesvdaStridedBatched@PLT
     .size cusolverDnDgesvdaStridedBatched, .-cusolverDnDgesvdaStridedBatched
     .globl cusolverDnDgesvdaStridedBatched_bufferSize
     .type cusolverDnDgesvdaStridedBatched_bufferSize, @function
 cusolverDnDgesvdaStridedBatched_bufferSize:
-    leaq .Lname168(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgesvdaStridedBatched_bufferSize@PLT
     .size cusolverDnDgesvdaStridedBatched_bufferSize, .-cusolverDnDgesvdaStridedBatched_bufferSize
     .globl cusolverDnDgesvdj
     .type cusolverDnDgesvdj, @function
 cusolverDnDgesvdj:
-    leaq .Lname169(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgesvdj@PLT
     .size cusolverDnDgesvdj, .-cusolverDnDgesvdj
     .globl cusolverDnDgesvdjBatched
     .type cusolverDnDgesvdjBatched, @function
 cusolverDnDgesvdjBatched:
-    leaq .Lname170(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgesvdjBatched@PLT
     .size cusolverDnDgesvdjBatched, .-cusolverDnDgesvdjBatched
     .globl cusolverDnDgesvdjBatched_bufferSize
     .type cusolverDnDgesvdjBatched_bufferSize, @function
 cusolverDnDgesvdjBatched_bufferSize:
-    leaq .Lname171(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgesvdjBatched_bufferSize@PLT
     .size cusolverDnDgesvdjBatched_bufferSize, .-cusolverDnDgesvdjBatched_bufferSize
     .globl cusolverDnDgesvdj_bufferSize
     .type cusolverDnDgesvdj_bufferSize, @function
 cusolverDnDgesvdj_bufferSize:
-    leaq .Lname172(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgesvdj_bufferSize@PLT
     .size cusolverDnDgesvdj_bufferSize, .-cusolverDnDgesvdj_bufferSize
     .globl cusolverDnDgetrf
     .type cusolverDnDgetrf, @function
 cusolverDnDgetrf:
-    leaq .Lname173(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgetrf@PLT
     .size cusolverDnDgetrf, .-cusolverDnDgetrf
     .globl cusolverDnDgetrf_bufferSize
     .type cusolverDnDgetrf_bufferSize, @function
 cusolverDnDgetrf_bufferSize:
-    leaq .Lname174(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgetrf_bufferSize@PLT
     .size cusolverDnDgetrf_bufferSize, .-cusolverDnDgetrf_bufferSize
     .globl cusolverDnDgetrs
     .type cusolverDnDgetrs, @function
 cusolverDnDgetrs:
-    leaq .Lname175(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgetrs@PLT
     .size cusolverDnDgetrs, .-cusolverDnDgetrs
     .globl cusolverDnDlacpyHost
     .type cusolverDnDlacpyHost, @function
 cusolverDnDlacpyHost:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1460,7 +1274,7 @@ cusolverDnDlacpyHost:
     .globl cusolverDnDlahr2
     .type cusolverDnDlahr2, @function
 cusolverDnDlahr2:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1468,7 +1282,7 @@ cusolverDnDlahr2:
     .globl cusolverDnDlamchHost
     .type cusolverDnDlamchHost, @function
 cusolverDnDlamchHost:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1476,7 +1290,7 @@ cusolverDnDlamchHost:
     .globl cusolverDnDlange
     .type cusolverDnDlange, @function
 cusolverDnDlange:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1484,7 +1298,7 @@ cusolverDnDlange:
     .globl cusolverDnDlangeHost
     .type cusolverDnDlangeHost, @function
 cusolverDnDlangeHost:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1492,7 +1306,7 @@ cusolverDnDlangeHost:
     .globl cusolverDnDlange_bufferSize
     .type cusolverDnDlange_bufferSize, @function
 cusolverDnDlange_bufferSize:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1500,7 +1314,7 @@ cusolverDnDlange_bufferSize:
     .globl cusolverDnDlansy
     .type cusolverDnDlansy, @function
 cusolverDnDlansy:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1508,7 +1322,7 @@ cusolverDnDlansy:
     .globl cusolverDnDlansyHost
     .type cusolverDnDlansyHost, @function
 cusolverDnDlansyHost:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1516,7 +1330,7 @@ cusolverDnDlansyHost:
     .globl cusolverDnDlansy_bufferSize
     .type cusolverDnDlansy_bufferSize, @function
 cusolverDnDlansy_bufferSize:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1524,7 +1338,7 @@ cusolverDnDlansy_bufferSize:
     .globl cusolverDnDlantrHost
     .type cusolverDnDlantrHost, @function
 cusolverDnDlantrHost:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1532,7 +1346,7 @@ cusolverDnDlantrHost:
     .globl cusolverDnDlarfb
     .type cusolverDnDlarfb, @function
 cusolverDnDlarfb:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1540,7 +1354,7 @@ cusolverDnDlarfb:
     .globl cusolverDnDlarfgHost
     .type cusolverDnDlarfgHost, @function
 cusolverDnDlarfgHost:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1548,7 +1362,7 @@ cusolverDnDlarfgHost:
     .globl cusolverDnDlarft
     .type cusolverDnDlarft, @function
 cusolverDnDlarft:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1556,7 +1370,7 @@ cusolverDnDlarft:
     .globl cusolverDnDlarft_bufferSize
     .type cusolverDnDlarft_bufferSize, @function
 cusolverDnDlarft_bufferSize:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1564,7 +1378,7 @@ cusolverDnDlarft_bufferSize:
     .globl cusolverDnDlarnvHost
     .type cusolverDnDlarnvHost, @function
 cusolverDnDlarnvHost:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1572,7 +1386,7 @@ cusolverDnDlarnvHost:
     .globl cusolverDnDlascl
     .type cusolverDnDlascl, @function
 cusolverDnDlascl:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1580,7 +1394,7 @@ cusolverDnDlascl:
     .globl cusolverDnDlasetHost
     .type cusolverDnDlasetHost, @function
 cusolverDnDlasetHost:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1588,23 +1402,17 @@ cusolverDnDlasetHost:
     .globl cusolverDnDlaswp
     .type cusolverDnDlaswp, @function
 cusolverDnDlaswp:
-    leaq .Lname193(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDlaswp@PLT
     .size cusolverDnDlaswp, .-cusolverDnDlaswp
     .globl cusolverDnDlauum
     .type cusolverDnDlauum, @function
 cusolverDnDlauum:
-    leaq .Lname194(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDlauum@PLT
     .size cusolverDnDlauum, .-cusolverDnDlauum
     .globl cusolverDnDlauumHost
     .type cusolverDnDlauumHost, @function
 cusolverDnDlauumHost:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1612,15 +1420,12 @@ cusolverDnDlauumHost:
     .globl cusolverDnDlauum_bufferSize
     .type cusolverDnDlauum_bufferSize, @function
 cusolverDnDlauum_bufferSize:
-    leaq .Lname196(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDlauum_bufferSize@PLT
     .size cusolverDnDlauum_bufferSize, .-cusolverDnDlauum_bufferSize
     .globl cusolverDnDnrm2Host
     .type cusolverDnDnrm2Host, @function
 cusolverDnDnrm2Host:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1628,15 +1433,12 @@ cusolverDnDnrm2Host:
     .globl cusolverDnDorgbr
     .type cusolverDnDorgbr, @function
 cusolverDnDorgbr:
-    leaq .Lname198(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDorgbr@PLT
     .size cusolverDnDorgbr, .-cusolverDnDorgbr
     .globl cusolverDnDorgbrHost
     .type cusolverDnDorgbrHost, @function
 cusolverDnDorgbrHost:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1644,15 +1446,12 @@ cusolverDnDorgbrHost:
     .globl cusolverDnDorgbr_bufferSize
     .type cusolverDnDorgbr_bufferSize, @function
 cusolverDnDorgbr_bufferSize:
-    leaq .Lname200(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDorgbr_bufferSize@PLT
     .size cusolverDnDorgbr_bufferSize, .-cusolverDnDorgbr_bufferSize
     .globl cusolverDnDorghrHost
     .type cusolverDnDorghrHost, @function
 cusolverDnDorghrHost:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1660,7 +1459,7 @@ cusolverDnDorghrHost:
     .globl cusolverDnDorglqHost
     .type cusolverDnDorglqHost, @function
 cusolverDnDorglqHost:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1668,15 +1467,12 @@ cusolverDnDorglqHost:
     .globl cusolverDnDorgqr
     .type cusolverDnDorgqr, @function
 cusolverDnDorgqr:
-    leaq .Lname203(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDorgqr@PLT
     .size cusolverDnDorgqr, .-cusolverDnDorgqr
     .globl cusolverDnDorgqrHost
     .type cusolverDnDorgqrHost, @function
 cusolverDnDorgqrHost:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1684,7 +1480,7 @@ cusolverDnDorgqrHost:
     .globl cusolverDnDorgqr_ApI
     .type cusolverDnDorgqr_ApI, @function
 cusolverDnDorgqr_ApI:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1692,7 +1488,7 @@ cusolverDnDorgqr_ApI:
     .globl cusolverDnDorgqr_ApI_bufferSize
     .type cusolverDnDorgqr_ApI_bufferSize, @function
 cusolverDnDorgqr_ApI_bufferSize:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1700,23 +1496,17 @@ cusolverDnDorgqr_ApI_bufferSize:
     .globl cusolverDnDorgqr_bufferSize
     .type cusolverDnDorgqr_bufferSize, @function
 cusolverDnDorgqr_bufferSize:
-    leaq .Lname207(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDorgqr_bufferSize@PLT
     .size cusolverDnDorgqr_bufferSize, .-cusolverDnDorgqr_bufferSize
     .globl cusolverDnDorgtr
     .type cusolverDnDorgtr, @function
 cusolverDnDorgtr:
-    leaq .Lname208(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDorgtr@PLT
     .size cusolverDnDorgtr, .-cusolverDnDorgtr
     .globl cusolverDnDorgtrHost
     .type cusolverDnDorgtrHost, @function
 cusolverDnDorgtrHost:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1724,23 +1514,17 @@ cusolverDnDorgtrHost:
     .globl cusolverDnDorgtr_bufferSize
     .type cusolverDnDorgtr_bufferSize, @function
 cusolverDnDorgtr_bufferSize:
-    leaq .Lname210(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDorgtr_bufferSize@PLT
     .size cusolverDnDorgtr_bufferSize, .-cusolverDnDorgtr_bufferSize
     .globl cusolverDnDormqr
     .type cusolverDnDormqr, @function
 cusolverDnDormqr:
-    leaq .Lname211(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDormqr@PLT
     .size cusolverDnDormqr, .-cusolverDnDormqr
     .globl cusolverDnDormqrHost
     .type cusolverDnDormqrHost, @function
 cusolverDnDormqrHost:
-    leaq .Lname212(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1748,23 +1532,17 @@ cusolverDnDormqrHost:
     .globl cusolverDnDormqr_bufferSize
     .type cusolverDnDormqr_bufferSize, @function
 cusolverDnDormqr_bufferSize:
-    leaq .Lname213(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDormqr_bufferSize@PLT
     .size cusolverDnDormqr_bufferSize, .-cusolverDnDormqr_bufferSize
     .globl cusolverDnDormtr
     .type cusolverDnDormtr, @function
 cusolverDnDormtr:
-    leaq .Lname214(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDormtr@PLT
     .size cusolverDnDormtr, .-cusolverDnDormtr
     .globl cusolverDnDormtrHost
     .type cusolverDnDormtrHost, @function
 cusolverDnDormtrHost:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1772,15 +1550,12 @@ cusolverDnDormtrHost:
     .globl cusolverDnDormtr_bufferSize
     .type cusolverDnDormtr_bufferSize, @function
 cusolverDnDormtr_bufferSize:
-    leaq .Lname216(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDormtr_bufferSize@PLT
     .size cusolverDnDormtr_bufferSize, .-cusolverDnDormtr_bufferSize
     .globl cusolverDnDpolar
     .type cusolverDnDpolar, @function
 cusolverDnDpolar:
-    leaq .Lname217(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1788,7 +1563,7 @@ cusolverDnDpolar:
     .globl cusolverDnDpolar_bufferSize
     .type cusolverDnDpolar_bufferSize, @function
 cusolverDnDpolar_bufferSize:
-    leaq .Lname218(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1796,23 +1571,17 @@ cusolverDnDpolar_bufferSize:
     .globl cusolverDnDpotrf
     .type cusolverDnDpotrf, @function
 cusolverDnDpotrf:
-    leaq .Lname219(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDpotrf@PLT
     .size cusolverDnDpotrf, .-cusolverDnDpotrf
     .globl cusolverDnDpotrfBatched
     .type cusolverDnDpotrfBatched, @function
 cusolverDnDpotrfBatched:
-    leaq .Lname220(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDpotrfBatched@PLT
     .size cusolverDnDpotrfBatched, .-cusolverDnDpotrfBatched
     .globl cusolverDnDpotrfHost
     .type cusolverDnDpotrfHost, @function
 cusolverDnDpotrfHost:
-    leaq .Lname221(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1820,23 +1589,17 @@ cusolverDnDpotrfHost:
     .globl cusolverDnDpotrf_bufferSize
     .type cusolverDnDpotrf_bufferSize, @function
 cusolverDnDpotrf_bufferSize:
-    leaq .Lname222(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDpotrf_bufferSize@PLT
     .size cusolverDnDpotrf_bufferSize, .-cusolverDnDpotrf_bufferSize
     .globl cusolverDnDpotri
     .type cusolverDnDpotri, @function
 cusolverDnDpotri:
-    leaq .Lname223(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDpotri@PLT
     .size cusolverDnDpotri, .-cusolverDnDpotri
     .globl cusolverDnDpotriHost
     .type cusolverDnDpotriHost, @function
 cusolverDnDpotriHost:
-    leaq .Lname224(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1844,31 +1607,22 @@ cusolverDnDpotriHost:
     .globl cusolverDnDpotri_bufferSize
     .type cusolverDnDpotri_bufferSize, @function
 cusolverDnDpotri_bufferSize:
-    leaq .Lname225(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDpotri_bufferSize@PLT
     .size cusolverDnDpotri_bufferSize, .-cusolverDnDpotri_bufferSize
     .globl cusolverDnDpotrs
     .type cusolverDnDpotrs, @function
 cusolverDnDpotrs:
-    leaq .Lname226(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDpotrs@PLT
     .size cusolverDnDpotrs, .-cusolverDnDpotrs
     .globl cusolverDnDpotrsBatched
     .type cusolverDnDpotrsBatched, @function
 cusolverDnDpotrsBatched:
-    leaq .Lname227(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDpotrsBatched@PLT
     .size cusolverDnDpotrsBatched, .-cusolverDnDpotrsBatched
     .globl cusolverDnDpotrsHost
     .type cusolverDnDpotrsHost, @function
 cusolverDnDpotrsHost:
-    leaq .Lname228(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1876,7 +1630,7 @@ cusolverDnDpotrsHost:
     .globl cusolverDnDscalHost
     .type cusolverDnDscalHost, @function
 cusolverDnDscalHost:
-    leaq .Lname229(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1884,7 +1638,7 @@ cusolverDnDscalHost:
     .globl cusolverDnDsteqrHost
     .type cusolverDnDsteqrHost, @function
 cusolverDnDsteqrHost:
-    leaq .Lname230(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1892,7 +1646,7 @@ cusolverDnDsteqrHost:
     .globl cusolverDnDsterfHost
     .type cusolverDnDsterfHost, @function
 cusolverDnDsterfHost:
-    leaq .Lname231(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1900,23 +1654,17 @@ cusolverDnDsterfHost:
     .globl cusolverDnDsyevd
     .type cusolverDnDsyevd, @function
 cusolverDnDsyevd:
-    leaq .Lname232(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsyevd@PLT
     .size cusolverDnDsyevd, .-cusolverDnDsyevd
     .globl cusolverDnDsyevd_bufferSize
     .type cusolverDnDsyevd_bufferSize, @function
 cusolverDnDsyevd_bufferSize:
-    leaq .Lname233(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsyevd_bufferSize@PLT
     .size cusolverDnDsyevd_bufferSize, .-cusolverDnDsyevd_bufferSize
     .globl cusolverDnDsyevdx
     .type cusolverDnDsyevdx, @function
 cusolverDnDsyevdx:
-    leaq .Lname234(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1924,7 +1672,7 @@ cusolverDnDsyevdx:
     .globl cusolverDnDsyevdx_bufferSize
     .type cusolverDnDsyevdx_bufferSize, @function
 cusolverDnDsyevdx_bufferSize:
-    leaq .Lname235(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1932,39 +1680,27 @@ cusolverDnDsyevdx_bufferSize:
     .globl cusolverDnDsyevj
     .type cusolverDnDsyevj, @function
 cusolverDnDsyevj:
-    leaq .Lname236(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsyevj@PLT
     .size cusolverDnDsyevj, .-cusolverDnDsyevj
     .globl cusolverDnDsyevjBatched
     .type cusolverDnDsyevjBatched, @function
 cusolverDnDsyevjBatched:
-    leaq .Lname237(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsyevjBatched@PLT
     .size cusolverDnDsyevjBatched, .-cusolverDnDsyevjBatched
     .globl cusolverDnDsyevjBatched_bufferSize
     .type cusolverDnDsyevjBatched_bufferSize, @function
 cusolverDnDsyevjBatched_bufferSize:
-    leaq .Lname238(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsyevjBatched_bufferSize@PLT
     .size cusolverDnDsyevjBatched_bufferSize, .-cusolverDnDsyevjBatched_bufferSize
     .globl cusolverDnDsyevj_bufferSize
     .type cusolverDnDsyevj_bufferSize, @function
 cusolverDnDsyevj_bufferSize:
-    leaq .Lname239(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsyevj_bufferSize@PLT
     .size cusolverDnDsyevj_bufferSize, .-cusolverDnDsyevj_bufferSize
     .globl cusolverDnDsygst
     .type cusolverDnDsygst, @function
 cusolverDnDsygst:
-    leaq .Lname240(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1972,7 +1708,7 @@ cusolverDnDsygst:
     .globl cusolverDnDsygst2
     .type cusolverDnDsygst2, @function
 cusolverDnDsygst2:
-    leaq .Lname241(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1980,7 +1716,7 @@ cusolverDnDsygst2:
     .globl cusolverDnDsygst2_bufferSize
     .type cusolverDnDsygst2_bufferSize, @function
 cusolverDnDsygst2_bufferSize:
-    leaq .Lname242(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1988,7 +1724,7 @@ cusolverDnDsygst2_bufferSize:
     .globl cusolverDnDsygst_bufferSize
     .type cusolverDnDsygst_bufferSize, @function
 cusolverDnDsygst_bufferSize:
-    leaq .Lname243(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1996,23 +1732,17 @@ cusolverDnDsygst_bufferSize:
     .globl cusolverDnDsygvd
     .type cusolverDnDsygvd, @function
 cusolverDnDsygvd:
-    leaq .Lname244(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsygvd@PLT
     .size cusolverDnDsygvd, .-cusolverDnDsygvd
     .globl cusolverDnDsygvd_bufferSize
     .type cusolverDnDsygvd_bufferSize, @function
 cusolverDnDsygvd_bufferSize:
-    leaq .Lname245(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsygvd_bufferSize@PLT
     .size cusolverDnDsygvd_bufferSize, .-cusolverDnDsygvd_bufferSize
     .globl cusolverDnDsygvdx
     .type cusolverDnDsygvdx, @function
 cusolverDnDsygvdx:
-    leaq .Lname246(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2020,7 +1750,7 @@ cusolverDnDsygvdx:
     .globl cusolverDnDsygvdx_bufferSize
     .type cusolverDnDsygvdx_bufferSize, @function
 cusolverDnDsygvdx_bufferSize:
-    leaq .Lname247(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2028,23 +1758,17 @@ cusolverDnDsygvdx_bufferSize:
     .globl cusolverDnDsygvj
     .type cusolverDnDsygvj, @function
 cusolverDnDsygvj:
-    leaq .Lname248(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsygvj@PLT
     .size cusolverDnDsygvj, .-cusolverDnDsygvj
     .globl cusolverDnDsygvj_bufferSize
     .type cusolverDnDsygvj_bufferSize, @function
 cusolverDnDsygvj_bufferSize:
-    leaq .Lname249(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsygvj_bufferSize@PLT
     .size cusolverDnDsygvj_bufferSize, .-cusolverDnDsygvj_bufferSize
     .globl cusolverDnDsymv
     .type cusolverDnDsymv, @function
 cusolverDnDsymv:
-    leaq .Lname250(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2052,7 +1776,7 @@ cusolverDnDsymv:
     .globl cusolverDnDsymv_bufferSize
     .type cusolverDnDsymv_bufferSize, @function
 cusolverDnDsymv_bufferSize:
-    leaq .Lname251(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2060,7 +1784,7 @@ cusolverDnDsymv_bufferSize:
     .globl cusolverDnDsytrd
     .type cusolverDnDsytrd, @function
 cusolverDnDsytrd:
-    leaq .Lname252(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2068,7 +1792,7 @@ cusolverDnDsytrd:
     .globl cusolverDnDsytrd_bufferSize
     .type cusolverDnDsytrd_bufferSize, @function
 cusolverDnDsytrd_bufferSize:
-    leaq .Lname253(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2076,31 +1800,22 @@ cusolverDnDsytrd_bufferSize:
     .globl cusolverDnDsytrf
     .type cusolverDnDsytrf, @function
 cusolverDnDsytrf:
-    leaq .Lname254(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsytrf@PLT
     .size cusolverDnDsytrf, .-cusolverDnDsytrf
     .globl cusolverDnDsytrf_bufferSize
     .type cusolverDnDsytrf_bufferSize, @function
 cusolverDnDsytrf_bufferSize:
-    leaq .Lname255(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsytrf_bufferSize@PLT
     .size cusolverDnDsytrf_bufferSize, .-cusolverDnDsytrf_bufferSize
     .globl cusolverDnDsytri
     .type cusolverDnDsytri, @function
 cusolverDnDsytri:
-    leaq .Lname256(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsytri@PLT
     .size cusolverDnDsytri, .-cusolverDnDsytri
     .globl cusolverDnDsytriHost
     .type cusolverDnDsytriHost, @function
 cusolverDnDsytriHost:
-    leaq .Lname257(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2108,15 +1823,12 @@ cusolverDnDsytriHost:
     .globl cusolverDnDsytri_bufferSize
     .type cusolverDnDsytri_bufferSize, @function
 cusolverDnDsytri_bufferSize:
-    leaq .Lname258(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsytri_bufferSize@PLT
     .size cusolverDnDsytri_bufferSize, .-cusolverDnDsytri_bufferSize
     .globl cusolverDnDsytrsHost
     .type cusolverDnDsytrsHost, @function
 cusolverDnDsytrsHost:
-    leaq .Lname259(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2124,7 +1836,7 @@ cusolverDnDsytrsHost:
     .globl cusolverDnDtrtriHost
     .type cusolverDnDtrtriHost, @function
 cusolverDnDtrtriHost:
-    leaq .Lname260(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2132,7 +1844,7 @@ cusolverDnDtrtriHost:
     .globl cusolverDnGeqrf
     .type cusolverDnGeqrf, @function
 cusolverDnGeqrf:
-    leaq .Lname261(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2140,7 +1852,7 @@ cusolverDnGeqrf:
     .globl cusolverDnGeqrf_bufferSize
     .type cusolverDnGeqrf_bufferSize, @function
 cusolverDnGeqrf_bufferSize:
-    leaq .Lname262(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2148,7 +1860,7 @@ cusolverDnGeqrf_bufferSize:
     .globl cusolverDnGesvd
     .type cusolverDnGesvd, @function
 cusolverDnGesvd:
-    leaq .Lname263(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2156,7 +1868,7 @@ cusolverDnGesvd:
     .globl cusolverDnGesvd_bufferSize
     .type cusolverDnGesvd_bufferSize, @function
 cusolverDnGesvd_bufferSize:
-    leaq .Lname264(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2164,7 +1876,7 @@ cusolverDnGesvd_bufferSize:
     .globl cusolverDnGetDeterministicMode
     .type cusolverDnGetDeterministicMode, @function
 cusolverDnGetDeterministicMode:
-    leaq .Lname265(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2177,7 +1889,7 @@ cusolverDnGetStream:
     .globl cusolverDnGetrf
     .type cusolverDnGetrf, @function
 cusolverDnGetrf:
-    leaq .Lname266(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2185,7 +1897,7 @@ cusolverDnGetrf:
     .globl cusolverDnGetrf_bufferSize
     .type cusolverDnGetrf_bufferSize, @function
 cusolverDnGetrf_bufferSize:
-    leaq .Lname267(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2193,10 +1905,7 @@ cusolverDnGetrf_bufferSize:
     .globl cusolverDnGetrs
     .type cusolverDnGetrs, @function
 cusolverDnGetrs:
-    leaq .Lname268(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnGetrs@PLT
     .size cusolverDnGetrs, .-cusolverDnGetrs
     .globl cusolverDnIRSInfosCreate
     .type cusolverDnIRSInfosCreate, @function
@@ -2211,7 +1920,7 @@ cusolverDnIRSInfosDestroy:
     .globl cusolverDnIRSInfosGetMaxIters
     .type cusolverDnIRSInfosGetMaxIters, @function
 cusolverDnIRSInfosGetMaxIters:
-    leaq .Lname269(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2219,7 +1928,7 @@ cusolverDnIRSInfosGetMaxIters:
     .globl cusolverDnIRSInfosGetNiters
     .type cusolverDnIRSInfosGetNiters, @function
 cusolverDnIRSInfosGetNiters:
-    leaq .Lname270(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2227,7 +1936,7 @@ cusolverDnIRSInfosGetNiters:
     .globl cusolverDnIRSInfosGetOuterNiters
     .type cusolverDnIRSInfosGetOuterNiters, @function
 cusolverDnIRSInfosGetOuterNiters:
-    leaq .Lname271(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2235,7 +1944,7 @@ cusolverDnIRSInfosGetOuterNiters:
     .globl cusolverDnIRSInfosGetResidualHistory
     .type cusolverDnIRSInfosGetResidualHistory, @function
 cusolverDnIRSInfosGetResidualHistory:
-    leaq .Lname272(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2268,7 +1977,7 @@ cusolverDnIRSParamsEnableFallback:
     .globl cusolverDnIRSParamsGetMaxIters
     .type cusolverDnIRSParamsGetMaxIters, @function
 cusolverDnIRSParamsGetMaxIters:
-    leaq .Lname273(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2316,7 +2025,7 @@ cusolverDnIRSParamsSetTolInner:
     .globl cusolverDnIRSXgels
     .type cusolverDnIRSXgels, @function
 cusolverDnIRSXgels:
-    leaq .Lname274(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2324,7 +2033,7 @@ cusolverDnIRSXgels:
     .globl cusolverDnIRSXgels_bufferSize
     .type cusolverDnIRSXgels_bufferSize, @function
 cusolverDnIRSXgels_bufferSize:
-    leaq .Lname275(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2332,7 +2041,7 @@ cusolverDnIRSXgels_bufferSize:
     .globl cusolverDnIRSXgesv
     .type cusolverDnIRSXgesv, @function
 cusolverDnIRSXgesv:
-    leaq .Lname276(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2340,7 +2049,7 @@ cusolverDnIRSXgesv:
     .globl cusolverDnIRSXgesv_bufferSize
     .type cusolverDnIRSXgesv_bufferSize, @function
 cusolverDnIRSXgesv_bufferSize:
-    leaq .Lname277(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2353,7 +2062,7 @@ cusolverDnLoggerForceDisable:
     .globl cusolverDnLoggerOpenFile
     .type cusolverDnLoggerOpenFile, @function
 cusolverDnLoggerOpenFile:
-    leaq .Lname278(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2361,7 +2070,7 @@ cusolverDnLoggerOpenFile:
     .globl cusolverDnLoggerSetCallback
     .type cusolverDnLoggerSetCallback, @function
 cusolverDnLoggerSetCallback:
-    leaq .Lname279(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2369,7 +2078,7 @@ cusolverDnLoggerSetCallback:
     .globl cusolverDnLoggerSetFile
     .type cusolverDnLoggerSetFile, @function
 cusolverDnLoggerSetFile:
-    leaq .Lname280(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2387,7 +2096,7 @@ cusolverDnLoggerSetMask:
     .globl cusolverDnPotrf
     .type cusolverDnPotrf, @function
 cusolverDnPotrf:
-    leaq .Lname281(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2395,7 +2104,7 @@ cusolverDnPotrf:
     .globl cusolverDnPotrf_bufferSize
     .type cusolverDnPotrf_bufferSize, @function
 cusolverDnPotrf_bufferSize:
-    leaq .Lname282(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2403,15 +2112,12 @@ cusolverDnPotrf_bufferSize:
     .globl cusolverDnPotrs
     .type cusolverDnPotrs, @function
 cusolverDnPotrs:
-    leaq .Lname283(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnPotrs@PLT
     .size cusolverDnPotrs, .-cusolverDnPotrs
     .globl cusolverDnSBgels
     .type cusolverDnSBgels, @function
 cusolverDnSBgels:
-    leaq .Lname284(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2419,7 +2125,7 @@ cusolverDnSBgels:
     .globl cusolverDnSBgels_bufferSize
     .type cusolverDnSBgels_bufferSize, @function
 cusolverDnSBgels_bufferSize:
-    leaq .Lname285(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2427,7 +2133,7 @@ cusolverDnSBgels_bufferSize:
     .globl cusolverDnSBgesv
     .type cusolverDnSBgesv, @function
 cusolverDnSBgesv:
-    leaq .Lname286(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2435,7 +2141,7 @@ cusolverDnSBgesv:
     .globl cusolverDnSBgesv_bufferSize
     .type cusolverDnSBgesv_bufferSize, @function
 cusolverDnSBgesv_bufferSize:
-    leaq .Lname287(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2443,7 +2149,7 @@ cusolverDnSBgesv_bufferSize:
     .globl cusolverDnSHgels
     .type cusolverDnSHgels, @function
 cusolverDnSHgels:
-    leaq .Lname288(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2451,7 +2157,7 @@ cusolverDnSHgels:
     .globl cusolverDnSHgels_bufferSize
     .type cusolverDnSHgels_bufferSize, @function
 cusolverDnSHgels_bufferSize:
-    leaq .Lname289(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2459,7 +2165,7 @@ cusolverDnSHgels_bufferSize:
     .globl cusolverDnSHgesv
     .type cusolverDnSHgesv, @function
 cusolverDnSHgesv:
-    leaq .Lname290(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2467,7 +2173,7 @@ cusolverDnSHgesv:
     .globl cusolverDnSHgesv_bufferSize
     .type cusolverDnSHgesv_bufferSize, @function
 cusolverDnSHgesv_bufferSize:
-    leaq .Lname291(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2475,7 +2181,7 @@ cusolverDnSHgesv_bufferSize:
     .globl cusolverDnSSgels
     .type cusolverDnSSgels, @function
 cusolverDnSSgels:
-    leaq .Lname292(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2483,7 +2189,7 @@ cusolverDnSSgels:
     .globl cusolverDnSSgels_bufferSize
     .type cusolverDnSSgels_bufferSize, @function
 cusolverDnSSgels_bufferSize:
-    leaq .Lname293(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2491,7 +2197,7 @@ cusolverDnSSgels_bufferSize:
     .globl cusolverDnSSgesv
     .type cusolverDnSSgesv, @function
 cusolverDnSSgesv:
-    leaq .Lname294(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2499,7 +2205,7 @@ cusolverDnSSgesv:
     .globl cusolverDnSSgesv_bufferSize
     .type cusolverDnSSgesv_bufferSize, @function
 cusolverDnSSgesv_bufferSize:
-    leaq .Lname295(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2507,7 +2213,7 @@ cusolverDnSSgesv_bufferSize:
     .globl cusolverDnSXgels
     .type cusolverDnSXgels, @function
 cusolverDnSXgels:
-    leaq .Lname296(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2515,7 +2221,7 @@ cusolverDnSXgels:
     .globl cusolverDnSXgels_bufferSize
     .type cusolverDnSXgels_bufferSize, @function
 cusolverDnSXgels_bufferSize:
-    leaq .Lname297(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2523,7 +2229,7 @@ cusolverDnSXgels_bufferSize:
     .globl cusolverDnSXgesv
     .type cusolverDnSXgesv, @function
 cusolverDnSXgesv:
-    leaq .Lname298(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2531,7 +2237,7 @@ cusolverDnSXgesv:
     .globl cusolverDnSXgesv_bufferSize
     .type cusolverDnSXgesv_bufferSize, @function
 cusolverDnSXgesv_bufferSize:
-    leaq .Lname299(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2539,7 +2245,7 @@ cusolverDnSXgesv_bufferSize:
     .globl cusolverDnSaxpyHost
     .type cusolverDnSaxpyHost, @function
 cusolverDnSaxpyHost:
-    leaq .Lname300(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2562,7 +2268,7 @@ cusolverDnSetStream:
     .globl cusolverDnSeyeBatch
     .type cusolverDnSeyeBatch, @function
 cusolverDnSeyeBatch:
-    leaq .Lname301(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2570,7 +2276,7 @@ cusolverDnSeyeBatch:
     .globl cusolverDnSgebrd
     .type cusolverDnSgebrd, @function
 cusolverDnSgebrd:
-    leaq .Lname302(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2578,15 +2284,12 @@ cusolverDnSgebrd:
     .globl cusolverDnSgebrd_bufferSize
     .type cusolverDnSgebrd_bufferSize, @function
 cusolverDnSgebrd_bufferSize:
-    leaq .Lname303(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgebrd_bufferSize@PLT
     .size cusolverDnSgebrd_bufferSize, .-cusolverDnSgebrd_bufferSize
     .globl cusolverDnSgehd2
     .type cusolverDnSgehd2, @function
 cusolverDnSgehd2:
-    leaq .Lname304(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2594,7 +2297,7 @@ cusolverDnSgehd2:
     .globl cusolverDnSgehd2_bufferSize
     .type cusolverDnSgehd2_bufferSize, @function
 cusolverDnSgehd2_bufferSize:
-    leaq .Lname305(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2602,7 +2305,7 @@ cusolverDnSgehd2_bufferSize:
     .globl cusolverDnSgehrd
     .type cusolverDnSgehrd, @function
 cusolverDnSgehrd:
-    leaq .Lname306(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2610,7 +2313,7 @@ cusolverDnSgehrd:
     .globl cusolverDnSgehrd_bufferSize
     .type cusolverDnSgehrd_bufferSize, @function
 cusolverDnSgehrd_bufferSize:
-    leaq .Lname307(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2618,7 +2321,7 @@ cusolverDnSgehrd_bufferSize:
     .globl cusolverDnSgelqfHost
     .type cusolverDnSgelqfHost, @function
 cusolverDnSgelqfHost:
-    leaq .Lname308(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2626,7 +2329,7 @@ cusolverDnSgelqfHost:
     .globl cusolverDnSgemmHost
     .type cusolverDnSgemmHost, @function
 cusolverDnSgemmHost:
-    leaq .Lname309(%rip), %rdi
+    leaq .Lname210(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2634,7 +2337,7 @@ cusolverDnSgemmHost:
     .globl cusolverDnSgeqlfHost
     .type cusolverDnSgeqlfHost, @function
 cusolverDnSgeqlfHost:
-    leaq .Lname310(%rip), %rdi
+    leaq .Lname211(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2642,15 +2345,12 @@ cusolverDnSgeqlfHost:
     .globl cusolverDnSgeqrf
     .type cusolverDnSgeqrf, @function
 cusolverDnSgeqrf:
-    leaq .Lname311(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgeqrf@PLT
     .size cusolverDnSgeqrf, .-cusolverDnSgeqrf
     .globl cusolverDnSgeqrfHost
     .type cusolverDnSgeqrfHost, @function
 cusolverDnSgeqrfHost:
-    leaq .Lname312(%rip), %rdi
+    leaq .Lname212(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2658,7 +2358,7 @@ cusolverDnSgeqrfHost:
     .globl cusolverDnSgeqrf_ApI
     .type cusolverDnSgeqrf_ApI, @function
 cusolverDnSgeqrf_ApI:
-    leaq .Lname313(%rip), %rdi
+    leaq .Lname213(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2666,7 +2366,7 @@ cusolverDnSgeqrf_ApI:
     .globl cusolverDnSgeqrf_ApI_bufferSize
     .type cusolverDnSgeqrf_ApI_bufferSize, @function
 cusolverDnSgeqrf_ApI_bufferSize:
-    leaq .Lname314(%rip), %rdi
+    leaq .Lname214(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2674,15 +2374,12 @@ cusolverDnSgeqrf_ApI_bufferSize:
     .globl cusolverDnSgeqrf_bufferSize
     .type cusolverDnSgeqrf_bufferSize, @function
 cusolverDnSgeqrf_bufferSize:
-    leaq .Lname315(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgeqrf_bufferSize@PLT
     .size cusolverDnSgeqrf_bufferSize, .-cusolverDnSgeqrf_bufferSize
     .globl cusolverDnSgercond
     .type cusolverDnSgercond, @function
 cusolverDnSgercond:
-    leaq .Lname316(%rip), %rdi
+    leaq .Lname215(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2690,7 +2387,7 @@ cusolverDnSgercond:
     .globl cusolverDnSgercond_bufferSize
     .type cusolverDnSgercond_bufferSize, @function
 cusolverDnSgercond_bufferSize:
-    leaq .Lname317(%rip), %rdi
+    leaq .Lname216(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2698,95 +2395,62 @@ cusolverDnSgercond_bufferSize:
     .globl cusolverDnSgesvd
     .type cusolverDnSgesvd, @function
 cusolverDnSgesvd:
-    leaq .Lname318(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgesvd@PLT
     .size cusolverDnSgesvd, .-cusolverDnSgesvd
     .globl cusolverDnSgesvd_bufferSize
     .type cusolverDnSgesvd_bufferSize, @function
 cusolverDnSgesvd_bufferSize:
-    leaq .Lname319(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgesvd_bufferSize@PLT
     .size cusolverDnSgesvd_bufferSize, .-cusolverDnSgesvd_bufferSize
     .globl cusolverDnSgesvdaStridedBatched
     .type cusolverDnSgesvdaStridedBatched, @function
 cusolverDnSgesvdaStridedBatched:
-    leaq .Lname320(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgesvdaStridedBatched@PLT
     .size cusolverDnSgesvdaStridedBatched, .-cusolverDnSgesvdaStridedBatched
     .globl cusolverDnSgesvdaStridedBatched_bufferSize
     .type cusolverDnSgesvdaStridedBatched_bufferSize, @function
 cusolverDnSgesvdaStridedBatched_bufferSize:
-    leaq .Lname321(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgesvdaStridedBatched_bufferSize@PLT
     .size cusolverDnSgesvdaStridedBatched_bufferSize, .-cusolverDnSgesvdaStridedBatched_bufferSize
     .globl cusolverDnSgesvdj
     .type cusolverDnSgesvdj, @function
 cusolverDnSgesvdj:
-    leaq .Lname322(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgesvdj@PLT
     .size cusolverDnSgesvdj, .-cusolverDnSgesvdj
     .globl cusolverDnSgesvdjBatched
     .type cusolverDnSgesvdjBatched, @function
 cusolverDnSgesvdjBatched:
-    leaq .Lname323(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgesvdjBatched@PLT
     .size cusolverDnSgesvdjBatched, .-cusolverDnSgesvdjBatched
     .globl cusolverDnSgesvdjBatched_bufferSize
     .type cusolverDnSgesvdjBatched_bufferSize, @function
 cusolverDnSgesvdjBatched_bufferSize:
-    leaq .Lname324(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgesvdjBatched_bufferSize@PLT
     .size cusolverDnSgesvdjBatched_bufferSize, .-cusolverDnSgesvdjBatched_bufferSize
     .globl cusolverDnSgesvdj_bufferSize
     .type cusolverDnSgesvdj_bufferSize, @function
 cusolverDnSgesvdj_bufferSize:
-    leaq .Lname325(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgesvdj_bufferSize@PLT
     .size cusolverDnSgesvdj_bufferSize, .-cusolverDnSgesvdj_bufferSize
     .globl cusolverDnSgetrf
     .type cusolverDnSgetrf, @function
 cusolverDnSgetrf:
-    leaq .Lname326(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgetrf@PLT
     .size cusolverDnSgetrf, .-cusolverDnSgetrf
     .globl cusolverDnSgetrf_bufferSize
     .type cusolverDnSgetrf_bufferSize, @function
 cusolverDnSgetrf_bufferSize:
-    leaq .Lname327(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgetrf_bufferSize@PLT
     .size cusolverDnSgetrf_bufferSize, .-cusolverDnSgetrf_bufferSize
     .globl cusolverDnSgetrs
     .type cusolverDnSgetrs, @function
 cusolverDnSgetrs:
-    leaq .Lname328(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgetrs@PLT
     .size cusolverDnSgetrs, .-cusolverDnSgetrs
     .globl cusolverDnSlacpyHost
     .type cusolverDnSlacpyHost, @function
 cusolverDnSlacpyHost:
-    leaq .Lname329(%rip), %rdi
+    leaq .Lname217(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2794,7 +2458,7 @@ cusolverDnSlacpyHost:
     .globl cusolverDnSlahr2
     .type cusolverDnSlahr2, @function
 cusolverDnSlahr2:
-    leaq .Lname330(%rip), %rdi
+    leaq .Lname218(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2802,7 +2466,7 @@ cusolverDnSlahr2:
     .globl cusolverDnSlamchHost
     .type cusolverDnSlamchHost, @function
 cusolverDnSlamchHost:
-    leaq .Lname331(%rip), %rdi
+    leaq .Lname219(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2810,7 +2474,7 @@ cusolverDnSlamchHost:
     .globl cusolverDnSlange
     .type cusolverDnSlange, @function
 cusolverDnSlange:
-    leaq .Lname332(%rip), %rdi
+    leaq .Lname220(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2818,7 +2482,7 @@ cusolverDnSlange:
     .globl cusolverDnSlangeHost
     .type cusolverDnSlangeHost, @function
 cusolverDnSlangeHost:
-    leaq .Lname333(%rip), %rdi
+    leaq .Lname221(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2826,7 +2490,7 @@ cusolverDnSlangeHost:
     .globl cusolverDnSlange_bufferSize
     .type cusolverDnSlange_bufferSize, @function
 cusolverDnSlange_bufferSize:
-    leaq .Lname334(%rip), %rdi
+    leaq .Lname222(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2834,7 +2498,7 @@ cusolverDnSlange_bufferSize:
     .globl cusolverDnSlansy
     .type cusolverDnSlansy, @function
 cusolverDnSlansy:
-    leaq .Lname335(%rip), %rdi
+    leaq .Lname223(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2842,7 +2506,7 @@ cusolverDnSlansy:
     .globl cusolverDnSlansyHost
     .type cusolverDnSlansyHost, @function
 cusolverDnSlansyHost:
-    leaq .Lname336(%rip), %rdi
+    leaq .Lname224(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2850,7 +2514,7 @@ cusolverDnSlansyHost:
     .globl cusolverDnSlansy_bufferSize
     .type cusolverDnSlansy_bufferSize, @function
 cusolverDnSlansy_bufferSize:
-    leaq .Lname337(%rip), %rdi
+    leaq .Lname225(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2858,7 +2522,7 @@ cusolverDnSlansy_bufferSize:
     .globl cusolverDnSlantrHost
     .type cusolverDnSlantrHost, @function
 cusolverDnSlantrHost:
-    leaq .Lname338(%rip), %rdi
+    leaq .Lname226(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2866,7 +2530,7 @@ cusolverDnSlantrHost:
     .globl cusolverDnSlarfb
     .type cusolverDnSlarfb, @function
 cusolverDnSlarfb:
-    leaq .Lname339(%rip), %rdi
+    leaq .Lname227(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2874,7 +2538,7 @@ cusolverDnSlarfb:
     .globl cusolverDnSlarfgHost
     .type cusolverDnSlarfgHost, @function
 cusolverDnSlarfgHost:
-    leaq .Lname340(%rip), %rdi
+    leaq .Lname228(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2882,7 +2546,7 @@ cusolverDnSlarfgHost:
     .globl cusolverDnSlarft
     .type cusolverDnSlarft, @function
 cusolverDnSlarft:
-    leaq .Lname341(%rip), %rdi
+    leaq .Lname229(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2890,7 +2554,7 @@ cusolverDnSlarft:
     .globl cusolverDnSlarft_bufferSize
     .type cusolverDnSlarft_bufferSize, @function
 cusolverDnSlarft_bufferSize:
-    leaq .Lname342(%rip), %rdi
+    leaq .Lname230(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2898,7 +2562,7 @@ cusolverDnSlarft_bufferSize:
     .globl cusolverDnSlarnvHost
     .type cusolverDnSlarnvHost, @function
 cusolverDnSlarnvHost:
-    leaq .Lname343(%rip), %rdi
+    leaq .Lname231(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2906,7 +2570,7 @@ cusolverDnSlarnvHost:
     .globl cusolverDnSlascl
     .type cusolverDnSlascl, @function
 cusolverDnSlascl:
-    leaq .Lname344(%rip), %rdi
+    leaq .Lname232(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2914,7 +2578,7 @@ cusolverDnSlascl:
     .globl cusolverDnSlasetHost
     .type cusolverDnSlasetHost, @function
 cusolverDnSlasetHost:
-    leaq .Lname345(%rip), %rdi
+    leaq .Lname233(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2922,23 +2586,17 @@ cusolverDnSlasetHost:
     .globl cusolverDnSlaswp
     .type cusolverDnSlaswp, @function
 cusolverDnSlaswp:
-    leaq .Lname346(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSlaswp@PLT
     .size cusolverDnSlaswp, .-cusolverDnSlaswp
     .globl cusolverDnSlauum
     .type cusolverDnSlauum, @function
 cusolverDnSlauum:
-    leaq .Lname347(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSlauum@PLT
     .size cusolverDnSlauum, .-cusolverDnSlauum
     .globl cusolverDnSlauumHost
     .type cusolverDnSlauumHost, @function
 cusolverDnSlauumHost:
-    leaq .Lname348(%rip), %rdi
+    leaq .Lname234(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2946,15 +2604,12 @@ cusolverDnSlauumHost:
     .globl cusolverDnSlauum_bufferSize
     .type cusolverDnSlauum_bufferSize, @function
 cusolverDnSlauum_bufferSize:
-    leaq .Lname349(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSlauum_bufferSize@PLT
     .size cusolverDnSlauum_bufferSize, .-cusolverDnSlauum_bufferSize
     .globl cusolverDnSnrm2Host
     .type cusolverDnSnrm2Host, @function
 cusolverDnSnrm2Host:
-    leaq .Lname350(%rip), %rdi
+    leaq .Lname235(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2962,15 +2617,12 @@ cusolverDnSnrm2Host:
     .globl cusolverDnSorgbr
     .type cusolverDnSorgbr, @function
 cusolverDnSorgbr:
-    leaq .Lname351(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSorgbr@PLT
     .size cusolverDnSorgbr, .-cusolverDnSorgbr
     .globl cusolverDnSorgbrHost
     .type cusolverDnSorgbrHost, @function
 cusolverDnSorgbrHost:
-    leaq .Lname352(%rip), %rdi
+    leaq .Lname236(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2978,15 +2630,12 @@ cusolverDnSorgbrHost:
     .globl cusolverDnSorgbr_bufferSize
     .type cusolverDnSorgbr_bufferSize, @function
 cusolverDnSorgbr_bufferSize:
-    leaq .Lname353(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSorgbr_bufferSize@PLT
     .size cusolverDnSorgbr_bufferSize, .-cusolverDnSorgbr_bufferSize
     .globl cusolverDnSorghrHost
     .type cusolverDnSorghrHost, @function
 cusolverDnSorghrHost:
-    leaq .Lname354(%rip), %rdi
+    leaq .Lname237(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2994,7 +2643,7 @@ cusolverDnSorghrHost:
     .globl cusolverDnSorglqHost
     .type cusolverDnSorglqHost, @function
 cusolverDnSorglqHost:
-    leaq .Lname355(%rip), %rdi
+    leaq .Lname238(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3002,15 +2651,12 @@ cusolverDnSorglqHost:
     .globl cusolverDnSorgqr
     .type cusolverDnSorgqr, @function
 cusolverDnSorgqr:
-    leaq .Lname356(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSorgqr@PLT
     .size cusolverDnSorgqr, .-cusolverDnSorgqr
     .globl cusolverDnSorgqrHost
     .type cusolverDnSorgqrHost, @function
 cusolverDnSorgqrHost:
-    leaq .Lname357(%rip), %rdi
+    leaq .Lname239(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3018,7 +2664,7 @@ cusolverDnSorgqrHost:
     .globl cusolverDnSorgqr_ApI
     .type cusolverDnSorgqr_ApI, @function
 cusolverDnSorgqr_ApI:
-    leaq .Lname358(%rip), %rdi
+    leaq .Lname240(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3026,7 +2672,7 @@ cusolverDnSorgqr_ApI:
     .globl cusolverDnSorgqr_ApI_bufferSize
     .type cusolverDnSorgqr_ApI_bufferSize, @function
 cusolverDnSorgqr_ApI_bufferSize:
-    leaq .Lname359(%rip), %rdi
+    leaq .Lname241(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3034,23 +2680,17 @@ cusolverDnSorgqr_ApI_bufferSize:
     .globl cusolverDnSorgqr_bufferSize
     .type cusolverDnSorgqr_bufferSize, @function
 cusolverDnSorgqr_bufferSize:
-    leaq .Lname360(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSorgqr_bufferSize@PLT
     .size cusolverDnSorgqr_bufferSize, .-cusolverDnSorgqr_bufferSize
     .globl cusolverDnSorgtr
     .type cusolverDnSorgtr, @function
 cusolverDnSorgtr:
-    leaq .Lname361(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSorgtr@PLT
     .size cusolverDnSorgtr, .-cusolverDnSorgtr
     .globl cusolverDnSorgtrHost
     .type cusolverDnSorgtrHost, @function
 cusolverDnSorgtrHost:
-    leaq .Lname362(%rip), %rdi
+    leaq .Lname242(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3058,23 +2698,17 @@ cusolverDnSorgtrHost:
     .globl cusolverDnSorgtr_bufferSize
     .type cusolverDnSorgtr_bufferSize, @function
 cusolverDnSorgtr_bufferSize:
-    leaq .Lname363(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSorgtr_bufferSize@PLT
     .size cusolverDnSorgtr_bufferSize, .-cusolverDnSorgtr_bufferSize
     .globl cusolverDnSormqr
     .type cusolverDnSormqr, @function
 cusolverDnSormqr:
-    leaq .Lname364(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSormqr@PLT
     .size cusolverDnSormqr, .-cusolverDnSormqr
     .globl cusolverDnSormqrHost
     .type cusolverDnSormqrHost, @function
 cusolverDnSormqrHost:
-    leaq .Lname365(%rip), %rdi
+    leaq .Lname243(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3082,23 +2716,17 @@ cusolverDnSormqrHost:
     .globl cusolverDnSormqr_bufferSize
     .type cusolverDnSormqr_bufferSize, @function
 cusolverDnSormqr_bufferSize:
-    leaq .Lname366(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSormqr_bufferSize@PLT
     .size cusolverDnSormqr_bufferSize, .-cusolverDnSormqr_bufferSize
     .globl cusolverDnSormtr
     .type cusolverDnSormtr, @function
 cusolverDnSormtr:
-    leaq .Lname367(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSormtr@PLT
     .size cusolverDnSormtr, .-cusolverDnSormtr
     .globl cusolverDnSormtrHost
     .type cusolverDnSormtrHost, @function
 cusolverDnSormtrHost:
-    leaq .Lname368(%rip), %rdi
+    leaq .Lname244(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3106,15 +2734,12 @@ cusolverDnSormtrHost:
     .globl cusolverDnSormtr_bufferSize
     .type cusolverDnSormtr_bufferSize, @function
 cusolverDnSormtr_bufferSize:
-    leaq .Lname369(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSormtr_bufferSize@PLT
     .size cusolverDnSormtr_bufferSize, .-cusolverDnSormtr_bufferSize
     .globl cusolverDnSpolar
     .type cusolverDnSpolar, @function
 cusolverDnSpolar:
-    leaq .Lname370(%rip), %rdi
+    leaq .Lname245(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3122,7 +2747,7 @@ cusolverDnSpolar:
     .globl cusolverDnSpolar_bufferSize
     .type cusolverDnSpolar_bufferSize, @function
 cusolverDnSpolar_bufferSize:
-    leaq .Lname371(%rip), %rdi
+    leaq .Lname246(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3130,23 +2755,17 @@ cusolverDnSpolar_bufferSize:
     .globl cusolverDnSpotrf
     .type cusolverDnSpotrf, @function
 cusolverDnSpotrf:
-    leaq .Lname372(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSpotrf@PLT
     .size cusolverDnSpotrf, .-cusolverDnSpotrf
     .globl cusolverDnSpotrfBatched
     .type cusolverDnSpotrfBatched, @function
 cusolverDnSpotrfBatched:
-    leaq .Lname373(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSpotrfBatched@PLT
     .size cusolverDnSpotrfBatched, .-cusolverDnSpotrfBatched
     .globl cusolverDnSpotrfHost
     .type cusolverDnSpotrfHost, @function
 cusolverDnSpotrfHost:
-    leaq .Lname374(%rip), %rdi
+    leaq .Lname247(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3154,23 +2773,17 @@ cusolverDnSpotrfHost:
     .globl cusolverDnSpotrf_bufferSize
     .type cusolverDnSpotrf_bufferSize, @function
 cusolverDnSpotrf_bufferSize:
-    leaq .Lname375(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSpotrf_bufferSize@PLT
     .size cusolverDnSpotrf_bufferSize, .-cusolverDnSpotrf_bufferSize
     .globl cusolverDnSpotri
     .type cusolverDnSpotri, @function
 cusolverDnSpotri:
-    leaq .Lname376(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSpotri@PLT
     .size cusolverDnSpotri, .-cusolverDnSpotri
     .globl cusolverDnSpotriHost
     .type cusolverDnSpotriHost, @function
 cusolverDnSpotriHost:
-    leaq .Lname377(%rip), %rdi
+    leaq .Lname248(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3178,31 +2791,22 @@ cusolverDnSpotriHost:
     .globl cusolverDnSpotri_bufferSize
     .type cusolverDnSpotri_bufferSize, @function
 cusolverDnSpotri_bufferSize:
-    leaq .Lname378(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSpotri_bufferSize@PLT
     .size cusolverDnSpotri_bufferSize, .-cusolverDnSpotri_bufferSize
     .globl cusolverDnSpotrs
     .type cusolverDnSpotrs, @function
 cusolverDnSpotrs:
-    leaq .Lname379(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSpotrs@PLT
     .size cusolverDnSpotrs, .-cusolverDnSpotrs
     .globl cusolverDnSpotrsBatched
     .type cusolverDnSpotrsBatched, @function
 cusolverDnSpotrsBatched:
-    leaq .Lname380(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSpotrsBatched@PLT
     .size cusolverDnSpotrsBatched, .-cusolverDnSpotrsBatched
     .globl cusolverDnSpotrsHost
     .type cusolverDnSpotrsHost, @function
 cusolverDnSpotrsHost:
-    leaq .Lname381(%rip), %rdi
+    leaq .Lname249(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3210,7 +2814,7 @@ cusolverDnSpotrsHost:
     .globl cusolverDnSscalHost
     .type cusolverDnSscalHost, @function
 cusolverDnSscalHost:
-    leaq .Lname382(%rip), %rdi
+    leaq .Lname250(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3218,7 +2822,7 @@ cusolverDnSscalHost:
     .globl cusolverDnSsteqrHost
     .type cusolverDnSsteqrHost, @function
 cusolverDnSsteqrHost:
-    leaq .Lname383(%rip), %rdi
+    leaq .Lname251(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3226,7 +2830,7 @@ cusolverDnSsteqrHost:
     .globl cusolverDnSsterfHost
     .type cusolverDnSsterfHost, @function
 cusolverDnSsterfHost:
-    leaq .Lname384(%rip), %rdi
+    leaq .Lname252(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3234,23 +2838,17 @@ cusolverDnSsterfHost:
     .globl cusolverDnSsyevd
     .type cusolverDnSsyevd, @function
 cusolverDnSsyevd:
-    leaq .Lname385(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsyevd@PLT
     .size cusolverDnSsyevd, .-cusolverDnSsyevd
     .globl cusolverDnSsyevd_bufferSize
     .type cusolverDnSsyevd_bufferSize, @function
 cusolverDnSsyevd_bufferSize:
-    leaq .Lname386(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsyevd_bufferSize@PLT
     .size cusolverDnSsyevd_bufferSize, .-cusolverDnSsyevd_bufferSize
     .globl cusolverDnSsyevdx
     .type cusolverDnSsyevdx, @function
 cusolverDnSsyevdx:
-    leaq .Lname387(%rip), %rdi
+    leaq .Lname253(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3258,7 +2856,7 @@ cusolverDnSsyevdx:
     .globl cusolverDnSsyevdx_bufferSize
     .type cusolverDnSsyevdx_bufferSize, @function
 cusolverDnSsyevdx_bufferSize:
-    leaq .Lname388(%rip), %rdi
+    leaq .Lname254(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3266,39 +2864,27 @@ cusolverDnSsyevdx_bufferSize:
     .globl cusolverDnSsyevj
     .type cusolverDnSsyevj, @function
 cusolverDnSsyevj:
-    leaq .Lname389(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsyevj@PLT
     .size cusolverDnSsyevj, .-cusolverDnSsyevj
     .globl cusolverDnSsyevjBatched
     .type cusolverDnSsyevjBatched, @function
 cusolverDnSsyevjBatched:
-    leaq .Lname390(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsyevjBatched@PLT
     .size cusolverDnSsyevjBatched, .-cusolverDnSsyevjBatched
     .globl cusolverDnSsyevjBatched_bufferSize
     .type cusolverDnSsyevjBatched_bufferSize, @function
 cusolverDnSsyevjBatched_bufferSize:
-    leaq .Lname391(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsyevjBatched_bufferSize@PLT
     .size cusolverDnSsyevjBatched_bufferSize, .-cusolverDnSsyevjBatched_bufferSize
     .globl cusolverDnSsyevj_bufferSize
     .type cusolverDnSsyevj_bufferSize, @function
 cusolverDnSsyevj_bufferSize:
-    leaq .Lname392(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsyevj_bufferSize@PLT
     .size cusolverDnSsyevj_bufferSize, .-cusolverDnSsyevj_bufferSize
     .globl cusolverDnSsygst
     .type cusolverDnSsygst, @function
 cusolverDnSsygst:
-    leaq .Lname393(%rip), %rdi
+    leaq .Lname255(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3306,7 +2892,7 @@ cusolverDnSsygst:
     .globl cusolverDnSsygst2
     .type cusolverDnSsygst2, @function
 cusolverDnSsygst2:
-    leaq .Lname394(%rip), %rdi
+    leaq .Lname256(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3314,7 +2900,7 @@ cusolverDnSsygst2:
     .globl cusolverDnSsygst2_bufferSize
     .type cusolverDnSsygst2_bufferSize, @function
 cusolverDnSsygst2_bufferSize:
-    leaq .Lname395(%rip), %rdi
+    leaq .Lname257(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3322,7 +2908,7 @@ cusolverDnSsygst2_bufferSize:
     .globl cusolverDnSsygst_bufferSize
     .type cusolverDnSsygst_bufferSize, @function
 cusolverDnSsygst_bufferSize:
-    leaq .Lname396(%rip), %rdi
+    leaq .Lname258(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3330,23 +2916,17 @@ cusolverDnSsygst_bufferSize:
     .globl cusolverDnSsygvd
     .type cusolverDnSsygvd, @function
 cusolverDnSsygvd:
-    leaq .Lname397(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsygvd@PLT
     .size cusolverDnSsygvd, .-cusolverDnSsygvd
     .globl cusolverDnSsygvd_bufferSize
     .type cusolverDnSsygvd_bufferSize, @function
 cusolverDnSsygvd_bufferSize:
-    leaq .Lname398(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsygvd_bufferSize@PLT
     .size cusolverDnSsygvd_bufferSize, .-cusolverDnSsygvd_bufferSize
     .globl cusolverDnSsygvdx
     .type cusolverDnSsygvdx, @function
 cusolverDnSsygvdx:
-    leaq .Lname399(%rip), %rdi
+    leaq .Lname259(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3354,7 +2934,7 @@ cusolverDnSsygvdx:
     .globl cusolverDnSsygvdx_bufferSize
     .type cusolverDnSsygvdx_bufferSize, @function
 cusolverDnSsygvdx_bufferSize:
-    leaq .Lname400(%rip), %rdi
+    leaq .Lname260(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3362,23 +2942,17 @@ cusolverDnSsygvdx_bufferSize:
     .globl cusolverDnSsygvj
     .type cusolverDnSsygvj, @function
 cusolverDnSsygvj:
-    leaq .Lname401(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsygvj@PLT
     .size cusolverDnSsygvj, .-cusolverDnSsygvj
     .globl cusolverDnSsygvj_bufferSize
     .type cusolverDnSsygvj_bufferSize, @function
 cusolverDnSsygvj_bufferSize:
-    leaq .Lname402(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsygvj_bufferSize@PLT
     .size cusolverDnSsygvj_bufferSize, .-cusolverDnSsygvj_bufferSize
     .globl cusolverDnSsymv
     .type cusolverDnSsymv, @function
 cusolverDnSsymv:
-    leaq .Lname403(%rip), %rdi
+    leaq .Lname261(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3386,7 +2960,7 @@ cusolverDnSsymv:
     .globl cusolverDnSsymv_bufferSize
     .type cusolverDnSsymv_bufferSize, @function
 cusolverDnSsymv_bufferSize:
-    leaq .Lname404(%rip), %rdi
+    leaq .Lname262(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3394,7 +2968,7 @@ cusolverDnSsymv_bufferSize:
     .globl cusolverDnSsytrd
     .type cusolverDnSsytrd, @function
 cusolverDnSsytrd:
-    leaq .Lname405(%rip), %rdi
+    leaq .Lname263(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3402,7 +2976,7 @@ cusolverDnSsytrd:
     .globl cusolverDnSsytrd_bufferSize
     .type cusolverDnSsytrd_bufferSize, @function
 cusolverDnSsytrd_bufferSize:
-    leaq .Lname406(%rip), %rdi
+    leaq .Lname264(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3410,31 +2984,22 @@ cusolverDnSsytrd_bufferSize:
     .globl cusolverDnSsytrf
     .type cusolverDnSsytrf, @function
 cusolverDnSsytrf:
-    leaq .Lname407(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsytrf@PLT
     .size cusolverDnSsytrf, .-cusolverDnSsytrf
     .globl cusolverDnSsytrf_bufferSize
     .type cusolverDnSsytrf_bufferSize, @function
 cusolverDnSsytrf_bufferSize:
-    leaq .Lname408(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsytrf_bufferSize@PLT
     .size cusolverDnSsytrf_bufferSize, .-cusolverDnSsytrf_bufferSize
     .globl cusolverDnSsytri
     .type cusolverDnSsytri, @function
 cusolverDnSsytri:
-    leaq .Lname409(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsytri@PLT
     .size cusolverDnSsytri, .-cusolverDnSsytri
     .globl cusolverDnSsytriHost
     .type cusolverDnSsytriHost, @function
 cusolverDnSsytriHost:
-    leaq .Lname410(%rip), %rdi
+    leaq .Lname265(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3442,15 +3007,12 @@ cusolverDnSsytriHost:
     .globl cusolverDnSsytri_bufferSize
     .type cusolverDnSsytri_bufferSize, @function
 cusolverDnSsytri_bufferSize:
-    leaq .Lname411(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsytri_bufferSize@PLT
     .size cusolverDnSsytri_bufferSize, .-cusolverDnSsytri_bufferSize
     .globl cusolverDnSsytrsHost
     .type cusolverDnSsytrsHost, @function
 cusolverDnSsytrsHost:
-    leaq .Lname412(%rip), %rdi
+    leaq .Lname266(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3458,7 +3020,7 @@ cusolverDnSsytrsHost:
     .globl cusolverDnStrtriHost
     .type cusolverDnStrtriHost, @function
 cusolverDnStrtriHost:
-    leaq .Lname413(%rip), %rdi
+    leaq .Lname267(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3466,7 +3028,7 @@ cusolverDnStrtriHost:
     .globl cusolverDnSyevd
     .type cusolverDnSyevd, @function
 cusolverDnSyevd:
-    leaq .Lname414(%rip), %rdi
+    leaq .Lname268(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3474,7 +3036,7 @@ cusolverDnSyevd:
     .globl cusolverDnSyevd_bufferSize
     .type cusolverDnSyevd_bufferSize, @function
 cusolverDnSyevd_bufferSize:
-    leaq .Lname415(%rip), %rdi
+    leaq .Lname269(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3482,7 +3044,7 @@ cusolverDnSyevd_bufferSize:
     .globl cusolverDnSyevdx
     .type cusolverDnSyevdx, @function
 cusolverDnSyevdx:
-    leaq .Lname416(%rip), %rdi
+    leaq .Lname270(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3490,7 +3052,7 @@ cusolverDnSyevdx:
     .globl cusolverDnSyevdx_bufferSize
     .type cusolverDnSyevdx_bufferSize, @function
 cusolverDnSyevdx_bufferSize:
-    leaq .Lname417(%rip), %rdi
+    leaq .Lname271(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3498,7 +3060,7 @@ cusolverDnSyevdx_bufferSize:
     .globl cusolverDnXfillRandNormalOnDevice
     .type cusolverDnXfillRandNormalOnDevice, @function
 cusolverDnXfillRandNormalOnDevice:
-    leaq .Lname418(%rip), %rdi
+    leaq .Lname272(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3506,7 +3068,7 @@ cusolverDnXfillRandNormalOnDevice:
     .globl cusolverDnXfillRandNormalOnHost
     .type cusolverDnXfillRandNormalOnHost, @function
 cusolverDnXfillRandNormalOnHost:
-    leaq .Lname419(%rip), %rdi
+    leaq .Lname273(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3514,55 +3076,37 @@ cusolverDnXfillRandNormalOnHost:
     .globl cusolverDnXgeev
     .type cusolverDnXgeev, @function
 cusolverDnXgeev:
-    leaq .Lname420(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgeev@PLT
     .size cusolverDnXgeev, .-cusolverDnXgeev
     .globl cusolverDnXgeev_bufferSize
     .type cusolverDnXgeev_bufferSize, @function
 cusolverDnXgeev_bufferSize:
-    leaq .Lname421(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgeev_bufferSize@PLT
     .size cusolverDnXgeev_bufferSize, .-cusolverDnXgeev_bufferSize
     .globl cusolverDnXgeqrf
     .type cusolverDnXgeqrf, @function
 cusolverDnXgeqrf:
-    leaq .Lname422(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgeqrf@PLT
     .size cusolverDnXgeqrf, .-cusolverDnXgeqrf
     .globl cusolverDnXgeqrf_bufferSize
     .type cusolverDnXgeqrf_bufferSize, @function
 cusolverDnXgeqrf_bufferSize:
-    leaq .Lname423(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgeqrf_bufferSize@PLT
     .size cusolverDnXgeqrf_bufferSize, .-cusolverDnXgeqrf_bufferSize
     .globl cusolverDnXgesvd
     .type cusolverDnXgesvd, @function
 cusolverDnXgesvd:
-    leaq .Lname424(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgesvd@PLT
     .size cusolverDnXgesvd, .-cusolverDnXgesvd
     .globl cusolverDnXgesvd_bufferSize
     .type cusolverDnXgesvd_bufferSize, @function
 cusolverDnXgesvd_bufferSize:
-    leaq .Lname425(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgesvd_bufferSize@PLT
     .size cusolverDnXgesvd_bufferSize, .-cusolverDnXgesvd_bufferSize
     .globl cusolverDnXgesvdjGetResidual
     .type cusolverDnXgesvdjGetResidual, @function
 cusolverDnXgesvdjGetResidual:
-    leaq .Lname426(%rip), %rdi
+    leaq .Lname274(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3570,7 +3114,7 @@ cusolverDnXgesvdjGetResidual:
     .globl cusolverDnXgesvdjGetSweeps
     .type cusolverDnXgesvdjGetSweeps, @function
 cusolverDnXgesvdjGetSweeps:
-    leaq .Lname427(%rip), %rdi
+    leaq .Lname275(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3593,7 +3137,7 @@ cusolverDnXgesvdjSetTolerance:
     .globl cusolverDnXgesvdp
     .type cusolverDnXgesvdp, @function
 cusolverDnXgesvdp:
-    leaq .Lname428(%rip), %rdi
+    leaq .Lname276(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3601,15 +3145,12 @@ cusolverDnXgesvdp:
     .globl cusolverDnXgesvdp_bufferSize
     .type cusolverDnXgesvdp_bufferSize, @function
 cusolverDnXgesvdp_bufferSize:
-    leaq .Lname429(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgesvdp_bufferSize@PLT
     .size cusolverDnXgesvdp_bufferSize, .-cusolverDnXgesvdp_bufferSize
     .globl cusolverDnXgesvdr
     .type cusolverDnXgesvdr, @function
 cusolverDnXgesvdr:
-    leaq .Lname430(%rip), %rdi
+    leaq .Lname277(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3617,7 +3158,7 @@ cusolverDnXgesvdr:
     .globl cusolverDnXgesvdr_bufferSize
     .type cusolverDnXgesvdr_bufferSize, @function
 cusolverDnXgesvdr_bufferSize:
-    leaq .Lname431(%rip), %rdi
+    leaq .Lname278(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3625,31 +3166,22 @@ cusolverDnXgesvdr_bufferSize:
     .globl cusolverDnXgetrf
     .type cusolverDnXgetrf, @function
 cusolverDnXgetrf:
-    leaq .Lname432(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgetrf@PLT
     .size cusolverDnXgetrf, .-cusolverDnXgetrf
     .globl cusolverDnXgetrf_bufferSize
     .type cusolverDnXgetrf_bufferSize, @function
 cusolverDnXgetrf_bufferSize:
-    leaq .Lname433(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgetrf_bufferSize@PLT
     .size cusolverDnXgetrf_bufferSize, .-cusolverDnXgetrf_bufferSize
     .globl cusolverDnXgetrs
     .type cusolverDnXgetrs, @function
 cusolverDnXgetrs:
-    leaq .Lname434(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgetrs@PLT
     .size cusolverDnXgetrs, .-cusolverDnXgetrs
     .globl cusolverDnXlansy
     .type cusolverDnXlansy, @function
 cusolverDnXlansy:
-    leaq .Lname435(%rip), %rdi
+    leaq .Lname279(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3657,7 +3189,7 @@ cusolverDnXlansy:
     .globl cusolverDnXlansy_bufferSize
     .type cusolverDnXlansy_bufferSize, @function
 cusolverDnXlansy_bufferSize:
-    leaq .Lname436(%rip), %rdi
+    leaq .Lname280(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3665,7 +3197,7 @@ cusolverDnXlansy_bufferSize:
     .globl cusolverDnXlarft
     .type cusolverDnXlarft, @function
 cusolverDnXlarft:
-    leaq .Lname437(%rip), %rdi
+    leaq .Lname281(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3673,7 +3205,7 @@ cusolverDnXlarft:
     .globl cusolverDnXlarft_bufferSize
     .type cusolverDnXlarft_bufferSize, @function
 cusolverDnXlarft_bufferSize:
-    leaq .Lname438(%rip), %rdi
+    leaq .Lname282(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3681,63 +3213,42 @@ cusolverDnXlarft_bufferSize:
     .globl cusolverDnXpotrf
     .type cusolverDnXpotrf, @function
 cusolverDnXpotrf:
-    leaq .Lname439(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXpotrf@PLT
     .size cusolverDnXpotrf, .-cusolverDnXpotrf
     .globl cusolverDnXpotrf_bufferSize
     .type cusolverDnXpotrf_bufferSize, @function
 cusolverDnXpotrf_bufferSize:
-    leaq .Lname440(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXpotrf_bufferSize@PLT
     .size cusolverDnXpotrf_bufferSize, .-cusolverDnXpotrf_bufferSize
     .globl cusolverDnXpotrs
     .type cusolverDnXpotrs, @function
 cusolverDnXpotrs:
-    leaq .Lname441(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXpotrs@PLT
     .size cusolverDnXpotrs, .-cusolverDnXpotrs
     .globl cusolverDnXsyevBatched
     .type cusolverDnXsyevBatched, @function
 cusolverDnXsyevBatched:
-    leaq .Lname442(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsyevBatched@PLT
     .size cusolverDnXsyevBatched, .-cusolverDnXsyevBatched
     .globl cusolverDnXsyevBatched_bufferSize
     .type cusolverDnXsyevBatched_bufferSize, @function
 cusolverDnXsyevBatched_bufferSize:
-    leaq .Lname443(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsyevBatched_bufferSize@PLT
     .size cusolverDnXsyevBatched_bufferSize, .-cusolverDnXsyevBatched_bufferSize
     .globl cusolverDnXsyevd
     .type cusolverDnXsyevd, @function
 cusolverDnXsyevd:
-    leaq .Lname444(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsyevd@PLT
     .size cusolverDnXsyevd, .-cusolverDnXsyevd
     .globl cusolverDnXsyevd_bufferSize
     .type cusolverDnXsyevd_bufferSize, @function
 cusolverDnXsyevd_bufferSize:
-    leaq .Lname445(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsyevd_bufferSize@PLT
     .size cusolverDnXsyevd_bufferSize, .-cusolverDnXsyevd_bufferSize
     .globl cusolverDnXsyevdx
     .type cusolverDnXsyevdx, @function
 cusolverDnXsyevdx:
-    leaq .Lname446(%rip), %rdi
+    leaq .Lname283(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3745,7 +3256,7 @@ cusolverDnXsyevdx:
     .globl cusolverDnXsyevdx_bufferSize
     .type cusolverDnXsyevdx_bufferSize, @function
 cusolverDnXsyevdx_bufferSize:
-    leaq .Lname447(%rip), %rdi
+    leaq .Lname284(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3753,7 +3264,7 @@ cusolverDnXsyevdx_bufferSize:
     .globl cusolverDnXsyevjGetResidual
     .type cusolverDnXsyevjGetResidual, @function
 cusolverDnXsyevjGetResidual:
-    leaq .Lname448(%rip), %rdi
+    leaq .Lname285(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3761,7 +3272,7 @@ cusolverDnXsyevjGetResidual:
     .globl cusolverDnXsyevjGetSweeps
     .type cusolverDnXsyevjGetSweeps, @function
 cusolverDnXsyevjGetSweeps:
-    leaq .Lname449(%rip), %rdi
+    leaq .Lname286(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3784,39 +3295,27 @@ cusolverDnXsyevjSetTolerance:
     .globl cusolverDnXsytrs
     .type cusolverDnXsytrs, @function
 cusolverDnXsytrs:
-    leaq .Lname450(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsytrs@PLT
     .size cusolverDnXsytrs, .-cusolverDnXsytrs
     .globl cusolverDnXsytrs_bufferSize
     .type cusolverDnXsytrs_bufferSize, @function
 cusolverDnXsytrs_bufferSize:
-    leaq .Lname451(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsytrs_bufferSize@PLT
     .size cusolverDnXsytrs_bufferSize, .-cusolverDnXsytrs_bufferSize
     .globl cusolverDnXtrtri
     .type cusolverDnXtrtri, @function
 cusolverDnXtrtri:
-    leaq .Lname452(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXtrtri@PLT
     .size cusolverDnXtrtri, .-cusolverDnXtrtri
     .globl cusolverDnXtrtri_bufferSize
     .type cusolverDnXtrtri_bufferSize, @function
 cusolverDnXtrtri_bufferSize:
-    leaq .Lname453(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXtrtri_bufferSize@PLT
     .size cusolverDnXtrtri_bufferSize, .-cusolverDnXtrtri_bufferSize
     .globl cusolverDnZCgels
     .type cusolverDnZCgels, @function
 cusolverDnZCgels:
-    leaq .Lname454(%rip), %rdi
+    leaq .Lname287(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3824,7 +3323,7 @@ cusolverDnZCgels:
     .globl cusolverDnZCgels_bufferSize
     .type cusolverDnZCgels_bufferSize, @function
 cusolverDnZCgels_bufferSize:
-    leaq .Lname455(%rip), %rdi
+    leaq .Lname288(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3832,7 +3331,7 @@ cusolverDnZCgels_bufferSize:
     .globl cusolverDnZCgesv
     .type cusolverDnZCgesv, @function
 cusolverDnZCgesv:
-    leaq .Lname456(%rip), %rdi
+    leaq .Lname289(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3840,7 +3339,7 @@ cusolverDnZCgesv:
     .globl cusolverDnZCgesv_bufferSize
     .type cusolverDnZCgesv_bufferSize, @function
 cusolverDnZCgesv_bufferSize:
-    leaq .Lname457(%rip), %rdi
+    leaq .Lname290(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3848,7 +3347,7 @@ cusolverDnZCgesv_bufferSize:
     .globl cusolverDnZEgels
     .type cusolverDnZEgels, @function
 cusolverDnZEgels:
-    leaq .Lname458(%rip), %rdi
+    leaq .Lname291(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3856,7 +3355,7 @@ cusolverDnZEgels:
     .globl cusolverDnZEgels_bufferSize
     .type cusolverDnZEgels_bufferSize, @function
 cusolverDnZEgels_bufferSize:
-    leaq .Lname459(%rip), %rdi
+    leaq .Lname292(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3864,7 +3363,7 @@ cusolverDnZEgels_bufferSize:
     .globl cusolverDnZEgesv
     .type cusolverDnZEgesv, @function
 cusolverDnZEgesv:
-    leaq .Lname460(%rip), %rdi
+    leaq .Lname293(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3872,7 +3371,7 @@ cusolverDnZEgesv:
     .globl cusolverDnZEgesv_bufferSize
     .type cusolverDnZEgesv_bufferSize, @function
 cusolverDnZEgesv_bufferSize:
-    leaq .Lname461(%rip), %rdi
+    leaq .Lname294(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3880,7 +3379,7 @@ cusolverDnZEgesv_bufferSize:
     .globl cusolverDnZKgels
     .type cusolverDnZKgels, @function
 cusolverDnZKgels:
-    leaq .Lname462(%rip), %rdi
+    leaq .Lname295(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3888,7 +3387,7 @@ cusolverDnZKgels:
     .globl cusolverDnZKgels_bufferSize
     .type cusolverDnZKgels_bufferSize, @function
 cusolverDnZKgels_bufferSize:
-    leaq .Lname463(%rip), %rdi
+    leaq .Lname296(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3896,7 +3395,7 @@ cusolverDnZKgels_bufferSize:
     .globl cusolverDnZKgesv
     .type cusolverDnZKgesv, @function
 cusolverDnZKgesv:
-    leaq .Lname464(%rip), %rdi
+    leaq .Lname297(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3904,7 +3403,7 @@ cusolverDnZKgesv:
     .globl cusolverDnZKgesv_bufferSize
     .type cusolverDnZKgesv_bufferSize, @function
 cusolverDnZKgesv_bufferSize:
-    leaq .Lname465(%rip), %rdi
+    leaq .Lname298(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3912,7 +3411,7 @@ cusolverDnZKgesv_bufferSize:
     .globl cusolverDnZYgels
     .type cusolverDnZYgels, @function
 cusolverDnZYgels:
-    leaq .Lname466(%rip), %rdi
+    leaq .Lname299(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3920,7 +3419,7 @@ cusolverDnZYgels:
     .globl cusolverDnZYgels_bufferSize
     .type cusolverDnZYgels_bufferSize, @function
 cusolverDnZYgels_bufferSize:
-    leaq .Lname467(%rip), %rdi
+    leaq .Lname300(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3928,7 +3427,7 @@ cusolverDnZYgels_bufferSize:
     .globl cusolverDnZYgesv
     .type cusolverDnZYgesv, @function
 cusolverDnZYgesv:
-    leaq .Lname468(%rip), %rdi
+    leaq .Lname301(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3936,7 +3435,7 @@ cusolverDnZYgesv:
     .globl cusolverDnZYgesv_bufferSize
     .type cusolverDnZYgesv_bufferSize, @function
 cusolverDnZYgesv_bufferSize:
-    leaq .Lname469(%rip), %rdi
+    leaq .Lname302(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3944,7 +3443,7 @@ cusolverDnZYgesv_bufferSize:
     .globl cusolverDnZZgels
     .type cusolverDnZZgels, @function
 cusolverDnZZgels:
-    leaq .Lname470(%rip), %rdi
+    leaq .Lname303(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3952,7 +3451,7 @@ cusolverDnZZgels:
     .globl cusolverDnZZgels_bufferSize
     .type cusolverDnZZgels_bufferSize, @function
 cusolverDnZZgels_bufferSize:
-    leaq .Lname471(%rip), %rdi
+    leaq .Lname304(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3960,7 +3459,7 @@ cusolverDnZZgels_bufferSize:
     .globl cusolverDnZZgesv
     .type cusolverDnZZgesv, @function
 cusolverDnZZgesv:
-    leaq .Lname472(%rip), %rdi
+    leaq .Lname305(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3968,7 +3467,7 @@ cusolverDnZZgesv:
     .globl cusolverDnZZgesv_bufferSize
     .type cusolverDnZZgesv_bufferSize, @function
 cusolverDnZZgesv_bufferSize:
-    leaq .Lname473(%rip), %rdi
+    leaq .Lname306(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3976,7 +3475,7 @@ cusolverDnZZgesv_bufferSize:
     .globl cusolverDnZaxpyHost
     .type cusolverDnZaxpyHost, @function
 cusolverDnZaxpyHost:
-    leaq .Lname474(%rip), %rdi
+    leaq .Lname307(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3984,7 +3483,7 @@ cusolverDnZaxpyHost:
     .globl cusolverDnZdscalHost
     .type cusolverDnZdscalHost, @function
 cusolverDnZdscalHost:
-    leaq .Lname475(%rip), %rdi
+    leaq .Lname308(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3992,7 +3491,7 @@ cusolverDnZdscalHost:
     .globl cusolverDnZeyeBatch
     .type cusolverDnZeyeBatch, @function
 cusolverDnZeyeBatch:
-    leaq .Lname476(%rip), %rdi
+    leaq .Lname309(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4000,7 +3499,7 @@ cusolverDnZeyeBatch:
     .globl cusolverDnZgebrd
     .type cusolverDnZgebrd, @function
 cusolverDnZgebrd:
-    leaq .Lname477(%rip), %rdi
+    leaq .Lname310(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4008,15 +3507,12 @@ cusolverDnZgebrd:
     .globl cusolverDnZgebrd_bufferSize
     .type cusolverDnZgebrd_bufferSize, @function
 cusolverDnZgebrd_bufferSize:
-    leaq .Lname478(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgebrd_bufferSize@PLT
     .size cusolverDnZgebrd_bufferSize, .-cusolverDnZgebrd_bufferSize
     .globl cusolverDnZgehd2
     .type cusolverDnZgehd2, @function
 cusolverDnZgehd2:
-    leaq .Lname479(%rip), %rdi
+    leaq .Lname311(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4024,7 +3520,7 @@ cusolverDnZgehd2:
     .globl cusolverDnZgehd2_bufferSize
     .type cusolverDnZgehd2_bufferSize, @function
 cusolverDnZgehd2_bufferSize:
-    leaq .Lname480(%rip), %rdi
+    leaq .Lname312(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4032,7 +3528,7 @@ cusolverDnZgehd2_bufferSize:
     .globl cusolverDnZgehrd
     .type cusolverDnZgehrd, @function
 cusolverDnZgehrd:
-    leaq .Lname481(%rip), %rdi
+    leaq .Lname313(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4040,7 +3536,7 @@ cusolverDnZgehrd:
     .globl cusolverDnZgehrd_bufferSize
     .type cusolverDnZgehrd_bufferSize, @function
 cusolverDnZgehrd_bufferSize:
-    leaq .Lname482(%rip), %rdi
+    leaq .Lname314(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4048,7 +3544,7 @@ cusolverDnZgehrd_bufferSize:
     .globl cusolverDnZgelqfHost
     .type cusolverDnZgelqfHost, @function
 cusolverDnZgelqfHost:
-    leaq .Lname483(%rip), %rdi
+    leaq .Lname315(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4056,7 +3552,7 @@ cusolverDnZgelqfHost:
     .globl cusolverDnZgemmHost
     .type cusolverDnZgemmHost, @function
 cusolverDnZgemmHost:
-    leaq .Lname484(%rip), %rdi
+    leaq .Lname316(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4064,7 +3560,7 @@ cusolverDnZgemmHost:
     .globl cusolverDnZgeqlfHost
     .type cusolverDnZgeqlfHost, @function
 cusolverDnZgeqlfHost:
-    leaq .Lname485(%rip), %rdi
+    leaq .Lname317(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4072,15 +3568,12 @@ cusolverDnZgeqlfHost:
     .globl cusolverDnZgeqrf
     .type cusolverDnZgeqrf, @function
 cusolverDnZgeqrf:
-    leaq .Lname486(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgeqrf@PLT
     .size cusolverDnZgeqrf, .-cusolverDnZgeqrf
     .globl cusolverDnZgeqrfHost
     .type cusolverDnZgeqrfHost, @function
 cusolverDnZgeqrfHost:
-    leaq .Lname487(%rip), %rdi
+    leaq .Lname318(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4088,7 +3581,7 @@ cusolverDnZgeqrfHost:
     .globl cusolverDnZgeqrf_ApI
     .type cusolverDnZgeqrf_ApI, @function
 cusolverDnZgeqrf_ApI:
-    leaq .Lname488(%rip), %rdi
+    leaq .Lname319(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4096,7 +3589,7 @@ cusolverDnZgeqrf_ApI:
     .globl cusolverDnZgeqrf_ApI_bufferSize
     .type cusolverDnZgeqrf_ApI_bufferSize, @function
 cusolverDnZgeqrf_ApI_bufferSize:
-    leaq .Lname489(%rip), %rdi
+    leaq .Lname320(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4104,15 +3597,12 @@ cusolverDnZgeqrf_ApI_bufferSize:
     .globl cusolverDnZgeqrf_bufferSize
     .type cusolverDnZgeqrf_bufferSize, @function
 cusolverDnZgeqrf_bufferSize:
-    leaq .Lname490(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgeqrf_bufferSize@PLT
     .size cusolverDnZgeqrf_bufferSize, .-cusolverDnZgeqrf_bufferSize
     .globl cusolverDnZgercond
     .type cusolverDnZgercond, @function
 cusolverDnZgercond:
-    leaq .Lname491(%rip), %rdi
+    leaq .Lname321(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4120,7 +3610,7 @@ cusolverDnZgercond:
     .globl cusolverDnZgercond_bufferSize
     .type cusolverDnZgercond_bufferSize, @function
 cusolverDnZgercond_bufferSize:
-    leaq .Lname492(%rip), %rdi
+    leaq .Lname322(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4128,111 +3618,72 @@ cusolverDnZgercond_bufferSize:
     .globl cusolverDnZgesvd
     .type cusolverDnZgesvd, @function
 cusolverDnZgesvd:
-    leaq .Lname493(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgesvd@PLT
     .size cusolverDnZgesvd, .-cusolverDnZgesvd
     .globl cusolverDnZgesvd_bufferSize
     .type cusolverDnZgesvd_bufferSize, @function
 cusolverDnZgesvd_bufferSize:
-    leaq .Lname494(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgesvd_bufferSize@PLT
     .size cusolverDnZgesvd_bufferSize, .-cusolverDnZgesvd_bufferSize
     .globl cusolverDnZgesvdaStridedBatched
     .type cusolverDnZgesvdaStridedBatched, @function
 cusolverDnZgesvdaStridedBatched:
-    leaq .Lname495(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgesvdaStridedBatched@PLT
     .size cusolverDnZgesvdaStridedBatched, .-cusolverDnZgesvdaStridedBatched
     .globl cusolverDnZgesvdaStridedBatched_bufferSize
     .type cusolverDnZgesvdaStridedBatched_bufferSize, @function
 cusolverDnZgesvdaStridedBatched_bufferSize:
-    leaq .Lname496(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgesvdaStridedBatched_bufferSize@PLT
     .size cusolverDnZgesvdaStridedBatched_bufferSize, .-cusolverDnZgesvdaStridedBatched_bufferSize
     .globl cusolverDnZgesvdj
     .type cusolverDnZgesvdj, @function
 cusolverDnZgesvdj:
-    leaq .Lname497(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgesvdj@PLT
     .size cusolverDnZgesvdj, .-cusolverDnZgesvdj
     .globl cusolverDnZgesvdjBatched
     .type cusolverDnZgesvdjBatched, @function
 cusolverDnZgesvdjBatched:
-    leaq .Lname498(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgesvdjBatched@PLT
     .size cusolverDnZgesvdjBatched, .-cusolverDnZgesvdjBatched
     .globl cusolverDnZgesvdjBatched_bufferSize
     .type cusolverDnZgesvdjBatched_bufferSize, @function
 cusolverDnZgesvdjBatched_bufferSize:
-    leaq .Lname499(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgesvdjBatched_bufferSize@PLT
     .size cusolverDnZgesvdjBatched_bufferSize, .-cusolverDnZgesvdjBatched_bufferSize
     .globl cusolverDnZgesvdj_bufferSize
     .type cusolverDnZgesvdj_bufferSize, @function
 cusolverDnZgesvdj_bufferSize:
-    leaq .Lname500(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgesvdj_bufferSize@PLT
     .size cusolverDnZgesvdj_bufferSize, .-cusolverDnZgesvdj_bufferSize
     .globl cusolverDnZgetrf
     .type cusolverDnZgetrf, @function
 cusolverDnZgetrf:
-    leaq .Lname501(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgetrf@PLT
     .size cusolverDnZgetrf, .-cusolverDnZgetrf
     .globl cusolverDnZgetrf_bufferSize
     .type cusolverDnZgetrf_bufferSize, @function
 cusolverDnZgetrf_bufferSize:
-    leaq .Lname502(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgetrf_bufferSize@PLT
     .size cusolverDnZgetrf_bufferSize, .-cusolverDnZgetrf_bufferSize
     .globl cusolverDnZgetrs
     .type cusolverDnZgetrs, @function
 cusolverDnZgetrs:
-    leaq .Lname503(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgetrs@PLT
     .size cusolverDnZgetrs, .-cusolverDnZgetrs
     .globl cusolverDnZheevd
     .type cusolverDnZheevd, @function
 cusolverDnZheevd:
-    leaq .Lname504(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZheevd@PLT
     .size cusolverDnZheevd, .-cusolverDnZheevd
     .globl cusolverDnZheevd_bufferSize
     .type cusolverDnZheevd_bufferSize, @function
 cusolverDnZheevd_bufferSize:
-    leaq .Lname505(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZheevd_bufferSize@PLT
     .size cusolverDnZheevd_bufferSize, .-cusolverDnZheevd_bufferSize
     .globl cusolverDnZheevdx
     .type cusolverDnZheevdx, @function
 cusolverDnZheevdx:
-    leaq .Lname506(%rip), %rdi
+    leaq .Lname323(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4240,7 +3691,7 @@ cusolverDnZheevdx:
     .globl cusolverDnZheevdx_bufferSize
     .type cusolverDnZheevdx_bufferSize, @function
 cusolverDnZheevdx_bufferSize:
-    leaq .Lname507(%rip), %rdi
+    leaq .Lname324(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4248,39 +3699,27 @@ cusolverDnZheevdx_bufferSize:
     .globl cusolverDnZheevj
     .type cusolverDnZheevj, @function
 cusolverDnZheevj:
-    leaq .Lname508(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZheevj@PLT
     .size cusolverDnZheevj, .-cusolverDnZheevj
     .globl cusolverDnZheevjBatched
     .type cusolverDnZheevjBatched, @function
 cusolverDnZheevjBatched:
-    leaq .Lname509(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZheevjBatched@PLT
     .size cusolverDnZheevjBatched, .-cusolverDnZheevjBatched
     .globl cusolverDnZheevjBatched_bufferSize
     .type cusolverDnZheevjBatched_bufferSize, @function
 cusolverDnZheevjBatched_bufferSize:
-    leaq .Lname510(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZheevjBatched_bufferSize@PLT
     .size cusolverDnZheevjBatched_bufferSize, .-cusolverDnZheevjBatched_bufferSize
     .globl cusolverDnZheevj_bufferSize
     .type cusolverDnZheevj_bufferSize, @function
 cusolverDnZheevj_bufferSize:
-    leaq .Lname511(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZheevj_bufferSize@PLT
     .size cusolverDnZheevj_bufferSize, .-cusolverDnZheevj_bufferSize
     .globl cusolverDnZhegst
     .type cusolverDnZhegst, @function
 cusolverDnZhegst:
-    leaq .Lname512(%rip), %rdi
+    leaq .Lname325(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4288,7 +3727,7 @@ cusolverDnZhegst:
     .globl cusolverDnZhegst2
     .type cusolverDnZhegst2, @function
 cusolverDnZhegst2:
-    leaq .Lname513(%rip), %rdi
+    leaq .Lname326(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4296,7 +3735,7 @@ cusolverDnZhegst2:
     .globl cusolverDnZhegst2_bufferSize
     .type cusolverDnZhegst2_bufferSize, @function
 cusolverDnZhegst2_bufferSize:
-    leaq .Lname514(%rip), %rdi
+    leaq .Lname327(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4304,7 +3743,7 @@ cusolverDnZhegst2_bufferSize:
     .globl cusolverDnZhegst_bufferSize
     .type cusolverDnZhegst_bufferSize, @function
 cusolverDnZhegst_bufferSize:
-    leaq .Lname515(%rip), %rdi
+    leaq .Lname328(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4312,23 +3751,17 @@ cusolverDnZhegst_bufferSize:
     .globl cusolverDnZhegvd
     .type cusolverDnZhegvd, @function
 cusolverDnZhegvd:
-    leaq .Lname516(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZhegvd@PLT
     .size cusolverDnZhegvd, .-cusolverDnZhegvd
     .globl cusolverDnZhegvd_bufferSize
     .type cusolverDnZhegvd_bufferSize, @function
 cusolverDnZhegvd_bufferSize:
-    leaq .Lname517(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZhegvd_bufferSize@PLT
     .size cusolverDnZhegvd_bufferSize, .-cusolverDnZhegvd_bufferSize
     .globl cusolverDnZhegvdx
     .type cusolverDnZhegvdx, @function
 cusolverDnZhegvdx:
-    leaq .Lname518(%rip), %rdi
+    leaq .Lname329(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4336,7 +3769,7 @@ cusolverDnZhegvdx:
     .globl cusolverDnZhegvdx_bufferSize
     .type cusolverDnZhegvdx_bufferSize, @function
 cusolverDnZhegvdx_bufferSize:
-    leaq .Lname519(%rip), %rdi
+    leaq .Lname330(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4344,23 +3777,17 @@ cusolverDnZhegvdx_bufferSize:
     .globl cusolverDnZhegvj
     .type cusolverDnZhegvj, @function
 cusolverDnZhegvj:
-    leaq .Lname520(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZhegvj@PLT
     .size cusolverDnZhegvj, .-cusolverDnZhegvj
     .globl cusolverDnZhegvj_bufferSize
     .type cusolverDnZhegvj_bufferSize, @function
 cusolverDnZhegvj_bufferSize:
-    leaq .Lname521(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZhegvj_bufferSize@PLT
     .size cusolverDnZhegvj_bufferSize, .-cusolverDnZhegvj_bufferSize
     .globl cusolverDnZhemv
     .type cusolverDnZhemv, @function
 cusolverDnZhemv:
-    leaq .Lname522(%rip), %rdi
+    leaq .Lname331(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4368,7 +3795,7 @@ cusolverDnZhemv:
     .globl cusolverDnZhemv_bufferSize
     .type cusolverDnZhemv_bufferSize, @function
 cusolverDnZhemv_bufferSize:
-    leaq .Lname523(%rip), %rdi
+    leaq .Lname332(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4376,7 +3803,7 @@ cusolverDnZhemv_bufferSize:
     .globl cusolverDnZhetrd
     .type cusolverDnZhetrd, @function
 cusolverDnZhetrd:
-    leaq .Lname524(%rip), %rdi
+    leaq .Lname333(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4384,7 +3811,7 @@ cusolverDnZhetrd:
     .globl cusolverDnZhetrd_bufferSize
     .type cusolverDnZhetrd_bufferSize, @function
 cusolverDnZhetrd_bufferSize:
-    leaq .Lname525(%rip), %rdi
+    leaq .Lname334(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4392,7 +3819,7 @@ cusolverDnZhetrd_bufferSize:
     .globl cusolverDnZlacpyHost
     .type cusolverDnZlacpyHost, @function
 cusolverDnZlacpyHost:
-    leaq .Lname526(%rip), %rdi
+    leaq .Lname335(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4400,7 +3827,7 @@ cusolverDnZlacpyHost:
     .globl cusolverDnZlahr2
     .type cusolverDnZlahr2, @function
 cusolverDnZlahr2:
-    leaq .Lname527(%rip), %rdi
+    leaq .Lname336(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4408,7 +3835,7 @@ cusolverDnZlahr2:
     .globl cusolverDnZlange
     .type cusolverDnZlange, @function
 cusolverDnZlange:
-    leaq .Lname528(%rip), %rdi
+    leaq .Lname337(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4416,7 +3843,7 @@ cusolverDnZlange:
     .globl cusolverDnZlangeHost
     .type cusolverDnZlangeHost, @function
 cusolverDnZlangeHost:
-    leaq .Lname529(%rip), %rdi
+    leaq .Lname338(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4424,7 +3851,7 @@ cusolverDnZlangeHost:
     .globl cusolverDnZlange_bufferSize
     .type cusolverDnZlange_bufferSize, @function
 cusolverDnZlange_bufferSize:
-    leaq .Lname530(%rip), %rdi
+    leaq .Lname339(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4432,7 +3859,7 @@ cusolverDnZlange_bufferSize:
     .globl cusolverDnZlanhe
     .type cusolverDnZlanhe, @function
 cusolverDnZlanhe:
-    leaq .Lname531(%rip), %rdi
+    leaq .Lname340(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4440,7 +3867,7 @@ cusolverDnZlanhe:
     .globl cusolverDnZlanheHost
     .type cusolverDnZlanheHost, @function
 cusolverDnZlanheHost:
-    leaq .Lname532(%rip), %rdi
+    leaq .Lname341(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4448,7 +3875,7 @@ cusolverDnZlanheHost:
     .globl cusolverDnZlanhe_bufferSize
     .type cusolverDnZlanhe_bufferSize, @function
 cusolverDnZlanhe_bufferSize:
-    leaq .Lname533(%rip), %rdi
+    leaq .Lname342(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4456,7 +3883,7 @@ cusolverDnZlanhe_bufferSize:
     .globl cusolverDnZlantrHost
     .type cusolverDnZlantrHost, @function
 cusolverDnZlantrHost:
-    leaq .Lname534(%rip), %rdi
+    leaq .Lname343(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4464,7 +3891,7 @@ cusolverDnZlantrHost:
     .globl cusolverDnZlarfb
     .type cusolverDnZlarfb, @function
 cusolverDnZlarfb:
-    leaq .Lname535(%rip), %rdi
+    leaq .Lname344(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4472,7 +3899,7 @@ cusolverDnZlarfb:
     .globl cusolverDnZlarfgHost
     .type cusolverDnZlarfgHost, @function
 cusolverDnZlarfgHost:
-    leaq .Lname536(%rip), %rdi
+    leaq .Lname345(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4480,7 +3907,7 @@ cusolverDnZlarfgHost:
     .globl cusolverDnZlarft
     .type cusolverDnZlarft, @function
 cusolverDnZlarft:
-    leaq .Lname537(%rip), %rdi
+    leaq .Lname346(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4488,7 +3915,7 @@ cusolverDnZlarft:
     .globl cusolverDnZlarft_bufferSize
     .type cusolverDnZlarft_bufferSize, @function
 cusolverDnZlarft_bufferSize:
-    leaq .Lname538(%rip), %rdi
+    leaq .Lname347(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4496,7 +3923,7 @@ cusolverDnZlarft_bufferSize:
     .globl cusolverDnZlarnvHost
     .type cusolverDnZlarnvHost, @function
 cusolverDnZlarnvHost:
-    leaq .Lname539(%rip), %rdi
+    leaq .Lname348(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4504,7 +3931,7 @@ cusolverDnZlarnvHost:
     .globl cusolverDnZlascl
     .type cusolverDnZlascl, @function
 cusolverDnZlascl:
-    leaq .Lname540(%rip), %rdi
+    leaq .Lname349(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4512,7 +3939,7 @@ cusolverDnZlascl:
     .globl cusolverDnZlasetHost
     .type cusolverDnZlasetHost, @function
 cusolverDnZlasetHost:
-    leaq .Lname541(%rip), %rdi
+    leaq .Lname350(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4520,23 +3947,17 @@ cusolverDnZlasetHost:
     .globl cusolverDnZlaswp
     .type cusolverDnZlaswp, @function
 cusolverDnZlaswp:
-    leaq .Lname542(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZlaswp@PLT
     .size cusolverDnZlaswp, .-cusolverDnZlaswp
     .globl cusolverDnZlauum
     .type cusolverDnZlauum, @function
 cusolverDnZlauum:
-    leaq .Lname543(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZlauum@PLT
     .size cusolverDnZlauum, .-cusolverDnZlauum
     .globl cusolverDnZlauumHost
     .type cusolverDnZlauumHost, @function
 cusolverDnZlauumHost:
-    leaq .Lname544(%rip), %rdi
+    leaq .Lname351(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4544,15 +3965,12 @@ cusolverDnZlauumHost:
     .globl cusolverDnZlauum_bufferSize
     .type cusolverDnZlauum_bufferSize, @function
 cusolverDnZlauum_bufferSize:
-    leaq .Lname545(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZlauum_bufferSize@PLT
     .size cusolverDnZlauum_bufferSize, .-cusolverDnZlauum_bufferSize
     .globl cusolverDnZnrm2Host
     .type cusolverDnZnrm2Host, @function
 cusolverDnZnrm2Host:
-    leaq .Lname546(%rip), %rdi
+    leaq .Lname352(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4560,7 +3978,7 @@ cusolverDnZnrm2Host:
     .globl cusolverDnZpolar
     .type cusolverDnZpolar, @function
 cusolverDnZpolar:
-    leaq .Lname547(%rip), %rdi
+    leaq .Lname353(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4568,7 +3986,7 @@ cusolverDnZpolar:
     .globl cusolverDnZpolar_bufferSize
     .type cusolverDnZpolar_bufferSize, @function
 cusolverDnZpolar_bufferSize:
-    leaq .Lname548(%rip), %rdi
+    leaq .Lname354(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4576,23 +3994,17 @@ cusolverDnZpolar_bufferSize:
     .globl cusolverDnZpotrf
     .type cusolverDnZpotrf, @function
 cusolverDnZpotrf:
-    leaq .Lname549(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZpotrf@PLT
     .size cusolverDnZpotrf, .-cusolverDnZpotrf
     .globl cusolverDnZpotrfBatched
     .type cusolverDnZpotrfBatched, @function
 cusolverDnZpotrfBatched:
-    leaq .Lname550(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZpotrfBatched@PLT
     .size cusolverDnZpotrfBatched, .-cusolverDnZpotrfBatched
     .globl cusolverDnZpotrfHost
     .type cusolverDnZpotrfHost, @function
 cusolverDnZpotrfHost:
-    leaq .Lname551(%rip), %rdi
+    leaq .Lname355(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4600,23 +4012,17 @@ cusolverDnZpotrfHost:
     .globl cusolverDnZpotrf_bufferSize
     .type cusolverDnZpotrf_bufferSize, @function
 cusolverDnZpotrf_bufferSize:
-    leaq .Lname552(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZpotrf_bufferSize@PLT
     .size cusolverDnZpotrf_bufferSize, .-cusolverDnZpotrf_bufferSize
     .globl cusolverDnZpotri
     .type cusolverDnZpotri, @function
 cusolverDnZpotri:
-    leaq .Lname553(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZpotri@PLT
     .size cusolverDnZpotri, .-cusolverDnZpotri
     .globl cusolverDnZpotriHost
     .type cusolverDnZpotriHost, @function
 cusolverDnZpotriHost:
-    leaq .Lname554(%rip), %rdi
+    leaq .Lname356(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4624,31 +4030,22 @@ cusolverDnZpotriHost:
     .globl cusolverDnZpotri_bufferSize
     .type cusolverDnZpotri_bufferSize, @function
 cusolverDnZpotri_bufferSize:
-    leaq .Lname555(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZpotri_bufferSize@PLT
     .size cusolverDnZpotri_bufferSize, .-cusolverDnZpotri_bufferSize
     .globl cusolverDnZpotrs
     .type cusolverDnZpotrs, @function
 cusolverDnZpotrs:
-    leaq .Lname556(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZpotrs@PLT
     .size cusolverDnZpotrs, .-cusolverDnZpotrs
     .globl cusolverDnZpotrsBatched
     .type cusolverDnZpotrsBatched, @function
 cusolverDnZpotrsBatched:
-    leaq .Lname557(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZpotrsBatched@PLT
     .size cusolverDnZpotrsBatched, .-cusolverDnZpotrsBatched
     .globl cusolverDnZpotrsHost
     .type cusolverDnZpotrsHost, @function
 cusolverDnZpotrsHost:
-    leaq .Lname558(%rip), %rdi
+    leaq .Lname357(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4656,31 +4053,22 @@ cusolverDnZpotrsHost:
     .globl cusolverDnZsytrf
     .type cusolverDnZsytrf, @function
 cusolverDnZsytrf:
-    leaq .Lname559(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZsytrf@PLT
     .size cusolverDnZsytrf, .-cusolverDnZsytrf
     .globl cusolverDnZsytrf_bufferSize
     .type cusolverDnZsytrf_bufferSize, @function
 cusolverDnZsytrf_bufferSize:
-    leaq .Lname560(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZsytrf_bufferSize@PLT
     .size cusolverDnZsytrf_bufferSize, .-cusolverDnZsytrf_bufferSize
     .globl cusolverDnZsytri
     .type cusolverDnZsytri, @function
 cusolverDnZsytri:
-    leaq .Lname561(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZsytri@PLT
     .size cusolverDnZsytri, .-cusolverDnZsytri
     .globl cusolverDnZsytriHost
     .type cusolverDnZsytriHost, @function
 cusolverDnZsytriHost:
-    leaq .Lname562(%rip), %rdi
+    leaq .Lname358(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4688,15 +4076,12 @@ cusolverDnZsytriHost:
     .globl cusolverDnZsytri_bufferSize
     .type cusolverDnZsytri_bufferSize, @function
 cusolverDnZsytri_bufferSize:
-    leaq .Lname563(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZsytri_bufferSize@PLT
     .size cusolverDnZsytri_bufferSize, .-cusolverDnZsytri_bufferSize
     .globl cusolverDnZsytrsHost
     .type cusolverDnZsytrsHost, @function
 cusolverDnZsytrsHost:
-    leaq .Lname564(%rip), %rdi
+    leaq .Lname359(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4704,7 +4089,7 @@ cusolverDnZsytrsHost:
     .globl cusolverDnZtrtriHost
     .type cusolverDnZtrtriHost, @function
 cusolverDnZtrtriHost:
-    leaq .Lname565(%rip), %rdi
+    leaq .Lname360(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4712,15 +4097,12 @@ cusolverDnZtrtriHost:
     .globl cusolverDnZungbr
     .type cusolverDnZungbr, @function
 cusolverDnZungbr:
-    leaq .Lname566(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZungbr@PLT
     .size cusolverDnZungbr, .-cusolverDnZungbr
     .globl cusolverDnZungbrHost
     .type cusolverDnZungbrHost, @function
 cusolverDnZungbrHost:
-    leaq .Lname567(%rip), %rdi
+    leaq .Lname361(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4728,15 +4110,12 @@ cusolverDnZungbrHost:
     .globl cusolverDnZungbr_bufferSize
     .type cusolverDnZungbr_bufferSize, @function
 cusolverDnZungbr_bufferSize:
-    leaq .Lname568(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZungbr_bufferSize@PLT
     .size cusolverDnZungbr_bufferSize, .-cusolverDnZungbr_bufferSize
     .globl cusolverDnZunghrHost
     .type cusolverDnZunghrHost, @function
 cusolverDnZunghrHost:
-    leaq .Lname569(%rip), %rdi
+    leaq .Lname362(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4744,7 +4123,7 @@ cusolverDnZunghrHost:
     .globl cusolverDnZunglqHost
     .type cusolverDnZunglqHost, @function
 cusolverDnZunglqHost:
-    leaq .Lname570(%rip), %rdi
+    leaq .Lname363(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4752,15 +4131,12 @@ cusolverDnZunglqHost:
     .globl cusolverDnZungqr
     .type cusolverDnZungqr, @function
 cusolverDnZungqr:
-    leaq .Lname571(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZungqr@PLT
     .size cusolverDnZungqr, .-cusolverDnZungqr
     .globl cusolverDnZungqrHost
     .type cusolverDnZungqrHost, @function
 cusolverDnZungqrHost:
-    leaq .Lname572(%rip), %rdi
+    leaq .Lname364(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4768,7 +4144,7 @@ cusolverDnZungqrHost:
     .globl cusolverDnZungqr_ApI
     .type cusolverDnZungqr_ApI, @function
 cusolverDnZungqr_ApI:
-    leaq .Lname573(%rip), %rdi
+    leaq .Lname365(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4776,7 +4152,7 @@ cusolverDnZungqr_ApI:
     .globl cusolverDnZungqr_ApI_bufferSize
     .type cusolverDnZungqr_ApI_bufferSize, @function
 cusolverDnZungqr_ApI_bufferSize:
-    leaq .Lname574(%rip), %rdi
+    leaq .Lname366(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4784,23 +4160,17 @@ cusolverDnZungqr_ApI_bufferSize:
     .globl cusolverDnZungqr_bufferSize
     .type cusolverDnZungqr_bufferSize, @function
 cusolverDnZungqr_bufferSize:
-    leaq .Lname575(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZungqr_bufferSize@PLT
     .size cusolverDnZungqr_bufferSize, .-cusolverDnZungqr_bufferSize
     .globl cusolverDnZungtr
     .type cusolverDnZungtr, @function
 cusolverDnZungtr:
-    leaq .Lname576(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZungtr@PLT
     .size cusolverDnZungtr, .-cusolverDnZungtr
     .globl cusolverDnZungtrHost
     .type cusolverDnZungtrHost, @function
 cusolverDnZungtrHost:
-    leaq .Lname577(%rip), %rdi
+    leaq .Lname367(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4808,23 +4178,17 @@ cusolverDnZungtrHost:
     .globl cusolverDnZungtr_bufferSize
     .type cusolverDnZungtr_bufferSize, @function
 cusolverDnZungtr_bufferSize:
-    leaq .Lname578(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZungtr_bufferSize@PLT
     .size cusolverDnZungtr_bufferSize, .-cusolverDnZungtr_bufferSize
     .globl cusolverDnZunmqr
     .type cusolverDnZunmqr, @function
 cusolverDnZunmqr:
-    leaq .Lname579(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZunmqr@PLT
     .size cusolverDnZunmqr, .-cusolverDnZunmqr
     .globl cusolverDnZunmqrHost
     .type cusolverDnZunmqrHost, @function
 cusolverDnZunmqrHost:
-    leaq .Lname580(%rip), %rdi
+    leaq .Lname368(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4832,23 +4196,17 @@ cusolverDnZunmqrHost:
     .globl cusolverDnZunmqr_bufferSize
     .type cusolverDnZunmqr_bufferSize, @function
 cusolverDnZunmqr_bufferSize:
-    leaq .Lname581(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZunmqr_bufferSize@PLT
     .size cusolverDnZunmqr_bufferSize, .-cusolverDnZunmqr_bufferSize
     .globl cusolverDnZunmtr
     .type cusolverDnZunmtr, @function
 cusolverDnZunmtr:
-    leaq .Lname582(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZunmtr@PLT
     .size cusolverDnZunmtr, .-cusolverDnZunmtr
     .globl cusolverDnZunmtrHost
     .type cusolverDnZunmtrHost, @function
 cusolverDnZunmtrHost:
-    leaq .Lname583(%rip), %rdi
+    leaq .Lname369(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4856,15 +4214,12 @@ cusolverDnZunmtrHost:
     .globl cusolverDnZunmtr_bufferSize
     .type cusolverDnZunmtr_bufferSize, @function
 cusolverDnZunmtr_bufferSize:
-    leaq .Lname584(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZunmtr_bufferSize@PLT
     .size cusolverDnZunmtr_bufferSize, .-cusolverDnZunmtr_bufferSize
     .globl cusolverGetProperty
     .type cusolverGetProperty, @function
 cusolverGetProperty:
-    leaq .Lname585(%rip), %rdi
+    leaq .Lname370(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4872,7 +4227,7 @@ cusolverGetProperty:
     .globl cusolverGetVersion
     .type cusolverGetVersion, @function
 cusolverGetVersion:
-    leaq .Lname586(%rip), %rdi
+    leaq .Lname371(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4880,7 +4235,7 @@ cusolverGetVersion:
     .globl cusolverIidentityHost
     .type cusolverIidentityHost, @function
 cusolverIidentityHost:
-    leaq .Lname587(%rip), %rdi
+    leaq .Lname372(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4888,7 +4243,7 @@ cusolverIidentityHost:
     .globl cusolverRfAccessBundledFactorsDevice
     .type cusolverRfAccessBundledFactorsDevice, @function
 cusolverRfAccessBundledFactorsDevice:
-    leaq .Lname588(%rip), %rdi
+    leaq .Lname373(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4911,7 +4266,7 @@ cusolverRfBatchRefactor:
     .globl cusolverRfBatchResetValues
     .type cusolverRfBatchResetValues, @function
 cusolverRfBatchResetValues:
-    leaq .Lname589(%rip), %rdi
+    leaq .Lname374(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4919,7 +4274,7 @@ cusolverRfBatchResetValues:
     .globl cusolverRfBatchSetupHost
     .type cusolverRfBatchSetupHost, @function
 cusolverRfBatchSetupHost:
-    leaq .Lname590(%rip), %rdi
+    leaq .Lname375(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4927,7 +4282,7 @@ cusolverRfBatchSetupHost:
     .globl cusolverRfBatchSolve
     .type cusolverRfBatchSolve, @function
 cusolverRfBatchSolve:
-    leaq .Lname591(%rip), %rdi
+    leaq .Lname376(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4935,7 +4290,7 @@ cusolverRfBatchSolve:
     .globl cusolverRfBatchZeroPivot
     .type cusolverRfBatchZeroPivot, @function
 cusolverRfBatchZeroPivot:
-    leaq .Lname592(%rip), %rdi
+    leaq .Lname377(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4953,7 +4308,7 @@ cusolverRfDestroy:
     .globl cusolverRfExtractBundledFactorsHost
     .type cusolverRfExtractBundledFactorsHost, @function
 cusolverRfExtractBundledFactorsHost:
-    leaq .Lname593(%rip), %rdi
+    leaq .Lname378(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4961,7 +4316,7 @@ cusolverRfExtractBundledFactorsHost:
     .globl cusolverRfExtractSplitFactorsHost
     .type cusolverRfExtractSplitFactorsHost, @function
 cusolverRfExtractSplitFactorsHost:
-    leaq .Lname594(%rip), %rdi
+    leaq .Lname379(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4969,7 +4324,7 @@ cusolverRfExtractSplitFactorsHost:
     .globl cusolverRfGetAlgs
     .type cusolverRfGetAlgs, @function
 cusolverRfGetAlgs:
-    leaq .Lname595(%rip), %rdi
+    leaq .Lname380(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4977,7 +4332,7 @@ cusolverRfGetAlgs:
     .globl cusolverRfGetMatrixFormat
     .type cusolverRfGetMatrixFormat, @function
 cusolverRfGetMatrixFormat:
-    leaq .Lname596(%rip), %rdi
+    leaq .Lname381(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4985,7 +4340,7 @@ cusolverRfGetMatrixFormat:
     .globl cusolverRfGetNumericBoostReport
     .type cusolverRfGetNumericBoostReport, @function
 cusolverRfGetNumericBoostReport:
-    leaq .Lname597(%rip), %rdi
+    leaq .Lname382(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4993,7 +4348,7 @@ cusolverRfGetNumericBoostReport:
     .globl cusolverRfGetNumericProperties
     .type cusolverRfGetNumericProperties, @function
 cusolverRfGetNumericProperties:
-    leaq .Lname598(%rip), %rdi
+    leaq .Lname383(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5001,7 +4356,7 @@ cusolverRfGetNumericProperties:
     .globl cusolverRfGetResetValuesFastMode
     .type cusolverRfGetResetValuesFastMode, @function
 cusolverRfGetResetValuesFastMode:
-    leaq .Lname599(%rip), %rdi
+    leaq .Lname384(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5014,7 +4369,7 @@ cusolverRfRefactor:
     .globl cusolverRfResetValues
     .type cusolverRfResetValues, @function
 cusolverRfResetValues:
-    leaq .Lname600(%rip), %rdi
+    leaq .Lname385(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5042,7 +4397,7 @@ cusolverRfSetResetValuesFastMode:
     .globl cusolverRfSetupDevice
     .type cusolverRfSetupDevice, @function
 cusolverRfSetupDevice:
-    leaq .Lname601(%rip), %rdi
+    leaq .Lname386(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5050,7 +4405,7 @@ cusolverRfSetupDevice:
     .globl cusolverRfSetupHost
     .type cusolverRfSetupHost, @function
 cusolverRfSetupHost:
-    leaq .Lname602(%rip), %rdi
+    leaq .Lname387(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5058,7 +4413,7 @@ cusolverRfSetupHost:
     .globl cusolverRfSetupM
     .type cusolverRfSetupM, @function
 cusolverRfSetupM:
-    leaq .Lname603(%rip), %rdi
+    leaq .Lname388(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5066,7 +4421,7 @@ cusolverRfSetupM:
     .globl cusolverRfSolve
     .type cusolverRfSolve, @function
 cusolverRfSolve:
-    leaq .Lname604(%rip), %rdi
+    leaq .Lname389(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5074,7 +4429,7 @@ cusolverRfSolve:
     .globl cusolverSpCcsrbtfHost
     .type cusolverSpCcsrbtfHost, @function
 cusolverSpCcsrbtfHost:
-    leaq .Lname605(%rip), %rdi
+    leaq .Lname390(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5082,7 +4437,7 @@ cusolverSpCcsrbtfHost:
     .globl cusolverSpCcsrcholBufferInfo
     .type cusolverSpCcsrcholBufferInfo, @function
 cusolverSpCcsrcholBufferInfo:
-    leaq .Lname606(%rip), %rdi
+    leaq .Lname391(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5090,7 +4445,7 @@ cusolverSpCcsrcholBufferInfo:
     .globl cusolverSpCcsrcholBufferInfoHost
     .type cusolverSpCcsrcholBufferInfoHost, @function
 cusolverSpCcsrcholBufferInfoHost:
-    leaq .Lname607(%rip), %rdi
+    leaq .Lname392(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5098,7 +4453,7 @@ cusolverSpCcsrcholBufferInfoHost:
     .globl cusolverSpCcsrcholDiag
     .type cusolverSpCcsrcholDiag, @function
 cusolverSpCcsrcholDiag:
-    leaq .Lname608(%rip), %rdi
+    leaq .Lname393(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5106,7 +4461,7 @@ cusolverSpCcsrcholDiag:
     .globl cusolverSpCcsrcholFactor
     .type cusolverSpCcsrcholFactor, @function
 cusolverSpCcsrcholFactor:
-    leaq .Lname609(%rip), %rdi
+    leaq .Lname394(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5114,7 +4469,7 @@ cusolverSpCcsrcholFactor:
     .globl cusolverSpCcsrcholFactorHost
     .type cusolverSpCcsrcholFactorHost, @function
 cusolverSpCcsrcholFactorHost:
-    leaq .Lname610(%rip), %rdi
+    leaq .Lname395(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5122,7 +4477,7 @@ cusolverSpCcsrcholFactorHost:
     .globl cusolverSpCcsrcholSolve
     .type cusolverSpCcsrcholSolve, @function
 cusolverSpCcsrcholSolve:
-    leaq .Lname611(%rip), %rdi
+    leaq .Lname396(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5130,7 +4485,7 @@ cusolverSpCcsrcholSolve:
     .globl cusolverSpCcsrcholSolveHost
     .type cusolverSpCcsrcholSolveHost, @function
 cusolverSpCcsrcholSolveHost:
-    leaq .Lname612(%rip), %rdi
+    leaq .Lname397(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5138,7 +4493,7 @@ cusolverSpCcsrcholSolveHost:
     .globl cusolverSpCcsrcholZeroPivot
     .type cusolverSpCcsrcholZeroPivot, @function
 cusolverSpCcsrcholZeroPivot:
-    leaq .Lname613(%rip), %rdi
+    leaq .Lname398(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5146,7 +4501,7 @@ cusolverSpCcsrcholZeroPivot:
     .globl cusolverSpCcsrcholZeroPivotHost
     .type cusolverSpCcsrcholZeroPivotHost, @function
 cusolverSpCcsrcholZeroPivotHost:
-    leaq .Lname614(%rip), %rdi
+    leaq .Lname399(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5154,7 +4509,7 @@ cusolverSpCcsrcholZeroPivotHost:
     .globl cusolverSpCcsreigsHost
     .type cusolverSpCcsreigsHost, @function
 cusolverSpCcsreigsHost:
-    leaq .Lname615(%rip), %rdi
+    leaq .Lname400(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5162,7 +4517,7 @@ cusolverSpCcsreigsHost:
     .globl cusolverSpCcsreigvsi
     .type cusolverSpCcsreigvsi, @function
 cusolverSpCcsreigvsi:
-    leaq .Lname616(%rip), %rdi
+    leaq .Lname401(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5170,7 +4525,7 @@ cusolverSpCcsreigvsi:
     .globl cusolverSpCcsreigvsiHost
     .type cusolverSpCcsreigvsiHost, @function
 cusolverSpCcsreigvsiHost:
-    leaq .Lname617(%rip), %rdi
+    leaq .Lname402(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5178,7 +4533,7 @@ cusolverSpCcsreigvsiHost:
     .globl cusolverSpCcsrlsqvqrHost
     .type cusolverSpCcsrlsqvqrHost, @function
 cusolverSpCcsrlsqvqrHost:
-    leaq .Lname618(%rip), %rdi
+    leaq .Lname403(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5186,7 +4541,7 @@ cusolverSpCcsrlsqvqrHost:
     .globl cusolverSpCcsrlsvchol
     .type cusolverSpCcsrlsvchol, @function
 cusolverSpCcsrlsvchol:
-    leaq .Lname619(%rip), %rdi
+    leaq .Lname404(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5194,7 +4549,7 @@ cusolverSpCcsrlsvchol:
     .globl cusolverSpCcsrlsvcholHost
     .type cusolverSpCcsrlsvcholHost, @function
 cusolverSpCcsrlsvcholHost:
-    leaq .Lname620(%rip), %rdi
+    leaq .Lname405(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5202,7 +4557,7 @@ cusolverSpCcsrlsvcholHost:
     .globl cusolverSpCcsrlsvluHost
     .type cusolverSpCcsrlsvluHost, @function
 cusolverSpCcsrlsvluHost:
-    leaq .Lname621(%rip), %rdi
+    leaq .Lname406(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5210,7 +4565,7 @@ cusolverSpCcsrlsvluHost:
     .globl cusolverSpCcsrlsvqr
     .type cusolverSpCcsrlsvqr, @function
 cusolverSpCcsrlsvqr:
-    leaq .Lname622(%rip), %rdi
+    leaq .Lname407(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5218,7 +4573,7 @@ cusolverSpCcsrlsvqr:
     .globl cusolverSpCcsrlsvqrHost
     .type cusolverSpCcsrlsvqrHost, @function
 cusolverSpCcsrlsvqrHost:
-    leaq .Lname623(%rip), %rdi
+    leaq .Lname408(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5226,7 +4581,7 @@ cusolverSpCcsrlsvqrHost:
     .globl cusolverSpCcsrluAnalysisHost
     .type cusolverSpCcsrluAnalysisHost, @function
 cusolverSpCcsrluAnalysisHost:
-    leaq .Lname624(%rip), %rdi
+    leaq .Lname409(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5234,7 +4589,7 @@ cusolverSpCcsrluAnalysisHost:
     .globl cusolverSpCcsrluBufferInfoHost
     .type cusolverSpCcsrluBufferInfoHost, @function
 cusolverSpCcsrluBufferInfoHost:
-    leaq .Lname625(%rip), %rdi
+    leaq .Lname410(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5242,7 +4597,7 @@ cusolverSpCcsrluBufferInfoHost:
     .globl cusolverSpCcsrluExtractBTFHost
     .type cusolverSpCcsrluExtractBTFHost, @function
 cusolverSpCcsrluExtractBTFHost:
-    leaq .Lname626(%rip), %rdi
+    leaq .Lname411(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5250,7 +4605,7 @@ cusolverSpCcsrluExtractBTFHost:
     .globl cusolverSpCcsrluExtractHost
     .type cusolverSpCcsrluExtractHost, @function
 cusolverSpCcsrluExtractHost:
-    leaq .Lname627(%rip), %rdi
+    leaq .Lname412(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5258,7 +4613,7 @@ cusolverSpCcsrluExtractHost:
     .globl cusolverSpCcsrluExtractMHost
     .type cusolverSpCcsrluExtractMHost, @function
 cusolverSpCcsrluExtractMHost:
-    leaq .Lname628(%rip), %rdi
+    leaq .Lname413(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5266,7 +4621,7 @@ cusolverSpCcsrluExtractMHost:
     .globl cusolverSpCcsrluFactorHost
     .type cusolverSpCcsrluFactorHost, @function
 cusolverSpCcsrluFactorHost:
-    leaq .Lname629(%rip), %rdi
+    leaq .Lname414(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5274,7 +4629,7 @@ cusolverSpCcsrluFactorHost:
     .globl cusolverSpCcsrluSolveHost
     .type cusolverSpCcsrluSolveHost, @function
 cusolverSpCcsrluSolveHost:
-    leaq .Lname630(%rip), %rdi
+    leaq .Lname415(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5282,7 +4637,7 @@ cusolverSpCcsrluSolveHost:
     .globl cusolverSpCcsrluZeroPivotHost
     .type cusolverSpCcsrluZeroPivotHost, @function
 cusolverSpCcsrluZeroPivotHost:
-    leaq .Lname631(%rip), %rdi
+    leaq .Lname416(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5290,7 +4645,7 @@ cusolverSpCcsrluZeroPivotHost:
     .globl cusolverSpCcsrlucondHost
     .type cusolverSpCcsrlucondHost, @function
 cusolverSpCcsrlucondHost:
-    leaq .Lname632(%rip), %rdi
+    leaq .Lname417(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5298,7 +4653,7 @@ cusolverSpCcsrlucondHost:
     .globl cusolverSpCcsrqrBufferInfo
     .type cusolverSpCcsrqrBufferInfo, @function
 cusolverSpCcsrqrBufferInfo:
-    leaq .Lname633(%rip), %rdi
+    leaq .Lname418(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5306,7 +4661,7 @@ cusolverSpCcsrqrBufferInfo:
     .globl cusolverSpCcsrqrBufferInfoBatched
     .type cusolverSpCcsrqrBufferInfoBatched, @function
 cusolverSpCcsrqrBufferInfoBatched:
-    leaq .Lname634(%rip), %rdi
+    leaq .Lname419(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5314,7 +4669,7 @@ cusolverSpCcsrqrBufferInfoBatched:
     .globl cusolverSpCcsrqrBufferInfoHost
     .type cusolverSpCcsrqrBufferInfoHost, @function
 cusolverSpCcsrqrBufferInfoHost:
-    leaq .Lname635(%rip), %rdi
+    leaq .Lname420(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5322,7 +4677,7 @@ cusolverSpCcsrqrBufferInfoHost:
     .globl cusolverSpCcsrqrFactor
     .type cusolverSpCcsrqrFactor, @function
 cusolverSpCcsrqrFactor:
-    leaq .Lname636(%rip), %rdi
+    leaq .Lname421(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5330,7 +4685,7 @@ cusolverSpCcsrqrFactor:
     .globl cusolverSpCcsrqrFactorHost
     .type cusolverSpCcsrqrFactorHost, @function
 cusolverSpCcsrqrFactorHost:
-    leaq .Lname637(%rip), %rdi
+    leaq .Lname422(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5338,7 +4693,7 @@ cusolverSpCcsrqrFactorHost:
     .globl cusolverSpCcsrqrSetup
     .type cusolverSpCcsrqrSetup, @function
 cusolverSpCcsrqrSetup:
-    leaq .Lname638(%rip), %rdi
+    leaq .Lname423(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5346,7 +4701,7 @@ cusolverSpCcsrqrSetup:
     .globl cusolverSpCcsrqrSetupHost
     .type cusolverSpCcsrqrSetupHost, @function
 cusolverSpCcsrqrSetupHost:
-    leaq .Lname639(%rip), %rdi
+    leaq .Lname424(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5354,7 +4709,7 @@ cusolverSpCcsrqrSetupHost:
     .globl cusolverSpCcsrqrSolve
     .type cusolverSpCcsrqrSolve, @function
 cusolverSpCcsrqrSolve:
-    leaq .Lname640(%rip), %rdi
+    leaq .Lname425(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5362,7 +4717,7 @@ cusolverSpCcsrqrSolve:
     .globl cusolverSpCcsrqrSolveHost
     .type cusolverSpCcsrqrSolveHost, @function
 cusolverSpCcsrqrSolveHost:
-    leaq .Lname641(%rip), %rdi
+    leaq .Lname426(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5370,7 +4725,7 @@ cusolverSpCcsrqrSolveHost:
     .globl cusolverSpCcsrqrZeroPivot
     .type cusolverSpCcsrqrZeroPivot, @function
 cusolverSpCcsrqrZeroPivot:
-    leaq .Lname642(%rip), %rdi
+    leaq .Lname427(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5378,7 +4733,7 @@ cusolverSpCcsrqrZeroPivot:
     .globl cusolverSpCcsrqrZeroPivotHost
     .type cusolverSpCcsrqrZeroPivotHost, @function
 cusolverSpCcsrqrZeroPivotHost:
-    leaq .Lname643(%rip), %rdi
+    leaq .Lname428(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5386,7 +4741,7 @@ cusolverSpCcsrqrZeroPivotHost:
     .globl cusolverSpCcsrqrrcond
     .type cusolverSpCcsrqrrcond, @function
 cusolverSpCcsrqrrcond:
-    leaq .Lname644(%rip), %rdi
+    leaq .Lname429(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5394,7 +4749,7 @@ cusolverSpCcsrqrrcond:
     .globl cusolverSpCcsrqrsvBatched
     .type cusolverSpCcsrqrsvBatched, @function
 cusolverSpCcsrqrsvBatched:
-    leaq .Lname645(%rip), %rdi
+    leaq .Lname430(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5402,7 +4757,7 @@ cusolverSpCcsrqrsvBatched:
     .globl cusolverSpCcsrsubm2denseHost
     .type cusolverSpCcsrsubm2denseHost, @function
 cusolverSpCcsrsubm2denseHost:
-    leaq .Lname646(%rip), %rdi
+    leaq .Lname431(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5410,7 +4765,7 @@ cusolverSpCcsrsubm2denseHost:
     .globl cusolverSpCcsrzfdHost
     .type cusolverSpCcsrzfdHost, @function
 cusolverSpCcsrzfdHost:
-    leaq .Lname647(%rip), %rdi
+    leaq .Lname432(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5418,7 +4773,7 @@ cusolverSpCcsrzfdHost:
     .globl cusolverSpClangeHost
     .type cusolverSpClangeHost, @function
 cusolverSpClangeHost:
-    leaq .Lname648(%rip), %rdi
+    leaq .Lname433(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5426,7 +4781,7 @@ cusolverSpClangeHost:
     .globl cusolverSpCndsydmHost
     .type cusolverSpCndsydmHost, @function
 cusolverSpCndsydmHost:
-    leaq .Lname649(%rip), %rdi
+    leaq .Lname434(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5439,7 +4794,7 @@ cusolverSpCreate:
     .globl cusolverSpCreateCsrcholInfo
     .type cusolverSpCreateCsrcholInfo, @function
 cusolverSpCreateCsrcholInfo:
-    leaq .Lname650(%rip), %rdi
+    leaq .Lname435(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5447,7 +4802,7 @@ cusolverSpCreateCsrcholInfo:
     .globl cusolverSpCreateCsrcholInfoHost
     .type cusolverSpCreateCsrcholInfoHost, @function
 cusolverSpCreateCsrcholInfoHost:
-    leaq .Lname651(%rip), %rdi
+    leaq .Lname436(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5455,7 +4810,7 @@ cusolverSpCreateCsrcholInfoHost:
     .globl cusolverSpCreateCsrluInfoHost
     .type cusolverSpCreateCsrluInfoHost, @function
 cusolverSpCreateCsrluInfoHost:
-    leaq .Lname652(%rip), %rdi
+    leaq .Lname437(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5468,7 +4823,7 @@ cusolverSpCreateCsrqrInfo:
     .globl cusolverSpCreateCsrqrInfoHost
     .type cusolverSpCreateCsrqrInfoHost, @function
 cusolverSpCreateCsrqrInfoHost:
-    leaq .Lname653(%rip), %rdi
+    leaq .Lname438(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5476,7 +4831,7 @@ cusolverSpCreateCsrqrInfoHost:
     .globl cusolverSpCreateGluInfo
     .type cusolverSpCreateGluInfo, @function
 cusolverSpCreateGluInfo:
-    leaq .Lname654(%rip), %rdi
+    leaq .Lname439(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5484,7 +4839,7 @@ cusolverSpCreateGluInfo:
     .globl cusolverSpCreateSnluInfo
     .type cusolverSpCreateSnluInfo, @function
 cusolverSpCreateSnluInfo:
-    leaq .Lname655(%rip), %rdi
+    leaq .Lname440(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5492,7 +4847,7 @@ cusolverSpCreateSnluInfo:
     .globl cusolverSpCsnluBuffersize
     .type cusolverSpCsnluBuffersize, @function
 cusolverSpCsnluBuffersize:
-    leaq .Lname656(%rip), %rdi
+    leaq .Lname441(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5500,7 +4855,7 @@ cusolverSpCsnluBuffersize:
     .globl cusolverSpCsnluFactor
     .type cusolverSpCsnluFactor, @function
 cusolverSpCsnluFactor:
-    leaq .Lname657(%rip), %rdi
+    leaq .Lname442(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5508,7 +4863,7 @@ cusolverSpCsnluFactor:
     .globl cusolverSpCsnluSolve
     .type cusolverSpCsnluSolve, @function
 cusolverSpCsnluSolve:
-    leaq .Lname658(%rip), %rdi
+    leaq .Lname443(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5516,7 +4871,7 @@ cusolverSpCsnluSolve:
     .globl cusolverSpCsymgthr
     .type cusolverSpCsymgthr, @function
 cusolverSpCsymgthr:
-    leaq .Lname659(%rip), %rdi
+    leaq .Lname444(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5524,7 +4879,7 @@ cusolverSpCsymgthr:
     .globl cusolverSpCsymgthrHost
     .type cusolverSpCsymgthrHost, @function
 cusolverSpCsymgthrHost:
-    leaq .Lname660(%rip), %rdi
+    leaq .Lname445(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5532,7 +4887,7 @@ cusolverSpCsymgthrHost:
     .globl cusolverSpDcsrbtfHost
     .type cusolverSpDcsrbtfHost, @function
 cusolverSpDcsrbtfHost:
-    leaq .Lname661(%rip), %rdi
+    leaq .Lname446(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5540,7 +4895,7 @@ cusolverSpDcsrbtfHost:
     .globl cusolverSpDcsrcholBufferInfo
     .type cusolverSpDcsrcholBufferInfo, @function
 cusolverSpDcsrcholBufferInfo:
-    leaq .Lname662(%rip), %rdi
+    leaq .Lname447(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5548,7 +4903,7 @@ cusolverSpDcsrcholBufferInfo:
     .globl cusolverSpDcsrcholBufferInfoHost
     .type cusolverSpDcsrcholBufferInfoHost, @function
 cusolverSpDcsrcholBufferInfoHost:
-    leaq .Lname663(%rip), %rdi
+    leaq .Lname448(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5556,7 +4911,7 @@ cusolverSpDcsrcholBufferInfoHost:
     .globl cusolverSpDcsrcholDiag
     .type cusolverSpDcsrcholDiag, @function
 cusolverSpDcsrcholDiag:
-    leaq .Lname664(%rip), %rdi
+    leaq .Lname449(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5564,7 +4919,7 @@ cusolverSpDcsrcholDiag:
     .globl cusolverSpDcsrcholFactor
     .type cusolverSpDcsrcholFactor, @function
 cusolverSpDcsrcholFactor:
-    leaq .Lname665(%rip), %rdi
+    leaq .Lname450(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5572,7 +4927,7 @@ cusolverSpDcsrcholFactor:
     .globl cusolverSpDcsrcholFactorHost
     .type cusolverSpDcsrcholFactorHost, @function
 cusolverSpDcsrcholFactorHost:
-    leaq .Lname666(%rip), %rdi
+    leaq .Lname451(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5580,7 +4935,7 @@ cusolverSpDcsrcholFactorHost:
     .globl cusolverSpDcsrcholSolve
     .type cusolverSpDcsrcholSolve, @function
 cusolverSpDcsrcholSolve:
-    leaq .Lname667(%rip), %rdi
+    leaq .Lname452(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5588,7 +4943,7 @@ cusolverSpDcsrcholSolve:
     .globl cusolverSpDcsrcholSolveHost
     .type cusolverSpDcsrcholSolveHost, @function
 cusolverSpDcsrcholSolveHost:
-    leaq .Lname668(%rip), %rdi
+    leaq .Lname453(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5596,7 +4951,7 @@ cusolverSpDcsrcholSolveHost:
     .globl cusolverSpDcsrcholZeroPivot
     .type cusolverSpDcsrcholZeroPivot, @function
 cusolverSpDcsrcholZeroPivot:
-    leaq .Lname669(%rip), %rdi
+    leaq .Lname454(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5604,7 +4959,7 @@ cusolverSpDcsrcholZeroPivot:
     .globl cusolverSpDcsrcholZeroPivotHost
     .type cusolverSpDcsrcholZeroPivotHost, @function
 cusolverSpDcsrcholZeroPivotHost:
-    leaq .Lname670(%rip), %rdi
+    leaq .Lname455(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5612,7 +4967,7 @@ cusolverSpDcsrcholZeroPivotHost:
     .globl cusolverSpDcsreigsHost
     .type cusolverSpDcsreigsHost, @function
 cusolverSpDcsreigsHost:
-    leaq .Lname671(%rip), %rdi
+    leaq .Lname456(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5620,7 +4975,7 @@ cusolverSpDcsreigsHost:
     .globl cusolverSpDcsreigvsi
     .type cusolverSpDcsreigvsi, @function
 cusolverSpDcsreigvsi:
-    leaq .Lname672(%rip), %rdi
+    leaq .Lname457(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5628,7 +4983,7 @@ cusolverSpDcsreigvsi:
     .globl cusolverSpDcsreigvsiHost
     .type cusolverSpDcsreigvsiHost, @function
 cusolverSpDcsreigvsiHost:
-    leaq .Lname673(%rip), %rdi
+    leaq .Lname458(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5636,7 +4991,7 @@ cusolverSpDcsreigvsiHost:
     .globl cusolverSpDcsrlsqvqrHost
     .type cusolverSpDcsrlsqvqrHost, @function
 cusolverSpDcsrlsqvqrHost:
-    leaq .Lname674(%rip), %rdi
+    leaq .Lname459(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5644,7 +4999,7 @@ cusolverSpDcsrlsqvqrHost:
     .globl cusolverSpDcsrlsvchol
     .type cusolverSpDcsrlsvchol, @function
 cusolverSpDcsrlsvchol:
-    leaq .Lname675(%rip), %rdi
+    leaq .Lname460(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5652,7 +5007,7 @@ cusolverSpDcsrlsvchol:
     .globl cusolverSpDcsrlsvcholHost
     .type cusolverSpDcsrlsvcholHost, @function
 cusolverSpDcsrlsvcholHost:
-    leaq .Lname676(%rip), %rdi
+    leaq .Lname461(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5660,7 +5015,7 @@ cusolverSpDcsrlsvcholHost:
     .globl cusolverSpDcsrlsvluHost
     .type cusolverSpDcsrlsvluHost, @function
 cusolverSpDcsrlsvluHost:
-    leaq .Lname677(%rip), %rdi
+    leaq .Lname462(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5668,7 +5023,7 @@ cusolverSpDcsrlsvluHost:
     .globl cusolverSpDcsrlsvqr
     .type cusolverSpDcsrlsvqr, @function
 cusolverSpDcsrlsvqr:
-    leaq .Lname678(%rip), %rdi
+    leaq .Lname463(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5676,7 +5031,7 @@ cusolverSpDcsrlsvqr:
     .globl cusolverSpDcsrlsvqrHost
     .type cusolverSpDcsrlsvqrHost, @function
 cusolverSpDcsrlsvqrHost:
-    leaq .Lname679(%rip), %rdi
+    leaq .Lname464(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5684,7 +5039,7 @@ cusolverSpDcsrlsvqrHost:
     .globl cusolverSpDcsrluAnalysisHost
     .type cusolverSpDcsrluAnalysisHost, @function
 cusolverSpDcsrluAnalysisHost:
-    leaq .Lname680(%rip), %rdi
+    leaq .Lname465(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5692,7 +5047,7 @@ cusolverSpDcsrluAnalysisHost:
     .globl cusolverSpDcsrluBufferInfoHost
     .type cusolverSpDcsrluBufferInfoHost, @function
 cusolverSpDcsrluBufferInfoHost:
-    leaq .Lname681(%rip), %rdi
+    leaq .Lname466(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5700,7 +5055,7 @@ cusolverSpDcsrluBufferInfoHost:
     .globl cusolverSpDcsrluExtractBTFHost
     .type cusolverSpDcsrluExtractBTFHost, @function
 cusolverSpDcsrluExtractBTFHost:
-    leaq .Lname682(%rip), %rdi
+    leaq .Lname467(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5708,7 +5063,7 @@ cusolverSpDcsrluExtractBTFHost:
     .globl cusolverSpDcsrluExtractHost
     .type cusolverSpDcsrluExtractHost, @function
 cusolverSpDcsrluExtractHost:
-    leaq .Lname683(%rip), %rdi
+    leaq .Lname468(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5716,7 +5071,7 @@ cusolverSpDcsrluExtractHost:
     .globl cusolverSpDcsrluExtractMHost
     .type cusolverSpDcsrluExtractMHost, @function
 cusolverSpDcsrluExtractMHost:
-    leaq .Lname684(%rip), %rdi
+    leaq .Lname469(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5724,7 +5079,7 @@ cusolverSpDcsrluExtractMHost:
     .globl cusolverSpDcsrluFactorHost
     .type cusolverSpDcsrluFactorHost, @function
 cusolverSpDcsrluFactorHost:
-    leaq .Lname685(%rip), %rdi
+    leaq .Lname470(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5732,7 +5087,7 @@ cusolverSpDcsrluFactorHost:
     .globl cusolverSpDcsrluSolveHost
     .type cusolverSpDcsrluSolveHost, @function
 cusolverSpDcsrluSolveHost:
-    leaq .Lname686(%rip), %rdi
+    leaq .Lname471(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5740,7 +5095,7 @@ cusolverSpDcsrluSolveHost:
     .globl cusolverSpDcsrluZeroPivotHost
     .type cusolverSpDcsrluZeroPivotHost, @function
 cusolverSpDcsrluZeroPivotHost:
-    leaq .Lname687(%rip), %rdi
+    leaq .Lname472(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5748,7 +5103,7 @@ cusolverSpDcsrluZeroPivotHost:
     .globl cusolverSpDcsrlucondHost
     .type cusolverSpDcsrlucondHost, @function
 cusolverSpDcsrlucondHost:
-    leaq .Lname688(%rip), %rdi
+    leaq .Lname473(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5756,7 +5111,7 @@ cusolverSpDcsrlucondHost:
     .globl cusolverSpDcsrqrBufferInfo
     .type cusolverSpDcsrqrBufferInfo, @function
 cusolverSpDcsrqrBufferInfo:
-    leaq .Lname689(%rip), %rdi
+    leaq .Lname474(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5764,7 +5119,7 @@ cusolverSpDcsrqrBufferInfo:
     .globl cusolverSpDcsrqrBufferInfoBatched
     .type cusolverSpDcsrqrBufferInfoBatched, @function
 cusolverSpDcsrqrBufferInfoBatched:
-    leaq .Lname690(%rip), %rdi
+    leaq .Lname475(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5772,7 +5127,7 @@ cusolverSpDcsrqrBufferInfoBatched:
     .globl cusolverSpDcsrqrBufferInfoHost
     .type cusolverSpDcsrqrBufferInfoHost, @function
 cusolverSpDcsrqrBufferInfoHost:
-    leaq .Lname691(%rip), %rdi
+    leaq .Lname476(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5780,7 +5135,7 @@ cusolverSpDcsrqrBufferInfoHost:
     .globl cusolverSpDcsrqrFactor
     .type cusolverSpDcsrqrFactor, @function
 cusolverSpDcsrqrFactor:
-    leaq .Lname692(%rip), %rdi
+    leaq .Lname477(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5788,7 +5143,7 @@ cusolverSpDcsrqrFactor:
     .globl cusolverSpDcsrqrFactorHost
     .type cusolverSpDcsrqrFactorHost, @function
 cusolverSpDcsrqrFactorHost:
-    leaq .Lname693(%rip), %rdi
+    leaq .Lname478(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5796,7 +5151,7 @@ cusolverSpDcsrqrFactorHost:
     .globl cusolverSpDcsrqrSetup
     .type cusolverSpDcsrqrSetup, @function
 cusolverSpDcsrqrSetup:
-    leaq .Lname694(%rip), %rdi
+    leaq .Lname479(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5804,7 +5159,7 @@ cusolverSpDcsrqrSetup:
     .globl cusolverSpDcsrqrSetupHost
     .type cusolverSpDcsrqrSetupHost, @function
 cusolverSpDcsrqrSetupHost:
-    leaq .Lname695(%rip), %rdi
+    leaq .Lname480(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5812,7 +5167,7 @@ cusolverSpDcsrqrSetupHost:
     .globl cusolverSpDcsrqrSolve
     .type cusolverSpDcsrqrSolve, @function
 cusolverSpDcsrqrSolve:
-    leaq .Lname696(%rip), %rdi
+    leaq .Lname481(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5820,7 +5175,7 @@ cusolverSpDcsrqrSolve:
     .globl cusolverSpDcsrqrSolveHost
     .type cusolverSpDcsrqrSolveHost, @function
 cusolverSpDcsrqrSolveHost:
-    leaq .Lname697(%rip), %rdi
+    leaq .Lname482(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5828,7 +5183,7 @@ cusolverSpDcsrqrSolveHost:
     .globl cusolverSpDcsrqrZeroPivot
     .type cusolverSpDcsrqrZeroPivot, @function
 cusolverSpDcsrqrZeroPivot:
-    leaq .Lname698(%rip), %rdi
+    leaq .Lname483(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5836,7 +5191,7 @@ cusolverSpDcsrqrZeroPivot:
     .globl cusolverSpDcsrqrZeroPivotHost
     .type cusolverSpDcsrqrZeroPivotHost, @function
 cusolverSpDcsrqrZeroPivotHost:
-    leaq .Lname699(%rip), %rdi
+    leaq .Lname484(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5844,7 +5199,7 @@ cusolverSpDcsrqrZeroPivotHost:
     .globl cusolverSpDcsrqrrcond
     .type cusolverSpDcsrqrrcond, @function
 cusolverSpDcsrqrrcond:
-    leaq .Lname700(%rip), %rdi
+    leaq .Lname485(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5852,7 +5207,7 @@ cusolverSpDcsrqrrcond:
     .globl cusolverSpDcsrqrsvBatched
     .type cusolverSpDcsrqrsvBatched, @function
 cusolverSpDcsrqrsvBatched:
-    leaq .Lname701(%rip), %rdi
+    leaq .Lname486(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5860,7 +5215,7 @@ cusolverSpDcsrqrsvBatched:
     .globl cusolverSpDcsrsubm2denseHost
     .type cusolverSpDcsrsubm2denseHost, @function
 cusolverSpDcsrsubm2denseHost:
-    leaq .Lname702(%rip), %rdi
+    leaq .Lname487(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5868,7 +5223,7 @@ cusolverSpDcsrsubm2denseHost:
     .globl cusolverSpDcsrzfdHost
     .type cusolverSpDcsrzfdHost, @function
 cusolverSpDcsrzfdHost:
-    leaq .Lname703(%rip), %rdi
+    leaq .Lname488(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5881,7 +5236,7 @@ cusolverSpDestroy:
     .globl cusolverSpDestroyCsrcholInfo
     .type cusolverSpDestroyCsrcholInfo, @function
 cusolverSpDestroyCsrcholInfo:
-    leaq .Lname704(%rip), %rdi
+    leaq .Lname489(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5889,7 +5244,7 @@ cusolverSpDestroyCsrcholInfo:
     .globl cusolverSpDestroyCsrcholInfoHost
     .type cusolverSpDestroyCsrcholInfoHost, @function
 cusolverSpDestroyCsrcholInfoHost:
-    leaq .Lname705(%rip), %rdi
+    leaq .Lname490(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5897,7 +5252,7 @@ cusolverSpDestroyCsrcholInfoHost:
     .globl cusolverSpDestroyCsrluInfoHost
     .type cusolverSpDestroyCsrluInfoHost, @function
 cusolverSpDestroyCsrluInfoHost:
-    leaq .Lname706(%rip), %rdi
+    leaq .Lname491(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5910,7 +5265,7 @@ cusolverSpDestroyCsrqrInfo:
     .globl cusolverSpDestroyCsrqrInfoHost
     .type cusolverSpDestroyCsrqrInfoHost, @function
 cusolverSpDestroyCsrqrInfoHost:
-    leaq .Lname707(%rip), %rdi
+    leaq .Lname492(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5918,7 +5273,7 @@ cusolverSpDestroyCsrqrInfoHost:
     .globl cusolverSpDestroyGluInfo
     .type cusolverSpDestroyGluInfo, @function
 cusolverSpDestroyGluInfo:
-    leaq .Lname708(%rip), %rdi
+    leaq .Lname493(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5926,7 +5281,7 @@ cusolverSpDestroyGluInfo:
     .globl cusolverSpDestroySnluInfo
     .type cusolverSpDestroySnluInfo, @function
 cusolverSpDestroySnluInfo:
-    leaq .Lname709(%rip), %rdi
+    leaq .Lname494(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5934,7 +5289,7 @@ cusolverSpDestroySnluInfo:
     .globl cusolverSpDgluAnalysis
     .type cusolverSpDgluAnalysis, @function
 cusolverSpDgluAnalysis:
-    leaq .Lname710(%rip), %rdi
+    leaq .Lname495(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5942,7 +5297,7 @@ cusolverSpDgluAnalysis:
     .globl cusolverSpDgluBufferSize
     .type cusolverSpDgluBufferSize, @function
 cusolverSpDgluBufferSize:
-    leaq .Lname711(%rip), %rdi
+    leaq .Lname496(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5950,7 +5305,7 @@ cusolverSpDgluBufferSize:
     .globl cusolverSpDgluExtractMHost
     .type cusolverSpDgluExtractMHost, @function
 cusolverSpDgluExtractMHost:
-    leaq .Lname712(%rip), %rdi
+    leaq .Lname497(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5958,7 +5313,7 @@ cusolverSpDgluExtractMHost:
     .globl cusolverSpDgluFactor
     .type cusolverSpDgluFactor, @function
 cusolverSpDgluFactor:
-    leaq .Lname713(%rip), %rdi
+    leaq .Lname498(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5966,7 +5321,7 @@ cusolverSpDgluFactor:
     .globl cusolverSpDgluNumericBoost
     .type cusolverSpDgluNumericBoost, @function
 cusolverSpDgluNumericBoost:
-    leaq .Lname714(%rip), %rdi
+    leaq .Lname499(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5974,7 +5329,7 @@ cusolverSpDgluNumericBoost:
     .globl cusolverSpDgluReset
     .type cusolverSpDgluReset, @function
 cusolverSpDgluReset:
-    leaq .Lname715(%rip), %rdi
+    leaq .Lname500(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5982,7 +5337,7 @@ cusolverSpDgluReset:
     .globl cusolverSpDgluSetup
     .type cusolverSpDgluSetup, @function
 cusolverSpDgluSetup:
-    leaq .Lname716(%rip), %rdi
+    leaq .Lname501(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5990,7 +5345,7 @@ cusolverSpDgluSetup:
     .globl cusolverSpDgluSetupByTile
     .type cusolverSpDgluSetupByTile, @function
 cusolverSpDgluSetupByTile:
-    leaq .Lname717(%rip), %rdi
+    leaq .Lname502(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5998,7 +5353,7 @@ cusolverSpDgluSetupByTile:
     .globl cusolverSpDgluSolve
     .type cusolverSpDgluSolve, @function
 cusolverSpDgluSolve:
-    leaq .Lname718(%rip), %rdi
+    leaq .Lname503(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6006,7 +5361,7 @@ cusolverSpDgluSolve:
     .globl cusolverSpDlangeHost
     .type cusolverSpDlangeHost, @function
 cusolverSpDlangeHost:
-    leaq .Lname719(%rip), %rdi
+    leaq .Lname504(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6014,7 +5369,7 @@ cusolverSpDlangeHost:
     .globl cusolverSpDndsydmHost
     .type cusolverSpDndsydmHost, @function
 cusolverSpDndsydmHost:
-    leaq .Lname720(%rip), %rdi
+    leaq .Lname505(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6022,7 +5377,7 @@ cusolverSpDndsydmHost:
     .globl cusolverSpDnrminf
     .type cusolverSpDnrminf, @function
 cusolverSpDnrminf:
-    leaq .Lname721(%rip), %rdi
+    leaq .Lname506(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6030,7 +5385,7 @@ cusolverSpDnrminf:
     .globl cusolverSpDsnluBuffersize
     .type cusolverSpDsnluBuffersize, @function
 cusolverSpDsnluBuffersize:
-    leaq .Lname722(%rip), %rdi
+    leaq .Lname507(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6038,7 +5393,7 @@ cusolverSpDsnluBuffersize:
     .globl cusolverSpDsnluFactor
     .type cusolverSpDsnluFactor, @function
 cusolverSpDsnluFactor:
-    leaq .Lname723(%rip), %rdi
+    leaq .Lname508(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6046,7 +5401,7 @@ cusolverSpDsnluFactor:
     .globl cusolverSpDsnluSolve
     .type cusolverSpDsnluSolve, @function
 cusolverSpDsnluSolve:
-    leaq .Lname724(%rip), %rdi
+    leaq .Lname509(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6054,7 +5409,7 @@ cusolverSpDsnluSolve:
     .globl cusolverSpDsymgthr
     .type cusolverSpDsymgthr, @function
 cusolverSpDsymgthr:
-    leaq .Lname725(%rip), %rdi
+    leaq .Lname510(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6062,7 +5417,7 @@ cusolverSpDsymgthr:
     .globl cusolverSpDsymgthrHost
     .type cusolverSpDsymgthrHost, @function
 cusolverSpDsymgthrHost:
-    leaq .Lname726(%rip), %rdi
+    leaq .Lname511(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6075,7 +5430,7 @@ cusolverSpGetStream:
     .globl cusolverSpLcsrqrBufferInfo
     .type cusolverSpLcsrqrBufferInfo, @function
 cusolverSpLcsrqrBufferInfo:
-    leaq .Lname727(%rip), %rdi
+    leaq .Lname512(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6083,7 +5438,7 @@ cusolverSpLcsrqrBufferInfo:
     .globl cusolverSpLcsrqrFactor
     .type cusolverSpLcsrqrFactor, @function
 cusolverSpLcsrqrFactor:
-    leaq .Lname728(%rip), %rdi
+    leaq .Lname513(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6091,7 +5446,7 @@ cusolverSpLcsrqrFactor:
     .globl cusolverSpLcsrqrSetup
     .type cusolverSpLcsrqrSetup, @function
 cusolverSpLcsrqrSetup:
-    leaq .Lname729(%rip), %rdi
+    leaq .Lname514(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6099,7 +5454,7 @@ cusolverSpLcsrqrSetup:
     .globl cusolverSpLcsrqrSolve
     .type cusolverSpLcsrqrSolve, @function
 cusolverSpLcsrqrSolve:
-    leaq .Lname730(%rip), %rdi
+    leaq .Lname515(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6107,7 +5462,7 @@ cusolverSpLcsrqrSolve:
     .globl cusolverSpLcsrqrSolveRefine
     .type cusolverSpLcsrqrSolveRefine, @function
 cusolverSpLcsrqrSolveRefine:
-    leaq .Lname731(%rip), %rdi
+    leaq .Lname516(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6115,7 +5470,7 @@ cusolverSpLcsrqrSolveRefine:
     .globl cusolverSpLcsrqrZeroPivot
     .type cusolverSpLcsrqrZeroPivot, @function
 cusolverSpLcsrqrZeroPivot:
-    leaq .Lname732(%rip), %rdi
+    leaq .Lname517(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6123,7 +5478,7 @@ cusolverSpLcsrqrZeroPivot:
     .globl cusolverSpLcsrqrrcond
     .type cusolverSpLcsrqrrcond, @function
 cusolverSpLcsrqrrcond:
-    leaq .Lname733(%rip), %rdi
+    leaq .Lname518(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6131,7 +5486,7 @@ cusolverSpLcsrqrrcond:
     .globl cusolverSpQcsrqrBufferInfo
     .type cusolverSpQcsrqrBufferInfo, @function
 cusolverSpQcsrqrBufferInfo:
-    leaq .Lname734(%rip), %rdi
+    leaq .Lname519(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6139,7 +5494,7 @@ cusolverSpQcsrqrBufferInfo:
     .globl cusolverSpQcsrqrFactor
     .type cusolverSpQcsrqrFactor, @function
 cusolverSpQcsrqrFactor:
-    leaq .Lname735(%rip), %rdi
+    leaq .Lname520(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6147,7 +5502,7 @@ cusolverSpQcsrqrFactor:
     .globl cusolverSpQcsrqrSetup
     .type cusolverSpQcsrqrSetup, @function
 cusolverSpQcsrqrSetup:
-    leaq .Lname736(%rip), %rdi
+    leaq .Lname521(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6155,7 +5510,7 @@ cusolverSpQcsrqrSetup:
     .globl cusolverSpQcsrqrSolve
     .type cusolverSpQcsrqrSolve, @function
 cusolverSpQcsrqrSolve:
-    leaq .Lname737(%rip), %rdi
+    leaq .Lname522(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6163,7 +5518,7 @@ cusolverSpQcsrqrSolve:
     .globl cusolverSpQcsrqrSolveRefine
     .type cusolverSpQcsrqrSolveRefine, @function
 cusolverSpQcsrqrSolveRefine:
-    leaq .Lname738(%rip), %rdi
+    leaq .Lname523(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6171,7 +5526,7 @@ cusolverSpQcsrqrSolveRefine:
     .globl cusolverSpQcsrqrZeroPivot
     .type cusolverSpQcsrqrZeroPivot, @function
 cusolverSpQcsrqrZeroPivot:
-    leaq .Lname739(%rip), %rdi
+    leaq .Lname524(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6179,7 +5534,7 @@ cusolverSpQcsrqrZeroPivot:
     .globl cusolverSpQcsrqrrcond
     .type cusolverSpQcsrqrrcond, @function
 cusolverSpQcsrqrrcond:
-    leaq .Lname740(%rip), %rdi
+    leaq .Lname525(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6187,7 +5542,7 @@ cusolverSpQcsrqrrcond:
     .globl cusolverSpScsrbtfHost
     .type cusolverSpScsrbtfHost, @function
 cusolverSpScsrbtfHost:
-    leaq .Lname741(%rip), %rdi
+    leaq .Lname526(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6195,7 +5550,7 @@ cusolverSpScsrbtfHost:
     .globl cusolverSpScsrcholBufferInfo
     .type cusolverSpScsrcholBufferInfo, @function
 cusolverSpScsrcholBufferInfo:
-    leaq .Lname742(%rip), %rdi
+    leaq .Lname527(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6203,7 +5558,7 @@ cusolverSpScsrcholBufferInfo:
     .globl cusolverSpScsrcholBufferInfoHost
     .type cusolverSpScsrcholBufferInfoHost, @function
 cusolverSpScsrcholBufferInfoHost:
-    leaq .Lname743(%rip), %rdi
+    leaq .Lname528(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6211,7 +5566,7 @@ cusolverSpScsrcholBufferInfoHost:
     .globl cusolverSpScsrcholDiag
     .type cusolverSpScsrcholDiag, @function
 cusolverSpScsrcholDiag:
-    leaq .Lname744(%rip), %rdi
+    leaq .Lname529(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6219,7 +5574,7 @@ cusolverSpScsrcholDiag:
     .globl cusolverSpScsrcholFactor
     .type cusolverSpScsrcholFactor, @function
 cusolverSpScsrcholFactor:
-    leaq .Lname745(%rip), %rdi
+    leaq .Lname530(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6227,7 +5582,7 @@ cusolverSpScsrcholFactor:
     .globl cusolverSpScsrcholFactorHost
     .type cusolverSpScsrcholFactorHost, @function
 cusolverSpScsrcholFactorHost:
-    leaq .Lname746(%rip), %rdi
+    leaq .Lname531(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6235,7 +5590,7 @@ cusolverSpScsrcholFactorHost:
     .globl cusolverSpScsrcholSolve
     .type cusolverSpScsrcholSolve, @function
 cusolverSpScsrcholSolve:
-    leaq .Lname747(%rip), %rdi
+    leaq .Lname532(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6243,7 +5598,7 @@ cusolverSpScsrcholSolve:
     .globl cusolverSpScsrcholSolveHost
     .type cusolverSpScsrcholSolveHost, @function
 cusolverSpScsrcholSolveHost:
-    leaq .Lname748(%rip), %rdi
+    leaq .Lname533(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6251,7 +5606,7 @@ cusolverSpScsrcholSolveHost:
     .globl cusolverSpScsrcholZeroPivot
     .type cusolverSpScsrcholZeroPivot, @function
 cusolverSpScsrcholZeroPivot:
-    leaq .Lname749(%rip), %rdi
+    leaq .Lname534(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6259,7 +5614,7 @@ cusolverSpScsrcholZeroPivot:
     .globl cusolverSpScsrcholZeroPivotHost
     .type cusolverSpScsrcholZeroPivotHost, @function
 cusolverSpScsrcholZeroPivotHost:
-    leaq .Lname750(%rip), %rdi
+    leaq .Lname535(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6267,7 +5622,7 @@ cusolverSpScsrcholZeroPivotHost:
     .globl cusolverSpScsreigsHost
     .type cusolverSpScsreigsHost, @function
 cusolverSpScsreigsHost:
-    leaq .Lname751(%rip), %rdi
+    leaq .Lname536(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6275,7 +5630,7 @@ cusolverSpScsreigsHost:
     .globl cusolverSpScsreigvsi
     .type cusolverSpScsreigvsi, @function
 cusolverSpScsreigvsi:
-    leaq .Lname752(%rip), %rdi
+    leaq .Lname537(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6283,7 +5638,7 @@ cusolverSpScsreigvsi:
     .globl cusolverSpScsreigvsiHost
     .type cusolverSpScsreigvsiHost, @function
 cusolverSpScsreigvsiHost:
-    leaq .Lname753(%rip), %rdi
+    leaq .Lname538(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6291,7 +5646,7 @@ cusolverSpScsreigvsiHost:
     .globl cusolverSpScsrlsqvqrHost
     .type cusolverSpScsrlsqvqrHost, @function
 cusolverSpScsrlsqvqrHost:
-    leaq .Lname754(%rip), %rdi
+    leaq .Lname539(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6299,7 +5654,7 @@ cusolverSpScsrlsqvqrHost:
     .globl cusolverSpScsrlsvchol
     .type cusolverSpScsrlsvchol, @function
 cusolverSpScsrlsvchol:
-    leaq .Lname755(%rip), %rdi
+    leaq .Lname540(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6307,7 +5662,7 @@ cusolverSpScsrlsvchol:
     .globl cusolverSpScsrlsvcholHost
     .type cusolverSpScsrlsvcholHost, @function
 cusolverSpScsrlsvcholHost:
-    leaq .Lname756(%rip), %rdi
+    leaq .Lname541(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6315,7 +5670,7 @@ cusolverSpScsrlsvcholHost:
     .globl cusolverSpScsrlsvluHost
     .type cusolverSpScsrlsvluHost, @function
 cusolverSpScsrlsvluHost:
-    leaq .Lname757(%rip), %rdi
+    leaq .Lname542(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6323,7 +5678,7 @@ cusolverSpScsrlsvluHost:
     .globl cusolverSpScsrlsvqr
     .type cusolverSpScsrlsvqr, @function
 cusolverSpScsrlsvqr:
-    leaq .Lname758(%rip), %rdi
+    leaq .Lname543(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6331,7 +5686,7 @@ cusolverSpScsrlsvqr:
     .globl cusolverSpScsrlsvqrHost
     .type cusolverSpScsrlsvqrHost, @function
 cusolverSpScsrlsvqrHost:
-    leaq .Lname759(%rip), %rdi
+    leaq .Lname544(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6339,7 +5694,7 @@ cusolverSpScsrlsvqrHost:
     .globl cusolverSpScsrluAnalysisHost
     .type cusolverSpScsrluAnalysisHost, @function
 cusolverSpScsrluAnalysisHost:
-    leaq .Lname760(%rip), %rdi
+    leaq .Lname545(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6347,7 +5702,7 @@ cusolverSpScsrluAnalysisHost:
     .globl cusolverSpScsrluBufferInfoHost
     .type cusolverSpScsrluBufferInfoHost, @function
 cusolverSpScsrluBufferInfoHost:
-    leaq .Lname761(%rip), %rdi
+    leaq .Lname546(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6355,7 +5710,7 @@ cusolverSpScsrluBufferInfoHost:
     .globl cusolverSpScsrluExtractBTFHost
     .type cusolverSpScsrluExtractBTFHost, @function
 cusolverSpScsrluExtractBTFHost:
-    leaq .Lname762(%rip), %rdi
+    leaq .Lname547(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6363,7 +5718,7 @@ cusolverSpScsrluExtractBTFHost:
     .globl cusolverSpScsrluExtractHost
     .type cusolverSpScsrluExtractHost, @function
 cusolverSpScsrluExtractHost:
-    leaq .Lname763(%rip), %rdi
+    leaq .Lname548(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6371,7 +5726,7 @@ cusolverSpScsrluExtractHost:
     .globl cusolverSpScsrluExtractMHost
     .type cusolverSpScsrluExtractMHost, @function
 cusolverSpScsrluExtractMHost:
-    leaq .Lname764(%rip), %rdi
+    leaq .Lname549(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6379,7 +5734,7 @@ cusolverSpScsrluExtractMHost:
     .globl cusolverSpScsrluFactorHost
     .type cusolverSpScsrluFactorHost, @function
 cusolverSpScsrluFactorHost:
-    leaq .Lname765(%rip), %rdi
+    leaq .Lname550(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6387,7 +5742,7 @@ cusolverSpScsrluFactorHost:
     .globl cusolverSpScsrluSolveHost
     .type cusolverSpScsrluSolveHost, @function
 cusolverSpScsrluSolveHost:
-    leaq .Lname766(%rip), %rdi
+    leaq .Lname551(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6395,7 +5750,7 @@ cusolverSpScsrluSolveHost:
     .globl cusolverSpScsrluZeroPivotHost
     .type cusolverSpScsrluZeroPivotHost, @function
 cusolverSpScsrluZeroPivotHost:
-    leaq .Lname767(%rip), %rdi
+    leaq .Lname552(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6403,7 +5758,7 @@ cusolverSpScsrluZeroPivotHost:
     .globl cusolverSpScsrlucondHost
     .type cusolverSpScsrlucondHost, @function
 cusolverSpScsrlucondHost:
-    leaq .Lname768(%rip), %rdi
+    leaq .Lname553(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6411,7 +5766,7 @@ cusolverSpScsrlucondHost:
     .globl cusolverSpScsrqrBufferInfo
     .type cusolverSpScsrqrBufferInfo, @function
 cusolverSpScsrqrBufferInfo:
-    leaq .Lname769(%rip), %rdi
+    leaq .Lname554(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6419,7 +5774,7 @@ cusolverSpScsrqrBufferInfo:
     .globl cusolverSpScsrqrBufferInfoBatched
     .type cusolverSpScsrqrBufferInfoBatched, @function
 cusolverSpScsrqrBufferInfoBatched:
-    leaq .Lname770(%rip), %rdi
+    leaq .Lname555(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6427,7 +5782,7 @@ cusolverSpScsrqrBufferInfoBatched:
     .globl cusolverSpScsrqrBufferInfoHost
     .type cusolverSpScsrqrBufferInfoHost, @function
 cusolverSpScsrqrBufferInfoHost:
-    leaq .Lname771(%rip), %rdi
+    leaq .Lname556(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6435,7 +5790,7 @@ cusolverSpScsrqrBufferInfoHost:
     .globl cusolverSpScsrqrFactor
     .type cusolverSpScsrqrFactor, @function
 cusolverSpScsrqrFactor:
-    leaq .Lname772(%rip), %rdi
+    leaq .Lname557(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6443,7 +5798,7 @@ cusolverSpScsrqrFactor:
     .globl cusolverSpScsrqrFactorHost
     .type cusolverSpScsrqrFactorHost, @function
 cusolverSpScsrqrFactorHost:
-    leaq .Lname773(%rip), %rdi
+    leaq .Lname558(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6451,7 +5806,7 @@ cusolverSpScsrqrFactorHost:
     .globl cusolverSpScsrqrSetup
     .type cusolverSpScsrqrSetup, @function
 cusolverSpScsrqrSetup:
-    leaq .Lname774(%rip), %rdi
+    leaq .Lname559(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6459,7 +5814,7 @@ cusolverSpScsrqrSetup:
     .globl cusolverSpScsrqrSetupHost
     .type cusolverSpScsrqrSetupHost, @function
 cusolverSpScsrqrSetupHost:
-    leaq .Lname775(%rip), %rdi
+    leaq .Lname560(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6467,7 +5822,7 @@ cusolverSpScsrqrSetupHost:
     .globl cusolverSpScsrqrSolve
     .type cusolverSpScsrqrSolve, @function
 cusolverSpScsrqrSolve:
-    leaq .Lname776(%rip), %rdi
+    leaq .Lname561(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6475,7 +5830,7 @@ cusolverSpScsrqrSolve:
     .globl cusolverSpScsrqrSolveHost
     .type cusolverSpScsrqrSolveHost, @function
 cusolverSpScsrqrSolveHost:
-    leaq .Lname777(%rip), %rdi
+    leaq .Lname562(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6483,7 +5838,7 @@ cusolverSpScsrqrSolveHost:
     .globl cusolverSpScsrqrZeroPivot
     .type cusolverSpScsrqrZeroPivot, @function
 cusolverSpScsrqrZeroPivot:
-    leaq .Lname778(%rip), %rdi
+    leaq .Lname563(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6491,7 +5846,7 @@ cusolverSpScsrqrZeroPivot:
     .globl cusolverSpScsrqrZeroPivotHost
     .type cusolverSpScsrqrZeroPivotHost, @function
 cusolverSpScsrqrZeroPivotHost:
-    leaq .Lname779(%rip), %rdi
+    leaq .Lname564(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6499,7 +5854,7 @@ cusolverSpScsrqrZeroPivotHost:
     .globl cusolverSpScsrqrrcond
     .type cusolverSpScsrqrrcond, @function
 cusolverSpScsrqrrcond:
-    leaq .Lname780(%rip), %rdi
+    leaq .Lname565(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6507,7 +5862,7 @@ cusolverSpScsrqrrcond:
     .globl cusolverSpScsrqrsvBatched
     .type cusolverSpScsrqrsvBatched, @function
 cusolverSpScsrqrsvBatched:
-    leaq .Lname781(%rip), %rdi
+    leaq .Lname566(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6515,7 +5870,7 @@ cusolverSpScsrqrsvBatched:
     .globl cusolverSpScsrsubm2denseHost
     .type cusolverSpScsrsubm2denseHost, @function
 cusolverSpScsrsubm2denseHost:
-    leaq .Lname782(%rip), %rdi
+    leaq .Lname567(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6523,7 +5878,7 @@ cusolverSpScsrsubm2denseHost:
     .globl cusolverSpScsrzfdHost
     .type cusolverSpScsrzfdHost, @function
 cusolverSpScsrzfdHost:
-    leaq .Lname783(%rip), %rdi
+    leaq .Lname568(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6536,7 +5891,7 @@ cusolverSpSetStream:
     .globl cusolverSpSlangeHost
     .type cusolverSpSlangeHost, @function
 cusolverSpSlangeHost:
-    leaq .Lname784(%rip), %rdi
+    leaq .Lname569(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6544,7 +5899,7 @@ cusolverSpSlangeHost:
     .globl cusolverSpSndsydmHost
     .type cusolverSpSndsydmHost, @function
 cusolverSpSndsydmHost:
-    leaq .Lname785(%rip), %rdi
+    leaq .Lname570(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6552,7 +5907,7 @@ cusolverSpSndsydmHost:
     .globl cusolverSpSsnluBuffersize
     .type cusolverSpSsnluBuffersize, @function
 cusolverSpSsnluBuffersize:
-    leaq .Lname786(%rip), %rdi
+    leaq .Lname571(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6560,7 +5915,7 @@ cusolverSpSsnluBuffersize:
     .globl cusolverSpSsnluFactor
     .type cusolverSpSsnluFactor, @function
 cusolverSpSsnluFactor:
-    leaq .Lname787(%rip), %rdi
+    leaq .Lname572(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6568,7 +5923,7 @@ cusolverSpSsnluFactor:
     .globl cusolverSpSsnluSolve
     .type cusolverSpSsnluSolve, @function
 cusolverSpSsnluSolve:
-    leaq .Lname788(%rip), %rdi
+    leaq .Lname573(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6576,7 +5931,7 @@ cusolverSpSsnluSolve:
     .globl cusolverSpSsymgthr
     .type cusolverSpSsymgthr, @function
 cusolverSpSsymgthr:
-    leaq .Lname789(%rip), %rdi
+    leaq .Lname574(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6584,7 +5939,7 @@ cusolverSpSsymgthr:
     .globl cusolverSpSsymgthrHost
     .type cusolverSpSsymgthrHost, @function
 cusolverSpSsymgthrHost:
-    leaq .Lname790(%rip), %rdi
+    leaq .Lname575(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6592,7 +5947,7 @@ cusolverSpSsymgthrHost:
     .globl cusolverSpXcsr2cscHost
     .type cusolverSpXcsr2cscHost, @function
 cusolverSpXcsr2cscHost:
-    leaq .Lname791(%rip), %rdi
+    leaq .Lname576(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6600,7 +5955,7 @@ cusolverSpXcsr2cscHost:
     .globl cusolverSpXcsr2csc_bufferSizeHost
     .type cusolverSpXcsr2csc_bufferSizeHost, @function
 cusolverSpXcsr2csc_bufferSizeHost:
-    leaq .Lname792(%rip), %rdi
+    leaq .Lname577(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6608,7 +5963,7 @@ cusolverSpXcsr2csc_bufferSizeHost:
     .globl cusolverSpXcsrbndHost
     .type cusolverSpXcsrbndHost, @function
 cusolverSpXcsrbndHost:
-    leaq .Lname793(%rip), %rdi
+    leaq .Lname578(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6616,7 +5971,7 @@ cusolverSpXcsrbndHost:
     .globl cusolverSpXcsrcholAnalysis
     .type cusolverSpXcsrcholAnalysis, @function
 cusolverSpXcsrcholAnalysis:
-    leaq .Lname794(%rip), %rdi
+    leaq .Lname579(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6624,7 +5979,7 @@ cusolverSpXcsrcholAnalysis:
     .globl cusolverSpXcsrcholAnalysisHost
     .type cusolverSpXcsrcholAnalysisHost, @function
 cusolverSpXcsrcholAnalysisHost:
-    leaq .Lname795(%rip), %rdi
+    leaq .Lname580(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6632,7 +5987,7 @@ cusolverSpXcsrcholAnalysisHost:
     .globl cusolverSpXcsrissymHost
     .type cusolverSpXcsrissymHost, @function
 cusolverSpXcsrissymHost:
-    leaq .Lname796(%rip), %rdi
+    leaq .Lname581(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6640,7 +5995,7 @@ cusolverSpXcsrissymHost:
     .globl cusolverSpXcsrluAnalysisHost
     .type cusolverSpXcsrluAnalysisHost, @function
 cusolverSpXcsrluAnalysisHost:
-    leaq .Lname797(%rip), %rdi
+    leaq .Lname582(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6648,7 +6003,7 @@ cusolverSpXcsrluAnalysisHost:
     .globl cusolverSpXcsrluConfigHost
     .type cusolverSpXcsrluConfigHost, @function
 cusolverSpXcsrluConfigHost:
-    leaq .Lname798(%rip), %rdi
+    leaq .Lname583(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6656,7 +6011,7 @@ cusolverSpXcsrluConfigHost:
     .globl cusolverSpXcsrluNnzHost
     .type cusolverSpXcsrluNnzHost, @function
 cusolverSpXcsrluNnzHost:
-    leaq .Lname799(%rip), %rdi
+    leaq .Lname584(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6664,7 +6019,7 @@ cusolverSpXcsrluNnzHost:
     .globl cusolverSpXcsrluNnzMHost
     .type cusolverSpXcsrluNnzMHost, @function
 cusolverSpXcsrluNnzMHost:
-    leaq .Lname800(%rip), %rdi
+    leaq .Lname585(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6672,7 +6027,7 @@ cusolverSpXcsrluNnzMHost:
     .globl cusolverSpXcsrmetisndHost
     .type cusolverSpXcsrmetisndHost, @function
 cusolverSpXcsrmetisndHost:
-    leaq .Lname801(%rip), %rdi
+    leaq .Lname586(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6680,7 +6035,7 @@ cusolverSpXcsrmetisndHost:
     .globl cusolverSpXcsrndHost
     .type cusolverSpXcsrndHost, @function
 cusolverSpXcsrndHost:
-    leaq .Lname802(%rip), %rdi
+    leaq .Lname587(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6688,7 +6043,7 @@ cusolverSpXcsrndHost:
     .globl cusolverSpXcsrnsepHost
     .type cusolverSpXcsrnsepHost, @function
 cusolverSpXcsrnsepHost:
-    leaq .Lname803(%rip), %rdi
+    leaq .Lname588(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6696,7 +6051,7 @@ cusolverSpXcsrnsepHost:
     .globl cusolverSpXcsrpermHost
     .type cusolverSpXcsrpermHost, @function
 cusolverSpXcsrpermHost:
-    leaq .Lname804(%rip), %rdi
+    leaq .Lname589(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6704,7 +6059,7 @@ cusolverSpXcsrpermHost:
     .globl cusolverSpXcsrperm_bufferSizeHost
     .type cusolverSpXcsrperm_bufferSizeHost, @function
 cusolverSpXcsrperm_bufferSizeHost:
-    leaq .Lname805(%rip), %rdi
+    leaq .Lname590(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6712,7 +6067,7 @@ cusolverSpXcsrperm_bufferSizeHost:
     .globl cusolverSpXcsrqrAnalysis
     .type cusolverSpXcsrqrAnalysis, @function
 cusolverSpXcsrqrAnalysis:
-    leaq .Lname806(%rip), %rdi
+    leaq .Lname591(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6720,7 +6075,7 @@ cusolverSpXcsrqrAnalysis:
     .globl cusolverSpXcsrqrAnalysisBatched
     .type cusolverSpXcsrqrAnalysisBatched, @function
 cusolverSpXcsrqrAnalysisBatched:
-    leaq .Lname807(%rip), %rdi
+    leaq .Lname592(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6728,7 +6083,7 @@ cusolverSpXcsrqrAnalysisBatched:
     .globl cusolverSpXcsrqrAnalysisHost
     .type cusolverSpXcsrqrAnalysisHost, @function
 cusolverSpXcsrqrAnalysisHost:
-    leaq .Lname808(%rip), %rdi
+    leaq .Lname593(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6736,7 +6091,7 @@ cusolverSpXcsrqrAnalysisHost:
     .globl cusolverSpXcsrqrConfigInfo
     .type cusolverSpXcsrqrConfigInfo, @function
 cusolverSpXcsrqrConfigInfo:
-    leaq .Lname809(%rip), %rdi
+    leaq .Lname594(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6744,7 +6099,7 @@ cusolverSpXcsrqrConfigInfo:
     .globl cusolverSpXcsrsubmHost
     .type cusolverSpXcsrsubmHost, @function
 cusolverSpXcsrsubmHost:
-    leaq .Lname810(%rip), %rdi
+    leaq .Lname595(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6752,7 +6107,7 @@ cusolverSpXcsrsubmHost:
     .globl cusolverSpXcsrsubmNnzHost
     .type cusolverSpXcsrsubmNnzHost, @function
 cusolverSpXcsrsubmNnzHost:
-    leaq .Lname811(%rip), %rdi
+    leaq .Lname596(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6760,7 +6115,7 @@ cusolverSpXcsrsubmNnzHost:
     .globl cusolverSpXcsrsymamdHost
     .type cusolverSpXcsrsymamdHost, @function
 cusolverSpXcsrsymamdHost:
-    leaq .Lname812(%rip), %rdi
+    leaq .Lname597(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6768,7 +6123,7 @@ cusolverSpXcsrsymamdHost:
     .globl cusolverSpXcsrsymmdqHost
     .type cusolverSpXcsrsymmdqHost, @function
 cusolverSpXcsrsymmdqHost:
-    leaq .Lname813(%rip), %rdi
+    leaq .Lname598(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6776,7 +6131,7 @@ cusolverSpXcsrsymmdqHost:
     .globl cusolverSpXcsrsympermHost
     .type cusolverSpXcsrsympermHost, @function
 cusolverSpXcsrsympermHost:
-    leaq .Lname814(%rip), %rdi
+    leaq .Lname599(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6784,7 +6139,7 @@ cusolverSpXcsrsympermHost:
     .globl cusolverSpXcsrsymperm_bufferSizeHost
     .type cusolverSpXcsrsymperm_bufferSizeHost, @function
 cusolverSpXcsrsymperm_bufferSizeHost:
-    leaq .Lname815(%rip), %rdi
+    leaq .Lname600(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6792,7 +6147,7 @@ cusolverSpXcsrsymperm_bufferSizeHost:
     .globl cusolverSpXcsrsymrcmHost
     .type cusolverSpXcsrsymrcmHost, @function
 cusolverSpXcsrsymrcmHost:
-    leaq .Lname816(%rip), %rdi
+    leaq .Lname601(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6800,7 +6155,7 @@ cusolverSpXcsrsymrcmHost:
     .globl cusolverSpXgluZeroPivot
     .type cusolverSpXgluZeroPivot, @function
 cusolverSpXgluZeroPivot:
-    leaq .Lname817(%rip), %rdi
+    leaq .Lname602(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6808,7 +6163,7 @@ cusolverSpXgluZeroPivot:
     .globl cusolverSpXndsydmNnzHost
     .type cusolverSpXndsydmNnzHost, @function
 cusolverSpXndsydmNnzHost:
-    leaq .Lname818(%rip), %rdi
+    leaq .Lname603(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6816,7 +6171,7 @@ cusolverSpXndsydmNnzHost:
     .globl cusolverSpXsnluAnalysis
     .type cusolverSpXsnluAnalysis, @function
 cusolverSpXsnluAnalysis:
-    leaq .Lname819(%rip), %rdi
+    leaq .Lname604(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6824,7 +6179,7 @@ cusolverSpXsnluAnalysis:
     .globl cusolverSpXsnluFlops
     .type cusolverSpXsnluFlops, @function
 cusolverSpXsnluFlops:
-    leaq .Lname820(%rip), %rdi
+    leaq .Lname605(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6832,7 +6187,7 @@ cusolverSpXsnluFlops:
     .globl cusolverSpXsnluReport
     .type cusolverSpXsnluReport, @function
 cusolverSpXsnluReport:
-    leaq .Lname821(%rip), %rdi
+    leaq .Lname606(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6840,7 +6195,7 @@ cusolverSpXsnluReport:
     .globl cusolverSpXsnluResizeSupernodeBy
     .type cusolverSpXsnluResizeSupernodeBy, @function
 cusolverSpXsnluResizeSupernodeBy:
-    leaq .Lname822(%rip), %rdi
+    leaq .Lname607(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6848,7 +6203,7 @@ cusolverSpXsnluResizeSupernodeBy:
     .globl cusolverSpXsnluSetReorder
     .type cusolverSpXsnluSetReorder, @function
 cusolverSpXsnluSetReorder:
-    leaq .Lname823(%rip), %rdi
+    leaq .Lname608(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6856,7 +6211,7 @@ cusolverSpXsnluSetReorder:
     .globl cusolverSpZcsrbtfHost
     .type cusolverSpZcsrbtfHost, @function
 cusolverSpZcsrbtfHost:
-    leaq .Lname824(%rip), %rdi
+    leaq .Lname609(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6864,7 +6219,7 @@ cusolverSpZcsrbtfHost:
     .globl cusolverSpZcsrcholBufferInfo
     .type cusolverSpZcsrcholBufferInfo, @function
 cusolverSpZcsrcholBufferInfo:
-    leaq .Lname825(%rip), %rdi
+    leaq .Lname610(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6872,7 +6227,7 @@ cusolverSpZcsrcholBufferInfo:
     .globl cusolverSpZcsrcholBufferInfoHost
     .type cusolverSpZcsrcholBufferInfoHost, @function
 cusolverSpZcsrcholBufferInfoHost:
-    leaq .Lname826(%rip), %rdi
+    leaq .Lname611(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6880,7 +6235,7 @@ cusolverSpZcsrcholBufferInfoHost:
     .globl cusolverSpZcsrcholDiag
     .type cusolverSpZcsrcholDiag, @function
 cusolverSpZcsrcholDiag:
-    leaq .Lname827(%rip), %rdi
+    leaq .Lname612(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6888,7 +6243,7 @@ cusolverSpZcsrcholDiag:
     .globl cusolverSpZcsrcholFactor
     .type cusolverSpZcsrcholFactor, @function
 cusolverSpZcsrcholFactor:
-    leaq .Lname828(%rip), %rdi
+    leaq .Lname613(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6896,7 +6251,7 @@ cusolverSpZcsrcholFactor:
     .globl cusolverSpZcsrcholFactorHost
     .type cusolverSpZcsrcholFactorHost, @function
 cusolverSpZcsrcholFactorHost:
-    leaq .Lname829(%rip), %rdi
+    leaq .Lname614(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6904,7 +6259,7 @@ cusolverSpZcsrcholFactorHost:
     .globl cusolverSpZcsrcholSolve
     .type cusolverSpZcsrcholSolve, @function
 cusolverSpZcsrcholSolve:
-    leaq .Lname830(%rip), %rdi
+    leaq .Lname615(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6912,7 +6267,7 @@ cusolverSpZcsrcholSolve:
     .globl cusolverSpZcsrcholSolveHost
     .type cusolverSpZcsrcholSolveHost, @function
 cusolverSpZcsrcholSolveHost:
-    leaq .Lname831(%rip), %rdi
+    leaq .Lname616(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6920,7 +6275,7 @@ cusolverSpZcsrcholSolveHost:
     .globl cusolverSpZcsrcholZeroPivot
     .type cusolverSpZcsrcholZeroPivot, @function
 cusolverSpZcsrcholZeroPivot:
-    leaq .Lname832(%rip), %rdi
+    leaq .Lname617(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6928,7 +6283,7 @@ cusolverSpZcsrcholZeroPivot:
     .globl cusolverSpZcsrcholZeroPivotHost
     .type cusolverSpZcsrcholZeroPivotHost, @function
 cusolverSpZcsrcholZeroPivotHost:
-    leaq .Lname833(%rip), %rdi
+    leaq .Lname618(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6936,7 +6291,7 @@ cusolverSpZcsrcholZeroPivotHost:
     .globl cusolverSpZcsreigsHost
     .type cusolverSpZcsreigsHost, @function
 cusolverSpZcsreigsHost:
-    leaq .Lname834(%rip), %rdi
+    leaq .Lname619(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6944,7 +6299,7 @@ cusolverSpZcsreigsHost:
     .globl cusolverSpZcsreigvsi
     .type cusolverSpZcsreigvsi, @function
 cusolverSpZcsreigvsi:
-    leaq .Lname835(%rip), %rdi
+    leaq .Lname620(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6952,7 +6307,7 @@ cusolverSpZcsreigvsi:
     .globl cusolverSpZcsreigvsiHost
     .type cusolverSpZcsreigvsiHost, @function
 cusolverSpZcsreigvsiHost:
-    leaq .Lname836(%rip), %rdi
+    leaq .Lname621(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6960,7 +6315,7 @@ cusolverSpZcsreigvsiHost:
     .globl cusolverSpZcsrlsqvqrHost
     .type cusolverSpZcsrlsqvqrHost, @function
 cusolverSpZcsrlsqvqrHost:
-    leaq .Lname837(%rip), %rdi
+    leaq .Lname622(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6968,7 +6323,7 @@ cusolverSpZcsrlsqvqrHost:
     .globl cusolverSpZcsrlsvchol
     .type cusolverSpZcsrlsvchol, @function
 cusolverSpZcsrlsvchol:
-    leaq .Lname838(%rip), %rdi
+    leaq .Lname623(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6976,7 +6331,7 @@ cusolverSpZcsrlsvchol:
     .globl cusolverSpZcsrlsvcholHost
     .type cusolverSpZcsrlsvcholHost, @function
 cusolverSpZcsrlsvcholHost:
-    leaq .Lname839(%rip), %rdi
+    leaq .Lname624(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6984,7 +6339,7 @@ cusolverSpZcsrlsvcholHost:
     .globl cusolverSpZcsrlsvluHost
     .type cusolverSpZcsrlsvluHost, @function
 cusolverSpZcsrlsvluHost:
-    leaq .Lname840(%rip), %rdi
+    leaq .Lname625(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6992,7 +6347,7 @@ cusolverSpZcsrlsvluHost:
     .globl cusolverSpZcsrlsvqr
     .type cusolverSpZcsrlsvqr, @function
 cusolverSpZcsrlsvqr:
-    leaq .Lname841(%rip), %rdi
+    leaq .Lname626(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7000,7 +6355,7 @@ cusolverSpZcsrlsvqr:
     .globl cusolverSpZcsrlsvqrHost
     .type cusolverSpZcsrlsvqrHost, @function
 cusolverSpZcsrlsvqrHost:
-    leaq .Lname842(%rip), %rdi
+    leaq .Lname627(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7008,7 +6363,7 @@ cusolverSpZcsrlsvqrHost:
     .globl cusolverSpZcsrluAnalysisHost
     .type cusolverSpZcsrluAnalysisHost, @function
 cusolverSpZcsrluAnalysisHost:
-    leaq .Lname843(%rip), %rdi
+    leaq .Lname628(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7016,7 +6371,7 @@ cusolverSpZcsrluAnalysisHost:
     .globl cusolverSpZcsrluBufferInfoHost
     .type cusolverSpZcsrluBufferInfoHost, @function
 cusolverSpZcsrluBufferInfoHost:
-    leaq .Lname844(%rip), %rdi
+    leaq .Lname629(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7024,7 +6379,7 @@ cusolverSpZcsrluBufferInfoHost:
     .globl cusolverSpZcsrluExtractBTFHost
     .type cusolverSpZcsrluExtractBTFHost, @function
 cusolverSpZcsrluExtractBTFHost:
-    leaq .Lname845(%rip), %rdi
+    leaq .Lname630(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7032,7 +6387,7 @@ cusolverSpZcsrluExtractBTFHost:
     .globl cusolverSpZcsrluExtractHost
     .type cusolverSpZcsrluExtractHost, @function
 cusolverSpZcsrluExtractHost:
-    leaq .Lname846(%rip), %rdi
+    leaq .Lname631(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7040,7 +6395,7 @@ cusolverSpZcsrluExtractHost:
     .globl cusolverSpZcsrluExtractMHost
     .type cusolverSpZcsrluExtractMHost, @function
 cusolverSpZcsrluExtractMHost:
-    leaq .Lname847(%rip), %rdi
+    leaq .Lname632(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7048,7 +6403,7 @@ cusolverSpZcsrluExtractMHost:
     .globl cusolverSpZcsrluFactorHost
     .type cusolverSpZcsrluFactorHost, @function
 cusolverSpZcsrluFactorHost:
-    leaq .Lname848(%rip), %rdi
+    leaq .Lname633(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7056,7 +6411,7 @@ cusolverSpZcsrluFactorHost:
     .globl cusolverSpZcsrluSolveHost
     .type cusolverSpZcsrluSolveHost, @function
 cusolverSpZcsrluSolveHost:
-    leaq .Lname849(%rip), %rdi
+    leaq .Lname634(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7064,7 +6419,7 @@ cusolverSpZcsrluSolveHost:
     .globl cusolverSpZcsrluZeroPivotHost
     .type cusolverSpZcsrluZeroPivotHost, @function
 cusolverSpZcsrluZeroPivotHost:
-    leaq .Lname850(%rip), %rdi
+    leaq .Lname635(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7072,7 +6427,7 @@ cusolverSpZcsrluZeroPivotHost:
     .globl cusolverSpZcsrlucondHost
     .type cusolverSpZcsrlucondHost, @function
 cusolverSpZcsrlucondHost:
-    leaq .Lname851(%rip), %rdi
+    leaq .Lname636(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7080,7 +6435,7 @@ cusolverSpZcsrlucondHost:
     .globl cusolverSpZcsrqrBufferInfo
     .type cusolverSpZcsrqrBufferInfo, @function
 cusolverSpZcsrqrBufferInfo:
-    leaq .Lname852(%rip), %rdi
+    leaq .Lname637(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7088,7 +6443,7 @@ cusolverSpZcsrqrBufferInfo:
     .globl cusolverSpZcsrqrBufferInfoBatched
     .type cusolverSpZcsrqrBufferInfoBatched, @function
 cusolverSpZcsrqrBufferInfoBatched:
-    leaq .Lname853(%rip), %rdi
+    leaq .Lname638(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7096,7 +6451,7 @@ cusolverSpZcsrqrBufferInfoBatched:
     .globl cusolverSpZcsrqrBufferInfoHost
     .type cusolverSpZcsrqrBufferInfoHost, @function
 cusolverSpZcsrqrBufferInfoHost:
-    leaq .Lname854(%rip), %rdi
+    leaq .Lname639(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7104,7 +6459,7 @@ cusolverSpZcsrqrBufferInfoHost:
     .globl cusolverSpZcsrqrFactor
     .type cusolverSpZcsrqrFactor, @function
 cusolverSpZcsrqrFactor:
-    leaq .Lname855(%rip), %rdi
+    leaq .Lname640(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7112,7 +6467,7 @@ cusolverSpZcsrqrFactor:
     .globl cusolverSpZcsrqrFactorHost
     .type cusolverSpZcsrqrFactorHost, @function
 cusolverSpZcsrqrFactorHost:
-    leaq .Lname856(%rip), %rdi
+    leaq .Lname641(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7120,7 +6475,7 @@ cusolverSpZcsrqrFactorHost:
     .globl cusolverSpZcsrqrSetup
     .type cusolverSpZcsrqrSetup, @function
 cusolverSpZcsrqrSetup:
-    leaq .Lname857(%rip), %rdi
+    leaq .Lname642(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7128,7 +6483,7 @@ cusolverSpZcsrqrSetup:
     .globl cusolverSpZcsrqrSetupHost
     .type cusolverSpZcsrqrSetupHost, @function
 cusolverSpZcsrqrSetupHost:
-    leaq .Lname858(%rip), %rdi
+    leaq .Lname643(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7136,7 +6491,7 @@ cusolverSpZcsrqrSetupHost:
     .globl cusolverSpZcsrqrSolve
     .type cusolverSpZcsrqrSolve, @function
 cusolverSpZcsrqrSolve:
-    leaq .Lname859(%rip), %rdi
+    leaq .Lname644(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7144,7 +6499,7 @@ cusolverSpZcsrqrSolve:
     .globl cusolverSpZcsrqrSolveHost
     .type cusolverSpZcsrqrSolveHost, @function
 cusolverSpZcsrqrSolveHost:
-    leaq .Lname860(%rip), %rdi
+    leaq .Lname645(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7152,7 +6507,7 @@ cusolverSpZcsrqrSolveHost:
     .globl cusolverSpZcsrqrZeroPivot
     .type cusolverSpZcsrqrZeroPivot, @function
 cusolverSpZcsrqrZeroPivot:
-    leaq .Lname861(%rip), %rdi
+    leaq .Lname646(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7160,7 +6515,7 @@ cusolverSpZcsrqrZeroPivot:
     .globl cusolverSpZcsrqrZeroPivotHost
     .type cusolverSpZcsrqrZeroPivotHost, @function
 cusolverSpZcsrqrZeroPivotHost:
-    leaq .Lname862(%rip), %rdi
+    leaq .Lname647(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7168,7 +6523,7 @@ cusolverSpZcsrqrZeroPivotHost:
     .globl cusolverSpZcsrqrrcond
     .type cusolverSpZcsrqrrcond, @function
 cusolverSpZcsrqrrcond:
-    leaq .Lname863(%rip), %rdi
+    leaq .Lname648(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7176,7 +6531,7 @@ cusolverSpZcsrqrrcond:
     .globl cusolverSpZcsrqrsvBatched
     .type cusolverSpZcsrqrsvBatched, @function
 cusolverSpZcsrqrsvBatched:
-    leaq .Lname864(%rip), %rdi
+    leaq .Lname649(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7184,7 +6539,7 @@ cusolverSpZcsrqrsvBatched:
     .globl cusolverSpZcsrsubm2denseHost
     .type cusolverSpZcsrsubm2denseHost, @function
 cusolverSpZcsrsubm2denseHost:
-    leaq .Lname865(%rip), %rdi
+    leaq .Lname650(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7192,7 +6547,7 @@ cusolverSpZcsrsubm2denseHost:
     .globl cusolverSpZcsrzfdHost
     .type cusolverSpZcsrzfdHost, @function
 cusolverSpZcsrzfdHost:
-    leaq .Lname866(%rip), %rdi
+    leaq .Lname651(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7200,7 +6555,7 @@ cusolverSpZcsrzfdHost:
     .globl cusolverSpZlangeHost
     .type cusolverSpZlangeHost, @function
 cusolverSpZlangeHost:
-    leaq .Lname867(%rip), %rdi
+    leaq .Lname652(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7208,7 +6563,7 @@ cusolverSpZlangeHost:
     .globl cusolverSpZndsydmHost
     .type cusolverSpZndsydmHost, @function
 cusolverSpZndsydmHost:
-    leaq .Lname868(%rip), %rdi
+    leaq .Lname653(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7216,7 +6571,7 @@ cusolverSpZndsydmHost:
     .globl cusolverSpZsnluBuffersize
     .type cusolverSpZsnluBuffersize, @function
 cusolverSpZsnluBuffersize:
-    leaq .Lname869(%rip), %rdi
+    leaq .Lname654(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7224,7 +6579,7 @@ cusolverSpZsnluBuffersize:
     .globl cusolverSpZsnluFactor
     .type cusolverSpZsnluFactor, @function
 cusolverSpZsnluFactor:
-    leaq .Lname870(%rip), %rdi
+    leaq .Lname655(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7232,7 +6587,7 @@ cusolverSpZsnluFactor:
     .globl cusolverSpZsnluSolve
     .type cusolverSpZsnluSolve, @function
 cusolverSpZsnluSolve:
-    leaq .Lname871(%rip), %rdi
+    leaq .Lname656(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7240,7 +6595,7 @@ cusolverSpZsnluSolve:
     .globl cusolverSpZsymgthr
     .type cusolverSpZsymgthr, @function
 cusolverSpZsymgthr:
-    leaq .Lname872(%rip), %rdi
+    leaq .Lname657(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7248,7 +6603,7 @@ cusolverSpZsymgthr:
     .globl cusolverSpZsymgthrHost
     .type cusolverSpZsymgthrHost, @function
 cusolverSpZsymgthrHost:
-    leaq .Lname873(%rip), %rdi
+    leaq .Lname658(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7256,7 +6611,7 @@ cusolverSpZsymgthrHost:
     .globl cusolverXcsrqr_dump
     .type cusolverXcsrqr_dump, @function
 cusolverXcsrqr_dump:
-    leaq .Lname874(%rip), %rdi
+    leaq .Lname659(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -7301,1715 +6656,1285 @@ cusolverXcsrqr_dump:
 .Lname18:
     .asciz "cusolverDnCgebrd"
 .Lname19:
-    .asciz "cusolverDnCgebrd_bufferSize"
-.Lname20:
     .asciz "cusolverDnCgehd2"
-.Lname21:
+.Lname20:
     .asciz "cusolverDnCgehd2_bufferSize"
-.Lname22:
+.Lname21:
     .asciz "cusolverDnCgehrd"
-.Lname23:
+.Lname22:
     .asciz "cusolverDnCgehrd_bufferSize"
-.Lname24:
+.Lname23:
     .asciz "cusolverDnCgelqfHost"
-.Lname25:
+.Lname24:
     .asciz "cusolverDnCgemmHost"
-.Lname26:
+.Lname25:
     .asciz "cusolverDnCgeqlfHost"
-.Lname27:
-    .asciz "cusolverDnCgeqrf"
-.Lname28:
+.Lname26:
     .asciz "cusolverDnCgeqrfHost"
-.Lname29:
+.Lname27:
     .asciz "cusolverDnCgeqrf_ApI"
-.Lname30:
+.Lname28:
     .asciz "cusolverDnCgeqrf_ApI_bufferSize"
-.Lname31:
-    .asciz "cusolverDnCgeqrf_bufferSize"
-.Lname32:
+.Lname29:
     .asciz "cusolverDnCgercond"
-.Lname33:
+.Lname30:
     .asciz "cusolverDnCgercond_bufferSize"
-.Lname34:
-    .asciz "cusolverDnCgesvd"
-.Lname35:
-    .asciz "cusolverDnCgesvd_bufferSize"
-.Lname36:
-    .asciz "cusolverDnCgesvdaStridedBatched"
-.Lname37:
-    .asciz "cusolverDnCgesvdaStridedBatched_bufferSize"
-.Lname38:
-    .asciz "cusolverDnCgesvdj"
-.Lname39:
-    .asciz "cusolverDnCgesvdjBatched"
-.Lname40:
-    .asciz "cusolverDnCgesvdjBatched_bufferSize"
-.Lname41:
-    .asciz "cusolverDnCgesvdj_bufferSize"
-.Lname42:
-    .asciz "cusolverDnCgetrf"
-.Lname43:
-    .asciz "cusolverDnCgetrf_bufferSize"
-.Lname44:
-    .asciz "cusolverDnCgetrs"
-.Lname45:
-    .asciz "cusolverDnCheevd"
-.Lname46:
-    .asciz "cusolverDnCheevd_bufferSize"
-.Lname47:
+.Lname31:
     .asciz "cusolverDnCheevdx"
-.Lname48:
+.Lname32:
     .asciz "cusolverDnCheevdx_bufferSize"
-.Lname49:
-    .asciz "cusolverDnCheevj"
-.Lname50:
-    .asciz "cusolverDnCheevjBatched"
-.Lname51:
-    .asciz "cusolverDnCheevjBatched_bufferSize"
-.Lname52:
-    .asciz "cusolverDnCheevj_bufferSize"
-.Lname53:
+.Lname33:
     .asciz "cusolverDnChegst"
-.Lname54:
+.Lname34:
     .asciz "cusolverDnChegst2"
-.Lname55:
+.Lname35:
     .asciz "cusolverDnChegst2_bufferSize"
-.Lname56:
+.Lname36:
     .asciz "cusolverDnChegst_bufferSize"
-.Lname57:
-    .asciz "cusolverDnChegvd"
-.Lname58:
-    .asciz "cusolverDnChegvd_bufferSize"
-.Lname59:
+.Lname37:
     .asciz "cusolverDnChegvdx"
-.Lname60:
+.Lname38:
     .asciz "cusolverDnChegvdx_bufferSize"
-.Lname61:
-    .asciz "cusolverDnChegvj"
-.Lname62:
-    .asciz "cusolverDnChegvj_bufferSize"
-.Lname63:
+.Lname39:
     .asciz "cusolverDnChemv"
-.Lname64:
+.Lname40:
     .asciz "cusolverDnChemv_bufferSize"
-.Lname65:
+.Lname41:
     .asciz "cusolverDnChetrd"
-.Lname66:
+.Lname42:
     .asciz "cusolverDnChetrd_bufferSize"
-.Lname67:
+.Lname43:
     .asciz "cusolverDnClacpyHost"
-.Lname68:
+.Lname44:
     .asciz "cusolverDnClahr2"
-.Lname69:
+.Lname45:
     .asciz "cusolverDnClange"
-.Lname70:
+.Lname46:
     .asciz "cusolverDnClangeHost"
-.Lname71:
+.Lname47:
     .asciz "cusolverDnClange_bufferSize"
-.Lname72:
+.Lname48:
     .asciz "cusolverDnClanhe"
-.Lname73:
+.Lname49:
     .asciz "cusolverDnClanheHost"
-.Lname74:
+.Lname50:
     .asciz "cusolverDnClanhe_bufferSize"
-.Lname75:
+.Lname51:
     .asciz "cusolverDnClantrHost"
-.Lname76:
+.Lname52:
     .asciz "cusolverDnClarfb"
-.Lname77:
+.Lname53:
     .asciz "cusolverDnClarfgHost"
-.Lname78:
+.Lname54:
     .asciz "cusolverDnClarft"
-.Lname79:
+.Lname55:
     .asciz "cusolverDnClarft_bufferSize"
-.Lname80:
+.Lname56:
     .asciz "cusolverDnClarnvHost"
-.Lname81:
+.Lname57:
     .asciz "cusolverDnClascl"
-.Lname82:
+.Lname58:
     .asciz "cusolverDnClasetHost"
-.Lname83:
-    .asciz "cusolverDnClaswp"
-.Lname84:
-    .asciz "cusolverDnClauum"
-.Lname85:
+.Lname59:
     .asciz "cusolverDnClauumHost"
-.Lname86:
-    .asciz "cusolverDnClauum_bufferSize"
-.Lname87:
+.Lname60:
     .asciz "cusolverDnCnrm2Host"
-.Lname88:
+.Lname61:
     .asciz "cusolverDnCpolar"
-.Lname89:
+.Lname62:
     .asciz "cusolverDnCpolar_bufferSize"
-.Lname90:
-    .asciz "cusolverDnCpotrf"
-.Lname91:
-    .asciz "cusolverDnCpotrfBatched"
-.Lname92:
+.Lname63:
     .asciz "cusolverDnCpotrfHost"
-.Lname93:
-    .asciz "cusolverDnCpotrf_bufferSize"
-.Lname94:
-    .asciz "cusolverDnCpotri"
-.Lname95:
+.Lname64:
     .asciz "cusolverDnCpotriHost"
-.Lname96:
-    .asciz "cusolverDnCpotri_bufferSize"
-.Lname97:
-    .asciz "cusolverDnCpotrs"
-.Lname98:
-    .asciz "cusolverDnCpotrsBatched"
-.Lname99:
+.Lname65:
     .asciz "cusolverDnCpotrsHost"
-.Lname100:
+.Lname66:
     .asciz "cusolverDnCsscalHost"
-.Lname101:
-    .asciz "cusolverDnCsytrf"
-.Lname102:
-    .asciz "cusolverDnCsytrf_bufferSize"
-.Lname103:
-    .asciz "cusolverDnCsytri"
-.Lname104:
+.Lname67:
     .asciz "cusolverDnCsytriHost"
-.Lname105:
-    .asciz "cusolverDnCsytri_bufferSize"
-.Lname106:
+.Lname68:
     .asciz "cusolverDnCsytrsHost"
-.Lname107:
+.Lname69:
     .asciz "cusolverDnCtrtriHost"
-.Lname108:
-    .asciz "cusolverDnCungbr"
-.Lname109:
+.Lname70:
     .asciz "cusolverDnCungbrHost"
-.Lname110:
-    .asciz "cusolverDnCungbr_bufferSize"
-.Lname111:
+.Lname71:
     .asciz "cusolverDnCunghrHost"
-.Lname112:
+.Lname72:
     .asciz "cusolverDnCunglqHost"
-.Lname113:
-    .asciz "cusolverDnCungqr"
-.Lname114:
+.Lname73:
     .asciz "cusolverDnCungqrHost"
-.Lname115:
+.Lname74:
     .asciz "cusolverDnCungqr_ApI"
-.Lname116:
+.Lname75:
     .asciz "cusolverDnCungqr_ApI_bufferSize"
-.Lname117:
-    .asciz "cusolverDnCungqr_bufferSize"
-.Lname118:
-    .asciz "cusolverDnCungtr"
-.Lname119:
+.Lname76:
     .asciz "cusolverDnCungtrHost"
-.Lname120:
-    .asciz "cusolverDnCungtr_bufferSize"
-.Lname121:
-    .asciz "cusolverDnCunmqr"
-.Lname122:
+.Lname77:
     .asciz "cusolverDnCunmqrHost"
-.Lname123:
-    .asciz "cusolverDnCunmqr_bufferSize"
-.Lname124:
-    .asciz "cusolverDnCunmtr"
-.Lname125:
+.Lname78:
     .asciz "cusolverDnCunmtrHost"
-.Lname126:
-    .asciz "cusolverDnCunmtr_bufferSize"
-.Lname127:
+.Lname79:
     .asciz "cusolverDnDBgels"
-.Lname128:
+.Lname80:
     .asciz "cusolverDnDBgels_bufferSize"
-.Lname129:
+.Lname81:
     .asciz "cusolverDnDBgesv"
-.Lname130:
+.Lname82:
     .asciz "cusolverDnDBgesv_bufferSize"
-.Lname131:
+.Lname83:
     .asciz "cusolverDnDDgels"
-.Lname132:
+.Lname84:
     .asciz "cusolverDnDDgels_bufferSize"
-.Lname133:
+.Lname85:
     .asciz "cusolverDnDDgesv"
-.Lname134:
+.Lname86:
     .asciz "cusolverDnDDgesv_bufferSize"
-.Lname135:
+.Lname87:
     .asciz "cusolverDnDHgels"
-.Lname136:
+.Lname88:
     .asciz "cusolverDnDHgels_bufferSize"
-.Lname137:
+.Lname89:
     .asciz "cusolverDnDHgesv"
-.Lname138:
+.Lname90:
     .asciz "cusolverDnDHgesv_bufferSize"
-.Lname139:
+.Lname91:
     .asciz "cusolverDnDSgels"
-.Lname140:
+.Lname92:
     .asciz "cusolverDnDSgels_bufferSize"
-.Lname141:
+.Lname93:
     .asciz "cusolverDnDSgesv"
-.Lname142:
+.Lname94:
     .asciz "cusolverDnDSgesv_bufferSize"
-.Lname143:
+.Lname95:
     .asciz "cusolverDnDXgels"
-.Lname144:
+.Lname96:
     .asciz "cusolverDnDXgels_bufferSize"
-.Lname145:
+.Lname97:
     .asciz "cusolverDnDXgesv"
-.Lname146:
+.Lname98:
     .asciz "cusolverDnDXgesv_bufferSize"
-.Lname147:
+.Lname99:
     .asciz "cusolverDnDaxpyHost"
-.Lname148:
+.Lname100:
     .asciz "cusolverDnDeyeBatch"
-.Lname149:
+.Lname101:
     .asciz "cusolverDnDgebrd"
-.Lname150:
-    .asciz "cusolverDnDgebrd_bufferSize"
-.Lname151:
+.Lname102:
     .asciz "cusolverDnDgehd2"
-.Lname152:
+.Lname103:
     .asciz "cusolverDnDgehd2_bufferSize"
-.Lname153:
+.Lname104:
     .asciz "cusolverDnDgehrd"
-.Lname154:
+.Lname105:
     .asciz "cusolverDnDgehrd_bufferSize"
-.Lname155:
+.Lname106:
     .asciz "cusolverDnDgelqfHost"
-.Lname156:
+.Lname107:
     .asciz "cusolverDnDgemmHost"
-.Lname157:
+.Lname108:
     .asciz "cusolverDnDgeqlfHost"
-.Lname158:
-    .asciz "cusolverDnDgeqrf"
-.Lname159:
+.Lname109:
     .asciz "cusolverDnDgeqrfHost"
-.Lname160:
+.Lname110:
     .asciz "cusolverDnDgeqrf_ApI"
-.Lname161:
+.Lname111:
     .asciz "cusolverDnDgeqrf_ApI_bufferSize"
-.Lname162:
-    .asciz "cusolverDnDgeqrf_bufferSize"
-.Lname163:
+.Lname112:
     .asciz "cusolverDnDgercond"
-.Lname164:
+.Lname113:
     .asciz "cusolverDnDgercond_bufferSize"
-.Lname165:
-    .asciz "cusolverDnDgesvd"
-.Lname166:
-    .asciz "cusolverDnDgesvd_bufferSize"
-.Lname167:
-    .asciz "cusolverDnDgesvdaStridedBatched"
-.Lname168:
-    .asciz "cusolverDnDgesvdaStridedBatched_bufferSize"
-.Lname169:
-    .asciz "cusolverDnDgesvdj"
-.Lname170:
-    .asciz "cusolverDnDgesvdjBatched"
-.Lname171:
-    .asciz "cusolverDnDgesvdjBatched_bufferSize"
-.Lname172:
-    .asciz "cusolverDnDgesvdj_bufferSize"
-.Lname173:
-    .asciz "cusolverDnDgetrf"
-.Lname174:
-    .asciz "cusolverDnDgetrf_bufferSize"
-.Lname175:
-    .asciz "cusolverDnDgetrs"
-.Lname176:
+.Lname114:
     .asciz "cusolverDnDlacpyHost"
-.Lname177:
+.Lname115:
     .asciz "cusolverDnDlahr2"
-.Lname178:
+.Lname116:
     .asciz "cusolverDnDlamchHost"
-.Lname179:
+.Lname117:
     .asciz "cusolverDnDlange"
-.Lname180:
+.Lname118:
     .asciz "cusolverDnDlangeHost"
-.Lname181:
+.Lname119:
     .asciz "cusolverDnDlange_bufferSize"
-.Lname182:
+.Lname120:
     .asciz "cusolverDnDlansy"
-.Lname183:
+.Lname121:
     .asciz "cusolverDnDlansyHost"
-.Lname184:
+.Lname122:
     .asciz "cusolverDnDlansy_bufferSize"
-.Lname185:
+.Lname123:
     .asciz "cusolverDnDlantrHost"
-.Lname186:
+.Lname124:
     .asciz "cusolverDnDlarfb"
-.Lname187:
+.Lname125:
     .asciz "cusolverDnDlarfgHost"
-.Lname188:
+.Lname126:
     .asciz "cusolverDnDlarft"
-.Lname189:
+.Lname127:
     .asciz "cusolverDnDlarft_bufferSize"
-.Lname190:
+.Lname128:
     .asciz "cusolverDnDlarnvHost"
-.Lname191:
+.Lname129:
     .asciz "cusolverDnDlascl"
-.Lname192:
+.Lname130:
     .asciz "cusolverDnDlasetHost"
-.Lname193:
-    .asciz "cusolverDnDlaswp"
-.Lname194:
-    .asciz "cusolverDnDlauum"
-.Lname195:
+.Lname131:
     .asciz "cusolverDnDlauumHost"
-.Lname196:
-    .asciz "cusolverDnDlauum_bufferSize"
-.Lname197:
+.Lname132:
     .asciz "cusolverDnDnrm2Host"
-.Lname198:
-    .asciz "cusolverDnDorgbr"
-.Lname199:
+.Lname133:
     .asciz "cusolverDnDorgbrHost"
-.Lname200:
-    .asciz "cusolverDnDorgbr_bufferSize"
-.Lname201:
+.Lname134:
     .asciz "cusolverDnDorghrHost"
-.Lname202:
+.Lname135:
     .asciz "cusolverDnDorglqHost"
-.Lname203:
-    .asciz "cusolverDnDorgqr"
-.Lname204:
+.Lname136:
     .asciz "cusolverDnDorgqrHost"
-.Lname205:
+.Lname137:
     .asciz "cusolverDnDorgqr_ApI"
-.Lname206:
+.Lname138:
     .asciz "cusolverDnDorgqr_ApI_bufferSize"
-.Lname207:
-    .asciz "cusolverDnDorgqr_bufferSize"
-.Lname208:
-    .asciz "cusolverDnDorgtr"
-.Lname209:
+.Lname139:
     .asciz "cusolverDnDorgtrHost"
-.Lname210:
-    .asciz "cusolverDnDorgtr_bufferSize"
-.Lname211:
-    .asciz "cusolverDnDormqr"
-.Lname212:
+.Lname140:
     .asciz "cusolverDnDormqrHost"
-.Lname213:
-    .asciz "cusolverDnDormqr_bufferSize"
-.Lname214:
-    .asciz "cusolverDnDormtr"
-.Lname215:
+.Lname141:
     .asciz "cusolverDnDormtrHost"
-.Lname216:
-    .asciz "cusolverDnDormtr_bufferSize"
-.Lname217:
+.Lname142:
     .asciz "cusolverDnDpolar"
-.Lname218:
+.Lname143:
     .asciz "cusolverDnDpolar_bufferSize"
-.Lname219:
-    .asciz "cusolverDnDpotrf"
-.Lname220:
-    .asciz "cusolverDnDpotrfBatched"
-.Lname221:
+.Lname144:
     .asciz "cusolverDnDpotrfHost"
-.Lname222:
-    .asciz "cusolverDnDpotrf_bufferSize"
-.Lname223:
-    .asciz "cusolverDnDpotri"
-.Lname224:
+.Lname145:
     .asciz "cusolverDnDpotriHost"
-.Lname225:
-    .asciz "cusolverDnDpotri_bufferSize"
-.Lname226:
-    .asciz "cusolverDnDpotrs"
-.Lname227:
-    .asciz "cusolverDnDpotrsBatched"
-.Lname228:
+.Lname146:
     .asciz "cusolverDnDpotrsHost"
-.Lname229:
+.Lname147:
     .asciz "cusolverDnDscalHost"
-.Lname230:
+.Lname148:
     .asciz "cusolverDnDsteqrHost"
-.Lname231:
+.Lname149:
     .asciz "cusolverDnDsterfHost"
-.Lname232:
-    .asciz "cusolverDnDsyevd"
-.Lname233:
-    .asciz "cusolverDnDsyevd_bufferSize"
-.Lname234:
+.Lname150:
     .asciz "cusolverDnDsyevdx"
-.Lname235:
+.Lname151:
     .asciz "cusolverDnDsyevdx_bufferSize"
-.Lname236:
-    .asciz "cusolverDnDsyevj"
-.Lname237:
-    .asciz "cusolverDnDsyevjBatched"
-.Lname238:
-    .asciz "cusolverDnDsyevjBatched_bufferSize"
-.Lname239:
-    .asciz "cusolverDnDsyevj_bufferSize"
-.Lname240:
+.Lname152:
     .asciz "cusolverDnDsygst"
-.Lname241:
+.Lname153:
     .asciz "cusolverDnDsygst2"
-.Lname242:
+.Lname154:
     .asciz "cusolverDnDsygst2_bufferSize"
-.Lname243:
+.Lname155:
     .asciz "cusolverDnDsygst_bufferSize"
-.Lname244:
-    .asciz "cusolverDnDsygvd"
-.Lname245:
-    .asciz "cusolverDnDsygvd_bufferSize"
-.Lname246:
+.Lname156:
     .asciz "cusolverDnDsygvdx"
-.Lname247:
+.Lname157:
     .asciz "cusolverDnDsygvdx_bufferSize"
-.Lname248:
-    .asciz "cusolverDnDsygvj"
-.Lname249:
-    .asciz "cusolverDnDsygvj_bufferSize"
-.Lname250:
+.Lname158:
     .asciz "cusolverDnDsymv"
-.Lname251:
+.Lname159:
     .asciz "cusolverDnDsymv_bufferSize"
-.Lname252:
+.Lname160:
     .asciz "cusolverDnDsytrd"
-.Lname253:
+.Lname161:
     .asciz "cusolverDnDsytrd_bufferSize"
-.Lname254:
-    .asciz "cusolverDnDsytrf"
-.Lname255:
-    .asciz "cusolverDnDsytrf_bufferSize"
-.Lname256:
-    .asciz "cusolverDnDsytri"
-.Lname257:
+.Lname162:
     .asciz "cusolverDnDsytriHost"
-.Lname258:
-    .asciz "cusolverDnDsytri_bufferSize"
-.Lname259:
+.Lname163:
     .asciz "cusolverDnDsytrsHost"
-.Lname260:
+.Lname164:
     .asciz "cusolverDnDtrtriHost"
-.Lname261:
+.Lname165:
     .asciz "cusolverDnGeqrf"
-.Lname262:
+.Lname166:
     .asciz "cusolverDnGeqrf_bufferSize"
-.Lname263:
+.Lname167:
     .asciz "cusolverDnGesvd"
-.Lname264:
+.Lname168:
     .asciz "cusolverDnGesvd_bufferSize"
-.Lname265:
+.Lname169:
     .asciz "cusolverDnGetDeterministicMode"
-.Lname266:
+.Lname170:
     .asciz "cusolverDnGetrf"
-.Lname267:
+.Lname171:
     .asciz "cusolverDnGetrf_bufferSize"
-.Lname268:
-    .asciz "cusolverDnGetrs"
-.Lname269:
+.Lname172:
     .asciz "cusolverDnIRSInfosGetMaxIters"
-.Lname270:
+.Lname173:
     .asciz "cusolverDnIRSInfosGetNiters"
-.Lname271:
+.Lname174:
     .asciz "cusolverDnIRSInfosGetOuterNiters"
-.Lname272:
+.Lname175:
     .asciz "cusolverDnIRSInfosGetResidualHistory"
-.Lname273:
+.Lname176:
     .asciz "cusolverDnIRSParamsGetMaxIters"
-.Lname274:
+.Lname177:
     .asciz "cusolverDnIRSXgels"
-.Lname275:
+.Lname178:
     .asciz "cusolverDnIRSXgels_bufferSize"
-.Lname276:
+.Lname179:
     .asciz "cusolverDnIRSXgesv"
-.Lname277:
+.Lname180:
     .asciz "cusolverDnIRSXgesv_bufferSize"
-.Lname278:
+.Lname181:
     .asciz "cusolverDnLoggerOpenFile"
-.Lname279:
+.Lname182:
     .asciz "cusolverDnLoggerSetCallback"
-.Lname280:
+.Lname183:
     .asciz "cusolverDnLoggerSetFile"
-.Lname281:
+.Lname184:
     .asciz "cusolverDnPotrf"
-.Lname282:
+.Lname185:
     .asciz "cusolverDnPotrf_bufferSize"
-.Lname283:
-    .asciz "cusolverDnPotrs"
-.Lname284:
+.Lname186:
     .asciz "cusolverDnSBgels"
-.Lname285:
+.Lname187:
     .asciz "cusolverDnSBgels_bufferSize"
-.Lname286:
+.Lname188:
     .asciz "cusolverDnSBgesv"
-.Lname287:
+.Lname189:
     .asciz "cusolverDnSBgesv_bufferSize"
-.Lname288:
+.Lname190:
     .asciz "cusolverDnSHgels"
-.Lname289:
+.Lname191:
     .asciz "cusolverDnSHgels_bufferSize"
-.Lname290:
+.Lname192:
     .asciz "cusolverDnSHgesv"
-.Lname291:
+.Lname193:
     .asciz "cusolverDnSHgesv_bufferSize"
-.Lname292:
+.Lname194:
     .asciz "cusolverDnSSgels"
-.Lname293:
+.Lname195:
     .asciz "cusolverDnSSgels_bufferSize"
-.Lname294:
+.Lname196:
     .asciz "cusolverDnSSgesv"
-.Lname295:
+.Lname197:
     .asciz "cusolverDnSSgesv_bufferSize"
-.Lname296:
+.Lname198:
     .asciz "cusolverDnSXgels"
-.Lname297:
+.Lname199:
     .asciz "cusolverDnSXgels_bufferSize"
-.Lname298:
+.Lname200:
     .asciz "cusolverDnSXgesv"
-.Lname299:
+.Lname201:
     .asciz "cusolverDnSXgesv_bufferSize"
-.Lname300:
+.Lname202:
     .asciz "cusolverDnSaxpyHost"
-.Lname301:
+.Lname203:
     .asciz "cusolverDnSeyeBatch"
-.Lname302:
+.Lname204:
     .asciz "cusolverDnSgebrd"
-.Lname303:
-    .asciz "cusolverDnSgebrd_bufferSize"
-.Lname304:
+.Lname205:
     .asciz "cusolverDnSgehd2"
-.Lname305:
+.Lname206:
     .asciz "cusolverDnSgehd2_bufferSize"
-.Lname306:
+.Lname207:
     .asciz "cusolverDnSgehrd"
-.Lname307:
+.Lname208:
     .asciz "cusolverDnSgehrd_bufferSize"
-.Lname308:
+.Lname209:
     .asciz "cusolverDnSgelqfHost"
-.Lname309:
+.Lname210:
     .asciz "cusolverDnSgemmHost"
-.Lname310:
+.Lname211:
     .asciz "cusolverDnSgeqlfHost"
-.Lname311:
-    .asciz "cusolverDnSgeqrf"
-.Lname312:
+.Lname212:
     .asciz "cusolverDnSgeqrfHost"
-.Lname313:
+.Lname213:
     .asciz "cusolverDnSgeqrf_ApI"
-.Lname314:
+.Lname214:
     .asciz "cusolverDnSgeqrf_ApI_bufferSize"
-.Lname315:
-    .asciz "cusolverDnSgeqrf_bufferSize"
-.Lname316:
+.Lname215:
     .asciz "cusolverDnSgercond"
-.Lname317:
+.Lname216:
     .asciz "cusolverDnSgercond_bufferSize"
-.Lname318:
-    .asciz "cusolverDnSgesvd"
-.Lname319:
-    .asciz "cusolverDnSgesvd_bufferSize"
-.Lname320:
-    .asciz "cusolverDnSgesvdaStridedBatched"
-.Lname321:
-    .asciz "cusolverDnSgesvdaStridedBatched_bufferSize"
-.Lname322:
-    .asciz "cusolverDnSgesvdj"
-.Lname323:
-    .asciz "cusolverDnSgesvdjBatched"
-.Lname324:
-    .asciz "cusolverDnSgesvdjBatched_bufferSize"
-.Lname325:
-    .asciz "cusolverDnSgesvdj_bufferSize"
-.Lname326:
-    .asciz "cusolverDnSgetrf"
-.Lname327:
-    .asciz "cusolverDnSgetrf_bufferSize"
-.Lname328:
-    .asciz "cusolverDnSgetrs"
-.Lname329:
+.Lname217:
     .asciz "cusolverDnSlacpyHost"
-.Lname330:
+.Lname218:
     .asciz "cusolverDnSlahr2"
-.Lname331:
+.Lname219:
     .asciz "cusolverDnSlamchHost"
-.Lname332:
+.Lname220:
     .asciz "cusolverDnSlange"
-.Lname333:
+.Lname221:
     .asciz "cusolverDnSlangeHost"
-.Lname334:
+.Lname222:
     .asciz "cusolverDnSlange_bufferSize"
-.Lname335:
+.Lname223:
     .asciz "cusolverDnSlansy"
-.Lname336:
+.Lname224:
     .asciz "cusolverDnSlansyHost"
-.Lname337:
+.Lname225:
     .asciz "cusolverDnSlansy_bufferSize"
-.Lname338:
+.Lname226:
     .asciz "cusolverDnSlantrHost"
-.Lname339:
+.Lname227:
     .asciz "cusolverDnSlarfb"
-.Lname340:
+.Lname228:
     .asciz "cusolverDnSlarfgHost"
-.Lname341:
+.Lname229:
     .asciz "cusolverDnSlarft"
-.Lname342:
+.Lname230:
     .asciz "cusolverDnSlarft_bufferSize"
-.Lname343:
+.Lname231:
     .asciz "cusolverDnSlarnvHost"
-.Lname344:
+.Lname232:
     .asciz "cusolverDnSlascl"
-.Lname345:
+.Lname233:
     .asciz "cusolverDnSlasetHost"
-.Lname346:
-    .asciz "cusolverDnSlaswp"
-.Lname347:
-    .asciz "cusolverDnSlauum"
-.Lname348:
+.Lname234:
     .asciz "cusolverDnSlauumHost"
-.Lname349:
-    .asciz "cusolverDnSlauum_bufferSize"
-.Lname350:
+.Lname235:
     .asciz "cusolverDnSnrm2Host"
-.Lname351:
-    .asciz "cusolverDnSorgbr"
-.Lname352:
+.Lname236:
     .asciz "cusolverDnSorgbrHost"
-.Lname353:
-    .asciz "cusolverDnSorgbr_bufferSize"
-.Lname354:
+.Lname237:
     .asciz "cusolverDnSorghrHost"
-.Lname355:
+.Lname238:
     .asciz "cusolverDnSorglqHost"
-.Lname356:
-    .asciz "cusolverDnSorgqr"
-.Lname357:
+.Lname239:
     .asciz "cusolverDnSorgqrHost"
-.Lname358:
+.Lname240:
     .asciz "cusolverDnSorgqr_ApI"
-.Lname359:
+.Lname241:
     .asciz "cusolverDnSorgqr_ApI_bufferSize"
-.Lname360:
-    .asciz "cusolverDnSorgqr_bufferSize"
-.Lname361:
-    .asciz "cusolverDnSorgtr"
-.Lname362:
+.Lname242:
     .asciz "cusolverDnSorgtrHost"
-.Lname363:
-    .asciz "cusolverDnSorgtr_bufferSize"
-.Lname364:
-    .asciz "cusolverDnSormqr"
-.Lname365:
+.Lname243:
     .asciz "cusolverDnSormqrHost"
-.Lname366:
-    .asciz "cusolverDnSormqr_bufferSize"
-.Lname367:
-    .asciz "cusolverDnSormtr"
-.Lname368:
+.Lname244:
     .asciz "cusolverDnSormtrHost"
-.Lname369:
-    .asciz "cusolverDnSormtr_bufferSize"
-.Lname370:
+.Lname245:
     .asciz "cusolverDnSpolar"
-.Lname371:
+.Lname246:
     .asciz "cusolverDnSpolar_bufferSize"
-.Lname372:
-    .asciz "cusolverDnSpotrf"
-.Lname373:
-    .asciz "cusolverDnSpotrfBatched"
-.Lname374:
+.Lname247:
     .asciz "cusolverDnSpotrfHost"
-.Lname375:
-    .asciz "cusolverDnSpotrf_bufferSize"
-.Lname376:
-    .asciz "cusolverDnSpotri"
-.Lname377:
+.Lname248:
     .asciz "cusolverDnSpotriHost"
-.Lname378:
-    .asciz "cusolverDnSpotri_bufferSize"
-.Lname379:
-    .asciz "cusolverDnSpotrs"
-.Lname380:
-    .asciz "cusolverDnSpotrsBatched"
-.Lname381:
+.Lname249:
     .asciz "cusolverDnSpotrsHost"
-.Lname382:
+.Lname250:
     .asciz "cusolverDnSscalHost"
-.Lname383:
+.Lname251:
     .asciz "cusolverDnSsteqrHost"
-.Lname384:
+.Lname252:
     .asciz "cusolverDnSsterfHost"
-.Lname385:
-    .asciz "cusolverDnSsyevd"
-.Lname386:
-    .asciz "cusolverDnSsyevd_bufferSize"
-.Lname387:
+.Lname253:
     .asciz "cusolverDnSsyevdx"
-.Lname388:
+.Lname254:
     .asciz "cusolverDnSsyevdx_bufferSize"
-.Lname389:
-    .asciz "cusolverDnSsyevj"
-.Lname390:
-    .asciz "cusolverDnSsyevjBatched"
-.Lname391:
-    .asciz "cusolverDnSsyevjBatched_bufferSize"
-.Lname392:
-    .asciz "cusolverDnSsyevj_bufferSize"
-.Lname393:
+.Lname255:
     .asciz "cusolverDnSsygst"
-.Lname394:
+.Lname256:
     .asciz "cusolverDnSsygst2"
-.Lname395:
+.Lname257:
     .asciz "cusolverDnSsygst2_bufferSize"
-.Lname396:
+.Lname258:
     .asciz "cusolverDnSsygst_bufferSize"
-.Lname397:
-    .asciz "cusolverDnSsygvd"
-.Lname398:
-    .asciz "cusolverDnSsygvd_bufferSize"
-.Lname399:
+.Lname259:
     .asciz "cusolverDnSsygvdx"
-.Lname400:
+.Lname260:
     .asciz "cusolverDnSsygvdx_bufferSize"
-.Lname401:
-    .asciz "cusolverDnSsygvj"
-.Lname402:
-    .asciz "cusolverDnSsygvj_bufferSize"
-.Lname403:
+.Lname261:
     .asciz "cusolverDnSsymv"
-.Lname404:
+.Lname262:
     .asciz "cusolverDnSsymv_bufferSize"
-.Lname405:
+.Lname263:
     .asciz "cusolverDnSsytrd"
-.Lname406:
+.Lname264:
     .asciz "cusolverDnSsytrd_bufferSize"
-.Lname407:
-    .asciz "cusolverDnSsytrf"
-.Lname408:
-    .asciz "cusolverDnSsytrf_bufferSize"
-.Lname409:
-    .asciz "cusolverDnSsytri"
-.Lname410:
+.Lname265:
     .asciz "cusolverDnSsytriHost"
-.Lname411:
-    .asciz "cusolverDnSsytri_bufferSize"
-.Lname412:
+.Lname266:
     .asciz "cusolverDnSsytrsHost"
-.Lname413:
+.Lname267:
     .asciz "cusolverDnStrtriHost"
-.Lname414:
+.Lname268:
     .asciz "cusolverDnSyevd"
-.Lname415:
+.Lname269:
     .asciz "cusolverDnSyevd_bufferSize"
-.Lname416:
+.Lname270:
     .asciz "cusolverDnSyevdx"
-.Lname417:
+.Lname271:
     .asciz "cusolverDnSyevdx_bufferSize"
-.Lname418:
+.Lname272:
     .asciz "cusolverDnXfillRandNormalOnDevice"
-.Lname419:
+.Lname273:
     .asciz "cusolverDnXfillRandNormalOnHost"
-.Lname420:
-    .asciz "cusolverDnXgeev"
-.Lname421:
-    .asciz "cusolverDnXgeev_bufferSize"
-.Lname422:
-    .asciz "cusolverDnXgeqrf"
-.Lname423:
-    .asciz "cusolverDnXgeqrf_bufferSize"
-.Lname424:
-    .asciz "cusolverDnXgesvd"
-.Lname425:
-    .asciz "cusolverDnXgesvd_bufferSize"
-.Lname426:
+.Lname274:
     .asciz "cusolverDnXgesvdjGetResidual"
-.Lname427:
+.Lname275:
     .asciz "cusolverDnXgesvdjGetSweeps"
-.Lname428:
+.Lname276:
     .asciz "cusolverDnXgesvdp"
-.Lname429:
-    .asciz "cusolverDnXgesvdp_bufferSize"
-.Lname430:
+.Lname277:
     .asciz "cusolverDnXgesvdr"
-.Lname431:
+.Lname278:
     .asciz "cusolverDnXgesvdr_bufferSize"
-.Lname432:
-    .asciz "cusolverDnXgetrf"
-.Lname433:
-    .asciz "cusolverDnXgetrf_bufferSize"
-.Lname434:
-    .asciz "cusolverDnXgetrs"
-.Lname435:
+.Lname279:
     .asciz "cusolverDnXlansy"
-.Lname436:
+.Lname280:
     .asciz "cusolverDnXlansy_bufferSize"
-.Lname437:
+.Lname281:
     .asciz "cusolverDnXlarft"
-.Lname438:
+.Lname282:
     .asciz "cusolverDnXlarft_bufferSize"
-.Lname439:
-    .asciz "cusolverDnXpotrf"
-.Lname440:
-    .asciz "cusolverDnXpotrf_bufferSize"
-.Lname441:
-    .asciz "cusolverDnXpotrs"
-.Lname442:
-    .asciz "cusolverDnXsyevBatched"
-.Lname443:
-    .asciz "cusolverDnXsyevBatched_bufferSize"
-.Lname444:
-    .asciz "cusolverDnXsyevd"
-.Lname445:
-    .asciz "cusolverDnXsyevd_bufferSize"
-.Lname446:
+.Lname283:
     .asciz "cusolverDnXsyevdx"
-.Lname447:
+.Lname284:
     .asciz "cusolverDnXsyevdx_bufferSize"
-.Lname448:
+.Lname285:
     .asciz "cusolverDnXsyevjGetResidual"
-.Lname449:
+.Lname286:
     .asciz "cusolverDnXsyevjGetSweeps"
-.Lname450:
-    .asciz "cusolverDnXsytrs"
-.Lname451:
-    .asciz "cusolverDnXsytrs_bufferSize"
-.Lname452:
-    .asciz "cusolverDnXtrtri"
-.Lname453:
-    .asciz "cusolverDnXtrtri_bufferSize"
-.Lname454:
+.Lname287:
     .asciz "cusolverDnZCgels"
-.Lname455:
+.Lname288:
     .asciz "cusolverDnZCgels_bufferSize"
-.Lname456:
+.Lname289:
     .asciz "cusolverDnZCgesv"
-.Lname457:
+.Lname290:
     .asciz "cusolverDnZCgesv_bufferSize"
-.Lname458:
+.Lname291:
     .asciz "cusolverDnZEgels"
-.Lname459:
+.Lname292:
     .asciz "cusolverDnZEgels_bufferSize"
-.Lname460:
+.Lname293:
     .asciz "cusolverDnZEgesv"
-.Lname461:
+.Lname294:
     .asciz "cusolverDnZEgesv_bufferSize"
-.Lname462:
+.Lname295:
     .asciz "cusolverDnZKgels"
-.Lname463:
+.Lname296:
     .asciz "cusolverDnZKgels_bufferSize"
-.Lname464:
+.Lname297:
     .asciz "cusolverDnZKgesv"
-.Lname465:
+.Lname298:
     .asciz "cusolverDnZKgesv_bufferSize"
-.Lname466:
+.Lname299:
     .asciz "cusolverDnZYgels"
-.Lname467:
+.Lname300:
     .asciz "cusolverDnZYgels_bufferSize"
-.Lname468:
+.Lname301:
     .asciz "cusolverDnZYgesv"
-.Lname469:
+.Lname302:
     .asciz "cusolverDnZYgesv_bufferSize"
-.Lname470:
+.Lname303:
     .asciz "cusolverDnZZgels"
-.Lname471:
+.Lname304:
     .asciz "cusolverDnZZgels_bufferSize"
-.Lname472:
+.Lname305:
     .asciz "cusolverDnZZgesv"
-.Lname473:
+.Lname306:
     .asciz "cusolverDnZZgesv_bufferSize"
-.Lname474:
+.Lname307:
     .asciz "cusolverDnZaxpyHost"
-.Lname475:
+.Lname308:
     .asciz "cusolverDnZdscalHost"
-.Lname476:
+.Lname309:
     .asciz "cusolverDnZeyeBatch"
-.Lname477:
+.Lname310:
     .asciz "cusolverDnZgebrd"
-.Lname478:
-    .asciz "cusolverDnZgebrd_bufferSize"
-.Lname479:
+.Lname311:
     .asciz "cusolverDnZgehd2"
-.Lname480:
+.Lname312:
     .asciz "cusolverDnZgehd2_bufferSize"
-.Lname481:
+.Lname313:
     .asciz "cusolverDnZgehrd"
-.Lname482:
+.Lname314:
     .asciz "cusolverDnZgehrd_bufferSize"
-.Lname483:
+.Lname315:
     .asciz "cusolverDnZgelqfHost"
-.Lname484:
+.Lname316:
     .asciz "cusolverDnZgemmHost"
-.Lname485:
+.Lname317:
     .asciz "cusolverDnZgeqlfHost"
-.Lname486:
-    .asciz "cusolverDnZgeqrf"
-.Lname487:
+.Lname318:
     .asciz "cusolverDnZgeqrfHost"
-.Lname488:
+.Lname319:
     .asciz "cusolverDnZgeqrf_ApI"
-.Lname489:
+.Lname320:
     .asciz "cusolverDnZgeqrf_ApI_bufferSize"
-.Lname490:
-    .asciz "cusolverDnZgeqrf_bufferSize"
-.Lname491:
+.Lname321:
     .asciz "cusolverDnZgercond"
-.Lname492:
+.Lname322:
     .asciz "cusolverDnZgercond_bufferSize"
-.Lname493:
-    .asciz "cusolverDnZgesvd"
-.Lname494:
-    .asciz "cusolverDnZgesvd_bufferSize"
-.Lname495:
-    .asciz "cusolverDnZgesvdaStridedBatched"
-.Lname496:
-    .asciz "cusolverDnZgesvdaStridedBatched_bufferSize"
-.Lname497:
-    .asciz "cusolverDnZgesvdj"
-.Lname498:
-    .asciz "cusolverDnZgesvdjBatched"
-.Lname499:
-    .asciz "cusolverDnZgesvdjBatched_bufferSize"
-.Lname500:
-    .asciz "cusolverDnZgesvdj_bufferSize"
-.Lname501:
-    .asciz "cusolverDnZgetrf"
-.Lname502:
-    .asciz "cusolverDnZgetrf_bufferSize"
-.Lname503:
-    .asciz "cusolverDnZgetrs"
-.Lname504:
-    .asciz "cusolverDnZheevd"
-.Lname505:
-    .asciz "cusolverDnZheevd_bufferSize"
-.Lname506:
+.Lname323:
     .asciz "cusolverDnZheevdx"
-.Lname507:
+.Lname324:
     .asciz "cusolverDnZheevdx_bufferSize"
-.Lname508:
-    .asciz "cusolverDnZheevj"
-.Lname509:
-    .asciz "cusolverDnZheevjBatched"
-.Lname510:
-    .asciz "cusolverDnZheevjBatched_bufferSize"
-.Lname511:
-    .asciz "cusolverDnZheevj_bufferSize"
-.Lname512:
+.Lname325:
     .asciz "cusolverDnZhegst"
-.Lname513:
+.Lname326:
     .asciz "cusolverDnZhegst2"
-.Lname514:
+.Lname327:
     .asciz "cusolverDnZhegst2_bufferSize"
-.Lname515:
+.Lname328:
     .asciz "cusolverDnZhegst_bufferSize"
-.Lname516:
-    .asciz "cusolverDnZhegvd"
-.Lname517:
-    .asciz "cusolverDnZhegvd_bufferSize"
-.Lname518:
+.Lname329:
     .asciz "cusolverDnZhegvdx"
-.Lname519:
+.Lname330:
     .asciz "cusolverDnZhegvdx_bufferSize"
-.Lname520:
-    .asciz "cusolverDnZhegvj"
-.Lname521:
-    .asciz "cusolverDnZhegvj_bufferSize"
-.Lname522:
+.Lname331:
     .asciz "cusolverDnZhemv"
-.Lname523:
+.Lname332:
     .asciz "cusolverDnZhemv_bufferSize"
-.Lname524:
+.Lname333:
     .asciz "cusolverDnZhetrd"
-.Lname525:
+.Lname334:
     .asciz "cusolverDnZhetrd_bufferSize"
-.Lname526:
+.Lname335:
     .asciz "cusolverDnZlacpyHost"
-.Lname527:
+.Lname336:
     .asciz "cusolverDnZlahr2"
-.Lname528:
+.Lname337:
     .asciz "cusolverDnZlange"
-.Lname529:
+.Lname338:
     .asciz "cusolverDnZlangeHost"
-.Lname530:
+.Lname339:
     .asciz "cusolverDnZlange_bufferSize"
-.Lname531:
+.Lname340:
     .asciz "cusolverDnZlanhe"
-.Lname532:
+.Lname341:
     .asciz "cusolverDnZlanheHost"
-.Lname533:
+.Lname342:
     .asciz "cusolverDnZlanhe_bufferSize"
-.Lname534:
+.Lname343:
     .asciz "cusolverDnZlantrHost"
-.Lname535:
+.Lname344:
     .asciz "cusolverDnZlarfb"
-.Lname536:
+.Lname345:
     .asciz "cusolverDnZlarfgHost"
-.Lname537:
+.Lname346:
     .asciz "cusolverDnZlarft"
-.Lname538:
+.Lname347:
     .asciz "cusolverDnZlarft_bufferSize"
-.Lname539:
+.Lname348:
     .asciz "cusolverDnZlarnvHost"
-.Lname540:
+.Lname349:
     .asciz "cusolverDnZlascl"
-.Lname541:
+.Lname350:
     .asciz "cusolverDnZlasetHost"
-.Lname542:
-    .asciz "cusolverDnZlaswp"
-.Lname543:
-    .asciz "cusolverDnZlauum"
-.Lname544:
+.Lname351:
     .asciz "cusolverDnZlauumHost"
-.Lname545:
-    .asciz "cusolverDnZlauum_bufferSize"
-.Lname546:
+.Lname352:
     .asciz "cusolverDnZnrm2Host"
-.Lname547:
+.Lname353:
     .asciz "cusolverDnZpolar"
-.Lname548:
+.Lname354:
     .asciz "cusolverDnZpolar_bufferSize"
-.Lname549:
-    .asciz "cusolverDnZpotrf"
-.Lname550:
-    .asciz "cusolverDnZpotrfBatched"
-.Lname551:
+.Lname355:
     .asciz "cusolverDnZpotrfHost"
-.Lname552:
-    .asciz "cusolverDnZpotrf_bufferSize"
-.Lname553:
-    .asciz "cusolverDnZpotri"
-.Lname554:
+.Lname356:
     .asciz "cusolverDnZpotriHost"
-.Lname555:
-    .asciz "cusolverDnZpotri_bufferSize"
-.Lname556:
-    .asciz "cusolverDnZpotrs"
-.Lname557:
-    .asciz "cusolverDnZpotrsBatched"
-.Lname558:
+.Lname357:
     .asciz "cusolverDnZpotrsHost"
-.Lname559:
-    .asciz "cusolverDnZsytrf"
-.Lname560:
-    .asciz "cusolverDnZsytrf_bufferSize"
-.Lname561:
-    .asciz "cusolverDnZsytri"
-.Lname562:
+.Lname358:
     .asciz "cusolverDnZsytriHost"
-.Lname563:
-    .asciz "cusolverDnZsytri_bufferSize"
-.Lname564:
+.Lname359:
     .asciz "cusolverDnZsytrsHost"
-.Lname565:
+.Lname360:
     .asciz "cusolverDnZtrtriHost"
-.Lname566:
-    .asciz "cusolverDnZungbr"
-.Lname567:
+.Lname361:
     .asciz "cusolverDnZungbrHost"
-.Lname568:
-    .asciz "cusolverDnZungbr_bufferSize"
-.Lname569:
+.Lname362:
     .asciz "cusolverDnZunghrHost"
-.Lname570:
+.Lname363:
     .asciz "cusolverDnZunglqHost"
-.Lname571:
-    .asciz "cusolverDnZungqr"
-.Lname572:
+.Lname364:
     .asciz "cusolverDnZungqrHost"
-.Lname573:
+.Lname365:
     .asciz "cusolverDnZungqr_ApI"
-.Lname574:
+.Lname366:
     .asciz "cusolverDnZungqr_ApI_bufferSize"
-.Lname575:
-    .asciz "cusolverDnZungqr_bufferSize"
-.Lname576:
-    .asciz "cusolverDnZungtr"
-.Lname577:
+.Lname367:
     .asciz "cusolverDnZungtrHost"
-.Lname578:
-    .asciz "cusolverDnZungtr_bufferSize"
-.Lname579:
-    .asciz "cusolverDnZunmqr"
-.Lname580:
+.Lname368:
     .asciz "cusolverDnZunmqrHost"
-.Lname581:
-    .asciz "cusolverDnZunmqr_bufferSize"
-.Lname582:
-    .asciz "cusolverDnZunmtr"
-.Lname583:
+.Lname369:
     .asciz "cusolverDnZunmtrHost"
-.Lname584:
-    .asciz "cusolverDnZunmtr_bufferSize"
-.Lname585:
+.Lname370:
     .asciz "cusolverGetProperty"
-.Lname586:
+.Lname371:
     .asciz "cusolverGetVersion"
-.Lname587:
+.Lname372:
     .asciz "cusolverIidentityHost"
-.Lname588:
+.Lname373:
     .asciz "cusolverRfAccessBundledFactorsDevice"
-.Lname589:
+.Lname374:
     .asciz "cusolverRfBatchResetValues"
-.Lname590:
+.Lname375:
     .asciz "cusolverRfBatchSetupHost"
-.Lname591:
+.Lname376:
     .asciz "cusolverRfBatchSolve"
-.Lname592:
+.Lname377:
     .asciz "cusolverRfBatchZeroPivot"
-.Lname593:
+.Lname378:
     .asciz "cusolverRfExtractBundledFactorsHost"
-.Lname594:
+.Lname379:
     .asciz "cusolverRfExtractSplitFactorsHost"
-.Lname595:
+.Lname380:
     .asciz "cusolverRfGetAlgs"
-.Lname596:
+.Lname381:
     .asciz "cusolverRfGetMatrixFormat"
-.Lname597:
+.Lname382:
     .asciz "cusolverRfGetNumericBoostReport"
-.Lname598:
+.Lname383:
     .asciz "cusolverRfGetNumericProperties"
-.Lname599:
+.Lname384:
     .asciz "cusolverRfGetResetValuesFastMode"
-.Lname600:
+.Lname385:
     .asciz "cusolverRfResetValues"
-.Lname601:
+.Lname386:
     .asciz "cusolverRfSetupDevice"
-.Lname602:
+.Lname387:
     .asciz "cusolverRfSetupHost"
-.Lname603:
+.Lname388:
     .asciz "cusolverRfSetupM"
-.Lname604:
+.Lname389:
     .asciz "cusolverRfSolve"
-.Lname605:
+.Lname390:
     .asciz "cusolverSpCcsrbtfHost"
-.Lname606:
+.Lname391:
     .asciz "cusolverSpCcsrcholBufferInfo"
-.Lname607:
+.Lname392:
     .asciz "cusolverSpCcsrcholBufferInfoHost"
-.Lname608:
+.Lname393:
     .asciz "cusolverSpCcsrcholDiag"
-.Lname609:
+.Lname394:
     .asciz "cusolverSpCcsrcholFactor"
-.Lname610:
+.Lname395:
     .asciz "cusolverSpCcsrcholFactorHost"
-.Lname611:
+.Lname396:
     .asciz "cusolverSpCcsrcholSolve"
-.Lname612:
+.Lname397:
     .asciz "cusolverSpCcsrcholSolveHost"
-.Lname613:
+.Lname398:
     .asciz "cusolverSpCcsrcholZeroPivot"
-.Lname614:
+.Lname399:
     .asciz "cusolverSpCcsrcholZeroPivotHost"
-.Lname615:
+.Lname400:
     .asciz "cusolverSpCcsreigsHost"
-.Lname616:
+.Lname401:
     .asciz "cusolverSpCcsreigvsi"
-.Lname617:
+.Lname402:
     .asciz "cusolverSpCcsreigvsiHost"
-.Lname618:
+.Lname403:
     .asciz "cusolverSpCcsrlsqvqrHost"
-.Lname619:
+.Lname404:
     .asciz "cusolverSpCcsrlsvchol"
-.Lname620:
+.Lname405:
     .asciz "cusolverSpCcsrlsvcholHost"
-.Lname621:
+.Lname406:
     .asciz "cusolverSpCcsrlsvluHost"
-.Lname622:
+.Lname407:
     .asciz "cusolverSpCcsrlsvqr"
-.Lname623:
+.Lname408:
     .asciz "cusolverSpCcsrlsvqrHost"
-.Lname624:
+.Lname409:
     .asciz "cusolverSpCcsrluAnalysisHost"
-.Lname625:
+.Lname410:
     .asciz "cusolverSpCcsrluBufferInfoHost"
-.Lname626:
+.Lname411:
     .asciz "cusolverSpCcsrluExtractBTFHost"
-.Lname627:
+.Lname412:
     .asciz "cusolverSpCcsrluExtractHost"
-.Lname628:
+.Lname413:
     .asciz "cusolverSpCcsrluExtractMHost"
-.Lname629:
+.Lname414:
     .asciz "cusolverSpCcsrluFactorHost"
-.Lname630:
+.Lname415:
     .asciz "cusolverSpCcsrluSolveHost"
-.Lname631:
+.Lname416:
     .asciz "cusolverSpCcsrluZeroPivotHost"
-.Lname632:
+.Lname417:
     .asciz "cusolverSpCcsrlucondHost"
-.Lname633:
+.Lname418:
     .asciz "cusolverSpCcsrqrBufferInfo"
-.Lname634:
+.Lname419:
     .asciz "cusolverSpCcsrqrBufferInfoBatched"
-.Lname635:
+.Lname420:
     .asciz "cusolverSpCcsrqrBufferInfoHost"
-.Lname636:
+.Lname421:
     .asciz "cusolverSpCcsrqrFactor"
-.Lname637:
+.Lname422:
     .asciz "cusolverSpCcsrqrFactorHost"
-.Lname638:
+.Lname423:
     .asciz "cusolverSpCcsrqrSetup"
-.Lname639:
+.Lname424:
     .asciz "cusolverSpCcsrqrSetupHost"
-.Lname640:
+.Lname425:
     .asciz "cusolverSpCcsrqrSolve"
-.Lname641:
+.Lname426:
     .asciz "cusolverSpCcsrqrSolveHost"
-.Lname642:
+.Lname427:
     .asciz "cusolverSpCcsrqrZeroPivot"
-.Lname643:
+.Lname428:
     .asciz "cusolverSpCcsrqrZeroPivotHost"
-.Lname644:
+.Lname429:
     .asciz "cusolverSpCcsrqrrcond"
-.Lname645:
+.Lname430:
     .asciz "cusolverSpCcsrqrsvBatched"
-.Lname646:
+.Lname431:
     .asciz "cusolverSpCcsrsubm2denseHost"
-.Lname647:
+.Lname432:
     .asciz "cusolverSpCcsrzfdHost"
-.Lname648:
+.Lname433:
     .asciz "cusolverSpClangeHost"
-.Lname649:
+.Lname434:
     .asciz "cusolverSpCndsydmHost"
-.Lname650:
+.Lname435:
     .asciz "cusolverSpCreateCsrcholInfo"
-.Lname651:
+.Lname436:
     .asciz "cusolverSpCreateCsrcholInfoHost"
-.Lname652:
+.Lname437:
     .asciz "cusolverSpCreateCsrluInfoHost"
-.Lname653:
+.Lname438:
     .asciz "cusolverSpCreateCsrqrInfoHost"
-.Lname654:
+.Lname439:
     .asciz "cusolverSpCreateGluInfo"
-.Lname655:
+.Lname440:
     .asciz "cusolverSpCreateSnluInfo"
-.Lname656:
+.Lname441:
     .asciz "cusolverSpCsnluBuffersize"
-.Lname657:
+.Lname442:
     .asciz "cusolverSpCsnluFactor"
-.Lname658:
+.Lname443:
     .asciz "cusolverSpCsnluSolve"
-.Lname659:
+.Lname444:
     .asciz "cusolverSpCsymgthr"
-.Lname660:
+.Lname445:
     .asciz "cusolverSpCsymgthrHost"
-.Lname661:
+.Lname446:
     .asciz "cusolverSpDcsrbtfHost"
-.Lname662:
+.Lname447:
     .asciz "cusolverSpDcsrcholBufferInfo"
-.Lname663:
+.Lname448:
     .asciz "cusolverSpDcsrcholBufferInfoHost"
-.Lname664:
+.Lname449:
     .asciz "cusolverSpDcsrcholDiag"
-.Lname665:
+.Lname450:
     .asciz "cusolverSpDcsrcholFactor"
-.Lname666:
+.Lname451:
     .asciz "cusolverSpDcsrcholFactorHost"
-.Lname667:
+.Lname452:
     .asciz "cusolverSpDcsrcholSolve"
-.Lname668:
+.Lname453:
     .asciz "cusolverSpDcsrcholSolveHost"
-.Lname669:
+.Lname454:
     .asciz "cusolverSpDcsrcholZeroPivot"
-.Lname670:
+.Lname455:
     .asciz "cusolverSpDcsrcholZeroPivotHost"
-.Lname671:
+.Lname456:
     .asciz "cusolverSpDcsreigsHost"
-.Lname672:
+.Lname457:
     .asciz "cusolverSpDcsreigvsi"
-.Lname673:
+.Lname458:
     .asciz "cusolverSpDcsreigvsiHost"
-.Lname674:
+.Lname459:
     .asciz "cusolverSpDcsrlsqvqrHost"
-.Lname675:
+.Lname460:
     .asciz "cusolverSpDcsrlsvchol"
-.Lname676:
+.Lname461:
     .asciz "cusolverSpDcsrlsvcholHost"
-.Lname677:
+.Lname462:
     .asciz "cusolverSpDcsrlsvluHost"
-.Lname678:
+.Lname463:
     .asciz "cusolverSpDcsrlsvqr"
-.Lname679:
+.Lname464:
     .asciz "cusolverSpDcsrlsvqrHost"
-.Lname680:
+.Lname465:
     .asciz "cusolverSpDcsrluAnalysisHost"
-.Lname681:
+.Lname466:
     .asciz "cusolverSpDcsrluBufferInfoHost"
-.Lname682:
+.Lname467:
     .asciz "cusolverSpDcsrluExtractBTFHost"
-.Lname683:
+.Lname468:
     .asciz "cusolverSpDcsrluExtractHost"
-.Lname684:
+.Lname469:
     .asciz "cusolverSpDcsrluExtractMHost"
-.Lname685:
+.Lname470:
     .asciz "cusolverSpDcsrluFactorHost"
-.Lname686:
+.Lname471:
     .asciz "cusolverSpDcsrluSolveHost"
-.Lname687:
+.Lname472:
     .asciz "cusolverSpDcsrluZeroPivotHost"
-.Lname688:
+.Lname473:
     .asciz "cusolverSpDcsrlucondHost"
-.Lname689:
+.Lname474:
     .asciz "cusolverSpDcsrqrBufferInfo"
-.Lname690:
+.Lname475:
     .asciz "cusolverSpDcsrqrBufferInfoBatched"
-.Lname691:
+.Lname476:
     .asciz "cusolverSpDcsrqrBufferInfoHost"
-.Lname692:
+.Lname477:
     .asciz "cusolverSpDcsrqrFactor"
-.Lname693:
+.Lname478:
     .asciz "cusolverSpDcsrqrFactorHost"
-.Lname694:
+.Lname479:
     .asciz "cusolverSpDcsrqrSetup"
-.Lname695:
+.Lname480:
     .asciz "cusolverSpDcsrqrSetupHost"
-.Lname696:
+.Lname481:
     .asciz "cusolverSpDcsrqrSolve"
-.Lname697:
+.Lname482:
     .asciz "cusolverSpDcsrqrSolveHost"
-.Lname698:
+.Lname483:
     .asciz "cusolverSpDcsrqrZeroPivot"
-.Lname699:
+.Lname484:
     .asciz "cusolverSpDcsrqrZeroPivotHost"
-.Lname700:
+.Lname485:
     .asciz "cusolverSpDcsrqrrcond"
-.Lname701:
+.Lname486:
     .asciz "cusolverSpDcsrqrsvBatched"
-.Lname702:
+.Lname487:
     .asciz "cusolverSpDcsrsubm2denseHost"
-.Lname703:
+.Lname488:
     .asciz "cusolverSpDcsrzfdHost"
-.Lname704:
+.Lname489:
     .asciz "cusolverSpDestroyCsrcholInfo"
-.Lname705:
+.Lname490:
     .asciz "cusolverSpDestroyCsrcholInfoHost"
-.Lname706:
+.Lname491:
     .asciz "cusolverSpDestroyCsrluInfoHost"
-.Lname707:
+.Lname492:
     .asciz "cusolverSpDestroyCsrqrInfoHost"
-.Lname708:
+.Lname493:
     .asciz "cusolverSpDestroyGluInfo"
-.Lname709:
+.Lname494:
     .asciz "cusolverSpDestroySnluInfo"
-.Lname710:
+.Lname495:
     .asciz "cusolverSpDgluAnalysis"
-.Lname711:
+.Lname496:
     .asciz "cusolverSpDgluBufferSize"
-.Lname712:
+.Lname497:
     .asciz "cusolverSpDgluExtractMHost"
-.Lname713:
+.Lname498:
     .asciz "cusolverSpDgluFactor"
-.Lname714:
+.Lname499:
     .asciz "cusolverSpDgluNumericBoost"
-.Lname715:
+.Lname500:
     .asciz "cusolverSpDgluReset"
-.Lname716:
+.Lname501:
     .asciz "cusolverSpDgluSetup"
-.Lname717:
+.Lname502:
     .asciz "cusolverSpDgluSetupByTile"
-.Lname718:
+.Lname503:
     .asciz "cusolverSpDgluSolve"
-.Lname719:
+.Lname504:
     .asciz "cusolverSpDlangeHost"
-.Lname720:
+.Lname505:
     .asciz "cusolverSpDndsydmHost"
-.Lname721:
+.Lname506:
     .asciz "cusolverSpDnrminf"
-.Lname722:
+.Lname507:
     .asciz "cusolverSpDsnluBuffersize"
-.Lname723:
+.Lname508:
     .asciz "cusolverSpDsnluFactor"
-.Lname724:
+.Lname509:
     .asciz "cusolverSpDsnluSolve"
-.Lname725:
+.Lname510:
     .asciz "cusolverSpDsymgthr"
-.Lname726:
+.Lname511:
     .asciz "cusolverSpDsymgthrHost"
-.Lname727:
+.Lname512:
     .asciz "cusolverSpLcsrqrBufferInfo"
-.Lname728:
+.Lname513:
     .asciz "cusolverSpLcsrqrFactor"
-.Lname729:
+.Lname514:
     .asciz "cusolverSpLcsrqrSetup"
-.Lname730:
+.Lname515:
     .asciz "cusolverSpLcsrqrSolve"
-.Lname731:
+.Lname516:
     .asciz "cusolverSpLcsrqrSolveRefine"
-.Lname732:
+.Lname517:
     .asciz "cusolverSpLcsrqrZeroPivot"
-.Lname733:
+.Lname518:
     .asciz "cusolverSpLcsrqrrcond"
-.Lname734:
+.Lname519:
     .asciz "cusolverSpQcsrqrBufferInfo"
-.Lname735:
+.Lname520:
     .asciz "cusolverSpQcsrqrFactor"
-.Lname736:
+.Lname521:
     .asciz "cusolverSpQcsrqrSetup"
-.Lname737:
+.Lname522:
     .asciz "cusolverSpQcsrqrSolve"
-.Lname738:
+.Lname523:
     .asciz "cusolverSpQcsrqrSolveRefine"
-.Lname739:
+.Lname524:
     .asciz "cusolverSpQcsrqrZeroPivot"
-.Lname740:
+.Lname525:
     .asciz "cusolverSpQcsrqrrcond"
-.Lname741:
+.Lname526:
     .asciz "cusolverSpScsrbtfHost"
-.Lname742:
+.Lname527:
     .asciz "cusolverSpScsrcholBufferInfo"
-.Lname743:
+.Lname528:
     .asciz "cusolverSpScsrcholBufferInfoHost"
-.Lname744:
+.Lname529:
     .asciz "cusolverSpScsrcholDiag"
-.Lname745:
+.Lname530:
     .asciz "cusolverSpScsrcholFactor"
-.Lname746:
+.Lname531:
     .asciz "cusolverSpScsrcholFactorHost"
-.Lname747:
+.Lname532:
     .asciz "cusolverSpScsrcholSolve"
-.Lname748:
+.Lname533:
     .asciz "cusolverSpScsrcholSolveHost"
-.Lname749:
+.Lname534:
     .asciz "cusolverSpScsrcholZeroPivot"
-.Lname750:
+.Lname535:
     .asciz "cusolverSpScsrcholZeroPivotHost"
-.Lname751:
+.Lname536:
     .asciz "cusolverSpScsreigsHost"
-.Lname752:
+.Lname537:
     .asciz "cusolverSpScsreigvsi"
-.Lname753:
+.Lname538:
     .asciz "cusolverSpScsreigvsiHost"
-.Lname754:
+.Lname539:
     .asciz "cusolverSpScsrlsqvqrHost"
-.Lname755:
+.Lname540:
     .asciz "cusolverSpScsrlsvchol"
-.Lname756:
+.Lname541:
     .asciz "cusolverSpScsrlsvcholHost"
-.Lname757:
+.Lname542:
     .asciz "cusolverSpScsrlsvluHost"
-.Lname758:
+.Lname543:
     .asciz "cusolverSpScsrlsvqr"
-.Lname759:
+.Lname544:
     .asciz "cusolverSpScsrlsvqrHost"
-.Lname760:
+.Lname545:
     .asciz "cusolverSpScsrluAnalysisHost"
-.Lname761:
+.Lname546:
     .asciz "cusolverSpScsrluBufferInfoHost"
-.Lname762:
+.Lname547:
     .asciz "cusolverSpScsrluExtractBTFHost"
-.Lname763:
+.Lname548:
     .asciz "cusolverSpScsrluExtractHost"
-.Lname764:
+.Lname549:
     .asciz "cusolverSpScsrluExtractMHost"
-.Lname765:
+.Lname550:
     .asciz "cusolverSpScsrluFactorHost"
-.Lname766:
+.Lname551:
     .asciz "cusolverSpScsrluSolveHost"
-.Lname767:
+.Lname552:
     .asciz "cusolverSpScsrluZeroPivotHost"
-.Lname768:
+.Lname553:
     .asciz "cusolverSpScsrlucondHost"
-.Lname769:
+.Lname554:
     .asciz "cusolverSpScsrqrBufferInfo"
-.Lname770:
+.Lname555:
     .asciz "cusolverSpScsrqrBufferInfoBatched"
-.Lname771:
+.Lname556:
     .asciz "cusolverSpScsrqrBufferInfoHost"
-.Lname772:
+.Lname557:
     .asciz "cusolverSpScsrqrFactor"
-.Lname773:
+.Lname558:
     .asciz "cusolverSpScsrqrFactorHost"
-.Lname774:
+.Lname559:
     .asciz "cusolverSpScsrqrSetup"
-.Lname775:
+.Lname560:
     .asciz "cusolverSpScsrqrSetupHost"
-.Lname776:
+.Lname561:
     .asciz "cusolverSpScsrqrSolve"
-.Lname777:
+.Lname562:
     .asciz "cusolverSpScsrqrSolveHost"
-.Lname778:
+.Lname563:
     .asciz "cusolverSpScsrqrZeroPivot"
-.Lname779:
+.Lname564:
     .asciz "cusolverSpScsrqrZeroPivotHost"
-.Lname780:
+.Lname565:
     .asciz "cusolverSpScsrqrrcond"
-.Lname781:
+.Lname566:
     .asciz "cusolverSpScsrqrsvBatched"
-.Lname782:
+.Lname567:
     .asciz "cusolverSpScsrsubm2denseHost"
-.Lname783:
+.Lname568:
     .asciz "cusolverSpScsrzfdHost"
-.Lname784:
+.Lname569:
     .asciz "cusolverSpSlangeHost"
-.Lname785:
+.Lname570:
     .asciz "cusolverSpSndsydmHost"
-.Lname786:
+.Lname571:
     .asciz "cusolverSpSsnluBuffersize"
-.Lname787:
+.Lname572:
     .asciz "cusolverSpSsnluFactor"
-.Lname788:
+.Lname573:
     .asciz "cusolverSpSsnluSolve"
-.Lname789:
+.Lname574:
     .asciz "cusolverSpSsymgthr"
-.Lname790:
+.Lname575:
     .asciz "cusolverSpSsymgthrHost"
-.Lname791:
+.Lname576:
     .asciz "cusolverSpXcsr2cscHost"
-.Lname792:
+.Lname577:
     .asciz "cusolverSpXcsr2csc_bufferSizeHost"
-.Lname793:
+.Lname578:
     .asciz "cusolverSpXcsrbndHost"
-.Lname794:
+.Lname579:
     .asciz "cusolverSpXcsrcholAnalysis"
-.Lname795:
+.Lname580:
     .asciz "cusolverSpXcsrcholAnalysisHost"
-.Lname796:
+.Lname581:
     .asciz "cusolverSpXcsrissymHost"
-.Lname797:
+.Lname582:
     .asciz "cusolverSpXcsrluAnalysisHost"
-.Lname798:
+.Lname583:
     .asciz "cusolverSpXcsrluConfigHost"
-.Lname799:
+.Lname584:
     .asciz "cusolverSpXcsrluNnzHost"
-.Lname800:
+.Lname585:
     .asciz "cusolverSpXcsrluNnzMHost"
-.Lname801:
+.Lname586:
     .asciz "cusolverSpXcsrmetisndHost"
-.Lname802:
+.Lname587:
     .asciz "cusolverSpXcsrndHost"
-.Lname803:
+.Lname588:
     .asciz "cusolverSpXcsrnsepHost"
-.Lname804:
+.Lname589:
     .asciz "cusolverSpXcsrpermHost"
-.Lname805:
+.Lname590:
     .asciz "cusolverSpXcsrperm_bufferSizeHost"
-.Lname806:
+.Lname591:
     .asciz "cusolverSpXcsrqrAnalysis"
-.Lname807:
+.Lname592:
     .asciz "cusolverSpXcsrqrAnalysisBatched"
-.Lname808:
+.Lname593:
     .asciz "cusolverSpXcsrqrAnalysisHost"
-.Lname809:
+.Lname594:
     .asciz "cusolverSpXcsrqrConfigInfo"
-.Lname810:
+.Lname595:
     .asciz "cusolverSpXcsrsubmHost"
-.Lname811:
+.Lname596:
     .asciz "cusolverSpXcsrsubmNnzHost"
-.Lname812:
+.Lname597:
     .asciz "cusolverSpXcsrsymamdHost"
-.Lname813:
+.Lname598:
     .asciz "cusolverSpXcsrsymmdqHost"
-.Lname814:
+.Lname599:
     .asciz "cusolverSpXcsrsympermHost"
-.Lname815:
+.Lname600:
     .asciz "cusolverSpXcsrsymperm_bufferSizeHost"
-.Lname816:
+.Lname601:
     .asciz "cusolverSpXcsrsymrcmHost"
-.Lname817:
+.Lname602:
     .asciz "cusolverSpXgluZeroPivot"
-.Lname818:
+.Lname603:
     .asciz "cusolverSpXndsydmNnzHost"
-.Lname819:
+.Lname604:
     .asciz "cusolverSpXsnluAnalysis"
-.Lname820:
+.Lname605:
     .asciz "cusolverSpXsnluFlops"
-.Lname821:
+.Lname606:
     .asciz "cusolverSpXsnluReport"
-.Lname822:
+.Lname607:
     .asciz "cusolverSpXsnluResizeSupernodeBy"
-.Lname823:
+.Lname608:
     .asciz "cusolverSpXsnluSetReorder"
-.Lname824:
+.Lname609:
     .asciz "cusolverSpZcsrbtfHost"
-.Lname825:
+.Lname610:
     .asciz "cusolverSpZcsrcholBufferInfo"
-.Lname826:
+.Lname611:
     .asciz "cusolverSpZcsrcholBufferInfoHost"
-.Lname827:
+.Lname612:
     .asciz "cusolverSpZcsrcholDiag"
-.Lname828:
+.Lname613:
     .asciz "cusolverSpZcsrcholFactor"
-.Lname829:
+.Lname614:
     .asciz "cusolverSpZcsrcholFactorHost"
-.Lname830:
+.Lname615:
     .asciz "cusolverSpZcsrcholSolve"
-.Lname831:
+.Lname616:
     .asciz "cusolverSpZcsrcholSolveHost"
-.Lname832:
+.Lname617:
     .asciz "cusolverSpZcsrcholZeroPivot"
-.Lname833:
+.Lname618:
     .asciz "cusolverSpZcsrcholZeroPivotHost"
-.Lname834:
+.Lname619:
     .asciz "cusolverSpZcsreigsHost"
-.Lname835:
+.Lname620:
     .asciz "cusolverSpZcsreigvsi"
-.Lname836:
+.Lname621:
     .asciz "cusolverSpZcsreigvsiHost"
-.Lname837:
+.Lname622:
     .asciz "cusolverSpZcsrlsqvqrHost"
-.Lname838:
+.Lname623:
     .asciz "cusolverSpZcsrlsvchol"
-.Lname839:
+.Lname624:
     .asciz "cusolverSpZcsrlsvcholHost"
-.Lname840:
+.Lname625:
     .asciz "cusolverSpZcsrlsvluHost"
-.Lname841:
+.Lname626:
     .asciz "cusolverSpZcsrlsvqr"
-.Lname842:
+.Lname627:
     .asciz "cusolverSpZcsrlsvqrHost"
-.Lname843:
+.Lname628:
     .asciz "cusolverSpZcsrluAnalysisHost"
-.Lname844:
+.Lname629:
     .asciz "cusolverSpZcsrluBufferInfoHost"
-.Lname845:
+.Lname630:
     .asciz "cusolverSpZcsrluExtractBTFHost"
-.Lname846:
+.Lname631:
     .asciz "cusolverSpZcsrluExtractHost"
-.Lname847:
+.Lname632:
     .asciz "cusolverSpZcsrluExtractMHost"
-.Lname848:
+.Lname633:
     .asciz "cusolverSpZcsrluFactorHost"
-.Lname849:
+.Lname634:
     .asciz "cusolverSpZcsrluSolveHost"
-.Lname850:
+.Lname635:
     .asciz "cusolverSpZcsrluZeroPivotHost"
-.Lname851:
+.Lname636:
     .asciz "cusolverSpZcsrlucondHost"
-.Lname852:
+.Lname637:
     .asciz "cusolverSpZcsrqrBufferInfo"
-.Lname853:
+.Lname638:
     .asciz "cusolverSpZcsrqrBufferInfoBatched"
-.Lname854:
+.Lname639:
     .asciz "cusolverSpZcsrqrBufferInfoHost"
-.Lname855:
+.Lname640:
     .asciz "cusolverSpZcsrqrFactor"
-.Lname856:
+.Lname641:
     .asciz "cusolverSpZcsrqrFactorHost"
-.Lname857:
+.Lname642:
     .asciz "cusolverSpZcsrqrSetup"
-.Lname858:
+.Lname643:
     .asciz "cusolverSpZcsrqrSetupHost"
-.Lname859:
+.Lname644:
     .asciz "cusolverSpZcsrqrSolve"
-.Lname860:
+.Lname645:
     .asciz "cusolverSpZcsrqrSolveHost"
-.Lname861:
+.Lname646:
     .asciz "cusolverSpZcsrqrZeroPivot"
-.Lname862:
+.Lname647:
     .asciz "cusolverSpZcsrqrZeroPivotHost"
-.Lname863:
+.Lname648:
     .asciz "cusolverSpZcsrqrrcond"
-.Lname864:
+.Lname649:
     .asciz "cusolverSpZcsrqrsvBatched"
-.Lname865:
+.Lname650:
     .asciz "cusolverSpZcsrsubm2denseHost"
-.Lname866:
+.Lname651:
     .asciz "cusolverSpZcsrzfdHost"
-.Lname867:
+.Lname652:
     .asciz "cusolverSpZlangeHost"
-.Lname868:
+.Lname653:
     .asciz "cusolverSpZndsydmHost"
-.Lname869:
+.Lname654:
     .asciz "cusolverSpZsnluBuffersize"
-.Lname870:
+.Lname655:
     .asciz "cusolverSpZsnluFactor"
-.Lname871:
+.Lname656:
     .asciz "cusolverSpZsnluSolve"
-.Lname872:
+.Lname657:
     .asciz "cusolverSpZsymgthr"
-.Lname873:
+.Lname658:
     .asciz "cusolverSpZsymgthrHost"
-.Lname874:
+.Lname659:
     .asciz "cusolverXcsrqr_dump"
     .section .note.GNU-stack,"",@progbits

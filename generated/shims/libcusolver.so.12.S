@@ -156,15 +156,12 @@ cusolverDnCgebrd:
     .globl cusolverDnCgebrd_bufferSize
     .type cusolverDnCgebrd_bufferSize, @function
 cusolverDnCgebrd_bufferSize:
-    leaq .Lname19(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgebrd_bufferSize@PLT
     .size cusolverDnCgebrd_bufferSize, .-cusolverDnCgebrd_bufferSize
     .globl cusolverDnCgelqfHost
     .type cusolverDnCgelqfHost, @function
 cusolverDnCgelqfHost:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -172,7 +169,7 @@ cusolverDnCgelqfHost:
     .globl cusolverDnCgemmHost
     .type cusolverDnCgemmHost, @function
 cusolverDnCgemmHost:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -180,7 +177,7 @@ cusolverDnCgemmHost:
     .globl cusolverDnCgeqlfHost
     .type cusolverDnCgeqlfHost, @function
 cusolverDnCgeqlfHost:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -188,15 +185,12 @@ cusolverDnCgeqlfHost:
     .globl cusolverDnCgeqrf
     .type cusolverDnCgeqrf, @function
 cusolverDnCgeqrf:
-    leaq .Lname23(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgeqrf@PLT
     .size cusolverDnCgeqrf, .-cusolverDnCgeqrf
     .globl cusolverDnCgeqrfHost
     .type cusolverDnCgeqrfHost, @function
 cusolverDnCgeqrfHost:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -204,119 +198,77 @@ cusolverDnCgeqrfHost:
     .globl cusolverDnCgeqrf_bufferSize
     .type cusolverDnCgeqrf_bufferSize, @function
 cusolverDnCgeqrf_bufferSize:
-    leaq .Lname25(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgeqrf_bufferSize@PLT
     .size cusolverDnCgeqrf_bufferSize, .-cusolverDnCgeqrf_bufferSize
     .globl cusolverDnCgesvd
     .type cusolverDnCgesvd, @function
 cusolverDnCgesvd:
-    leaq .Lname26(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgesvd@PLT
     .size cusolverDnCgesvd, .-cusolverDnCgesvd
     .globl cusolverDnCgesvd_bufferSize
     .type cusolverDnCgesvd_bufferSize, @function
 cusolverDnCgesvd_bufferSize:
-    leaq .Lname27(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgesvd_bufferSize@PLT
     .size cusolverDnCgesvd_bufferSize, .-cusolverDnCgesvd_bufferSize
     .globl cusolverDnCgesvdaStridedBatched
     .type cusolverDnCgesvdaStridedBatched, @function
 cusolverDnCgesvdaStridedBatched:
-    leaq .Lname28(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgesvdaStridedBatched@PLT
     .size cusolverDnCgesvdaStridedBatched, .-cusolverDnCgesvdaStridedBatched
     .globl cusolverDnCgesvdaStridedBatched_bufferSize
     .type cusolverDnCgesvdaStridedBatched_bufferSize, @function
 cusolverDnCgesvdaStridedBatched_bufferSize:
-    leaq .Lname29(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgesvdaStridedBatched_bufferSize@PLT
     .size cusolverDnCgesvdaStridedBatched_bufferSize, .-cusolverDnCgesvdaStridedBatched_bufferSize
     .globl cusolverDnCgesvdj
     .type cusolverDnCgesvdj, @function
 cusolverDnCgesvdj:
-    leaq .Lname30(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgesvdj@PLT
     .size cusolverDnCgesvdj, .-cusolverDnCgesvdj
     .globl cusolverDnCgesvdjBatched
     .type cusolverDnCgesvdjBatched, @function
 cusolverDnCgesvdjBatched:
-    leaq .Lname31(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgesvdjBatched@PLT
     .size cusolverDnCgesvdjBatched, .-cusolverDnCgesvdjBatched
     .globl cusolverDnCgesvdjBatched_bufferSize
     .type cusolverDnCgesvdjBatched_bufferSize, @function
 cusolverDnCgesvdjBatched_bufferSize:
-    leaq .Lname32(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgesvdjBatched_bufferSize@PLT
     .size cusolverDnCgesvdjBatched_bufferSize, .-cusolverDnCgesvdjBatched_bufferSize
     .globl cusolverDnCgesvdj_bufferSize
     .type cusolverDnCgesvdj_bufferSize, @function
 cusolverDnCgesvdj_bufferSize:
-    leaq .Lname33(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgesvdj_bufferSize@PLT
     .size cusolverDnCgesvdj_bufferSize, .-cusolverDnCgesvdj_bufferSize
     .globl cusolverDnCgetrf
     .type cusolverDnCgetrf, @function
 cusolverDnCgetrf:
-    leaq .Lname34(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgetrf@PLT
     .size cusolverDnCgetrf, .-cusolverDnCgetrf
     .globl cusolverDnCgetrf_bufferSize
     .type cusolverDnCgetrf_bufferSize, @function
 cusolverDnCgetrf_bufferSize:
-    leaq .Lname35(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgetrf_bufferSize@PLT
     .size cusolverDnCgetrf_bufferSize, .-cusolverDnCgetrf_bufferSize
     .globl cusolverDnCgetrs
     .type cusolverDnCgetrs, @function
 cusolverDnCgetrs:
-    leaq .Lname36(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCgetrs@PLT
     .size cusolverDnCgetrs, .-cusolverDnCgetrs
     .globl cusolverDnCheevd
     .type cusolverDnCheevd, @function
 cusolverDnCheevd:
-    leaq .Lname37(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCheevd@PLT
     .size cusolverDnCheevd, .-cusolverDnCheevd
     .globl cusolverDnCheevd_bufferSize
     .type cusolverDnCheevd_bufferSize, @function
 cusolverDnCheevd_bufferSize:
-    leaq .Lname38(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCheevd_bufferSize@PLT
     .size cusolverDnCheevd_bufferSize, .-cusolverDnCheevd_bufferSize
     .globl cusolverDnCheevdx
     .type cusolverDnCheevdx, @function
 cusolverDnCheevdx:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -324,7 +276,7 @@ cusolverDnCheevdx:
     .globl cusolverDnCheevdx_bufferSize
     .type cusolverDnCheevdx_bufferSize, @function
 cusolverDnCheevdx_bufferSize:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -332,39 +284,27 @@ cusolverDnCheevdx_bufferSize:
     .globl cusolverDnCheevj
     .type cusolverDnCheevj, @function
 cusolverDnCheevj:
-    leaq .Lname41(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCheevj@PLT
     .size cusolverDnCheevj, .-cusolverDnCheevj
     .globl cusolverDnCheevjBatched
     .type cusolverDnCheevjBatched, @function
 cusolverDnCheevjBatched:
-    leaq .Lname42(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCheevjBatched@PLT
     .size cusolverDnCheevjBatched, .-cusolverDnCheevjBatched
     .globl cusolverDnCheevjBatched_bufferSize
     .type cusolverDnCheevjBatched_bufferSize, @function
 cusolverDnCheevjBatched_bufferSize:
-    leaq .Lname43(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCheevjBatched_bufferSize@PLT
     .size cusolverDnCheevjBatched_bufferSize, .-cusolverDnCheevjBatched_bufferSize
     .globl cusolverDnCheevj_bufferSize
     .type cusolverDnCheevj_bufferSize, @function
 cusolverDnCheevj_bufferSize:
-    leaq .Lname44(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCheevj_bufferSize@PLT
     .size cusolverDnCheevj_bufferSize, .-cusolverDnCheevj_bufferSize
     .globl cusolverDnChegst
     .type cusolverDnChegst, @function
 cusolverDnChegst:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -372,7 +312,7 @@ cusolverDnChegst:
     .globl cusolverDnChegst_bufferSize
     .type cusolverDnChegst_bufferSize, @function
 cusolverDnChegst_bufferSize:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -380,23 +320,17 @@ cusolverDnChegst_bufferSize:
     .globl cusolverDnChegvd
     .type cusolverDnChegvd, @function
 cusolverDnChegvd:
-    leaq .Lname47(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnChegvd@PLT
     .size cusolverDnChegvd, .-cusolverDnChegvd
     .globl cusolverDnChegvd_bufferSize
     .type cusolverDnChegvd_bufferSize, @function
 cusolverDnChegvd_bufferSize:
-    leaq .Lname48(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnChegvd_bufferSize@PLT
     .size cusolverDnChegvd_bufferSize, .-cusolverDnChegvd_bufferSize
     .globl cusolverDnChegvdx
     .type cusolverDnChegvdx, @function
 cusolverDnChegvdx:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -404,7 +338,7 @@ cusolverDnChegvdx:
     .globl cusolverDnChegvdx_bufferSize
     .type cusolverDnChegvdx_bufferSize, @function
 cusolverDnChegvdx_bufferSize:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -412,23 +346,17 @@ cusolverDnChegvdx_bufferSize:
     .globl cusolverDnChegvj
     .type cusolverDnChegvj, @function
 cusolverDnChegvj:
-    leaq .Lname51(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnChegvj@PLT
     .size cusolverDnChegvj, .-cusolverDnChegvj
     .globl cusolverDnChegvj_bufferSize
     .type cusolverDnChegvj_bufferSize, @function
 cusolverDnChegvj_bufferSize:
-    leaq .Lname52(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnChegvj_bufferSize@PLT
     .size cusolverDnChegvj_bufferSize, .-cusolverDnChegvj_bufferSize
     .globl cusolverDnChetrd
     .type cusolverDnChetrd, @function
 cusolverDnChetrd:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -436,7 +364,7 @@ cusolverDnChetrd:
     .globl cusolverDnChetrd_bufferSize
     .type cusolverDnChetrd_bufferSize, @function
 cusolverDnChetrd_bufferSize:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -444,7 +372,7 @@ cusolverDnChetrd_bufferSize:
     .globl cusolverDnClacpyHost
     .type cusolverDnClacpyHost, @function
 cusolverDnClacpyHost:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -452,7 +380,7 @@ cusolverDnClacpyHost:
     .globl cusolverDnClange
     .type cusolverDnClange, @function
 cusolverDnClange:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -460,7 +388,7 @@ cusolverDnClange:
     .globl cusolverDnClangeHost
     .type cusolverDnClangeHost, @function
 cusolverDnClangeHost:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -468,7 +396,7 @@ cusolverDnClangeHost:
     .globl cusolverDnClange_bufferSize
     .type cusolverDnClange_bufferSize, @function
 cusolverDnClange_bufferSize:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -476,7 +404,7 @@ cusolverDnClange_bufferSize:
     .globl cusolverDnClanheHost
     .type cusolverDnClanheHost, @function
 cusolverDnClanheHost:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -484,7 +412,7 @@ cusolverDnClanheHost:
     .globl cusolverDnClantrHost
     .type cusolverDnClantrHost, @function
 cusolverDnClantrHost:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -492,7 +420,7 @@ cusolverDnClantrHost:
     .globl cusolverDnClarfgHost
     .type cusolverDnClarfgHost, @function
 cusolverDnClarfgHost:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -500,7 +428,7 @@ cusolverDnClarfgHost:
     .globl cusolverDnClarnvHost
     .type cusolverDnClarnvHost, @function
 cusolverDnClarnvHost:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -508,7 +436,7 @@ cusolverDnClarnvHost:
     .globl cusolverDnClasetHost
     .type cusolverDnClasetHost, @function
 cusolverDnClasetHost:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -516,23 +444,17 @@ cusolverDnClasetHost:
     .globl cusolverDnClaswp
     .type cusolverDnClaswp, @function
 cusolverDnClaswp:
-    leaq .Lname64(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnClaswp@PLT
     .size cusolverDnClaswp, .-cusolverDnClaswp
     .globl cusolverDnClauum
     .type cusolverDnClauum, @function
 cusolverDnClauum:
-    leaq .Lname65(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnClauum@PLT
     .size cusolverDnClauum, .-cusolverDnClauum
     .globl cusolverDnClauumHost
     .type cusolverDnClauumHost, @function
 cusolverDnClauumHost:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -540,15 +462,12 @@ cusolverDnClauumHost:
     .globl cusolverDnClauum_bufferSize
     .type cusolverDnClauum_bufferSize, @function
 cusolverDnClauum_bufferSize:
-    leaq .Lname67(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnClauum_bufferSize@PLT
     .size cusolverDnClauum_bufferSize, .-cusolverDnClauum_bufferSize
     .globl cusolverDnCnrm2Host
     .type cusolverDnCnrm2Host, @function
 cusolverDnCnrm2Host:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -556,23 +475,17 @@ cusolverDnCnrm2Host:
     .globl cusolverDnCpotrf
     .type cusolverDnCpotrf, @function
 cusolverDnCpotrf:
-    leaq .Lname69(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCpotrf@PLT
     .size cusolverDnCpotrf, .-cusolverDnCpotrf
     .globl cusolverDnCpotrfBatched
     .type cusolverDnCpotrfBatched, @function
 cusolverDnCpotrfBatched:
-    leaq .Lname70(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCpotrfBatched@PLT
     .size cusolverDnCpotrfBatched, .-cusolverDnCpotrfBatched
     .globl cusolverDnCpotrfHost
     .type cusolverDnCpotrfHost, @function
 cusolverDnCpotrfHost:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -580,23 +493,17 @@ cusolverDnCpotrfHost:
     .globl cusolverDnCpotrf_bufferSize
     .type cusolverDnCpotrf_bufferSize, @function
 cusolverDnCpotrf_bufferSize:
-    leaq .Lname72(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCpotrf_bufferSize@PLT
     .size cusolverDnCpotrf_bufferSize, .-cusolverDnCpotrf_bufferSize
     .globl cusolverDnCpotri
     .type cusolverDnCpotri, @function
 cusolverDnCpotri:
-    leaq .Lname73(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCpotri@PLT
     .size cusolverDnCpotri, .-cusolverDnCpotri
     .globl cusolverDnCpotriHost
     .type cusolverDnCpotriHost, @function
 cusolverDnCpotriHost:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -604,31 +511,22 @@ cusolverDnCpotriHost:
     .globl cusolverDnCpotri_bufferSize
     .type cusolverDnCpotri_bufferSize, @function
 cusolverDnCpotri_bufferSize:
-    leaq .Lname75(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCpotri_bufferSize@PLT
     .size cusolverDnCpotri_bufferSize, .-cusolverDnCpotri_bufferSize
     .globl cusolverDnCpotrs
     .type cusolverDnCpotrs, @function
 cusolverDnCpotrs:
-    leaq .Lname76(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCpotrs@PLT
     .size cusolverDnCpotrs, .-cusolverDnCpotrs
     .globl cusolverDnCpotrsBatched
     .type cusolverDnCpotrsBatched, @function
 cusolverDnCpotrsBatched:
-    leaq .Lname77(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCpotrsBatched@PLT
     .size cusolverDnCpotrsBatched, .-cusolverDnCpotrsBatched
     .globl cusolverDnCpotrsHost
     .type cusolverDnCpotrsHost, @function
 cusolverDnCpotrsHost:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -656,7 +554,7 @@ cusolverDnCreateSyevjInfo:
     .globl cusolverDnCsscalHost
     .type cusolverDnCsscalHost, @function
 cusolverDnCsscalHost:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -664,31 +562,22 @@ cusolverDnCsscalHost:
     .globl cusolverDnCsytrf
     .type cusolverDnCsytrf, @function
 cusolverDnCsytrf:
-    leaq .Lname80(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCsytrf@PLT
     .size cusolverDnCsytrf, .-cusolverDnCsytrf
     .globl cusolverDnCsytrf_bufferSize
     .type cusolverDnCsytrf_bufferSize, @function
 cusolverDnCsytrf_bufferSize:
-    leaq .Lname81(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCsytrf_bufferSize@PLT
     .size cusolverDnCsytrf_bufferSize, .-cusolverDnCsytrf_bufferSize
     .globl cusolverDnCsytri
     .type cusolverDnCsytri, @function
 cusolverDnCsytri:
-    leaq .Lname82(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCsytri@PLT
     .size cusolverDnCsytri, .-cusolverDnCsytri
     .globl cusolverDnCsytriHost
     .type cusolverDnCsytriHost, @function
 cusolverDnCsytriHost:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -696,15 +585,12 @@ cusolverDnCsytriHost:
     .globl cusolverDnCsytri_bufferSize
     .type cusolverDnCsytri_bufferSize, @function
 cusolverDnCsytri_bufferSize:
-    leaq .Lname84(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCsytri_bufferSize@PLT
     .size cusolverDnCsytri_bufferSize, .-cusolverDnCsytri_bufferSize
     .globl cusolverDnCsytrsHost
     .type cusolverDnCsytrsHost, @function
 cusolverDnCsytrsHost:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -712,7 +598,7 @@ cusolverDnCsytrsHost:
     .globl cusolverDnCtrtriHost
     .type cusolverDnCtrtriHost, @function
 cusolverDnCtrtriHost:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -720,15 +606,12 @@ cusolverDnCtrtriHost:
     .globl cusolverDnCungbr
     .type cusolverDnCungbr, @function
 cusolverDnCungbr:
-    leaq .Lname87(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCungbr@PLT
     .size cusolverDnCungbr, .-cusolverDnCungbr
     .globl cusolverDnCungbrHost
     .type cusolverDnCungbrHost, @function
 cusolverDnCungbrHost:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -736,15 +619,12 @@ cusolverDnCungbrHost:
     .globl cusolverDnCungbr_bufferSize
     .type cusolverDnCungbr_bufferSize, @function
 cusolverDnCungbr_bufferSize:
-    leaq .Lname89(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCungbr_bufferSize@PLT
     .size cusolverDnCungbr_bufferSize, .-cusolverDnCungbr_bufferSize
     .globl cusolverDnCunghrHost
     .type cusolverDnCunghrHost, @function
 cusolverDnCunghrHost:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -752,7 +632,7 @@ cusolverDnCunghrHost:
     .globl cusolverDnCunglqHost
     .type cusolverDnCunglqHost, @function
 cusolverDnCunglqHost:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -760,31 +640,22 @@ cusolverDnCunglqHost:
     .globl cusolverDnCungqr
     .type cusolverDnCungqr, @function
 cusolverDnCungqr:
-    leaq .Lname92(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCungqr@PLT
     .size cusolverDnCungqr, .-cusolverDnCungqr
     .globl cusolverDnCungqr_bufferSize
     .type cusolverDnCungqr_bufferSize, @function
 cusolverDnCungqr_bufferSize:
-    leaq .Lname93(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCungqr_bufferSize@PLT
     .size cusolverDnCungqr_bufferSize, .-cusolverDnCungqr_bufferSize
     .globl cusolverDnCungtr
     .type cusolverDnCungtr, @function
 cusolverDnCungtr:
-    leaq .Lname94(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCungtr@PLT
     .size cusolverDnCungtr, .-cusolverDnCungtr
     .globl cusolverDnCungtrHost
     .type cusolverDnCungtrHost, @function
 cusolverDnCungtrHost:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -792,23 +663,17 @@ cusolverDnCungtrHost:
     .globl cusolverDnCungtr_bufferSize
     .type cusolverDnCungtr_bufferSize, @function
 cusolverDnCungtr_bufferSize:
-    leaq .Lname96(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCungtr_bufferSize@PLT
     .size cusolverDnCungtr_bufferSize, .-cusolverDnCungtr_bufferSize
     .globl cusolverDnCunmqr
     .type cusolverDnCunmqr, @function
 cusolverDnCunmqr:
-    leaq .Lname97(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCunmqr@PLT
     .size cusolverDnCunmqr, .-cusolverDnCunmqr
     .globl cusolverDnCunmqrHost
     .type cusolverDnCunmqrHost, @function
 cusolverDnCunmqrHost:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -816,23 +681,17 @@ cusolverDnCunmqrHost:
     .globl cusolverDnCunmqr_bufferSize
     .type cusolverDnCunmqr_bufferSize, @function
 cusolverDnCunmqr_bufferSize:
-    leaq .Lname99(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCunmqr_bufferSize@PLT
     .size cusolverDnCunmqr_bufferSize, .-cusolverDnCunmqr_bufferSize
     .globl cusolverDnCunmtr
     .type cusolverDnCunmtr, @function
 cusolverDnCunmtr:
-    leaq .Lname100(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCunmtr@PLT
     .size cusolverDnCunmtr, .-cusolverDnCunmtr
     .globl cusolverDnCunmtrHost
     .type cusolverDnCunmtrHost, @function
 cusolverDnCunmtrHost:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -840,15 +699,12 @@ cusolverDnCunmtrHost:
     .globl cusolverDnCunmtr_bufferSize
     .type cusolverDnCunmtr_bufferSize, @function
 cusolverDnCunmtr_bufferSize:
-    leaq .Lname102(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnCunmtr_bufferSize@PLT
     .size cusolverDnCunmtr_bufferSize, .-cusolverDnCunmtr_bufferSize
     .globl cusolverDnDBgels
     .type cusolverDnDBgels, @function
 cusolverDnDBgels:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -856,7 +712,7 @@ cusolverDnDBgels:
     .globl cusolverDnDBgels_bufferSize
     .type cusolverDnDBgels_bufferSize, @function
 cusolverDnDBgels_bufferSize:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -864,7 +720,7 @@ cusolverDnDBgels_bufferSize:
     .globl cusolverDnDBgesv
     .type cusolverDnDBgesv, @function
 cusolverDnDBgesv:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -872,7 +728,7 @@ cusolverDnDBgesv:
     .globl cusolverDnDBgesv_bufferSize
     .type cusolverDnDBgesv_bufferSize, @function
 cusolverDnDBgesv_bufferSize:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -880,7 +736,7 @@ cusolverDnDBgesv_bufferSize:
     .globl cusolverDnDDgels
     .type cusolverDnDDgels, @function
 cusolverDnDDgels:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -888,7 +744,7 @@ cusolverDnDDgels:
     .globl cusolverDnDDgels_bufferSize
     .type cusolverDnDDgels_bufferSize, @function
 cusolverDnDDgels_bufferSize:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -896,7 +752,7 @@ cusolverDnDDgels_bufferSize:
     .globl cusolverDnDDgesv
     .type cusolverDnDDgesv, @function
 cusolverDnDDgesv:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -904,7 +760,7 @@ cusolverDnDDgesv:
     .globl cusolverDnDDgesv_bufferSize
     .type cusolverDnDDgesv_bufferSize, @function
 cusolverDnDDgesv_bufferSize:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -912,7 +768,7 @@ cusolverDnDDgesv_bufferSize:
     .globl cusolverDnDHgels
     .type cusolverDnDHgels, @function
 cusolverDnDHgels:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -920,7 +776,7 @@ cusolverDnDHgels:
     .globl cusolverDnDHgels_bufferSize
     .type cusolverDnDHgels_bufferSize, @function
 cusolverDnDHgels_bufferSize:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -928,7 +784,7 @@ cusolverDnDHgels_bufferSize:
     .globl cusolverDnDHgesv
     .type cusolverDnDHgesv, @function
 cusolverDnDHgesv:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -936,7 +792,7 @@ cusolverDnDHgesv:
     .globl cusolverDnDHgesv_bufferSize
     .type cusolverDnDHgesv_bufferSize, @function
 cusolverDnDHgesv_bufferSize:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -944,7 +800,7 @@ cusolverDnDHgesv_bufferSize:
     .globl cusolverDnDSgels
     .type cusolverDnDSgels, @function
 cusolverDnDSgels:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -952,7 +808,7 @@ cusolverDnDSgels:
     .globl cusolverDnDSgels_bufferSize
     .type cusolverDnDSgels_bufferSize, @function
 cusolverDnDSgels_bufferSize:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -960,7 +816,7 @@ cusolverDnDSgels_bufferSize:
     .globl cusolverDnDSgesv
     .type cusolverDnDSgesv, @function
 cusolverDnDSgesv:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -968,7 +824,7 @@ cusolverDnDSgesv:
     .globl cusolverDnDSgesv_bufferSize
     .type cusolverDnDSgesv_bufferSize, @function
 cusolverDnDSgesv_bufferSize:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -976,7 +832,7 @@ cusolverDnDSgesv_bufferSize:
     .globl cusolverDnDXgels
     .type cusolverDnDXgels, @function
 cusolverDnDXgels:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -984,7 +840,7 @@ cusolverDnDXgels:
     .globl cusolverDnDXgels_bufferSize
     .type cusolverDnDXgels_bufferSize, @function
 cusolverDnDXgels_bufferSize:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -992,7 +848,7 @@ cusolverDnDXgels_bufferSize:
     .globl cusolverDnDXgesv
     .type cusolverDnDXgesv, @function
 cusolverDnDXgesv:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1000,7 +856,7 @@ cusolverDnDXgesv:
     .globl cusolverDnDXgesv_bufferSize
     .type cusolverDnDXgesv_bufferSize, @function
 cusolverDnDXgesv_bufferSize:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1008,7 +864,7 @@ cusolverDnDXgesv_bufferSize:
     .globl cusolverDnDaxpyHost
     .type cusolverDnDaxpyHost, @function
 cusolverDnDaxpyHost:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1036,7 +892,7 @@ cusolverDnDestroySyevjInfo:
     .globl cusolverDnDeyeBatch
     .type cusolverDnDeyeBatch, @function
 cusolverDnDeyeBatch:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1044,7 +900,7 @@ cusolverDnDeyeBatch:
     .globl cusolverDnDgebrd
     .type cusolverDnDgebrd, @function
 cusolverDnDgebrd:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1052,15 +908,12 @@ cusolverDnDgebrd:
     .globl cusolverDnDgebrd_bufferSize
     .type cusolverDnDgebrd_bufferSize, @function
 cusolverDnDgebrd_bufferSize:
-    leaq .Lname126(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgebrd_bufferSize@PLT
     .size cusolverDnDgebrd_bufferSize, .-cusolverDnDgebrd_bufferSize
     .globl cusolverDnDgelqfHost
     .type cusolverDnDgelqfHost, @function
 cusolverDnDgelqfHost:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1068,7 +921,7 @@ cusolverDnDgelqfHost:
     .globl cusolverDnDgemmHost
     .type cusolverDnDgemmHost, @function
 cusolverDnDgemmHost:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1076,7 +929,7 @@ cusolverDnDgemmHost:
     .globl cusolverDnDgeqlfHost
     .type cusolverDnDgeqlfHost, @function
 cusolverDnDgeqlfHost:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1084,15 +937,12 @@ cusolverDnDgeqlfHost:
     .globl cusolverDnDgeqrf
     .type cusolverDnDgeqrf, @function
 cusolverDnDgeqrf:
-    leaq .Lname130(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgeqrf@PLT
     .size cusolverDnDgeqrf, .-cusolverDnDgeqrf
     .globl cusolverDnDgeqrfHost
     .type cusolverDnDgeqrfHost, @function
 cusolverDnDgeqrfHost:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1100,103 +950,67 @@ cusolverDnDgeqrfHost:
     .globl cusolverDnDgeqrf_bufferSize
     .type cusolverDnDgeqrf_bufferSize, @function
 cusolverDnDgeqrf_bufferSize:
-    leaq .Lname132(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgeqrf_bufferSize@PLT
     .size cusolverDnDgeqrf_bufferSize, .-cusolverDnDgeqrf_bufferSize
     .globl cusolverDnDgesvd
     .type cusolverDnDgesvd, @function
 cusolverDnDgesvd:
-    leaq .Lname133(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgesvd@PLT
     .size cusolverDnDgesvd, .-cusolverDnDgesvd
     .globl cusolverDnDgesvd_bufferSize
     .type cusolverDnDgesvd_bufferSize, @function
 cusolverDnDgesvd_bufferSize:
-    leaq .Lname134(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgesvd_bufferSize@PLT
     .size cusolverDnDgesvd_bufferSize, .-cusolverDnDgesvd_bufferSize
     .globl cusolverDnDgesvdaStridedBatched
     .type cusolverDnDgesvdaStridedBatched, @function
 cusolverDnDgesvdaStridedBatched:
-    leaq .Lname135(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgesvdaStridedBatched@PLT
     .size cusolverDnDgesvdaStridedBatched, .-cusolverDnDgesvdaStridedBatched
     .globl cusolverDnDgesvdaStridedBatched_bufferSize
     .type cusolverDnDgesvdaStridedBatched_bufferSize, @function
 cusolverDnDgesvdaStridedBatched_bufferSize:
-    leaq .Lname136(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgesvdaStridedBatched_bufferSize@PLT
     .size cusolverDnDgesvdaStridedBatched_bufferSize, .-cusolverDnDgesvdaStridedBatched_bufferSize
     .globl cusolverDnDgesvdj
     .type cusolverDnDgesvdj, @function
 cusolverDnDgesvdj:
-    leaq .Lname137(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgesvdj@PLT
     .size cusolverDnDgesvdj, .-cusolverDnDgesvdj
     .globl cusolverDnDgesvdjBatched
     .type cusolverDnDgesvdjBatched, @function
 cusolverDnDgesvdjBatched:
-    leaq .Lname138(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgesvdjBatched@PLT
     .size cusolverDnDgesvdjBatched, .-cusolverDnDgesvdjBatched
     .globl cusolverDnDgesvdjBatched_bufferSize
     .type cusolverDnDgesvdjBatched_bufferSize, @function
 cusolverDnDgesvdjBatched_bufferSize:
-    leaq .Lname139(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgesvdjBatched_bufferSize@PLT
     .size cusolverDnDgesvdjBatched_bufferSize, .-cusolverDnDgesvdjBatched_bufferSize
     .globl cusolverDnDgesvdj_bufferSize
     .type cusolverDnDgesvdj_bufferSize, @function
 cusolverDnDgesvdj_bufferSize:
-    leaq .Lname140(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgesvdj_bufferSize@PLT
     .size cusolverDnDgesvdj_bufferSize, .-cusolverDnDgesvdj_bufferSize
     .globl cusolverDnDgetrf
     .type cusolverDnDgetrf, @function
 cusolverDnDgetrf:
-    leaq .Lname141(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgetrf@PLT
     .size cusolverDnDgetrf, .-cusolverDnDgetrf
     .globl cusolverDnDgetrf_bufferSize
     .type cusolverDnDgetrf_bufferSize, @function
 cusolverDnDgetrf_bufferSize:
-    leaq .Lname142(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgetrf_bufferSize@PLT
     .size cusolverDnDgetrf_bufferSize, .-cusolverDnDgetrf_bufferSize
     .globl cusolverDnDgetrs
     .type cusolverDnDgetrs, @function
 cusolverDnDgetrs:
-    leaq .Lname143(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDgetrs@PLT
     .size cusolverDnDgetrs, .-cusolverDnDgetrs
     .globl cusolverDnDlacpyHost
     .type cusolverDnDlacpyHost, @function
 cusolverDnDlacpyHost:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1204,7 +1018,7 @@ cusolverDnDlacpyHost:
     .globl cusolverDnDlamchHost
     .type cusolverDnDlamchHost, @function
 cusolverDnDlamchHost:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1212,7 +1026,7 @@ cusolverDnDlamchHost:
     .globl cusolverDnDlange
     .type cusolverDnDlange, @function
 cusolverDnDlange:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1220,7 +1034,7 @@ cusolverDnDlange:
     .globl cusolverDnDlangeHost
     .type cusolverDnDlangeHost, @function
 cusolverDnDlangeHost:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1228,7 +1042,7 @@ cusolverDnDlangeHost:
     .globl cusolverDnDlange_bufferSize
     .type cusolverDnDlange_bufferSize, @function
 cusolverDnDlange_bufferSize:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1236,7 +1050,7 @@ cusolverDnDlange_bufferSize:
     .globl cusolverDnDlansyHost
     .type cusolverDnDlansyHost, @function
 cusolverDnDlansyHost:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1244,7 +1058,7 @@ cusolverDnDlansyHost:
     .globl cusolverDnDlantrHost
     .type cusolverDnDlantrHost, @function
 cusolverDnDlantrHost:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1252,7 +1066,7 @@ cusolverDnDlantrHost:
     .globl cusolverDnDlarfgHost
     .type cusolverDnDlarfgHost, @function
 cusolverDnDlarfgHost:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1260,7 +1074,7 @@ cusolverDnDlarfgHost:
     .globl cusolverDnDlarnvHost
     .type cusolverDnDlarnvHost, @function
 cusolverDnDlarnvHost:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1268,7 +1082,7 @@ cusolverDnDlarnvHost:
     .globl cusolverDnDlasetHost
     .type cusolverDnDlasetHost, @function
 cusolverDnDlasetHost:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1276,23 +1090,17 @@ cusolverDnDlasetHost:
     .globl cusolverDnDlaswp
     .type cusolverDnDlaswp, @function
 cusolverDnDlaswp:
-    leaq .Lname154(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDlaswp@PLT
     .size cusolverDnDlaswp, .-cusolverDnDlaswp
     .globl cusolverDnDlauum
     .type cusolverDnDlauum, @function
 cusolverDnDlauum:
-    leaq .Lname155(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDlauum@PLT
     .size cusolverDnDlauum, .-cusolverDnDlauum
     .globl cusolverDnDlauumHost
     .type cusolverDnDlauumHost, @function
 cusolverDnDlauumHost:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1300,15 +1108,12 @@ cusolverDnDlauumHost:
     .globl cusolverDnDlauum_bufferSize
     .type cusolverDnDlauum_bufferSize, @function
 cusolverDnDlauum_bufferSize:
-    leaq .Lname157(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDlauum_bufferSize@PLT
     .size cusolverDnDlauum_bufferSize, .-cusolverDnDlauum_bufferSize
     .globl cusolverDnDnrm2Host
     .type cusolverDnDnrm2Host, @function
 cusolverDnDnrm2Host:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1316,15 +1121,12 @@ cusolverDnDnrm2Host:
     .globl cusolverDnDorgbr
     .type cusolverDnDorgbr, @function
 cusolverDnDorgbr:
-    leaq .Lname159(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDorgbr@PLT
     .size cusolverDnDorgbr, .-cusolverDnDorgbr
     .globl cusolverDnDorgbrHost
     .type cusolverDnDorgbrHost, @function
 cusolverDnDorgbrHost:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1332,15 +1134,12 @@ cusolverDnDorgbrHost:
     .globl cusolverDnDorgbr_bufferSize
     .type cusolverDnDorgbr_bufferSize, @function
 cusolverDnDorgbr_bufferSize:
-    leaq .Lname161(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDorgbr_bufferSize@PLT
     .size cusolverDnDorgbr_bufferSize, .-cusolverDnDorgbr_bufferSize
     .globl cusolverDnDorghrHost
     .type cusolverDnDorghrHost, @function
 cusolverDnDorghrHost:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1348,7 +1147,7 @@ cusolverDnDorghrHost:
     .globl cusolverDnDorglqHost
     .type cusolverDnDorglqHost, @function
 cusolverDnDorglqHost:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1356,31 +1155,22 @@ cusolverDnDorglqHost:
     .globl cusolverDnDorgqr
     .type cusolverDnDorgqr, @function
 cusolverDnDorgqr:
-    leaq .Lname164(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDorgqr@PLT
     .size cusolverDnDorgqr, .-cusolverDnDorgqr
     .globl cusolverDnDorgqr_bufferSize
     .type cusolverDnDorgqr_bufferSize, @function
 cusolverDnDorgqr_bufferSize:
-    leaq .Lname165(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDorgqr_bufferSize@PLT
     .size cusolverDnDorgqr_bufferSize, .-cusolverDnDorgqr_bufferSize
     .globl cusolverDnDorgtr
     .type cusolverDnDorgtr, @function
 cusolverDnDorgtr:
-    leaq .Lname166(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDorgtr@PLT
     .size cusolverDnDorgtr, .-cusolverDnDorgtr
     .globl cusolverDnDorgtrHost
     .type cusolverDnDorgtrHost, @function
 cusolverDnDorgtrHost:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1388,23 +1178,17 @@ cusolverDnDorgtrHost:
     .globl cusolverDnDorgtr_bufferSize
     .type cusolverDnDorgtr_bufferSize, @function
 cusolverDnDorgtr_bufferSize:
-    leaq .Lname168(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDorgtr_bufferSize@PLT
     .size cusolverDnDorgtr_bufferSize, .-cusolverDnDorgtr_bufferSize
     .globl cusolverDnDormqr
     .type cusolverDnDormqr, @function
 cusolverDnDormqr:
-    leaq .Lname169(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDormqr@PLT
     .size cusolverDnDormqr, .-cusolverDnDormqr
     .globl cusolverDnDormqrHost
     .type cusolverDnDormqrHost, @function
 cusolverDnDormqrHost:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1412,23 +1196,17 @@ cusolverDnDormqrHost:
     .globl cusolverDnDormqr_bufferSize
     .type cusolverDnDormqr_bufferSize, @function
 cusolverDnDormqr_bufferSize:
-    leaq .Lname171(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDormqr_bufferSize@PLT
     .size cusolverDnDormqr_bufferSize, .-cusolverDnDormqr_bufferSize
     .globl cusolverDnDormtr
     .type cusolverDnDormtr, @function
 cusolverDnDormtr:
-    leaq .Lname172(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDormtr@PLT
     .size cusolverDnDormtr, .-cusolverDnDormtr
     .globl cusolverDnDormtrHost
     .type cusolverDnDormtrHost, @function
 cusolverDnDormtrHost:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1436,31 +1214,22 @@ cusolverDnDormtrHost:
     .globl cusolverDnDormtr_bufferSize
     .type cusolverDnDormtr_bufferSize, @function
 cusolverDnDormtr_bufferSize:
-    leaq .Lname174(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDormtr_bufferSize@PLT
     .size cusolverDnDormtr_bufferSize, .-cusolverDnDormtr_bufferSize
     .globl cusolverDnDpotrf
     .type cusolverDnDpotrf, @function
 cusolverDnDpotrf:
-    leaq .Lname175(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDpotrf@PLT
     .size cusolverDnDpotrf, .-cusolverDnDpotrf
     .globl cusolverDnDpotrfBatched
     .type cusolverDnDpotrfBatched, @function
 cusolverDnDpotrfBatched:
-    leaq .Lname176(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDpotrfBatched@PLT
     .size cusolverDnDpotrfBatched, .-cusolverDnDpotrfBatched
     .globl cusolverDnDpotrfHost
     .type cusolverDnDpotrfHost, @function
 cusolverDnDpotrfHost:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1468,23 +1237,17 @@ cusolverDnDpotrfHost:
     .globl cusolverDnDpotrf_bufferSize
     .type cusolverDnDpotrf_bufferSize, @function
 cusolverDnDpotrf_bufferSize:
-    leaq .Lname178(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDpotrf_bufferSize@PLT
     .size cusolverDnDpotrf_bufferSize, .-cusolverDnDpotrf_bufferSize
     .globl cusolverDnDpotri
     .type cusolverDnDpotri, @function
 cusolverDnDpotri:
-    leaq .Lname179(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDpotri@PLT
     .size cusolverDnDpotri, .-cusolverDnDpotri
     .globl cusolverDnDpotriHost
     .type cusolverDnDpotriHost, @function
 cusolverDnDpotriHost:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1492,31 +1255,22 @@ cusolverDnDpotriHost:
     .globl cusolverDnDpotri_bufferSize
     .type cusolverDnDpotri_bufferSize, @function
 cusolverDnDpotri_bufferSize:
-    leaq .Lname181(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDpotri_bufferSize@PLT
     .size cusolverDnDpotri_bufferSize, .-cusolverDnDpotri_bufferSize
     .globl cusolverDnDpotrs
     .type cusolverDnDpotrs, @function
 cusolverDnDpotrs:
-    leaq .Lname182(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDpotrs@PLT
     .size cusolverDnDpotrs, .-cusolverDnDpotrs
     .globl cusolverDnDpotrsBatched
     .type cusolverDnDpotrsBatched, @function
 cusolverDnDpotrsBatched:
-    leaq .Lname183(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDpotrsBatched@PLT
     .size cusolverDnDpotrsBatched, .-cusolverDnDpotrsBatched
     .globl cusolverDnDpotrsHost
     .type cusolverDnDpotrsHost, @function
 cusolverDnDpotrsHost:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1524,7 +1278,7 @@ cusolverDnDpotrsHost:
     .globl cusolverDnDscalHost
     .type cusolverDnDscalHost, @function
 cusolverDnDscalHost:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1532,7 +1286,7 @@ cusolverDnDscalHost:
     .globl cusolverDnDsteqrHost
     .type cusolverDnDsteqrHost, @function
 cusolverDnDsteqrHost:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1540,7 +1294,7 @@ cusolverDnDsteqrHost:
     .globl cusolverDnDsterfHost
     .type cusolverDnDsterfHost, @function
 cusolverDnDsterfHost:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1548,23 +1302,17 @@ cusolverDnDsterfHost:
     .globl cusolverDnDsyevd
     .type cusolverDnDsyevd, @function
 cusolverDnDsyevd:
-    leaq .Lname188(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsyevd@PLT
     .size cusolverDnDsyevd, .-cusolverDnDsyevd
     .globl cusolverDnDsyevd_bufferSize
     .type cusolverDnDsyevd_bufferSize, @function
 cusolverDnDsyevd_bufferSize:
-    leaq .Lname189(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsyevd_bufferSize@PLT
     .size cusolverDnDsyevd_bufferSize, .-cusolverDnDsyevd_bufferSize
     .globl cusolverDnDsyevdx
     .type cusolverDnDsyevdx, @function
 cusolverDnDsyevdx:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1572,7 +1320,7 @@ cusolverDnDsyevdx:
     .globl cusolverDnDsyevdx_bufferSize
     .type cusolverDnDsyevdx_bufferSize, @function
 cusolverDnDsyevdx_bufferSize:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1580,39 +1328,27 @@ cusolverDnDsyevdx_bufferSize:
     .globl cusolverDnDsyevj
     .type cusolverDnDsyevj, @function
 cusolverDnDsyevj:
-    leaq .Lname192(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsyevj@PLT
     .size cusolverDnDsyevj, .-cusolverDnDsyevj
     .globl cusolverDnDsyevjBatched
     .type cusolverDnDsyevjBatched, @function
 cusolverDnDsyevjBatched:
-    leaq .Lname193(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsyevjBatched@PLT
     .size cusolverDnDsyevjBatched, .-cusolverDnDsyevjBatched
     .globl cusolverDnDsyevjBatched_bufferSize
     .type cusolverDnDsyevjBatched_bufferSize, @function
 cusolverDnDsyevjBatched_bufferSize:
-    leaq .Lname194(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsyevjBatched_bufferSize@PLT
     .size cusolverDnDsyevjBatched_bufferSize, .-cusolverDnDsyevjBatched_bufferSize
     .globl cusolverDnDsyevj_bufferSize
     .type cusolverDnDsyevj_bufferSize, @function
 cusolverDnDsyevj_bufferSize:
-    leaq .Lname195(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsyevj_bufferSize@PLT
     .size cusolverDnDsyevj_bufferSize, .-cusolverDnDsyevj_bufferSize
     .globl cusolverDnDsygst
     .type cusolverDnDsygst, @function
 cusolverDnDsygst:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1620,7 +1356,7 @@ cusolverDnDsygst:
     .globl cusolverDnDsygst_bufferSize
     .type cusolverDnDsygst_bufferSize, @function
 cusolverDnDsygst_bufferSize:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1628,23 +1364,17 @@ cusolverDnDsygst_bufferSize:
     .globl cusolverDnDsygvd
     .type cusolverDnDsygvd, @function
 cusolverDnDsygvd:
-    leaq .Lname198(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsygvd@PLT
     .size cusolverDnDsygvd, .-cusolverDnDsygvd
     .globl cusolverDnDsygvd_bufferSize
     .type cusolverDnDsygvd_bufferSize, @function
 cusolverDnDsygvd_bufferSize:
-    leaq .Lname199(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsygvd_bufferSize@PLT
     .size cusolverDnDsygvd_bufferSize, .-cusolverDnDsygvd_bufferSize
     .globl cusolverDnDsygvdx
     .type cusolverDnDsygvdx, @function
 cusolverDnDsygvdx:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1652,7 +1382,7 @@ cusolverDnDsygvdx:
     .globl cusolverDnDsygvdx_bufferSize
     .type cusolverDnDsygvdx_bufferSize, @function
 cusolverDnDsygvdx_bufferSize:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1660,23 +1390,17 @@ cusolverDnDsygvdx_bufferSize:
     .globl cusolverDnDsygvj
     .type cusolverDnDsygvj, @function
 cusolverDnDsygvj:
-    leaq .Lname202(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsygvj@PLT
     .size cusolverDnDsygvj, .-cusolverDnDsygvj
     .globl cusolverDnDsygvj_bufferSize
     .type cusolverDnDsygvj_bufferSize, @function
 cusolverDnDsygvj_bufferSize:
-    leaq .Lname203(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsygvj_bufferSize@PLT
     .size cusolverDnDsygvj_bufferSize, .-cusolverDnDsygvj_bufferSize
     .globl cusolverDnDsytrd
     .type cusolverDnDsytrd, @function
 cusolverDnDsytrd:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1684,7 +1408,7 @@ cusolverDnDsytrd:
     .globl cusolverDnDsytrd_bufferSize
     .type cusolverDnDsytrd_bufferSize, @function
 cusolverDnDsytrd_bufferSize:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1692,31 +1416,22 @@ cusolverDnDsytrd_bufferSize:
     .globl cusolverDnDsytrf
     .type cusolverDnDsytrf, @function
 cusolverDnDsytrf:
-    leaq .Lname206(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsytrf@PLT
     .size cusolverDnDsytrf, .-cusolverDnDsytrf
     .globl cusolverDnDsytrf_bufferSize
     .type cusolverDnDsytrf_bufferSize, @function
 cusolverDnDsytrf_bufferSize:
-    leaq .Lname207(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsytrf_bufferSize@PLT
     .size cusolverDnDsytrf_bufferSize, .-cusolverDnDsytrf_bufferSize
     .globl cusolverDnDsytri
     .type cusolverDnDsytri, @function
 cusolverDnDsytri:
-    leaq .Lname208(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsytri@PLT
     .size cusolverDnDsytri, .-cusolverDnDsytri
     .globl cusolverDnDsytriHost
     .type cusolverDnDsytriHost, @function
 cusolverDnDsytriHost:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1724,15 +1439,12 @@ cusolverDnDsytriHost:
     .globl cusolverDnDsytri_bufferSize
     .type cusolverDnDsytri_bufferSize, @function
 cusolverDnDsytri_bufferSize:
-    leaq .Lname210(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnDsytri_bufferSize@PLT
     .size cusolverDnDsytri_bufferSize, .-cusolverDnDsytri_bufferSize
     .globl cusolverDnDsytrsHost
     .type cusolverDnDsytrsHost, @function
 cusolverDnDsytrsHost:
-    leaq .Lname211(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1740,7 +1452,7 @@ cusolverDnDsytrsHost:
     .globl cusolverDnDtrtriHost
     .type cusolverDnDtrtriHost, @function
 cusolverDnDtrtriHost:
-    leaq .Lname212(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1748,7 +1460,7 @@ cusolverDnDtrtriHost:
     .globl cusolverDnGetDeterministicMode
     .type cusolverDnGetDeterministicMode, @function
 cusolverDnGetDeterministicMode:
-    leaq .Lname213(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1756,7 +1468,7 @@ cusolverDnGetDeterministicMode:
     .globl cusolverDnGetEmulationStrategy
     .type cusolverDnGetEmulationStrategy, @function
 cusolverDnGetEmulationStrategy:
-    leaq .Lname214(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1764,7 +1476,7 @@ cusolverDnGetEmulationStrategy:
     .globl cusolverDnGetMathMode
     .type cusolverDnGetMathMode, @function
 cusolverDnGetMathMode:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1787,7 +1499,7 @@ cusolverDnIRSInfosDestroy:
     .globl cusolverDnIRSInfosGetMaxIters
     .type cusolverDnIRSInfosGetMaxIters, @function
 cusolverDnIRSInfosGetMaxIters:
-    leaq .Lname216(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1795,7 +1507,7 @@ cusolverDnIRSInfosGetMaxIters:
     .globl cusolverDnIRSInfosGetNiters
     .type cusolverDnIRSInfosGetNiters, @function
 cusolverDnIRSInfosGetNiters:
-    leaq .Lname217(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1803,7 +1515,7 @@ cusolverDnIRSInfosGetNiters:
     .globl cusolverDnIRSInfosGetOuterNiters
     .type cusolverDnIRSInfosGetOuterNiters, @function
 cusolverDnIRSInfosGetOuterNiters:
-    leaq .Lname218(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1811,7 +1523,7 @@ cusolverDnIRSInfosGetOuterNiters:
     .globl cusolverDnIRSInfosGetResidualHistory
     .type cusolverDnIRSInfosGetResidualHistory, @function
 cusolverDnIRSInfosGetResidualHistory:
-    leaq .Lname219(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1844,7 +1556,7 @@ cusolverDnIRSParamsEnableFallback:
     .globl cusolverDnIRSParamsGetMaxIters
     .type cusolverDnIRSParamsGetMaxIters, @function
 cusolverDnIRSParamsGetMaxIters:
-    leaq .Lname220(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1892,7 +1604,7 @@ cusolverDnIRSParamsSetTolInner:
     .globl cusolverDnIRSXgels
     .type cusolverDnIRSXgels, @function
 cusolverDnIRSXgels:
-    leaq .Lname221(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1900,7 +1612,7 @@ cusolverDnIRSXgels:
     .globl cusolverDnIRSXgels_bufferSize
     .type cusolverDnIRSXgels_bufferSize, @function
 cusolverDnIRSXgels_bufferSize:
-    leaq .Lname222(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1908,7 +1620,7 @@ cusolverDnIRSXgels_bufferSize:
     .globl cusolverDnIRSXgesv
     .type cusolverDnIRSXgesv, @function
 cusolverDnIRSXgesv:
-    leaq .Lname223(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1916,7 +1628,7 @@ cusolverDnIRSXgesv:
     .globl cusolverDnIRSXgesv_bufferSize
     .type cusolverDnIRSXgesv_bufferSize, @function
 cusolverDnIRSXgesv_bufferSize:
-    leaq .Lname224(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1929,7 +1641,7 @@ cusolverDnLoggerForceDisable:
     .globl cusolverDnLoggerOpenFile
     .type cusolverDnLoggerOpenFile, @function
 cusolverDnLoggerOpenFile:
-    leaq .Lname225(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1937,7 +1649,7 @@ cusolverDnLoggerOpenFile:
     .globl cusolverDnLoggerSetCallback
     .type cusolverDnLoggerSetCallback, @function
 cusolverDnLoggerSetCallback:
-    leaq .Lname226(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1945,7 +1657,7 @@ cusolverDnLoggerSetCallback:
     .globl cusolverDnLoggerSetFile
     .type cusolverDnLoggerSetFile, @function
 cusolverDnLoggerSetFile:
-    leaq .Lname227(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1963,7 +1675,7 @@ cusolverDnLoggerSetMask:
     .globl cusolverDnSBgels
     .type cusolverDnSBgels, @function
 cusolverDnSBgels:
-    leaq .Lname228(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1971,7 +1683,7 @@ cusolverDnSBgels:
     .globl cusolverDnSBgels_bufferSize
     .type cusolverDnSBgels_bufferSize, @function
 cusolverDnSBgels_bufferSize:
-    leaq .Lname229(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1979,7 +1691,7 @@ cusolverDnSBgels_bufferSize:
     .globl cusolverDnSBgesv
     .type cusolverDnSBgesv, @function
 cusolverDnSBgesv:
-    leaq .Lname230(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1987,7 +1699,7 @@ cusolverDnSBgesv:
     .globl cusolverDnSBgesv_bufferSize
     .type cusolverDnSBgesv_bufferSize, @function
 cusolverDnSBgesv_bufferSize:
-    leaq .Lname231(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1995,7 +1707,7 @@ cusolverDnSBgesv_bufferSize:
     .globl cusolverDnSHgels
     .type cusolverDnSHgels, @function
 cusolverDnSHgels:
-    leaq .Lname232(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2003,7 +1715,7 @@ cusolverDnSHgels:
     .globl cusolverDnSHgels_bufferSize
     .type cusolverDnSHgels_bufferSize, @function
 cusolverDnSHgels_bufferSize:
-    leaq .Lname233(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2011,7 +1723,7 @@ cusolverDnSHgels_bufferSize:
     .globl cusolverDnSHgesv
     .type cusolverDnSHgesv, @function
 cusolverDnSHgesv:
-    leaq .Lname234(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2019,7 +1731,7 @@ cusolverDnSHgesv:
     .globl cusolverDnSHgesv_bufferSize
     .type cusolverDnSHgesv_bufferSize, @function
 cusolverDnSHgesv_bufferSize:
-    leaq .Lname235(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2027,7 +1739,7 @@ cusolverDnSHgesv_bufferSize:
     .globl cusolverDnSSgels
     .type cusolverDnSSgels, @function
 cusolverDnSSgels:
-    leaq .Lname236(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2035,7 +1747,7 @@ cusolverDnSSgels:
     .globl cusolverDnSSgels_bufferSize
     .type cusolverDnSSgels_bufferSize, @function
 cusolverDnSSgels_bufferSize:
-    leaq .Lname237(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2043,7 +1755,7 @@ cusolverDnSSgels_bufferSize:
     .globl cusolverDnSSgesv
     .type cusolverDnSSgesv, @function
 cusolverDnSSgesv:
-    leaq .Lname238(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2051,7 +1763,7 @@ cusolverDnSSgesv:
     .globl cusolverDnSSgesv_bufferSize
     .type cusolverDnSSgesv_bufferSize, @function
 cusolverDnSSgesv_bufferSize:
-    leaq .Lname239(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2059,7 +1771,7 @@ cusolverDnSSgesv_bufferSize:
     .globl cusolverDnSXgels
     .type cusolverDnSXgels, @function
 cusolverDnSXgels:
-    leaq .Lname240(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2067,7 +1779,7 @@ cusolverDnSXgels:
     .globl cusolverDnSXgels_bufferSize
     .type cusolverDnSXgels_bufferSize, @function
 cusolverDnSXgels_bufferSize:
-    leaq .Lname241(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2075,7 +1787,7 @@ cusolverDnSXgels_bufferSize:
     .globl cusolverDnSXgesv
     .type cusolverDnSXgesv, @function
 cusolverDnSXgesv:
-    leaq .Lname242(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2083,7 +1795,7 @@ cusolverDnSXgesv:
     .globl cusolverDnSXgesv_bufferSize
     .type cusolverDnSXgesv_bufferSize, @function
 cusolverDnSXgesv_bufferSize:
-    leaq .Lname243(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2091,7 +1803,7 @@ cusolverDnSXgesv_bufferSize:
     .globl cusolverDnSaxpyHost
     .type cusolverDnSaxpyHost, @function
 cusolverDnSaxpyHost:
-    leaq .Lname244(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2124,7 +1836,7 @@ cusolverDnSetStream:
     .globl cusolverDnSeyeBatch
     .type cusolverDnSeyeBatch, @function
 cusolverDnSeyeBatch:
-    leaq .Lname245(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2132,7 +1844,7 @@ cusolverDnSeyeBatch:
     .globl cusolverDnSgebrd
     .type cusolverDnSgebrd, @function
 cusolverDnSgebrd:
-    leaq .Lname246(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2140,15 +1852,12 @@ cusolverDnSgebrd:
     .globl cusolverDnSgebrd_bufferSize
     .type cusolverDnSgebrd_bufferSize, @function
 cusolverDnSgebrd_bufferSize:
-    leaq .Lname247(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgebrd_bufferSize@PLT
     .size cusolverDnSgebrd_bufferSize, .-cusolverDnSgebrd_bufferSize
     .globl cusolverDnSgelqfHost
     .type cusolverDnSgelqfHost, @function
 cusolverDnSgelqfHost:
-    leaq .Lname248(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2156,7 +1865,7 @@ cusolverDnSgelqfHost:
     .globl cusolverDnSgemmHost
     .type cusolverDnSgemmHost, @function
 cusolverDnSgemmHost:
-    leaq .Lname249(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2164,7 +1873,7 @@ cusolverDnSgemmHost:
     .globl cusolverDnSgeqlfHost
     .type cusolverDnSgeqlfHost, @function
 cusolverDnSgeqlfHost:
-    leaq .Lname250(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2172,15 +1881,12 @@ cusolverDnSgeqlfHost:
     .globl cusolverDnSgeqrf
     .type cusolverDnSgeqrf, @function
 cusolverDnSgeqrf:
-    leaq .Lname251(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgeqrf@PLT
     .size cusolverDnSgeqrf, .-cusolverDnSgeqrf
     .globl cusolverDnSgeqrfHost
     .type cusolverDnSgeqrfHost, @function
 cusolverDnSgeqrfHost:
-    leaq .Lname252(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2188,103 +1894,67 @@ cusolverDnSgeqrfHost:
     .globl cusolverDnSgeqrf_bufferSize
     .type cusolverDnSgeqrf_bufferSize, @function
 cusolverDnSgeqrf_bufferSize:
-    leaq .Lname253(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgeqrf_bufferSize@PLT
     .size cusolverDnSgeqrf_bufferSize, .-cusolverDnSgeqrf_bufferSize
     .globl cusolverDnSgesvd
     .type cusolverDnSgesvd, @function
 cusolverDnSgesvd:
-    leaq .Lname254(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgesvd@PLT
     .size cusolverDnSgesvd, .-cusolverDnSgesvd
     .globl cusolverDnSgesvd_bufferSize
     .type cusolverDnSgesvd_bufferSize, @function
 cusolverDnSgesvd_bufferSize:
-    leaq .Lname255(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgesvd_bufferSize@PLT
     .size cusolverDnSgesvd_bufferSize, .-cusolverDnSgesvd_bufferSize
     .globl cusolverDnSgesvdaStridedBatched
     .type cusolverDnSgesvdaStridedBatched, @function
 cusolverDnSgesvdaStridedBatched:
-    leaq .Lname256(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgesvdaStridedBatched@PLT
     .size cusolverDnSgesvdaStridedBatched, .-cusolverDnSgesvdaStridedBatched
     .globl cusolverDnSgesvdaStridedBatched_bufferSize
     .type cusolverDnSgesvdaStridedBatched_bufferSize, @function
 cusolverDnSgesvdaStridedBatched_bufferSize:
-    leaq .Lname257(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgesvdaStridedBatched_bufferSize@PLT
     .size cusolverDnSgesvdaStridedBatched_bufferSize, .-cusolverDnSgesvdaStridedBatched_bufferSize
     .globl cusolverDnSgesvdj
     .type cusolverDnSgesvdj, @function
 cusolverDnSgesvdj:
-    leaq .Lname258(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgesvdj@PLT
     .size cusolverDnSgesvdj, .-cusolverDnSgesvdj
     .globl cusolverDnSgesvdjBatched
     .type cusolverDnSgesvdjBatched, @function
 cusolverDnSgesvdjBatched:
-    leaq .Lname259(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgesvdjBatched@PLT
     .size cusolverDnSgesvdjBatched, .-cusolverDnSgesvdjBatched
     .globl cusolverDnSgesvdjBatched_bufferSize
     .type cusolverDnSgesvdjBatched_bufferSize, @function
 cusolverDnSgesvdjBatched_bufferSize:
-    leaq .Lname260(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgesvdjBatched_bufferSize@PLT
     .size cusolverDnSgesvdjBatched_bufferSize, .-cusolverDnSgesvdjBatched_bufferSize
     .globl cusolverDnSgesvdj_bufferSize
     .type cusolverDnSgesvdj_bufferSize, @function
 cusolverDnSgesvdj_bufferSize:
-    leaq .Lname261(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgesvdj_bufferSize@PLT
     .size cusolverDnSgesvdj_bufferSize, .-cusolverDnSgesvdj_bufferSize
     .globl cusolverDnSgetrf
     .type cusolverDnSgetrf, @function
 cusolverDnSgetrf:
-    leaq .Lname262(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgetrf@PLT
     .size cusolverDnSgetrf, .-cusolverDnSgetrf
     .globl cusolverDnSgetrf_bufferSize
     .type cusolverDnSgetrf_bufferSize, @function
 cusolverDnSgetrf_bufferSize:
-    leaq .Lname263(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgetrf_bufferSize@PLT
     .size cusolverDnSgetrf_bufferSize, .-cusolverDnSgetrf_bufferSize
     .globl cusolverDnSgetrs
     .type cusolverDnSgetrs, @function
 cusolverDnSgetrs:
-    leaq .Lname264(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSgetrs@PLT
     .size cusolverDnSgetrs, .-cusolverDnSgetrs
     .globl cusolverDnSlacpyHost
     .type cusolverDnSlacpyHost, @function
 cusolverDnSlacpyHost:
-    leaq .Lname265(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2292,7 +1962,7 @@ cusolverDnSlacpyHost:
     .globl cusolverDnSlamchHost
     .type cusolverDnSlamchHost, @function
 cusolverDnSlamchHost:
-    leaq .Lname266(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2300,7 +1970,7 @@ cusolverDnSlamchHost:
     .globl cusolverDnSlange
     .type cusolverDnSlange, @function
 cusolverDnSlange:
-    leaq .Lname267(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2308,7 +1978,7 @@ cusolverDnSlange:
     .globl cusolverDnSlangeHost
     .type cusolverDnSlangeHost, @function
 cusolverDnSlangeHost:
-    leaq .Lname268(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2316,7 +1986,7 @@ cusolverDnSlangeHost:
     .globl cusolverDnSlange_bufferSize
     .type cusolverDnSlange_bufferSize, @function
 cusolverDnSlange_bufferSize:
-    leaq .Lname269(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2324,7 +1994,7 @@ cusolverDnSlange_bufferSize:
     .globl cusolverDnSlansyHost
     .type cusolverDnSlansyHost, @function
 cusolverDnSlansyHost:
-    leaq .Lname270(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2332,7 +2002,7 @@ cusolverDnSlansyHost:
     .globl cusolverDnSlantrHost
     .type cusolverDnSlantrHost, @function
 cusolverDnSlantrHost:
-    leaq .Lname271(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2340,7 +2010,7 @@ cusolverDnSlantrHost:
     .globl cusolverDnSlarfgHost
     .type cusolverDnSlarfgHost, @function
 cusolverDnSlarfgHost:
-    leaq .Lname272(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2348,7 +2018,7 @@ cusolverDnSlarfgHost:
     .globl cusolverDnSlarnvHost
     .type cusolverDnSlarnvHost, @function
 cusolverDnSlarnvHost:
-    leaq .Lname273(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2356,7 +2026,7 @@ cusolverDnSlarnvHost:
     .globl cusolverDnSlasetHost
     .type cusolverDnSlasetHost, @function
 cusolverDnSlasetHost:
-    leaq .Lname274(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2364,23 +2034,17 @@ cusolverDnSlasetHost:
     .globl cusolverDnSlaswp
     .type cusolverDnSlaswp, @function
 cusolverDnSlaswp:
-    leaq .Lname275(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSlaswp@PLT
     .size cusolverDnSlaswp, .-cusolverDnSlaswp
     .globl cusolverDnSlauum
     .type cusolverDnSlauum, @function
 cusolverDnSlauum:
-    leaq .Lname276(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSlauum@PLT
     .size cusolverDnSlauum, .-cusolverDnSlauum
     .globl cusolverDnSlauumHost
     .type cusolverDnSlauumHost, @function
 cusolverDnSlauumHost:
-    leaq .Lname277(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2388,15 +2052,12 @@ cusolverDnSlauumHost:
     .globl cusolverDnSlauum_bufferSize
     .type cusolverDnSlauum_bufferSize, @function
 cusolverDnSlauum_bufferSize:
-    leaq .Lname278(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSlauum_bufferSize@PLT
     .size cusolverDnSlauum_bufferSize, .-cusolverDnSlauum_bufferSize
     .globl cusolverDnSnrm2Host
     .type cusolverDnSnrm2Host, @function
 cusolverDnSnrm2Host:
-    leaq .Lname279(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2404,15 +2065,12 @@ cusolverDnSnrm2Host:
     .globl cusolverDnSorgbr
     .type cusolverDnSorgbr, @function
 cusolverDnSorgbr:
-    leaq .Lname280(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSorgbr@PLT
     .size cusolverDnSorgbr, .-cusolverDnSorgbr
     .globl cusolverDnSorgbrHost
     .type cusolverDnSorgbrHost, @function
 cusolverDnSorgbrHost:
-    leaq .Lname281(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2420,15 +2078,12 @@ cusolverDnSorgbrHost:
     .globl cusolverDnSorgbr_bufferSize
     .type cusolverDnSorgbr_bufferSize, @function
 cusolverDnSorgbr_bufferSize:
-    leaq .Lname282(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSorgbr_bufferSize@PLT
     .size cusolverDnSorgbr_bufferSize, .-cusolverDnSorgbr_bufferSize
     .globl cusolverDnSorghrHost
     .type cusolverDnSorghrHost, @function
 cusolverDnSorghrHost:
-    leaq .Lname283(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2436,7 +2091,7 @@ cusolverDnSorghrHost:
     .globl cusolverDnSorglqHost
     .type cusolverDnSorglqHost, @function
 cusolverDnSorglqHost:
-    leaq .Lname284(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2444,31 +2099,22 @@ cusolverDnSorglqHost:
     .globl cusolverDnSorgqr
     .type cusolverDnSorgqr, @function
 cusolverDnSorgqr:
-    leaq .Lname285(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSorgqr@PLT
     .size cusolverDnSorgqr, .-cusolverDnSorgqr
     .globl cusolverDnSorgqr_bufferSize
     .type cusolverDnSorgqr_bufferSize, @function
 cusolverDnSorgqr_bufferSize:
-    leaq .Lname286(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSorgqr_bufferSize@PLT
     .size cusolverDnSorgqr_bufferSize, .-cusolverDnSorgqr_bufferSize
     .globl cusolverDnSorgtr
     .type cusolverDnSorgtr, @function
 cusolverDnSorgtr:
-    leaq .Lname287(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSorgtr@PLT
     .size cusolverDnSorgtr, .-cusolverDnSorgtr
     .globl cusolverDnSorgtrHost
     .type cusolverDnSorgtrHost, @function
 cusolverDnSorgtrHost:
-    leaq .Lname288(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2476,23 +2122,17 @@ cusolverDnSorgtrHost:
     .globl cusolverDnSorgtr_bufferSize
     .type cusolverDnSorgtr_bufferSize, @function
 cusolverDnSorgtr_bufferSize:
-    leaq .Lname289(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSorgtr_bufferSize@PLT
     .size cusolverDnSorgtr_bufferSize, .-cusolverDnSorgtr_bufferSize
     .globl cusolverDnSormqr
     .type cusolverDnSormqr, @function
 cusolverDnSormqr:
-    leaq .Lname290(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSormqr@PLT
     .size cusolverDnSormqr, .-cusolverDnSormqr
     .globl cusolverDnSormqrHost
     .type cusolverDnSormqrHost, @function
 cusolverDnSormqrHost:
-    leaq .Lname291(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2500,23 +2140,17 @@ cusolverDnSormqrHost:
     .globl cusolverDnSormqr_bufferSize
     .type cusolverDnSormqr_bufferSize, @function
 cusolverDnSormqr_bufferSize:
-    leaq .Lname292(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSormqr_bufferSize@PLT
     .size cusolverDnSormqr_bufferSize, .-cusolverDnSormqr_bufferSize
     .globl cusolverDnSormtr
     .type cusolverDnSormtr, @function
 cusolverDnSormtr:
-    leaq .Lname293(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSormtr@PLT
     .size cusolverDnSormtr, .-cusolverDnSormtr
     .globl cusolverDnSormtrHost
     .type cusolverDnSormtrHost, @function
 cusolverDnSormtrHost:
-    leaq .Lname294(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2524,31 +2158,22 @@ cusolverDnSormtrHost:
     .globl cusolverDnSormtr_bufferSize
     .type cusolverDnSormtr_bufferSize, @function
 cusolverDnSormtr_bufferSize:
-    leaq .Lname295(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSormtr_bufferSize@PLT
     .size cusolverDnSormtr_bufferSize, .-cusolverDnSormtr_bufferSize
     .globl cusolverDnSpotrf
     .type cusolverDnSpotrf, @function
 cusolverDnSpotrf:
-    leaq .Lname296(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSpotrf@PLT
     .size cusolverDnSpotrf, .-cusolverDnSpotrf
     .globl cusolverDnSpotrfBatched
     .type cusolverDnSpotrfBatched, @function
 cusolverDnSpotrfBatched:
-    leaq .Lname297(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSpotrfBatched@PLT
     .size cusolverDnSpotrfBatched, .-cusolverDnSpotrfBatched
     .globl cusolverDnSpotrfHost
     .type cusolverDnSpotrfHost, @function
 cusolverDnSpotrfHost:
-    leaq .Lname298(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2556,23 +2181,17 @@ cusolverDnSpotrfHost:
     .globl cusolverDnSpotrf_bufferSize
     .type cusolverDnSpotrf_bufferSize, @function
 cusolverDnSpotrf_bufferSize:
-    leaq .Lname299(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSpotrf_bufferSize@PLT
     .size cusolverDnSpotrf_bufferSize, .-cusolverDnSpotrf_bufferSize
     .globl cusolverDnSpotri
     .type cusolverDnSpotri, @function
 cusolverDnSpotri:
-    leaq .Lname300(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSpotri@PLT
     .size cusolverDnSpotri, .-cusolverDnSpotri
     .globl cusolverDnSpotriHost
     .type cusolverDnSpotriHost, @function
 cusolverDnSpotriHost:
-    leaq .Lname301(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2580,31 +2199,22 @@ cusolverDnSpotriHost:
     .globl cusolverDnSpotri_bufferSize
     .type cusolverDnSpotri_bufferSize, @function
 cusolverDnSpotri_bufferSize:
-    leaq .Lname302(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSpotri_bufferSize@PLT
     .size cusolverDnSpotri_bufferSize, .-cusolverDnSpotri_bufferSize
     .globl cusolverDnSpotrs
     .type cusolverDnSpotrs, @function
 cusolverDnSpotrs:
-    leaq .Lname303(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSpotrs@PLT
     .size cusolverDnSpotrs, .-cusolverDnSpotrs
     .globl cusolverDnSpotrsBatched
     .type cusolverDnSpotrsBatched, @function
 cusolverDnSpotrsBatched:
-    leaq .Lname304(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSpotrsBatched@PLT
     .size cusolverDnSpotrsBatched, .-cusolverDnSpotrsBatched
     .globl cusolverDnSpotrsHost
     .type cusolverDnSpotrsHost, @function
 cusolverDnSpotrsHost:
-    leaq .Lname305(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2612,7 +2222,7 @@ cusolverDnSpotrsHost:
     .globl cusolverDnSscalHost
     .type cusolverDnSscalHost, @function
 cusolverDnSscalHost:
-    leaq .Lname306(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2620,7 +2230,7 @@ cusolverDnSscalHost:
     .globl cusolverDnSsteqrHost
     .type cusolverDnSsteqrHost, @function
 cusolverDnSsteqrHost:
-    leaq .Lname307(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2628,7 +2238,7 @@ cusolverDnSsteqrHost:
     .globl cusolverDnSsterfHost
     .type cusolverDnSsterfHost, @function
 cusolverDnSsterfHost:
-    leaq .Lname308(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2636,23 +2246,17 @@ cusolverDnSsterfHost:
     .globl cusolverDnSsyevd
     .type cusolverDnSsyevd, @function
 cusolverDnSsyevd:
-    leaq .Lname309(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsyevd@PLT
     .size cusolverDnSsyevd, .-cusolverDnSsyevd
     .globl cusolverDnSsyevd_bufferSize
     .type cusolverDnSsyevd_bufferSize, @function
 cusolverDnSsyevd_bufferSize:
-    leaq .Lname310(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsyevd_bufferSize@PLT
     .size cusolverDnSsyevd_bufferSize, .-cusolverDnSsyevd_bufferSize
     .globl cusolverDnSsyevdx
     .type cusolverDnSsyevdx, @function
 cusolverDnSsyevdx:
-    leaq .Lname311(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2660,7 +2264,7 @@ cusolverDnSsyevdx:
     .globl cusolverDnSsyevdx_bufferSize
     .type cusolverDnSsyevdx_bufferSize, @function
 cusolverDnSsyevdx_bufferSize:
-    leaq .Lname312(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2668,39 +2272,27 @@ cusolverDnSsyevdx_bufferSize:
     .globl cusolverDnSsyevj
     .type cusolverDnSsyevj, @function
 cusolverDnSsyevj:
-    leaq .Lname313(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsyevj@PLT
     .size cusolverDnSsyevj, .-cusolverDnSsyevj
     .globl cusolverDnSsyevjBatched
     .type cusolverDnSsyevjBatched, @function
 cusolverDnSsyevjBatched:
-    leaq .Lname314(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsyevjBatched@PLT
     .size cusolverDnSsyevjBatched, .-cusolverDnSsyevjBatched
     .globl cusolverDnSsyevjBatched_bufferSize
     .type cusolverDnSsyevjBatched_bufferSize, @function
 cusolverDnSsyevjBatched_bufferSize:
-    leaq .Lname315(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsyevjBatched_bufferSize@PLT
     .size cusolverDnSsyevjBatched_bufferSize, .-cusolverDnSsyevjBatched_bufferSize
     .globl cusolverDnSsyevj_bufferSize
     .type cusolverDnSsyevj_bufferSize, @function
 cusolverDnSsyevj_bufferSize:
-    leaq .Lname316(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsyevj_bufferSize@PLT
     .size cusolverDnSsyevj_bufferSize, .-cusolverDnSsyevj_bufferSize
     .globl cusolverDnSsygst
     .type cusolverDnSsygst, @function
 cusolverDnSsygst:
-    leaq .Lname317(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2708,7 +2300,7 @@ cusolverDnSsygst:
     .globl cusolverDnSsygst_bufferSize
     .type cusolverDnSsygst_bufferSize, @function
 cusolverDnSsygst_bufferSize:
-    leaq .Lname318(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2716,23 +2308,17 @@ cusolverDnSsygst_bufferSize:
     .globl cusolverDnSsygvd
     .type cusolverDnSsygvd, @function
 cusolverDnSsygvd:
-    leaq .Lname319(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsygvd@PLT
     .size cusolverDnSsygvd, .-cusolverDnSsygvd
     .globl cusolverDnSsygvd_bufferSize
     .type cusolverDnSsygvd_bufferSize, @function
 cusolverDnSsygvd_bufferSize:
-    leaq .Lname320(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsygvd_bufferSize@PLT
     .size cusolverDnSsygvd_bufferSize, .-cusolverDnSsygvd_bufferSize
     .globl cusolverDnSsygvdx
     .type cusolverDnSsygvdx, @function
 cusolverDnSsygvdx:
-    leaq .Lname321(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2740,7 +2326,7 @@ cusolverDnSsygvdx:
     .globl cusolverDnSsygvdx_bufferSize
     .type cusolverDnSsygvdx_bufferSize, @function
 cusolverDnSsygvdx_bufferSize:
-    leaq .Lname322(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2748,23 +2334,17 @@ cusolverDnSsygvdx_bufferSize:
     .globl cusolverDnSsygvj
     .type cusolverDnSsygvj, @function
 cusolverDnSsygvj:
-    leaq .Lname323(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsygvj@PLT
     .size cusolverDnSsygvj, .-cusolverDnSsygvj
     .globl cusolverDnSsygvj_bufferSize
     .type cusolverDnSsygvj_bufferSize, @function
 cusolverDnSsygvj_bufferSize:
-    leaq .Lname324(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsygvj_bufferSize@PLT
     .size cusolverDnSsygvj_bufferSize, .-cusolverDnSsygvj_bufferSize
     .globl cusolverDnSsytrd
     .type cusolverDnSsytrd, @function
 cusolverDnSsytrd:
-    leaq .Lname325(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2772,7 +2352,7 @@ cusolverDnSsytrd:
     .globl cusolverDnSsytrd_bufferSize
     .type cusolverDnSsytrd_bufferSize, @function
 cusolverDnSsytrd_bufferSize:
-    leaq .Lname326(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2780,31 +2360,22 @@ cusolverDnSsytrd_bufferSize:
     .globl cusolverDnSsytrf
     .type cusolverDnSsytrf, @function
 cusolverDnSsytrf:
-    leaq .Lname327(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsytrf@PLT
     .size cusolverDnSsytrf, .-cusolverDnSsytrf
     .globl cusolverDnSsytrf_bufferSize
     .type cusolverDnSsytrf_bufferSize, @function
 cusolverDnSsytrf_bufferSize:
-    leaq .Lname328(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsytrf_bufferSize@PLT
     .size cusolverDnSsytrf_bufferSize, .-cusolverDnSsytrf_bufferSize
     .globl cusolverDnSsytri
     .type cusolverDnSsytri, @function
 cusolverDnSsytri:
-    leaq .Lname329(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsytri@PLT
     .size cusolverDnSsytri, .-cusolverDnSsytri
     .globl cusolverDnSsytriHost
     .type cusolverDnSsytriHost, @function
 cusolverDnSsytriHost:
-    leaq .Lname330(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2812,15 +2383,12 @@ cusolverDnSsytriHost:
     .globl cusolverDnSsytri_bufferSize
     .type cusolverDnSsytri_bufferSize, @function
 cusolverDnSsytri_bufferSize:
-    leaq .Lname331(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnSsytri_bufferSize@PLT
     .size cusolverDnSsytri_bufferSize, .-cusolverDnSsytri_bufferSize
     .globl cusolverDnSsytrsHost
     .type cusolverDnSsytrsHost, @function
 cusolverDnSsytrsHost:
-    leaq .Lname332(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2828,7 +2396,7 @@ cusolverDnSsytrsHost:
     .globl cusolverDnStrtriHost
     .type cusolverDnStrtriHost, @function
 cusolverDnStrtriHost:
-    leaq .Lname333(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2836,7 +2404,7 @@ cusolverDnStrtriHost:
     .globl cusolverDnXfillRandNormalOnDevice
     .type cusolverDnXfillRandNormalOnDevice, @function
 cusolverDnXfillRandNormalOnDevice:
-    leaq .Lname334(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2844,7 +2412,7 @@ cusolverDnXfillRandNormalOnDevice:
     .globl cusolverDnXfillRandNormalOnHost
     .type cusolverDnXfillRandNormalOnHost, @function
 cusolverDnXfillRandNormalOnHost:
-    leaq .Lname335(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2852,55 +2420,37 @@ cusolverDnXfillRandNormalOnHost:
     .globl cusolverDnXgeev
     .type cusolverDnXgeev, @function
 cusolverDnXgeev:
-    leaq .Lname336(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgeev@PLT
     .size cusolverDnXgeev, .-cusolverDnXgeev
     .globl cusolverDnXgeev_bufferSize
     .type cusolverDnXgeev_bufferSize, @function
 cusolverDnXgeev_bufferSize:
-    leaq .Lname337(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgeev_bufferSize@PLT
     .size cusolverDnXgeev_bufferSize, .-cusolverDnXgeev_bufferSize
     .globl cusolverDnXgeqrf
     .type cusolverDnXgeqrf, @function
 cusolverDnXgeqrf:
-    leaq .Lname338(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgeqrf@PLT
     .size cusolverDnXgeqrf, .-cusolverDnXgeqrf
     .globl cusolverDnXgeqrf_bufferSize
     .type cusolverDnXgeqrf_bufferSize, @function
 cusolverDnXgeqrf_bufferSize:
-    leaq .Lname339(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgeqrf_bufferSize@PLT
     .size cusolverDnXgeqrf_bufferSize, .-cusolverDnXgeqrf_bufferSize
     .globl cusolverDnXgesvd
     .type cusolverDnXgesvd, @function
 cusolverDnXgesvd:
-    leaq .Lname340(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgesvd@PLT
     .size cusolverDnXgesvd, .-cusolverDnXgesvd
     .globl cusolverDnXgesvd_bufferSize
     .type cusolverDnXgesvd_bufferSize, @function
 cusolverDnXgesvd_bufferSize:
-    leaq .Lname341(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgesvd_bufferSize@PLT
     .size cusolverDnXgesvd_bufferSize, .-cusolverDnXgesvd_bufferSize
     .globl cusolverDnXgesvdjGetResidual
     .type cusolverDnXgesvdjGetResidual, @function
 cusolverDnXgesvdjGetResidual:
-    leaq .Lname342(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2908,7 +2458,7 @@ cusolverDnXgesvdjGetResidual:
     .globl cusolverDnXgesvdjGetSweeps
     .type cusolverDnXgesvdjGetSweeps, @function
 cusolverDnXgesvdjGetSweeps:
-    leaq .Lname343(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2931,7 +2481,7 @@ cusolverDnXgesvdjSetTolerance:
     .globl cusolverDnXgesvdp
     .type cusolverDnXgesvdp, @function
 cusolverDnXgesvdp:
-    leaq .Lname344(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2939,15 +2489,12 @@ cusolverDnXgesvdp:
     .globl cusolverDnXgesvdp_bufferSize
     .type cusolverDnXgesvdp_bufferSize, @function
 cusolverDnXgesvdp_bufferSize:
-    leaq .Lname345(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgesvdp_bufferSize@PLT
     .size cusolverDnXgesvdp_bufferSize, .-cusolverDnXgesvdp_bufferSize
     .globl cusolverDnXgesvdr
     .type cusolverDnXgesvdr, @function
 cusolverDnXgesvdr:
-    leaq .Lname346(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2955,7 +2502,7 @@ cusolverDnXgesvdr:
     .globl cusolverDnXgesvdr_bufferSize
     .type cusolverDnXgesvdr_bufferSize, @function
 cusolverDnXgesvdr_bufferSize:
-    leaq .Lname347(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2963,31 +2510,22 @@ cusolverDnXgesvdr_bufferSize:
     .globl cusolverDnXgetrf
     .type cusolverDnXgetrf, @function
 cusolverDnXgetrf:
-    leaq .Lname348(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgetrf@PLT
     .size cusolverDnXgetrf, .-cusolverDnXgetrf
     .globl cusolverDnXgetrf_bufferSize
     .type cusolverDnXgetrf_bufferSize, @function
 cusolverDnXgetrf_bufferSize:
-    leaq .Lname349(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgetrf_bufferSize@PLT
     .size cusolverDnXgetrf_bufferSize, .-cusolverDnXgetrf_bufferSize
     .globl cusolverDnXgetrs
     .type cusolverDnXgetrs, @function
 cusolverDnXgetrs:
-    leaq .Lname350(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXgetrs@PLT
     .size cusolverDnXgetrs, .-cusolverDnXgetrs
     .globl cusolverDnXlansy
     .type cusolverDnXlansy, @function
 cusolverDnXlansy:
-    leaq .Lname351(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2995,7 +2533,7 @@ cusolverDnXlansy:
     .globl cusolverDnXlansy_bufferSize
     .type cusolverDnXlansy_bufferSize, @function
 cusolverDnXlansy_bufferSize:
-    leaq .Lname352(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3003,7 +2541,7 @@ cusolverDnXlansy_bufferSize:
     .globl cusolverDnXlarft
     .type cusolverDnXlarft, @function
 cusolverDnXlarft:
-    leaq .Lname353(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3011,7 +2549,7 @@ cusolverDnXlarft:
     .globl cusolverDnXlarft_bufferSize
     .type cusolverDnXlarft_bufferSize, @function
 cusolverDnXlarft_bufferSize:
-    leaq .Lname354(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3019,63 +2557,42 @@ cusolverDnXlarft_bufferSize:
     .globl cusolverDnXpotrf
     .type cusolverDnXpotrf, @function
 cusolverDnXpotrf:
-    leaq .Lname355(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXpotrf@PLT
     .size cusolverDnXpotrf, .-cusolverDnXpotrf
     .globl cusolverDnXpotrf_bufferSize
     .type cusolverDnXpotrf_bufferSize, @function
 cusolverDnXpotrf_bufferSize:
-    leaq .Lname356(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXpotrf_bufferSize@PLT
     .size cusolverDnXpotrf_bufferSize, .-cusolverDnXpotrf_bufferSize
     .globl cusolverDnXpotrs
     .type cusolverDnXpotrs, @function
 cusolverDnXpotrs:
-    leaq .Lname357(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXpotrs@PLT
     .size cusolverDnXpotrs, .-cusolverDnXpotrs
     .globl cusolverDnXsyevBatched
     .type cusolverDnXsyevBatched, @function
 cusolverDnXsyevBatched:
-    leaq .Lname358(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsyevBatched@PLT
     .size cusolverDnXsyevBatched, .-cusolverDnXsyevBatched
     .globl cusolverDnXsyevBatched_bufferSize
     .type cusolverDnXsyevBatched_bufferSize, @function
 cusolverDnXsyevBatched_bufferSize:
-    leaq .Lname359(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsyevBatched_bufferSize@PLT
     .size cusolverDnXsyevBatched_bufferSize, .-cusolverDnXsyevBatched_bufferSize
     .globl cusolverDnXsyevd
     .type cusolverDnXsyevd, @function
 cusolverDnXsyevd:
-    leaq .Lname360(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsyevd@PLT
     .size cusolverDnXsyevd, .-cusolverDnXsyevd
     .globl cusolverDnXsyevd_bufferSize
     .type cusolverDnXsyevd_bufferSize, @function
 cusolverDnXsyevd_bufferSize:
-    leaq .Lname361(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsyevd_bufferSize@PLT
     .size cusolverDnXsyevd_bufferSize, .-cusolverDnXsyevd_bufferSize
     .globl cusolverDnXsyevdx
     .type cusolverDnXsyevdx, @function
 cusolverDnXsyevdx:
-    leaq .Lname362(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3083,7 +2600,7 @@ cusolverDnXsyevdx:
     .globl cusolverDnXsyevdx_bufferSize
     .type cusolverDnXsyevdx_bufferSize, @function
 cusolverDnXsyevdx_bufferSize:
-    leaq .Lname363(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3091,7 +2608,7 @@ cusolverDnXsyevdx_bufferSize:
     .globl cusolverDnXsyevjGetResidual
     .type cusolverDnXsyevjGetResidual, @function
 cusolverDnXsyevjGetResidual:
-    leaq .Lname364(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3099,7 +2616,7 @@ cusolverDnXsyevjGetResidual:
     .globl cusolverDnXsyevjGetSweeps
     .type cusolverDnXsyevjGetSweeps, @function
 cusolverDnXsyevjGetSweeps:
-    leaq .Lname365(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3122,39 +2639,27 @@ cusolverDnXsyevjSetTolerance:
     .globl cusolverDnXsytrs
     .type cusolverDnXsytrs, @function
 cusolverDnXsytrs:
-    leaq .Lname366(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsytrs@PLT
     .size cusolverDnXsytrs, .-cusolverDnXsytrs
     .globl cusolverDnXsytrs_bufferSize
     .type cusolverDnXsytrs_bufferSize, @function
 cusolverDnXsytrs_bufferSize:
-    leaq .Lname367(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXsytrs_bufferSize@PLT
     .size cusolverDnXsytrs_bufferSize, .-cusolverDnXsytrs_bufferSize
     .globl cusolverDnXtrtri
     .type cusolverDnXtrtri, @function
 cusolverDnXtrtri:
-    leaq .Lname368(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXtrtri@PLT
     .size cusolverDnXtrtri, .-cusolverDnXtrtri
     .globl cusolverDnXtrtri_bufferSize
     .type cusolverDnXtrtri_bufferSize, @function
 cusolverDnXtrtri_bufferSize:
-    leaq .Lname369(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnXtrtri_bufferSize@PLT
     .size cusolverDnXtrtri_bufferSize, .-cusolverDnXtrtri_bufferSize
     .globl cusolverDnZCgels
     .type cusolverDnZCgels, @function
 cusolverDnZCgels:
-    leaq .Lname370(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3162,7 +2667,7 @@ cusolverDnZCgels:
     .globl cusolverDnZCgels_bufferSize
     .type cusolverDnZCgels_bufferSize, @function
 cusolverDnZCgels_bufferSize:
-    leaq .Lname371(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3170,7 +2675,7 @@ cusolverDnZCgels_bufferSize:
     .globl cusolverDnZCgesv
     .type cusolverDnZCgesv, @function
 cusolverDnZCgesv:
-    leaq .Lname372(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3178,7 +2683,7 @@ cusolverDnZCgesv:
     .globl cusolverDnZCgesv_bufferSize
     .type cusolverDnZCgesv_bufferSize, @function
 cusolverDnZCgesv_bufferSize:
-    leaq .Lname373(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3186,7 +2691,7 @@ cusolverDnZCgesv_bufferSize:
     .globl cusolverDnZEgels
     .type cusolverDnZEgels, @function
 cusolverDnZEgels:
-    leaq .Lname374(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3194,7 +2699,7 @@ cusolverDnZEgels:
     .globl cusolverDnZEgels_bufferSize
     .type cusolverDnZEgels_bufferSize, @function
 cusolverDnZEgels_bufferSize:
-    leaq .Lname375(%rip), %rdi
+    leaq .Lname210(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3202,7 +2707,7 @@ cusolverDnZEgels_bufferSize:
     .globl cusolverDnZEgesv
     .type cusolverDnZEgesv, @function
 cusolverDnZEgesv:
-    leaq .Lname376(%rip), %rdi
+    leaq .Lname211(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3210,7 +2715,7 @@ cusolverDnZEgesv:
     .globl cusolverDnZEgesv_bufferSize
     .type cusolverDnZEgesv_bufferSize, @function
 cusolverDnZEgesv_bufferSize:
-    leaq .Lname377(%rip), %rdi
+    leaq .Lname212(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3218,7 +2723,7 @@ cusolverDnZEgesv_bufferSize:
     .globl cusolverDnZKgels
     .type cusolverDnZKgels, @function
 cusolverDnZKgels:
-    leaq .Lname378(%rip), %rdi
+    leaq .Lname213(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3226,7 +2731,7 @@ cusolverDnZKgels:
     .globl cusolverDnZKgels_bufferSize
     .type cusolverDnZKgels_bufferSize, @function
 cusolverDnZKgels_bufferSize:
-    leaq .Lname379(%rip), %rdi
+    leaq .Lname214(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3234,7 +2739,7 @@ cusolverDnZKgels_bufferSize:
     .globl cusolverDnZKgesv
     .type cusolverDnZKgesv, @function
 cusolverDnZKgesv:
-    leaq .Lname380(%rip), %rdi
+    leaq .Lname215(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3242,7 +2747,7 @@ cusolverDnZKgesv:
     .globl cusolverDnZKgesv_bufferSize
     .type cusolverDnZKgesv_bufferSize, @function
 cusolverDnZKgesv_bufferSize:
-    leaq .Lname381(%rip), %rdi
+    leaq .Lname216(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3250,7 +2755,7 @@ cusolverDnZKgesv_bufferSize:
     .globl cusolverDnZYgels
     .type cusolverDnZYgels, @function
 cusolverDnZYgels:
-    leaq .Lname382(%rip), %rdi
+    leaq .Lname217(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3258,7 +2763,7 @@ cusolverDnZYgels:
     .globl cusolverDnZYgels_bufferSize
     .type cusolverDnZYgels_bufferSize, @function
 cusolverDnZYgels_bufferSize:
-    leaq .Lname383(%rip), %rdi
+    leaq .Lname218(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3266,7 +2771,7 @@ cusolverDnZYgels_bufferSize:
     .globl cusolverDnZYgesv
     .type cusolverDnZYgesv, @function
 cusolverDnZYgesv:
-    leaq .Lname384(%rip), %rdi
+    leaq .Lname219(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3274,7 +2779,7 @@ cusolverDnZYgesv:
     .globl cusolverDnZYgesv_bufferSize
     .type cusolverDnZYgesv_bufferSize, @function
 cusolverDnZYgesv_bufferSize:
-    leaq .Lname385(%rip), %rdi
+    leaq .Lname220(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3282,7 +2787,7 @@ cusolverDnZYgesv_bufferSize:
     .globl cusolverDnZZgels
     .type cusolverDnZZgels, @function
 cusolverDnZZgels:
-    leaq .Lname386(%rip), %rdi
+    leaq .Lname221(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3290,7 +2795,7 @@ cusolverDnZZgels:
     .globl cusolverDnZZgels_bufferSize
     .type cusolverDnZZgels_bufferSize, @function
 cusolverDnZZgels_bufferSize:
-    leaq .Lname387(%rip), %rdi
+    leaq .Lname222(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3298,7 +2803,7 @@ cusolverDnZZgels_bufferSize:
     .globl cusolverDnZZgesv
     .type cusolverDnZZgesv, @function
 cusolverDnZZgesv:
-    leaq .Lname388(%rip), %rdi
+    leaq .Lname223(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3306,7 +2811,7 @@ cusolverDnZZgesv:
     .globl cusolverDnZZgesv_bufferSize
     .type cusolverDnZZgesv_bufferSize, @function
 cusolverDnZZgesv_bufferSize:
-    leaq .Lname389(%rip), %rdi
+    leaq .Lname224(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3314,7 +2819,7 @@ cusolverDnZZgesv_bufferSize:
     .globl cusolverDnZaxpyHost
     .type cusolverDnZaxpyHost, @function
 cusolverDnZaxpyHost:
-    leaq .Lname390(%rip), %rdi
+    leaq .Lname225(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3322,7 +2827,7 @@ cusolverDnZaxpyHost:
     .globl cusolverDnZdscalHost
     .type cusolverDnZdscalHost, @function
 cusolverDnZdscalHost:
-    leaq .Lname391(%rip), %rdi
+    leaq .Lname226(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3330,7 +2835,7 @@ cusolverDnZdscalHost:
     .globl cusolverDnZeyeBatch
     .type cusolverDnZeyeBatch, @function
 cusolverDnZeyeBatch:
-    leaq .Lname392(%rip), %rdi
+    leaq .Lname227(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3338,7 +2843,7 @@ cusolverDnZeyeBatch:
     .globl cusolverDnZgebrd
     .type cusolverDnZgebrd, @function
 cusolverDnZgebrd:
-    leaq .Lname393(%rip), %rdi
+    leaq .Lname228(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3346,15 +2851,12 @@ cusolverDnZgebrd:
     .globl cusolverDnZgebrd_bufferSize
     .type cusolverDnZgebrd_bufferSize, @function
 cusolverDnZgebrd_bufferSize:
-    leaq .Lname394(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgebrd_bufferSize@PLT
     .size cusolverDnZgebrd_bufferSize, .-cusolverDnZgebrd_bufferSize
     .globl cusolverDnZgelqfHost
     .type cusolverDnZgelqfHost, @function
 cusolverDnZgelqfHost:
-    leaq .Lname395(%rip), %rdi
+    leaq .Lname229(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3362,7 +2864,7 @@ cusolverDnZgelqfHost:
     .globl cusolverDnZgemmHost
     .type cusolverDnZgemmHost, @function
 cusolverDnZgemmHost:
-    leaq .Lname396(%rip), %rdi
+    leaq .Lname230(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3370,7 +2872,7 @@ cusolverDnZgemmHost:
     .globl cusolverDnZgeqlfHost
     .type cusolverDnZgeqlfHost, @function
 cusolverDnZgeqlfHost:
-    leaq .Lname397(%rip), %rdi
+    leaq .Lname231(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3378,15 +2880,12 @@ cusolverDnZgeqlfHost:
     .globl cusolverDnZgeqrf
     .type cusolverDnZgeqrf, @function
 cusolverDnZgeqrf:
-    leaq .Lname398(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgeqrf@PLT
     .size cusolverDnZgeqrf, .-cusolverDnZgeqrf
     .globl cusolverDnZgeqrfHost
     .type cusolverDnZgeqrfHost, @function
 cusolverDnZgeqrfHost:
-    leaq .Lname399(%rip), %rdi
+    leaq .Lname232(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3394,119 +2893,77 @@ cusolverDnZgeqrfHost:
     .globl cusolverDnZgeqrf_bufferSize
     .type cusolverDnZgeqrf_bufferSize, @function
 cusolverDnZgeqrf_bufferSize:
-    leaq .Lname400(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgeqrf_bufferSize@PLT
     .size cusolverDnZgeqrf_bufferSize, .-cusolverDnZgeqrf_bufferSize
     .globl cusolverDnZgesvd
     .type cusolverDnZgesvd, @function
 cusolverDnZgesvd:
-    leaq .Lname401(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgesvd@PLT
     .size cusolverDnZgesvd, .-cusolverDnZgesvd
     .globl cusolverDnZgesvd_bufferSize
     .type cusolverDnZgesvd_bufferSize, @function
 cusolverDnZgesvd_bufferSize:
-    leaq .Lname402(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgesvd_bufferSize@PLT
     .size cusolverDnZgesvd_bufferSize, .-cusolverDnZgesvd_bufferSize
     .globl cusolverDnZgesvdaStridedBatched
     .type cusolverDnZgesvdaStridedBatched, @function
 cusolverDnZgesvdaStridedBatched:
-    leaq .Lname403(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgesvdaStridedBatched@PLT
     .size cusolverDnZgesvdaStridedBatched, .-cusolverDnZgesvdaStridedBatched
     .globl cusolverDnZgesvdaStridedBatched_bufferSize
     .type cusolverDnZgesvdaStridedBatched_bufferSize, @function
 cusolverDnZgesvdaStridedBatched_bufferSize:
-    leaq .Lname404(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgesvdaStridedBatched_bufferSize@PLT
     .size cusolverDnZgesvdaStridedBatched_bufferSize, .-cusolverDnZgesvdaStridedBatched_bufferSize
     .globl cusolverDnZgesvdj
     .type cusolverDnZgesvdj, @function
 cusolverDnZgesvdj:
-    leaq .Lname405(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgesvdj@PLT
     .size cusolverDnZgesvdj, .-cusolverDnZgesvdj
     .globl cusolverDnZgesvdjBatched
     .type cusolverDnZgesvdjBatched, @function
 cusolverDnZgesvdjBatched:
-    leaq .Lname406(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgesvdjBatched@PLT
     .size cusolverDnZgesvdjBatched, .-cusolverDnZgesvdjBatched
     .globl cusolverDnZgesvdjBatched_bufferSize
     .type cusolverDnZgesvdjBatched_bufferSize, @function
 cusolverDnZgesvdjBatched_bufferSize:
-    leaq .Lname407(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgesvdjBatched_bufferSize@PLT
     .size cusolverDnZgesvdjBatched_bufferSize, .-cusolverDnZgesvdjBatched_bufferSize
     .globl cusolverDnZgesvdj_bufferSize
     .type cusolverDnZgesvdj_bufferSize, @function
 cusolverDnZgesvdj_bufferSize:
-    leaq .Lname408(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgesvdj_bufferSize@PLT
     .size cusolverDnZgesvdj_bufferSize, .-cusolverDnZgesvdj_bufferSize
     .globl cusolverDnZgetrf
     .type cusolverDnZgetrf, @function
 cusolverDnZgetrf:
-    leaq .Lname409(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgetrf@PLT
     .size cusolverDnZgetrf, .-cusolverDnZgetrf
     .globl cusolverDnZgetrf_bufferSize
     .type cusolverDnZgetrf_bufferSize, @function
 cusolverDnZgetrf_bufferSize:
-    leaq .Lname410(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgetrf_bufferSize@PLT
     .size cusolverDnZgetrf_bufferSize, .-cusolverDnZgetrf_bufferSize
     .globl cusolverDnZgetrs
     .type cusolverDnZgetrs, @function
 cusolverDnZgetrs:
-    leaq .Lname411(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZgetrs@PLT
     .size cusolverDnZgetrs, .-cusolverDnZgetrs
     .globl cusolverDnZheevd
     .type cusolverDnZheevd, @function
 cusolverDnZheevd:
-    leaq .Lname412(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZheevd@PLT
     .size cusolverDnZheevd, .-cusolverDnZheevd
     .globl cusolverDnZheevd_bufferSize
     .type cusolverDnZheevd_bufferSize, @function
 cusolverDnZheevd_bufferSize:
-    leaq .Lname413(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZheevd_bufferSize@PLT
     .size cusolverDnZheevd_bufferSize, .-cusolverDnZheevd_bufferSize
     .globl cusolverDnZheevdx
     .type cusolverDnZheevdx, @function
 cusolverDnZheevdx:
-    leaq .Lname414(%rip), %rdi
+    leaq .Lname233(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3514,7 +2971,7 @@ cusolverDnZheevdx:
     .globl cusolverDnZheevdx_bufferSize
     .type cusolverDnZheevdx_bufferSize, @function
 cusolverDnZheevdx_bufferSize:
-    leaq .Lname415(%rip), %rdi
+    leaq .Lname234(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3522,39 +2979,27 @@ cusolverDnZheevdx_bufferSize:
     .globl cusolverDnZheevj
     .type cusolverDnZheevj, @function
 cusolverDnZheevj:
-    leaq .Lname416(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZheevj@PLT
     .size cusolverDnZheevj, .-cusolverDnZheevj
     .globl cusolverDnZheevjBatched
     .type cusolverDnZheevjBatched, @function
 cusolverDnZheevjBatched:
-    leaq .Lname417(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZheevjBatched@PLT
     .size cusolverDnZheevjBatched, .-cusolverDnZheevjBatched
     .globl cusolverDnZheevjBatched_bufferSize
     .type cusolverDnZheevjBatched_bufferSize, @function
 cusolverDnZheevjBatched_bufferSize:
-    leaq .Lname418(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZheevjBatched_bufferSize@PLT
     .size cusolverDnZheevjBatched_bufferSize, .-cusolverDnZheevjBatched_bufferSize
     .globl cusolverDnZheevj_bufferSize
     .type cusolverDnZheevj_bufferSize, @function
 cusolverDnZheevj_bufferSize:
-    leaq .Lname419(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZheevj_bufferSize@PLT
     .size cusolverDnZheevj_bufferSize, .-cusolverDnZheevj_bufferSize
     .globl cusolverDnZhegst
     .type cusolverDnZhegst, @function
 cusolverDnZhegst:
-    leaq .Lname420(%rip), %rdi
+    leaq .Lname235(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3562,7 +3007,7 @@ cusolverDnZhegst:
     .globl cusolverDnZhegst_bufferSize
     .type cusolverDnZhegst_bufferSize, @function
 cusolverDnZhegst_bufferSize:
-    leaq .Lname421(%rip), %rdi
+    leaq .Lname236(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3570,23 +3015,17 @@ cusolverDnZhegst_bufferSize:
     .globl cusolverDnZhegvd
     .type cusolverDnZhegvd, @function
 cusolverDnZhegvd:
-    leaq .Lname422(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZhegvd@PLT
     .size cusolverDnZhegvd, .-cusolverDnZhegvd
     .globl cusolverDnZhegvd_bufferSize
     .type cusolverDnZhegvd_bufferSize, @function
 cusolverDnZhegvd_bufferSize:
-    leaq .Lname423(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZhegvd_bufferSize@PLT
     .size cusolverDnZhegvd_bufferSize, .-cusolverDnZhegvd_bufferSize
     .globl cusolverDnZhegvdx
     .type cusolverDnZhegvdx, @function
 cusolverDnZhegvdx:
-    leaq .Lname424(%rip), %rdi
+    leaq .Lname237(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3594,7 +3033,7 @@ cusolverDnZhegvdx:
     .globl cusolverDnZhegvdx_bufferSize
     .type cusolverDnZhegvdx_bufferSize, @function
 cusolverDnZhegvdx_bufferSize:
-    leaq .Lname425(%rip), %rdi
+    leaq .Lname238(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3602,23 +3041,17 @@ cusolverDnZhegvdx_bufferSize:
     .globl cusolverDnZhegvj
     .type cusolverDnZhegvj, @function
 cusolverDnZhegvj:
-    leaq .Lname426(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZhegvj@PLT
     .size cusolverDnZhegvj, .-cusolverDnZhegvj
     .globl cusolverDnZhegvj_bufferSize
     .type cusolverDnZhegvj_bufferSize, @function
 cusolverDnZhegvj_bufferSize:
-    leaq .Lname427(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZhegvj_bufferSize@PLT
     .size cusolverDnZhegvj_bufferSize, .-cusolverDnZhegvj_bufferSize
     .globl cusolverDnZhetrd
     .type cusolverDnZhetrd, @function
 cusolverDnZhetrd:
-    leaq .Lname428(%rip), %rdi
+    leaq .Lname239(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3626,7 +3059,7 @@ cusolverDnZhetrd:
     .globl cusolverDnZhetrd_bufferSize
     .type cusolverDnZhetrd_bufferSize, @function
 cusolverDnZhetrd_bufferSize:
-    leaq .Lname429(%rip), %rdi
+    leaq .Lname240(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3634,7 +3067,7 @@ cusolverDnZhetrd_bufferSize:
     .globl cusolverDnZlacpyHost
     .type cusolverDnZlacpyHost, @function
 cusolverDnZlacpyHost:
-    leaq .Lname430(%rip), %rdi
+    leaq .Lname241(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3642,7 +3075,7 @@ cusolverDnZlacpyHost:
     .globl cusolverDnZlange
     .type cusolverDnZlange, @function
 cusolverDnZlange:
-    leaq .Lname431(%rip), %rdi
+    leaq .Lname242(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3650,7 +3083,7 @@ cusolverDnZlange:
     .globl cusolverDnZlangeHost
     .type cusolverDnZlangeHost, @function
 cusolverDnZlangeHost:
-    leaq .Lname432(%rip), %rdi
+    leaq .Lname243(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3658,7 +3091,7 @@ cusolverDnZlangeHost:
     .globl cusolverDnZlange_bufferSize
     .type cusolverDnZlange_bufferSize, @function
 cusolverDnZlange_bufferSize:
-    leaq .Lname433(%rip), %rdi
+    leaq .Lname244(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3666,7 +3099,7 @@ cusolverDnZlange_bufferSize:
     .globl cusolverDnZlanheHost
     .type cusolverDnZlanheHost, @function
 cusolverDnZlanheHost:
-    leaq .Lname434(%rip), %rdi
+    leaq .Lname245(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3674,7 +3107,7 @@ cusolverDnZlanheHost:
     .globl cusolverDnZlantrHost
     .type cusolverDnZlantrHost, @function
 cusolverDnZlantrHost:
-    leaq .Lname435(%rip), %rdi
+    leaq .Lname246(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3682,7 +3115,7 @@ cusolverDnZlantrHost:
     .globl cusolverDnZlarfgHost
     .type cusolverDnZlarfgHost, @function
 cusolverDnZlarfgHost:
-    leaq .Lname436(%rip), %rdi
+    leaq .Lname247(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3690,7 +3123,7 @@ cusolverDnZlarfgHost:
     .globl cusolverDnZlarnvHost
     .type cusolverDnZlarnvHost, @function
 cusolverDnZlarnvHost:
-    leaq .Lname437(%rip), %rdi
+    leaq .Lname248(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3698,7 +3131,7 @@ cusolverDnZlarnvHost:
     .globl cusolverDnZlasetHost
     .type cusolverDnZlasetHost, @function
 cusolverDnZlasetHost:
-    leaq .Lname438(%rip), %rdi
+    leaq .Lname249(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3706,23 +3139,17 @@ cusolverDnZlasetHost:
     .globl cusolverDnZlaswp
     .type cusolverDnZlaswp, @function
 cusolverDnZlaswp:
-    leaq .Lname439(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZlaswp@PLT
     .size cusolverDnZlaswp, .-cusolverDnZlaswp
     .globl cusolverDnZlauum
     .type cusolverDnZlauum, @function
 cusolverDnZlauum:
-    leaq .Lname440(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZlauum@PLT
     .size cusolverDnZlauum, .-cusolverDnZlauum
     .globl cusolverDnZlauumHost
     .type cusolverDnZlauumHost, @function
 cusolverDnZlauumHost:
-    leaq .Lname441(%rip), %rdi
+    leaq .Lname250(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3730,15 +3157,12 @@ cusolverDnZlauumHost:
     .globl cusolverDnZlauum_bufferSize
     .type cusolverDnZlauum_bufferSize, @function
 cusolverDnZlauum_bufferSize:
-    leaq .Lname442(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZlauum_bufferSize@PLT
     .size cusolverDnZlauum_bufferSize, .-cusolverDnZlauum_bufferSize
     .globl cusolverDnZnrm2Host
     .type cusolverDnZnrm2Host, @function
 cusolverDnZnrm2Host:
-    leaq .Lname443(%rip), %rdi
+    leaq .Lname251(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3746,23 +3170,17 @@ cusolverDnZnrm2Host:
     .globl cusolverDnZpotrf
     .type cusolverDnZpotrf, @function
 cusolverDnZpotrf:
-    leaq .Lname444(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZpotrf@PLT
     .size cusolverDnZpotrf, .-cusolverDnZpotrf
     .globl cusolverDnZpotrfBatched
     .type cusolverDnZpotrfBatched, @function
 cusolverDnZpotrfBatched:
-    leaq .Lname445(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZpotrfBatched@PLT
     .size cusolverDnZpotrfBatched, .-cusolverDnZpotrfBatched
     .globl cusolverDnZpotrfHost
     .type cusolverDnZpotrfHost, @function
 cusolverDnZpotrfHost:
-    leaq .Lname446(%rip), %rdi
+    leaq .Lname252(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3770,23 +3188,17 @@ cusolverDnZpotrfHost:
     .globl cusolverDnZpotrf_bufferSize
     .type cusolverDnZpotrf_bufferSize, @function
 cusolverDnZpotrf_bufferSize:
-    leaq .Lname447(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZpotrf_bufferSize@PLT
     .size cusolverDnZpotrf_bufferSize, .-cusolverDnZpotrf_bufferSize
     .globl cusolverDnZpotri
     .type cusolverDnZpotri, @function
 cusolverDnZpotri:
-    leaq .Lname448(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZpotri@PLT
     .size cusolverDnZpotri, .-cusolverDnZpotri
     .globl cusolverDnZpotriHost
     .type cusolverDnZpotriHost, @function
 cusolverDnZpotriHost:
-    leaq .Lname449(%rip), %rdi
+    leaq .Lname253(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3794,31 +3206,22 @@ cusolverDnZpotriHost:
     .globl cusolverDnZpotri_bufferSize
     .type cusolverDnZpotri_bufferSize, @function
 cusolverDnZpotri_bufferSize:
-    leaq .Lname450(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZpotri_bufferSize@PLT
     .size cusolverDnZpotri_bufferSize, .-cusolverDnZpotri_bufferSize
     .globl cusolverDnZpotrs
     .type cusolverDnZpotrs, @function
 cusolverDnZpotrs:
-    leaq .Lname451(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZpotrs@PLT
     .size cusolverDnZpotrs, .-cusolverDnZpotrs
     .globl cusolverDnZpotrsBatched
     .type cusolverDnZpotrsBatched, @function
 cusolverDnZpotrsBatched:
-    leaq .Lname452(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZpotrsBatched@PLT
     .size cusolverDnZpotrsBatched, .-cusolverDnZpotrsBatched
     .globl cusolverDnZpotrsHost
     .type cusolverDnZpotrsHost, @function
 cusolverDnZpotrsHost:
-    leaq .Lname453(%rip), %rdi
+    leaq .Lname254(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3826,31 +3229,22 @@ cusolverDnZpotrsHost:
     .globl cusolverDnZsytrf
     .type cusolverDnZsytrf, @function
 cusolverDnZsytrf:
-    leaq .Lname454(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZsytrf@PLT
     .size cusolverDnZsytrf, .-cusolverDnZsytrf
     .globl cusolverDnZsytrf_bufferSize
     .type cusolverDnZsytrf_bufferSize, @function
 cusolverDnZsytrf_bufferSize:
-    leaq .Lname455(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZsytrf_bufferSize@PLT
     .size cusolverDnZsytrf_bufferSize, .-cusolverDnZsytrf_bufferSize
     .globl cusolverDnZsytri
     .type cusolverDnZsytri, @function
 cusolverDnZsytri:
-    leaq .Lname456(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZsytri@PLT
     .size cusolverDnZsytri, .-cusolverDnZsytri
     .globl cusolverDnZsytriHost
     .type cusolverDnZsytriHost, @function
 cusolverDnZsytriHost:
-    leaq .Lname457(%rip), %rdi
+    leaq .Lname255(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3858,15 +3252,12 @@ cusolverDnZsytriHost:
     .globl cusolverDnZsytri_bufferSize
     .type cusolverDnZsytri_bufferSize, @function
 cusolverDnZsytri_bufferSize:
-    leaq .Lname458(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZsytri_bufferSize@PLT
     .size cusolverDnZsytri_bufferSize, .-cusolverDnZsytri_bufferSize
     .globl cusolverDnZsytrsHost
     .type cusolverDnZsytrsHost, @function
 cusolverDnZsytrsHost:
-    leaq .Lname459(%rip), %rdi
+    leaq .Lname256(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3874,7 +3265,7 @@ cusolverDnZsytrsHost:
     .globl cusolverDnZtrtriHost
     .type cusolverDnZtrtriHost, @function
 cusolverDnZtrtriHost:
-    leaq .Lname460(%rip), %rdi
+    leaq .Lname257(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3882,15 +3273,12 @@ cusolverDnZtrtriHost:
     .globl cusolverDnZungbr
     .type cusolverDnZungbr, @function
 cusolverDnZungbr:
-    leaq .Lname461(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZungbr@PLT
     .size cusolverDnZungbr, .-cusolverDnZungbr
     .globl cusolverDnZungbrHost
     .type cusolverDnZungbrHost, @function
 cusolverDnZungbrHost:
-    leaq .Lname462(%rip), %rdi
+    leaq .Lname258(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3898,15 +3286,12 @@ cusolverDnZungbrHost:
     .globl cusolverDnZungbr_bufferSize
     .type cusolverDnZungbr_bufferSize, @function
 cusolverDnZungbr_bufferSize:
-    leaq .Lname463(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZungbr_bufferSize@PLT
     .size cusolverDnZungbr_bufferSize, .-cusolverDnZungbr_bufferSize
     .globl cusolverDnZunghrHost
     .type cusolverDnZunghrHost, @function
 cusolverDnZunghrHost:
-    leaq .Lname464(%rip), %rdi
+    leaq .Lname259(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3914,7 +3299,7 @@ cusolverDnZunghrHost:
     .globl cusolverDnZunglqHost
     .type cusolverDnZunglqHost, @function
 cusolverDnZunglqHost:
-    leaq .Lname465(%rip), %rdi
+    leaq .Lname260(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3922,31 +3307,22 @@ cusolverDnZunglqHost:
     .globl cusolverDnZungqr
     .type cusolverDnZungqr, @function
 cusolverDnZungqr:
-    leaq .Lname466(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZungqr@PLT
     .size cusolverDnZungqr, .-cusolverDnZungqr
     .globl cusolverDnZungqr_bufferSize
     .type cusolverDnZungqr_bufferSize, @function
 cusolverDnZungqr_bufferSize:
-    leaq .Lname467(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZungqr_bufferSize@PLT
     .size cusolverDnZungqr_bufferSize, .-cusolverDnZungqr_bufferSize
     .globl cusolverDnZungtr
     .type cusolverDnZungtr, @function
 cusolverDnZungtr:
-    leaq .Lname468(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZungtr@PLT
     .size cusolverDnZungtr, .-cusolverDnZungtr
     .globl cusolverDnZungtrHost
     .type cusolverDnZungtrHost, @function
 cusolverDnZungtrHost:
-    leaq .Lname469(%rip), %rdi
+    leaq .Lname261(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3954,23 +3330,17 @@ cusolverDnZungtrHost:
     .globl cusolverDnZungtr_bufferSize
     .type cusolverDnZungtr_bufferSize, @function
 cusolverDnZungtr_bufferSize:
-    leaq .Lname470(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZungtr_bufferSize@PLT
     .size cusolverDnZungtr_bufferSize, .-cusolverDnZungtr_bufferSize
     .globl cusolverDnZunmqr
     .type cusolverDnZunmqr, @function
 cusolverDnZunmqr:
-    leaq .Lname471(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZunmqr@PLT
     .size cusolverDnZunmqr, .-cusolverDnZunmqr
     .globl cusolverDnZunmqrHost
     .type cusolverDnZunmqrHost, @function
 cusolverDnZunmqrHost:
-    leaq .Lname472(%rip), %rdi
+    leaq .Lname262(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3978,23 +3348,17 @@ cusolverDnZunmqrHost:
     .globl cusolverDnZunmqr_bufferSize
     .type cusolverDnZunmqr_bufferSize, @function
 cusolverDnZunmqr_bufferSize:
-    leaq .Lname473(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZunmqr_bufferSize@PLT
     .size cusolverDnZunmqr_bufferSize, .-cusolverDnZunmqr_bufferSize
     .globl cusolverDnZunmtr
     .type cusolverDnZunmtr, @function
 cusolverDnZunmtr:
-    leaq .Lname474(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZunmtr@PLT
     .size cusolverDnZunmtr, .-cusolverDnZunmtr
     .globl cusolverDnZunmtrHost
     .type cusolverDnZunmtrHost, @function
 cusolverDnZunmtrHost:
-    leaq .Lname475(%rip), %rdi
+    leaq .Lname263(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4002,15 +3366,12 @@ cusolverDnZunmtrHost:
     .globl cusolverDnZunmtr_bufferSize
     .type cusolverDnZunmtr_bufferSize, @function
 cusolverDnZunmtr_bufferSize:
-    leaq .Lname476(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusolver_cusolverDnZunmtr_bufferSize@PLT
     .size cusolverDnZunmtr_bufferSize, .-cusolverDnZunmtr_bufferSize
     .globl cusolverGetProperty
     .type cusolverGetProperty, @function
 cusolverGetProperty:
-    leaq .Lname477(%rip), %rdi
+    leaq .Lname264(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4018,7 +3379,7 @@ cusolverGetProperty:
     .globl cusolverGetVersion
     .type cusolverGetVersion, @function
 cusolverGetVersion:
-    leaq .Lname478(%rip), %rdi
+    leaq .Lname265(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4026,7 +3387,7 @@ cusolverGetVersion:
     .globl cusolverIidentityHost
     .type cusolverIidentityHost, @function
 cusolverIidentityHost:
-    leaq .Lname479(%rip), %rdi
+    leaq .Lname266(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4034,7 +3395,7 @@ cusolverIidentityHost:
     .globl cusolverRfAccessBundledFactorsDevice
     .type cusolverRfAccessBundledFactorsDevice, @function
 cusolverRfAccessBundledFactorsDevice:
-    leaq .Lname480(%rip), %rdi
+    leaq .Lname267(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4057,7 +3418,7 @@ cusolverRfBatchRefactor:
     .globl cusolverRfBatchResetValues
     .type cusolverRfBatchResetValues, @function
 cusolverRfBatchResetValues:
-    leaq .Lname481(%rip), %rdi
+    leaq .Lname268(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4065,7 +3426,7 @@ cusolverRfBatchResetValues:
     .globl cusolverRfBatchSetupHost
     .type cusolverRfBatchSetupHost, @function
 cusolverRfBatchSetupHost:
-    leaq .Lname482(%rip), %rdi
+    leaq .Lname269(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4073,7 +3434,7 @@ cusolverRfBatchSetupHost:
     .globl cusolverRfBatchSolve
     .type cusolverRfBatchSolve, @function
 cusolverRfBatchSolve:
-    leaq .Lname483(%rip), %rdi
+    leaq .Lname270(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4081,7 +3442,7 @@ cusolverRfBatchSolve:
     .globl cusolverRfBatchZeroPivot
     .type cusolverRfBatchZeroPivot, @function
 cusolverRfBatchZeroPivot:
-    leaq .Lname484(%rip), %rdi
+    leaq .Lname271(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4099,7 +3460,7 @@ cusolverRfDestroy:
     .globl cusolverRfExtractBundledFactorsHost
     .type cusolverRfExtractBundledFactorsHost, @function
 cusolverRfExtractBundledFactorsHost:
-    leaq .Lname485(%rip), %rdi
+    leaq .Lname272(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4107,7 +3468,7 @@ cusolverRfExtractBundledFactorsHost:
     .globl cusolverRfExtractSplitFactorsHost
     .type cusolverRfExtractSplitFactorsHost, @function
 cusolverRfExtractSplitFactorsHost:
-    leaq .Lname486(%rip), %rdi
+    leaq .Lname273(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4115,7 +3476,7 @@ cusolverRfExtractSplitFactorsHost:
     .globl cusolverRfGetAlgs
     .type cusolverRfGetAlgs, @function
 cusolverRfGetAlgs:
-    leaq .Lname487(%rip), %rdi
+    leaq .Lname274(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4123,7 +3484,7 @@ cusolverRfGetAlgs:
     .globl cusolverRfGetMatrixFormat
     .type cusolverRfGetMatrixFormat, @function
 cusolverRfGetMatrixFormat:
-    leaq .Lname488(%rip), %rdi
+    leaq .Lname275(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4131,7 +3492,7 @@ cusolverRfGetMatrixFormat:
     .globl cusolverRfGetNumericBoostReport
     .type cusolverRfGetNumericBoostReport, @function
 cusolverRfGetNumericBoostReport:
-    leaq .Lname489(%rip), %rdi
+    leaq .Lname276(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4139,7 +3500,7 @@ cusolverRfGetNumericBoostReport:
     .globl cusolverRfGetNumericProperties
     .type cusolverRfGetNumericProperties, @function
 cusolverRfGetNumericProperties:
-    leaq .Lname490(%rip), %rdi
+    leaq .Lname277(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4147,7 +3508,7 @@ cusolverRfGetNumericProperties:
     .globl cusolverRfGetResetValuesFastMode
     .type cusolverRfGetResetValuesFastMode, @function
 cusolverRfGetResetValuesFastMode:
-    leaq .Lname491(%rip), %rdi
+    leaq .Lname278(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4160,7 +3521,7 @@ cusolverRfRefactor:
     .globl cusolverRfResetValues
     .type cusolverRfResetValues, @function
 cusolverRfResetValues:
-    leaq .Lname492(%rip), %rdi
+    leaq .Lname279(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4188,7 +3549,7 @@ cusolverRfSetResetValuesFastMode:
     .globl cusolverRfSetupDevice
     .type cusolverRfSetupDevice, @function
 cusolverRfSetupDevice:
-    leaq .Lname493(%rip), %rdi
+    leaq .Lname280(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4196,7 +3557,7 @@ cusolverRfSetupDevice:
     .globl cusolverRfSetupHost
     .type cusolverRfSetupHost, @function
 cusolverRfSetupHost:
-    leaq .Lname494(%rip), %rdi
+    leaq .Lname281(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4204,7 +3565,7 @@ cusolverRfSetupHost:
     .globl cusolverRfSetupM
     .type cusolverRfSetupM, @function
 cusolverRfSetupM:
-    leaq .Lname495(%rip), %rdi
+    leaq .Lname282(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4212,7 +3573,7 @@ cusolverRfSetupM:
     .globl cusolverRfSolve
     .type cusolverRfSolve, @function
 cusolverRfSolve:
-    leaq .Lname496(%rip), %rdi
+    leaq .Lname283(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4220,7 +3581,7 @@ cusolverRfSolve:
     .globl cusolverSpCcsrbtfHost
     .type cusolverSpCcsrbtfHost, @function
 cusolverSpCcsrbtfHost:
-    leaq .Lname497(%rip), %rdi
+    leaq .Lname284(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4228,7 +3589,7 @@ cusolverSpCcsrbtfHost:
     .globl cusolverSpCcsrcholBufferInfo
     .type cusolverSpCcsrcholBufferInfo, @function
 cusolverSpCcsrcholBufferInfo:
-    leaq .Lname498(%rip), %rdi
+    leaq .Lname285(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4236,7 +3597,7 @@ cusolverSpCcsrcholBufferInfo:
     .globl cusolverSpCcsrcholBufferInfoHost
     .type cusolverSpCcsrcholBufferInfoHost, @function
 cusolverSpCcsrcholBufferInfoHost:
-    leaq .Lname499(%rip), %rdi
+    leaq .Lname286(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4244,7 +3605,7 @@ cusolverSpCcsrcholBufferInfoHost:
     .globl cusolverSpCcsrcholDiag
     .type cusolverSpCcsrcholDiag, @function
 cusolverSpCcsrcholDiag:
-    leaq .Lname500(%rip), %rdi
+    leaq .Lname287(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4252,7 +3613,7 @@ cusolverSpCcsrcholDiag:
     .globl cusolverSpCcsrcholFactor
     .type cusolverSpCcsrcholFactor, @function
 cusolverSpCcsrcholFactor:
-    leaq .Lname501(%rip), %rdi
+    leaq .Lname288(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4260,7 +3621,7 @@ cusolverSpCcsrcholFactor:
     .globl cusolverSpCcsrcholFactorHost
     .type cusolverSpCcsrcholFactorHost, @function
 cusolverSpCcsrcholFactorHost:
-    leaq .Lname502(%rip), %rdi
+    leaq .Lname289(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4268,7 +3629,7 @@ cusolverSpCcsrcholFactorHost:
     .globl cusolverSpCcsrcholSolve
     .type cusolverSpCcsrcholSolve, @function
 cusolverSpCcsrcholSolve:
-    leaq .Lname503(%rip), %rdi
+    leaq .Lname290(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4276,7 +3637,7 @@ cusolverSpCcsrcholSolve:
     .globl cusolverSpCcsrcholSolveHost
     .type cusolverSpCcsrcholSolveHost, @function
 cusolverSpCcsrcholSolveHost:
-    leaq .Lname504(%rip), %rdi
+    leaq .Lname291(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4284,7 +3645,7 @@ cusolverSpCcsrcholSolveHost:
     .globl cusolverSpCcsrcholZeroPivot
     .type cusolverSpCcsrcholZeroPivot, @function
 cusolverSpCcsrcholZeroPivot:
-    leaq .Lname505(%rip), %rdi
+    leaq .Lname292(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4292,7 +3653,7 @@ cusolverSpCcsrcholZeroPivot:
     .globl cusolverSpCcsrcholZeroPivotHost
     .type cusolverSpCcsrcholZeroPivotHost, @function
 cusolverSpCcsrcholZeroPivotHost:
-    leaq .Lname506(%rip), %rdi
+    leaq .Lname293(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4300,7 +3661,7 @@ cusolverSpCcsrcholZeroPivotHost:
     .globl cusolverSpCcsreigsHost
     .type cusolverSpCcsreigsHost, @function
 cusolverSpCcsreigsHost:
-    leaq .Lname507(%rip), %rdi
+    leaq .Lname294(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4308,7 +3669,7 @@ cusolverSpCcsreigsHost:
     .globl cusolverSpCcsreigvsi
     .type cusolverSpCcsreigvsi, @function
 cusolverSpCcsreigvsi:
-    leaq .Lname508(%rip), %rdi
+    leaq .Lname295(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4316,7 +3677,7 @@ cusolverSpCcsreigvsi:
     .globl cusolverSpCcsreigvsiHost
     .type cusolverSpCcsreigvsiHost, @function
 cusolverSpCcsreigvsiHost:
-    leaq .Lname509(%rip), %rdi
+    leaq .Lname296(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4324,7 +3685,7 @@ cusolverSpCcsreigvsiHost:
     .globl cusolverSpCcsrlsqvqrHost
     .type cusolverSpCcsrlsqvqrHost, @function
 cusolverSpCcsrlsqvqrHost:
-    leaq .Lname510(%rip), %rdi
+    leaq .Lname297(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4332,7 +3693,7 @@ cusolverSpCcsrlsqvqrHost:
     .globl cusolverSpCcsrlsvchol
     .type cusolverSpCcsrlsvchol, @function
 cusolverSpCcsrlsvchol:
-    leaq .Lname511(%rip), %rdi
+    leaq .Lname298(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4340,7 +3701,7 @@ cusolverSpCcsrlsvchol:
     .globl cusolverSpCcsrlsvcholHost
     .type cusolverSpCcsrlsvcholHost, @function
 cusolverSpCcsrlsvcholHost:
-    leaq .Lname512(%rip), %rdi
+    leaq .Lname299(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4348,7 +3709,7 @@ cusolverSpCcsrlsvcholHost:
     .globl cusolverSpCcsrlsvluHost
     .type cusolverSpCcsrlsvluHost, @function
 cusolverSpCcsrlsvluHost:
-    leaq .Lname513(%rip), %rdi
+    leaq .Lname300(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4356,7 +3717,7 @@ cusolverSpCcsrlsvluHost:
     .globl cusolverSpCcsrlsvqr
     .type cusolverSpCcsrlsvqr, @function
 cusolverSpCcsrlsvqr:
-    leaq .Lname514(%rip), %rdi
+    leaq .Lname301(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4364,7 +3725,7 @@ cusolverSpCcsrlsvqr:
     .globl cusolverSpCcsrlsvqrHost
     .type cusolverSpCcsrlsvqrHost, @function
 cusolverSpCcsrlsvqrHost:
-    leaq .Lname515(%rip), %rdi
+    leaq .Lname302(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4372,7 +3733,7 @@ cusolverSpCcsrlsvqrHost:
     .globl cusolverSpCcsrluAnalysisHost
     .type cusolverSpCcsrluAnalysisHost, @function
 cusolverSpCcsrluAnalysisHost:
-    leaq .Lname516(%rip), %rdi
+    leaq .Lname303(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4380,7 +3741,7 @@ cusolverSpCcsrluAnalysisHost:
     .globl cusolverSpCcsrluBufferInfoHost
     .type cusolverSpCcsrluBufferInfoHost, @function
 cusolverSpCcsrluBufferInfoHost:
-    leaq .Lname517(%rip), %rdi
+    leaq .Lname304(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4388,7 +3749,7 @@ cusolverSpCcsrluBufferInfoHost:
     .globl cusolverSpCcsrluExtractBTFHost
     .type cusolverSpCcsrluExtractBTFHost, @function
 cusolverSpCcsrluExtractBTFHost:
-    leaq .Lname518(%rip), %rdi
+    leaq .Lname305(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4396,7 +3757,7 @@ cusolverSpCcsrluExtractBTFHost:
     .globl cusolverSpCcsrluExtractHost
     .type cusolverSpCcsrluExtractHost, @function
 cusolverSpCcsrluExtractHost:
-    leaq .Lname519(%rip), %rdi
+    leaq .Lname306(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4404,7 +3765,7 @@ cusolverSpCcsrluExtractHost:
     .globl cusolverSpCcsrluExtractMHost
     .type cusolverSpCcsrluExtractMHost, @function
 cusolverSpCcsrluExtractMHost:
-    leaq .Lname520(%rip), %rdi
+    leaq .Lname307(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4412,7 +3773,7 @@ cusolverSpCcsrluExtractMHost:
     .globl cusolverSpCcsrluFactorHost
     .type cusolverSpCcsrluFactorHost, @function
 cusolverSpCcsrluFactorHost:
-    leaq .Lname521(%rip), %rdi
+    leaq .Lname308(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4420,7 +3781,7 @@ cusolverSpCcsrluFactorHost:
     .globl cusolverSpCcsrluSolveHost
     .type cusolverSpCcsrluSolveHost, @function
 cusolverSpCcsrluSolveHost:
-    leaq .Lname522(%rip), %rdi
+    leaq .Lname309(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4428,7 +3789,7 @@ cusolverSpCcsrluSolveHost:
     .globl cusolverSpCcsrluZeroPivotHost
     .type cusolverSpCcsrluZeroPivotHost, @function
 cusolverSpCcsrluZeroPivotHost:
-    leaq .Lname523(%rip), %rdi
+    leaq .Lname310(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4436,7 +3797,7 @@ cusolverSpCcsrluZeroPivotHost:
     .globl cusolverSpCcsrlucondHost
     .type cusolverSpCcsrlucondHost, @function
 cusolverSpCcsrlucondHost:
-    leaq .Lname524(%rip), %rdi
+    leaq .Lname311(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4444,7 +3805,7 @@ cusolverSpCcsrlucondHost:
     .globl cusolverSpCcsrqrBufferInfo
     .type cusolverSpCcsrqrBufferInfo, @function
 cusolverSpCcsrqrBufferInfo:
-    leaq .Lname525(%rip), %rdi
+    leaq .Lname312(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4452,7 +3813,7 @@ cusolverSpCcsrqrBufferInfo:
     .globl cusolverSpCcsrqrBufferInfoBatched
     .type cusolverSpCcsrqrBufferInfoBatched, @function
 cusolverSpCcsrqrBufferInfoBatched:
-    leaq .Lname526(%rip), %rdi
+    leaq .Lname313(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4460,7 +3821,7 @@ cusolverSpCcsrqrBufferInfoBatched:
     .globl cusolverSpCcsrqrBufferInfoHost
     .type cusolverSpCcsrqrBufferInfoHost, @function
 cusolverSpCcsrqrBufferInfoHost:
-    leaq .Lname527(%rip), %rdi
+    leaq .Lname314(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4468,7 +3829,7 @@ cusolverSpCcsrqrBufferInfoHost:
     .globl cusolverSpCcsrqrFactor
     .type cusolverSpCcsrqrFactor, @function
 cusolverSpCcsrqrFactor:
-    leaq .Lname528(%rip), %rdi
+    leaq .Lname315(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4476,7 +3837,7 @@ cusolverSpCcsrqrFactor:
     .globl cusolverSpCcsrqrFactorHost
     .type cusolverSpCcsrqrFactorHost, @function
 cusolverSpCcsrqrFactorHost:
-    leaq .Lname529(%rip), %rdi
+    leaq .Lname316(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4484,7 +3845,7 @@ cusolverSpCcsrqrFactorHost:
     .globl cusolverSpCcsrqrSetup
     .type cusolverSpCcsrqrSetup, @function
 cusolverSpCcsrqrSetup:
-    leaq .Lname530(%rip), %rdi
+    leaq .Lname317(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4492,7 +3853,7 @@ cusolverSpCcsrqrSetup:
     .globl cusolverSpCcsrqrSetupHost
     .type cusolverSpCcsrqrSetupHost, @function
 cusolverSpCcsrqrSetupHost:
-    leaq .Lname531(%rip), %rdi
+    leaq .Lname318(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4500,7 +3861,7 @@ cusolverSpCcsrqrSetupHost:
     .globl cusolverSpCcsrqrSolve
     .type cusolverSpCcsrqrSolve, @function
 cusolverSpCcsrqrSolve:
-    leaq .Lname532(%rip), %rdi
+    leaq .Lname319(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4508,7 +3869,7 @@ cusolverSpCcsrqrSolve:
     .globl cusolverSpCcsrqrSolveHost
     .type cusolverSpCcsrqrSolveHost, @function
 cusolverSpCcsrqrSolveHost:
-    leaq .Lname533(%rip), %rdi
+    leaq .Lname320(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4516,7 +3877,7 @@ cusolverSpCcsrqrSolveHost:
     .globl cusolverSpCcsrqrZeroPivot
     .type cusolverSpCcsrqrZeroPivot, @function
 cusolverSpCcsrqrZeroPivot:
-    leaq .Lname534(%rip), %rdi
+    leaq .Lname321(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4524,7 +3885,7 @@ cusolverSpCcsrqrZeroPivot:
     .globl cusolverSpCcsrqrZeroPivotHost
     .type cusolverSpCcsrqrZeroPivotHost, @function
 cusolverSpCcsrqrZeroPivotHost:
-    leaq .Lname535(%rip), %rdi
+    leaq .Lname322(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4532,7 +3893,7 @@ cusolverSpCcsrqrZeroPivotHost:
     .globl cusolverSpCcsrqrrcond
     .type cusolverSpCcsrqrrcond, @function
 cusolverSpCcsrqrrcond:
-    leaq .Lname536(%rip), %rdi
+    leaq .Lname323(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4540,7 +3901,7 @@ cusolverSpCcsrqrrcond:
     .globl cusolverSpCcsrqrsvBatched
     .type cusolverSpCcsrqrsvBatched, @function
 cusolverSpCcsrqrsvBatched:
-    leaq .Lname537(%rip), %rdi
+    leaq .Lname324(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4548,7 +3909,7 @@ cusolverSpCcsrqrsvBatched:
     .globl cusolverSpCcsrsubm2denseHost
     .type cusolverSpCcsrsubm2denseHost, @function
 cusolverSpCcsrsubm2denseHost:
-    leaq .Lname538(%rip), %rdi
+    leaq .Lname325(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4556,7 +3917,7 @@ cusolverSpCcsrsubm2denseHost:
     .globl cusolverSpCcsrzfdHost
     .type cusolverSpCcsrzfdHost, @function
 cusolverSpCcsrzfdHost:
-    leaq .Lname539(%rip), %rdi
+    leaq .Lname326(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4569,7 +3930,7 @@ cusolverSpCreate:
     .globl cusolverSpCreateCsrcholInfo
     .type cusolverSpCreateCsrcholInfo, @function
 cusolverSpCreateCsrcholInfo:
-    leaq .Lname540(%rip), %rdi
+    leaq .Lname327(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4577,7 +3938,7 @@ cusolverSpCreateCsrcholInfo:
     .globl cusolverSpCreateCsrcholInfoHost
     .type cusolverSpCreateCsrcholInfoHost, @function
 cusolverSpCreateCsrcholInfoHost:
-    leaq .Lname541(%rip), %rdi
+    leaq .Lname328(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4585,7 +3946,7 @@ cusolverSpCreateCsrcholInfoHost:
     .globl cusolverSpCreateCsrluInfoHost
     .type cusolverSpCreateCsrluInfoHost, @function
 cusolverSpCreateCsrluInfoHost:
-    leaq .Lname542(%rip), %rdi
+    leaq .Lname329(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4598,7 +3959,7 @@ cusolverSpCreateCsrqrInfo:
     .globl cusolverSpCreateCsrqrInfoHost
     .type cusolverSpCreateCsrqrInfoHost, @function
 cusolverSpCreateCsrqrInfoHost:
-    leaq .Lname543(%rip), %rdi
+    leaq .Lname330(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4606,7 +3967,7 @@ cusolverSpCreateCsrqrInfoHost:
     .globl cusolverSpCreateGluInfo
     .type cusolverSpCreateGluInfo, @function
 cusolverSpCreateGluInfo:
-    leaq .Lname544(%rip), %rdi
+    leaq .Lname331(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4614,7 +3975,7 @@ cusolverSpCreateGluInfo:
     .globl cusolverSpCreateSnluInfo
     .type cusolverSpCreateSnluInfo, @function
 cusolverSpCreateSnluInfo:
-    leaq .Lname545(%rip), %rdi
+    leaq .Lname332(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4622,7 +3983,7 @@ cusolverSpCreateSnluInfo:
     .globl cusolverSpCsnluBuffersize
     .type cusolverSpCsnluBuffersize, @function
 cusolverSpCsnluBuffersize:
-    leaq .Lname546(%rip), %rdi
+    leaq .Lname333(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4630,7 +3991,7 @@ cusolverSpCsnluBuffersize:
     .globl cusolverSpCsnluFactor
     .type cusolverSpCsnluFactor, @function
 cusolverSpCsnluFactor:
-    leaq .Lname547(%rip), %rdi
+    leaq .Lname334(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4638,7 +3999,7 @@ cusolverSpCsnluFactor:
     .globl cusolverSpCsnluSolve
     .type cusolverSpCsnluSolve, @function
 cusolverSpCsnluSolve:
-    leaq .Lname548(%rip), %rdi
+    leaq .Lname335(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4646,7 +4007,7 @@ cusolverSpCsnluSolve:
     .globl cusolverSpCsymgthr
     .type cusolverSpCsymgthr, @function
 cusolverSpCsymgthr:
-    leaq .Lname549(%rip), %rdi
+    leaq .Lname336(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4654,7 +4015,7 @@ cusolverSpCsymgthr:
     .globl cusolverSpCsymgthrHost
     .type cusolverSpCsymgthrHost, @function
 cusolverSpCsymgthrHost:
-    leaq .Lname550(%rip), %rdi
+    leaq .Lname337(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4662,7 +4023,7 @@ cusolverSpCsymgthrHost:
     .globl cusolverSpDcsrbtfHost
     .type cusolverSpDcsrbtfHost, @function
 cusolverSpDcsrbtfHost:
-    leaq .Lname551(%rip), %rdi
+    leaq .Lname338(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4670,7 +4031,7 @@ cusolverSpDcsrbtfHost:
     .globl cusolverSpDcsrcholBufferInfo
     .type cusolverSpDcsrcholBufferInfo, @function
 cusolverSpDcsrcholBufferInfo:
-    leaq .Lname552(%rip), %rdi
+    leaq .Lname339(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4678,7 +4039,7 @@ cusolverSpDcsrcholBufferInfo:
     .globl cusolverSpDcsrcholBufferInfoHost
     .type cusolverSpDcsrcholBufferInfoHost, @function
 cusolverSpDcsrcholBufferInfoHost:
-    leaq .Lname553(%rip), %rdi
+    leaq .Lname340(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4686,7 +4047,7 @@ cusolverSpDcsrcholBufferInfoHost:
     .globl cusolverSpDcsrcholDiag
     .type cusolverSpDcsrcholDiag, @function
 cusolverSpDcsrcholDiag:
-    leaq .Lname554(%rip), %rdi
+    leaq .Lname341(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4694,7 +4055,7 @@ cusolverSpDcsrcholDiag:
     .globl cusolverSpDcsrcholFactor
     .type cusolverSpDcsrcholFactor, @function
 cusolverSpDcsrcholFactor:
-    leaq .Lname555(%rip), %rdi
+    leaq .Lname342(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4702,7 +4063,7 @@ cusolverSpDcsrcholFactor:
     .globl cusolverSpDcsrcholFactorHost
     .type cusolverSpDcsrcholFactorHost, @function
 cusolverSpDcsrcholFactorHost:
-    leaq .Lname556(%rip), %rdi
+    leaq .Lname343(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4710,7 +4071,7 @@ cusolverSpDcsrcholFactorHost:
     .globl cusolverSpDcsrcholSolve
     .type cusolverSpDcsrcholSolve, @function
 cusolverSpDcsrcholSolve:
-    leaq .Lname557(%rip), %rdi
+    leaq .Lname344(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4718,7 +4079,7 @@ cusolverSpDcsrcholSolve:
     .globl cusolverSpDcsrcholSolveHost
     .type cusolverSpDcsrcholSolveHost, @function
 cusolverSpDcsrcholSolveHost:
-    leaq .Lname558(%rip), %rdi
+    leaq .Lname345(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4726,7 +4087,7 @@ cusolverSpDcsrcholSolveHost:
     .globl cusolverSpDcsrcholZeroPivot
     .type cusolverSpDcsrcholZeroPivot, @function
 cusolverSpDcsrcholZeroPivot:
-    leaq .Lname559(%rip), %rdi
+    leaq .Lname346(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4734,7 +4095,7 @@ cusolverSpDcsrcholZeroPivot:
     .globl cusolverSpDcsrcholZeroPivotHost
     .type cusolverSpDcsrcholZeroPivotHost, @function
 cusolverSpDcsrcholZeroPivotHost:
-    leaq .Lname560(%rip), %rdi
+    leaq .Lname347(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4742,7 +4103,7 @@ cusolverSpDcsrcholZeroPivotHost:
     .globl cusolverSpDcsreigsHost
     .type cusolverSpDcsreigsHost, @function
 cusolverSpDcsreigsHost:
-    leaq .Lname561(%rip), %rdi
+    leaq .Lname348(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4750,7 +4111,7 @@ cusolverSpDcsreigsHost:
     .globl cusolverSpDcsreigvsi
     .type cusolverSpDcsreigvsi, @function
 cusolverSpDcsreigvsi:
-    leaq .Lname562(%rip), %rdi
+    leaq .Lname349(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4758,7 +4119,7 @@ cusolverSpDcsreigvsi:
     .globl cusolverSpDcsreigvsiHost
     .type cusolverSpDcsreigvsiHost, @function
 cusolverSpDcsreigvsiHost:
-    leaq .Lname563(%rip), %rdi
+    leaq .Lname350(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4766,7 +4127,7 @@ cusolverSpDcsreigvsiHost:
     .globl cusolverSpDcsrlsqvqrHost
     .type cusolverSpDcsrlsqvqrHost, @function
 cusolverSpDcsrlsqvqrHost:
-    leaq .Lname564(%rip), %rdi
+    leaq .Lname351(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4774,7 +4135,7 @@ cusolverSpDcsrlsqvqrHost:
     .globl cusolverSpDcsrlsvchol
     .type cusolverSpDcsrlsvchol, @function
 cusolverSpDcsrlsvchol:
-    leaq .Lname565(%rip), %rdi
+    leaq .Lname352(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4782,7 +4143,7 @@ cusolverSpDcsrlsvchol:
     .globl cusolverSpDcsrlsvcholHost
     .type cusolverSpDcsrlsvcholHost, @function
 cusolverSpDcsrlsvcholHost:
-    leaq .Lname566(%rip), %rdi
+    leaq .Lname353(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4790,7 +4151,7 @@ cusolverSpDcsrlsvcholHost:
     .globl cusolverSpDcsrlsvluHost
     .type cusolverSpDcsrlsvluHost, @function
 cusolverSpDcsrlsvluHost:
-    leaq .Lname567(%rip), %rdi
+    leaq .Lname354(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4798,7 +4159,7 @@ cusolverSpDcsrlsvluHost:
     .globl cusolverSpDcsrlsvqr
     .type cusolverSpDcsrlsvqr, @function
 cusolverSpDcsrlsvqr:
-    leaq .Lname568(%rip), %rdi
+    leaq .Lname355(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4806,7 +4167,7 @@ cusolverSpDcsrlsvqr:
     .globl cusolverSpDcsrlsvqrHost
     .type cusolverSpDcsrlsvqrHost, @function
 cusolverSpDcsrlsvqrHost:
-    leaq .Lname569(%rip), %rdi
+    leaq .Lname356(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4814,7 +4175,7 @@ cusolverSpDcsrlsvqrHost:
     .globl cusolverSpDcsrluAnalysisHost
     .type cusolverSpDcsrluAnalysisHost, @function
 cusolverSpDcsrluAnalysisHost:
-    leaq .Lname570(%rip), %rdi
+    leaq .Lname357(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4822,7 +4183,7 @@ cusolverSpDcsrluAnalysisHost:
     .globl cusolverSpDcsrluBufferInfoHost
     .type cusolverSpDcsrluBufferInfoHost, @function
 cusolverSpDcsrluBufferInfoHost:
-    leaq .Lname571(%rip), %rdi
+    leaq .Lname358(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4830,7 +4191,7 @@ cusolverSpDcsrluBufferInfoHost:
     .globl cusolverSpDcsrluExtractBTFHost
     .type cusolverSpDcsrluExtractBTFHost, @function
 cusolverSpDcsrluExtractBTFHost:
-    leaq .Lname572(%rip), %rdi
+    leaq .Lname359(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4838,7 +4199,7 @@ cusolverSpDcsrluExtractBTFHost:
     .globl cusolverSpDcsrluExtractHost
     .type cusolverSpDcsrluExtractHost, @function
 cusolverSpDcsrluExtractHost:
-    leaq .Lname573(%rip), %rdi
+    leaq .Lname360(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4846,7 +4207,7 @@ cusolverSpDcsrluExtractHost:
     .globl cusolverSpDcsrluExtractMHost
     .type cusolverSpDcsrluExtractMHost, @function
 cusolverSpDcsrluExtractMHost:
-    leaq .Lname574(%rip), %rdi
+    leaq .Lname361(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4854,7 +4215,7 @@ cusolverSpDcsrluExtractMHost:
     .globl cusolverSpDcsrluFactorHost
     .type cusolverSpDcsrluFactorHost, @function
 cusolverSpDcsrluFactorHost:
-    leaq .Lname575(%rip), %rdi
+    leaq .Lname362(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4862,7 +4223,7 @@ cusolverSpDcsrluFactorHost:
     .globl cusolverSpDcsrluSolveHost
     .type cusolverSpDcsrluSolveHost, @function
 cusolverSpDcsrluSolveHost:
-    leaq .Lname576(%rip), %rdi
+    leaq .Lname363(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4870,7 +4231,7 @@ cusolverSpDcsrluSolveHost:
     .globl cusolverSpDcsrluZeroPivotHost
     .type cusolverSpDcsrluZeroPivotHost, @function
 cusolverSpDcsrluZeroPivotHost:
-    leaq .Lname577(%rip), %rdi
+    leaq .Lname364(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4878,7 +4239,7 @@ cusolverSpDcsrluZeroPivotHost:
     .globl cusolverSpDcsrlucondHost
     .type cusolverSpDcsrlucondHost, @function
 cusolverSpDcsrlucondHost:
-    leaq .Lname578(%rip), %rdi
+    leaq .Lname365(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4886,7 +4247,7 @@ cusolverSpDcsrlucondHost:
     .globl cusolverSpDcsrqrBufferInfo
     .type cusolverSpDcsrqrBufferInfo, @function
 cusolverSpDcsrqrBufferInfo:
-    leaq .Lname579(%rip), %rdi
+    leaq .Lname366(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4894,7 +4255,7 @@ cusolverSpDcsrqrBufferInfo:
     .globl cusolverSpDcsrqrBufferInfoBatched
     .type cusolverSpDcsrqrBufferInfoBatched, @function
 cusolverSpDcsrqrBufferInfoBatched:
-    leaq .Lname580(%rip), %rdi
+    leaq .Lname367(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4902,7 +4263,7 @@ cusolverSpDcsrqrBufferInfoBatched:
     .globl cusolverSpDcsrqrBufferInfoHost
     .type cusolverSpDcsrqrBufferInfoHost, @function
 cusolverSpDcsrqrBufferInfoHost:
-    leaq .Lname581(%rip), %rdi
+    leaq .Lname368(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4910,7 +4271,7 @@ cusolverSpDcsrqrBufferInfoHost:
     .globl cusolverSpDcsrqrFactor
     .type cusolverSpDcsrqrFactor, @function
 cusolverSpDcsrqrFactor:
-    leaq .Lname582(%rip), %rdi
+    leaq .Lname369(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4918,7 +4279,7 @@ cusolverSpDcsrqrFactor:
     .globl cusolverSpDcsrqrFactorHost
     .type cusolverSpDcsrqrFactorHost, @function
 cusolverSpDcsrqrFactorHost:
-    leaq .Lname583(%rip), %rdi
+    leaq .Lname370(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4926,7 +4287,7 @@ cusolverSpDcsrqrFactorHost:
     .globl cusolverSpDcsrqrSetup
     .type cusolverSpDcsrqrSetup, @function
 cusolverSpDcsrqrSetup:
-    leaq .Lname584(%rip), %rdi
+    leaq .Lname371(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4934,7 +4295,7 @@ cusolverSpDcsrqrSetup:
     .globl cusolverSpDcsrqrSetupHost
     .type cusolverSpDcsrqrSetupHost, @function
 cusolverSpDcsrqrSetupHost:
-    leaq .Lname585(%rip), %rdi
+    leaq .Lname372(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4942,7 +4303,7 @@ cusolverSpDcsrqrSetupHost:
     .globl cusolverSpDcsrqrSolve
     .type cusolverSpDcsrqrSolve, @function
 cusolverSpDcsrqrSolve:
-    leaq .Lname586(%rip), %rdi
+    leaq .Lname373(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4950,7 +4311,7 @@ cusolverSpDcsrqrSolve:
     .globl cusolverSpDcsrqrSolveHost
     .type cusolverSpDcsrqrSolveHost, @function
 cusolverSpDcsrqrSolveHost:
-    leaq .Lname587(%rip), %rdi
+    leaq .Lname374(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4958,7 +4319,7 @@ cusolverSpDcsrqrSolveHost:
     .globl cusolverSpDcsrqrZeroPivot
     .type cusolverSpDcsrqrZeroPivot, @function
 cusolverSpDcsrqrZeroPivot:
-    leaq .Lname588(%rip), %rdi
+    leaq .Lname375(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4966,7 +4327,7 @@ cusolverSpDcsrqrZeroPivot:
     .globl cusolverSpDcsrqrZeroPivotHost
     .type cusolverSpDcsrqrZeroPivotHost, @function
 cusolverSpDcsrqrZeroPivotHost:
-    leaq .Lname589(%rip), %rdi
+    leaq .Lname376(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4974,7 +4335,7 @@ cusolverSpDcsrqrZeroPivotHost:
     .globl cusolverSpDcsrqrrcond
     .type cusolverSpDcsrqrrcond, @function
 cusolverSpDcsrqrrcond:
-    leaq .Lname590(%rip), %rdi
+    leaq .Lname377(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4982,7 +4343,7 @@ cusolverSpDcsrqrrcond:
     .globl cusolverSpDcsrqrsvBatched
     .type cusolverSpDcsrqrsvBatched, @function
 cusolverSpDcsrqrsvBatched:
-    leaq .Lname591(%rip), %rdi
+    leaq .Lname378(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4990,7 +4351,7 @@ cusolverSpDcsrqrsvBatched:
     .globl cusolverSpDcsrsubm2denseHost
     .type cusolverSpDcsrsubm2denseHost, @function
 cusolverSpDcsrsubm2denseHost:
-    leaq .Lname592(%rip), %rdi
+    leaq .Lname379(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4998,7 +4359,7 @@ cusolverSpDcsrsubm2denseHost:
     .globl cusolverSpDcsrzfdHost
     .type cusolverSpDcsrzfdHost, @function
 cusolverSpDcsrzfdHost:
-    leaq .Lname593(%rip), %rdi
+    leaq .Lname380(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5011,7 +4372,7 @@ cusolverSpDestroy:
     .globl cusolverSpDestroyCsrcholInfo
     .type cusolverSpDestroyCsrcholInfo, @function
 cusolverSpDestroyCsrcholInfo:
-    leaq .Lname594(%rip), %rdi
+    leaq .Lname381(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5019,7 +4380,7 @@ cusolverSpDestroyCsrcholInfo:
     .globl cusolverSpDestroyCsrcholInfoHost
     .type cusolverSpDestroyCsrcholInfoHost, @function
 cusolverSpDestroyCsrcholInfoHost:
-    leaq .Lname595(%rip), %rdi
+    leaq .Lname382(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5027,7 +4388,7 @@ cusolverSpDestroyCsrcholInfoHost:
     .globl cusolverSpDestroyCsrluInfoHost
     .type cusolverSpDestroyCsrluInfoHost, @function
 cusolverSpDestroyCsrluInfoHost:
-    leaq .Lname596(%rip), %rdi
+    leaq .Lname383(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5040,7 +4401,7 @@ cusolverSpDestroyCsrqrInfo:
     .globl cusolverSpDestroyCsrqrInfoHost
     .type cusolverSpDestroyCsrqrInfoHost, @function
 cusolverSpDestroyCsrqrInfoHost:
-    leaq .Lname597(%rip), %rdi
+    leaq .Lname384(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5048,7 +4409,7 @@ cusolverSpDestroyCsrqrInfoHost:
     .globl cusolverSpDestroyGluInfo
     .type cusolverSpDestroyGluInfo, @function
 cusolverSpDestroyGluInfo:
-    leaq .Lname598(%rip), %rdi
+    leaq .Lname385(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5056,7 +4417,7 @@ cusolverSpDestroyGluInfo:
     .globl cusolverSpDestroySnluInfo
     .type cusolverSpDestroySnluInfo, @function
 cusolverSpDestroySnluInfo:
-    leaq .Lname599(%rip), %rdi
+    leaq .Lname386(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5064,7 +4425,7 @@ cusolverSpDestroySnluInfo:
     .globl cusolverSpDgluAnalysis
     .type cusolverSpDgluAnalysis, @function
 cusolverSpDgluAnalysis:
-    leaq .Lname600(%rip), %rdi
+    leaq .Lname387(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5072,7 +4433,7 @@ cusolverSpDgluAnalysis:
     .globl cusolverSpDgluBufferSize
     .type cusolverSpDgluBufferSize, @function
 cusolverSpDgluBufferSize:
-    leaq .Lname601(%rip), %rdi
+    leaq .Lname388(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5080,7 +4441,7 @@ cusolverSpDgluBufferSize:
     .globl cusolverSpDgluExtractMHost
     .type cusolverSpDgluExtractMHost, @function
 cusolverSpDgluExtractMHost:
-    leaq .Lname602(%rip), %rdi
+    leaq .Lname389(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5088,7 +4449,7 @@ cusolverSpDgluExtractMHost:
     .globl cusolverSpDgluFactor
     .type cusolverSpDgluFactor, @function
 cusolverSpDgluFactor:
-    leaq .Lname603(%rip), %rdi
+    leaq .Lname390(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5096,7 +4457,7 @@ cusolverSpDgluFactor:
     .globl cusolverSpDgluNumericBoost
     .type cusolverSpDgluNumericBoost, @function
 cusolverSpDgluNumericBoost:
-    leaq .Lname604(%rip), %rdi
+    leaq .Lname391(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5104,7 +4465,7 @@ cusolverSpDgluNumericBoost:
     .globl cusolverSpDgluReset
     .type cusolverSpDgluReset, @function
 cusolverSpDgluReset:
-    leaq .Lname605(%rip), %rdi
+    leaq .Lname392(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5112,7 +4473,7 @@ cusolverSpDgluReset:
     .globl cusolverSpDgluSetup
     .type cusolverSpDgluSetup, @function
 cusolverSpDgluSetup:
-    leaq .Lname606(%rip), %rdi
+    leaq .Lname393(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5120,7 +4481,7 @@ cusolverSpDgluSetup:
     .globl cusolverSpDgluSetupByTile
     .type cusolverSpDgluSetupByTile, @function
 cusolverSpDgluSetupByTile:
-    leaq .Lname607(%rip), %rdi
+    leaq .Lname394(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5128,7 +4489,7 @@ cusolverSpDgluSetupByTile:
     .globl cusolverSpDgluSolve
     .type cusolverSpDgluSolve, @function
 cusolverSpDgluSolve:
-    leaq .Lname608(%rip), %rdi
+    leaq .Lname395(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5136,7 +4497,7 @@ cusolverSpDgluSolve:
     .globl cusolverSpDnrminf
     .type cusolverSpDnrminf, @function
 cusolverSpDnrminf:
-    leaq .Lname609(%rip), %rdi
+    leaq .Lname396(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5144,7 +4505,7 @@ cusolverSpDnrminf:
     .globl cusolverSpDsnluBuffersize
     .type cusolverSpDsnluBuffersize, @function
 cusolverSpDsnluBuffersize:
-    leaq .Lname610(%rip), %rdi
+    leaq .Lname397(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5152,7 +4513,7 @@ cusolverSpDsnluBuffersize:
     .globl cusolverSpDsnluFactor
     .type cusolverSpDsnluFactor, @function
 cusolverSpDsnluFactor:
-    leaq .Lname611(%rip), %rdi
+    leaq .Lname398(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5160,7 +4521,7 @@ cusolverSpDsnluFactor:
     .globl cusolverSpDsnluSolve
     .type cusolverSpDsnluSolve, @function
 cusolverSpDsnluSolve:
-    leaq .Lname612(%rip), %rdi
+    leaq .Lname399(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5168,7 +4529,7 @@ cusolverSpDsnluSolve:
     .globl cusolverSpDsymgthr
     .type cusolverSpDsymgthr, @function
 cusolverSpDsymgthr:
-    leaq .Lname613(%rip), %rdi
+    leaq .Lname400(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5176,7 +4537,7 @@ cusolverSpDsymgthr:
     .globl cusolverSpDsymgthrHost
     .type cusolverSpDsymgthrHost, @function
 cusolverSpDsymgthrHost:
-    leaq .Lname614(%rip), %rdi
+    leaq .Lname401(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5189,7 +4550,7 @@ cusolverSpGetStream:
     .globl cusolverSpLcsrqrBufferInfo
     .type cusolverSpLcsrqrBufferInfo, @function
 cusolverSpLcsrqrBufferInfo:
-    leaq .Lname615(%rip), %rdi
+    leaq .Lname402(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5197,7 +4558,7 @@ cusolverSpLcsrqrBufferInfo:
     .globl cusolverSpLcsrqrFactor
     .type cusolverSpLcsrqrFactor, @function
 cusolverSpLcsrqrFactor:
-    leaq .Lname616(%rip), %rdi
+    leaq .Lname403(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5205,7 +4566,7 @@ cusolverSpLcsrqrFactor:
     .globl cusolverSpLcsrqrSetup
     .type cusolverSpLcsrqrSetup, @function
 cusolverSpLcsrqrSetup:
-    leaq .Lname617(%rip), %rdi
+    leaq .Lname404(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5213,7 +4574,7 @@ cusolverSpLcsrqrSetup:
     .globl cusolverSpLcsrqrSolve
     .type cusolverSpLcsrqrSolve, @function
 cusolverSpLcsrqrSolve:
-    leaq .Lname618(%rip), %rdi
+    leaq .Lname405(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5221,7 +4582,7 @@ cusolverSpLcsrqrSolve:
     .globl cusolverSpLcsrqrSolveRefine
     .type cusolverSpLcsrqrSolveRefine, @function
 cusolverSpLcsrqrSolveRefine:
-    leaq .Lname619(%rip), %rdi
+    leaq .Lname406(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5229,7 +4590,7 @@ cusolverSpLcsrqrSolveRefine:
     .globl cusolverSpLcsrqrZeroPivot
     .type cusolverSpLcsrqrZeroPivot, @function
 cusolverSpLcsrqrZeroPivot:
-    leaq .Lname620(%rip), %rdi
+    leaq .Lname407(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5237,7 +4598,7 @@ cusolverSpLcsrqrZeroPivot:
     .globl cusolverSpLcsrqrrcond
     .type cusolverSpLcsrqrrcond, @function
 cusolverSpLcsrqrrcond:
-    leaq .Lname621(%rip), %rdi
+    leaq .Lname408(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5245,7 +4606,7 @@ cusolverSpLcsrqrrcond:
     .globl cusolverSpQcsrqrBufferInfo
     .type cusolverSpQcsrqrBufferInfo, @function
 cusolverSpQcsrqrBufferInfo:
-    leaq .Lname622(%rip), %rdi
+    leaq .Lname409(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5253,7 +4614,7 @@ cusolverSpQcsrqrBufferInfo:
     .globl cusolverSpQcsrqrFactor
     .type cusolverSpQcsrqrFactor, @function
 cusolverSpQcsrqrFactor:
-    leaq .Lname623(%rip), %rdi
+    leaq .Lname410(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5261,7 +4622,7 @@ cusolverSpQcsrqrFactor:
     .globl cusolverSpQcsrqrSetup
     .type cusolverSpQcsrqrSetup, @function
 cusolverSpQcsrqrSetup:
-    leaq .Lname624(%rip), %rdi
+    leaq .Lname411(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5269,7 +4630,7 @@ cusolverSpQcsrqrSetup:
     .globl cusolverSpQcsrqrSolve
     .type cusolverSpQcsrqrSolve, @function
 cusolverSpQcsrqrSolve:
-    leaq .Lname625(%rip), %rdi
+    leaq .Lname412(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5277,7 +4638,7 @@ cusolverSpQcsrqrSolve:
     .globl cusolverSpQcsrqrSolveRefine
     .type cusolverSpQcsrqrSolveRefine, @function
 cusolverSpQcsrqrSolveRefine:
-    leaq .Lname626(%rip), %rdi
+    leaq .Lname413(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5285,7 +4646,7 @@ cusolverSpQcsrqrSolveRefine:
     .globl cusolverSpQcsrqrZeroPivot
     .type cusolverSpQcsrqrZeroPivot, @function
 cusolverSpQcsrqrZeroPivot:
-    leaq .Lname627(%rip), %rdi
+    leaq .Lname414(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5293,7 +4654,7 @@ cusolverSpQcsrqrZeroPivot:
     .globl cusolverSpQcsrqrrcond
     .type cusolverSpQcsrqrrcond, @function
 cusolverSpQcsrqrrcond:
-    leaq .Lname628(%rip), %rdi
+    leaq .Lname415(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5301,7 +4662,7 @@ cusolverSpQcsrqrrcond:
     .globl cusolverSpScsrbtfHost
     .type cusolverSpScsrbtfHost, @function
 cusolverSpScsrbtfHost:
-    leaq .Lname629(%rip), %rdi
+    leaq .Lname416(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5309,7 +4670,7 @@ cusolverSpScsrbtfHost:
     .globl cusolverSpScsrcholBufferInfo
     .type cusolverSpScsrcholBufferInfo, @function
 cusolverSpScsrcholBufferInfo:
-    leaq .Lname630(%rip), %rdi
+    leaq .Lname417(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5317,7 +4678,7 @@ cusolverSpScsrcholBufferInfo:
     .globl cusolverSpScsrcholBufferInfoHost
     .type cusolverSpScsrcholBufferInfoHost, @function
 cusolverSpScsrcholBufferInfoHost:
-    leaq .Lname631(%rip), %rdi
+    leaq .Lname418(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5325,7 +4686,7 @@ cusolverSpScsrcholBufferInfoHost:
     .globl cusolverSpScsrcholDiag
     .type cusolverSpScsrcholDiag, @function
 cusolverSpScsrcholDiag:
-    leaq .Lname632(%rip), %rdi
+    leaq .Lname419(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5333,7 +4694,7 @@ cusolverSpScsrcholDiag:
     .globl cusolverSpScsrcholFactor
     .type cusolverSpScsrcholFactor, @function
 cusolverSpScsrcholFactor:
-    leaq .Lname633(%rip), %rdi
+    leaq .Lname420(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5341,7 +4702,7 @@ cusolverSpScsrcholFactor:
     .globl cusolverSpScsrcholFactorHost
     .type cusolverSpScsrcholFactorHost, @function
 cusolverSpScsrcholFactorHost:
-    leaq .Lname634(%rip), %rdi
+    leaq .Lname421(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5349,7 +4710,7 @@ cusolverSpScsrcholFactorHost:
     .globl cusolverSpScsrcholSolve
     .type cusolverSpScsrcholSolve, @function
 cusolverSpScsrcholSolve:
-    leaq .Lname635(%rip), %rdi
+    leaq .Lname422(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5357,7 +4718,7 @@ cusolverSpScsrcholSolve:
     .globl cusolverSpScsrcholSolveHost
     .type cusolverSpScsrcholSolveHost, @function
 cusolverSpScsrcholSolveHost:
-    leaq .Lname636(%rip), %rdi
+    leaq .Lname423(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5365,7 +4726,7 @@ cusolverSpScsrcholSolveHost:
     .globl cusolverSpScsrcholZeroPivot
     .type cusolverSpScsrcholZeroPivot, @function
 cusolverSpScsrcholZeroPivot:
-    leaq .Lname637(%rip), %rdi
+    leaq .Lname424(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5373,7 +4734,7 @@ cusolverSpScsrcholZeroPivot:
     .globl cusolverSpScsrcholZeroPivotHost
     .type cusolverSpScsrcholZeroPivotHost, @function
 cusolverSpScsrcholZeroPivotHost:
-    leaq .Lname638(%rip), %rdi
+    leaq .Lname425(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5381,7 +4742,7 @@ cusolverSpScsrcholZeroPivotHost:
     .globl cusolverSpScsreigsHost
     .type cusolverSpScsreigsHost, @function
 cusolverSpScsreigsHost:
-    leaq .Lname639(%rip), %rdi
+    leaq .Lname426(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5389,7 +4750,7 @@ cusolverSpScsreigsHost:
     .globl cusolverSpScsreigvsi
     .type cusolverSpScsreigvsi, @function
 cusolverSpScsreigvsi:
-    leaq .Lname640(%rip), %rdi
+    leaq .Lname427(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5397,7 +4758,7 @@ cusolverSpScsreigvsi:
     .globl cusolverSpScsreigvsiHost
     .type cusolverSpScsreigvsiHost, @function
 cusolverSpScsreigvsiHost:
-    leaq .Lname641(%rip), %rdi
+    leaq .Lname428(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5405,7 +4766,7 @@ cusolverSpScsreigvsiHost:
     .globl cusolverSpScsrlsqvqrHost
     .type cusolverSpScsrlsqvqrHost, @function
 cusolverSpScsrlsqvqrHost:
-    leaq .Lname642(%rip), %rdi
+    leaq .Lname429(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5413,7 +4774,7 @@ cusolverSpScsrlsqvqrHost:
     .globl cusolverSpScsrlsvchol
     .type cusolverSpScsrlsvchol, @function
 cusolverSpScsrlsvchol:
-    leaq .Lname643(%rip), %rdi
+    leaq .Lname430(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5421,7 +4782,7 @@ cusolverSpScsrlsvchol:
     .globl cusolverSpScsrlsvcholHost
     .type cusolverSpScsrlsvcholHost, @function
 cusolverSpScsrlsvcholHost:
-    leaq .Lname644(%rip), %rdi
+    leaq .Lname431(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5429,7 +4790,7 @@ cusolverSpScsrlsvcholHost:
     .globl cusolverSpScsrlsvluHost
     .type cusolverSpScsrlsvluHost, @function
 cusolverSpScsrlsvluHost:
-    leaq .Lname645(%rip), %rdi
+    leaq .Lname432(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5437,7 +4798,7 @@ cusolverSpScsrlsvluHost:
     .globl cusolverSpScsrlsvqr
     .type cusolverSpScsrlsvqr, @function
 cusolverSpScsrlsvqr:
-    leaq .Lname646(%rip), %rdi
+    leaq .Lname433(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5445,7 +4806,7 @@ cusolverSpScsrlsvqr:
     .globl cusolverSpScsrlsvqrHost
     .type cusolverSpScsrlsvqrHost, @function
 cusolverSpScsrlsvqrHost:
-    leaq .Lname647(%rip), %rdi
+    leaq .Lname434(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5453,7 +4814,7 @@ cusolverSpScsrlsvqrHost:
     .globl cusolverSpScsrluAnalysisHost
     .type cusolverSpScsrluAnalysisHost, @function
 cusolverSpScsrluAnalysisHost:
-    leaq .Lname648(%rip), %rdi
+    leaq .Lname435(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5461,7 +4822,7 @@ cusolverSpScsrluAnalysisHost:
     .globl cusolverSpScsrluBufferInfoHost
     .type cusolverSpScsrluBufferInfoHost, @function
 cusolverSpScsrluBufferInfoHost:
-    leaq .Lname649(%rip), %rdi
+    leaq .Lname436(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5469,7 +4830,7 @@ cusolverSpScsrluBufferInfoHost:
     .globl cusolverSpScsrluExtractBTFHost
     .type cusolverSpScsrluExtractBTFHost, @function
 cusolverSpScsrluExtractBTFHost:
-    leaq .Lname650(%rip), %rdi
+    leaq .Lname437(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5477,7 +4838,7 @@ cusolverSpScsrluExtractBTFHost:
     .globl cusolverSpScsrluExtractHost
     .type cusolverSpScsrluExtractHost, @function
 cusolverSpScsrluExtractHost:
-    leaq .Lname651(%rip), %rdi
+    leaq .Lname438(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5485,7 +4846,7 @@ cusolverSpScsrluExtractHost:
     .globl cusolverSpScsrluExtractMHost
     .type cusolverSpScsrluExtractMHost, @function
 cusolverSpScsrluExtractMHost:
-    leaq .Lname652(%rip), %rdi
+    leaq .Lname439(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5493,7 +4854,7 @@ cusolverSpScsrluExtractMHost:
     .globl cusolverSpScsrluFactorHost
     .type cusolverSpScsrluFactorHost, @function
 cusolverSpScsrluFactorHost:
-    leaq .Lname653(%rip), %rdi
+    leaq .Lname440(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5501,7 +4862,7 @@ cusolverSpScsrluFactorHost:
     .globl cusolverSpScsrluSolveHost
     .type cusolverSpScsrluSolveHost, @function
 cusolverSpScsrluSolveHost:
-    leaq .Lname654(%rip), %rdi
+    leaq .Lname441(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5509,7 +4870,7 @@ cusolverSpScsrluSolveHost:
     .globl cusolverSpScsrluZeroPivotHost
     .type cusolverSpScsrluZeroPivotHost, @function
 cusolverSpScsrluZeroPivotHost:
-    leaq .Lname655(%rip), %rdi
+    leaq .Lname442(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5517,7 +4878,7 @@ cusolverSpScsrluZeroPivotHost:
     .globl cusolverSpScsrlucondHost
     .type cusolverSpScsrlucondHost, @function
 cusolverSpScsrlucondHost:
-    leaq .Lname656(%rip), %rdi
+    leaq .Lname443(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5525,7 +4886,7 @@ cusolverSpScsrlucondHost:
     .globl cusolverSpScsrqrBufferInfo
     .type cusolverSpScsrqrBufferInfo, @function
 cusolverSpScsrqrBufferInfo:
-    leaq .Lname657(%rip), %rdi
+    leaq .Lname444(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5533,7 +4894,7 @@ cusolverSpScsrqrBufferInfo:
     .globl cusolverSpScsrqrBufferInfoBatched
     .type cusolverSpScsrqrBufferInfoBatched, @function
 cusolverSpScsrqrBufferInfoBatched:
-    leaq .Lname658(%rip), %rdi
+    leaq .Lname445(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5541,7 +4902,7 @@ cusolverSpScsrqrBufferInfoBatched:
     .globl cusolverSpScsrqrBufferInfoHost
     .type cusolverSpScsrqrBufferInfoHost, @function
 cusolverSpScsrqrBufferInfoHost:
-    leaq .Lname659(%rip), %rdi
+    leaq .Lname446(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5549,7 +4910,7 @@ cusolverSpScsrqrBufferInfoHost:
     .globl cusolverSpScsrqrFactor
     .type cusolverSpScsrqrFactor, @function
 cusolverSpScsrqrFactor:
-    leaq .Lname660(%rip), %rdi
+    leaq .Lname447(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5557,7 +4918,7 @@ cusolverSpScsrqrFactor:
     .globl cusolverSpScsrqrFactorHost
     .type cusolverSpScsrqrFactorHost, @function
 cusolverSpScsrqrFactorHost:
-    leaq .Lname661(%rip), %rdi
+    leaq .Lname448(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5565,7 +4926,7 @@ cusolverSpScsrqrFactorHost:
     .globl cusolverSpScsrqrSetup
     .type cusolverSpScsrqrSetup, @function
 cusolverSpScsrqrSetup:
-    leaq .Lname662(%rip), %rdi
+    leaq .Lname449(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5573,7 +4934,7 @@ cusolverSpScsrqrSetup:
     .globl cusolverSpScsrqrSetupHost
     .type cusolverSpScsrqrSetupHost, @function
 cusolverSpScsrqrSetupHost:
-    leaq .Lname663(%rip), %rdi
+    leaq .Lname450(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5581,7 +4942,7 @@ cusolverSpScsrqrSetupHost:
     .globl cusolverSpScsrqrSolve
     .type cusolverSpScsrqrSolve, @function
 cusolverSpScsrqrSolve:
-    leaq .Lname664(%rip), %rdi
+    leaq .Lname451(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5589,7 +4950,7 @@ cusolverSpScsrqrSolve:
     .globl cusolverSpScsrqrSolveHost
     .type cusolverSpScsrqrSolveHost, @function
 cusolverSpScsrqrSolveHost:
-    leaq .Lname665(%rip), %rdi
+    leaq .Lname452(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5597,7 +4958,7 @@ cusolverSpScsrqrSolveHost:
     .globl cusolverSpScsrqrZeroPivot
     .type cusolverSpScsrqrZeroPivot, @function
 cusolverSpScsrqrZeroPivot:
-    leaq .Lname666(%rip), %rdi
+    leaq .Lname453(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5605,7 +4966,7 @@ cusolverSpScsrqrZeroPivot:
     .globl cusolverSpScsrqrZeroPivotHost
     .type cusolverSpScsrqrZeroPivotHost, @function
 cusolverSpScsrqrZeroPivotHost:
-    leaq .Lname667(%rip), %rdi
+    leaq .Lname454(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5613,7 +4974,7 @@ cusolverSpScsrqrZeroPivotHost:
     .globl cusolverSpScsrqrrcond
     .type cusolverSpScsrqrrcond, @function
 cusolverSpScsrqrrcond:
-    leaq .Lname668(%rip), %rdi
+    leaq .Lname455(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5621,7 +4982,7 @@ cusolverSpScsrqrrcond:
     .globl cusolverSpScsrqrsvBatched
     .type cusolverSpScsrqrsvBatched, @function
 cusolverSpScsrqrsvBatched:
-    leaq .Lname669(%rip), %rdi
+    leaq .Lname456(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5629,7 +4990,7 @@ cusolverSpScsrqrsvBatched:
     .globl cusolverSpScsrsubm2denseHost
     .type cusolverSpScsrsubm2denseHost, @function
 cusolverSpScsrsubm2denseHost:
-    leaq .Lname670(%rip), %rdi
+    leaq .Lname457(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5637,7 +4998,7 @@ cusolverSpScsrsubm2denseHost:
     .globl cusolverSpScsrzfdHost
     .type cusolverSpScsrzfdHost, @function
 cusolverSpScsrzfdHost:
-    leaq .Lname671(%rip), %rdi
+    leaq .Lname458(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5650,7 +5011,7 @@ cusolverSpSetStream:
     .globl cusolverSpSsnluBuffersize
     .type cusolverSpSsnluBuffersize, @function
 cusolverSpSsnluBuffersize:
-    leaq .Lname672(%rip), %rdi
+    leaq .Lname459(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5658,7 +5019,7 @@ cusolverSpSsnluBuffersize:
     .globl cusolverSpSsnluFactor
     .type cusolverSpSsnluFactor, @function
 cusolverSpSsnluFactor:
-    leaq .Lname673(%rip), %rdi
+    leaq .Lname460(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5666,7 +5027,7 @@ cusolverSpSsnluFactor:
     .globl cusolverSpSsnluSolve
     .type cusolverSpSsnluSolve, @function
 cusolverSpSsnluSolve:
-    leaq .Lname674(%rip), %rdi
+    leaq .Lname461(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5674,7 +5035,7 @@ cusolverSpSsnluSolve:
     .globl cusolverSpSsymgthr
     .type cusolverSpSsymgthr, @function
 cusolverSpSsymgthr:
-    leaq .Lname675(%rip), %rdi
+    leaq .Lname462(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5682,7 +5043,7 @@ cusolverSpSsymgthr:
     .globl cusolverSpSsymgthrHost
     .type cusolverSpSsymgthrHost, @function
 cusolverSpSsymgthrHost:
-    leaq .Lname676(%rip), %rdi
+    leaq .Lname463(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5690,7 +5051,7 @@ cusolverSpSsymgthrHost:
     .globl cusolverSpXcsr2cscHost
     .type cusolverSpXcsr2cscHost, @function
 cusolverSpXcsr2cscHost:
-    leaq .Lname677(%rip), %rdi
+    leaq .Lname464(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5698,7 +5059,7 @@ cusolverSpXcsr2cscHost:
     .globl cusolverSpXcsr2csc_bufferSizeHost
     .type cusolverSpXcsr2csc_bufferSizeHost, @function
 cusolverSpXcsr2csc_bufferSizeHost:
-    leaq .Lname678(%rip), %rdi
+    leaq .Lname465(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5706,7 +5067,7 @@ cusolverSpXcsr2csc_bufferSizeHost:
     .globl cusolverSpXcsrcholAnalysis
     .type cusolverSpXcsrcholAnalysis, @function
 cusolverSpXcsrcholAnalysis:
-    leaq .Lname679(%rip), %rdi
+    leaq .Lname466(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5714,7 +5075,7 @@ cusolverSpXcsrcholAnalysis:
     .globl cusolverSpXcsrcholAnalysisHost
     .type cusolverSpXcsrcholAnalysisHost, @function
 cusolverSpXcsrcholAnalysisHost:
-    leaq .Lname680(%rip), %rdi
+    leaq .Lname467(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5722,7 +5083,7 @@ cusolverSpXcsrcholAnalysisHost:
     .globl cusolverSpXcsrissymHost
     .type cusolverSpXcsrissymHost, @function
 cusolverSpXcsrissymHost:
-    leaq .Lname681(%rip), %rdi
+    leaq .Lname468(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5730,7 +5091,7 @@ cusolverSpXcsrissymHost:
     .globl cusolverSpXcsrluAnalysisHost
     .type cusolverSpXcsrluAnalysisHost, @function
 cusolverSpXcsrluAnalysisHost:
-    leaq .Lname682(%rip), %rdi
+    leaq .Lname469(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5738,7 +5099,7 @@ cusolverSpXcsrluAnalysisHost:
     .globl cusolverSpXcsrluConfigHost
     .type cusolverSpXcsrluConfigHost, @function
 cusolverSpXcsrluConfigHost:
-    leaq .Lname683(%rip), %rdi
+    leaq .Lname470(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5746,7 +5107,7 @@ cusolverSpXcsrluConfigHost:
     .globl cusolverSpXcsrluNnzHost
     .type cusolverSpXcsrluNnzHost, @function
 cusolverSpXcsrluNnzHost:
-    leaq .Lname684(%rip), %rdi
+    leaq .Lname471(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5754,7 +5115,7 @@ cusolverSpXcsrluNnzHost:
     .globl cusolverSpXcsrluNnzMHost
     .type cusolverSpXcsrluNnzMHost, @function
 cusolverSpXcsrluNnzMHost:
-    leaq .Lname685(%rip), %rdi
+    leaq .Lname472(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5762,7 +5123,7 @@ cusolverSpXcsrluNnzMHost:
     .globl cusolverSpXcsrmetisndHost
     .type cusolverSpXcsrmetisndHost, @function
 cusolverSpXcsrmetisndHost:
-    leaq .Lname686(%rip), %rdi
+    leaq .Lname473(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5770,7 +5131,7 @@ cusolverSpXcsrmetisndHost:
     .globl cusolverSpXcsrnsepHost
     .type cusolverSpXcsrnsepHost, @function
 cusolverSpXcsrnsepHost:
-    leaq .Lname687(%rip), %rdi
+    leaq .Lname474(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5778,7 +5139,7 @@ cusolverSpXcsrnsepHost:
     .globl cusolverSpXcsrpermHost
     .type cusolverSpXcsrpermHost, @function
 cusolverSpXcsrpermHost:
-    leaq .Lname688(%rip), %rdi
+    leaq .Lname475(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5786,7 +5147,7 @@ cusolverSpXcsrpermHost:
     .globl cusolverSpXcsrperm_bufferSizeHost
     .type cusolverSpXcsrperm_bufferSizeHost, @function
 cusolverSpXcsrperm_bufferSizeHost:
-    leaq .Lname689(%rip), %rdi
+    leaq .Lname476(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5794,7 +5155,7 @@ cusolverSpXcsrperm_bufferSizeHost:
     .globl cusolverSpXcsrqrAnalysis
     .type cusolverSpXcsrqrAnalysis, @function
 cusolverSpXcsrqrAnalysis:
-    leaq .Lname690(%rip), %rdi
+    leaq .Lname477(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5802,7 +5163,7 @@ cusolverSpXcsrqrAnalysis:
     .globl cusolverSpXcsrqrAnalysisBatched
     .type cusolverSpXcsrqrAnalysisBatched, @function
 cusolverSpXcsrqrAnalysisBatched:
-    leaq .Lname691(%rip), %rdi
+    leaq .Lname478(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5810,7 +5171,7 @@ cusolverSpXcsrqrAnalysisBatched:
     .globl cusolverSpXcsrqrAnalysisHost
     .type cusolverSpXcsrqrAnalysisHost, @function
 cusolverSpXcsrqrAnalysisHost:
-    leaq .Lname692(%rip), %rdi
+    leaq .Lname479(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5818,7 +5179,7 @@ cusolverSpXcsrqrAnalysisHost:
     .globl cusolverSpXcsrqrConfigInfo
     .type cusolverSpXcsrqrConfigInfo, @function
 cusolverSpXcsrqrConfigInfo:
-    leaq .Lname693(%rip), %rdi
+    leaq .Lname480(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5826,7 +5187,7 @@ cusolverSpXcsrqrConfigInfo:
     .globl cusolverSpXcsrsubmHost
     .type cusolverSpXcsrsubmHost, @function
 cusolverSpXcsrsubmHost:
-    leaq .Lname694(%rip), %rdi
+    leaq .Lname481(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5834,7 +5195,7 @@ cusolverSpXcsrsubmHost:
     .globl cusolverSpXcsrsubmNnzHost
     .type cusolverSpXcsrsubmNnzHost, @function
 cusolverSpXcsrsubmNnzHost:
-    leaq .Lname695(%rip), %rdi
+    leaq .Lname482(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5842,7 +5203,7 @@ cusolverSpXcsrsubmNnzHost:
     .globl cusolverSpXcsrsymamdHost
     .type cusolverSpXcsrsymamdHost, @function
 cusolverSpXcsrsymamdHost:
-    leaq .Lname696(%rip), %rdi
+    leaq .Lname483(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5850,7 +5211,7 @@ cusolverSpXcsrsymamdHost:
     .globl cusolverSpXcsrsymmdqHost
     .type cusolverSpXcsrsymmdqHost, @function
 cusolverSpXcsrsymmdqHost:
-    leaq .Lname697(%rip), %rdi
+    leaq .Lname484(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5858,7 +5219,7 @@ cusolverSpXcsrsymmdqHost:
     .globl cusolverSpXcsrsympermHost
     .type cusolverSpXcsrsympermHost, @function
 cusolverSpXcsrsympermHost:
-    leaq .Lname698(%rip), %rdi
+    leaq .Lname485(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5866,7 +5227,7 @@ cusolverSpXcsrsympermHost:
     .globl cusolverSpXcsrsymperm_bufferSizeHost
     .type cusolverSpXcsrsymperm_bufferSizeHost, @function
 cusolverSpXcsrsymperm_bufferSizeHost:
-    leaq .Lname699(%rip), %rdi
+    leaq .Lname486(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5874,7 +5235,7 @@ cusolverSpXcsrsymperm_bufferSizeHost:
     .globl cusolverSpXcsrsymrcmHost
     .type cusolverSpXcsrsymrcmHost, @function
 cusolverSpXcsrsymrcmHost:
-    leaq .Lname700(%rip), %rdi
+    leaq .Lname487(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5882,7 +5243,7 @@ cusolverSpXcsrsymrcmHost:
     .globl cusolverSpXgluZeroPivot
     .type cusolverSpXgluZeroPivot, @function
 cusolverSpXgluZeroPivot:
-    leaq .Lname701(%rip), %rdi
+    leaq .Lname488(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5890,7 +5251,7 @@ cusolverSpXgluZeroPivot:
     .globl cusolverSpXsnluAnalysis
     .type cusolverSpXsnluAnalysis, @function
 cusolverSpXsnluAnalysis:
-    leaq .Lname702(%rip), %rdi
+    leaq .Lname489(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5898,7 +5259,7 @@ cusolverSpXsnluAnalysis:
     .globl cusolverSpXsnluFlops
     .type cusolverSpXsnluFlops, @function
 cusolverSpXsnluFlops:
-    leaq .Lname703(%rip), %rdi
+    leaq .Lname490(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5906,7 +5267,7 @@ cusolverSpXsnluFlops:
     .globl cusolverSpXsnluReport
     .type cusolverSpXsnluReport, @function
 cusolverSpXsnluReport:
-    leaq .Lname704(%rip), %rdi
+    leaq .Lname491(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5914,7 +5275,7 @@ cusolverSpXsnluReport:
     .globl cusolverSpXsnluResizeSupernodeBy
     .type cusolverSpXsnluResizeSupernodeBy, @function
 cusolverSpXsnluResizeSupernodeBy:
-    leaq .Lname705(%rip), %rdi
+    leaq .Lname492(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5922,7 +5283,7 @@ cusolverSpXsnluResizeSupernodeBy:
     .globl cusolverSpXsnluSetReorder
     .type cusolverSpXsnluSetReorder, @function
 cusolverSpXsnluSetReorder:
-    leaq .Lname706(%rip), %rdi
+    leaq .Lname493(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5930,7 +5291,7 @@ cusolverSpXsnluSetReorder:
     .globl cusolverSpZcsrbtfHost
     .type cusolverSpZcsrbtfHost, @function
 cusolverSpZcsrbtfHost:
-    leaq .Lname707(%rip), %rdi
+    leaq .Lname494(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5938,7 +5299,7 @@ cusolverSpZcsrbtfHost:
     .globl cusolverSpZcsrcholBufferInfo
     .type cusolverSpZcsrcholBufferInfo, @function
 cusolverSpZcsrcholBufferInfo:
-    leaq .Lname708(%rip), %rdi
+    leaq .Lname495(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5946,7 +5307,7 @@ cusolverSpZcsrcholBufferInfo:
     .globl cusolverSpZcsrcholBufferInfoHost
     .type cusolverSpZcsrcholBufferInfoHost, @function
 cusolverSpZcsrcholBufferInfoHost:
-    leaq .Lname709(%rip), %rdi
+    leaq .Lname496(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5954,7 +5315,7 @@ cusolverSpZcsrcholBufferInfoHost:
     .globl cusolverSpZcsrcholDiag
     .type cusolverSpZcsrcholDiag, @function
 cusolverSpZcsrcholDiag:
-    leaq .Lname710(%rip), %rdi
+    leaq .Lname497(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5962,7 +5323,7 @@ cusolverSpZcsrcholDiag:
     .globl cusolverSpZcsrcholFactor
     .type cusolverSpZcsrcholFactor, @function
 cusolverSpZcsrcholFactor:
-    leaq .Lname711(%rip), %rdi
+    leaq .Lname498(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5970,7 +5331,7 @@ cusolverSpZcsrcholFactor:
     .globl cusolverSpZcsrcholFactorHost
     .type cusolverSpZcsrcholFactorHost, @function
 cusolverSpZcsrcholFactorHost:
-    leaq .Lname712(%rip), %rdi
+    leaq .Lname499(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5978,7 +5339,7 @@ cusolverSpZcsrcholFactorHost:
     .globl cusolverSpZcsrcholSolve
     .type cusolverSpZcsrcholSolve, @function
 cusolverSpZcsrcholSolve:
-    leaq .Lname713(%rip), %rdi
+    leaq .Lname500(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5986,7 +5347,7 @@ cusolverSpZcsrcholSolve:
     .globl cusolverSpZcsrcholSolveHost
     .type cusolverSpZcsrcholSolveHost, @function
 cusolverSpZcsrcholSolveHost:
-    leaq .Lname714(%rip), %rdi
+    leaq .Lname501(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -5994,7 +5355,7 @@ cusolverSpZcsrcholSolveHost:
     .globl cusolverSpZcsrcholZeroPivot
     .type cusolverSpZcsrcholZeroPivot, @function
 cusolverSpZcsrcholZeroPivot:
-    leaq .Lname715(%rip), %rdi
+    leaq .Lname502(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6002,7 +5363,7 @@ cusolverSpZcsrcholZeroPivot:
     .globl cusolverSpZcsrcholZeroPivotHost
     .type cusolverSpZcsrcholZeroPivotHost, @function
 cusolverSpZcsrcholZeroPivotHost:
-    leaq .Lname716(%rip), %rdi
+    leaq .Lname503(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6010,7 +5371,7 @@ cusolverSpZcsrcholZeroPivotHost:
     .globl cusolverSpZcsreigsHost
     .type cusolverSpZcsreigsHost, @function
 cusolverSpZcsreigsHost:
-    leaq .Lname717(%rip), %rdi
+    leaq .Lname504(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6018,7 +5379,7 @@ cusolverSpZcsreigsHost:
     .globl cusolverSpZcsreigvsi
     .type cusolverSpZcsreigvsi, @function
 cusolverSpZcsreigvsi:
-    leaq .Lname718(%rip), %rdi
+    leaq .Lname505(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6026,7 +5387,7 @@ cusolverSpZcsreigvsi:
     .globl cusolverSpZcsreigvsiHost
     .type cusolverSpZcsreigvsiHost, @function
 cusolverSpZcsreigvsiHost:
-    leaq .Lname719(%rip), %rdi
+    leaq .Lname506(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6034,7 +5395,7 @@ cusolverSpZcsreigvsiHost:
     .globl cusolverSpZcsrlsqvqrHost
     .type cusolverSpZcsrlsqvqrHost, @function
 cusolverSpZcsrlsqvqrHost:
-    leaq .Lname720(%rip), %rdi
+    leaq .Lname507(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6042,7 +5403,7 @@ cusolverSpZcsrlsqvqrHost:
     .globl cusolverSpZcsrlsvchol
     .type cusolverSpZcsrlsvchol, @function
 cusolverSpZcsrlsvchol:
-    leaq .Lname721(%rip), %rdi
+    leaq .Lname508(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6050,7 +5411,7 @@ cusolverSpZcsrlsvchol:
     .globl cusolverSpZcsrlsvcholHost
     .type cusolverSpZcsrlsvcholHost, @function
 cusolverSpZcsrlsvcholHost:
-    leaq .Lname722(%rip), %rdi
+    leaq .Lname509(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6058,7 +5419,7 @@ cusolverSpZcsrlsvcholHost:
     .globl cusolverSpZcsrlsvluHost
     .type cusolverSpZcsrlsvluHost, @function
 cusolverSpZcsrlsvluHost:
-    leaq .Lname723(%rip), %rdi
+    leaq .Lname510(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6066,7 +5427,7 @@ cusolverSpZcsrlsvluHost:
     .globl cusolverSpZcsrlsvqr
     .type cusolverSpZcsrlsvqr, @function
 cusolverSpZcsrlsvqr:
-    leaq .Lname724(%rip), %rdi
+    leaq .Lname511(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6074,7 +5435,7 @@ cusolverSpZcsrlsvqr:
     .globl cusolverSpZcsrlsvqrHost
     .type cusolverSpZcsrlsvqrHost, @function
 cusolverSpZcsrlsvqrHost:
-    leaq .Lname725(%rip), %rdi
+    leaq .Lname512(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6082,7 +5443,7 @@ cusolverSpZcsrlsvqrHost:
     .globl cusolverSpZcsrluAnalysisHost
     .type cusolverSpZcsrluAnalysisHost, @function
 cusolverSpZcsrluAnalysisHost:
-    leaq .Lname726(%rip), %rdi
+    leaq .Lname513(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6090,7 +5451,7 @@ cusolverSpZcsrluAnalysisHost:
     .globl cusolverSpZcsrluBufferInfoHost
     .type cusolverSpZcsrluBufferInfoHost, @function
 cusolverSpZcsrluBufferInfoHost:
-    leaq .Lname727(%rip), %rdi
+    leaq .Lname514(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6098,7 +5459,7 @@ cusolverSpZcsrluBufferInfoHost:
     .globl cusolverSpZcsrluExtractBTFHost
     .type cusolverSpZcsrluExtractBTFHost, @function
 cusolverSpZcsrluExtractBTFHost:
-    leaq .Lname728(%rip), %rdi
+    leaq .Lname515(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6106,7 +5467,7 @@ cusolverSpZcsrluExtractBTFHost:
     .globl cusolverSpZcsrluExtractHost
     .type cusolverSpZcsrluExtractHost, @function
 cusolverSpZcsrluExtractHost:
-    leaq .Lname729(%rip), %rdi
+    leaq .Lname516(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6114,7 +5475,7 @@ cusolverSpZcsrluExtractHost:
     .globl cusolverSpZcsrluExtractMHost
     .type cusolverSpZcsrluExtractMHost, @function
 cusolverSpZcsrluExtractMHost:
-    leaq .Lname730(%rip), %rdi
+    leaq .Lname517(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6122,7 +5483,7 @@ cusolverSpZcsrluExtractMHost:
     .globl cusolverSpZcsrluFactorHost
     .type cusolverSpZcsrluFactorHost, @function
 cusolverSpZcsrluFactorHost:
-    leaq .Lname731(%rip), %rdi
+    leaq .Lname518(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6130,7 +5491,7 @@ cusolverSpZcsrluFactorHost:
     .globl cusolverSpZcsrluSolveHost
     .type cusolverSpZcsrluSolveHost, @function
 cusolverSpZcsrluSolveHost:
-    leaq .Lname732(%rip), %rdi
+    leaq .Lname519(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6138,7 +5499,7 @@ cusolverSpZcsrluSolveHost:
     .globl cusolverSpZcsrluZeroPivotHost
     .type cusolverSpZcsrluZeroPivotHost, @function
 cusolverSpZcsrluZeroPivotHost:
-    leaq .Lname733(%rip), %rdi
+    leaq .Lname520(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6146,7 +5507,7 @@ cusolverSpZcsrluZeroPivotHost:
     .globl cusolverSpZcsrlucondHost
     .type cusolverSpZcsrlucondHost, @function
 cusolverSpZcsrlucondHost:
-    leaq .Lname734(%rip), %rdi
+    leaq .Lname521(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6154,7 +5515,7 @@ cusolverSpZcsrlucondHost:
     .globl cusolverSpZcsrqrBufferInfo
     .type cusolverSpZcsrqrBufferInfo, @function
 cusolverSpZcsrqrBufferInfo:
-    leaq .Lname735(%rip), %rdi
+    leaq .Lname522(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6162,7 +5523,7 @@ cusolverSpZcsrqrBufferInfo:
     .globl cusolverSpZcsrqrBufferInfoBatched
     .type cusolverSpZcsrqrBufferInfoBatched, @function
 cusolverSpZcsrqrBufferInfoBatched:
-    leaq .Lname736(%rip), %rdi
+    leaq .Lname523(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6170,7 +5531,7 @@ cusolverSpZcsrqrBufferInfoBatched:
     .globl cusolverSpZcsrqrBufferInfoHost
     .type cusolverSpZcsrqrBufferInfoHost, @function
 cusolverSpZcsrqrBufferInfoHost:
-    leaq .Lname737(%rip), %rdi
+    leaq .Lname524(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6178,7 +5539,7 @@ cusolverSpZcsrqrBufferInfoHost:
     .globl cusolverSpZcsrqrFactor
     .type cusolverSpZcsrqrFactor, @function
 cusolverSpZcsrqrFactor:
-    leaq .Lname738(%rip), %rdi
+    leaq .Lname525(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6186,7 +5547,7 @@ cusolverSpZcsrqrFactor:
     .globl cusolverSpZcsrqrFactorHost
     .type cusolverSpZcsrqrFactorHost, @function
 cusolverSpZcsrqrFactorHost:
-    leaq .Lname739(%rip), %rdi
+    leaq .Lname526(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6194,7 +5555,7 @@ cusolverSpZcsrqrFactorHost:
     .globl cusolverSpZcsrqrSetup
     .type cusolverSpZcsrqrSetup, @function
 cusolverSpZcsrqrSetup:
-    leaq .Lname740(%rip), %rdi
+    leaq .Lname527(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6202,7 +5563,7 @@ cusolverSpZcsrqrSetup:
     .globl cusolverSpZcsrqrSetupHost
     .type cusolverSpZcsrqrSetupHost, @function
 cusolverSpZcsrqrSetupHost:
-    leaq .Lname741(%rip), %rdi
+    leaq .Lname528(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6210,7 +5571,7 @@ cusolverSpZcsrqrSetupHost:
     .globl cusolverSpZcsrqrSolve
     .type cusolverSpZcsrqrSolve, @function
 cusolverSpZcsrqrSolve:
-    leaq .Lname742(%rip), %rdi
+    leaq .Lname529(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6218,7 +5579,7 @@ cusolverSpZcsrqrSolve:
     .globl cusolverSpZcsrqrSolveHost
     .type cusolverSpZcsrqrSolveHost, @function
 cusolverSpZcsrqrSolveHost:
-    leaq .Lname743(%rip), %rdi
+    leaq .Lname530(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6226,7 +5587,7 @@ cusolverSpZcsrqrSolveHost:
     .globl cusolverSpZcsrqrZeroPivot
     .type cusolverSpZcsrqrZeroPivot, @function
 cusolverSpZcsrqrZeroPivot:
-    leaq .Lname744(%rip), %rdi
+    leaq .Lname531(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6234,7 +5595,7 @@ cusolverSpZcsrqrZeroPivot:
     .globl cusolverSpZcsrqrZeroPivotHost
     .type cusolverSpZcsrqrZeroPivotHost, @function
 cusolverSpZcsrqrZeroPivotHost:
-    leaq .Lname745(%rip), %rdi
+    leaq .Lname532(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6242,7 +5603,7 @@ cusolverSpZcsrqrZeroPivotHost:
     .globl cusolverSpZcsrqrrcond
     .type cusolverSpZcsrqrrcond, @function
 cusolverSpZcsrqrrcond:
-    leaq .Lname746(%rip), %rdi
+    leaq .Lname533(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6250,7 +5611,7 @@ cusolverSpZcsrqrrcond:
     .globl cusolverSpZcsrqrsvBatched
     .type cusolverSpZcsrqrsvBatched, @function
 cusolverSpZcsrqrsvBatched:
-    leaq .Lname747(%rip), %rdi
+    leaq .Lname534(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6258,7 +5619,7 @@ cusolverSpZcsrqrsvBatched:
     .globl cusolverSpZcsrsubm2denseHost
     .type cusolverSpZcsrsubm2denseHost, @function
 cusolverSpZcsrsubm2denseHost:
-    leaq .Lname748(%rip), %rdi
+    leaq .Lname535(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6266,7 +5627,7 @@ cusolverSpZcsrsubm2denseHost:
     .globl cusolverSpZcsrzfdHost
     .type cusolverSpZcsrzfdHost, @function
 cusolverSpZcsrzfdHost:
-    leaq .Lname749(%rip), %rdi
+    leaq .Lname536(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6274,7 +5635,7 @@ cusolverSpZcsrzfdHost:
     .globl cusolverSpZsnluBuffersize
     .type cusolverSpZsnluBuffersize, @function
 cusolverSpZsnluBuffersize:
-    leaq .Lname750(%rip), %rdi
+    leaq .Lname537(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6282,7 +5643,7 @@ cusolverSpZsnluBuffersize:
     .globl cusolverSpZsnluFactor
     .type cusolverSpZsnluFactor, @function
 cusolverSpZsnluFactor:
-    leaq .Lname751(%rip), %rdi
+    leaq .Lname538(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6290,7 +5651,7 @@ cusolverSpZsnluFactor:
     .globl cusolverSpZsnluSolve
     .type cusolverSpZsnluSolve, @function
 cusolverSpZsnluSolve:
-    leaq .Lname752(%rip), %rdi
+    leaq .Lname539(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6298,7 +5659,7 @@ cusolverSpZsnluSolve:
     .globl cusolverSpZsymgthr
     .type cusolverSpZsymgthr, @function
 cusolverSpZsymgthr:
-    leaq .Lname753(%rip), %rdi
+    leaq .Lname540(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6306,7 +5667,7 @@ cusolverSpZsymgthr:
     .globl cusolverSpZsymgthrHost
     .type cusolverSpZsymgthrHost, @function
 cusolverSpZsymgthrHost:
-    leaq .Lname754(%rip), %rdi
+    leaq .Lname541(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6314,7 +5675,7 @@ cusolverSpZsymgthrHost:
     .globl cusolverXcsrqr_dump
     .type cusolverXcsrqr_dump, @function
 cusolverXcsrqr_dump:
-    leaq .Lname755(%rip), %rdi
+    leaq .Lname542(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -6359,1477 +5720,1051 @@ cusolverXcsrqr_dump:
 .Lname18:
     .asciz "cusolverDnCgebrd"
 .Lname19:
-    .asciz "cusolverDnCgebrd_bufferSize"
-.Lname20:
     .asciz "cusolverDnCgelqfHost"
-.Lname21:
+.Lname20:
     .asciz "cusolverDnCgemmHost"
-.Lname22:
+.Lname21:
     .asciz "cusolverDnCgeqlfHost"
-.Lname23:
-    .asciz "cusolverDnCgeqrf"
-.Lname24:
+.Lname22:
     .asciz "cusolverDnCgeqrfHost"
-.Lname25:
-    .asciz "cusolverDnCgeqrf_bufferSize"
-.Lname26:
-    .asciz "cusolverDnCgesvd"
-.Lname27:
-    .asciz "cusolverDnCgesvd_bufferSize"
-.Lname28:
-    .asciz "cusolverDnCgesvdaStridedBatched"
-.Lname29:
-    .asciz "cusolverDnCgesvdaStridedBatched_bufferSize"
-.Lname30:
-    .asciz "cusolverDnCgesvdj"
-.Lname31:
-    .asciz "cusolverDnCgesvdjBatched"
-.Lname32:
-    .asciz "cusolverDnCgesvdjBatched_bufferSize"
-.Lname33:
-    .asciz "cusolverDnCgesvdj_bufferSize"
-.Lname34:
-    .asciz "cusolverDnCgetrf"
-.Lname35:
-    .asciz "cusolverDnCgetrf_bufferSize"
-.Lname36:
-    .asciz "cusolverDnCgetrs"
-.Lname37:
-    .asciz "cusolverDnCheevd"
-.Lname38:
-    .asciz "cusolverDnCheevd_bufferSize"
-.Lname39:
+.Lname23:
     .asciz "cusolverDnCheevdx"
-.Lname40:
+.Lname24:
     .asciz "cusolverDnCheevdx_bufferSize"
-.Lname41:
-    .asciz "cusolverDnCheevj"
-.Lname42:
-    .asciz "cusolverDnCheevjBatched"
-.Lname43:
-    .asciz "cusolverDnCheevjBatched_bufferSize"
-.Lname44:
-    .asciz "cusolverDnCheevj_bufferSize"
-.Lname45:
+.Lname25:
     .asciz "cusolverDnChegst"
-.Lname46:
+.Lname26:
     .asciz "cusolverDnChegst_bufferSize"
-.Lname47:
-    .asciz "cusolverDnChegvd"
-.Lname48:
-    .asciz "cusolverDnChegvd_bufferSize"
-.Lname49:
+.Lname27:
     .asciz "cusolverDnChegvdx"
-.Lname50:
+.Lname28:
     .asciz "cusolverDnChegvdx_bufferSize"
-.Lname51:
-    .asciz "cusolverDnChegvj"
-.Lname52:
-    .asciz "cusolverDnChegvj_bufferSize"
-.Lname53:
+.Lname29:
     .asciz "cusolverDnChetrd"
-.Lname54:
+.Lname30:
     .asciz "cusolverDnChetrd_bufferSize"
-.Lname55:
+.Lname31:
     .asciz "cusolverDnClacpyHost"
-.Lname56:
+.Lname32:
     .asciz "cusolverDnClange"
-.Lname57:
+.Lname33:
     .asciz "cusolverDnClangeHost"
-.Lname58:
+.Lname34:
     .asciz "cusolverDnClange_bufferSize"
-.Lname59:
+.Lname35:
     .asciz "cusolverDnClanheHost"
-.Lname60:
+.Lname36:
     .asciz "cusolverDnClantrHost"
-.Lname61:
+.Lname37:
     .asciz "cusolverDnClarfgHost"
-.Lname62:
+.Lname38:
     .asciz "cusolverDnClarnvHost"
-.Lname63:
+.Lname39:
     .asciz "cusolverDnClasetHost"
-.Lname64:
-    .asciz "cusolverDnClaswp"
-.Lname65:
-    .asciz "cusolverDnClauum"
-.Lname66:
+.Lname40:
     .asciz "cusolverDnClauumHost"
-.Lname67:
-    .asciz "cusolverDnClauum_bufferSize"
-.Lname68:
+.Lname41:
     .asciz "cusolverDnCnrm2Host"
-.Lname69:
-    .asciz "cusolverDnCpotrf"
-.Lname70:
-    .asciz "cusolverDnCpotrfBatched"
-.Lname71:
+.Lname42:
     .asciz "cusolverDnCpotrfHost"
-.Lname72:
-    .asciz "cusolverDnCpotrf_bufferSize"
-.Lname73:
-    .asciz "cusolverDnCpotri"
-.Lname74:
+.Lname43:
     .asciz "cusolverDnCpotriHost"
-.Lname75:
-    .asciz "cusolverDnCpotri_bufferSize"
-.Lname76:
-    .asciz "cusolverDnCpotrs"
-.Lname77:
-    .asciz "cusolverDnCpotrsBatched"
-.Lname78:
+.Lname44:
     .asciz "cusolverDnCpotrsHost"
-.Lname79:
+.Lname45:
     .asciz "cusolverDnCsscalHost"
-.Lname80:
-    .asciz "cusolverDnCsytrf"
-.Lname81:
-    .asciz "cusolverDnCsytrf_bufferSize"
-.Lname82:
-    .asciz "cusolverDnCsytri"
-.Lname83:
+.Lname46:
     .asciz "cusolverDnCsytriHost"
-.Lname84:
-    .asciz "cusolverDnCsytri_bufferSize"
-.Lname85:
+.Lname47:
     .asciz "cusolverDnCsytrsHost"
-.Lname86:
+.Lname48:
     .asciz "cusolverDnCtrtriHost"
-.Lname87:
-    .asciz "cusolverDnCungbr"
-.Lname88:
+.Lname49:
     .asciz "cusolverDnCungbrHost"
-.Lname89:
-    .asciz "cusolverDnCungbr_bufferSize"
-.Lname90:
+.Lname50:
     .asciz "cusolverDnCunghrHost"
-.Lname91:
+.Lname51:
     .asciz "cusolverDnCunglqHost"
-.Lname92:
-    .asciz "cusolverDnCungqr"
-.Lname93:
-    .asciz "cusolverDnCungqr_bufferSize"
-.Lname94:
-    .asciz "cusolverDnCungtr"
-.Lname95:
+.Lname52:
     .asciz "cusolverDnCungtrHost"
-.Lname96:
-    .asciz "cusolverDnCungtr_bufferSize"
-.Lname97:
-    .asciz "cusolverDnCunmqr"
-.Lname98:
+.Lname53:
     .asciz "cusolverDnCunmqrHost"
-.Lname99:
-    .asciz "cusolverDnCunmqr_bufferSize"
-.Lname100:
-    .asciz "cusolverDnCunmtr"
-.Lname101:
+.Lname54:
     .asciz "cusolverDnCunmtrHost"
-.Lname102:
-    .asciz "cusolverDnCunmtr_bufferSize"
-.Lname103:
+.Lname55:
     .asciz "cusolverDnDBgels"
-.Lname104:
+.Lname56:
     .asciz "cusolverDnDBgels_bufferSize"
-.Lname105:
+.Lname57:
     .asciz "cusolverDnDBgesv"
-.Lname106:
+.Lname58:
     .asciz "cusolverDnDBgesv_bufferSize"
-.Lname107:
+.Lname59:
     .asciz "cusolverDnDDgels"
-.Lname108:
+.Lname60:
     .asciz "cusolverDnDDgels_bufferSize"
-.Lname109:
+.Lname61:
     .asciz "cusolverDnDDgesv"
-.Lname110:
+.Lname62:
     .asciz "cusolverDnDDgesv_bufferSize"
-.Lname111:
+.Lname63:
     .asciz "cusolverDnDHgels"
-.Lname112:
+.Lname64:
     .asciz "cusolverDnDHgels_bufferSize"
-.Lname113:
+.Lname65:
     .asciz "cusolverDnDHgesv"
-.Lname114:
+.Lname66:
     .asciz "cusolverDnDHgesv_bufferSize"
-.Lname115:
+.Lname67:
     .asciz "cusolverDnDSgels"
-.Lname116:
+.Lname68:
     .asciz "cusolverDnDSgels_bufferSize"
-.Lname117:
+.Lname69:
     .asciz "cusolverDnDSgesv"
-.Lname118:
+.Lname70:
     .asciz "cusolverDnDSgesv_bufferSize"
-.Lname119:
+.Lname71:
     .asciz "cusolverDnDXgels"
-.Lname120:
+.Lname72:
     .asciz "cusolverDnDXgels_bufferSize"
-.Lname121:
+.Lname73:
     .asciz "cusolverDnDXgesv"
-.Lname122:
+.Lname74:
     .asciz "cusolverDnDXgesv_bufferSize"
-.Lname123:
+.Lname75:
     .asciz "cusolverDnDaxpyHost"
-.Lname124:
+.Lname76:
     .asciz "cusolverDnDeyeBatch"
-.Lname125:
+.Lname77:
     .asciz "cusolverDnDgebrd"
-.Lname126:
-    .asciz "cusolverDnDgebrd_bufferSize"
-.Lname127:
+.Lname78:
     .asciz "cusolverDnDgelqfHost"
-.Lname128:
+.Lname79:
     .asciz "cusolverDnDgemmHost"
-.Lname129:
+.Lname80:
     .asciz "cusolverDnDgeqlfHost"
-.Lname130:
-    .asciz "cusolverDnDgeqrf"
-.Lname131:
+.Lname81:
     .asciz "cusolverDnDgeqrfHost"
-.Lname132:
-    .asciz "cusolverDnDgeqrf_bufferSize"
-.Lname133:
-    .asciz "cusolverDnDgesvd"
-.Lname134:
-    .asciz "cusolverDnDgesvd_bufferSize"
-.Lname135:
-    .asciz "cusolverDnDgesvdaStridedBatched"
-.Lname136:
-    .asciz "cusolverDnDgesvdaStridedBatched_bufferSize"
-.Lname137:
-    .asciz "cusolverDnDgesvdj"
-.Lname138:
-    .asciz "cusolverDnDgesvdjBatched"
-.Lname139:
-    .asciz "cusolverDnDgesvdjBatched_bufferSize"
-.Lname140:
-    .asciz "cusolverDnDgesvdj_bufferSize"
-.Lname141:
-    .asciz "cusolverDnDgetrf"
-.Lname142:
-    .asciz "cusolverDnDgetrf_bufferSize"
-.Lname143:
-    .asciz "cusolverDnDgetrs"
-.Lname144:
+.Lname82:
     .asciz "cusolverDnDlacpyHost"
-.Lname145:
+.Lname83:
     .asciz "cusolverDnDlamchHost"
-.Lname146:
+.Lname84:
     .asciz "cusolverDnDlange"
-.Lname147:
+.Lname85:
     .asciz "cusolverDnDlangeHost"
-.Lname148:
+.Lname86:
     .asciz "cusolverDnDlange_bufferSize"
-.Lname149:
+.Lname87:
     .asciz "cusolverDnDlansyHost"
-.Lname150:
+.Lname88:
     .asciz "cusolverDnDlantrHost"
-.Lname151:
+.Lname89:
     .asciz "cusolverDnDlarfgHost"
-.Lname152:
+.Lname90:
     .asciz "cusolverDnDlarnvHost"
-.Lname153:
+.Lname91:
     .asciz "cusolverDnDlasetHost"
-.Lname154:
-    .asciz "cusolverDnDlaswp"
-.Lname155:
-    .asciz "cusolverDnDlauum"
-.Lname156:
+.Lname92:
     .asciz "cusolverDnDlauumHost"
-.Lname157:
-    .asciz "cusolverDnDlauum_bufferSize"
-.Lname158:
+.Lname93:
     .asciz "cusolverDnDnrm2Host"
-.Lname159:
-    .asciz "cusolverDnDorgbr"
-.Lname160:
+.Lname94:
     .asciz "cusolverDnDorgbrHost"
-.Lname161:
-    .asciz "cusolverDnDorgbr_bufferSize"
-.Lname162:
+.Lname95:
     .asciz "cusolverDnDorghrHost"
-.Lname163:
+.Lname96:
     .asciz "cusolverDnDorglqHost"
-.Lname164:
-    .asciz "cusolverDnDorgqr"
-.Lname165:
-    .asciz "cusolverDnDorgqr_bufferSize"
-.Lname166:
-    .asciz "cusolverDnDorgtr"
-.Lname167:
+.Lname97:
     .asciz "cusolverDnDorgtrHost"
-.Lname168:
-    .asciz "cusolverDnDorgtr_bufferSize"
-.Lname169:
-    .asciz "cusolverDnDormqr"
-.Lname170:
+.Lname98:
     .asciz "cusolverDnDormqrHost"
-.Lname171:
-    .asciz "cusolverDnDormqr_bufferSize"
-.Lname172:
-    .asciz "cusolverDnDormtr"
-.Lname173:
+.Lname99:
     .asciz "cusolverDnDormtrHost"
-.Lname174:
-    .asciz "cusolverDnDormtr_bufferSize"
-.Lname175:
-    .asciz "cusolverDnDpotrf"
-.Lname176:
-    .asciz "cusolverDnDpotrfBatched"
-.Lname177:
+.Lname100:
     .asciz "cusolverDnDpotrfHost"
-.Lname178:
-    .asciz "cusolverDnDpotrf_bufferSize"
-.Lname179:
-    .asciz "cusolverDnDpotri"
-.Lname180:
+.Lname101:
     .asciz "cusolverDnDpotriHost"
-.Lname181:
-    .asciz "cusolverDnDpotri_bufferSize"
-.Lname182:
-    .asciz "cusolverDnDpotrs"
-.Lname183:
-    .asciz "cusolverDnDpotrsBatched"
-.Lname184:
+.Lname102:
     .asciz "cusolverDnDpotrsHost"
-.Lname185:
+.Lname103:
     .asciz "cusolverDnDscalHost"
-.Lname186:
+.Lname104:
     .asciz "cusolverDnDsteqrHost"
-.Lname187:
+.Lname105:
     .asciz "cusolverDnDsterfHost"
-.Lname188:
-    .asciz "cusolverDnDsyevd"
-.Lname189:
-    .asciz "cusolverDnDsyevd_bufferSize"
-.Lname190:
+.Lname106:
     .asciz "cusolverDnDsyevdx"
-.Lname191:
+.Lname107:
     .asciz "cusolverDnDsyevdx_bufferSize"
-.Lname192:
-    .asciz "cusolverDnDsyevj"
-.Lname193:
-    .asciz "cusolverDnDsyevjBatched"
-.Lname194:
-    .asciz "cusolverDnDsyevjBatched_bufferSize"
-.Lname195:
-    .asciz "cusolverDnDsyevj_bufferSize"
-.Lname196:
+.Lname108:
     .asciz "cusolverDnDsygst"
-.Lname197:
+.Lname109:
     .asciz "cusolverDnDsygst_bufferSize"
-.Lname198:
-    .asciz "cusolverDnDsygvd"
-.Lname199:
-    .asciz "cusolverDnDsygvd_bufferSize"
-.Lname200:
+.Lname110:
     .asciz "cusolverDnDsygvdx"
-.Lname201:
+.Lname111:
     .asciz "cusolverDnDsygvdx_bufferSize"
-.Lname202:
-    .asciz "cusolverDnDsygvj"
-.Lname203:
-    .asciz "cusolverDnDsygvj_bufferSize"
-.Lname204:
+.Lname112:
     .asciz "cusolverDnDsytrd"
-.Lname205:
+.Lname113:
     .asciz "cusolverDnDsytrd_bufferSize"
-.Lname206:
-    .asciz "cusolverDnDsytrf"
-.Lname207:
-    .asciz "cusolverDnDsytrf_bufferSize"
-.Lname208:
-    .asciz "cusolverDnDsytri"
-.Lname209:
+.Lname114:
     .asciz "cusolverDnDsytriHost"
-.Lname210:
-    .asciz "cusolverDnDsytri_bufferSize"
-.Lname211:
+.Lname115:
     .asciz "cusolverDnDsytrsHost"
-.Lname212:
+.Lname116:
     .asciz "cusolverDnDtrtriHost"
-.Lname213:
+.Lname117:
     .asciz "cusolverDnGetDeterministicMode"
-.Lname214:
+.Lname118:
     .asciz "cusolverDnGetEmulationStrategy"
-.Lname215:
+.Lname119:
     .asciz "cusolverDnGetMathMode"
-.Lname216:
+.Lname120:
     .asciz "cusolverDnIRSInfosGetMaxIters"
-.Lname217:
+.Lname121:
     .asciz "cusolverDnIRSInfosGetNiters"
-.Lname218:
+.Lname122:
     .asciz "cusolverDnIRSInfosGetOuterNiters"
-.Lname219:
+.Lname123:
     .asciz "cusolverDnIRSInfosGetResidualHistory"
-.Lname220:
+.Lname124:
     .asciz "cusolverDnIRSParamsGetMaxIters"
-.Lname221:
+.Lname125:
     .asciz "cusolverDnIRSXgels"
-.Lname222:
+.Lname126:
     .asciz "cusolverDnIRSXgels_bufferSize"
-.Lname223:
+.Lname127:
     .asciz "cusolverDnIRSXgesv"
-.Lname224:
+.Lname128:
     .asciz "cusolverDnIRSXgesv_bufferSize"
-.Lname225:
+.Lname129:
     .asciz "cusolverDnLoggerOpenFile"
-.Lname226:
+.Lname130:
     .asciz "cusolverDnLoggerSetCallback"
-.Lname227:
+.Lname131:
     .asciz "cusolverDnLoggerSetFile"
-.Lname228:
+.Lname132:
     .asciz "cusolverDnSBgels"
-.Lname229:
+.Lname133:
     .asciz "cusolverDnSBgels_bufferSize"
-.Lname230:
+.Lname134:
     .asciz "cusolverDnSBgesv"
-.Lname231:
+.Lname135:
     .asciz "cusolverDnSBgesv_bufferSize"
-.Lname232:
+.Lname136:
     .asciz "cusolverDnSHgels"
-.Lname233:
+.Lname137:
     .asciz "cusolverDnSHgels_bufferSize"
-.Lname234:
+.Lname138:
     .asciz "cusolverDnSHgesv"
-.Lname235:
+.Lname139:
     .asciz "cusolverDnSHgesv_bufferSize"
-.Lname236:
+.Lname140:
     .asciz "cusolverDnSSgels"
-.Lname237:
+.Lname141:
     .asciz "cusolverDnSSgels_bufferSize"
-.Lname238:
+.Lname142:
     .asciz "cusolverDnSSgesv"
-.Lname239:
+.Lname143:
     .asciz "cusolverDnSSgesv_bufferSize"
-.Lname240:
+.Lname144:
     .asciz "cusolverDnSXgels"
-.Lname241:
+.Lname145:
     .asciz "cusolverDnSXgels_bufferSize"
-.Lname242:
+.Lname146:
     .asciz "cusolverDnSXgesv"
-.Lname243:
+.Lname147:
     .asciz "cusolverDnSXgesv_bufferSize"
-.Lname244:
+.Lname148:
     .asciz "cusolverDnSaxpyHost"
-.Lname245:
+.Lname149:
     .asciz "cusolverDnSeyeBatch"
-.Lname246:
+.Lname150:
     .asciz "cusolverDnSgebrd"
-.Lname247:
-    .asciz "cusolverDnSgebrd_bufferSize"
-.Lname248:
+.Lname151:
     .asciz "cusolverDnSgelqfHost"
-.Lname249:
+.Lname152:
     .asciz "cusolverDnSgemmHost"
-.Lname250:
+.Lname153:
     .asciz "cusolverDnSgeqlfHost"
-.Lname251:
-    .asciz "cusolverDnSgeqrf"
-.Lname252:
+.Lname154:
     .asciz "cusolverDnSgeqrfHost"
-.Lname253:
-    .asciz "cusolverDnSgeqrf_bufferSize"
-.Lname254:
-    .asciz "cusolverDnSgesvd"
-.Lname255:
-    .asciz "cusolverDnSgesvd_bufferSize"
-.Lname256:
-    .asciz "cusolverDnSgesvdaStridedBatched"
-.Lname257:
-    .asciz "cusolverDnSgesvdaStridedBatched_bufferSize"
-.Lname258:
-    .asciz "cusolverDnSgesvdj"
-.Lname259:
-    .asciz "cusolverDnSgesvdjBatched"
-.Lname260:
-    .asciz "cusolverDnSgesvdjBatched_bufferSize"
-.Lname261:
-    .asciz "cusolverDnSgesvdj_bufferSize"
-.Lname262:
-    .asciz "cusolverDnSgetrf"
-.Lname263:
-    .asciz "cusolverDnSgetrf_bufferSize"
-.Lname264:
-    .asciz "cusolverDnSgetrs"
-.Lname265:
+.Lname155:
     .asciz "cusolverDnSlacpyHost"
-.Lname266:
+.Lname156:
     .asciz "cusolverDnSlamchHost"
-.Lname267:
+.Lname157:
     .asciz "cusolverDnSlange"
-.Lname268:
+.Lname158:
     .asciz "cusolverDnSlangeHost"
-.Lname269:
+.Lname159:
     .asciz "cusolverDnSlange_bufferSize"
-.Lname270:
+.Lname160:
     .asciz "cusolverDnSlansyHost"
-.Lname271:
+.Lname161:
     .asciz "cusolverDnSlantrHost"
-.Lname272:
+.Lname162:
     .asciz "cusolverDnSlarfgHost"
-.Lname273:
+.Lname163:
     .asciz "cusolverDnSlarnvHost"
-.Lname274:
+.Lname164:
     .asciz "cusolverDnSlasetHost"
-.Lname275:
-    .asciz "cusolverDnSlaswp"
-.Lname276:
-    .asciz "cusolverDnSlauum"
-.Lname277:
+.Lname165:
     .asciz "cusolverDnSlauumHost"
-.Lname278:
-    .asciz "cusolverDnSlauum_bufferSize"
-.Lname279:
+.Lname166:
     .asciz "cusolverDnSnrm2Host"
-.Lname280:
-    .asciz "cusolverDnSorgbr"
-.Lname281:
+.Lname167:
     .asciz "cusolverDnSorgbrHost"
-.Lname282:
-    .asciz "cusolverDnSorgbr_bufferSize"
-.Lname283:
+.Lname168:
     .asciz "cusolverDnSorghrHost"
-.Lname284:
+.Lname169:
     .asciz "cusolverDnSorglqHost"
-.Lname285:
-    .asciz "cusolverDnSorgqr"
-.Lname286:
-    .asciz "cusolverDnSorgqr_bufferSize"
-.Lname287:
-    .asciz "cusolverDnSorgtr"
-.Lname288:
+.Lname170:
     .asciz "cusolverDnSorgtrHost"
-.Lname289:
-    .asciz "cusolverDnSorgtr_bufferSize"
-.Lname290:
-    .asciz "cusolverDnSormqr"
-.Lname291:
+.Lname171:
     .asciz "cusolverDnSormqrHost"
-.Lname292:
-    .asciz "cusolverDnSormqr_bufferSize"
-.Lname293:
-    .asciz "cusolverDnSormtr"
-.Lname294:
+.Lname172:
     .asciz "cusolverDnSormtrHost"
-.Lname295:
-    .asciz "cusolverDnSormtr_bufferSize"
-.Lname296:
-    .asciz "cusolverDnSpotrf"
-.Lname297:
-    .asciz "cusolverDnSpotrfBatched"
-.Lname298:
+.Lname173:
     .asciz "cusolverDnSpotrfHost"
-.Lname299:
-    .asciz "cusolverDnSpotrf_bufferSize"
-.Lname300:
-    .asciz "cusolverDnSpotri"
-.Lname301:
+.Lname174:
     .asciz "cusolverDnSpotriHost"
-.Lname302:
-    .asciz "cusolverDnSpotri_bufferSize"
-.Lname303:
-    .asciz "cusolverDnSpotrs"
-.Lname304:
-    .asciz "cusolverDnSpotrsBatched"
-.Lname305:
+.Lname175:
     .asciz "cusolverDnSpotrsHost"
-.Lname306:
+.Lname176:
     .asciz "cusolverDnSscalHost"
-.Lname307:
+.Lname177:
     .asciz "cusolverDnSsteqrHost"
-.Lname308:
+.Lname178:
     .asciz "cusolverDnSsterfHost"
-.Lname309:
-    .asciz "cusolverDnSsyevd"
-.Lname310:
-    .asciz "cusolverDnSsyevd_bufferSize"
-.Lname311:
+.Lname179:
     .asciz "cusolverDnSsyevdx"
-.Lname312:
+.Lname180:
     .asciz "cusolverDnSsyevdx_bufferSize"
-.Lname313:
-    .asciz "cusolverDnSsyevj"
-.Lname314:
-    .asciz "cusolverDnSsyevjBatched"
-.Lname315:
-    .asciz "cusolverDnSsyevjBatched_bufferSize"
-.Lname316:
-    .asciz "cusolverDnSsyevj_bufferSize"
-.Lname317:
+.Lname181:
     .asciz "cusolverDnSsygst"
-.Lname318:
+.Lname182:
     .asciz "cusolverDnSsygst_bufferSize"
-.Lname319:
-    .asciz "cusolverDnSsygvd"
-.Lname320:
-    .asciz "cusolverDnSsygvd_bufferSize"
-.Lname321:
+.Lname183:
     .asciz "cusolverDnSsygvdx"
-.Lname322:
+.Lname184:
     .asciz "cusolverDnSsygvdx_bufferSize"
-.Lname323:
-    .asciz "cusolverDnSsygvj"
-.Lname324:
-    .asciz "cusolverDnSsygvj_bufferSize"
-.Lname325:
+.Lname185:
     .asciz "cusolverDnSsytrd"
-.Lname326:
+.Lname186:
     .asciz "cusolverDnSsytrd_bufferSize"
-.Lname327:
-    .asciz "cusolverDnSsytrf"
-.Lname328:
-    .asciz "cusolverDnSsytrf_bufferSize"
-.Lname329:
-    .asciz "cusolverDnSsytri"
-.Lname330:
+.Lname187:
     .asciz "cusolverDnSsytriHost"
-.Lname331:
-    .asciz "cusolverDnSsytri_bufferSize"
-.Lname332:
+.Lname188:
     .asciz "cusolverDnSsytrsHost"
-.Lname333:
+.Lname189:
     .asciz "cusolverDnStrtriHost"
-.Lname334:
+.Lname190:
     .asciz "cusolverDnXfillRandNormalOnDevice"
-.Lname335:
+.Lname191:
     .asciz "cusolverDnXfillRandNormalOnHost"
-.Lname336:
-    .asciz "cusolverDnXgeev"
-.Lname337:
-    .asciz "cusolverDnXgeev_bufferSize"
-.Lname338:
-    .asciz "cusolverDnXgeqrf"
-.Lname339:
-    .asciz "cusolverDnXgeqrf_bufferSize"
-.Lname340:
-    .asciz "cusolverDnXgesvd"
-.Lname341:
-    .asciz "cusolverDnXgesvd_bufferSize"
-.Lname342:
+.Lname192:
     .asciz "cusolverDnXgesvdjGetResidual"
-.Lname343:
+.Lname193:
     .asciz "cusolverDnXgesvdjGetSweeps"
-.Lname344:
+.Lname194:
     .asciz "cusolverDnXgesvdp"
-.Lname345:
-    .asciz "cusolverDnXgesvdp_bufferSize"
-.Lname346:
+.Lname195:
     .asciz "cusolverDnXgesvdr"
-.Lname347:
+.Lname196:
     .asciz "cusolverDnXgesvdr_bufferSize"
-.Lname348:
-    .asciz "cusolverDnXgetrf"
-.Lname349:
-    .asciz "cusolverDnXgetrf_bufferSize"
-.Lname350:
-    .asciz "cusolverDnXgetrs"
-.Lname351:
+.Lname197:
     .asciz "cusolverDnXlansy"
-.Lname352:
+.Lname198:
     .asciz "cusolverDnXlansy_bufferSize"
-.Lname353:
+.Lname199:
     .asciz "cusolverDnXlarft"
-.Lname354:
+.Lname200:
     .asciz "cusolverDnXlarft_bufferSize"
-.Lname355:
-    .asciz "cusolverDnXpotrf"
-.Lname356:
-    .asciz "cusolverDnXpotrf_bufferSize"
-.Lname357:
-    .asciz "cusolverDnXpotrs"
-.Lname358:
-    .asciz "cusolverDnXsyevBatched"
-.Lname359:
-    .asciz "cusolverDnXsyevBatched_bufferSize"
-.Lname360:
-    .asciz "cusolverDnXsyevd"
-.Lname361:
-    .asciz "cusolverDnXsyevd_bufferSize"
-.Lname362:
+.Lname201:
     .asciz "cusolverDnXsyevdx"
-.Lname363:
+.Lname202:
     .asciz "cusolverDnXsyevdx_bufferSize"
-.Lname364:
+.Lname203:
     .asciz "cusolverDnXsyevjGetResidual"
-.Lname365:
+.Lname204:
     .asciz "cusolverDnXsyevjGetSweeps"
-.Lname366:
-    .asciz "cusolverDnXsytrs"
-.Lname367:
-    .asciz "cusolverDnXsytrs_bufferSize"
-.Lname368:
-    .asciz "cusolverDnXtrtri"
-.Lname369:
-    .asciz "cusolverDnXtrtri_bufferSize"
-.Lname370:
+.Lname205:
     .asciz "cusolverDnZCgels"
-.Lname371:
+.Lname206:
     .asciz "cusolverDnZCgels_bufferSize"
-.Lname372:
+.Lname207:
     .asciz "cusolverDnZCgesv"
-.Lname373:
+.Lname208:
     .asciz "cusolverDnZCgesv_bufferSize"
-.Lname374:
+.Lname209:
     .asciz "cusolverDnZEgels"
-.Lname375:
+.Lname210:
     .asciz "cusolverDnZEgels_bufferSize"
-.Lname376:
+.Lname211:
     .asciz "cusolverDnZEgesv"
-.Lname377:
+.Lname212:
     .asciz "cusolverDnZEgesv_bufferSize"
-.Lname378:
+.Lname213:
     .asciz "cusolverDnZKgels"
-.Lname379:
+.Lname214:
     .asciz "cusolverDnZKgels_bufferSize"
-.Lname380:
+.Lname215:
     .asciz "cusolverDnZKgesv"
-.Lname381:
+.Lname216:
     .asciz "cusolverDnZKgesv_bufferSize"
-.Lname382:
+.Lname217:
     .asciz "cusolverDnZYgels"
-.Lname383:
+.Lname218:
     .asciz "cusolverDnZYgels_bufferSize"
-.Lname384:
+.Lname219:
     .asciz "cusolverDnZYgesv"
-.Lname385:
+.Lname220:
     .asciz "cusolverDnZYgesv_bufferSize"
-.Lname386:
+.Lname221:
     .asciz "cusolverDnZZgels"
-.Lname387:
+.Lname222:
     .asciz "cusolverDnZZgels_bufferSize"
-.Lname388:
+.Lname223:
     .asciz "cusolverDnZZgesv"
-.Lname389:
+.Lname224:
     .asciz "cusolverDnZZgesv_bufferSize"
-.Lname390:
+.Lname225:
     .asciz "cusolverDnZaxpyHost"
-.Lname391:
+.Lname226:
     .asciz "cusolverDnZdscalHost"
-.Lname392:
+.Lname227:
     .asciz "cusolverDnZeyeBatch"
-.Lname393:
+.Lname228:
     .asciz "cusolverDnZgebrd"
-.Lname394:
-    .asciz "cusolverDnZgebrd_bufferSize"
-.Lname395:
+.Lname229:
     .asciz "cusolverDnZgelqfHost"
-.Lname396:
+.Lname230:
     .asciz "cusolverDnZgemmHost"
-.Lname397:
+.Lname231:
     .asciz "cusolverDnZgeqlfHost"
-.Lname398:
-    .asciz "cusolverDnZgeqrf"
-.Lname399:
+.Lname232:
     .asciz "cusolverDnZgeqrfHost"
-.Lname400:
-    .asciz "cusolverDnZgeqrf_bufferSize"
-.Lname401:
-    .asciz "cusolverDnZgesvd"
-.Lname402:
-    .asciz "cusolverDnZgesvd_bufferSize"
-.Lname403:
-    .asciz "cusolverDnZgesvdaStridedBatched"
-.Lname404:
-    .asciz "cusolverDnZgesvdaStridedBatched_bufferSize"
-.Lname405:
-    .asciz "cusolverDnZgesvdj"
-.Lname406:
-    .asciz "cusolverDnZgesvdjBatched"
-.Lname407:
-    .asciz "cusolverDnZgesvdjBatched_bufferSize"
-.Lname408:
-    .asciz "cusolverDnZgesvdj_bufferSize"
-.Lname409:
-    .asciz "cusolverDnZgetrf"
-.Lname410:
-    .asciz "cusolverDnZgetrf_bufferSize"
-.Lname411:
-    .asciz "cusolverDnZgetrs"
-.Lname412:
-    .asciz "cusolverDnZheevd"
-.Lname413:
-    .asciz "cusolverDnZheevd_bufferSize"
-.Lname414:
+.Lname233:
     .asciz "cusolverDnZheevdx"
-.Lname415:
+.Lname234:
     .asciz "cusolverDnZheevdx_bufferSize"
-.Lname416:
-    .asciz "cusolverDnZheevj"
-.Lname417:
-    .asciz "cusolverDnZheevjBatched"
-.Lname418:
-    .asciz "cusolverDnZheevjBatched_bufferSize"
-.Lname419:
-    .asciz "cusolverDnZheevj_bufferSize"
-.Lname420:
+.Lname235:
     .asciz "cusolverDnZhegst"
-.Lname421:
+.Lname236:
     .asciz "cusolverDnZhegst_bufferSize"
-.Lname422:
-    .asciz "cusolverDnZhegvd"
-.Lname423:
-    .asciz "cusolverDnZhegvd_bufferSize"
-.Lname424:
+.Lname237:
     .asciz "cusolverDnZhegvdx"
-.Lname425:
+.Lname238:
     .asciz "cusolverDnZhegvdx_bufferSize"
-.Lname426:
-    .asciz "cusolverDnZhegvj"
-.Lname427:
-    .asciz "cusolverDnZhegvj_bufferSize"
-.Lname428:
+.Lname239:
     .asciz "cusolverDnZhetrd"
-.Lname429:
+.Lname240:
     .asciz "cusolverDnZhetrd_bufferSize"
-.Lname430:
+.Lname241:
     .asciz "cusolverDnZlacpyHost"
-.Lname431:
+.Lname242:
     .asciz "cusolverDnZlange"
-.Lname432:
+.Lname243:
     .asciz "cusolverDnZlangeHost"
-.Lname433:
+.Lname244:
     .asciz "cusolverDnZlange_bufferSize"
-.Lname434:
+.Lname245:
     .asciz "cusolverDnZlanheHost"
-.Lname435:
+.Lname246:
     .asciz "cusolverDnZlantrHost"
-.Lname436:
+.Lname247:
     .asciz "cusolverDnZlarfgHost"
-.Lname437:
+.Lname248:
     .asciz "cusolverDnZlarnvHost"
-.Lname438:
+.Lname249:
     .asciz "cusolverDnZlasetHost"
-.Lname439:
-    .asciz "cusolverDnZlaswp"
-.Lname440:
-    .asciz "cusolverDnZlauum"
-.Lname441:
+.Lname250:
     .asciz "cusolverDnZlauumHost"
-.Lname442:
-    .asciz "cusolverDnZlauum_bufferSize"
-.Lname443:
+.Lname251:
     .asciz "cusolverDnZnrm2Host"
-.Lname444:
-    .asciz "cusolverDnZpotrf"
-.Lname445:
-    .asciz "cusolverDnZpotrfBatched"
-.Lname446:
+.Lname252:
     .asciz "cusolverDnZpotrfHost"
-.Lname447:
-    .asciz "cusolverDnZpotrf_bufferSize"
-.Lname448:
-    .asciz "cusolverDnZpotri"
-.Lname449:
+.Lname253:
     .asciz "cusolverDnZpotriHost"
-.Lname450:
-    .asciz "cusolverDnZpotri_bufferSize"
-.Lname451:
-    .asciz "cusolverDnZpotrs"
-.Lname452:
-    .asciz "cusolverDnZpotrsBatched"
-.Lname453:
+.Lname254:
     .asciz "cusolverDnZpotrsHost"
-.Lname454:
-    .asciz "cusolverDnZsytrf"
-.Lname455:
-    .asciz "cusolverDnZsytrf_bufferSize"
-.Lname456:
-    .asciz "cusolverDnZsytri"
-.Lname457:
+.Lname255:
     .asciz "cusolverDnZsytriHost"
-.Lname458:
-    .asciz "cusolverDnZsytri_bufferSize"
-.Lname459:
+.Lname256:
     .asciz "cusolverDnZsytrsHost"
-.Lname460:
+.Lname257:
     .asciz "cusolverDnZtrtriHost"
-.Lname461:
-    .asciz "cusolverDnZungbr"
-.Lname462:
+.Lname258:
     .asciz "cusolverDnZungbrHost"
-.Lname463:
-    .asciz "cusolverDnZungbr_bufferSize"
-.Lname464:
+.Lname259:
     .asciz "cusolverDnZunghrHost"
-.Lname465:
+.Lname260:
     .asciz "cusolverDnZunglqHost"
-.Lname466:
-    .asciz "cusolverDnZungqr"
-.Lname467:
-    .asciz "cusolverDnZungqr_bufferSize"
-.Lname468:
-    .asciz "cusolverDnZungtr"
-.Lname469:
+.Lname261:
     .asciz "cusolverDnZungtrHost"
-.Lname470:
-    .asciz "cusolverDnZungtr_bufferSize"
-.Lname471:
-    .asciz "cusolverDnZunmqr"
-.Lname472:
+.Lname262:
     .asciz "cusolverDnZunmqrHost"
-.Lname473:
-    .asciz "cusolverDnZunmqr_bufferSize"
-.Lname474:
-    .asciz "cusolverDnZunmtr"
-.Lname475:
+.Lname263:
     .asciz "cusolverDnZunmtrHost"
-.Lname476:
-    .asciz "cusolverDnZunmtr_bufferSize"
-.Lname477:
+.Lname264:
     .asciz "cusolverGetProperty"
-.Lname478:
+.Lname265:
     .asciz "cusolverGetVersion"
-.Lname479:
+.Lname266:
     .asciz "cusolverIidentityHost"
-.Lname480:
+.Lname267:
     .asciz "cusolverRfAccessBundledFactorsDevice"
-.Lname481:
+.Lname268:
     .asciz "cusolverRfBatchResetValues"
-.Lname482:
+.Lname269:
     .asciz "cusolverRfBatchSetupHost"
-.Lname483:
+.Lname270:
     .asciz "cusolverRfBatchSolve"
-.Lname484:
+.Lname271:
     .asciz "cusolverRfBatchZeroPivot"
-.Lname485:
+.Lname272:
     .asciz "cusolverRfExtractBundledFactorsHost"
-.Lname486:
+.Lname273:
     .asciz "cusolverRfExtractSplitFactorsHost"
-.Lname487:
+.Lname274:
     .asciz "cusolverRfGetAlgs"
-.Lname488:
+.Lname275:
     .asciz "cusolverRfGetMatrixFormat"
-.Lname489:
+.Lname276:
     .asciz "cusolverRfGetNumericBoostReport"
-.Lname490:
+.Lname277:
     .asciz "cusolverRfGetNumericProperties"
-.Lname491:
+.Lname278:
     .asciz "cusolverRfGetResetValuesFastMode"
-.Lname492:
+.Lname279:
     .asciz "cusolverRfResetValues"
-.Lname493:
+.Lname280:
     .asciz "cusolverRfSetupDevice"
-.Lname494:
+.Lname281:
     .asciz "cusolverRfSetupHost"
-.Lname495:
+.Lname282:
     .asciz "cusolverRfSetupM"
-.Lname496:
+.Lname283:
     .asciz "cusolverRfSolve"
-.Lname497:
+.Lname284:
     .asciz "cusolverSpCcsrbtfHost"
-.Lname498:
+.Lname285:
     .asciz "cusolverSpCcsrcholBufferInfo"
-.Lname499:
+.Lname286:
     .asciz "cusolverSpCcsrcholBufferInfoHost"
-.Lname500:
+.Lname287:
     .asciz "cusolverSpCcsrcholDiag"
-.Lname501:
+.Lname288:
     .asciz "cusolverSpCcsrcholFactor"
-.Lname502:
+.Lname289:
     .asciz "cusolverSpCcsrcholFactorHost"
-.Lname503:
+.Lname290:
     .asciz "cusolverSpCcsrcholSolve"
-.Lname504:
+.Lname291:
     .asciz "cusolverSpCcsrcholSolveHost"
-.Lname505:
+.Lname292:
     .asciz "cusolverSpCcsrcholZeroPivot"
-.Lname506:
+.Lname293:
     .asciz "cusolverSpCcsrcholZeroPivotHost"
-.Lname507:
+.Lname294:
     .asciz "cusolverSpCcsreigsHost"
-.Lname508:
+.Lname295:
     .asciz "cusolverSpCcsreigvsi"
-.Lname509:
+.Lname296:
     .asciz "cusolverSpCcsreigvsiHost"
-.Lname510:
+.Lname297:
     .asciz "cusolverSpCcsrlsqvqrHost"
-.Lname511:
+.Lname298:
     .asciz "cusolverSpCcsrlsvchol"
-.Lname512:
+.Lname299:
     .asciz "cusolverSpCcsrlsvcholHost"
-.Lname513:
+.Lname300:
     .asciz "cusolverSpCcsrlsvluHost"
-.Lname514:
+.Lname301:
     .asciz "cusolverSpCcsrlsvqr"
-.Lname515:
+.Lname302:
     .asciz "cusolverSpCcsrlsvqrHost"
-.Lname516:
+.Lname303:
     .asciz "cusolverSpCcsrluAnalysisHost"
-.Lname517:
+.Lname304:
     .asciz "cusolverSpCcsrluBufferInfoHost"
-.Lname518:
+.Lname305:
     .asciz "cusolverSpCcsrluExtractBTFHost"
-.Lname519:
+.Lname306:
     .asciz "cusolverSpCcsrluExtractHost"
-.Lname520:
+.Lname307:
     .asciz "cusolverSpCcsrluExtractMHost"
-.Lname521:
+.Lname308:
     .asciz "cusolverSpCcsrluFactorHost"
-.Lname522:
+.Lname309:
     .asciz "cusolverSpCcsrluSolveHost"
-.Lname523:
+.Lname310:
     .asciz "cusolverSpCcsrluZeroPivotHost"
-.Lname524:
+.Lname311:
     .asciz "cusolverSpCcsrlucondHost"
-.Lname525:
+.Lname312:
     .asciz "cusolverSpCcsrqrBufferInfo"
-.Lname526:
+.Lname313:
     .asciz "cusolverSpCcsrqrBufferInfoBatched"
-.Lname527:
+.Lname314:
     .asciz "cusolverSpCcsrqrBufferInfoHost"
-.Lname528:
+.Lname315:
     .asciz "cusolverSpCcsrqrFactor"
-.Lname529:
+.Lname316:
     .asciz "cusolverSpCcsrqrFactorHost"
-.Lname530:
+.Lname317:
     .asciz "cusolverSpCcsrqrSetup"
-.Lname531:
+.Lname318:
     .asciz "cusolverSpCcsrqrSetupHost"
-.Lname532:
+.Lname319:
     .asciz "cusolverSpCcsrqrSolve"
-.Lname533:
+.Lname320:
     .asciz "cusolverSpCcsrqrSolveHost"
-.Lname534:
+.Lname321:
     .asciz "cusolverSpCcsrqrZeroPivot"
-.Lname535:
+.Lname322:
     .asciz "cusolverSpCcsrqrZeroPivotHost"
-.Lname536:
+.Lname323:
     .asciz "cusolverSpCcsrqrrcond"
-.Lname537:
+.Lname324:
     .asciz "cusolverSpCcsrqrsvBatched"
-.Lname538:
+.Lname325:
     .asciz "cusolverSpCcsrsubm2denseHost"
-.Lname539:
+.Lname326:
     .asciz "cusolverSpCcsrzfdHost"
-.Lname540:
+.Lname327:
     .asciz "cusolverSpCreateCsrcholInfo"
-.Lname541:
+.Lname328:
     .asciz "cusolverSpCreateCsrcholInfoHost"
-.Lname542:
+.Lname329:
     .asciz "cusolverSpCreateCsrluInfoHost"
-.Lname543:
+.Lname330:
     .asciz "cusolverSpCreateCsrqrInfoHost"
-.Lname544:
+.Lname331:
     .asciz "cusolverSpCreateGluInfo"
-.Lname545:
+.Lname332:
     .asciz "cusolverSpCreateSnluInfo"
-.Lname546:
+.Lname333:
     .asciz "cusolverSpCsnluBuffersize"
-.Lname547:
+.Lname334:
     .asciz "cusolverSpCsnluFactor"
-.Lname548:
+.Lname335:
     .asciz "cusolverSpCsnluSolve"
-.Lname549:
+.Lname336:
     .asciz "cusolverSpCsymgthr"
-.Lname550:
+.Lname337:
     .asciz "cusolverSpCsymgthrHost"
-.Lname551:
+.Lname338:
     .asciz "cusolverSpDcsrbtfHost"
-.Lname552:
+.Lname339:
     .asciz "cusolverSpDcsrcholBufferInfo"
-.Lname553:
+.Lname340:
     .asciz "cusolverSpDcsrcholBufferInfoHost"
-.Lname554:
+.Lname341:
     .asciz "cusolverSpDcsrcholDiag"
-.Lname555:
+.Lname342:
     .asciz "cusolverSpDcsrcholFactor"
-.Lname556:
+.Lname343:
     .asciz "cusolverSpDcsrcholFactorHost"
-.Lname557:
+.Lname344:
     .asciz "cusolverSpDcsrcholSolve"
-.Lname558:
+.Lname345:
     .asciz "cusolverSpDcsrcholSolveHost"
-.Lname559:
+.Lname346:
     .asciz "cusolverSpDcsrcholZeroPivot"
-.Lname560:
+.Lname347:
     .asciz "cusolverSpDcsrcholZeroPivotHost"
-.Lname561:
+.Lname348:
     .asciz "cusolverSpDcsreigsHost"
-.Lname562:
+.Lname349:
     .asciz "cusolverSpDcsreigvsi"
-.Lname563:
+.Lname350:
     .asciz "cusolverSpDcsreigvsiHost"
-.Lname564:
+.Lname351:
     .asciz "cusolverSpDcsrlsqvqrHost"
-.Lname565:
+.Lname352:
     .asciz "cusolverSpDcsrlsvchol"
-.Lname566:
+.Lname353:
     .asciz "cusolverSpDcsrlsvcholHost"
-.Lname567:
+.Lname354:
     .asciz "cusolverSpDcsrlsvluHost"
-.Lname568:
+.Lname355:
     .asciz "cusolverSpDcsrlsvqr"
-.Lname569:
+.Lname356:
     .asciz "cusolverSpDcsrlsvqrHost"
-.Lname570:
+.Lname357:
     .asciz "cusolverSpDcsrluAnalysisHost"
-.Lname571:
+.Lname358:
     .asciz "cusolverSpDcsrluBufferInfoHost"
-.Lname572:
+.Lname359:
     .asciz "cusolverSpDcsrluExtractBTFHost"
-.Lname573:
+.Lname360:
     .asciz "cusolverSpDcsrluExtractHost"
-.Lname574:
+.Lname361:
     .asciz "cusolverSpDcsrluExtractMHost"
-.Lname575:
+.Lname362:
     .asciz "cusolverSpDcsrluFactorHost"
-.Lname576:
+.Lname363:
     .asciz "cusolverSpDcsrluSolveHost"
-.Lname577:
+.Lname364:
     .asciz "cusolverSpDcsrluZeroPivotHost"
-.Lname578:
+.Lname365:
     .asciz "cusolverSpDcsrlucondHost"
-.Lname579:
+.Lname366:
     .asciz "cusolverSpDcsrqrBufferInfo"
-.Lname580:
+.Lname367:
     .asciz "cusolverSpDcsrqrBufferInfoBatched"
-.Lname581:
+.Lname368:
     .asciz "cusolverSpDcsrqrBufferInfoHost"
-.Lname582:
+.Lname369:
     .asciz "cusolverSpDcsrqrFactor"
-.Lname583:
+.Lname370:
     .asciz "cusolverSpDcsrqrFactorHost"
-.Lname584:
+.Lname371:
     .asciz "cusolverSpDcsrqrSetup"
-.Lname585:
+.Lname372:
     .asciz "cusolverSpDcsrqrSetupHost"
-.Lname586:
+.Lname373:
     .asciz "cusolverSpDcsrqrSolve"
-.Lname587:
+.Lname374:
     .asciz "cusolverSpDcsrqrSolveHost"
-.Lname588:
+.Lname375:
     .asciz "cusolverSpDcsrqrZeroPivot"
-.Lname589:
+.Lname376:
     .asciz "cusolverSpDcsrqrZeroPivotHost"
-.Lname590:
+.Lname377:
     .asciz "cusolverSpDcsrqrrcond"
-.Lname591:
+.Lname378:
     .asciz "cusolverSpDcsrqrsvBatched"
-.Lname592:
+.Lname379:
     .asciz "cusolverSpDcsrsubm2denseHost"
-.Lname593:
+.Lname380:
     .asciz "cusolverSpDcsrzfdHost"
-.Lname594:
+.Lname381:
     .asciz "cusolverSpDestroyCsrcholInfo"
-.Lname595:
+.Lname382:
     .asciz "cusolverSpDestroyCsrcholInfoHost"
-.Lname596:
+.Lname383:
     .asciz "cusolverSpDestroyCsrluInfoHost"
-.Lname597:
+.Lname384:
     .asciz "cusolverSpDestroyCsrqrInfoHost"
-.Lname598:
+.Lname385:
     .asciz "cusolverSpDestroyGluInfo"
-.Lname599:
+.Lname386:
     .asciz "cusolverSpDestroySnluInfo"
-.Lname600:
+.Lname387:
     .asciz "cusolverSpDgluAnalysis"
-.Lname601:
+.Lname388:
     .asciz "cusolverSpDgluBufferSize"
-.Lname602:
+.Lname389:
     .asciz "cusolverSpDgluExtractMHost"
-.Lname603:
+.Lname390:
     .asciz "cusolverSpDgluFactor"
-.Lname604:
+.Lname391:
     .asciz "cusolverSpDgluNumericBoost"
-.Lname605:
+.Lname392:
     .asciz "cusolverSpDgluReset"
-.Lname606:
+.Lname393:
     .asciz "cusolverSpDgluSetup"
-.Lname607:
+.Lname394:
     .asciz "cusolverSpDgluSetupByTile"
-.Lname608:
+.Lname395:
     .asciz "cusolverSpDgluSolve"
-.Lname609:
+.Lname396:
     .asciz "cusolverSpDnrminf"
-.Lname610:
+.Lname397:
     .asciz "cusolverSpDsnluBuffersize"
-.Lname611:
+.Lname398:
     .asciz "cusolverSpDsnluFactor"
-.Lname612:
+.Lname399:
     .asciz "cusolverSpDsnluSolve"
-.Lname613:
+.Lname400:
     .asciz "cusolverSpDsymgthr"
-.Lname614:
+.Lname401:
     .asciz "cusolverSpDsymgthrHost"
-.Lname615:
+.Lname402:
     .asciz "cusolverSpLcsrqrBufferInfo"
-.Lname616:
+.Lname403:
     .asciz "cusolverSpLcsrqrFactor"
-.Lname617:
+.Lname404:
     .asciz "cusolverSpLcsrqrSetup"
-.Lname618:
+.Lname405:
     .asciz "cusolverSpLcsrqrSolve"
-.Lname619:
+.Lname406:
     .asciz "cusolverSpLcsrqrSolveRefine"
-.Lname620:
+.Lname407:
     .asciz "cusolverSpLcsrqrZeroPivot"
-.Lname621:
+.Lname408:
     .asciz "cusolverSpLcsrqrrcond"
-.Lname622:
+.Lname409:
     .asciz "cusolverSpQcsrqrBufferInfo"
-.Lname623:
+.Lname410:
     .asciz "cusolverSpQcsrqrFactor"
-.Lname624:
+.Lname411:
     .asciz "cusolverSpQcsrqrSetup"
-.Lname625:
+.Lname412:
     .asciz "cusolverSpQcsrqrSolve"
-.Lname626:
+.Lname413:
     .asciz "cusolverSpQcsrqrSolveRefine"
-.Lname627:
+.Lname414:
     .asciz "cusolverSpQcsrqrZeroPivot"
-.Lname628:
+.Lname415:
     .asciz "cusolverSpQcsrqrrcond"
-.Lname629:
+.Lname416:
     .asciz "cusolverSpScsrbtfHost"
-.Lname630:
+.Lname417:
     .asciz "cusolverSpScsrcholBufferInfo"
-.Lname631:
+.Lname418:
     .asciz "cusolverSpScsrcholBufferInfoHost"
-.Lname632:
+.Lname419:
     .asciz "cusolverSpScsrcholDiag"
-.Lname633:
+.Lname420:
     .asciz "cusolverSpScsrcholFactor"
-.Lname634:
+.Lname421:
     .asciz "cusolverSpScsrcholFactorHost"
-.Lname635:
+.Lname422:
     .asciz "cusolverSpScsrcholSolve"
-.Lname636:
+.Lname423:
     .asciz "cusolverSpScsrcholSolveHost"
-.Lname637:
+.Lname424:
     .asciz "cusolverSpScsrcholZeroPivot"
-.Lname638:
+.Lname425:
     .asciz "cusolverSpScsrcholZeroPivotHost"
-.Lname639:
+.Lname426:
     .asciz "cusolverSpScsreigsHost"
-.Lname640:
+.Lname427:
     .asciz "cusolverSpScsreigvsi"
-.Lname641:
+.Lname428:
     .asciz "cusolverSpScsreigvsiHost"
-.Lname642:
+.Lname429:
     .asciz "cusolverSpScsrlsqvqrHost"
-.Lname643:
+.Lname430:
     .asciz "cusolverSpScsrlsvchol"
-.Lname644:
+.Lname431:
     .asciz "cusolverSpScsrlsvcholHost"
-.Lname645:
+.Lname432:
     .asciz "cusolverSpScsrlsvluHost"
-.Lname646:
+.Lname433:
     .asciz "cusolverSpScsrlsvqr"
-.Lname647:
+.Lname434:
     .asciz "cusolverSpScsrlsvqrHost"
-.Lname648:
+.Lname435:
     .asciz "cusolverSpScsrluAnalysisHost"
-.Lname649:
+.Lname436:
     .asciz "cusolverSpScsrluBufferInfoHost"
-.Lname650:
+.Lname437:
     .asciz "cusolverSpScsrluExtractBTFHost"
-.Lname651:
+.Lname438:
     .asciz "cusolverSpScsrluExtractHost"
-.Lname652:
+.Lname439:
     .asciz "cusolverSpScsrluExtractMHost"
-.Lname653:
+.Lname440:
     .asciz "cusolverSpScsrluFactorHost"
-.Lname654:
+.Lname441:
     .asciz "cusolverSpScsrluSolveHost"
-.Lname655:
+.Lname442:
     .asciz "cusolverSpScsrluZeroPivotHost"
-.Lname656:
+.Lname443:
     .asciz "cusolverSpScsrlucondHost"
-.Lname657:
+.Lname444:
     .asciz "cusolverSpScsrqrBufferInfo"
-.Lname658:
+.Lname445:
     .asciz "cusolverSpScsrqrBufferInfoBatched"
-.Lname659:
+.Lname446:
     .asciz "cusolverSpScsrqrBufferInfoHost"
-.Lname660:
+.Lname447:
     .asciz "cusolverSpScsrqrFactor"
-.Lname661:
+.Lname448:
     .asciz "cusolverSpScsrqrFactorHost"
-.Lname662:
+.Lname449:
     .asciz "cusolverSpScsrqrSetup"
-.Lname663:
+.Lname450:
     .asciz "cusolverSpScsrqrSetupHost"
-.Lname664:
+.Lname451:
     .asciz "cusolverSpScsrqrSolve"
-.Lname665:
+.Lname452:
     .asciz "cusolverSpScsrqrSolveHost"
-.Lname666:
+.Lname453:
     .asciz "cusolverSpScsrqrZeroPivot"
-.Lname667:
+.Lname454:
     .asciz "cusolverSpScsrqrZeroPivotHost"
-.Lname668:
+.Lname455:
     .asciz "cusolverSpScsrqrrcond"
-.Lname669:
+.Lname456:
     .asciz "cusolverSpScsrqrsvBatched"
-.Lname670:
+.Lname457:
     .asciz "cusolverSpScsrsubm2denseHost"
-.Lname671:
+.Lname458:
     .asciz "cusolverSpScsrzfdHost"
-.Lname672:
+.Lname459:
     .asciz "cusolverSpSsnluBuffersize"
-.Lname673:
+.Lname460:
     .asciz "cusolverSpSsnluFactor"
-.Lname674:
+.Lname461:
     .asciz "cusolverSpSsnluSolve"
-.Lname675:
+.Lname462:
     .asciz "cusolverSpSsymgthr"
-.Lname676:
+.Lname463:
     .asciz "cusolverSpSsymgthrHost"
-.Lname677:
+.Lname464:
     .asciz "cusolverSpXcsr2cscHost"
-.Lname678:
+.Lname465:
     .asciz "cusolverSpXcsr2csc_bufferSizeHost"
-.Lname679:
+.Lname466:
     .asciz "cusolverSpXcsrcholAnalysis"
-.Lname680:
+.Lname467:
     .asciz "cusolverSpXcsrcholAnalysisHost"
-.Lname681:
+.Lname468:
     .asciz "cusolverSpXcsrissymHost"
-.Lname682:
+.Lname469:
     .asciz "cusolverSpXcsrluAnalysisHost"
-.Lname683:
+.Lname470:
     .asciz "cusolverSpXcsrluConfigHost"
-.Lname684:
+.Lname471:
     .asciz "cusolverSpXcsrluNnzHost"
-.Lname685:
+.Lname472:
     .asciz "cusolverSpXcsrluNnzMHost"
-.Lname686:
+.Lname473:
     .asciz "cusolverSpXcsrmetisndHost"
-.Lname687:
+.Lname474:
     .asciz "cusolverSpXcsrnsepHost"
-.Lname688:
+.Lname475:
     .asciz "cusolverSpXcsrpermHost"
-.Lname689:
+.Lname476:
     .asciz "cusolverSpXcsrperm_bufferSizeHost"
-.Lname690:
+.Lname477:
     .asciz "cusolverSpXcsrqrAnalysis"
-.Lname691:
+.Lname478:
     .asciz "cusolverSpXcsrqrAnalysisBatched"
-.Lname692:
+.Lname479:
     .asciz "cusolverSpXcsrqrAnalysisHost"
-.Lname693:
+.Lname480:
     .asciz "cusolverSpXcsrqrConfigInfo"
-.Lname694:
+.Lname481:
     .asciz "cusolverSpXcsrsubmHost"
-.Lname695:
+.Lname482:
     .asciz "cusolverSpXcsrsubmNnzHost"
-.Lname696:
+.Lname483:
     .asciz "cusolverSpXcsrsymamdHost"
-.Lname697:
+.Lname484:
     .asciz "cusolverSpXcsrsymmdqHost"
-.Lname698:
+.Lname485:
     .asciz "cusolverSpXcsrsympermHost"
-.Lname699:
+.Lname486:
     .asciz "cusolverSpXcsrsymperm_bufferSizeHost"
-.Lname700:
+.Lname487:
     .asciz "cusolverSpXcsrsymrcmHost"
-.Lname701:
+.Lname488:
     .asciz "cusolverSpXgluZeroPivot"
-.Lname702:
+.Lname489:
     .asciz "cusolverSpXsnluAnalysis"
-.Lname703:
+.Lname490:
     .asciz "cusolverSpXsnluFlops"
-.Lname704:
+.Lname491:
     .asciz "cusolverSpXsnluReport"
-.Lname705:
+.Lname492:
     .asciz "cusolverSpXsnluResizeSupernodeBy"
-.Lname706:
+.Lname493:
     .asciz "cusolverSpXsnluSetReorder"
-.Lname707:
+.Lname494:
     .asciz "cusolverSpZcsrbtfHost"
-.Lname708:
+.Lname495:
     .asciz "cusolverSpZcsrcholBufferInfo"
-.Lname709:
+.Lname496:
     .asciz "cusolverSpZcsrcholBufferInfoHost"
-.Lname710:
+.Lname497:
     .asciz "cusolverSpZcsrcholDiag"
-.Lname711:
+.Lname498:
     .asciz "cusolverSpZcsrcholFactor"
-.Lname712:
+.Lname499:
     .asciz "cusolverSpZcsrcholFactorHost"
-.Lname713:
+.Lname500:
     .asciz "cusolverSpZcsrcholSolve"
-.Lname714:
+.Lname501:
     .asciz "cusolverSpZcsrcholSolveHost"
-.Lname715:
+.Lname502:
     .asciz "cusolverSpZcsrcholZeroPivot"
-.Lname716:
+.Lname503:
     .asciz "cusolverSpZcsrcholZeroPivotHost"
-.Lname717:
+.Lname504:
     .asciz "cusolverSpZcsreigsHost"
-.Lname718:
+.Lname505:
     .asciz "cusolverSpZcsreigvsi"
-.Lname719:
+.Lname506:
     .asciz "cusolverSpZcsreigvsiHost"
-.Lname720:
+.Lname507:
     .asciz "cusolverSpZcsrlsqvqrHost"
-.Lname721:
+.Lname508:
     .asciz "cusolverSpZcsrlsvchol"
-.Lname722:
+.Lname509:
     .asciz "cusolverSpZcsrlsvcholHost"
-.Lname723:
+.Lname510:
     .asciz "cusolverSpZcsrlsvluHost"
-.Lname724:
+.Lname511:
     .asciz "cusolverSpZcsrlsvqr"
-.Lname725:
+.Lname512:
     .asciz "cusolverSpZcsrlsvqrHost"
-.Lname726:
+.Lname513:
     .asciz "cusolverSpZcsrluAnalysisHost"
-.Lname727:
+.Lname514:
     .asciz "cusolverSpZcsrluBufferInfoHost"
-.Lname728:
+.Lname515:
     .asciz "cusolverSpZcsrluExtractBTFHost"
-.Lname729:
+.Lname516:
     .asciz "cusolverSpZcsrluExtractHost"
-.Lname730:
+.Lname517:
     .asciz "cusolverSpZcsrluExtractMHost"
-.Lname731:
+.Lname518:
     .asciz "cusolverSpZcsrluFactorHost"
-.Lname732:
+.Lname519:
     .asciz "cusolverSpZcsrluSolveHost"
-.Lname733:
+.Lname520:
     .asciz "cusolverSpZcsrluZeroPivotHost"
-.Lname734:
+.Lname521:
     .asciz "cusolverSpZcsrlucondHost"
-.Lname735:
+.Lname522:
     .asciz "cusolverSpZcsrqrBufferInfo"
-.Lname736:
+.Lname523:
     .asciz "cusolverSpZcsrqrBufferInfoBatched"
-.Lname737:
+.Lname524:
     .asciz "cusolverSpZcsrqrBufferInfoHost"
-.Lname738:
+.Lname525:
     .asciz "cusolverSpZcsrqrFactor"
-.Lname739:
+.Lname526:
     .asciz "cusolverSpZcsrqrFactorHost"
-.Lname740:
+.Lname527:
     .asciz "cusolverSpZcsrqrSetup"
-.Lname741:
+.Lname528:
     .asciz "cusolverSpZcsrqrSetupHost"
-.Lname742:
+.Lname529:
     .asciz "cusolverSpZcsrqrSolve"
-.Lname743:
+.Lname530:
     .asciz "cusolverSpZcsrqrSolveHost"
-.Lname744:
+.Lname531:
     .asciz "cusolverSpZcsrqrZeroPivot"
-.Lname745:
+.Lname532:
     .asciz "cusolverSpZcsrqrZeroPivotHost"
-.Lname746:
+.Lname533:
     .asciz "cusolverSpZcsrqrrcond"
-.Lname747:
+.Lname534:
     .asciz "cusolverSpZcsrqrsvBatched"
-.Lname748:
+.Lname535:
     .asciz "cusolverSpZcsrsubm2denseHost"
-.Lname749:
+.Lname536:
     .asciz "cusolverSpZcsrzfdHost"
-.Lname750:
+.Lname537:
     .asciz "cusolverSpZsnluBuffersize"
-.Lname751:
+.Lname538:
     .asciz "cusolverSpZsnluFactor"
-.Lname752:
+.Lname539:
     .asciz "cusolverSpZsnluSolve"
-.Lname753:
+.Lname540:
     .asciz "cusolverSpZsymgthr"
-.Lname754:
+.Lname541:
     .asciz "cusolverSpZsymgthrHost"
-.Lname755:
+.Lname542:
     .asciz "cusolverXcsrqr_dump"
     .section .note.GNU-stack,"",@progbits

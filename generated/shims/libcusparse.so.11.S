@@ -4,15 +4,12 @@
     .globl cusparseAxpby
     .type cusparseAxpby, @function
 cusparseAxpby:
-    leaq .Lname0(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseAxpby@PLT
     .size cusparseAxpby, .-cusparseAxpby
     .globl cusparseBlockedEllGet
     .type cusparseBlockedEllGet, @function
 cusparseBlockedEllGet:
-    leaq .Lname1(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -20,7 +17,7 @@ cusparseBlockedEllGet:
     .globl cusparseCaxpyi
     .type cusparseCaxpyi, @function
 cusparseCaxpyi:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -28,23 +25,17 @@ cusparseCaxpyi:
     .globl cusparseCbsr2csr
     .type cusparseCbsr2csr, @function
 cusparseCbsr2csr:
-    leaq .Lname3(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsr2csr@PLT
     .size cusparseCbsr2csr, .-cusparseCbsr2csr
     .globl cusparseCbsric02
     .type cusparseCbsric02, @function
 cusparseCbsric02:
-    leaq .Lname4(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsric02@PLT
     .size cusparseCbsric02, .-cusparseCbsric02
     .globl cusparseCbsric02_analysis
     .type cusparseCbsric02_analysis, @function
 cusparseCbsric02_analysis:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -52,15 +43,12 @@ cusparseCbsric02_analysis:
     .globl cusparseCbsric02_bufferSize
     .type cusparseCbsric02_bufferSize, @function
 cusparseCbsric02_bufferSize:
-    leaq .Lname6(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsric02_bufferSize@PLT
     .size cusparseCbsric02_bufferSize, .-cusparseCbsric02_bufferSize
     .globl cusparseCbsric02_bufferSizeExt
     .type cusparseCbsric02_bufferSizeExt, @function
 cusparseCbsric02_bufferSizeExt:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -68,31 +56,22 @@ cusparseCbsric02_bufferSizeExt:
     .globl cusparseCbsrilu02
     .type cusparseCbsrilu02, @function
 cusparseCbsrilu02:
-    leaq .Lname8(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrilu02@PLT
     .size cusparseCbsrilu02, .-cusparseCbsrilu02
     .globl cusparseCbsrilu02_analysis
     .type cusparseCbsrilu02_analysis, @function
 cusparseCbsrilu02_analysis:
-    leaq .Lname9(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrilu02_analysis@PLT
     .size cusparseCbsrilu02_analysis, .-cusparseCbsrilu02_analysis
     .globl cusparseCbsrilu02_bufferSize
     .type cusparseCbsrilu02_bufferSize, @function
 cusparseCbsrilu02_bufferSize:
-    leaq .Lname10(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrilu02_bufferSize@PLT
     .size cusparseCbsrilu02_bufferSize, .-cusparseCbsrilu02_bufferSize
     .globl cusparseCbsrilu02_bufferSizeExt
     .type cusparseCbsrilu02_bufferSizeExt, @function
 cusparseCbsrilu02_bufferSizeExt:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -100,7 +79,7 @@ cusparseCbsrilu02_bufferSizeExt:
     .globl cusparseCbsrilu02_numericBoost
     .type cusparseCbsrilu02_numericBoost, @function
 cusparseCbsrilu02_numericBoost:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -108,39 +87,27 @@ cusparseCbsrilu02_numericBoost:
     .globl cusparseCbsrmm
     .type cusparseCbsrmm, @function
 cusparseCbsrmm:
-    leaq .Lname13(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrmm@PLT
     .size cusparseCbsrmm, .-cusparseCbsrmm
     .globl cusparseCbsrmv
     .type cusparseCbsrmv, @function
 cusparseCbsrmv:
-    leaq .Lname14(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrmv@PLT
     .size cusparseCbsrmv, .-cusparseCbsrmv
     .globl cusparseCbsrsm2_analysis
     .type cusparseCbsrsm2_analysis, @function
 cusparseCbsrsm2_analysis:
-    leaq .Lname15(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrsm2_analysis@PLT
     .size cusparseCbsrsm2_analysis, .-cusparseCbsrsm2_analysis
     .globl cusparseCbsrsm2_bufferSize
     .type cusparseCbsrsm2_bufferSize, @function
 cusparseCbsrsm2_bufferSize:
-    leaq .Lname16(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrsm2_bufferSize@PLT
     .size cusparseCbsrsm2_bufferSize, .-cusparseCbsrsm2_bufferSize
     .globl cusparseCbsrsm2_bufferSizeExt
     .type cusparseCbsrsm2_bufferSizeExt, @function
 cusparseCbsrsm2_bufferSizeExt:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -148,31 +115,22 @@ cusparseCbsrsm2_bufferSizeExt:
     .globl cusparseCbsrsm2_solve
     .type cusparseCbsrsm2_solve, @function
 cusparseCbsrsm2_solve:
-    leaq .Lname18(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrsm2_solve@PLT
     .size cusparseCbsrsm2_solve, .-cusparseCbsrsm2_solve
     .globl cusparseCbsrsv2_analysis
     .type cusparseCbsrsv2_analysis, @function
 cusparseCbsrsv2_analysis:
-    leaq .Lname19(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrsv2_analysis@PLT
     .size cusparseCbsrsv2_analysis, .-cusparseCbsrsv2_analysis
     .globl cusparseCbsrsv2_bufferSize
     .type cusparseCbsrsv2_bufferSize, @function
 cusparseCbsrsv2_bufferSize:
-    leaq .Lname20(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrsv2_bufferSize@PLT
     .size cusparseCbsrsv2_bufferSize, .-cusparseCbsrsv2_bufferSize
     .globl cusparseCbsrsv2_bufferSizeExt
     .type cusparseCbsrsv2_bufferSizeExt, @function
 cusparseCbsrsv2_bufferSizeExt:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -180,23 +138,17 @@ cusparseCbsrsv2_bufferSizeExt:
     .globl cusparseCbsrsv2_solve
     .type cusparseCbsrsv2_solve, @function
 cusparseCbsrsv2_solve:
-    leaq .Lname22(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrsv2_solve@PLT
     .size cusparseCbsrsv2_solve, .-cusparseCbsrsv2_solve
     .globl cusparseCbsrxmv
     .type cusparseCbsrxmv, @function
 cusparseCbsrxmv:
-    leaq .Lname23(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrxmv@PLT
     .size cusparseCbsrxmv, .-cusparseCbsrxmv
     .globl cusparseCcsc2dense
     .type cusparseCcsc2dense, @function
 cusparseCcsc2dense:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -204,15 +156,12 @@ cusparseCcsc2dense:
     .globl cusparseCcsr2bsr
     .type cusparseCcsr2bsr, @function
 cusparseCcsr2bsr:
-    leaq .Lname25(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsr2bsr@PLT
     .size cusparseCcsr2bsr, .-cusparseCcsr2bsr
     .globl cusparseCcsr2csr_compress
     .type cusparseCcsr2csr_compress, @function
 cusparseCcsr2csr_compress:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -220,15 +169,12 @@ cusparseCcsr2csr_compress:
     .globl cusparseCcsr2csru
     .type cusparseCcsr2csru, @function
 cusparseCcsr2csru:
-    leaq .Lname27(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsr2csru@PLT
     .size cusparseCcsr2csru, .-cusparseCcsr2csru
     .globl cusparseCcsr2dense
     .type cusparseCcsr2dense, @function
 cusparseCcsr2dense:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -236,23 +182,17 @@ cusparseCcsr2dense:
     .globl cusparseCcsr2gebsr
     .type cusparseCcsr2gebsr, @function
 cusparseCcsr2gebsr:
-    leaq .Lname29(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsr2gebsr@PLT
     .size cusparseCcsr2gebsr, .-cusparseCcsr2gebsr
     .globl cusparseCcsr2gebsr_bufferSize
     .type cusparseCcsr2gebsr_bufferSize, @function
 cusparseCcsr2gebsr_bufferSize:
-    leaq .Lname30(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsr2gebsr_bufferSize@PLT
     .size cusparseCcsr2gebsr_bufferSize, .-cusparseCcsr2gebsr_bufferSize
     .globl cusparseCcsr2gebsr_bufferSizeExt
     .type cusparseCcsr2gebsr_bufferSizeExt, @function
 cusparseCcsr2gebsr_bufferSizeExt:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -260,7 +200,7 @@ cusparseCcsr2gebsr_bufferSizeExt:
     .globl cusparseCcsrcolor
     .type cusparseCcsrcolor, @function
 cusparseCcsrcolor:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -268,39 +208,27 @@ cusparseCcsrcolor:
     .globl cusparseCcsrgeam2
     .type cusparseCcsrgeam2, @function
 cusparseCcsrgeam2:
-    leaq .Lname33(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrgeam2@PLT
     .size cusparseCcsrgeam2, .-cusparseCcsrgeam2
     .globl cusparseCcsrgeam2_bufferSizeExt
     .type cusparseCcsrgeam2_bufferSizeExt, @function
 cusparseCcsrgeam2_bufferSizeExt:
-    leaq .Lname34(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrgeam2_bufferSizeExt@PLT
     .size cusparseCcsrgeam2_bufferSizeExt, .-cusparseCcsrgeam2_bufferSizeExt
     .globl cusparseCcsrgemm2
     .type cusparseCcsrgemm2, @function
 cusparseCcsrgemm2:
-    leaq .Lname35(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrgemm2@PLT
     .size cusparseCcsrgemm2, .-cusparseCcsrgemm2
     .globl cusparseCcsrgemm2_bufferSizeExt
     .type cusparseCcsrgemm2_bufferSizeExt, @function
 cusparseCcsrgemm2_bufferSizeExt:
-    leaq .Lname36(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrgemm2_bufferSizeExt@PLT
     .size cusparseCcsrgemm2_bufferSizeExt, .-cusparseCcsrgemm2_bufferSizeExt
     .globl cusparseCcsric02
     .type cusparseCcsric02, @function
 cusparseCcsric02:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -308,23 +236,17 @@ cusparseCcsric02:
     .globl cusparseCcsric02_analysis
     .type cusparseCcsric02_analysis, @function
 cusparseCcsric02_analysis:
-    leaq .Lname38(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsric02_analysis@PLT
     .size cusparseCcsric02_analysis, .-cusparseCcsric02_analysis
     .globl cusparseCcsric02_bufferSize
     .type cusparseCcsric02_bufferSize, @function
 cusparseCcsric02_bufferSize:
-    leaq .Lname39(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsric02_bufferSize@PLT
     .size cusparseCcsric02_bufferSize, .-cusparseCcsric02_bufferSize
     .globl cusparseCcsric02_bufferSizeExt
     .type cusparseCcsric02_bufferSizeExt, @function
 cusparseCcsric02_bufferSizeExt:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -332,7 +254,7 @@ cusparseCcsric02_bufferSizeExt:
     .globl cusparseCcsrilu02
     .type cusparseCcsrilu02, @function
 cusparseCcsrilu02:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -340,23 +262,17 @@ cusparseCcsrilu02:
     .globl cusparseCcsrilu02_analysis
     .type cusparseCcsrilu02_analysis, @function
 cusparseCcsrilu02_analysis:
-    leaq .Lname42(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrilu02_analysis@PLT
     .size cusparseCcsrilu02_analysis, .-cusparseCcsrilu02_analysis
     .globl cusparseCcsrilu02_bufferSize
     .type cusparseCcsrilu02_bufferSize, @function
 cusparseCcsrilu02_bufferSize:
-    leaq .Lname43(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrilu02_bufferSize@PLT
     .size cusparseCcsrilu02_bufferSize, .-cusparseCcsrilu02_bufferSize
     .globl cusparseCcsrilu02_bufferSizeExt
     .type cusparseCcsrilu02_bufferSizeExt, @function
 cusparseCcsrilu02_bufferSizeExt:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -364,7 +280,7 @@ cusparseCcsrilu02_bufferSizeExt:
     .globl cusparseCcsrilu02_numericBoost
     .type cusparseCcsrilu02_numericBoost, @function
 cusparseCcsrilu02_numericBoost:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -372,15 +288,12 @@ cusparseCcsrilu02_numericBoost:
     .globl cusparseCcsrsm2_analysis
     .type cusparseCcsrsm2_analysis, @function
 cusparseCcsrsm2_analysis:
-    leaq .Lname46(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrsm2_analysis@PLT
     .size cusparseCcsrsm2_analysis, .-cusparseCcsrsm2_analysis
     .globl cusparseCcsrsm2_bufferSizeExt
     .type cusparseCcsrsm2_bufferSizeExt, @function
 cusparseCcsrsm2_bufferSizeExt:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -388,31 +301,22 @@ cusparseCcsrsm2_bufferSizeExt:
     .globl cusparseCcsrsm2_solve
     .type cusparseCcsrsm2_solve, @function
 cusparseCcsrsm2_solve:
-    leaq .Lname48(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrsm2_solve@PLT
     .size cusparseCcsrsm2_solve, .-cusparseCcsrsm2_solve
     .globl cusparseCcsrsv2_analysis
     .type cusparseCcsrsv2_analysis, @function
 cusparseCcsrsv2_analysis:
-    leaq .Lname49(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrsv2_analysis@PLT
     .size cusparseCcsrsv2_analysis, .-cusparseCcsrsv2_analysis
     .globl cusparseCcsrsv2_bufferSize
     .type cusparseCcsrsv2_bufferSize, @function
 cusparseCcsrsv2_bufferSize:
-    leaq .Lname50(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrsv2_bufferSize@PLT
     .size cusparseCcsrsv2_bufferSize, .-cusparseCcsrsv2_bufferSize
     .globl cusparseCcsrsv2_bufferSizeExt
     .type cusparseCcsrsv2_bufferSizeExt, @function
 cusparseCcsrsv2_bufferSizeExt:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -420,31 +324,22 @@ cusparseCcsrsv2_bufferSizeExt:
     .globl cusparseCcsrsv2_solve
     .type cusparseCcsrsv2_solve, @function
 cusparseCcsrsv2_solve:
-    leaq .Lname52(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrsv2_solve@PLT
     .size cusparseCcsrsv2_solve, .-cusparseCcsrsv2_solve
     .globl cusparseCcsru2csr
     .type cusparseCcsru2csr, @function
 cusparseCcsru2csr:
-    leaq .Lname53(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsru2csr@PLT
     .size cusparseCcsru2csr, .-cusparseCcsru2csr
     .globl cusparseCcsru2csr_bufferSizeExt
     .type cusparseCcsru2csr_bufferSizeExt, @function
 cusparseCcsru2csr_bufferSizeExt:
-    leaq .Lname54(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsru2csr_bufferSizeExt@PLT
     .size cusparseCcsru2csr_bufferSizeExt, .-cusparseCcsru2csr_bufferSizeExt
     .globl cusparseCdense2csc
     .type cusparseCdense2csc, @function
 cusparseCdense2csc:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -452,7 +347,7 @@ cusparseCdense2csc:
     .globl cusparseCdense2csr
     .type cusparseCdense2csr, @function
 cusparseCdense2csr:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -460,15 +355,12 @@ cusparseCdense2csr:
     .globl cusparseCgebsr2csr
     .type cusparseCgebsr2csr, @function
 cusparseCgebsr2csr:
-    leaq .Lname57(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgebsr2csr@PLT
     .size cusparseCgebsr2csr, .-cusparseCgebsr2csr
     .globl cusparseCgebsr2gebsc
     .type cusparseCgebsr2gebsc, @function
 cusparseCgebsr2gebsc:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -476,15 +368,12 @@ cusparseCgebsr2gebsc:
     .globl cusparseCgebsr2gebsc_bufferSize
     .type cusparseCgebsr2gebsc_bufferSize, @function
 cusparseCgebsr2gebsc_bufferSize:
-    leaq .Lname59(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgebsr2gebsc_bufferSize@PLT
     .size cusparseCgebsr2gebsc_bufferSize, .-cusparseCgebsr2gebsc_bufferSize
     .globl cusparseCgebsr2gebsc_bufferSizeExt
     .type cusparseCgebsr2gebsc_bufferSizeExt, @function
 cusparseCgebsr2gebsc_bufferSizeExt:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -492,23 +381,17 @@ cusparseCgebsr2gebsc_bufferSizeExt:
     .globl cusparseCgebsr2gebsr
     .type cusparseCgebsr2gebsr, @function
 cusparseCgebsr2gebsr:
-    leaq .Lname61(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgebsr2gebsr@PLT
     .size cusparseCgebsr2gebsr, .-cusparseCgebsr2gebsr
     .globl cusparseCgebsr2gebsr_bufferSize
     .type cusparseCgebsr2gebsr_bufferSize, @function
 cusparseCgebsr2gebsr_bufferSize:
-    leaq .Lname62(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgebsr2gebsr_bufferSize@PLT
     .size cusparseCgebsr2gebsr_bufferSize, .-cusparseCgebsr2gebsr_bufferSize
     .globl cusparseCgebsr2gebsr_bufferSizeExt
     .type cusparseCgebsr2gebsr_bufferSizeExt, @function
 cusparseCgebsr2gebsr_bufferSizeExt:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -516,7 +399,7 @@ cusparseCgebsr2gebsr_bufferSizeExt:
     .globl cusparseCgemmi
     .type cusparseCgemmi, @function
 cusparseCgemmi:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -524,7 +407,7 @@ cusparseCgemmi:
     .globl cusparseCgemvi
     .type cusparseCgemvi, @function
 cusparseCgemvi:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -532,7 +415,7 @@ cusparseCgemvi:
     .globl cusparseCgemvi_bufferSize
     .type cusparseCgemvi_bufferSize, @function
 cusparseCgemvi_bufferSize:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -540,7 +423,7 @@ cusparseCgemvi_bufferSize:
     .globl cusparseCgpsvInterleavedBatch
     .type cusparseCgpsvInterleavedBatch, @function
 cusparseCgpsvInterleavedBatch:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -548,7 +431,7 @@ cusparseCgpsvInterleavedBatch:
     .globl cusparseCgpsvInterleavedBatch_bufferSizeExt
     .type cusparseCgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseCgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -556,7 +439,7 @@ cusparseCgpsvInterleavedBatch_bufferSizeExt:
     .globl cusparseCgthr
     .type cusparseCgthr, @function
 cusparseCgthr:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -564,7 +447,7 @@ cusparseCgthr:
     .globl cusparseCgthrz
     .type cusparseCgthrz, @function
 cusparseCgthrz:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -572,15 +455,12 @@ cusparseCgthrz:
     .globl cusparseCgtsv2
     .type cusparseCgtsv2, @function
 cusparseCgtsv2:
-    leaq .Lname71(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgtsv2@PLT
     .size cusparseCgtsv2, .-cusparseCgtsv2
     .globl cusparseCgtsv2StridedBatch
     .type cusparseCgtsv2StridedBatch, @function
 cusparseCgtsv2StridedBatch:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -588,7 +468,7 @@ cusparseCgtsv2StridedBatch:
     .globl cusparseCgtsv2StridedBatch_bufferSizeExt
     .type cusparseCgtsv2StridedBatch_bufferSizeExt, @function
 cusparseCgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -596,7 +476,7 @@ cusparseCgtsv2StridedBatch_bufferSizeExt:
     .globl cusparseCgtsv2_bufferSizeExt
     .type cusparseCgtsv2_bufferSizeExt, @function
 cusparseCgtsv2_bufferSizeExt:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -604,15 +484,12 @@ cusparseCgtsv2_bufferSizeExt:
     .globl cusparseCgtsv2_nopivot
     .type cusparseCgtsv2_nopivot, @function
 cusparseCgtsv2_nopivot:
-    leaq .Lname75(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgtsv2_nopivot@PLT
     .size cusparseCgtsv2_nopivot, .-cusparseCgtsv2_nopivot
     .globl cusparseCgtsv2_nopivot_bufferSizeExt
     .type cusparseCgtsv2_nopivot_bufferSizeExt, @function
 cusparseCgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -620,7 +497,7 @@ cusparseCgtsv2_nopivot_bufferSizeExt:
     .globl cusparseCgtsvInterleavedBatch
     .type cusparseCgtsvInterleavedBatch, @function
 cusparseCgtsvInterleavedBatch:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -628,7 +505,7 @@ cusparseCgtsvInterleavedBatch:
     .globl cusparseCgtsvInterleavedBatch_bufferSizeExt
     .type cusparseCgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseCgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -636,7 +513,7 @@ cusparseCgtsvInterleavedBatch_bufferSizeExt:
     .globl cusparseCnnz
     .type cusparseCnnz, @function
 cusparseCnnz:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -644,7 +521,7 @@ cusparseCnnz:
     .globl cusparseCnnz_compress
     .type cusparseCnnz_compress, @function
 cusparseCnnz_compress:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -652,23 +529,17 @@ cusparseCnnz_compress:
     .globl cusparseConstrainedGeMM
     .type cusparseConstrainedGeMM, @function
 cusparseConstrainedGeMM:
-    leaq .Lname81(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseConstrainedGeMM@PLT
     .size cusparseConstrainedGeMM, .-cusparseConstrainedGeMM
     .globl cusparseConstrainedGeMM_bufferSize
     .type cusparseConstrainedGeMM_bufferSize, @function
 cusparseConstrainedGeMM_bufferSize:
-    leaq .Lname82(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseConstrainedGeMM_bufferSize@PLT
     .size cusparseConstrainedGeMM_bufferSize, .-cusparseConstrainedGeMM_bufferSize
     .globl cusparseCooAoSGet
     .type cusparseCooAoSGet, @function
 cusparseCooAoSGet:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -676,7 +547,7 @@ cusparseCooAoSGet:
     .globl cusparseCooGet
     .type cusparseCooGet, @function
 cusparseCooGet:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -684,10 +555,7 @@ cusparseCooGet:
     .globl cusparseCooSetPointers
     .type cusparseCooSetPointers, @function
 cusparseCooSetPointers:
-    leaq .Lname85(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCooSetPointers@PLT
     .size cusparseCooSetPointers, .-cusparseCooSetPointers
     .globl cusparseCooSetStridedBatch
     .type cusparseCooSetStridedBatch, @function
@@ -707,7 +575,7 @@ cusparseCreate:
     .globl cusparseCreateBlockedEll
     .type cusparseCreateBlockedEll, @function
 cusparseCreateBlockedEll:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -740,23 +608,17 @@ cusparseCreateColorInfo:
     .globl cusparseCreateCoo
     .type cusparseCreateCoo, @function
 cusparseCreateCoo:
-    leaq .Lname87(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateCoo@PLT
     .size cusparseCreateCoo, .-cusparseCreateCoo
     .globl cusparseCreateCooAoS
     .type cusparseCreateCooAoS, @function
 cusparseCreateCooAoS:
-    leaq .Lname88(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateCooAoS@PLT
     .size cusparseCreateCooAoS, .-cusparseCreateCooAoS
     .globl cusparseCreateCsc
     .type cusparseCreateCsc, @function
 cusparseCreateCsc:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -764,10 +626,7 @@ cusparseCreateCsc:
     .globl cusparseCreateCsr
     .type cusparseCreateCsr, @function
 cusparseCreateCsr:
-    leaq .Lname90(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateCsr@PLT
     .size cusparseCreateCsr, .-cusparseCreateCsr
     .globl cusparseCreateCsrgemm2Info
     .type cusparseCreateCsrgemm2Info, @function
@@ -802,26 +661,17 @@ cusparseCreateCsru2csrInfo:
     .globl cusparseCreateDnMat
     .type cusparseCreateDnMat, @function
 cusparseCreateDnMat:
-    leaq .Lname91(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateDnMat@PLT
     .size cusparseCreateDnMat, .-cusparseCreateDnMat
     .globl cusparseCreateDnVec
     .type cusparseCreateDnVec, @function
 cusparseCreateDnVec:
-    leaq .Lname92(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateDnVec@PLT
     .size cusparseCreateDnVec, .-cusparseCreateDnVec
     .globl cusparseCreateIdentityPermutation
     .type cusparseCreateIdentityPermutation, @function
 cusparseCreateIdentityPermutation:
-    leaq .Lname93(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateIdentityPermutation@PLT
     .size cusparseCreateIdentityPermutation, .-cusparseCreateIdentityPermutation
     .globl cusparseCreateMatDescr
     .type cusparseCreateMatDescr, @function
@@ -836,7 +686,7 @@ cusparseCreatePruneInfo:
     .globl cusparseCreateSpVec
     .type cusparseCreateSpVec, @function
 cusparseCreateSpVec:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -844,7 +694,7 @@ cusparseCreateSpVec:
     .globl cusparseCscGet
     .type cusparseCscGet, @function
 cusparseCscGet:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -852,7 +702,7 @@ cusparseCscGet:
     .globl cusparseCscSetPointers
     .type cusparseCscSetPointers, @function
 cusparseCscSetPointers:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -860,7 +710,7 @@ cusparseCscSetPointers:
     .globl cusparseCsctr
     .type cusparseCsctr, @function
 cusparseCsctr:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -868,7 +718,7 @@ cusparseCsctr:
     .globl cusparseCsr2cscEx2
     .type cusparseCsr2cscEx2, @function
 cusparseCsr2cscEx2:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -876,7 +726,7 @@ cusparseCsr2cscEx2:
     .globl cusparseCsr2cscEx2_bufferSize
     .type cusparseCsr2cscEx2_bufferSize, @function
 cusparseCsr2cscEx2_bufferSize:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -884,7 +734,7 @@ cusparseCsr2cscEx2_bufferSize:
     .globl cusparseCsrGet
     .type cusparseCsrGet, @function
 cusparseCsrGet:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -892,10 +742,7 @@ cusparseCsrGet:
     .globl cusparseCsrSetPointers
     .type cusparseCsrSetPointers, @function
 cusparseCsrSetPointers:
-    leaq .Lname101(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCsrSetPointers@PLT
     .size cusparseCsrSetPointers, .-cusparseCsrSetPointers
     .globl cusparseCsrSetStridedBatch
     .type cusparseCsrSetStridedBatch, @function
@@ -905,7 +752,7 @@ cusparseCsrSetStridedBatch:
     .globl cusparseCsrmvEx
     .type cusparseCsrmvEx, @function
 cusparseCsrmvEx:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -913,7 +760,7 @@ cusparseCsrmvEx:
     .globl cusparseCsrmvEx_bufferSize
     .type cusparseCsrmvEx_bufferSize, @function
 cusparseCsrmvEx_bufferSize:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -921,7 +768,7 @@ cusparseCsrmvEx_bufferSize:
     .globl cusparseDaxpyi
     .type cusparseDaxpyi, @function
 cusparseDaxpyi:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -929,23 +776,17 @@ cusparseDaxpyi:
     .globl cusparseDbsr2csr
     .type cusparseDbsr2csr, @function
 cusparseDbsr2csr:
-    leaq .Lname105(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsr2csr@PLT
     .size cusparseDbsr2csr, .-cusparseDbsr2csr
     .globl cusparseDbsric02
     .type cusparseDbsric02, @function
 cusparseDbsric02:
-    leaq .Lname106(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsric02@PLT
     .size cusparseDbsric02, .-cusparseDbsric02
     .globl cusparseDbsric02_analysis
     .type cusparseDbsric02_analysis, @function
 cusparseDbsric02_analysis:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -953,15 +794,12 @@ cusparseDbsric02_analysis:
     .globl cusparseDbsric02_bufferSize
     .type cusparseDbsric02_bufferSize, @function
 cusparseDbsric02_bufferSize:
-    leaq .Lname108(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsric02_bufferSize@PLT
     .size cusparseDbsric02_bufferSize, .-cusparseDbsric02_bufferSize
     .globl cusparseDbsric02_bufferSizeExt
     .type cusparseDbsric02_bufferSizeExt, @function
 cusparseDbsric02_bufferSizeExt:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -969,31 +807,22 @@ cusparseDbsric02_bufferSizeExt:
     .globl cusparseDbsrilu02
     .type cusparseDbsrilu02, @function
 cusparseDbsrilu02:
-    leaq .Lname110(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrilu02@PLT
     .size cusparseDbsrilu02, .-cusparseDbsrilu02
     .globl cusparseDbsrilu02_analysis
     .type cusparseDbsrilu02_analysis, @function
 cusparseDbsrilu02_analysis:
-    leaq .Lname111(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrilu02_analysis@PLT
     .size cusparseDbsrilu02_analysis, .-cusparseDbsrilu02_analysis
     .globl cusparseDbsrilu02_bufferSize
     .type cusparseDbsrilu02_bufferSize, @function
 cusparseDbsrilu02_bufferSize:
-    leaq .Lname112(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrilu02_bufferSize@PLT
     .size cusparseDbsrilu02_bufferSize, .-cusparseDbsrilu02_bufferSize
     .globl cusparseDbsrilu02_bufferSizeExt
     .type cusparseDbsrilu02_bufferSizeExt, @function
 cusparseDbsrilu02_bufferSizeExt:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1001,7 +830,7 @@ cusparseDbsrilu02_bufferSizeExt:
     .globl cusparseDbsrilu02_numericBoost
     .type cusparseDbsrilu02_numericBoost, @function
 cusparseDbsrilu02_numericBoost:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1009,39 +838,27 @@ cusparseDbsrilu02_numericBoost:
     .globl cusparseDbsrmm
     .type cusparseDbsrmm, @function
 cusparseDbsrmm:
-    leaq .Lname115(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrmm@PLT
     .size cusparseDbsrmm, .-cusparseDbsrmm
     .globl cusparseDbsrmv
     .type cusparseDbsrmv, @function
 cusparseDbsrmv:
-    leaq .Lname116(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrmv@PLT
     .size cusparseDbsrmv, .-cusparseDbsrmv
     .globl cusparseDbsrsm2_analysis
     .type cusparseDbsrsm2_analysis, @function
 cusparseDbsrsm2_analysis:
-    leaq .Lname117(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrsm2_analysis@PLT
     .size cusparseDbsrsm2_analysis, .-cusparseDbsrsm2_analysis
     .globl cusparseDbsrsm2_bufferSize
     .type cusparseDbsrsm2_bufferSize, @function
 cusparseDbsrsm2_bufferSize:
-    leaq .Lname118(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrsm2_bufferSize@PLT
     .size cusparseDbsrsm2_bufferSize, .-cusparseDbsrsm2_bufferSize
     .globl cusparseDbsrsm2_bufferSizeExt
     .type cusparseDbsrsm2_bufferSizeExt, @function
 cusparseDbsrsm2_bufferSizeExt:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1049,31 +866,22 @@ cusparseDbsrsm2_bufferSizeExt:
     .globl cusparseDbsrsm2_solve
     .type cusparseDbsrsm2_solve, @function
 cusparseDbsrsm2_solve:
-    leaq .Lname120(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrsm2_solve@PLT
     .size cusparseDbsrsm2_solve, .-cusparseDbsrsm2_solve
     .globl cusparseDbsrsv2_analysis
     .type cusparseDbsrsv2_analysis, @function
 cusparseDbsrsv2_analysis:
-    leaq .Lname121(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrsv2_analysis@PLT
     .size cusparseDbsrsv2_analysis, .-cusparseDbsrsv2_analysis
     .globl cusparseDbsrsv2_bufferSize
     .type cusparseDbsrsv2_bufferSize, @function
 cusparseDbsrsv2_bufferSize:
-    leaq .Lname122(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrsv2_bufferSize@PLT
     .size cusparseDbsrsv2_bufferSize, .-cusparseDbsrsv2_bufferSize
     .globl cusparseDbsrsv2_bufferSizeExt
     .type cusparseDbsrsv2_bufferSizeExt, @function
 cusparseDbsrsv2_bufferSizeExt:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1081,23 +889,17 @@ cusparseDbsrsv2_bufferSizeExt:
     .globl cusparseDbsrsv2_solve
     .type cusparseDbsrsv2_solve, @function
 cusparseDbsrsv2_solve:
-    leaq .Lname124(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrsv2_solve@PLT
     .size cusparseDbsrsv2_solve, .-cusparseDbsrsv2_solve
     .globl cusparseDbsrxmv
     .type cusparseDbsrxmv, @function
 cusparseDbsrxmv:
-    leaq .Lname125(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrxmv@PLT
     .size cusparseDbsrxmv, .-cusparseDbsrxmv
     .globl cusparseDcsc2dense
     .type cusparseDcsc2dense, @function
 cusparseDcsc2dense:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1105,15 +907,12 @@ cusparseDcsc2dense:
     .globl cusparseDcsr2bsr
     .type cusparseDcsr2bsr, @function
 cusparseDcsr2bsr:
-    leaq .Lname127(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsr2bsr@PLT
     .size cusparseDcsr2bsr, .-cusparseDcsr2bsr
     .globl cusparseDcsr2csr_compress
     .type cusparseDcsr2csr_compress, @function
 cusparseDcsr2csr_compress:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1121,15 +920,12 @@ cusparseDcsr2csr_compress:
     .globl cusparseDcsr2csru
     .type cusparseDcsr2csru, @function
 cusparseDcsr2csru:
-    leaq .Lname129(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsr2csru@PLT
     .size cusparseDcsr2csru, .-cusparseDcsr2csru
     .globl cusparseDcsr2dense
     .type cusparseDcsr2dense, @function
 cusparseDcsr2dense:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1137,23 +933,17 @@ cusparseDcsr2dense:
     .globl cusparseDcsr2gebsr
     .type cusparseDcsr2gebsr, @function
 cusparseDcsr2gebsr:
-    leaq .Lname131(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsr2gebsr@PLT
     .size cusparseDcsr2gebsr, .-cusparseDcsr2gebsr
     .globl cusparseDcsr2gebsr_bufferSize
     .type cusparseDcsr2gebsr_bufferSize, @function
 cusparseDcsr2gebsr_bufferSize:
-    leaq .Lname132(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsr2gebsr_bufferSize@PLT
     .size cusparseDcsr2gebsr_bufferSize, .-cusparseDcsr2gebsr_bufferSize
     .globl cusparseDcsr2gebsr_bufferSizeExt
     .type cusparseDcsr2gebsr_bufferSizeExt, @function
 cusparseDcsr2gebsr_bufferSizeExt:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1161,7 +951,7 @@ cusparseDcsr2gebsr_bufferSizeExt:
     .globl cusparseDcsrcolor
     .type cusparseDcsrcolor, @function
 cusparseDcsrcolor:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1169,39 +959,27 @@ cusparseDcsrcolor:
     .globl cusparseDcsrgeam2
     .type cusparseDcsrgeam2, @function
 cusparseDcsrgeam2:
-    leaq .Lname135(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrgeam2@PLT
     .size cusparseDcsrgeam2, .-cusparseDcsrgeam2
     .globl cusparseDcsrgeam2_bufferSizeExt
     .type cusparseDcsrgeam2_bufferSizeExt, @function
 cusparseDcsrgeam2_bufferSizeExt:
-    leaq .Lname136(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrgeam2_bufferSizeExt@PLT
     .size cusparseDcsrgeam2_bufferSizeExt, .-cusparseDcsrgeam2_bufferSizeExt
     .globl cusparseDcsrgemm2
     .type cusparseDcsrgemm2, @function
 cusparseDcsrgemm2:
-    leaq .Lname137(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrgemm2@PLT
     .size cusparseDcsrgemm2, .-cusparseDcsrgemm2
     .globl cusparseDcsrgemm2_bufferSizeExt
     .type cusparseDcsrgemm2_bufferSizeExt, @function
 cusparseDcsrgemm2_bufferSizeExt:
-    leaq .Lname138(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrgemm2_bufferSizeExt@PLT
     .size cusparseDcsrgemm2_bufferSizeExt, .-cusparseDcsrgemm2_bufferSizeExt
     .globl cusparseDcsric02
     .type cusparseDcsric02, @function
 cusparseDcsric02:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1209,23 +987,17 @@ cusparseDcsric02:
     .globl cusparseDcsric02_analysis
     .type cusparseDcsric02_analysis, @function
 cusparseDcsric02_analysis:
-    leaq .Lname140(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsric02_analysis@PLT
     .size cusparseDcsric02_analysis, .-cusparseDcsric02_analysis
     .globl cusparseDcsric02_bufferSize
     .type cusparseDcsric02_bufferSize, @function
 cusparseDcsric02_bufferSize:
-    leaq .Lname141(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsric02_bufferSize@PLT
     .size cusparseDcsric02_bufferSize, .-cusparseDcsric02_bufferSize
     .globl cusparseDcsric02_bufferSizeExt
     .type cusparseDcsric02_bufferSizeExt, @function
 cusparseDcsric02_bufferSizeExt:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1233,7 +1005,7 @@ cusparseDcsric02_bufferSizeExt:
     .globl cusparseDcsrilu02
     .type cusparseDcsrilu02, @function
 cusparseDcsrilu02:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1241,23 +1013,17 @@ cusparseDcsrilu02:
     .globl cusparseDcsrilu02_analysis
     .type cusparseDcsrilu02_analysis, @function
 cusparseDcsrilu02_analysis:
-    leaq .Lname144(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrilu02_analysis@PLT
     .size cusparseDcsrilu02_analysis, .-cusparseDcsrilu02_analysis
     .globl cusparseDcsrilu02_bufferSize
     .type cusparseDcsrilu02_bufferSize, @function
 cusparseDcsrilu02_bufferSize:
-    leaq .Lname145(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrilu02_bufferSize@PLT
     .size cusparseDcsrilu02_bufferSize, .-cusparseDcsrilu02_bufferSize
     .globl cusparseDcsrilu02_bufferSizeExt
     .type cusparseDcsrilu02_bufferSizeExt, @function
 cusparseDcsrilu02_bufferSizeExt:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1265,7 +1031,7 @@ cusparseDcsrilu02_bufferSizeExt:
     .globl cusparseDcsrilu02_numericBoost
     .type cusparseDcsrilu02_numericBoost, @function
 cusparseDcsrilu02_numericBoost:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1273,15 +1039,12 @@ cusparseDcsrilu02_numericBoost:
     .globl cusparseDcsrsm2_analysis
     .type cusparseDcsrsm2_analysis, @function
 cusparseDcsrsm2_analysis:
-    leaq .Lname148(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrsm2_analysis@PLT
     .size cusparseDcsrsm2_analysis, .-cusparseDcsrsm2_analysis
     .globl cusparseDcsrsm2_bufferSizeExt
     .type cusparseDcsrsm2_bufferSizeExt, @function
 cusparseDcsrsm2_bufferSizeExt:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1289,31 +1052,22 @@ cusparseDcsrsm2_bufferSizeExt:
     .globl cusparseDcsrsm2_solve
     .type cusparseDcsrsm2_solve, @function
 cusparseDcsrsm2_solve:
-    leaq .Lname150(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrsm2_solve@PLT
     .size cusparseDcsrsm2_solve, .-cusparseDcsrsm2_solve
     .globl cusparseDcsrsv2_analysis
     .type cusparseDcsrsv2_analysis, @function
 cusparseDcsrsv2_analysis:
-    leaq .Lname151(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrsv2_analysis@PLT
     .size cusparseDcsrsv2_analysis, .-cusparseDcsrsv2_analysis
     .globl cusparseDcsrsv2_bufferSize
     .type cusparseDcsrsv2_bufferSize, @function
 cusparseDcsrsv2_bufferSize:
-    leaq .Lname152(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrsv2_bufferSize@PLT
     .size cusparseDcsrsv2_bufferSize, .-cusparseDcsrsv2_bufferSize
     .globl cusparseDcsrsv2_bufferSizeExt
     .type cusparseDcsrsv2_bufferSizeExt, @function
 cusparseDcsrsv2_bufferSizeExt:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1321,31 +1075,22 @@ cusparseDcsrsv2_bufferSizeExt:
     .globl cusparseDcsrsv2_solve
     .type cusparseDcsrsv2_solve, @function
 cusparseDcsrsv2_solve:
-    leaq .Lname154(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrsv2_solve@PLT
     .size cusparseDcsrsv2_solve, .-cusparseDcsrsv2_solve
     .globl cusparseDcsru2csr
     .type cusparseDcsru2csr, @function
 cusparseDcsru2csr:
-    leaq .Lname155(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsru2csr@PLT
     .size cusparseDcsru2csr, .-cusparseDcsru2csr
     .globl cusparseDcsru2csr_bufferSizeExt
     .type cusparseDcsru2csr_bufferSizeExt, @function
 cusparseDcsru2csr_bufferSizeExt:
-    leaq .Lname156(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsru2csr_bufferSizeExt@PLT
     .size cusparseDcsru2csr_bufferSizeExt, .-cusparseDcsru2csr_bufferSizeExt
     .globl cusparseDdense2csc
     .type cusparseDdense2csc, @function
 cusparseDdense2csc:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1353,7 +1098,7 @@ cusparseDdense2csc:
     .globl cusparseDdense2csr
     .type cusparseDdense2csr, @function
 cusparseDdense2csr:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1361,26 +1106,17 @@ cusparseDdense2csr:
     .globl cusparseDenseToSparse_analysis
     .type cusparseDenseToSparse_analysis, @function
 cusparseDenseToSparse_analysis:
-    leaq .Lname159(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDenseToSparse_analysis@PLT
     .size cusparseDenseToSparse_analysis, .-cusparseDenseToSparse_analysis
     .globl cusparseDenseToSparse_bufferSize
     .type cusparseDenseToSparse_bufferSize, @function
 cusparseDenseToSparse_bufferSize:
-    leaq .Lname160(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDenseToSparse_bufferSize@PLT
     .size cusparseDenseToSparse_bufferSize, .-cusparseDenseToSparse_bufferSize
     .globl cusparseDenseToSparse_convert
     .type cusparseDenseToSparse_convert, @function
 cusparseDenseToSparse_convert:
-    leaq .Lname161(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDenseToSparse_convert@PLT
     .size cusparseDenseToSparse_convert, .-cusparseDenseToSparse_convert
     .globl cusparseDestroy
     .type cusparseDestroy, @function
@@ -1475,15 +1211,12 @@ cusparseDestroySpVec:
     .globl cusparseDgebsr2csr
     .type cusparseDgebsr2csr, @function
 cusparseDgebsr2csr:
-    leaq .Lname162(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgebsr2csr@PLT
     .size cusparseDgebsr2csr, .-cusparseDgebsr2csr
     .globl cusparseDgebsr2gebsc
     .type cusparseDgebsr2gebsc, @function
 cusparseDgebsr2gebsc:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1491,15 +1224,12 @@ cusparseDgebsr2gebsc:
     .globl cusparseDgebsr2gebsc_bufferSize
     .type cusparseDgebsr2gebsc_bufferSize, @function
 cusparseDgebsr2gebsc_bufferSize:
-    leaq .Lname164(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgebsr2gebsc_bufferSize@PLT
     .size cusparseDgebsr2gebsc_bufferSize, .-cusparseDgebsr2gebsc_bufferSize
     .globl cusparseDgebsr2gebsc_bufferSizeExt
     .type cusparseDgebsr2gebsc_bufferSizeExt, @function
 cusparseDgebsr2gebsc_bufferSizeExt:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1507,23 +1237,17 @@ cusparseDgebsr2gebsc_bufferSizeExt:
     .globl cusparseDgebsr2gebsr
     .type cusparseDgebsr2gebsr, @function
 cusparseDgebsr2gebsr:
-    leaq .Lname166(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgebsr2gebsr@PLT
     .size cusparseDgebsr2gebsr, .-cusparseDgebsr2gebsr
     .globl cusparseDgebsr2gebsr_bufferSize
     .type cusparseDgebsr2gebsr_bufferSize, @function
 cusparseDgebsr2gebsr_bufferSize:
-    leaq .Lname167(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgebsr2gebsr_bufferSize@PLT
     .size cusparseDgebsr2gebsr_bufferSize, .-cusparseDgebsr2gebsr_bufferSize
     .globl cusparseDgebsr2gebsr_bufferSizeExt
     .type cusparseDgebsr2gebsr_bufferSizeExt, @function
 cusparseDgebsr2gebsr_bufferSizeExt:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1531,7 +1255,7 @@ cusparseDgebsr2gebsr_bufferSizeExt:
     .globl cusparseDgemmi
     .type cusparseDgemmi, @function
 cusparseDgemmi:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1539,7 +1263,7 @@ cusparseDgemmi:
     .globl cusparseDgemvi
     .type cusparseDgemvi, @function
 cusparseDgemvi:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1547,7 +1271,7 @@ cusparseDgemvi:
     .globl cusparseDgemvi_bufferSize
     .type cusparseDgemvi_bufferSize, @function
 cusparseDgemvi_bufferSize:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1555,7 +1279,7 @@ cusparseDgemvi_bufferSize:
     .globl cusparseDgpsvInterleavedBatch
     .type cusparseDgpsvInterleavedBatch, @function
 cusparseDgpsvInterleavedBatch:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1563,7 +1287,7 @@ cusparseDgpsvInterleavedBatch:
     .globl cusparseDgpsvInterleavedBatch_bufferSizeExt
     .type cusparseDgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseDgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1571,7 +1295,7 @@ cusparseDgpsvInterleavedBatch_bufferSizeExt:
     .globl cusparseDgthr
     .type cusparseDgthr, @function
 cusparseDgthr:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1579,7 +1303,7 @@ cusparseDgthr:
     .globl cusparseDgthrz
     .type cusparseDgthrz, @function
 cusparseDgthrz:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1587,7 +1311,7 @@ cusparseDgthrz:
     .globl cusparseDgtsv2
     .type cusparseDgtsv2, @function
 cusparseDgtsv2:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1595,7 +1319,7 @@ cusparseDgtsv2:
     .globl cusparseDgtsv2StridedBatch
     .type cusparseDgtsv2StridedBatch, @function
 cusparseDgtsv2StridedBatch:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1603,7 +1327,7 @@ cusparseDgtsv2StridedBatch:
     .globl cusparseDgtsv2StridedBatch_bufferSizeExt
     .type cusparseDgtsv2StridedBatch_bufferSizeExt, @function
 cusparseDgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1611,7 +1335,7 @@ cusparseDgtsv2StridedBatch_bufferSizeExt:
     .globl cusparseDgtsv2_bufferSizeExt
     .type cusparseDgtsv2_bufferSizeExt, @function
 cusparseDgtsv2_bufferSizeExt:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1619,7 +1343,7 @@ cusparseDgtsv2_bufferSizeExt:
     .globl cusparseDgtsv2_nopivot
     .type cusparseDgtsv2_nopivot, @function
 cusparseDgtsv2_nopivot:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1627,7 +1351,7 @@ cusparseDgtsv2_nopivot:
     .globl cusparseDgtsv2_nopivot_bufferSizeExt
     .type cusparseDgtsv2_nopivot_bufferSizeExt, @function
 cusparseDgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1635,7 +1359,7 @@ cusparseDgtsv2_nopivot_bufferSizeExt:
     .globl cusparseDgtsvInterleavedBatch
     .type cusparseDgtsvInterleavedBatch, @function
 cusparseDgtsvInterleavedBatch:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1643,7 +1367,7 @@ cusparseDgtsvInterleavedBatch:
     .globl cusparseDgtsvInterleavedBatch_bufferSizeExt
     .type cusparseDgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseDgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1651,7 +1375,7 @@ cusparseDgtsvInterleavedBatch_bufferSizeExt:
     .globl cusparseDnMatGet
     .type cusparseDnMatGet, @function
 cusparseDnMatGet:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1659,7 +1383,7 @@ cusparseDnMatGet:
     .globl cusparseDnMatGetStridedBatch
     .type cusparseDnMatGetStridedBatch, @function
 cusparseDnMatGetStridedBatch:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1667,10 +1391,7 @@ cusparseDnMatGetStridedBatch:
     .globl cusparseDnMatGetValues
     .type cusparseDnMatGetValues, @function
 cusparseDnMatGetValues:
-    leaq .Lname186(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnMatGetValues@PLT
     .size cusparseDnMatGetValues, .-cusparseDnMatGetValues
     .globl cusparseDnMatSetStridedBatch
     .type cusparseDnMatSetStridedBatch, @function
@@ -1680,15 +1401,12 @@ cusparseDnMatSetStridedBatch:
     .globl cusparseDnMatSetValues
     .type cusparseDnMatSetValues, @function
 cusparseDnMatSetValues:
-    leaq .Lname187(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnMatSetValues@PLT
     .size cusparseDnMatSetValues, .-cusparseDnMatSetValues
     .globl cusparseDnVecGet
     .type cusparseDnVecGet, @function
 cusparseDnVecGet:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1696,23 +1414,17 @@ cusparseDnVecGet:
     .globl cusparseDnVecGetValues
     .type cusparseDnVecGetValues, @function
 cusparseDnVecGetValues:
-    leaq .Lname189(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnVecGetValues@PLT
     .size cusparseDnVecGetValues, .-cusparseDnVecGetValues
     .globl cusparseDnVecSetValues
     .type cusparseDnVecSetValues, @function
 cusparseDnVecSetValues:
-    leaq .Lname190(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnVecSetValues@PLT
     .size cusparseDnVecSetValues, .-cusparseDnVecSetValues
     .globl cusparseDnnz
     .type cusparseDnnz, @function
 cusparseDnnz:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1720,7 +1432,7 @@ cusparseDnnz:
     .globl cusparseDnnz_compress
     .type cusparseDnnz_compress, @function
 cusparseDnnz_compress:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1728,7 +1440,7 @@ cusparseDnnz_compress:
     .globl cusparseDpruneCsr2csr
     .type cusparseDpruneCsr2csr, @function
 cusparseDpruneCsr2csr:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1736,23 +1448,17 @@ cusparseDpruneCsr2csr:
     .globl cusparseDpruneCsr2csrByPercentage
     .type cusparseDpruneCsr2csrByPercentage, @function
 cusparseDpruneCsr2csrByPercentage:
-    leaq .Lname194(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneCsr2csrByPercentage@PLT
     .size cusparseDpruneCsr2csrByPercentage, .-cusparseDpruneCsr2csrByPercentage
     .globl cusparseDpruneCsr2csrByPercentage_bufferSizeExt
     .type cusparseDpruneCsr2csrByPercentage_bufferSizeExt, @function
 cusparseDpruneCsr2csrByPercentage_bufferSizeExt:
-    leaq .Lname195(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneCsr2csrByPercentage_bufferSizeExt@PLT
     .size cusparseDpruneCsr2csrByPercentage_bufferSizeExt, .-cusparseDpruneCsr2csrByPercentage_bufferSizeExt
     .globl cusparseDpruneCsr2csrNnz
     .type cusparseDpruneCsr2csrNnz, @function
 cusparseDpruneCsr2csrNnz:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1760,15 +1466,12 @@ cusparseDpruneCsr2csrNnz:
     .globl cusparseDpruneCsr2csrNnzByPercentage
     .type cusparseDpruneCsr2csrNnzByPercentage, @function
 cusparseDpruneCsr2csrNnzByPercentage:
-    leaq .Lname197(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneCsr2csrNnzByPercentage@PLT
     .size cusparseDpruneCsr2csrNnzByPercentage, .-cusparseDpruneCsr2csrNnzByPercentage
     .globl cusparseDpruneCsr2csr_bufferSizeExt
     .type cusparseDpruneCsr2csr_bufferSizeExt, @function
 cusparseDpruneCsr2csr_bufferSizeExt:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1776,7 +1479,7 @@ cusparseDpruneCsr2csr_bufferSizeExt:
     .globl cusparseDpruneDense2csr
     .type cusparseDpruneDense2csr, @function
 cusparseDpruneDense2csr:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1784,7 +1487,7 @@ cusparseDpruneDense2csr:
     .globl cusparseDpruneDense2csrByPercentage
     .type cusparseDpruneDense2csrByPercentage, @function
 cusparseDpruneDense2csrByPercentage:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1792,7 +1495,7 @@ cusparseDpruneDense2csrByPercentage:
     .globl cusparseDpruneDense2csrByPercentage_bufferSizeExt
     .type cusparseDpruneDense2csrByPercentage_bufferSizeExt, @function
 cusparseDpruneDense2csrByPercentage_bufferSizeExt:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1800,7 +1503,7 @@ cusparseDpruneDense2csrByPercentage_bufferSizeExt:
     .globl cusparseDpruneDense2csrNnz
     .type cusparseDpruneDense2csrNnz, @function
 cusparseDpruneDense2csrNnz:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1808,7 +1511,7 @@ cusparseDpruneDense2csrNnz:
     .globl cusparseDpruneDense2csrNnzByPercentage
     .type cusparseDpruneDense2csrNnzByPercentage, @function
 cusparseDpruneDense2csrNnzByPercentage:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1816,7 +1519,7 @@ cusparseDpruneDense2csrNnzByPercentage:
     .globl cusparseDpruneDense2csr_bufferSizeExt
     .type cusparseDpruneDense2csr_bufferSizeExt, @function
 cusparseDpruneDense2csr_bufferSizeExt:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1824,7 +1527,7 @@ cusparseDpruneDense2csr_bufferSizeExt:
     .globl cusparseDroti
     .type cusparseDroti, @function
 cusparseDroti:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1832,7 +1535,7 @@ cusparseDroti:
     .globl cusparseDsctr
     .type cusparseDsctr, @function
 cusparseDsctr:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1845,7 +1548,7 @@ cusparseGather:
     .globl cusparseGetColorAlgs
     .type cusparseGetColorAlgs, @function
 cusparseGetColorAlgs:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1883,7 +1586,7 @@ cusparseGetMatType:
     .globl cusparseGetPointerMode
     .type cusparseGetPointerMode, @function
 cusparseGetPointerMode:
-    leaq .Lname208(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1891,7 +1594,7 @@ cusparseGetPointerMode:
     .globl cusparseGetProperty
     .type cusparseGetProperty, @function
 cusparseGetProperty:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1904,7 +1607,7 @@ cusparseGetStream:
     .globl cusparseGetVersion
     .type cusparseGetVersion, @function
 cusparseGetVersion:
-    leaq .Lname210(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1912,7 +1615,7 @@ cusparseGetVersion:
     .globl cusparseHpruneCsr2csr
     .type cusparseHpruneCsr2csr, @function
 cusparseHpruneCsr2csr:
-    leaq .Lname211(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1920,7 +1623,7 @@ cusparseHpruneCsr2csr:
     .globl cusparseHpruneCsr2csrByPercentage
     .type cusparseHpruneCsr2csrByPercentage, @function
 cusparseHpruneCsr2csrByPercentage:
-    leaq .Lname212(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1928,7 +1631,7 @@ cusparseHpruneCsr2csrByPercentage:
     .globl cusparseHpruneCsr2csrByPercentage_bufferSizeExt
     .type cusparseHpruneCsr2csrByPercentage_bufferSizeExt, @function
 cusparseHpruneCsr2csrByPercentage_bufferSizeExt:
-    leaq .Lname213(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1936,7 +1639,7 @@ cusparseHpruneCsr2csrByPercentage_bufferSizeExt:
     .globl cusparseHpruneCsr2csrNnz
     .type cusparseHpruneCsr2csrNnz, @function
 cusparseHpruneCsr2csrNnz:
-    leaq .Lname214(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1944,7 +1647,7 @@ cusparseHpruneCsr2csrNnz:
     .globl cusparseHpruneCsr2csrNnzByPercentage
     .type cusparseHpruneCsr2csrNnzByPercentage, @function
 cusparseHpruneCsr2csrNnzByPercentage:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1952,7 +1655,7 @@ cusparseHpruneCsr2csrNnzByPercentage:
     .globl cusparseHpruneCsr2csr_bufferSizeExt
     .type cusparseHpruneCsr2csr_bufferSizeExt, @function
 cusparseHpruneCsr2csr_bufferSizeExt:
-    leaq .Lname216(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1960,7 +1663,7 @@ cusparseHpruneCsr2csr_bufferSizeExt:
     .globl cusparseHpruneDense2csr
     .type cusparseHpruneDense2csr, @function
 cusparseHpruneDense2csr:
-    leaq .Lname217(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1968,7 +1671,7 @@ cusparseHpruneDense2csr:
     .globl cusparseHpruneDense2csrByPercentage
     .type cusparseHpruneDense2csrByPercentage, @function
 cusparseHpruneDense2csrByPercentage:
-    leaq .Lname218(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1976,7 +1679,7 @@ cusparseHpruneDense2csrByPercentage:
     .globl cusparseHpruneDense2csrByPercentage_bufferSizeExt
     .type cusparseHpruneDense2csrByPercentage_bufferSizeExt, @function
 cusparseHpruneDense2csrByPercentage_bufferSizeExt:
-    leaq .Lname219(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1984,7 +1687,7 @@ cusparseHpruneDense2csrByPercentage_bufferSizeExt:
     .globl cusparseHpruneDense2csrNnz
     .type cusparseHpruneDense2csrNnz, @function
 cusparseHpruneDense2csrNnz:
-    leaq .Lname220(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1992,7 +1695,7 @@ cusparseHpruneDense2csrNnz:
     .globl cusparseHpruneDense2csrNnzByPercentage
     .type cusparseHpruneDense2csrNnzByPercentage, @function
 cusparseHpruneDense2csrNnzByPercentage:
-    leaq .Lname221(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2000,7 +1703,7 @@ cusparseHpruneDense2csrNnzByPercentage:
     .globl cusparseHpruneDense2csr_bufferSizeExt
     .type cusparseHpruneDense2csr_bufferSizeExt, @function
 cusparseHpruneDense2csr_bufferSizeExt:
-    leaq .Lname222(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2013,7 +1716,7 @@ cusparseLoggerForceDisable:
     .globl cusparseLoggerOpenFile
     .type cusparseLoggerOpenFile, @function
 cusparseLoggerOpenFile:
-    leaq .Lname223(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2021,7 +1724,7 @@ cusparseLoggerOpenFile:
     .globl cusparseLoggerSetCallback
     .type cusparseLoggerSetCallback, @function
 cusparseLoggerSetCallback:
-    leaq .Lname224(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2029,7 +1732,7 @@ cusparseLoggerSetCallback:
     .globl cusparseLoggerSetFile
     .type cusparseLoggerSetFile, @function
 cusparseLoggerSetFile:
-    leaq .Lname225(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2047,7 +1750,7 @@ cusparseLoggerSetMask:
     .globl cusparseRot
     .type cusparseRot, @function
 cusparseRot:
-    leaq .Lname226(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2055,31 +1758,22 @@ cusparseRot:
     .globl cusparseSDDMM
     .type cusparseSDDMM, @function
 cusparseSDDMM:
-    leaq .Lname227(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSDDMM@PLT
     .size cusparseSDDMM, .-cusparseSDDMM
     .globl cusparseSDDMM_bufferSize
     .type cusparseSDDMM_bufferSize, @function
 cusparseSDDMM_bufferSize:
-    leaq .Lname228(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSDDMM_bufferSize@PLT
     .size cusparseSDDMM_bufferSize, .-cusparseSDDMM_bufferSize
     .globl cusparseSDDMM_preprocess
     .type cusparseSDDMM_preprocess, @function
 cusparseSDDMM_preprocess:
-    leaq .Lname229(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSDDMM_preprocess@PLT
     .size cusparseSDDMM_preprocess, .-cusparseSDDMM_preprocess
     .globl cusparseSaxpyi
     .type cusparseSaxpyi, @function
 cusparseSaxpyi:
-    leaq .Lname230(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2087,23 +1781,17 @@ cusparseSaxpyi:
     .globl cusparseSbsr2csr
     .type cusparseSbsr2csr, @function
 cusparseSbsr2csr:
-    leaq .Lname231(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsr2csr@PLT
     .size cusparseSbsr2csr, .-cusparseSbsr2csr
     .globl cusparseSbsric02
     .type cusparseSbsric02, @function
 cusparseSbsric02:
-    leaq .Lname232(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsric02@PLT
     .size cusparseSbsric02, .-cusparseSbsric02
     .globl cusparseSbsric02_analysis
     .type cusparseSbsric02_analysis, @function
 cusparseSbsric02_analysis:
-    leaq .Lname233(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2111,15 +1799,12 @@ cusparseSbsric02_analysis:
     .globl cusparseSbsric02_bufferSize
     .type cusparseSbsric02_bufferSize, @function
 cusparseSbsric02_bufferSize:
-    leaq .Lname234(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsric02_bufferSize@PLT
     .size cusparseSbsric02_bufferSize, .-cusparseSbsric02_bufferSize
     .globl cusparseSbsric02_bufferSizeExt
     .type cusparseSbsric02_bufferSizeExt, @function
 cusparseSbsric02_bufferSizeExt:
-    leaq .Lname235(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2127,31 +1812,22 @@ cusparseSbsric02_bufferSizeExt:
     .globl cusparseSbsrilu02
     .type cusparseSbsrilu02, @function
 cusparseSbsrilu02:
-    leaq .Lname236(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrilu02@PLT
     .size cusparseSbsrilu02, .-cusparseSbsrilu02
     .globl cusparseSbsrilu02_analysis
     .type cusparseSbsrilu02_analysis, @function
 cusparseSbsrilu02_analysis:
-    leaq .Lname237(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrilu02_analysis@PLT
     .size cusparseSbsrilu02_analysis, .-cusparseSbsrilu02_analysis
     .globl cusparseSbsrilu02_bufferSize
     .type cusparseSbsrilu02_bufferSize, @function
 cusparseSbsrilu02_bufferSize:
-    leaq .Lname238(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrilu02_bufferSize@PLT
     .size cusparseSbsrilu02_bufferSize, .-cusparseSbsrilu02_bufferSize
     .globl cusparseSbsrilu02_bufferSizeExt
     .type cusparseSbsrilu02_bufferSizeExt, @function
 cusparseSbsrilu02_bufferSizeExt:
-    leaq .Lname239(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2159,7 +1835,7 @@ cusparseSbsrilu02_bufferSizeExt:
     .globl cusparseSbsrilu02_numericBoost
     .type cusparseSbsrilu02_numericBoost, @function
 cusparseSbsrilu02_numericBoost:
-    leaq .Lname240(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2167,39 +1843,27 @@ cusparseSbsrilu02_numericBoost:
     .globl cusparseSbsrmm
     .type cusparseSbsrmm, @function
 cusparseSbsrmm:
-    leaq .Lname241(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrmm@PLT
     .size cusparseSbsrmm, .-cusparseSbsrmm
     .globl cusparseSbsrmv
     .type cusparseSbsrmv, @function
 cusparseSbsrmv:
-    leaq .Lname242(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrmv@PLT
     .size cusparseSbsrmv, .-cusparseSbsrmv
     .globl cusparseSbsrsm2_analysis
     .type cusparseSbsrsm2_analysis, @function
 cusparseSbsrsm2_analysis:
-    leaq .Lname243(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrsm2_analysis@PLT
     .size cusparseSbsrsm2_analysis, .-cusparseSbsrsm2_analysis
     .globl cusparseSbsrsm2_bufferSize
     .type cusparseSbsrsm2_bufferSize, @function
 cusparseSbsrsm2_bufferSize:
-    leaq .Lname244(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrsm2_bufferSize@PLT
     .size cusparseSbsrsm2_bufferSize, .-cusparseSbsrsm2_bufferSize
     .globl cusparseSbsrsm2_bufferSizeExt
     .type cusparseSbsrsm2_bufferSizeExt, @function
 cusparseSbsrsm2_bufferSizeExt:
-    leaq .Lname245(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2207,31 +1871,22 @@ cusparseSbsrsm2_bufferSizeExt:
     .globl cusparseSbsrsm2_solve
     .type cusparseSbsrsm2_solve, @function
 cusparseSbsrsm2_solve:
-    leaq .Lname246(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrsm2_solve@PLT
     .size cusparseSbsrsm2_solve, .-cusparseSbsrsm2_solve
     .globl cusparseSbsrsv2_analysis
     .type cusparseSbsrsv2_analysis, @function
 cusparseSbsrsv2_analysis:
-    leaq .Lname247(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrsv2_analysis@PLT
     .size cusparseSbsrsv2_analysis, .-cusparseSbsrsv2_analysis
     .globl cusparseSbsrsv2_bufferSize
     .type cusparseSbsrsv2_bufferSize, @function
 cusparseSbsrsv2_bufferSize:
-    leaq .Lname248(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrsv2_bufferSize@PLT
     .size cusparseSbsrsv2_bufferSize, .-cusparseSbsrsv2_bufferSize
     .globl cusparseSbsrsv2_bufferSizeExt
     .type cusparseSbsrsv2_bufferSizeExt, @function
 cusparseSbsrsv2_bufferSizeExt:
-    leaq .Lname249(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2239,18 +1894,12 @@ cusparseSbsrsv2_bufferSizeExt:
     .globl cusparseSbsrsv2_solve
     .type cusparseSbsrsv2_solve, @function
 cusparseSbsrsv2_solve:
-    leaq .Lname250(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrsv2_solve@PLT
     .size cusparseSbsrsv2_solve, .-cusparseSbsrsv2_solve
     .globl cusparseSbsrxmv
     .type cusparseSbsrxmv, @function
 cusparseSbsrxmv:
-    leaq .Lname251(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrxmv@PLT
     .size cusparseSbsrxmv, .-cusparseSbsrxmv
     .globl cusparseScatter
     .type cusparseScatter, @function
@@ -2260,7 +1909,7 @@ cusparseScatter:
     .globl cusparseScsc2dense
     .type cusparseScsc2dense, @function
 cusparseScsc2dense:
-    leaq .Lname252(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2268,15 +1917,12 @@ cusparseScsc2dense:
     .globl cusparseScsr2bsr
     .type cusparseScsr2bsr, @function
 cusparseScsr2bsr:
-    leaq .Lname253(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsr2bsr@PLT
     .size cusparseScsr2bsr, .-cusparseScsr2bsr
     .globl cusparseScsr2csr_compress
     .type cusparseScsr2csr_compress, @function
 cusparseScsr2csr_compress:
-    leaq .Lname254(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2284,15 +1930,12 @@ cusparseScsr2csr_compress:
     .globl cusparseScsr2csru
     .type cusparseScsr2csru, @function
 cusparseScsr2csru:
-    leaq .Lname255(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsr2csru@PLT
     .size cusparseScsr2csru, .-cusparseScsr2csru
     .globl cusparseScsr2dense
     .type cusparseScsr2dense, @function
 cusparseScsr2dense:
-    leaq .Lname256(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2300,23 +1943,17 @@ cusparseScsr2dense:
     .globl cusparseScsr2gebsr
     .type cusparseScsr2gebsr, @function
 cusparseScsr2gebsr:
-    leaq .Lname257(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsr2gebsr@PLT
     .size cusparseScsr2gebsr, .-cusparseScsr2gebsr
     .globl cusparseScsr2gebsr_bufferSize
     .type cusparseScsr2gebsr_bufferSize, @function
 cusparseScsr2gebsr_bufferSize:
-    leaq .Lname258(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsr2gebsr_bufferSize@PLT
     .size cusparseScsr2gebsr_bufferSize, .-cusparseScsr2gebsr_bufferSize
     .globl cusparseScsr2gebsr_bufferSizeExt
     .type cusparseScsr2gebsr_bufferSizeExt, @function
 cusparseScsr2gebsr_bufferSizeExt:
-    leaq .Lname259(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2324,7 +1961,7 @@ cusparseScsr2gebsr_bufferSizeExt:
     .globl cusparseScsrcolor
     .type cusparseScsrcolor, @function
 cusparseScsrcolor:
-    leaq .Lname260(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2332,39 +1969,27 @@ cusparseScsrcolor:
     .globl cusparseScsrgeam2
     .type cusparseScsrgeam2, @function
 cusparseScsrgeam2:
-    leaq .Lname261(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrgeam2@PLT
     .size cusparseScsrgeam2, .-cusparseScsrgeam2
     .globl cusparseScsrgeam2_bufferSizeExt
     .type cusparseScsrgeam2_bufferSizeExt, @function
 cusparseScsrgeam2_bufferSizeExt:
-    leaq .Lname262(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrgeam2_bufferSizeExt@PLT
     .size cusparseScsrgeam2_bufferSizeExt, .-cusparseScsrgeam2_bufferSizeExt
     .globl cusparseScsrgemm2
     .type cusparseScsrgemm2, @function
 cusparseScsrgemm2:
-    leaq .Lname263(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrgemm2@PLT
     .size cusparseScsrgemm2, .-cusparseScsrgemm2
     .globl cusparseScsrgemm2_bufferSizeExt
     .type cusparseScsrgemm2_bufferSizeExt, @function
 cusparseScsrgemm2_bufferSizeExt:
-    leaq .Lname264(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrgemm2_bufferSizeExt@PLT
     .size cusparseScsrgemm2_bufferSizeExt, .-cusparseScsrgemm2_bufferSizeExt
     .globl cusparseScsric02
     .type cusparseScsric02, @function
 cusparseScsric02:
-    leaq .Lname265(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2372,23 +1997,17 @@ cusparseScsric02:
     .globl cusparseScsric02_analysis
     .type cusparseScsric02_analysis, @function
 cusparseScsric02_analysis:
-    leaq .Lname266(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsric02_analysis@PLT
     .size cusparseScsric02_analysis, .-cusparseScsric02_analysis
     .globl cusparseScsric02_bufferSize
     .type cusparseScsric02_bufferSize, @function
 cusparseScsric02_bufferSize:
-    leaq .Lname267(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsric02_bufferSize@PLT
     .size cusparseScsric02_bufferSize, .-cusparseScsric02_bufferSize
     .globl cusparseScsric02_bufferSizeExt
     .type cusparseScsric02_bufferSizeExt, @function
 cusparseScsric02_bufferSizeExt:
-    leaq .Lname268(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2396,7 +2015,7 @@ cusparseScsric02_bufferSizeExt:
     .globl cusparseScsrilu02
     .type cusparseScsrilu02, @function
 cusparseScsrilu02:
-    leaq .Lname269(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2404,23 +2023,17 @@ cusparseScsrilu02:
     .globl cusparseScsrilu02_analysis
     .type cusparseScsrilu02_analysis, @function
 cusparseScsrilu02_analysis:
-    leaq .Lname270(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrilu02_analysis@PLT
     .size cusparseScsrilu02_analysis, .-cusparseScsrilu02_analysis
     .globl cusparseScsrilu02_bufferSize
     .type cusparseScsrilu02_bufferSize, @function
 cusparseScsrilu02_bufferSize:
-    leaq .Lname271(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrilu02_bufferSize@PLT
     .size cusparseScsrilu02_bufferSize, .-cusparseScsrilu02_bufferSize
     .globl cusparseScsrilu02_bufferSizeExt
     .type cusparseScsrilu02_bufferSizeExt, @function
 cusparseScsrilu02_bufferSizeExt:
-    leaq .Lname272(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2428,7 +2041,7 @@ cusparseScsrilu02_bufferSizeExt:
     .globl cusparseScsrilu02_numericBoost
     .type cusparseScsrilu02_numericBoost, @function
 cusparseScsrilu02_numericBoost:
-    leaq .Lname273(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2436,15 +2049,12 @@ cusparseScsrilu02_numericBoost:
     .globl cusparseScsrsm2_analysis
     .type cusparseScsrsm2_analysis, @function
 cusparseScsrsm2_analysis:
-    leaq .Lname274(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrsm2_analysis@PLT
     .size cusparseScsrsm2_analysis, .-cusparseScsrsm2_analysis
     .globl cusparseScsrsm2_bufferSizeExt
     .type cusparseScsrsm2_bufferSizeExt, @function
 cusparseScsrsm2_bufferSizeExt:
-    leaq .Lname275(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2452,31 +2062,22 @@ cusparseScsrsm2_bufferSizeExt:
     .globl cusparseScsrsm2_solve
     .type cusparseScsrsm2_solve, @function
 cusparseScsrsm2_solve:
-    leaq .Lname276(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrsm2_solve@PLT
     .size cusparseScsrsm2_solve, .-cusparseScsrsm2_solve
     .globl cusparseScsrsv2_analysis
     .type cusparseScsrsv2_analysis, @function
 cusparseScsrsv2_analysis:
-    leaq .Lname277(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrsv2_analysis@PLT
     .size cusparseScsrsv2_analysis, .-cusparseScsrsv2_analysis
     .globl cusparseScsrsv2_bufferSize
     .type cusparseScsrsv2_bufferSize, @function
 cusparseScsrsv2_bufferSize:
-    leaq .Lname278(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrsv2_bufferSize@PLT
     .size cusparseScsrsv2_bufferSize, .-cusparseScsrsv2_bufferSize
     .globl cusparseScsrsv2_bufferSizeExt
     .type cusparseScsrsv2_bufferSizeExt, @function
 cusparseScsrsv2_bufferSizeExt:
-    leaq .Lname279(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2484,31 +2085,22 @@ cusparseScsrsv2_bufferSizeExt:
     .globl cusparseScsrsv2_solve
     .type cusparseScsrsv2_solve, @function
 cusparseScsrsv2_solve:
-    leaq .Lname280(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrsv2_solve@PLT
     .size cusparseScsrsv2_solve, .-cusparseScsrsv2_solve
     .globl cusparseScsru2csr
     .type cusparseScsru2csr, @function
 cusparseScsru2csr:
-    leaq .Lname281(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsru2csr@PLT
     .size cusparseScsru2csr, .-cusparseScsru2csr
     .globl cusparseScsru2csr_bufferSizeExt
     .type cusparseScsru2csr_bufferSizeExt, @function
 cusparseScsru2csr_bufferSizeExt:
-    leaq .Lname282(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsru2csr_bufferSizeExt@PLT
     .size cusparseScsru2csr_bufferSizeExt, .-cusparseScsru2csr_bufferSizeExt
     .globl cusparseSdense2csc
     .type cusparseSdense2csc, @function
 cusparseSdense2csc:
-    leaq .Lname283(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2516,7 +2108,7 @@ cusparseSdense2csc:
     .globl cusparseSdense2csr
     .type cusparseSdense2csr, @function
 cusparseSdense2csr:
-    leaq .Lname284(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2559,15 +2151,12 @@ cusparseSetStream:
     .globl cusparseSgebsr2csr
     .type cusparseSgebsr2csr, @function
 cusparseSgebsr2csr:
-    leaq .Lname285(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgebsr2csr@PLT
     .size cusparseSgebsr2csr, .-cusparseSgebsr2csr
     .globl cusparseSgebsr2gebsc
     .type cusparseSgebsr2gebsc, @function
 cusparseSgebsr2gebsc:
-    leaq .Lname286(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2575,15 +2164,12 @@ cusparseSgebsr2gebsc:
     .globl cusparseSgebsr2gebsc_bufferSize
     .type cusparseSgebsr2gebsc_bufferSize, @function
 cusparseSgebsr2gebsc_bufferSize:
-    leaq .Lname287(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgebsr2gebsc_bufferSize@PLT
     .size cusparseSgebsr2gebsc_bufferSize, .-cusparseSgebsr2gebsc_bufferSize
     .globl cusparseSgebsr2gebsc_bufferSizeExt
     .type cusparseSgebsr2gebsc_bufferSizeExt, @function
 cusparseSgebsr2gebsc_bufferSizeExt:
-    leaq .Lname288(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2591,23 +2177,17 @@ cusparseSgebsr2gebsc_bufferSizeExt:
     .globl cusparseSgebsr2gebsr
     .type cusparseSgebsr2gebsr, @function
 cusparseSgebsr2gebsr:
-    leaq .Lname289(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgebsr2gebsr@PLT
     .size cusparseSgebsr2gebsr, .-cusparseSgebsr2gebsr
     .globl cusparseSgebsr2gebsr_bufferSize
     .type cusparseSgebsr2gebsr_bufferSize, @function
 cusparseSgebsr2gebsr_bufferSize:
-    leaq .Lname290(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgebsr2gebsr_bufferSize@PLT
     .size cusparseSgebsr2gebsr_bufferSize, .-cusparseSgebsr2gebsr_bufferSize
     .globl cusparseSgebsr2gebsr_bufferSizeExt
     .type cusparseSgebsr2gebsr_bufferSizeExt, @function
 cusparseSgebsr2gebsr_bufferSizeExt:
-    leaq .Lname291(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2615,7 +2195,7 @@ cusparseSgebsr2gebsr_bufferSizeExt:
     .globl cusparseSgemmi
     .type cusparseSgemmi, @function
 cusparseSgemmi:
-    leaq .Lname292(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2623,7 +2203,7 @@ cusparseSgemmi:
     .globl cusparseSgemvi
     .type cusparseSgemvi, @function
 cusparseSgemvi:
-    leaq .Lname293(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2631,7 +2211,7 @@ cusparseSgemvi:
     .globl cusparseSgemvi_bufferSize
     .type cusparseSgemvi_bufferSize, @function
 cusparseSgemvi_bufferSize:
-    leaq .Lname294(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2639,7 +2219,7 @@ cusparseSgemvi_bufferSize:
     .globl cusparseSgpsvInterleavedBatch
     .type cusparseSgpsvInterleavedBatch, @function
 cusparseSgpsvInterleavedBatch:
-    leaq .Lname295(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2647,7 +2227,7 @@ cusparseSgpsvInterleavedBatch:
     .globl cusparseSgpsvInterleavedBatch_bufferSizeExt
     .type cusparseSgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseSgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname296(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2655,7 +2235,7 @@ cusparseSgpsvInterleavedBatch_bufferSizeExt:
     .globl cusparseSgthr
     .type cusparseSgthr, @function
 cusparseSgthr:
-    leaq .Lname297(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2663,7 +2243,7 @@ cusparseSgthr:
     .globl cusparseSgthrz
     .type cusparseSgthrz, @function
 cusparseSgthrz:
-    leaq .Lname298(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2671,7 +2251,7 @@ cusparseSgthrz:
     .globl cusparseSgtsv2
     .type cusparseSgtsv2, @function
 cusparseSgtsv2:
-    leaq .Lname299(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2679,7 +2259,7 @@ cusparseSgtsv2:
     .globl cusparseSgtsv2StridedBatch
     .type cusparseSgtsv2StridedBatch, @function
 cusparseSgtsv2StridedBatch:
-    leaq .Lname300(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2687,7 +2267,7 @@ cusparseSgtsv2StridedBatch:
     .globl cusparseSgtsv2StridedBatch_bufferSizeExt
     .type cusparseSgtsv2StridedBatch_bufferSizeExt, @function
 cusparseSgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname301(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2695,7 +2275,7 @@ cusparseSgtsv2StridedBatch_bufferSizeExt:
     .globl cusparseSgtsv2_bufferSizeExt
     .type cusparseSgtsv2_bufferSizeExt, @function
 cusparseSgtsv2_bufferSizeExt:
-    leaq .Lname302(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2703,7 +2283,7 @@ cusparseSgtsv2_bufferSizeExt:
     .globl cusparseSgtsv2_nopivot
     .type cusparseSgtsv2_nopivot, @function
 cusparseSgtsv2_nopivot:
-    leaq .Lname303(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2711,7 +2291,7 @@ cusparseSgtsv2_nopivot:
     .globl cusparseSgtsv2_nopivot_bufferSizeExt
     .type cusparseSgtsv2_nopivot_bufferSizeExt, @function
 cusparseSgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname304(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2719,7 +2299,7 @@ cusparseSgtsv2_nopivot_bufferSizeExt:
     .globl cusparseSgtsvInterleavedBatch
     .type cusparseSgtsvInterleavedBatch, @function
 cusparseSgtsvInterleavedBatch:
-    leaq .Lname305(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2727,7 +2307,7 @@ cusparseSgtsvInterleavedBatch:
     .globl cusparseSgtsvInterleavedBatch_bufferSizeExt
     .type cusparseSgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseSgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname306(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2735,7 +2315,7 @@ cusparseSgtsvInterleavedBatch_bufferSizeExt:
     .globl cusparseSnnz
     .type cusparseSnnz, @function
 cusparseSnnz:
-    leaq .Lname307(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2743,7 +2323,7 @@ cusparseSnnz:
     .globl cusparseSnnz_compress
     .type cusparseSnnz_compress, @function
 cusparseSnnz_compress:
-    leaq .Lname308(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2751,18 +2331,12 @@ cusparseSnnz_compress:
     .globl cusparseSpGEMM_compute
     .type cusparseSpGEMM_compute, @function
 cusparseSpGEMM_compute:
-    leaq .Lname309(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpGEMM_compute@PLT
     .size cusparseSpGEMM_compute, .-cusparseSpGEMM_compute
     .globl cusparseSpGEMM_copy
     .type cusparseSpGEMM_copy, @function
 cusparseSpGEMM_copy:
-    leaq .Lname310(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpGEMM_copy@PLT
     .size cusparseSpGEMM_copy, .-cusparseSpGEMM_copy
     .globl cusparseSpGEMM_createDescr
     .type cusparseSpGEMM_createDescr, @function
@@ -2777,23 +2351,17 @@ cusparseSpGEMM_destroyDescr:
     .globl cusparseSpGEMM_workEstimation
     .type cusparseSpGEMM_workEstimation, @function
 cusparseSpGEMM_workEstimation:
-    leaq .Lname311(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpGEMM_workEstimation@PLT
     .size cusparseSpGEMM_workEstimation, .-cusparseSpGEMM_workEstimation
     .globl cusparseSpGEMMreuse_compute
     .type cusparseSpGEMMreuse_compute, @function
 cusparseSpGEMMreuse_compute:
-    leaq .Lname312(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpGEMMreuse_compute@PLT
     .size cusparseSpGEMMreuse_compute, .-cusparseSpGEMMreuse_compute
     .globl cusparseSpGEMMreuse_copy
     .type cusparseSpGEMMreuse_copy, @function
 cusparseSpGEMMreuse_copy:
-    leaq .Lname313(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2801,7 +2369,7 @@ cusparseSpGEMMreuse_copy:
     .globl cusparseSpGEMMreuse_nnz
     .type cusparseSpGEMMreuse_nnz, @function
 cusparseSpGEMMreuse_nnz:
-    leaq .Lname314(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2809,31 +2377,22 @@ cusparseSpGEMMreuse_nnz:
     .globl cusparseSpGEMMreuse_workEstimation
     .type cusparseSpGEMMreuse_workEstimation, @function
 cusparseSpGEMMreuse_workEstimation:
-    leaq .Lname315(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpGEMMreuse_workEstimation@PLT
     .size cusparseSpGEMMreuse_workEstimation, .-cusparseSpGEMMreuse_workEstimation
     .globl cusparseSpMM
     .type cusparseSpMM, @function
 cusparseSpMM:
-    leaq .Lname316(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMM@PLT
     .size cusparseSpMM, .-cusparseSpMM
     .globl cusparseSpMMOp
     .type cusparseSpMMOp, @function
 cusparseSpMMOp:
-    leaq .Lname317(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMMOp@PLT
     .size cusparseSpMMOp, .-cusparseSpMMOp
     .globl cusparseSpMMOp_createPlan
     .type cusparseSpMMOp_createPlan, @function
 cusparseSpMMOp_createPlan:
-    leaq .Lname318(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2846,47 +2405,32 @@ cusparseSpMMOp_destroyPlan:
     .globl cusparseSpMM_bufferSize
     .type cusparseSpMM_bufferSize, @function
 cusparseSpMM_bufferSize:
-    leaq .Lname319(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMM_bufferSize@PLT
     .size cusparseSpMM_bufferSize, .-cusparseSpMM_bufferSize
     .globl cusparseSpMM_preprocess
     .type cusparseSpMM_preprocess, @function
 cusparseSpMM_preprocess:
-    leaq .Lname320(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMM_preprocess@PLT
     .size cusparseSpMM_preprocess, .-cusparseSpMM_preprocess
     .globl cusparseSpMV
     .type cusparseSpMV, @function
 cusparseSpMV:
-    leaq .Lname321(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMV@PLT
     .size cusparseSpMV, .-cusparseSpMV
     .globl cusparseSpMV_bufferSize
     .type cusparseSpMV_bufferSize, @function
 cusparseSpMV_bufferSize:
-    leaq .Lname322(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMV_bufferSize@PLT
     .size cusparseSpMV_bufferSize, .-cusparseSpMV_bufferSize
     .globl cusparseSpMatGetAttribute
     .type cusparseSpMatGetAttribute, @function
 cusparseSpMatGetAttribute:
-    leaq .Lname323(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMatGetAttribute@PLT
     .size cusparseSpMatGetAttribute, .-cusparseSpMatGetAttribute
     .globl cusparseSpMatGetFormat
     .type cusparseSpMatGetFormat, @function
 cusparseSpMatGetFormat:
-    leaq .Lname324(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2894,7 +2438,7 @@ cusparseSpMatGetFormat:
     .globl cusparseSpMatGetIndexBase
     .type cusparseSpMatGetIndexBase, @function
 cusparseSpMatGetIndexBase:
-    leaq .Lname325(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2902,15 +2446,12 @@ cusparseSpMatGetIndexBase:
     .globl cusparseSpMatGetSize
     .type cusparseSpMatGetSize, @function
 cusparseSpMatGetSize:
-    leaq .Lname326(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMatGetSize@PLT
     .size cusparseSpMatGetSize, .-cusparseSpMatGetSize
     .globl cusparseSpMatGetStridedBatch
     .type cusparseSpMatGetStridedBatch, @function
 cusparseSpMatGetStridedBatch:
-    leaq .Lname327(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2918,18 +2459,12 @@ cusparseSpMatGetStridedBatch:
     .globl cusparseSpMatGetValues
     .type cusparseSpMatGetValues, @function
 cusparseSpMatGetValues:
-    leaq .Lname328(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMatGetValues@PLT
     .size cusparseSpMatGetValues, .-cusparseSpMatGetValues
     .globl cusparseSpMatSetAttribute
     .type cusparseSpMatSetAttribute, @function
 cusparseSpMatSetAttribute:
-    leaq .Lname329(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMatSetAttribute@PLT
     .size cusparseSpMatSetAttribute, .-cusparseSpMatSetAttribute
     .globl cusparseSpMatSetStridedBatch
     .type cusparseSpMatSetStridedBatch, @function
@@ -2939,26 +2474,17 @@ cusparseSpMatSetStridedBatch:
     .globl cusparseSpMatSetValues
     .type cusparseSpMatSetValues, @function
 cusparseSpMatSetValues:
-    leaq .Lname330(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMatSetValues@PLT
     .size cusparseSpMatSetValues, .-cusparseSpMatSetValues
     .globl cusparseSpSM_analysis
     .type cusparseSpSM_analysis, @function
 cusparseSpSM_analysis:
-    leaq .Lname331(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpSM_analysis@PLT
     .size cusparseSpSM_analysis, .-cusparseSpSM_analysis
     .globl cusparseSpSM_bufferSize
     .type cusparseSpSM_bufferSize, @function
 cusparseSpSM_bufferSize:
-    leaq .Lname332(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpSM_bufferSize@PLT
     .size cusparseSpSM_bufferSize, .-cusparseSpSM_bufferSize
     .globl cusparseSpSM_createDescr
     .type cusparseSpSM_createDescr, @function
@@ -2973,26 +2499,17 @@ cusparseSpSM_destroyDescr:
     .globl cusparseSpSM_solve
     .type cusparseSpSM_solve, @function
 cusparseSpSM_solve:
-    leaq .Lname333(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpSM_solve@PLT
     .size cusparseSpSM_solve, .-cusparseSpSM_solve
     .globl cusparseSpSV_analysis
     .type cusparseSpSV_analysis, @function
 cusparseSpSV_analysis:
-    leaq .Lname334(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpSV_analysis@PLT
     .size cusparseSpSV_analysis, .-cusparseSpSV_analysis
     .globl cusparseSpSV_bufferSize
     .type cusparseSpSV_bufferSize, @function
 cusparseSpSV_bufferSize:
-    leaq .Lname335(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpSV_bufferSize@PLT
     .size cusparseSpSV_bufferSize, .-cusparseSpSV_bufferSize
     .globl cusparseSpSV_createDescr
     .type cusparseSpSV_createDescr, @function
@@ -3007,15 +2524,12 @@ cusparseSpSV_destroyDescr:
     .globl cusparseSpSV_solve
     .type cusparseSpSV_solve, @function
 cusparseSpSV_solve:
-    leaq .Lname336(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpSV_solve@PLT
     .size cusparseSpSV_solve, .-cusparseSpSV_solve
     .globl cusparseSpVV
     .type cusparseSpVV, @function
 cusparseSpVV:
-    leaq .Lname337(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3023,7 +2537,7 @@ cusparseSpVV:
     .globl cusparseSpVV_bufferSize
     .type cusparseSpVV_bufferSize, @function
 cusparseSpVV_bufferSize:
-    leaq .Lname338(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3031,7 +2545,7 @@ cusparseSpVV_bufferSize:
     .globl cusparseSpVecGet
     .type cusparseSpVecGet, @function
 cusparseSpVecGet:
-    leaq .Lname339(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3039,7 +2553,7 @@ cusparseSpVecGet:
     .globl cusparseSpVecGetIndexBase
     .type cusparseSpVecGetIndexBase, @function
 cusparseSpVecGetIndexBase:
-    leaq .Lname340(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3047,39 +2561,27 @@ cusparseSpVecGetIndexBase:
     .globl cusparseSpVecGetValues
     .type cusparseSpVecGetValues, @function
 cusparseSpVecGetValues:
-    leaq .Lname341(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpVecGetValues@PLT
     .size cusparseSpVecGetValues, .-cusparseSpVecGetValues
     .globl cusparseSpVecSetValues
     .type cusparseSpVecSetValues, @function
 cusparseSpVecSetValues:
-    leaq .Lname342(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpVecSetValues@PLT
     .size cusparseSpVecSetValues, .-cusparseSpVecSetValues
     .globl cusparseSparseToDense
     .type cusparseSparseToDense, @function
 cusparseSparseToDense:
-    leaq .Lname343(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSparseToDense@PLT
     .size cusparseSparseToDense, .-cusparseSparseToDense
     .globl cusparseSparseToDense_bufferSize
     .type cusparseSparseToDense_bufferSize, @function
 cusparseSparseToDense_bufferSize:
-    leaq .Lname344(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSparseToDense_bufferSize@PLT
     .size cusparseSparseToDense_bufferSize, .-cusparseSparseToDense_bufferSize
     .globl cusparseSpruneCsr2csr
     .type cusparseSpruneCsr2csr, @function
 cusparseSpruneCsr2csr:
-    leaq .Lname345(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3087,23 +2589,17 @@ cusparseSpruneCsr2csr:
     .globl cusparseSpruneCsr2csrByPercentage
     .type cusparseSpruneCsr2csrByPercentage, @function
 cusparseSpruneCsr2csrByPercentage:
-    leaq .Lname346(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneCsr2csrByPercentage@PLT
     .size cusparseSpruneCsr2csrByPercentage, .-cusparseSpruneCsr2csrByPercentage
     .globl cusparseSpruneCsr2csrByPercentage_bufferSizeExt
     .type cusparseSpruneCsr2csrByPercentage_bufferSizeExt, @function
 cusparseSpruneCsr2csrByPercentage_bufferSizeExt:
-    leaq .Lname347(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneCsr2csrByPercentage_bufferSizeExt@PLT
     .size cusparseSpruneCsr2csrByPercentage_bufferSizeExt, .-cusparseSpruneCsr2csrByPercentage_bufferSizeExt
     .globl cusparseSpruneCsr2csrNnz
     .type cusparseSpruneCsr2csrNnz, @function
 cusparseSpruneCsr2csrNnz:
-    leaq .Lname348(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3111,15 +2607,12 @@ cusparseSpruneCsr2csrNnz:
     .globl cusparseSpruneCsr2csrNnzByPercentage
     .type cusparseSpruneCsr2csrNnzByPercentage, @function
 cusparseSpruneCsr2csrNnzByPercentage:
-    leaq .Lname349(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneCsr2csrNnzByPercentage@PLT
     .size cusparseSpruneCsr2csrNnzByPercentage, .-cusparseSpruneCsr2csrNnzByPercentage
     .globl cusparseSpruneCsr2csr_bufferSizeExt
     .type cusparseSpruneCsr2csr_bufferSizeExt, @function
 cusparseSpruneCsr2csr_bufferSizeExt:
-    leaq .Lname350(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3127,7 +2620,7 @@ cusparseSpruneCsr2csr_bufferSizeExt:
     .globl cusparseSpruneDense2csr
     .type cusparseSpruneDense2csr, @function
 cusparseSpruneDense2csr:
-    leaq .Lname351(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3135,7 +2628,7 @@ cusparseSpruneDense2csr:
     .globl cusparseSpruneDense2csrByPercentage
     .type cusparseSpruneDense2csrByPercentage, @function
 cusparseSpruneDense2csrByPercentage:
-    leaq .Lname352(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3143,7 +2636,7 @@ cusparseSpruneDense2csrByPercentage:
     .globl cusparseSpruneDense2csrByPercentage_bufferSizeExt
     .type cusparseSpruneDense2csrByPercentage_bufferSizeExt, @function
 cusparseSpruneDense2csrByPercentage_bufferSizeExt:
-    leaq .Lname353(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3151,7 +2644,7 @@ cusparseSpruneDense2csrByPercentage_bufferSizeExt:
     .globl cusparseSpruneDense2csrNnz
     .type cusparseSpruneDense2csrNnz, @function
 cusparseSpruneDense2csrNnz:
-    leaq .Lname354(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3159,7 +2652,7 @@ cusparseSpruneDense2csrNnz:
     .globl cusparseSpruneDense2csrNnzByPercentage
     .type cusparseSpruneDense2csrNnzByPercentage, @function
 cusparseSpruneDense2csrNnzByPercentage:
-    leaq .Lname355(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3167,7 +2660,7 @@ cusparseSpruneDense2csrNnzByPercentage:
     .globl cusparseSpruneDense2csr_bufferSizeExt
     .type cusparseSpruneDense2csr_bufferSizeExt, @function
 cusparseSpruneDense2csr_bufferSizeExt:
-    leaq .Lname356(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3175,7 +2668,7 @@ cusparseSpruneDense2csr_bufferSizeExt:
     .globl cusparseSroti
     .type cusparseSroti, @function
 cusparseSroti:
-    leaq .Lname357(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3183,7 +2676,7 @@ cusparseSroti:
     .globl cusparseSsctr
     .type cusparseSsctr, @function
 cusparseSsctr:
-    leaq .Lname358(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3191,71 +2684,47 @@ cusparseSsctr:
     .globl cusparseXbsric02_zeroPivot
     .type cusparseXbsric02_zeroPivot, @function
 cusparseXbsric02_zeroPivot:
-    leaq .Lname359(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXbsric02_zeroPivot@PLT
     .size cusparseXbsric02_zeroPivot, .-cusparseXbsric02_zeroPivot
     .globl cusparseXbsrilu02_zeroPivot
     .type cusparseXbsrilu02_zeroPivot, @function
 cusparseXbsrilu02_zeroPivot:
-    leaq .Lname360(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXbsrilu02_zeroPivot@PLT
     .size cusparseXbsrilu02_zeroPivot, .-cusparseXbsrilu02_zeroPivot
     .globl cusparseXbsrsm2_zeroPivot
     .type cusparseXbsrsm2_zeroPivot, @function
 cusparseXbsrsm2_zeroPivot:
-    leaq .Lname361(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXbsrsm2_zeroPivot@PLT
     .size cusparseXbsrsm2_zeroPivot, .-cusparseXbsrsm2_zeroPivot
     .globl cusparseXbsrsv2_zeroPivot
     .type cusparseXbsrsv2_zeroPivot, @function
 cusparseXbsrsv2_zeroPivot:
-    leaq .Lname362(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXbsrsv2_zeroPivot@PLT
     .size cusparseXbsrsv2_zeroPivot, .-cusparseXbsrsv2_zeroPivot
     .globl cusparseXcoo2csr
     .type cusparseXcoo2csr, @function
 cusparseXcoo2csr:
-    leaq .Lname363(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcoo2csr@PLT
     .size cusparseXcoo2csr, .-cusparseXcoo2csr
     .globl cusparseXcoosortByColumn
     .type cusparseXcoosortByColumn, @function
 cusparseXcoosortByColumn:
-    leaq .Lname364(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcoosortByColumn@PLT
     .size cusparseXcoosortByColumn, .-cusparseXcoosortByColumn
     .globl cusparseXcoosortByRow
     .type cusparseXcoosortByRow, @function
 cusparseXcoosortByRow:
-    leaq .Lname365(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcoosortByRow@PLT
     .size cusparseXcoosortByRow, .-cusparseXcoosortByRow
     .globl cusparseXcoosort_bufferSizeExt
     .type cusparseXcoosort_bufferSizeExt, @function
 cusparseXcoosort_bufferSizeExt:
-    leaq .Lname366(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcoosort_bufferSizeExt@PLT
     .size cusparseXcoosort_bufferSizeExt, .-cusparseXcoosort_bufferSizeExt
     .globl cusparseXcscsort
     .type cusparseXcscsort, @function
 cusparseXcscsort:
-    leaq .Lname367(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3263,7 +2732,7 @@ cusparseXcscsort:
     .globl cusparseXcscsort_bufferSizeExt
     .type cusparseXcscsort_bufferSizeExt, @function
 cusparseXcscsort_bufferSizeExt:
-    leaq .Lname368(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3271,111 +2740,72 @@ cusparseXcscsort_bufferSizeExt:
     .globl cusparseXcsr2bsrNnz
     .type cusparseXcsr2bsrNnz, @function
 cusparseXcsr2bsrNnz:
-    leaq .Lname369(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsr2bsrNnz@PLT
     .size cusparseXcsr2bsrNnz, .-cusparseXcsr2bsrNnz
     .globl cusparseXcsr2coo
     .type cusparseXcsr2coo, @function
 cusparseXcsr2coo:
-    leaq .Lname370(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsr2coo@PLT
     .size cusparseXcsr2coo, .-cusparseXcsr2coo
     .globl cusparseXcsr2gebsrNnz
     .type cusparseXcsr2gebsrNnz, @function
 cusparseXcsr2gebsrNnz:
-    leaq .Lname371(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsr2gebsrNnz@PLT
     .size cusparseXcsr2gebsrNnz, .-cusparseXcsr2gebsrNnz
     .globl cusparseXcsrgeam2Nnz
     .type cusparseXcsrgeam2Nnz, @function
 cusparseXcsrgeam2Nnz:
-    leaq .Lname372(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsrgeam2Nnz@PLT
     .size cusparseXcsrgeam2Nnz, .-cusparseXcsrgeam2Nnz
     .globl cusparseXcsrgemm2Nnz
     .type cusparseXcsrgemm2Nnz, @function
 cusparseXcsrgemm2Nnz:
-    leaq .Lname373(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsrgemm2Nnz@PLT
     .size cusparseXcsrgemm2Nnz, .-cusparseXcsrgemm2Nnz
     .globl cusparseXcsric02_zeroPivot
     .type cusparseXcsric02_zeroPivot, @function
 cusparseXcsric02_zeroPivot:
-    leaq .Lname374(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsric02_zeroPivot@PLT
     .size cusparseXcsric02_zeroPivot, .-cusparseXcsric02_zeroPivot
     .globl cusparseXcsrilu02_zeroPivot
     .type cusparseXcsrilu02_zeroPivot, @function
 cusparseXcsrilu02_zeroPivot:
-    leaq .Lname375(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsrilu02_zeroPivot@PLT
     .size cusparseXcsrilu02_zeroPivot, .-cusparseXcsrilu02_zeroPivot
     .globl cusparseXcsrsm2_zeroPivot
     .type cusparseXcsrsm2_zeroPivot, @function
 cusparseXcsrsm2_zeroPivot:
-    leaq .Lname376(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsrsm2_zeroPivot@PLT
     .size cusparseXcsrsm2_zeroPivot, .-cusparseXcsrsm2_zeroPivot
     .globl cusparseXcsrsort
     .type cusparseXcsrsort, @function
 cusparseXcsrsort:
-    leaq .Lname377(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsrsort@PLT
     .size cusparseXcsrsort, .-cusparseXcsrsort
     .globl cusparseXcsrsort_bufferSizeExt
     .type cusparseXcsrsort_bufferSizeExt, @function
 cusparseXcsrsort_bufferSizeExt:
-    leaq .Lname378(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsrsort_bufferSizeExt@PLT
     .size cusparseXcsrsort_bufferSizeExt, .-cusparseXcsrsort_bufferSizeExt
     .globl cusparseXcsrsv2_zeroPivot
     .type cusparseXcsrsv2_zeroPivot, @function
 cusparseXcsrsv2_zeroPivot:
-    leaq .Lname379(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsrsv2_zeroPivot@PLT
     .size cusparseXcsrsv2_zeroPivot, .-cusparseXcsrsv2_zeroPivot
     .globl cusparseXgebsr2csr
     .type cusparseXgebsr2csr, @function
 cusparseXgebsr2csr:
-    leaq .Lname380(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXgebsr2csr@PLT
     .size cusparseXgebsr2csr, .-cusparseXgebsr2csr
     .globl cusparseXgebsr2gebsrNnz
     .type cusparseXgebsr2gebsrNnz, @function
 cusparseXgebsr2gebsrNnz:
-    leaq .Lname381(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXgebsr2gebsrNnz@PLT
     .size cusparseXgebsr2gebsrNnz, .-cusparseXgebsr2gebsrNnz
     .globl cusparseZaxpyi
     .type cusparseZaxpyi, @function
 cusparseZaxpyi:
-    leaq .Lname382(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3383,23 +2813,17 @@ cusparseZaxpyi:
     .globl cusparseZbsr2csr
     .type cusparseZbsr2csr, @function
 cusparseZbsr2csr:
-    leaq .Lname383(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsr2csr@PLT
     .size cusparseZbsr2csr, .-cusparseZbsr2csr
     .globl cusparseZbsric02
     .type cusparseZbsric02, @function
 cusparseZbsric02:
-    leaq .Lname384(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsric02@PLT
     .size cusparseZbsric02, .-cusparseZbsric02
     .globl cusparseZbsric02_analysis
     .type cusparseZbsric02_analysis, @function
 cusparseZbsric02_analysis:
-    leaq .Lname385(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3407,15 +2831,12 @@ cusparseZbsric02_analysis:
     .globl cusparseZbsric02_bufferSize
     .type cusparseZbsric02_bufferSize, @function
 cusparseZbsric02_bufferSize:
-    leaq .Lname386(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsric02_bufferSize@PLT
     .size cusparseZbsric02_bufferSize, .-cusparseZbsric02_bufferSize
     .globl cusparseZbsric02_bufferSizeExt
     .type cusparseZbsric02_bufferSizeExt, @function
 cusparseZbsric02_bufferSizeExt:
-    leaq .Lname387(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3423,31 +2844,22 @@ cusparseZbsric02_bufferSizeExt:
     .globl cusparseZbsrilu02
     .type cusparseZbsrilu02, @function
 cusparseZbsrilu02:
-    leaq .Lname388(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrilu02@PLT
     .size cusparseZbsrilu02, .-cusparseZbsrilu02
     .globl cusparseZbsrilu02_analysis
     .type cusparseZbsrilu02_analysis, @function
 cusparseZbsrilu02_analysis:
-    leaq .Lname389(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrilu02_analysis@PLT
     .size cusparseZbsrilu02_analysis, .-cusparseZbsrilu02_analysis
     .globl cusparseZbsrilu02_bufferSize
     .type cusparseZbsrilu02_bufferSize, @function
 cusparseZbsrilu02_bufferSize:
-    leaq .Lname390(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrilu02_bufferSize@PLT
     .size cusparseZbsrilu02_bufferSize, .-cusparseZbsrilu02_bufferSize
     .globl cusparseZbsrilu02_bufferSizeExt
     .type cusparseZbsrilu02_bufferSizeExt, @function
 cusparseZbsrilu02_bufferSizeExt:
-    leaq .Lname391(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3455,7 +2867,7 @@ cusparseZbsrilu02_bufferSizeExt:
     .globl cusparseZbsrilu02_numericBoost
     .type cusparseZbsrilu02_numericBoost, @function
 cusparseZbsrilu02_numericBoost:
-    leaq .Lname392(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3463,39 +2875,27 @@ cusparseZbsrilu02_numericBoost:
     .globl cusparseZbsrmm
     .type cusparseZbsrmm, @function
 cusparseZbsrmm:
-    leaq .Lname393(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrmm@PLT
     .size cusparseZbsrmm, .-cusparseZbsrmm
     .globl cusparseZbsrmv
     .type cusparseZbsrmv, @function
 cusparseZbsrmv:
-    leaq .Lname394(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrmv@PLT
     .size cusparseZbsrmv, .-cusparseZbsrmv
     .globl cusparseZbsrsm2_analysis
     .type cusparseZbsrsm2_analysis, @function
 cusparseZbsrsm2_analysis:
-    leaq .Lname395(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrsm2_analysis@PLT
     .size cusparseZbsrsm2_analysis, .-cusparseZbsrsm2_analysis
     .globl cusparseZbsrsm2_bufferSize
     .type cusparseZbsrsm2_bufferSize, @function
 cusparseZbsrsm2_bufferSize:
-    leaq .Lname396(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrsm2_bufferSize@PLT
     .size cusparseZbsrsm2_bufferSize, .-cusparseZbsrsm2_bufferSize
     .globl cusparseZbsrsm2_bufferSizeExt
     .type cusparseZbsrsm2_bufferSizeExt, @function
 cusparseZbsrsm2_bufferSizeExt:
-    leaq .Lname397(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3503,31 +2903,22 @@ cusparseZbsrsm2_bufferSizeExt:
     .globl cusparseZbsrsm2_solve
     .type cusparseZbsrsm2_solve, @function
 cusparseZbsrsm2_solve:
-    leaq .Lname398(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrsm2_solve@PLT
     .size cusparseZbsrsm2_solve, .-cusparseZbsrsm2_solve
     .globl cusparseZbsrsv2_analysis
     .type cusparseZbsrsv2_analysis, @function
 cusparseZbsrsv2_analysis:
-    leaq .Lname399(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrsv2_analysis@PLT
     .size cusparseZbsrsv2_analysis, .-cusparseZbsrsv2_analysis
     .globl cusparseZbsrsv2_bufferSize
     .type cusparseZbsrsv2_bufferSize, @function
 cusparseZbsrsv2_bufferSize:
-    leaq .Lname400(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrsv2_bufferSize@PLT
     .size cusparseZbsrsv2_bufferSize, .-cusparseZbsrsv2_bufferSize
     .globl cusparseZbsrsv2_bufferSizeExt
     .type cusparseZbsrsv2_bufferSizeExt, @function
 cusparseZbsrsv2_bufferSizeExt:
-    leaq .Lname401(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3535,23 +2926,17 @@ cusparseZbsrsv2_bufferSizeExt:
     .globl cusparseZbsrsv2_solve
     .type cusparseZbsrsv2_solve, @function
 cusparseZbsrsv2_solve:
-    leaq .Lname402(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrsv2_solve@PLT
     .size cusparseZbsrsv2_solve, .-cusparseZbsrsv2_solve
     .globl cusparseZbsrxmv
     .type cusparseZbsrxmv, @function
 cusparseZbsrxmv:
-    leaq .Lname403(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrxmv@PLT
     .size cusparseZbsrxmv, .-cusparseZbsrxmv
     .globl cusparseZcsc2dense
     .type cusparseZcsc2dense, @function
 cusparseZcsc2dense:
-    leaq .Lname404(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3559,15 +2944,12 @@ cusparseZcsc2dense:
     .globl cusparseZcsr2bsr
     .type cusparseZcsr2bsr, @function
 cusparseZcsr2bsr:
-    leaq .Lname405(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsr2bsr@PLT
     .size cusparseZcsr2bsr, .-cusparseZcsr2bsr
     .globl cusparseZcsr2csr_compress
     .type cusparseZcsr2csr_compress, @function
 cusparseZcsr2csr_compress:
-    leaq .Lname406(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3575,15 +2957,12 @@ cusparseZcsr2csr_compress:
     .globl cusparseZcsr2csru
     .type cusparseZcsr2csru, @function
 cusparseZcsr2csru:
-    leaq .Lname407(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsr2csru@PLT
     .size cusparseZcsr2csru, .-cusparseZcsr2csru
     .globl cusparseZcsr2dense
     .type cusparseZcsr2dense, @function
 cusparseZcsr2dense:
-    leaq .Lname408(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3591,23 +2970,17 @@ cusparseZcsr2dense:
     .globl cusparseZcsr2gebsr
     .type cusparseZcsr2gebsr, @function
 cusparseZcsr2gebsr:
-    leaq .Lname409(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsr2gebsr@PLT
     .size cusparseZcsr2gebsr, .-cusparseZcsr2gebsr
     .globl cusparseZcsr2gebsr_bufferSize
     .type cusparseZcsr2gebsr_bufferSize, @function
 cusparseZcsr2gebsr_bufferSize:
-    leaq .Lname410(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsr2gebsr_bufferSize@PLT
     .size cusparseZcsr2gebsr_bufferSize, .-cusparseZcsr2gebsr_bufferSize
     .globl cusparseZcsr2gebsr_bufferSizeExt
     .type cusparseZcsr2gebsr_bufferSizeExt, @function
 cusparseZcsr2gebsr_bufferSizeExt:
-    leaq .Lname411(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3615,7 +2988,7 @@ cusparseZcsr2gebsr_bufferSizeExt:
     .globl cusparseZcsrcolor
     .type cusparseZcsrcolor, @function
 cusparseZcsrcolor:
-    leaq .Lname412(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3623,39 +2996,27 @@ cusparseZcsrcolor:
     .globl cusparseZcsrgeam2
     .type cusparseZcsrgeam2, @function
 cusparseZcsrgeam2:
-    leaq .Lname413(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrgeam2@PLT
     .size cusparseZcsrgeam2, .-cusparseZcsrgeam2
     .globl cusparseZcsrgeam2_bufferSizeExt
     .type cusparseZcsrgeam2_bufferSizeExt, @function
 cusparseZcsrgeam2_bufferSizeExt:
-    leaq .Lname414(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrgeam2_bufferSizeExt@PLT
     .size cusparseZcsrgeam2_bufferSizeExt, .-cusparseZcsrgeam2_bufferSizeExt
     .globl cusparseZcsrgemm2
     .type cusparseZcsrgemm2, @function
 cusparseZcsrgemm2:
-    leaq .Lname415(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrgemm2@PLT
     .size cusparseZcsrgemm2, .-cusparseZcsrgemm2
     .globl cusparseZcsrgemm2_bufferSizeExt
     .type cusparseZcsrgemm2_bufferSizeExt, @function
 cusparseZcsrgemm2_bufferSizeExt:
-    leaq .Lname416(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrgemm2_bufferSizeExt@PLT
     .size cusparseZcsrgemm2_bufferSizeExt, .-cusparseZcsrgemm2_bufferSizeExt
     .globl cusparseZcsric02
     .type cusparseZcsric02, @function
 cusparseZcsric02:
-    leaq .Lname417(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3663,23 +3024,17 @@ cusparseZcsric02:
     .globl cusparseZcsric02_analysis
     .type cusparseZcsric02_analysis, @function
 cusparseZcsric02_analysis:
-    leaq .Lname418(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsric02_analysis@PLT
     .size cusparseZcsric02_analysis, .-cusparseZcsric02_analysis
     .globl cusparseZcsric02_bufferSize
     .type cusparseZcsric02_bufferSize, @function
 cusparseZcsric02_bufferSize:
-    leaq .Lname419(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsric02_bufferSize@PLT
     .size cusparseZcsric02_bufferSize, .-cusparseZcsric02_bufferSize
     .globl cusparseZcsric02_bufferSizeExt
     .type cusparseZcsric02_bufferSizeExt, @function
 cusparseZcsric02_bufferSizeExt:
-    leaq .Lname420(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3687,7 +3042,7 @@ cusparseZcsric02_bufferSizeExt:
     .globl cusparseZcsrilu02
     .type cusparseZcsrilu02, @function
 cusparseZcsrilu02:
-    leaq .Lname421(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3695,23 +3050,17 @@ cusparseZcsrilu02:
     .globl cusparseZcsrilu02_analysis
     .type cusparseZcsrilu02_analysis, @function
 cusparseZcsrilu02_analysis:
-    leaq .Lname422(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrilu02_analysis@PLT
     .size cusparseZcsrilu02_analysis, .-cusparseZcsrilu02_analysis
     .globl cusparseZcsrilu02_bufferSize
     .type cusparseZcsrilu02_bufferSize, @function
 cusparseZcsrilu02_bufferSize:
-    leaq .Lname423(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrilu02_bufferSize@PLT
     .size cusparseZcsrilu02_bufferSize, .-cusparseZcsrilu02_bufferSize
     .globl cusparseZcsrilu02_bufferSizeExt
     .type cusparseZcsrilu02_bufferSizeExt, @function
 cusparseZcsrilu02_bufferSizeExt:
-    leaq .Lname424(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3719,7 +3068,7 @@ cusparseZcsrilu02_bufferSizeExt:
     .globl cusparseZcsrilu02_numericBoost
     .type cusparseZcsrilu02_numericBoost, @function
 cusparseZcsrilu02_numericBoost:
-    leaq .Lname425(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3727,15 +3076,12 @@ cusparseZcsrilu02_numericBoost:
     .globl cusparseZcsrsm2_analysis
     .type cusparseZcsrsm2_analysis, @function
 cusparseZcsrsm2_analysis:
-    leaq .Lname426(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrsm2_analysis@PLT
     .size cusparseZcsrsm2_analysis, .-cusparseZcsrsm2_analysis
     .globl cusparseZcsrsm2_bufferSizeExt
     .type cusparseZcsrsm2_bufferSizeExt, @function
 cusparseZcsrsm2_bufferSizeExt:
-    leaq .Lname427(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3743,31 +3089,22 @@ cusparseZcsrsm2_bufferSizeExt:
     .globl cusparseZcsrsm2_solve
     .type cusparseZcsrsm2_solve, @function
 cusparseZcsrsm2_solve:
-    leaq .Lname428(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrsm2_solve@PLT
     .size cusparseZcsrsm2_solve, .-cusparseZcsrsm2_solve
     .globl cusparseZcsrsv2_analysis
     .type cusparseZcsrsv2_analysis, @function
 cusparseZcsrsv2_analysis:
-    leaq .Lname429(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrsv2_analysis@PLT
     .size cusparseZcsrsv2_analysis, .-cusparseZcsrsv2_analysis
     .globl cusparseZcsrsv2_bufferSize
     .type cusparseZcsrsv2_bufferSize, @function
 cusparseZcsrsv2_bufferSize:
-    leaq .Lname430(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrsv2_bufferSize@PLT
     .size cusparseZcsrsv2_bufferSize, .-cusparseZcsrsv2_bufferSize
     .globl cusparseZcsrsv2_bufferSizeExt
     .type cusparseZcsrsv2_bufferSizeExt, @function
 cusparseZcsrsv2_bufferSizeExt:
-    leaq .Lname431(%rip), %rdi
+    leaq .Lname210(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3775,31 +3112,22 @@ cusparseZcsrsv2_bufferSizeExt:
     .globl cusparseZcsrsv2_solve
     .type cusparseZcsrsv2_solve, @function
 cusparseZcsrsv2_solve:
-    leaq .Lname432(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrsv2_solve@PLT
     .size cusparseZcsrsv2_solve, .-cusparseZcsrsv2_solve
     .globl cusparseZcsru2csr
     .type cusparseZcsru2csr, @function
 cusparseZcsru2csr:
-    leaq .Lname433(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsru2csr@PLT
     .size cusparseZcsru2csr, .-cusparseZcsru2csr
     .globl cusparseZcsru2csr_bufferSizeExt
     .type cusparseZcsru2csr_bufferSizeExt, @function
 cusparseZcsru2csr_bufferSizeExt:
-    leaq .Lname434(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsru2csr_bufferSizeExt@PLT
     .size cusparseZcsru2csr_bufferSizeExt, .-cusparseZcsru2csr_bufferSizeExt
     .globl cusparseZdense2csc
     .type cusparseZdense2csc, @function
 cusparseZdense2csc:
-    leaq .Lname435(%rip), %rdi
+    leaq .Lname211(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3807,7 +3135,7 @@ cusparseZdense2csc:
     .globl cusparseZdense2csr
     .type cusparseZdense2csr, @function
 cusparseZdense2csr:
-    leaq .Lname436(%rip), %rdi
+    leaq .Lname212(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3815,15 +3143,12 @@ cusparseZdense2csr:
     .globl cusparseZgebsr2csr
     .type cusparseZgebsr2csr, @function
 cusparseZgebsr2csr:
-    leaq .Lname437(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgebsr2csr@PLT
     .size cusparseZgebsr2csr, .-cusparseZgebsr2csr
     .globl cusparseZgebsr2gebsc
     .type cusparseZgebsr2gebsc, @function
 cusparseZgebsr2gebsc:
-    leaq .Lname438(%rip), %rdi
+    leaq .Lname213(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3831,15 +3156,12 @@ cusparseZgebsr2gebsc:
     .globl cusparseZgebsr2gebsc_bufferSize
     .type cusparseZgebsr2gebsc_bufferSize, @function
 cusparseZgebsr2gebsc_bufferSize:
-    leaq .Lname439(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgebsr2gebsc_bufferSize@PLT
     .size cusparseZgebsr2gebsc_bufferSize, .-cusparseZgebsr2gebsc_bufferSize
     .globl cusparseZgebsr2gebsc_bufferSizeExt
     .type cusparseZgebsr2gebsc_bufferSizeExt, @function
 cusparseZgebsr2gebsc_bufferSizeExt:
-    leaq .Lname440(%rip), %rdi
+    leaq .Lname214(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3847,23 +3169,17 @@ cusparseZgebsr2gebsc_bufferSizeExt:
     .globl cusparseZgebsr2gebsr
     .type cusparseZgebsr2gebsr, @function
 cusparseZgebsr2gebsr:
-    leaq .Lname441(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgebsr2gebsr@PLT
     .size cusparseZgebsr2gebsr, .-cusparseZgebsr2gebsr
     .globl cusparseZgebsr2gebsr_bufferSize
     .type cusparseZgebsr2gebsr_bufferSize, @function
 cusparseZgebsr2gebsr_bufferSize:
-    leaq .Lname442(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgebsr2gebsr_bufferSize@PLT
     .size cusparseZgebsr2gebsr_bufferSize, .-cusparseZgebsr2gebsr_bufferSize
     .globl cusparseZgebsr2gebsr_bufferSizeExt
     .type cusparseZgebsr2gebsr_bufferSizeExt, @function
 cusparseZgebsr2gebsr_bufferSizeExt:
-    leaq .Lname443(%rip), %rdi
+    leaq .Lname215(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3871,7 +3187,7 @@ cusparseZgebsr2gebsr_bufferSizeExt:
     .globl cusparseZgemmi
     .type cusparseZgemmi, @function
 cusparseZgemmi:
-    leaq .Lname444(%rip), %rdi
+    leaq .Lname216(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3879,7 +3195,7 @@ cusparseZgemmi:
     .globl cusparseZgemvi
     .type cusparseZgemvi, @function
 cusparseZgemvi:
-    leaq .Lname445(%rip), %rdi
+    leaq .Lname217(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3887,7 +3203,7 @@ cusparseZgemvi:
     .globl cusparseZgemvi_bufferSize
     .type cusparseZgemvi_bufferSize, @function
 cusparseZgemvi_bufferSize:
-    leaq .Lname446(%rip), %rdi
+    leaq .Lname218(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3895,7 +3211,7 @@ cusparseZgemvi_bufferSize:
     .globl cusparseZgpsvInterleavedBatch
     .type cusparseZgpsvInterleavedBatch, @function
 cusparseZgpsvInterleavedBatch:
-    leaq .Lname447(%rip), %rdi
+    leaq .Lname219(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3903,7 +3219,7 @@ cusparseZgpsvInterleavedBatch:
     .globl cusparseZgpsvInterleavedBatch_bufferSizeExt
     .type cusparseZgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseZgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname448(%rip), %rdi
+    leaq .Lname220(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3911,7 +3227,7 @@ cusparseZgpsvInterleavedBatch_bufferSizeExt:
     .globl cusparseZgthr
     .type cusparseZgthr, @function
 cusparseZgthr:
-    leaq .Lname449(%rip), %rdi
+    leaq .Lname221(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3919,7 +3235,7 @@ cusparseZgthr:
     .globl cusparseZgthrz
     .type cusparseZgthrz, @function
 cusparseZgthrz:
-    leaq .Lname450(%rip), %rdi
+    leaq .Lname222(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3927,15 +3243,12 @@ cusparseZgthrz:
     .globl cusparseZgtsv2
     .type cusparseZgtsv2, @function
 cusparseZgtsv2:
-    leaq .Lname451(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgtsv2@PLT
     .size cusparseZgtsv2, .-cusparseZgtsv2
     .globl cusparseZgtsv2StridedBatch
     .type cusparseZgtsv2StridedBatch, @function
 cusparseZgtsv2StridedBatch:
-    leaq .Lname452(%rip), %rdi
+    leaq .Lname223(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3943,7 +3256,7 @@ cusparseZgtsv2StridedBatch:
     .globl cusparseZgtsv2StridedBatch_bufferSizeExt
     .type cusparseZgtsv2StridedBatch_bufferSizeExt, @function
 cusparseZgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname453(%rip), %rdi
+    leaq .Lname224(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3951,7 +3264,7 @@ cusparseZgtsv2StridedBatch_bufferSizeExt:
     .globl cusparseZgtsv2_bufferSizeExt
     .type cusparseZgtsv2_bufferSizeExt, @function
 cusparseZgtsv2_bufferSizeExt:
-    leaq .Lname454(%rip), %rdi
+    leaq .Lname225(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3959,15 +3272,12 @@ cusparseZgtsv2_bufferSizeExt:
     .globl cusparseZgtsv2_nopivot
     .type cusparseZgtsv2_nopivot, @function
 cusparseZgtsv2_nopivot:
-    leaq .Lname455(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgtsv2_nopivot@PLT
     .size cusparseZgtsv2_nopivot, .-cusparseZgtsv2_nopivot
     .globl cusparseZgtsv2_nopivot_bufferSizeExt
     .type cusparseZgtsv2_nopivot_bufferSizeExt, @function
 cusparseZgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname456(%rip), %rdi
+    leaq .Lname226(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3975,7 +3285,7 @@ cusparseZgtsv2_nopivot_bufferSizeExt:
     .globl cusparseZgtsvInterleavedBatch
     .type cusparseZgtsvInterleavedBatch, @function
 cusparseZgtsvInterleavedBatch:
-    leaq .Lname457(%rip), %rdi
+    leaq .Lname227(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3983,7 +3293,7 @@ cusparseZgtsvInterleavedBatch:
     .globl cusparseZgtsvInterleavedBatch_bufferSizeExt
     .type cusparseZgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseZgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname458(%rip), %rdi
+    leaq .Lname228(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3991,7 +3301,7 @@ cusparseZgtsvInterleavedBatch_bufferSizeExt:
     .globl cusparseZnnz
     .type cusparseZnnz, @function
 cusparseZnnz:
-    leaq .Lname459(%rip), %rdi
+    leaq .Lname229(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3999,7 +3309,7 @@ cusparseZnnz:
     .globl cusparseZnnz_compress
     .type cusparseZnnz_compress, @function
 cusparseZnnz_compress:
-    leaq .Lname460(%rip), %rdi
+    leaq .Lname230(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4007,934 +3317,474 @@ cusparseZnnz_compress:
     .globl cusparseZsctr
     .type cusparseZsctr, @function
 cusparseZsctr:
-    leaq .Lname461(%rip), %rdi
+    leaq .Lname231(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cusparseZsctr, .-cusparseZsctr
     .section .rodata
 .Lname0:
-    .asciz "cusparseAxpby"
-.Lname1:
     .asciz "cusparseBlockedEllGet"
-.Lname2:
+.Lname1:
     .asciz "cusparseCaxpyi"
-.Lname3:
-    .asciz "cusparseCbsr2csr"
-.Lname4:
-    .asciz "cusparseCbsric02"
-.Lname5:
+.Lname2:
     .asciz "cusparseCbsric02_analysis"
-.Lname6:
-    .asciz "cusparseCbsric02_bufferSize"
-.Lname7:
+.Lname3:
     .asciz "cusparseCbsric02_bufferSizeExt"
-.Lname8:
-    .asciz "cusparseCbsrilu02"
-.Lname9:
-    .asciz "cusparseCbsrilu02_analysis"
-.Lname10:
-    .asciz "cusparseCbsrilu02_bufferSize"
-.Lname11:
+.Lname4:
     .asciz "cusparseCbsrilu02_bufferSizeExt"
-.Lname12:
+.Lname5:
     .asciz "cusparseCbsrilu02_numericBoost"
-.Lname13:
-    .asciz "cusparseCbsrmm"
-.Lname14:
-    .asciz "cusparseCbsrmv"
-.Lname15:
-    .asciz "cusparseCbsrsm2_analysis"
-.Lname16:
-    .asciz "cusparseCbsrsm2_bufferSize"
-.Lname17:
+.Lname6:
     .asciz "cusparseCbsrsm2_bufferSizeExt"
-.Lname18:
-    .asciz "cusparseCbsrsm2_solve"
-.Lname19:
-    .asciz "cusparseCbsrsv2_analysis"
-.Lname20:
-    .asciz "cusparseCbsrsv2_bufferSize"
-.Lname21:
+.Lname7:
     .asciz "cusparseCbsrsv2_bufferSizeExt"
-.Lname22:
-    .asciz "cusparseCbsrsv2_solve"
-.Lname23:
-    .asciz "cusparseCbsrxmv"
-.Lname24:
+.Lname8:
     .asciz "cusparseCcsc2dense"
-.Lname25:
-    .asciz "cusparseCcsr2bsr"
-.Lname26:
+.Lname9:
     .asciz "cusparseCcsr2csr_compress"
-.Lname27:
-    .asciz "cusparseCcsr2csru"
-.Lname28:
+.Lname10:
     .asciz "cusparseCcsr2dense"
-.Lname29:
-    .asciz "cusparseCcsr2gebsr"
-.Lname30:
-    .asciz "cusparseCcsr2gebsr_bufferSize"
-.Lname31:
+.Lname11:
     .asciz "cusparseCcsr2gebsr_bufferSizeExt"
-.Lname32:
+.Lname12:
     .asciz "cusparseCcsrcolor"
-.Lname33:
-    .asciz "cusparseCcsrgeam2"
-.Lname34:
-    .asciz "cusparseCcsrgeam2_bufferSizeExt"
-.Lname35:
-    .asciz "cusparseCcsrgemm2"
-.Lname36:
-    .asciz "cusparseCcsrgemm2_bufferSizeExt"
-.Lname37:
+.Lname13:
     .asciz "cusparseCcsric02"
-.Lname38:
-    .asciz "cusparseCcsric02_analysis"
-.Lname39:
-    .asciz "cusparseCcsric02_bufferSize"
-.Lname40:
+.Lname14:
     .asciz "cusparseCcsric02_bufferSizeExt"
-.Lname41:
+.Lname15:
     .asciz "cusparseCcsrilu02"
-.Lname42:
-    .asciz "cusparseCcsrilu02_analysis"
-.Lname43:
-    .asciz "cusparseCcsrilu02_bufferSize"
-.Lname44:
+.Lname16:
     .asciz "cusparseCcsrilu02_bufferSizeExt"
-.Lname45:
+.Lname17:
     .asciz "cusparseCcsrilu02_numericBoost"
-.Lname46:
-    .asciz "cusparseCcsrsm2_analysis"
-.Lname47:
+.Lname18:
     .asciz "cusparseCcsrsm2_bufferSizeExt"
-.Lname48:
-    .asciz "cusparseCcsrsm2_solve"
-.Lname49:
-    .asciz "cusparseCcsrsv2_analysis"
-.Lname50:
-    .asciz "cusparseCcsrsv2_bufferSize"
-.Lname51:
+.Lname19:
     .asciz "cusparseCcsrsv2_bufferSizeExt"
-.Lname52:
-    .asciz "cusparseCcsrsv2_solve"
-.Lname53:
-    .asciz "cusparseCcsru2csr"
-.Lname54:
-    .asciz "cusparseCcsru2csr_bufferSizeExt"
-.Lname55:
+.Lname20:
     .asciz "cusparseCdense2csc"
-.Lname56:
+.Lname21:
     .asciz "cusparseCdense2csr"
-.Lname57:
-    .asciz "cusparseCgebsr2csr"
-.Lname58:
+.Lname22:
     .asciz "cusparseCgebsr2gebsc"
-.Lname59:
-    .asciz "cusparseCgebsr2gebsc_bufferSize"
-.Lname60:
+.Lname23:
     .asciz "cusparseCgebsr2gebsc_bufferSizeExt"
-.Lname61:
-    .asciz "cusparseCgebsr2gebsr"
-.Lname62:
-    .asciz "cusparseCgebsr2gebsr_bufferSize"
-.Lname63:
+.Lname24:
     .asciz "cusparseCgebsr2gebsr_bufferSizeExt"
-.Lname64:
+.Lname25:
     .asciz "cusparseCgemmi"
-.Lname65:
+.Lname26:
     .asciz "cusparseCgemvi"
-.Lname66:
+.Lname27:
     .asciz "cusparseCgemvi_bufferSize"
-.Lname67:
+.Lname28:
     .asciz "cusparseCgpsvInterleavedBatch"
-.Lname68:
+.Lname29:
     .asciz "cusparseCgpsvInterleavedBatch_bufferSizeExt"
-.Lname69:
+.Lname30:
     .asciz "cusparseCgthr"
-.Lname70:
+.Lname31:
     .asciz "cusparseCgthrz"
-.Lname71:
-    .asciz "cusparseCgtsv2"
-.Lname72:
+.Lname32:
     .asciz "cusparseCgtsv2StridedBatch"
-.Lname73:
+.Lname33:
     .asciz "cusparseCgtsv2StridedBatch_bufferSizeExt"
-.Lname74:
+.Lname34:
     .asciz "cusparseCgtsv2_bufferSizeExt"
-.Lname75:
-    .asciz "cusparseCgtsv2_nopivot"
-.Lname76:
+.Lname35:
     .asciz "cusparseCgtsv2_nopivot_bufferSizeExt"
-.Lname77:
+.Lname36:
     .asciz "cusparseCgtsvInterleavedBatch"
-.Lname78:
+.Lname37:
     .asciz "cusparseCgtsvInterleavedBatch_bufferSizeExt"
-.Lname79:
+.Lname38:
     .asciz "cusparseCnnz"
-.Lname80:
+.Lname39:
     .asciz "cusparseCnnz_compress"
-.Lname81:
-    .asciz "cusparseConstrainedGeMM"
-.Lname82:
-    .asciz "cusparseConstrainedGeMM_bufferSize"
-.Lname83:
+.Lname40:
     .asciz "cusparseCooAoSGet"
-.Lname84:
+.Lname41:
     .asciz "cusparseCooGet"
-.Lname85:
-    .asciz "cusparseCooSetPointers"
-.Lname86:
+.Lname42:
     .asciz "cusparseCreateBlockedEll"
-.Lname87:
-    .asciz "cusparseCreateCoo"
-.Lname88:
-    .asciz "cusparseCreateCooAoS"
-.Lname89:
+.Lname43:
     .asciz "cusparseCreateCsc"
-.Lname90:
-    .asciz "cusparseCreateCsr"
-.Lname91:
-    .asciz "cusparseCreateDnMat"
-.Lname92:
-    .asciz "cusparseCreateDnVec"
-.Lname93:
-    .asciz "cusparseCreateIdentityPermutation"
-.Lname94:
+.Lname44:
     .asciz "cusparseCreateSpVec"
-.Lname95:
+.Lname45:
     .asciz "cusparseCscGet"
-.Lname96:
+.Lname46:
     .asciz "cusparseCscSetPointers"
-.Lname97:
+.Lname47:
     .asciz "cusparseCsctr"
-.Lname98:
+.Lname48:
     .asciz "cusparseCsr2cscEx2"
-.Lname99:
+.Lname49:
     .asciz "cusparseCsr2cscEx2_bufferSize"
-.Lname100:
+.Lname50:
     .asciz "cusparseCsrGet"
-.Lname101:
-    .asciz "cusparseCsrSetPointers"
-.Lname102:
+.Lname51:
     .asciz "cusparseCsrmvEx"
-.Lname103:
+.Lname52:
     .asciz "cusparseCsrmvEx_bufferSize"
-.Lname104:
+.Lname53:
     .asciz "cusparseDaxpyi"
-.Lname105:
-    .asciz "cusparseDbsr2csr"
-.Lname106:
-    .asciz "cusparseDbsric02"
-.Lname107:
+.Lname54:
     .asciz "cusparseDbsric02_analysis"
-.Lname108:
-    .asciz "cusparseDbsric02_bufferSize"
-.Lname109:
+.Lname55:
     .asciz "cusparseDbsric02_bufferSizeExt"
-.Lname110:
-    .asciz "cusparseDbsrilu02"
-.Lname111:
-    .asciz "cusparseDbsrilu02_analysis"
-.Lname112:
-    .asciz "cusparseDbsrilu02_bufferSize"
-.Lname113:
+.Lname56:
     .asciz "cusparseDbsrilu02_bufferSizeExt"
-.Lname114:
+.Lname57:
     .asciz "cusparseDbsrilu02_numericBoost"
-.Lname115:
-    .asciz "cusparseDbsrmm"
-.Lname116:
-    .asciz "cusparseDbsrmv"
-.Lname117:
-    .asciz "cusparseDbsrsm2_analysis"
-.Lname118:
-    .asciz "cusparseDbsrsm2_bufferSize"
-.Lname119:
+.Lname58:
     .asciz "cusparseDbsrsm2_bufferSizeExt"
-.Lname120:
-    .asciz "cusparseDbsrsm2_solve"
-.Lname121:
-    .asciz "cusparseDbsrsv2_analysis"
-.Lname122:
-    .asciz "cusparseDbsrsv2_bufferSize"
-.Lname123:
+.Lname59:
     .asciz "cusparseDbsrsv2_bufferSizeExt"
-.Lname124:
-    .asciz "cusparseDbsrsv2_solve"
-.Lname125:
-    .asciz "cusparseDbsrxmv"
-.Lname126:
+.Lname60:
     .asciz "cusparseDcsc2dense"
-.Lname127:
-    .asciz "cusparseDcsr2bsr"
-.Lname128:
+.Lname61:
     .asciz "cusparseDcsr2csr_compress"
-.Lname129:
-    .asciz "cusparseDcsr2csru"
-.Lname130:
+.Lname62:
     .asciz "cusparseDcsr2dense"
-.Lname131:
-    .asciz "cusparseDcsr2gebsr"
-.Lname132:
-    .asciz "cusparseDcsr2gebsr_bufferSize"
-.Lname133:
+.Lname63:
     .asciz "cusparseDcsr2gebsr_bufferSizeExt"
-.Lname134:
+.Lname64:
     .asciz "cusparseDcsrcolor"
-.Lname135:
-    .asciz "cusparseDcsrgeam2"
-.Lname136:
-    .asciz "cusparseDcsrgeam2_bufferSizeExt"
-.Lname137:
-    .asciz "cusparseDcsrgemm2"
-.Lname138:
-    .asciz "cusparseDcsrgemm2_bufferSizeExt"
-.Lname139:
+.Lname65:
     .asciz "cusparseDcsric02"
-.Lname140:
-    .asciz "cusparseDcsric02_analysis"
-.Lname141:
-    .asciz "cusparseDcsric02_bufferSize"
-.Lname142:
+.Lname66:
     .asciz "cusparseDcsric02_bufferSizeExt"
-.Lname143:
+.Lname67:
     .asciz "cusparseDcsrilu02"
-.Lname144:
-    .asciz "cusparseDcsrilu02_analysis"
-.Lname145:
-    .asciz "cusparseDcsrilu02_bufferSize"
-.Lname146:
+.Lname68:
     .asciz "cusparseDcsrilu02_bufferSizeExt"
-.Lname147:
+.Lname69:
     .asciz "cusparseDcsrilu02_numericBoost"
-.Lname148:
-    .asciz "cusparseDcsrsm2_analysis"
-.Lname149:
+.Lname70:
     .asciz "cusparseDcsrsm2_bufferSizeExt"
-.Lname150:
-    .asciz "cusparseDcsrsm2_solve"
-.Lname151:
-    .asciz "cusparseDcsrsv2_analysis"
-.Lname152:
-    .asciz "cusparseDcsrsv2_bufferSize"
-.Lname153:
+.Lname71:
     .asciz "cusparseDcsrsv2_bufferSizeExt"
-.Lname154:
-    .asciz "cusparseDcsrsv2_solve"
-.Lname155:
-    .asciz "cusparseDcsru2csr"
-.Lname156:
-    .asciz "cusparseDcsru2csr_bufferSizeExt"
-.Lname157:
+.Lname72:
     .asciz "cusparseDdense2csc"
-.Lname158:
+.Lname73:
     .asciz "cusparseDdense2csr"
-.Lname159:
-    .asciz "cusparseDenseToSparse_analysis"
-.Lname160:
-    .asciz "cusparseDenseToSparse_bufferSize"
-.Lname161:
-    .asciz "cusparseDenseToSparse_convert"
-.Lname162:
-    .asciz "cusparseDgebsr2csr"
-.Lname163:
+.Lname74:
     .asciz "cusparseDgebsr2gebsc"
-.Lname164:
-    .asciz "cusparseDgebsr2gebsc_bufferSize"
-.Lname165:
+.Lname75:
     .asciz "cusparseDgebsr2gebsc_bufferSizeExt"
-.Lname166:
-    .asciz "cusparseDgebsr2gebsr"
-.Lname167:
-    .asciz "cusparseDgebsr2gebsr_bufferSize"
-.Lname168:
+.Lname76:
     .asciz "cusparseDgebsr2gebsr_bufferSizeExt"
-.Lname169:
+.Lname77:
     .asciz "cusparseDgemmi"
-.Lname170:
+.Lname78:
     .asciz "cusparseDgemvi"
-.Lname171:
+.Lname79:
     .asciz "cusparseDgemvi_bufferSize"
-.Lname172:
+.Lname80:
     .asciz "cusparseDgpsvInterleavedBatch"
-.Lname173:
+.Lname81:
     .asciz "cusparseDgpsvInterleavedBatch_bufferSizeExt"
-.Lname174:
+.Lname82:
     .asciz "cusparseDgthr"
-.Lname175:
+.Lname83:
     .asciz "cusparseDgthrz"
-.Lname176:
+.Lname84:
     .asciz "cusparseDgtsv2"
-.Lname177:
+.Lname85:
     .asciz "cusparseDgtsv2StridedBatch"
-.Lname178:
+.Lname86:
     .asciz "cusparseDgtsv2StridedBatch_bufferSizeExt"
-.Lname179:
+.Lname87:
     .asciz "cusparseDgtsv2_bufferSizeExt"
-.Lname180:
+.Lname88:
     .asciz "cusparseDgtsv2_nopivot"
-.Lname181:
+.Lname89:
     .asciz "cusparseDgtsv2_nopivot_bufferSizeExt"
-.Lname182:
+.Lname90:
     .asciz "cusparseDgtsvInterleavedBatch"
-.Lname183:
+.Lname91:
     .asciz "cusparseDgtsvInterleavedBatch_bufferSizeExt"
-.Lname184:
+.Lname92:
     .asciz "cusparseDnMatGet"
-.Lname185:
+.Lname93:
     .asciz "cusparseDnMatGetStridedBatch"
-.Lname186:
-    .asciz "cusparseDnMatGetValues"
-.Lname187:
-    .asciz "cusparseDnMatSetValues"
-.Lname188:
+.Lname94:
     .asciz "cusparseDnVecGet"
-.Lname189:
-    .asciz "cusparseDnVecGetValues"
-.Lname190:
-    .asciz "cusparseDnVecSetValues"
-.Lname191:
+.Lname95:
     .asciz "cusparseDnnz"
-.Lname192:
+.Lname96:
     .asciz "cusparseDnnz_compress"
-.Lname193:
+.Lname97:
     .asciz "cusparseDpruneCsr2csr"
-.Lname194:
-    .asciz "cusparseDpruneCsr2csrByPercentage"
-.Lname195:
-    .asciz "cusparseDpruneCsr2csrByPercentage_bufferSizeExt"
-.Lname196:
+.Lname98:
     .asciz "cusparseDpruneCsr2csrNnz"
-.Lname197:
-    .asciz "cusparseDpruneCsr2csrNnzByPercentage"
-.Lname198:
+.Lname99:
     .asciz "cusparseDpruneCsr2csr_bufferSizeExt"
-.Lname199:
+.Lname100:
     .asciz "cusparseDpruneDense2csr"
-.Lname200:
+.Lname101:
     .asciz "cusparseDpruneDense2csrByPercentage"
-.Lname201:
+.Lname102:
     .asciz "cusparseDpruneDense2csrByPercentage_bufferSizeExt"
-.Lname202:
+.Lname103:
     .asciz "cusparseDpruneDense2csrNnz"
-.Lname203:
+.Lname104:
     .asciz "cusparseDpruneDense2csrNnzByPercentage"
-.Lname204:
+.Lname105:
     .asciz "cusparseDpruneDense2csr_bufferSizeExt"
-.Lname205:
+.Lname106:
     .asciz "cusparseDroti"
-.Lname206:
+.Lname107:
     .asciz "cusparseDsctr"
-.Lname207:
+.Lname108:
     .asciz "cusparseGetColorAlgs"
-.Lname208:
+.Lname109:
     .asciz "cusparseGetPointerMode"
-.Lname209:
+.Lname110:
     .asciz "cusparseGetProperty"
-.Lname210:
+.Lname111:
     .asciz "cusparseGetVersion"
-.Lname211:
+.Lname112:
     .asciz "cusparseHpruneCsr2csr"
-.Lname212:
+.Lname113:
     .asciz "cusparseHpruneCsr2csrByPercentage"
-.Lname213:
+.Lname114:
     .asciz "cusparseHpruneCsr2csrByPercentage_bufferSizeExt"
-.Lname214:
+.Lname115:
     .asciz "cusparseHpruneCsr2csrNnz"
-.Lname215:
+.Lname116:
     .asciz "cusparseHpruneCsr2csrNnzByPercentage"
-.Lname216:
+.Lname117:
     .asciz "cusparseHpruneCsr2csr_bufferSizeExt"
-.Lname217:
+.Lname118:
     .asciz "cusparseHpruneDense2csr"
-.Lname218:
+.Lname119:
     .asciz "cusparseHpruneDense2csrByPercentage"
-.Lname219:
+.Lname120:
     .asciz "cusparseHpruneDense2csrByPercentage_bufferSizeExt"
-.Lname220:
+.Lname121:
     .asciz "cusparseHpruneDense2csrNnz"
-.Lname221:
+.Lname122:
     .asciz "cusparseHpruneDense2csrNnzByPercentage"
-.Lname222:
+.Lname123:
     .asciz "cusparseHpruneDense2csr_bufferSizeExt"
-.Lname223:
+.Lname124:
     .asciz "cusparseLoggerOpenFile"
-.Lname224:
+.Lname125:
     .asciz "cusparseLoggerSetCallback"
-.Lname225:
+.Lname126:
     .asciz "cusparseLoggerSetFile"
-.Lname226:
+.Lname127:
     .asciz "cusparseRot"
-.Lname227:
-    .asciz "cusparseSDDMM"
-.Lname228:
-    .asciz "cusparseSDDMM_bufferSize"
-.Lname229:
-    .asciz "cusparseSDDMM_preprocess"
-.Lname230:
+.Lname128:
     .asciz "cusparseSaxpyi"
-.Lname231:
-    .asciz "cusparseSbsr2csr"
-.Lname232:
-    .asciz "cusparseSbsric02"
-.Lname233:
+.Lname129:
     .asciz "cusparseSbsric02_analysis"
-.Lname234:
-    .asciz "cusparseSbsric02_bufferSize"
-.Lname235:
+.Lname130:
     .asciz "cusparseSbsric02_bufferSizeExt"
-.Lname236:
-    .asciz "cusparseSbsrilu02"
-.Lname237:
-    .asciz "cusparseSbsrilu02_analysis"
-.Lname238:
-    .asciz "cusparseSbsrilu02_bufferSize"
-.Lname239:
+.Lname131:
     .asciz "cusparseSbsrilu02_bufferSizeExt"
-.Lname240:
+.Lname132:
     .asciz "cusparseSbsrilu02_numericBoost"
-.Lname241:
-    .asciz "cusparseSbsrmm"
-.Lname242:
-    .asciz "cusparseSbsrmv"
-.Lname243:
-    .asciz "cusparseSbsrsm2_analysis"
-.Lname244:
-    .asciz "cusparseSbsrsm2_bufferSize"
-.Lname245:
+.Lname133:
     .asciz "cusparseSbsrsm2_bufferSizeExt"
-.Lname246:
-    .asciz "cusparseSbsrsm2_solve"
-.Lname247:
-    .asciz "cusparseSbsrsv2_analysis"
-.Lname248:
-    .asciz "cusparseSbsrsv2_bufferSize"
-.Lname249:
+.Lname134:
     .asciz "cusparseSbsrsv2_bufferSizeExt"
-.Lname250:
-    .asciz "cusparseSbsrsv2_solve"
-.Lname251:
-    .asciz "cusparseSbsrxmv"
-.Lname252:
+.Lname135:
     .asciz "cusparseScsc2dense"
-.Lname253:
-    .asciz "cusparseScsr2bsr"
-.Lname254:
+.Lname136:
     .asciz "cusparseScsr2csr_compress"
-.Lname255:
-    .asciz "cusparseScsr2csru"
-.Lname256:
+.Lname137:
     .asciz "cusparseScsr2dense"
-.Lname257:
-    .asciz "cusparseScsr2gebsr"
-.Lname258:
-    .asciz "cusparseScsr2gebsr_bufferSize"
-.Lname259:
+.Lname138:
     .asciz "cusparseScsr2gebsr_bufferSizeExt"
-.Lname260:
+.Lname139:
     .asciz "cusparseScsrcolor"
-.Lname261:
-    .asciz "cusparseScsrgeam2"
-.Lname262:
-    .asciz "cusparseScsrgeam2_bufferSizeExt"
-.Lname263:
-    .asciz "cusparseScsrgemm2"
-.Lname264:
-    .asciz "cusparseScsrgemm2_bufferSizeExt"
-.Lname265:
+.Lname140:
     .asciz "cusparseScsric02"
-.Lname266:
-    .asciz "cusparseScsric02_analysis"
-.Lname267:
-    .asciz "cusparseScsric02_bufferSize"
-.Lname268:
+.Lname141:
     .asciz "cusparseScsric02_bufferSizeExt"
-.Lname269:
+.Lname142:
     .asciz "cusparseScsrilu02"
-.Lname270:
-    .asciz "cusparseScsrilu02_analysis"
-.Lname271:
-    .asciz "cusparseScsrilu02_bufferSize"
-.Lname272:
+.Lname143:
     .asciz "cusparseScsrilu02_bufferSizeExt"
-.Lname273:
+.Lname144:
     .asciz "cusparseScsrilu02_numericBoost"
-.Lname274:
-    .asciz "cusparseScsrsm2_analysis"
-.Lname275:
+.Lname145:
     .asciz "cusparseScsrsm2_bufferSizeExt"
-.Lname276:
-    .asciz "cusparseScsrsm2_solve"
-.Lname277:
-    .asciz "cusparseScsrsv2_analysis"
-.Lname278:
-    .asciz "cusparseScsrsv2_bufferSize"
-.Lname279:
+.Lname146:
     .asciz "cusparseScsrsv2_bufferSizeExt"
-.Lname280:
-    .asciz "cusparseScsrsv2_solve"
-.Lname281:
-    .asciz "cusparseScsru2csr"
-.Lname282:
-    .asciz "cusparseScsru2csr_bufferSizeExt"
-.Lname283:
+.Lname147:
     .asciz "cusparseSdense2csc"
-.Lname284:
+.Lname148:
     .asciz "cusparseSdense2csr"
-.Lname285:
-    .asciz "cusparseSgebsr2csr"
-.Lname286:
+.Lname149:
     .asciz "cusparseSgebsr2gebsc"
-.Lname287:
-    .asciz "cusparseSgebsr2gebsc_bufferSize"
-.Lname288:
+.Lname150:
     .asciz "cusparseSgebsr2gebsc_bufferSizeExt"
-.Lname289:
-    .asciz "cusparseSgebsr2gebsr"
-.Lname290:
-    .asciz "cusparseSgebsr2gebsr_bufferSize"
-.Lname291:
+.Lname151:
     .asciz "cusparseSgebsr2gebsr_bufferSizeExt"
-.Lname292:
+.Lname152:
     .asciz "cusparseSgemmi"
-.Lname293:
+.Lname153:
     .asciz "cusparseSgemvi"
-.Lname294:
+.Lname154:
     .asciz "cusparseSgemvi_bufferSize"
-.Lname295:
+.Lname155:
     .asciz "cusparseSgpsvInterleavedBatch"
-.Lname296:
+.Lname156:
     .asciz "cusparseSgpsvInterleavedBatch_bufferSizeExt"
-.Lname297:
+.Lname157:
     .asciz "cusparseSgthr"
-.Lname298:
+.Lname158:
     .asciz "cusparseSgthrz"
-.Lname299:
+.Lname159:
     .asciz "cusparseSgtsv2"
-.Lname300:
+.Lname160:
     .asciz "cusparseSgtsv2StridedBatch"
-.Lname301:
+.Lname161:
     .asciz "cusparseSgtsv2StridedBatch_bufferSizeExt"
-.Lname302:
+.Lname162:
     .asciz "cusparseSgtsv2_bufferSizeExt"
-.Lname303:
+.Lname163:
     .asciz "cusparseSgtsv2_nopivot"
-.Lname304:
+.Lname164:
     .asciz "cusparseSgtsv2_nopivot_bufferSizeExt"
-.Lname305:
+.Lname165:
     .asciz "cusparseSgtsvInterleavedBatch"
-.Lname306:
+.Lname166:
     .asciz "cusparseSgtsvInterleavedBatch_bufferSizeExt"
-.Lname307:
+.Lname167:
     .asciz "cusparseSnnz"
-.Lname308:
+.Lname168:
     .asciz "cusparseSnnz_compress"
-.Lname309:
-    .asciz "cusparseSpGEMM_compute"
-.Lname310:
-    .asciz "cusparseSpGEMM_copy"
-.Lname311:
-    .asciz "cusparseSpGEMM_workEstimation"
-.Lname312:
-    .asciz "cusparseSpGEMMreuse_compute"
-.Lname313:
+.Lname169:
     .asciz "cusparseSpGEMMreuse_copy"
-.Lname314:
+.Lname170:
     .asciz "cusparseSpGEMMreuse_nnz"
-.Lname315:
-    .asciz "cusparseSpGEMMreuse_workEstimation"
-.Lname316:
-    .asciz "cusparseSpMM"
-.Lname317:
-    .asciz "cusparseSpMMOp"
-.Lname318:
+.Lname171:
     .asciz "cusparseSpMMOp_createPlan"
-.Lname319:
-    .asciz "cusparseSpMM_bufferSize"
-.Lname320:
-    .asciz "cusparseSpMM_preprocess"
-.Lname321:
-    .asciz "cusparseSpMV"
-.Lname322:
-    .asciz "cusparseSpMV_bufferSize"
-.Lname323:
-    .asciz "cusparseSpMatGetAttribute"
-.Lname324:
+.Lname172:
     .asciz "cusparseSpMatGetFormat"
-.Lname325:
+.Lname173:
     .asciz "cusparseSpMatGetIndexBase"
-.Lname326:
-    .asciz "cusparseSpMatGetSize"
-.Lname327:
+.Lname174:
     .asciz "cusparseSpMatGetStridedBatch"
-.Lname328:
-    .asciz "cusparseSpMatGetValues"
-.Lname329:
-    .asciz "cusparseSpMatSetAttribute"
-.Lname330:
-    .asciz "cusparseSpMatSetValues"
-.Lname331:
-    .asciz "cusparseSpSM_analysis"
-.Lname332:
-    .asciz "cusparseSpSM_bufferSize"
-.Lname333:
-    .asciz "cusparseSpSM_solve"
-.Lname334:
-    .asciz "cusparseSpSV_analysis"
-.Lname335:
-    .asciz "cusparseSpSV_bufferSize"
-.Lname336:
-    .asciz "cusparseSpSV_solve"
-.Lname337:
+.Lname175:
     .asciz "cusparseSpVV"
-.Lname338:
+.Lname176:
     .asciz "cusparseSpVV_bufferSize"
-.Lname339:
+.Lname177:
     .asciz "cusparseSpVecGet"
-.Lname340:
+.Lname178:
     .asciz "cusparseSpVecGetIndexBase"
-.Lname341:
-    .asciz "cusparseSpVecGetValues"
-.Lname342:
-    .asciz "cusparseSpVecSetValues"
-.Lname343:
-    .asciz "cusparseSparseToDense"
-.Lname344:
-    .asciz "cusparseSparseToDense_bufferSize"
-.Lname345:
+.Lname179:
     .asciz "cusparseSpruneCsr2csr"
-.Lname346:
-    .asciz "cusparseSpruneCsr2csrByPercentage"
-.Lname347:
-    .asciz "cusparseSpruneCsr2csrByPercentage_bufferSizeExt"
-.Lname348:
+.Lname180:
     .asciz "cusparseSpruneCsr2csrNnz"
-.Lname349:
-    .asciz "cusparseSpruneCsr2csrNnzByPercentage"
-.Lname350:
+.Lname181:
     .asciz "cusparseSpruneCsr2csr_bufferSizeExt"
-.Lname351:
+.Lname182:
     .asciz "cusparseSpruneDense2csr"
-.Lname352:
+.Lname183:
     .asciz "cusparseSpruneDense2csrByPercentage"
-.Lname353:
+.Lname184:
     .asciz "cusparseSpruneDense2csrByPercentage_bufferSizeExt"
-.Lname354:
+.Lname185:
     .asciz "cusparseSpruneDense2csrNnz"
-.Lname355:
+.Lname186:
     .asciz "cusparseSpruneDense2csrNnzByPercentage"
-.Lname356:
+.Lname187:
     .asciz "cusparseSpruneDense2csr_bufferSizeExt"
-.Lname357:
+.Lname188:
     .asciz "cusparseSroti"
-.Lname358:
+.Lname189:
     .asciz "cusparseSsctr"
-.Lname359:
-    .asciz "cusparseXbsric02_zeroPivot"
-.Lname360:
-    .asciz "cusparseXbsrilu02_zeroPivot"
-.Lname361:
-    .asciz "cusparseXbsrsm2_zeroPivot"
-.Lname362:
-    .asciz "cusparseXbsrsv2_zeroPivot"
-.Lname363:
-    .asciz "cusparseXcoo2csr"
-.Lname364:
-    .asciz "cusparseXcoosortByColumn"
-.Lname365:
-    .asciz "cusparseXcoosortByRow"
-.Lname366:
-    .asciz "cusparseXcoosort_bufferSizeExt"
-.Lname367:
+.Lname190:
     .asciz "cusparseXcscsort"
-.Lname368:
+.Lname191:
     .asciz "cusparseXcscsort_bufferSizeExt"
-.Lname369:
-    .asciz "cusparseXcsr2bsrNnz"
-.Lname370:
-    .asciz "cusparseXcsr2coo"
-.Lname371:
-    .asciz "cusparseXcsr2gebsrNnz"
-.Lname372:
-    .asciz "cusparseXcsrgeam2Nnz"
-.Lname373:
-    .asciz "cusparseXcsrgemm2Nnz"
-.Lname374:
-    .asciz "cusparseXcsric02_zeroPivot"
-.Lname375:
-    .asciz "cusparseXcsrilu02_zeroPivot"
-.Lname376:
-    .asciz "cusparseXcsrsm2_zeroPivot"
-.Lname377:
-    .asciz "cusparseXcsrsort"
-.Lname378:
-    .asciz "cusparseXcsrsort_bufferSizeExt"
-.Lname379:
-    .asciz "cusparseXcsrsv2_zeroPivot"
-.Lname380:
-    .asciz "cusparseXgebsr2csr"
-.Lname381:
-    .asciz "cusparseXgebsr2gebsrNnz"
-.Lname382:
+.Lname192:
     .asciz "cusparseZaxpyi"
-.Lname383:
-    .asciz "cusparseZbsr2csr"
-.Lname384:
-    .asciz "cusparseZbsric02"
-.Lname385:
+.Lname193:
     .asciz "cusparseZbsric02_analysis"
-.Lname386:
-    .asciz "cusparseZbsric02_bufferSize"
-.Lname387:
+.Lname194:
     .asciz "cusparseZbsric02_bufferSizeExt"
-.Lname388:
-    .asciz "cusparseZbsrilu02"
-.Lname389:
-    .asciz "cusparseZbsrilu02_analysis"
-.Lname390:
-    .asciz "cusparseZbsrilu02_bufferSize"
-.Lname391:
+.Lname195:
     .asciz "cusparseZbsrilu02_bufferSizeExt"
-.Lname392:
+.Lname196:
     .asciz "cusparseZbsrilu02_numericBoost"
-.Lname393:
-    .asciz "cusparseZbsrmm"
-.Lname394:
-    .asciz "cusparseZbsrmv"
-.Lname395:
-    .asciz "cusparseZbsrsm2_analysis"
-.Lname396:
-    .asciz "cusparseZbsrsm2_bufferSize"
-.Lname397:
+.Lname197:
     .asciz "cusparseZbsrsm2_bufferSizeExt"
-.Lname398:
-    .asciz "cusparseZbsrsm2_solve"
-.Lname399:
-    .asciz "cusparseZbsrsv2_analysis"
-.Lname400:
-    .asciz "cusparseZbsrsv2_bufferSize"
-.Lname401:
+.Lname198:
     .asciz "cusparseZbsrsv2_bufferSizeExt"
-.Lname402:
-    .asciz "cusparseZbsrsv2_solve"
-.Lname403:
-    .asciz "cusparseZbsrxmv"
-.Lname404:
+.Lname199:
     .asciz "cusparseZcsc2dense"
-.Lname405:
-    .asciz "cusparseZcsr2bsr"
-.Lname406:
+.Lname200:
     .asciz "cusparseZcsr2csr_compress"
-.Lname407:
-    .asciz "cusparseZcsr2csru"
-.Lname408:
+.Lname201:
     .asciz "cusparseZcsr2dense"
-.Lname409:
-    .asciz "cusparseZcsr2gebsr"
-.Lname410:
-    .asciz "cusparseZcsr2gebsr_bufferSize"
-.Lname411:
+.Lname202:
     .asciz "cusparseZcsr2gebsr_bufferSizeExt"
-.Lname412:
+.Lname203:
     .asciz "cusparseZcsrcolor"
-.Lname413:
-    .asciz "cusparseZcsrgeam2"
-.Lname414:
-    .asciz "cusparseZcsrgeam2_bufferSizeExt"
-.Lname415:
-    .asciz "cusparseZcsrgemm2"
-.Lname416:
-    .asciz "cusparseZcsrgemm2_bufferSizeExt"
-.Lname417:
+.Lname204:
     .asciz "cusparseZcsric02"
-.Lname418:
-    .asciz "cusparseZcsric02_analysis"
-.Lname419:
-    .asciz "cusparseZcsric02_bufferSize"
-.Lname420:
+.Lname205:
     .asciz "cusparseZcsric02_bufferSizeExt"
-.Lname421:
+.Lname206:
     .asciz "cusparseZcsrilu02"
-.Lname422:
-    .asciz "cusparseZcsrilu02_analysis"
-.Lname423:
-    .asciz "cusparseZcsrilu02_bufferSize"
-.Lname424:
+.Lname207:
     .asciz "cusparseZcsrilu02_bufferSizeExt"
-.Lname425:
+.Lname208:
     .asciz "cusparseZcsrilu02_numericBoost"
-.Lname426:
-    .asciz "cusparseZcsrsm2_analysis"
-.Lname427:
+.Lname209:
     .asciz "cusparseZcsrsm2_bufferSizeExt"
-.Lname428:
-    .asciz "cusparseZcsrsm2_solve"
-.Lname429:
-    .asciz "cusparseZcsrsv2_analysis"
-.Lname430:
-    .asciz "cusparseZcsrsv2_bufferSize"
-.Lname431:
+.Lname210:
     .asciz "cusparseZcsrsv2_bufferSizeExt"
-.Lname432:
-    .asciz "cusparseZcsrsv2_solve"
-.Lname433:
-    .asciz "cusparseZcsru2csr"
-.Lname434:
-    .asciz "cusparseZcsru2csr_bufferSizeExt"
-.Lname435:
+.Lname211:
     .asciz "cusparseZdense2csc"
-.Lname436:
+.Lname212:
     .asciz "cusparseZdense2csr"
-.Lname437:
-    .asciz "cusparseZgebsr2csr"
-.Lname438:
+.Lname213:
     .asciz "cusparseZgebsr2gebsc"
-.Lname439:
-    .asciz "cusparseZgebsr2gebsc_bufferSize"
-.Lname440:
+.Lname214:
     .asciz "cusparseZgebsr2gebsc_bufferSizeExt"
-.Lname441:
-    .asciz "cusparseZgebsr2gebsr"
-.Lname442:
-    .asciz "cusparseZgebsr2gebsr_bufferSize"
-.Lname443:
+.Lname215:
     .asciz "cusparseZgebsr2gebsr_bufferSizeExt"
-.Lname444:
+.Lname216:
     .asciz "cusparseZgemmi"
-.Lname445:
+.Lname217:
     .asciz "cusparseZgemvi"
-.Lname446:
+.Lname218:
     .asciz "cusparseZgemvi_bufferSize"
-.Lname447:
+.Lname219:
     .asciz "cusparseZgpsvInterleavedBatch"
-.Lname448:
+.Lname220:
     .asciz "cusparseZgpsvInterleavedBatch_bufferSizeExt"
-.Lname449:
+.Lname221:
     .asciz "cusparseZgthr"
-.Lname450:
+.Lname222:
     .asciz "cusparseZgthrz"
-.Lname451:
-    .asciz "cusparseZgtsv2"
-.Lname452:
+.Lname223:
     .asciz "cusparseZgtsv2StridedBatch"
-.Lname453:
+.Lname224:
     .asciz "cusparseZgtsv2StridedBatch_bufferSizeExt"
-.Lname454:
+.Lname225:
     .asciz "cusparseZgtsv2_bufferSizeExt"
-.Lname455:
-    .asciz "cusparseZgtsv2_nopivot"
-.Lname456:
+.Lname226:
     .asciz "cusparseZgtsv2_nopivot_bufferSizeExt"
-.Lname457:
+.Lname227:
     .asciz "cusparseZgtsvInterleavedBatch"
-.Lname458:
+.Lname228:
     .asciz "cusparseZgtsvInterleavedBatch_bufferSizeExt"
-.Lname459:
+.Lname229:
     .asciz "cusparseZnnz"
-.Lname460:
+.Lname230:
     .asciz "cusparseZnnz_compress"
-.Lname461:
+.Lname231:
     .asciz "cusparseZsctr"
     .section .note.GNU-stack,"",@progbits

@@ -4,15 +4,12 @@
     .globl cusparseAxpby
     .type cusparseAxpby, @function
 cusparseAxpby:
-    leaq .Lname0(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseAxpby@PLT
     .size cusparseAxpby, .-cusparseAxpby
     .globl cusparseBlockedEllGet
     .type cusparseBlockedEllGet, @function
 cusparseBlockedEllGet:
-    leaq .Lname1(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -25,23 +22,17 @@ cusparseBsrSetStridedBatch:
     .globl cusparseCbsr2csr
     .type cusparseCbsr2csr, @function
 cusparseCbsr2csr:
-    leaq .Lname2(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsr2csr@PLT
     .size cusparseCbsr2csr, .-cusparseCbsr2csr
     .globl cusparseCbsric02
     .type cusparseCbsric02, @function
 cusparseCbsric02:
-    leaq .Lname3(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsric02@PLT
     .size cusparseCbsric02, .-cusparseCbsric02
     .globl cusparseCbsric02_analysis
     .type cusparseCbsric02_analysis, @function
 cusparseCbsric02_analysis:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -49,15 +40,12 @@ cusparseCbsric02_analysis:
     .globl cusparseCbsric02_bufferSize
     .type cusparseCbsric02_bufferSize, @function
 cusparseCbsric02_bufferSize:
-    leaq .Lname5(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsric02_bufferSize@PLT
     .size cusparseCbsric02_bufferSize, .-cusparseCbsric02_bufferSize
     .globl cusparseCbsric02_bufferSizeExt
     .type cusparseCbsric02_bufferSizeExt, @function
 cusparseCbsric02_bufferSizeExt:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -65,31 +53,22 @@ cusparseCbsric02_bufferSizeExt:
     .globl cusparseCbsrilu02
     .type cusparseCbsrilu02, @function
 cusparseCbsrilu02:
-    leaq .Lname7(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrilu02@PLT
     .size cusparseCbsrilu02, .-cusparseCbsrilu02
     .globl cusparseCbsrilu02_analysis
     .type cusparseCbsrilu02_analysis, @function
 cusparseCbsrilu02_analysis:
-    leaq .Lname8(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrilu02_analysis@PLT
     .size cusparseCbsrilu02_analysis, .-cusparseCbsrilu02_analysis
     .globl cusparseCbsrilu02_bufferSize
     .type cusparseCbsrilu02_bufferSize, @function
 cusparseCbsrilu02_bufferSize:
-    leaq .Lname9(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrilu02_bufferSize@PLT
     .size cusparseCbsrilu02_bufferSize, .-cusparseCbsrilu02_bufferSize
     .globl cusparseCbsrilu02_bufferSizeExt
     .type cusparseCbsrilu02_bufferSizeExt, @function
 cusparseCbsrilu02_bufferSizeExt:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -97,7 +76,7 @@ cusparseCbsrilu02_bufferSizeExt:
     .globl cusparseCbsrilu02_numericBoost
     .type cusparseCbsrilu02_numericBoost, @function
 cusparseCbsrilu02_numericBoost:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -105,39 +84,27 @@ cusparseCbsrilu02_numericBoost:
     .globl cusparseCbsrmm
     .type cusparseCbsrmm, @function
 cusparseCbsrmm:
-    leaq .Lname12(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrmm@PLT
     .size cusparseCbsrmm, .-cusparseCbsrmm
     .globl cusparseCbsrmv
     .type cusparseCbsrmv, @function
 cusparseCbsrmv:
-    leaq .Lname13(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrmv@PLT
     .size cusparseCbsrmv, .-cusparseCbsrmv
     .globl cusparseCbsrsm2_analysis
     .type cusparseCbsrsm2_analysis, @function
 cusparseCbsrsm2_analysis:
-    leaq .Lname14(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrsm2_analysis@PLT
     .size cusparseCbsrsm2_analysis, .-cusparseCbsrsm2_analysis
     .globl cusparseCbsrsm2_bufferSize
     .type cusparseCbsrsm2_bufferSize, @function
 cusparseCbsrsm2_bufferSize:
-    leaq .Lname15(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrsm2_bufferSize@PLT
     .size cusparseCbsrsm2_bufferSize, .-cusparseCbsrsm2_bufferSize
     .globl cusparseCbsrsm2_bufferSizeExt
     .type cusparseCbsrsm2_bufferSizeExt, @function
 cusparseCbsrsm2_bufferSizeExt:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -145,31 +112,22 @@ cusparseCbsrsm2_bufferSizeExt:
     .globl cusparseCbsrsm2_solve
     .type cusparseCbsrsm2_solve, @function
 cusparseCbsrsm2_solve:
-    leaq .Lname17(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrsm2_solve@PLT
     .size cusparseCbsrsm2_solve, .-cusparseCbsrsm2_solve
     .globl cusparseCbsrsv2_analysis
     .type cusparseCbsrsv2_analysis, @function
 cusparseCbsrsv2_analysis:
-    leaq .Lname18(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrsv2_analysis@PLT
     .size cusparseCbsrsv2_analysis, .-cusparseCbsrsv2_analysis
     .globl cusparseCbsrsv2_bufferSize
     .type cusparseCbsrsv2_bufferSize, @function
 cusparseCbsrsv2_bufferSize:
-    leaq .Lname19(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrsv2_bufferSize@PLT
     .size cusparseCbsrsv2_bufferSize, .-cusparseCbsrsv2_bufferSize
     .globl cusparseCbsrsv2_bufferSizeExt
     .type cusparseCbsrsv2_bufferSizeExt, @function
 cusparseCbsrsv2_bufferSizeExt:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -177,31 +135,22 @@ cusparseCbsrsv2_bufferSizeExt:
     .globl cusparseCbsrsv2_solve
     .type cusparseCbsrsv2_solve, @function
 cusparseCbsrsv2_solve:
-    leaq .Lname21(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrsv2_solve@PLT
     .size cusparseCbsrsv2_solve, .-cusparseCbsrsv2_solve
     .globl cusparseCbsrxmv
     .type cusparseCbsrxmv, @function
 cusparseCbsrxmv:
-    leaq .Lname22(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCbsrxmv@PLT
     .size cusparseCbsrxmv, .-cusparseCbsrxmv
     .globl cusparseCcsr2bsr
     .type cusparseCcsr2bsr, @function
 cusparseCcsr2bsr:
-    leaq .Lname23(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsr2bsr@PLT
     .size cusparseCcsr2bsr, .-cusparseCcsr2bsr
     .globl cusparseCcsr2csr_compress
     .type cusparseCcsr2csr_compress, @function
 cusparseCcsr2csr_compress:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -209,31 +158,22 @@ cusparseCcsr2csr_compress:
     .globl cusparseCcsr2csru
     .type cusparseCcsr2csru, @function
 cusparseCcsr2csru:
-    leaq .Lname25(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsr2csru@PLT
     .size cusparseCcsr2csru, .-cusparseCcsr2csru
     .globl cusparseCcsr2gebsr
     .type cusparseCcsr2gebsr, @function
 cusparseCcsr2gebsr:
-    leaq .Lname26(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsr2gebsr@PLT
     .size cusparseCcsr2gebsr, .-cusparseCcsr2gebsr
     .globl cusparseCcsr2gebsr_bufferSize
     .type cusparseCcsr2gebsr_bufferSize, @function
 cusparseCcsr2gebsr_bufferSize:
-    leaq .Lname27(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsr2gebsr_bufferSize@PLT
     .size cusparseCcsr2gebsr_bufferSize, .-cusparseCcsr2gebsr_bufferSize
     .globl cusparseCcsr2gebsr_bufferSizeExt
     .type cusparseCcsr2gebsr_bufferSizeExt, @function
 cusparseCcsr2gebsr_bufferSizeExt:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -241,7 +181,7 @@ cusparseCcsr2gebsr_bufferSizeExt:
     .globl cusparseCcsrcolor
     .type cusparseCcsrcolor, @function
 cusparseCcsrcolor:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -249,23 +189,17 @@ cusparseCcsrcolor:
     .globl cusparseCcsrgeam2
     .type cusparseCcsrgeam2, @function
 cusparseCcsrgeam2:
-    leaq .Lname30(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrgeam2@PLT
     .size cusparseCcsrgeam2, .-cusparseCcsrgeam2
     .globl cusparseCcsrgeam2_bufferSizeExt
     .type cusparseCcsrgeam2_bufferSizeExt, @function
 cusparseCcsrgeam2_bufferSizeExt:
-    leaq .Lname31(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrgeam2_bufferSizeExt@PLT
     .size cusparseCcsrgeam2_bufferSizeExt, .-cusparseCcsrgeam2_bufferSizeExt
     .globl cusparseCcsric02
     .type cusparseCcsric02, @function
 cusparseCcsric02:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -273,23 +207,17 @@ cusparseCcsric02:
     .globl cusparseCcsric02_analysis
     .type cusparseCcsric02_analysis, @function
 cusparseCcsric02_analysis:
-    leaq .Lname33(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsric02_analysis@PLT
     .size cusparseCcsric02_analysis, .-cusparseCcsric02_analysis
     .globl cusparseCcsric02_bufferSize
     .type cusparseCcsric02_bufferSize, @function
 cusparseCcsric02_bufferSize:
-    leaq .Lname34(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsric02_bufferSize@PLT
     .size cusparseCcsric02_bufferSize, .-cusparseCcsric02_bufferSize
     .globl cusparseCcsric02_bufferSizeExt
     .type cusparseCcsric02_bufferSizeExt, @function
 cusparseCcsric02_bufferSizeExt:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -297,7 +225,7 @@ cusparseCcsric02_bufferSizeExt:
     .globl cusparseCcsrilu02
     .type cusparseCcsrilu02, @function
 cusparseCcsrilu02:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -305,23 +233,17 @@ cusparseCcsrilu02:
     .globl cusparseCcsrilu02_analysis
     .type cusparseCcsrilu02_analysis, @function
 cusparseCcsrilu02_analysis:
-    leaq .Lname37(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrilu02_analysis@PLT
     .size cusparseCcsrilu02_analysis, .-cusparseCcsrilu02_analysis
     .globl cusparseCcsrilu02_bufferSize
     .type cusparseCcsrilu02_bufferSize, @function
 cusparseCcsrilu02_bufferSize:
-    leaq .Lname38(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsrilu02_bufferSize@PLT
     .size cusparseCcsrilu02_bufferSize, .-cusparseCcsrilu02_bufferSize
     .globl cusparseCcsrilu02_bufferSizeExt
     .type cusparseCcsrilu02_bufferSizeExt, @function
 cusparseCcsrilu02_bufferSizeExt:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -329,7 +251,7 @@ cusparseCcsrilu02_bufferSizeExt:
     .globl cusparseCcsrilu02_numericBoost
     .type cusparseCcsrilu02_numericBoost, @function
 cusparseCcsrilu02_numericBoost:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -337,31 +259,22 @@ cusparseCcsrilu02_numericBoost:
     .globl cusparseCcsru2csr
     .type cusparseCcsru2csr, @function
 cusparseCcsru2csr:
-    leaq .Lname41(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsru2csr@PLT
     .size cusparseCcsru2csr, .-cusparseCcsru2csr
     .globl cusparseCcsru2csr_bufferSizeExt
     .type cusparseCcsru2csr_bufferSizeExt, @function
 cusparseCcsru2csr_bufferSizeExt:
-    leaq .Lname42(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCcsru2csr_bufferSizeExt@PLT
     .size cusparseCcsru2csr_bufferSizeExt, .-cusparseCcsru2csr_bufferSizeExt
     .globl cusparseCgebsr2csr
     .type cusparseCgebsr2csr, @function
 cusparseCgebsr2csr:
-    leaq .Lname43(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgebsr2csr@PLT
     .size cusparseCgebsr2csr, .-cusparseCgebsr2csr
     .globl cusparseCgebsr2gebsc
     .type cusparseCgebsr2gebsc, @function
 cusparseCgebsr2gebsc:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -369,15 +282,12 @@ cusparseCgebsr2gebsc:
     .globl cusparseCgebsr2gebsc_bufferSize
     .type cusparseCgebsr2gebsc_bufferSize, @function
 cusparseCgebsr2gebsc_bufferSize:
-    leaq .Lname45(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgebsr2gebsc_bufferSize@PLT
     .size cusparseCgebsr2gebsc_bufferSize, .-cusparseCgebsr2gebsc_bufferSize
     .globl cusparseCgebsr2gebsc_bufferSizeExt
     .type cusparseCgebsr2gebsc_bufferSizeExt, @function
 cusparseCgebsr2gebsc_bufferSizeExt:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -385,23 +295,17 @@ cusparseCgebsr2gebsc_bufferSizeExt:
     .globl cusparseCgebsr2gebsr
     .type cusparseCgebsr2gebsr, @function
 cusparseCgebsr2gebsr:
-    leaq .Lname47(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgebsr2gebsr@PLT
     .size cusparseCgebsr2gebsr, .-cusparseCgebsr2gebsr
     .globl cusparseCgebsr2gebsr_bufferSize
     .type cusparseCgebsr2gebsr_bufferSize, @function
 cusparseCgebsr2gebsr_bufferSize:
-    leaq .Lname48(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgebsr2gebsr_bufferSize@PLT
     .size cusparseCgebsr2gebsr_bufferSize, .-cusparseCgebsr2gebsr_bufferSize
     .globl cusparseCgebsr2gebsr_bufferSizeExt
     .type cusparseCgebsr2gebsr_bufferSizeExt, @function
 cusparseCgebsr2gebsr_bufferSizeExt:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -409,7 +313,7 @@ cusparseCgebsr2gebsr_bufferSizeExt:
     .globl cusparseCgemvi
     .type cusparseCgemvi, @function
 cusparseCgemvi:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -417,7 +321,7 @@ cusparseCgemvi:
     .globl cusparseCgemvi_bufferSize
     .type cusparseCgemvi_bufferSize, @function
 cusparseCgemvi_bufferSize:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -425,7 +329,7 @@ cusparseCgemvi_bufferSize:
     .globl cusparseCgpsvInterleavedBatch
     .type cusparseCgpsvInterleavedBatch, @function
 cusparseCgpsvInterleavedBatch:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -433,7 +337,7 @@ cusparseCgpsvInterleavedBatch:
     .globl cusparseCgpsvInterleavedBatch_bufferSizeExt
     .type cusparseCgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseCgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -441,15 +345,12 @@ cusparseCgpsvInterleavedBatch_bufferSizeExt:
     .globl cusparseCgtsv2
     .type cusparseCgtsv2, @function
 cusparseCgtsv2:
-    leaq .Lname54(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgtsv2@PLT
     .size cusparseCgtsv2, .-cusparseCgtsv2
     .globl cusparseCgtsv2StridedBatch
     .type cusparseCgtsv2StridedBatch, @function
 cusparseCgtsv2StridedBatch:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -457,7 +358,7 @@ cusparseCgtsv2StridedBatch:
     .globl cusparseCgtsv2StridedBatch_bufferSizeExt
     .type cusparseCgtsv2StridedBatch_bufferSizeExt, @function
 cusparseCgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -465,7 +366,7 @@ cusparseCgtsv2StridedBatch_bufferSizeExt:
     .globl cusparseCgtsv2_bufferSizeExt
     .type cusparseCgtsv2_bufferSizeExt, @function
 cusparseCgtsv2_bufferSizeExt:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -473,15 +374,12 @@ cusparseCgtsv2_bufferSizeExt:
     .globl cusparseCgtsv2_nopivot
     .type cusparseCgtsv2_nopivot, @function
 cusparseCgtsv2_nopivot:
-    leaq .Lname58(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCgtsv2_nopivot@PLT
     .size cusparseCgtsv2_nopivot, .-cusparseCgtsv2_nopivot
     .globl cusparseCgtsv2_nopivot_bufferSizeExt
     .type cusparseCgtsv2_nopivot_bufferSizeExt, @function
 cusparseCgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -489,7 +387,7 @@ cusparseCgtsv2_nopivot_bufferSizeExt:
     .globl cusparseCgtsvInterleavedBatch
     .type cusparseCgtsvInterleavedBatch, @function
 cusparseCgtsvInterleavedBatch:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -497,7 +395,7 @@ cusparseCgtsvInterleavedBatch:
     .globl cusparseCgtsvInterleavedBatch_bufferSizeExt
     .type cusparseCgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseCgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -505,7 +403,7 @@ cusparseCgtsvInterleavedBatch_bufferSizeExt:
     .globl cusparseCnnz
     .type cusparseCnnz, @function
 cusparseCnnz:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -513,7 +411,7 @@ cusparseCnnz:
     .globl cusparseCnnz_compress
     .type cusparseCnnz_compress, @function
 cusparseCnnz_compress:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -521,7 +419,7 @@ cusparseCnnz_compress:
     .globl cusparseConstBlockedEllGet
     .type cusparseConstBlockedEllGet, @function
 cusparseConstBlockedEllGet:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -529,7 +427,7 @@ cusparseConstBlockedEllGet:
     .globl cusparseConstCooGet
     .type cusparseConstCooGet, @function
 cusparseConstCooGet:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -537,7 +435,7 @@ cusparseConstCooGet:
     .globl cusparseConstCscGet
     .type cusparseConstCscGet, @function
 cusparseConstCscGet:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -545,7 +443,7 @@ cusparseConstCscGet:
     .globl cusparseConstCsrGet
     .type cusparseConstCsrGet, @function
 cusparseConstCsrGet:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -553,7 +451,7 @@ cusparseConstCsrGet:
     .globl cusparseConstDnMatGet
     .type cusparseConstDnMatGet, @function
 cusparseConstDnMatGet:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -561,15 +459,12 @@ cusparseConstDnMatGet:
     .globl cusparseConstDnMatGetValues
     .type cusparseConstDnMatGetValues, @function
 cusparseConstDnMatGetValues:
-    leaq .Lname69(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseConstDnMatGetValues@PLT
     .size cusparseConstDnMatGetValues, .-cusparseConstDnMatGetValues
     .globl cusparseConstDnVecGet
     .type cusparseConstDnVecGet, @function
 cusparseConstDnVecGet:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -577,23 +472,17 @@ cusparseConstDnVecGet:
     .globl cusparseConstDnVecGetValues
     .type cusparseConstDnVecGetValues, @function
 cusparseConstDnVecGetValues:
-    leaq .Lname71(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseConstDnVecGetValues@PLT
     .size cusparseConstDnVecGetValues, .-cusparseConstDnVecGetValues
     .globl cusparseConstSpMatGetValues
     .type cusparseConstSpMatGetValues, @function
 cusparseConstSpMatGetValues:
-    leaq .Lname72(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseConstSpMatGetValues@PLT
     .size cusparseConstSpMatGetValues, .-cusparseConstSpMatGetValues
     .globl cusparseConstSpVecGet
     .type cusparseConstSpVecGet, @function
 cusparseConstSpVecGet:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -601,15 +490,12 @@ cusparseConstSpVecGet:
     .globl cusparseConstSpVecGetValues
     .type cusparseConstSpVecGetValues, @function
 cusparseConstSpVecGetValues:
-    leaq .Lname74(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseConstSpVecGetValues@PLT
     .size cusparseConstSpVecGetValues, .-cusparseConstSpVecGetValues
     .globl cusparseCooGet
     .type cusparseCooGet, @function
 cusparseCooGet:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -617,10 +503,7 @@ cusparseCooGet:
     .globl cusparseCooSetPointers
     .type cusparseCooSetPointers, @function
 cusparseCooSetPointers:
-    leaq .Lname76(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCooSetPointers@PLT
     .size cusparseCooSetPointers, .-cusparseCooSetPointers
     .globl cusparseCooSetStridedBatch
     .type cusparseCooSetStridedBatch, @function
@@ -635,7 +518,7 @@ cusparseCreate:
     .globl cusparseCreateBlockedEll
     .type cusparseCreateBlockedEll, @function
 cusparseCreateBlockedEll:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -643,10 +526,7 @@ cusparseCreateBlockedEll:
     .globl cusparseCreateBsr
     .type cusparseCreateBsr, @function
 cusparseCreateBsr:
-    leaq .Lname78(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateBsr@PLT
     .size cusparseCreateBsr, .-cusparseCreateBsr
     .globl cusparseCreateBsric02Info
     .type cusparseCreateBsric02Info, @function
@@ -676,7 +556,7 @@ cusparseCreateColorInfo:
     .globl cusparseCreateConstBlockedEll
     .type cusparseCreateConstBlockedEll, @function
 cusparseCreateConstBlockedEll:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -684,23 +564,17 @@ cusparseCreateConstBlockedEll:
     .globl cusparseCreateConstBsr
     .type cusparseCreateConstBsr, @function
 cusparseCreateConstBsr:
-    leaq .Lname80(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateConstBsr@PLT
     .size cusparseCreateConstBsr, .-cusparseCreateConstBsr
     .globl cusparseCreateConstCoo
     .type cusparseCreateConstCoo, @function
 cusparseCreateConstCoo:
-    leaq .Lname81(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateConstCoo@PLT
     .size cusparseCreateConstCoo, .-cusparseCreateConstCoo
     .globl cusparseCreateConstCsc
     .type cusparseCreateConstCsc, @function
 cusparseCreateConstCsc:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -708,31 +582,22 @@ cusparseCreateConstCsc:
     .globl cusparseCreateConstCsr
     .type cusparseCreateConstCsr, @function
 cusparseCreateConstCsr:
-    leaq .Lname83(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateConstCsr@PLT
     .size cusparseCreateConstCsr, .-cusparseCreateConstCsr
     .globl cusparseCreateConstDnMat
     .type cusparseCreateConstDnMat, @function
 cusparseCreateConstDnMat:
-    leaq .Lname84(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateConstDnMat@PLT
     .size cusparseCreateConstDnMat, .-cusparseCreateConstDnMat
     .globl cusparseCreateConstDnVec
     .type cusparseCreateConstDnVec, @function
 cusparseCreateConstDnVec:
-    leaq .Lname85(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateConstDnVec@PLT
     .size cusparseCreateConstDnVec, .-cusparseCreateConstDnVec
     .globl cusparseCreateConstSlicedEll
     .type cusparseCreateConstSlicedEll, @function
 cusparseCreateConstSlicedEll:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -740,7 +605,7 @@ cusparseCreateConstSlicedEll:
     .globl cusparseCreateConstSpVec
     .type cusparseCreateConstSpVec, @function
 cusparseCreateConstSpVec:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -748,15 +613,12 @@ cusparseCreateConstSpVec:
     .globl cusparseCreateCoo
     .type cusparseCreateCoo, @function
 cusparseCreateCoo:
-    leaq .Lname88(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateCoo@PLT
     .size cusparseCreateCoo, .-cusparseCreateCoo
     .globl cusparseCreateCsc
     .type cusparseCreateCsc, @function
 cusparseCreateCsc:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -764,10 +626,7 @@ cusparseCreateCsc:
     .globl cusparseCreateCsr
     .type cusparseCreateCsr, @function
 cusparseCreateCsr:
-    leaq .Lname90(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateCsr@PLT
     .size cusparseCreateCsr, .-cusparseCreateCsr
     .globl cusparseCreateCsric02Info
     .type cusparseCreateCsric02Info, @function
@@ -787,26 +646,17 @@ cusparseCreateCsru2csrInfo:
     .globl cusparseCreateDnMat
     .type cusparseCreateDnMat, @function
 cusparseCreateDnMat:
-    leaq .Lname91(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateDnMat@PLT
     .size cusparseCreateDnMat, .-cusparseCreateDnMat
     .globl cusparseCreateDnVec
     .type cusparseCreateDnVec, @function
 cusparseCreateDnVec:
-    leaq .Lname92(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateDnVec@PLT
     .size cusparseCreateDnVec, .-cusparseCreateDnVec
     .globl cusparseCreateIdentityPermutation
     .type cusparseCreateIdentityPermutation, @function
 cusparseCreateIdentityPermutation:
-    leaq .Lname93(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCreateIdentityPermutation@PLT
     .size cusparseCreateIdentityPermutation, .-cusparseCreateIdentityPermutation
     .globl cusparseCreateMatDescr
     .type cusparseCreateMatDescr, @function
@@ -821,7 +671,7 @@ cusparseCreatePruneInfo:
     .globl cusparseCreateSlicedEll
     .type cusparseCreateSlicedEll, @function
 cusparseCreateSlicedEll:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -829,7 +679,7 @@ cusparseCreateSlicedEll:
     .globl cusparseCreateSpVec
     .type cusparseCreateSpVec, @function
 cusparseCreateSpVec:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -837,7 +687,7 @@ cusparseCreateSpVec:
     .globl cusparseCscGet
     .type cusparseCscGet, @function
 cusparseCscGet:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -845,7 +695,7 @@ cusparseCscGet:
     .globl cusparseCscSetPointers
     .type cusparseCscSetPointers, @function
 cusparseCscSetPointers:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -853,7 +703,7 @@ cusparseCscSetPointers:
     .globl cusparseCsr2cscEx2
     .type cusparseCsr2cscEx2, @function
 cusparseCsr2cscEx2:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -861,7 +711,7 @@ cusparseCsr2cscEx2:
     .globl cusparseCsr2cscEx2_bufferSize
     .type cusparseCsr2cscEx2_bufferSize, @function
 cusparseCsr2cscEx2_bufferSize:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -869,7 +719,7 @@ cusparseCsr2cscEx2_bufferSize:
     .globl cusparseCsrGet
     .type cusparseCsrGet, @function
 cusparseCsrGet:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -877,10 +727,7 @@ cusparseCsrGet:
     .globl cusparseCsrSetPointers
     .type cusparseCsrSetPointers, @function
 cusparseCsrSetPointers:
-    leaq .Lname101(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseCsrSetPointers@PLT
     .size cusparseCsrSetPointers, .-cusparseCsrSetPointers
     .globl cusparseCsrSetStridedBatch
     .type cusparseCsrSetStridedBatch, @function
@@ -890,23 +737,17 @@ cusparseCsrSetStridedBatch:
     .globl cusparseDbsr2csr
     .type cusparseDbsr2csr, @function
 cusparseDbsr2csr:
-    leaq .Lname102(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsr2csr@PLT
     .size cusparseDbsr2csr, .-cusparseDbsr2csr
     .globl cusparseDbsric02
     .type cusparseDbsric02, @function
 cusparseDbsric02:
-    leaq .Lname103(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsric02@PLT
     .size cusparseDbsric02, .-cusparseDbsric02
     .globl cusparseDbsric02_analysis
     .type cusparseDbsric02_analysis, @function
 cusparseDbsric02_analysis:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -914,15 +755,12 @@ cusparseDbsric02_analysis:
     .globl cusparseDbsric02_bufferSize
     .type cusparseDbsric02_bufferSize, @function
 cusparseDbsric02_bufferSize:
-    leaq .Lname105(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsric02_bufferSize@PLT
     .size cusparseDbsric02_bufferSize, .-cusparseDbsric02_bufferSize
     .globl cusparseDbsric02_bufferSizeExt
     .type cusparseDbsric02_bufferSizeExt, @function
 cusparseDbsric02_bufferSizeExt:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -930,31 +768,22 @@ cusparseDbsric02_bufferSizeExt:
     .globl cusparseDbsrilu02
     .type cusparseDbsrilu02, @function
 cusparseDbsrilu02:
-    leaq .Lname107(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrilu02@PLT
     .size cusparseDbsrilu02, .-cusparseDbsrilu02
     .globl cusparseDbsrilu02_analysis
     .type cusparseDbsrilu02_analysis, @function
 cusparseDbsrilu02_analysis:
-    leaq .Lname108(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrilu02_analysis@PLT
     .size cusparseDbsrilu02_analysis, .-cusparseDbsrilu02_analysis
     .globl cusparseDbsrilu02_bufferSize
     .type cusparseDbsrilu02_bufferSize, @function
 cusparseDbsrilu02_bufferSize:
-    leaq .Lname109(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrilu02_bufferSize@PLT
     .size cusparseDbsrilu02_bufferSize, .-cusparseDbsrilu02_bufferSize
     .globl cusparseDbsrilu02_bufferSizeExt
     .type cusparseDbsrilu02_bufferSizeExt, @function
 cusparseDbsrilu02_bufferSizeExt:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -962,7 +791,7 @@ cusparseDbsrilu02_bufferSizeExt:
     .globl cusparseDbsrilu02_numericBoost
     .type cusparseDbsrilu02_numericBoost, @function
 cusparseDbsrilu02_numericBoost:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -970,39 +799,27 @@ cusparseDbsrilu02_numericBoost:
     .globl cusparseDbsrmm
     .type cusparseDbsrmm, @function
 cusparseDbsrmm:
-    leaq .Lname112(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrmm@PLT
     .size cusparseDbsrmm, .-cusparseDbsrmm
     .globl cusparseDbsrmv
     .type cusparseDbsrmv, @function
 cusparseDbsrmv:
-    leaq .Lname113(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrmv@PLT
     .size cusparseDbsrmv, .-cusparseDbsrmv
     .globl cusparseDbsrsm2_analysis
     .type cusparseDbsrsm2_analysis, @function
 cusparseDbsrsm2_analysis:
-    leaq .Lname114(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrsm2_analysis@PLT
     .size cusparseDbsrsm2_analysis, .-cusparseDbsrsm2_analysis
     .globl cusparseDbsrsm2_bufferSize
     .type cusparseDbsrsm2_bufferSize, @function
 cusparseDbsrsm2_bufferSize:
-    leaq .Lname115(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrsm2_bufferSize@PLT
     .size cusparseDbsrsm2_bufferSize, .-cusparseDbsrsm2_bufferSize
     .globl cusparseDbsrsm2_bufferSizeExt
     .type cusparseDbsrsm2_bufferSizeExt, @function
 cusparseDbsrsm2_bufferSizeExt:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1010,31 +827,22 @@ cusparseDbsrsm2_bufferSizeExt:
     .globl cusparseDbsrsm2_solve
     .type cusparseDbsrsm2_solve, @function
 cusparseDbsrsm2_solve:
-    leaq .Lname117(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrsm2_solve@PLT
     .size cusparseDbsrsm2_solve, .-cusparseDbsrsm2_solve
     .globl cusparseDbsrsv2_analysis
     .type cusparseDbsrsv2_analysis, @function
 cusparseDbsrsv2_analysis:
-    leaq .Lname118(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrsv2_analysis@PLT
     .size cusparseDbsrsv2_analysis, .-cusparseDbsrsv2_analysis
     .globl cusparseDbsrsv2_bufferSize
     .type cusparseDbsrsv2_bufferSize, @function
 cusparseDbsrsv2_bufferSize:
-    leaq .Lname119(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrsv2_bufferSize@PLT
     .size cusparseDbsrsv2_bufferSize, .-cusparseDbsrsv2_bufferSize
     .globl cusparseDbsrsv2_bufferSizeExt
     .type cusparseDbsrsv2_bufferSizeExt, @function
 cusparseDbsrsv2_bufferSizeExt:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1042,31 +850,22 @@ cusparseDbsrsv2_bufferSizeExt:
     .globl cusparseDbsrsv2_solve
     .type cusparseDbsrsv2_solve, @function
 cusparseDbsrsv2_solve:
-    leaq .Lname121(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrsv2_solve@PLT
     .size cusparseDbsrsv2_solve, .-cusparseDbsrsv2_solve
     .globl cusparseDbsrxmv
     .type cusparseDbsrxmv, @function
 cusparseDbsrxmv:
-    leaq .Lname122(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDbsrxmv@PLT
     .size cusparseDbsrxmv, .-cusparseDbsrxmv
     .globl cusparseDcsr2bsr
     .type cusparseDcsr2bsr, @function
 cusparseDcsr2bsr:
-    leaq .Lname123(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsr2bsr@PLT
     .size cusparseDcsr2bsr, .-cusparseDcsr2bsr
     .globl cusparseDcsr2csr_compress
     .type cusparseDcsr2csr_compress, @function
 cusparseDcsr2csr_compress:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1074,31 +873,22 @@ cusparseDcsr2csr_compress:
     .globl cusparseDcsr2csru
     .type cusparseDcsr2csru, @function
 cusparseDcsr2csru:
-    leaq .Lname125(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsr2csru@PLT
     .size cusparseDcsr2csru, .-cusparseDcsr2csru
     .globl cusparseDcsr2gebsr
     .type cusparseDcsr2gebsr, @function
 cusparseDcsr2gebsr:
-    leaq .Lname126(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsr2gebsr@PLT
     .size cusparseDcsr2gebsr, .-cusparseDcsr2gebsr
     .globl cusparseDcsr2gebsr_bufferSize
     .type cusparseDcsr2gebsr_bufferSize, @function
 cusparseDcsr2gebsr_bufferSize:
-    leaq .Lname127(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsr2gebsr_bufferSize@PLT
     .size cusparseDcsr2gebsr_bufferSize, .-cusparseDcsr2gebsr_bufferSize
     .globl cusparseDcsr2gebsr_bufferSizeExt
     .type cusparseDcsr2gebsr_bufferSizeExt, @function
 cusparseDcsr2gebsr_bufferSizeExt:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1106,7 +896,7 @@ cusparseDcsr2gebsr_bufferSizeExt:
     .globl cusparseDcsrcolor
     .type cusparseDcsrcolor, @function
 cusparseDcsrcolor:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1114,23 +904,17 @@ cusparseDcsrcolor:
     .globl cusparseDcsrgeam2
     .type cusparseDcsrgeam2, @function
 cusparseDcsrgeam2:
-    leaq .Lname130(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrgeam2@PLT
     .size cusparseDcsrgeam2, .-cusparseDcsrgeam2
     .globl cusparseDcsrgeam2_bufferSizeExt
     .type cusparseDcsrgeam2_bufferSizeExt, @function
 cusparseDcsrgeam2_bufferSizeExt:
-    leaq .Lname131(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrgeam2_bufferSizeExt@PLT
     .size cusparseDcsrgeam2_bufferSizeExt, .-cusparseDcsrgeam2_bufferSizeExt
     .globl cusparseDcsric02
     .type cusparseDcsric02, @function
 cusparseDcsric02:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1138,23 +922,17 @@ cusparseDcsric02:
     .globl cusparseDcsric02_analysis
     .type cusparseDcsric02_analysis, @function
 cusparseDcsric02_analysis:
-    leaq .Lname133(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsric02_analysis@PLT
     .size cusparseDcsric02_analysis, .-cusparseDcsric02_analysis
     .globl cusparseDcsric02_bufferSize
     .type cusparseDcsric02_bufferSize, @function
 cusparseDcsric02_bufferSize:
-    leaq .Lname134(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsric02_bufferSize@PLT
     .size cusparseDcsric02_bufferSize, .-cusparseDcsric02_bufferSize
     .globl cusparseDcsric02_bufferSizeExt
     .type cusparseDcsric02_bufferSizeExt, @function
 cusparseDcsric02_bufferSizeExt:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1162,7 +940,7 @@ cusparseDcsric02_bufferSizeExt:
     .globl cusparseDcsrilu02
     .type cusparseDcsrilu02, @function
 cusparseDcsrilu02:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1170,23 +948,17 @@ cusparseDcsrilu02:
     .globl cusparseDcsrilu02_analysis
     .type cusparseDcsrilu02_analysis, @function
 cusparseDcsrilu02_analysis:
-    leaq .Lname137(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrilu02_analysis@PLT
     .size cusparseDcsrilu02_analysis, .-cusparseDcsrilu02_analysis
     .globl cusparseDcsrilu02_bufferSize
     .type cusparseDcsrilu02_bufferSize, @function
 cusparseDcsrilu02_bufferSize:
-    leaq .Lname138(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsrilu02_bufferSize@PLT
     .size cusparseDcsrilu02_bufferSize, .-cusparseDcsrilu02_bufferSize
     .globl cusparseDcsrilu02_bufferSizeExt
     .type cusparseDcsrilu02_bufferSizeExt, @function
 cusparseDcsrilu02_bufferSizeExt:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1194,7 +966,7 @@ cusparseDcsrilu02_bufferSizeExt:
     .globl cusparseDcsrilu02_numericBoost
     .type cusparseDcsrilu02_numericBoost, @function
 cusparseDcsrilu02_numericBoost:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1202,42 +974,27 @@ cusparseDcsrilu02_numericBoost:
     .globl cusparseDcsru2csr
     .type cusparseDcsru2csr, @function
 cusparseDcsru2csr:
-    leaq .Lname141(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsru2csr@PLT
     .size cusparseDcsru2csr, .-cusparseDcsru2csr
     .globl cusparseDcsru2csr_bufferSizeExt
     .type cusparseDcsru2csr_bufferSizeExt, @function
 cusparseDcsru2csr_bufferSizeExt:
-    leaq .Lname142(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDcsru2csr_bufferSizeExt@PLT
     .size cusparseDcsru2csr_bufferSizeExt, .-cusparseDcsru2csr_bufferSizeExt
     .globl cusparseDenseToSparse_analysis
     .type cusparseDenseToSparse_analysis, @function
 cusparseDenseToSparse_analysis:
-    leaq .Lname143(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDenseToSparse_analysis@PLT
     .size cusparseDenseToSparse_analysis, .-cusparseDenseToSparse_analysis
     .globl cusparseDenseToSparse_bufferSize
     .type cusparseDenseToSparse_bufferSize, @function
 cusparseDenseToSparse_bufferSize:
-    leaq .Lname144(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDenseToSparse_bufferSize@PLT
     .size cusparseDenseToSparse_bufferSize, .-cusparseDenseToSparse_bufferSize
     .globl cusparseDenseToSparse_convert
     .type cusparseDenseToSparse_convert, @function
 cusparseDenseToSparse_convert:
-    leaq .Lname145(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDenseToSparse_convert@PLT
     .size cusparseDenseToSparse_convert, .-cusparseDenseToSparse_convert
     .globl cusparseDestroy
     .type cusparseDestroy, @function
@@ -1317,15 +1074,12 @@ cusparseDestroySpVec:
     .globl cusparseDgebsr2csr
     .type cusparseDgebsr2csr, @function
 cusparseDgebsr2csr:
-    leaq .Lname146(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgebsr2csr@PLT
     .size cusparseDgebsr2csr, .-cusparseDgebsr2csr
     .globl cusparseDgebsr2gebsc
     .type cusparseDgebsr2gebsc, @function
 cusparseDgebsr2gebsc:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1333,15 +1087,12 @@ cusparseDgebsr2gebsc:
     .globl cusparseDgebsr2gebsc_bufferSize
     .type cusparseDgebsr2gebsc_bufferSize, @function
 cusparseDgebsr2gebsc_bufferSize:
-    leaq .Lname148(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgebsr2gebsc_bufferSize@PLT
     .size cusparseDgebsr2gebsc_bufferSize, .-cusparseDgebsr2gebsc_bufferSize
     .globl cusparseDgebsr2gebsc_bufferSizeExt
     .type cusparseDgebsr2gebsc_bufferSizeExt, @function
 cusparseDgebsr2gebsc_bufferSizeExt:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1349,23 +1100,17 @@ cusparseDgebsr2gebsc_bufferSizeExt:
     .globl cusparseDgebsr2gebsr
     .type cusparseDgebsr2gebsr, @function
 cusparseDgebsr2gebsr:
-    leaq .Lname150(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgebsr2gebsr@PLT
     .size cusparseDgebsr2gebsr, .-cusparseDgebsr2gebsr
     .globl cusparseDgebsr2gebsr_bufferSize
     .type cusparseDgebsr2gebsr_bufferSize, @function
 cusparseDgebsr2gebsr_bufferSize:
-    leaq .Lname151(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDgebsr2gebsr_bufferSize@PLT
     .size cusparseDgebsr2gebsr_bufferSize, .-cusparseDgebsr2gebsr_bufferSize
     .globl cusparseDgebsr2gebsr_bufferSizeExt
     .type cusparseDgebsr2gebsr_bufferSizeExt, @function
 cusparseDgebsr2gebsr_bufferSizeExt:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1373,7 +1118,7 @@ cusparseDgebsr2gebsr_bufferSizeExt:
     .globl cusparseDgemvi
     .type cusparseDgemvi, @function
 cusparseDgemvi:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1381,7 +1126,7 @@ cusparseDgemvi:
     .globl cusparseDgemvi_bufferSize
     .type cusparseDgemvi_bufferSize, @function
 cusparseDgemvi_bufferSize:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1389,7 +1134,7 @@ cusparseDgemvi_bufferSize:
     .globl cusparseDgpsvInterleavedBatch
     .type cusparseDgpsvInterleavedBatch, @function
 cusparseDgpsvInterleavedBatch:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1397,7 +1142,7 @@ cusparseDgpsvInterleavedBatch:
     .globl cusparseDgpsvInterleavedBatch_bufferSizeExt
     .type cusparseDgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseDgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1405,7 +1150,7 @@ cusparseDgpsvInterleavedBatch_bufferSizeExt:
     .globl cusparseDgtsv2
     .type cusparseDgtsv2, @function
 cusparseDgtsv2:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1413,7 +1158,7 @@ cusparseDgtsv2:
     .globl cusparseDgtsv2StridedBatch
     .type cusparseDgtsv2StridedBatch, @function
 cusparseDgtsv2StridedBatch:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1421,7 +1166,7 @@ cusparseDgtsv2StridedBatch:
     .globl cusparseDgtsv2StridedBatch_bufferSizeExt
     .type cusparseDgtsv2StridedBatch_bufferSizeExt, @function
 cusparseDgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1429,7 +1174,7 @@ cusparseDgtsv2StridedBatch_bufferSizeExt:
     .globl cusparseDgtsv2_bufferSizeExt
     .type cusparseDgtsv2_bufferSizeExt, @function
 cusparseDgtsv2_bufferSizeExt:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1437,7 +1182,7 @@ cusparseDgtsv2_bufferSizeExt:
     .globl cusparseDgtsv2_nopivot
     .type cusparseDgtsv2_nopivot, @function
 cusparseDgtsv2_nopivot:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1445,7 +1190,7 @@ cusparseDgtsv2_nopivot:
     .globl cusparseDgtsv2_nopivot_bufferSizeExt
     .type cusparseDgtsv2_nopivot_bufferSizeExt, @function
 cusparseDgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1453,7 +1198,7 @@ cusparseDgtsv2_nopivot_bufferSizeExt:
     .globl cusparseDgtsvInterleavedBatch
     .type cusparseDgtsvInterleavedBatch, @function
 cusparseDgtsvInterleavedBatch:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1461,7 +1206,7 @@ cusparseDgtsvInterleavedBatch:
     .globl cusparseDgtsvInterleavedBatch_bufferSizeExt
     .type cusparseDgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseDgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1469,7 +1214,7 @@ cusparseDgtsvInterleavedBatch_bufferSizeExt:
     .globl cusparseDnMatGet
     .type cusparseDnMatGet, @function
 cusparseDnMatGet:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1477,7 +1222,7 @@ cusparseDnMatGet:
     .globl cusparseDnMatGetStridedBatch
     .type cusparseDnMatGetStridedBatch, @function
 cusparseDnMatGetStridedBatch:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1485,10 +1230,7 @@ cusparseDnMatGetStridedBatch:
     .globl cusparseDnMatGetValues
     .type cusparseDnMatGetValues, @function
 cusparseDnMatGetValues:
-    leaq .Lname167(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnMatGetValues@PLT
     .size cusparseDnMatGetValues, .-cusparseDnMatGetValues
     .globl cusparseDnMatSetStridedBatch
     .type cusparseDnMatSetStridedBatch, @function
@@ -1498,15 +1240,12 @@ cusparseDnMatSetStridedBatch:
     .globl cusparseDnMatSetValues
     .type cusparseDnMatSetValues, @function
 cusparseDnMatSetValues:
-    leaq .Lname168(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnMatSetValues@PLT
     .size cusparseDnMatSetValues, .-cusparseDnMatSetValues
     .globl cusparseDnVecGet
     .type cusparseDnVecGet, @function
 cusparseDnVecGet:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1514,23 +1253,17 @@ cusparseDnVecGet:
     .globl cusparseDnVecGetValues
     .type cusparseDnVecGetValues, @function
 cusparseDnVecGetValues:
-    leaq .Lname170(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnVecGetValues@PLT
     .size cusparseDnVecGetValues, .-cusparseDnVecGetValues
     .globl cusparseDnVecSetValues
     .type cusparseDnVecSetValues, @function
 cusparseDnVecSetValues:
-    leaq .Lname171(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDnVecSetValues@PLT
     .size cusparseDnVecSetValues, .-cusparseDnVecSetValues
     .globl cusparseDnnz
     .type cusparseDnnz, @function
 cusparseDnnz:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1538,7 +1271,7 @@ cusparseDnnz:
     .globl cusparseDnnz_compress
     .type cusparseDnnz_compress, @function
 cusparseDnnz_compress:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1546,7 +1279,7 @@ cusparseDnnz_compress:
     .globl cusparseDpruneCsr2csr
     .type cusparseDpruneCsr2csr, @function
 cusparseDpruneCsr2csr:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1554,23 +1287,17 @@ cusparseDpruneCsr2csr:
     .globl cusparseDpruneCsr2csrByPercentage
     .type cusparseDpruneCsr2csrByPercentage, @function
 cusparseDpruneCsr2csrByPercentage:
-    leaq .Lname175(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneCsr2csrByPercentage@PLT
     .size cusparseDpruneCsr2csrByPercentage, .-cusparseDpruneCsr2csrByPercentage
     .globl cusparseDpruneCsr2csrByPercentage_bufferSizeExt
     .type cusparseDpruneCsr2csrByPercentage_bufferSizeExt, @function
 cusparseDpruneCsr2csrByPercentage_bufferSizeExt:
-    leaq .Lname176(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneCsr2csrByPercentage_bufferSizeExt@PLT
     .size cusparseDpruneCsr2csrByPercentage_bufferSizeExt, .-cusparseDpruneCsr2csrByPercentage_bufferSizeExt
     .globl cusparseDpruneCsr2csrNnz
     .type cusparseDpruneCsr2csrNnz, @function
 cusparseDpruneCsr2csrNnz:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1578,15 +1305,12 @@ cusparseDpruneCsr2csrNnz:
     .globl cusparseDpruneCsr2csrNnzByPercentage
     .type cusparseDpruneCsr2csrNnzByPercentage, @function
 cusparseDpruneCsr2csrNnzByPercentage:
-    leaq .Lname178(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseDpruneCsr2csrNnzByPercentage@PLT
     .size cusparseDpruneCsr2csrNnzByPercentage, .-cusparseDpruneCsr2csrNnzByPercentage
     .globl cusparseDpruneCsr2csr_bufferSizeExt
     .type cusparseDpruneCsr2csr_bufferSizeExt, @function
 cusparseDpruneCsr2csr_bufferSizeExt:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1594,7 +1318,7 @@ cusparseDpruneCsr2csr_bufferSizeExt:
     .globl cusparseDpruneDense2csr
     .type cusparseDpruneDense2csr, @function
 cusparseDpruneDense2csr:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1602,7 +1326,7 @@ cusparseDpruneDense2csr:
     .globl cusparseDpruneDense2csrByPercentage
     .type cusparseDpruneDense2csrByPercentage, @function
 cusparseDpruneDense2csrByPercentage:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1610,7 +1334,7 @@ cusparseDpruneDense2csrByPercentage:
     .globl cusparseDpruneDense2csrByPercentage_bufferSizeExt
     .type cusparseDpruneDense2csrByPercentage_bufferSizeExt, @function
 cusparseDpruneDense2csrByPercentage_bufferSizeExt:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1618,7 +1342,7 @@ cusparseDpruneDense2csrByPercentage_bufferSizeExt:
     .globl cusparseDpruneDense2csrNnz
     .type cusparseDpruneDense2csrNnz, @function
 cusparseDpruneDense2csrNnz:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1626,7 +1350,7 @@ cusparseDpruneDense2csrNnz:
     .globl cusparseDpruneDense2csrNnzByPercentage
     .type cusparseDpruneDense2csrNnzByPercentage, @function
 cusparseDpruneDense2csrNnzByPercentage:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1634,7 +1358,7 @@ cusparseDpruneDense2csrNnzByPercentage:
     .globl cusparseDpruneDense2csr_bufferSizeExt
     .type cusparseDpruneDense2csr_bufferSizeExt, @function
 cusparseDpruneDense2csr_bufferSizeExt:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1677,7 +1401,7 @@ cusparseGetMatType:
     .globl cusparseGetPointerMode
     .type cusparseGetPointerMode, @function
 cusparseGetPointerMode:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1685,7 +1409,7 @@ cusparseGetPointerMode:
     .globl cusparseGetProperty
     .type cusparseGetProperty, @function
 cusparseGetProperty:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1698,7 +1422,7 @@ cusparseGetStream:
     .globl cusparseGetVersion
     .type cusparseGetVersion, @function
 cusparseGetVersion:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1706,7 +1430,7 @@ cusparseGetVersion:
     .globl cusparseHpruneCsr2csr
     .type cusparseHpruneCsr2csr, @function
 cusparseHpruneCsr2csr:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1714,7 +1438,7 @@ cusparseHpruneCsr2csr:
     .globl cusparseHpruneCsr2csrByPercentage
     .type cusparseHpruneCsr2csrByPercentage, @function
 cusparseHpruneCsr2csrByPercentage:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1722,7 +1446,7 @@ cusparseHpruneCsr2csrByPercentage:
     .globl cusparseHpruneCsr2csrByPercentage_bufferSizeExt
     .type cusparseHpruneCsr2csrByPercentage_bufferSizeExt, @function
 cusparseHpruneCsr2csrByPercentage_bufferSizeExt:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1730,7 +1454,7 @@ cusparseHpruneCsr2csrByPercentage_bufferSizeExt:
     .globl cusparseHpruneCsr2csrNnz
     .type cusparseHpruneCsr2csrNnz, @function
 cusparseHpruneCsr2csrNnz:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1738,7 +1462,7 @@ cusparseHpruneCsr2csrNnz:
     .globl cusparseHpruneCsr2csrNnzByPercentage
     .type cusparseHpruneCsr2csrNnzByPercentage, @function
 cusparseHpruneCsr2csrNnzByPercentage:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1746,7 +1470,7 @@ cusparseHpruneCsr2csrNnzByPercentage:
     .globl cusparseHpruneCsr2csr_bufferSizeExt
     .type cusparseHpruneCsr2csr_bufferSizeExt, @function
 cusparseHpruneCsr2csr_bufferSizeExt:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1754,7 +1478,7 @@ cusparseHpruneCsr2csr_bufferSizeExt:
     .globl cusparseHpruneDense2csr
     .type cusparseHpruneDense2csr, @function
 cusparseHpruneDense2csr:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1762,7 +1486,7 @@ cusparseHpruneDense2csr:
     .globl cusparseHpruneDense2csrByPercentage
     .type cusparseHpruneDense2csrByPercentage, @function
 cusparseHpruneDense2csrByPercentage:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1770,7 +1494,7 @@ cusparseHpruneDense2csrByPercentage:
     .globl cusparseHpruneDense2csrByPercentage_bufferSizeExt
     .type cusparseHpruneDense2csrByPercentage_bufferSizeExt, @function
 cusparseHpruneDense2csrByPercentage_bufferSizeExt:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1778,7 +1502,7 @@ cusparseHpruneDense2csrByPercentage_bufferSizeExt:
     .globl cusparseHpruneDense2csrNnz
     .type cusparseHpruneDense2csrNnz, @function
 cusparseHpruneDense2csrNnz:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1786,7 +1510,7 @@ cusparseHpruneDense2csrNnz:
     .globl cusparseHpruneDense2csrNnzByPercentage
     .type cusparseHpruneDense2csrNnzByPercentage, @function
 cusparseHpruneDense2csrNnzByPercentage:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1794,7 +1518,7 @@ cusparseHpruneDense2csrNnzByPercentage:
     .globl cusparseHpruneDense2csr_bufferSizeExt
     .type cusparseHpruneDense2csr_bufferSizeExt, @function
 cusparseHpruneDense2csr_bufferSizeExt:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1807,7 +1531,7 @@ cusparseLoggerForceDisable:
     .globl cusparseLoggerOpenFile
     .type cusparseLoggerOpenFile, @function
 cusparseLoggerOpenFile:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1815,7 +1539,7 @@ cusparseLoggerOpenFile:
     .globl cusparseLoggerSetCallback
     .type cusparseLoggerSetCallback, @function
 cusparseLoggerSetCallback:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1823,7 +1547,7 @@ cusparseLoggerSetCallback:
     .globl cusparseLoggerSetFile
     .type cusparseLoggerSetFile, @function
 cusparseLoggerSetFile:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1841,7 +1565,7 @@ cusparseLoggerSetMask:
     .globl cusparseRot
     .type cusparseRot, @function
 cusparseRot:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1849,47 +1573,32 @@ cusparseRot:
     .globl cusparseSDDMM
     .type cusparseSDDMM, @function
 cusparseSDDMM:
-    leaq .Lname205(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSDDMM@PLT
     .size cusparseSDDMM, .-cusparseSDDMM
     .globl cusparseSDDMM_bufferSize
     .type cusparseSDDMM_bufferSize, @function
 cusparseSDDMM_bufferSize:
-    leaq .Lname206(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSDDMM_bufferSize@PLT
     .size cusparseSDDMM_bufferSize, .-cusparseSDDMM_bufferSize
     .globl cusparseSDDMM_preprocess
     .type cusparseSDDMM_preprocess, @function
 cusparseSDDMM_preprocess:
-    leaq .Lname207(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSDDMM_preprocess@PLT
     .size cusparseSDDMM_preprocess, .-cusparseSDDMM_preprocess
     .globl cusparseSbsr2csr
     .type cusparseSbsr2csr, @function
 cusparseSbsr2csr:
-    leaq .Lname208(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsr2csr@PLT
     .size cusparseSbsr2csr, .-cusparseSbsr2csr
     .globl cusparseSbsric02
     .type cusparseSbsric02, @function
 cusparseSbsric02:
-    leaq .Lname209(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsric02@PLT
     .size cusparseSbsric02, .-cusparseSbsric02
     .globl cusparseSbsric02_analysis
     .type cusparseSbsric02_analysis, @function
 cusparseSbsric02_analysis:
-    leaq .Lname210(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1897,15 +1606,12 @@ cusparseSbsric02_analysis:
     .globl cusparseSbsric02_bufferSize
     .type cusparseSbsric02_bufferSize, @function
 cusparseSbsric02_bufferSize:
-    leaq .Lname211(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsric02_bufferSize@PLT
     .size cusparseSbsric02_bufferSize, .-cusparseSbsric02_bufferSize
     .globl cusparseSbsric02_bufferSizeExt
     .type cusparseSbsric02_bufferSizeExt, @function
 cusparseSbsric02_bufferSizeExt:
-    leaq .Lname212(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1913,31 +1619,22 @@ cusparseSbsric02_bufferSizeExt:
     .globl cusparseSbsrilu02
     .type cusparseSbsrilu02, @function
 cusparseSbsrilu02:
-    leaq .Lname213(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrilu02@PLT
     .size cusparseSbsrilu02, .-cusparseSbsrilu02
     .globl cusparseSbsrilu02_analysis
     .type cusparseSbsrilu02_analysis, @function
 cusparseSbsrilu02_analysis:
-    leaq .Lname214(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrilu02_analysis@PLT
     .size cusparseSbsrilu02_analysis, .-cusparseSbsrilu02_analysis
     .globl cusparseSbsrilu02_bufferSize
     .type cusparseSbsrilu02_bufferSize, @function
 cusparseSbsrilu02_bufferSize:
-    leaq .Lname215(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrilu02_bufferSize@PLT
     .size cusparseSbsrilu02_bufferSize, .-cusparseSbsrilu02_bufferSize
     .globl cusparseSbsrilu02_bufferSizeExt
     .type cusparseSbsrilu02_bufferSizeExt, @function
 cusparseSbsrilu02_bufferSizeExt:
-    leaq .Lname216(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1945,7 +1642,7 @@ cusparseSbsrilu02_bufferSizeExt:
     .globl cusparseSbsrilu02_numericBoost
     .type cusparseSbsrilu02_numericBoost, @function
 cusparseSbsrilu02_numericBoost:
-    leaq .Lname217(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1953,39 +1650,27 @@ cusparseSbsrilu02_numericBoost:
     .globl cusparseSbsrmm
     .type cusparseSbsrmm, @function
 cusparseSbsrmm:
-    leaq .Lname218(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrmm@PLT
     .size cusparseSbsrmm, .-cusparseSbsrmm
     .globl cusparseSbsrmv
     .type cusparseSbsrmv, @function
 cusparseSbsrmv:
-    leaq .Lname219(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrmv@PLT
     .size cusparseSbsrmv, .-cusparseSbsrmv
     .globl cusparseSbsrsm2_analysis
     .type cusparseSbsrsm2_analysis, @function
 cusparseSbsrsm2_analysis:
-    leaq .Lname220(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrsm2_analysis@PLT
     .size cusparseSbsrsm2_analysis, .-cusparseSbsrsm2_analysis
     .globl cusparseSbsrsm2_bufferSize
     .type cusparseSbsrsm2_bufferSize, @function
 cusparseSbsrsm2_bufferSize:
-    leaq .Lname221(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrsm2_bufferSize@PLT
     .size cusparseSbsrsm2_bufferSize, .-cusparseSbsrsm2_bufferSize
     .globl cusparseSbsrsm2_bufferSizeExt
     .type cusparseSbsrsm2_bufferSizeExt, @function
 cusparseSbsrsm2_bufferSizeExt:
-    leaq .Lname222(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1993,31 +1678,22 @@ cusparseSbsrsm2_bufferSizeExt:
     .globl cusparseSbsrsm2_solve
     .type cusparseSbsrsm2_solve, @function
 cusparseSbsrsm2_solve:
-    leaq .Lname223(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrsm2_solve@PLT
     .size cusparseSbsrsm2_solve, .-cusparseSbsrsm2_solve
     .globl cusparseSbsrsv2_analysis
     .type cusparseSbsrsv2_analysis, @function
 cusparseSbsrsv2_analysis:
-    leaq .Lname224(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrsv2_analysis@PLT
     .size cusparseSbsrsv2_analysis, .-cusparseSbsrsv2_analysis
     .globl cusparseSbsrsv2_bufferSize
     .type cusparseSbsrsv2_bufferSize, @function
 cusparseSbsrsv2_bufferSize:
-    leaq .Lname225(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrsv2_bufferSize@PLT
     .size cusparseSbsrsv2_bufferSize, .-cusparseSbsrsv2_bufferSize
     .globl cusparseSbsrsv2_bufferSizeExt
     .type cusparseSbsrsv2_bufferSizeExt, @function
 cusparseSbsrsv2_bufferSizeExt:
-    leaq .Lname226(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2025,18 +1701,12 @@ cusparseSbsrsv2_bufferSizeExt:
     .globl cusparseSbsrsv2_solve
     .type cusparseSbsrsv2_solve, @function
 cusparseSbsrsv2_solve:
-    leaq .Lname227(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrsv2_solve@PLT
     .size cusparseSbsrsv2_solve, .-cusparseSbsrsv2_solve
     .globl cusparseSbsrxmv
     .type cusparseSbsrxmv, @function
 cusparseSbsrxmv:
-    leaq .Lname228(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSbsrxmv@PLT
     .size cusparseSbsrxmv, .-cusparseSbsrxmv
     .globl cusparseScatter
     .type cusparseScatter, @function
@@ -2046,15 +1716,12 @@ cusparseScatter:
     .globl cusparseScsr2bsr
     .type cusparseScsr2bsr, @function
 cusparseScsr2bsr:
-    leaq .Lname229(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsr2bsr@PLT
     .size cusparseScsr2bsr, .-cusparseScsr2bsr
     .globl cusparseScsr2csr_compress
     .type cusparseScsr2csr_compress, @function
 cusparseScsr2csr_compress:
-    leaq .Lname230(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2062,31 +1729,22 @@ cusparseScsr2csr_compress:
     .globl cusparseScsr2csru
     .type cusparseScsr2csru, @function
 cusparseScsr2csru:
-    leaq .Lname231(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsr2csru@PLT
     .size cusparseScsr2csru, .-cusparseScsr2csru
     .globl cusparseScsr2gebsr
     .type cusparseScsr2gebsr, @function
 cusparseScsr2gebsr:
-    leaq .Lname232(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsr2gebsr@PLT
     .size cusparseScsr2gebsr, .-cusparseScsr2gebsr
     .globl cusparseScsr2gebsr_bufferSize
     .type cusparseScsr2gebsr_bufferSize, @function
 cusparseScsr2gebsr_bufferSize:
-    leaq .Lname233(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsr2gebsr_bufferSize@PLT
     .size cusparseScsr2gebsr_bufferSize, .-cusparseScsr2gebsr_bufferSize
     .globl cusparseScsr2gebsr_bufferSizeExt
     .type cusparseScsr2gebsr_bufferSizeExt, @function
 cusparseScsr2gebsr_bufferSizeExt:
-    leaq .Lname234(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2094,7 +1752,7 @@ cusparseScsr2gebsr_bufferSizeExt:
     .globl cusparseScsrcolor
     .type cusparseScsrcolor, @function
 cusparseScsrcolor:
-    leaq .Lname235(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2102,23 +1760,17 @@ cusparseScsrcolor:
     .globl cusparseScsrgeam2
     .type cusparseScsrgeam2, @function
 cusparseScsrgeam2:
-    leaq .Lname236(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrgeam2@PLT
     .size cusparseScsrgeam2, .-cusparseScsrgeam2
     .globl cusparseScsrgeam2_bufferSizeExt
     .type cusparseScsrgeam2_bufferSizeExt, @function
 cusparseScsrgeam2_bufferSizeExt:
-    leaq .Lname237(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrgeam2_bufferSizeExt@PLT
     .size cusparseScsrgeam2_bufferSizeExt, .-cusparseScsrgeam2_bufferSizeExt
     .globl cusparseScsric02
     .type cusparseScsric02, @function
 cusparseScsric02:
-    leaq .Lname238(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2126,23 +1778,17 @@ cusparseScsric02:
     .globl cusparseScsric02_analysis
     .type cusparseScsric02_analysis, @function
 cusparseScsric02_analysis:
-    leaq .Lname239(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsric02_analysis@PLT
     .size cusparseScsric02_analysis, .-cusparseScsric02_analysis
     .globl cusparseScsric02_bufferSize
     .type cusparseScsric02_bufferSize, @function
 cusparseScsric02_bufferSize:
-    leaq .Lname240(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsric02_bufferSize@PLT
     .size cusparseScsric02_bufferSize, .-cusparseScsric02_bufferSize
     .globl cusparseScsric02_bufferSizeExt
     .type cusparseScsric02_bufferSizeExt, @function
 cusparseScsric02_bufferSizeExt:
-    leaq .Lname241(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2150,7 +1796,7 @@ cusparseScsric02_bufferSizeExt:
     .globl cusparseScsrilu02
     .type cusparseScsrilu02, @function
 cusparseScsrilu02:
-    leaq .Lname242(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2158,23 +1804,17 @@ cusparseScsrilu02:
     .globl cusparseScsrilu02_analysis
     .type cusparseScsrilu02_analysis, @function
 cusparseScsrilu02_analysis:
-    leaq .Lname243(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrilu02_analysis@PLT
     .size cusparseScsrilu02_analysis, .-cusparseScsrilu02_analysis
     .globl cusparseScsrilu02_bufferSize
     .type cusparseScsrilu02_bufferSize, @function
 cusparseScsrilu02_bufferSize:
-    leaq .Lname244(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsrilu02_bufferSize@PLT
     .size cusparseScsrilu02_bufferSize, .-cusparseScsrilu02_bufferSize
     .globl cusparseScsrilu02_bufferSizeExt
     .type cusparseScsrilu02_bufferSizeExt, @function
 cusparseScsrilu02_bufferSizeExt:
-    leaq .Lname245(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2182,7 +1822,7 @@ cusparseScsrilu02_bufferSizeExt:
     .globl cusparseScsrilu02_numericBoost
     .type cusparseScsrilu02_numericBoost, @function
 cusparseScsrilu02_numericBoost:
-    leaq .Lname246(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2190,18 +1830,12 @@ cusparseScsrilu02_numericBoost:
     .globl cusparseScsru2csr
     .type cusparseScsru2csr, @function
 cusparseScsru2csr:
-    leaq .Lname247(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsru2csr@PLT
     .size cusparseScsru2csr, .-cusparseScsru2csr
     .globl cusparseScsru2csr_bufferSizeExt
     .type cusparseScsru2csr_bufferSizeExt, @function
 cusparseScsru2csr_bufferSizeExt:
-    leaq .Lname248(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseScsru2csr_bufferSizeExt@PLT
     .size cusparseScsru2csr_bufferSizeExt, .-cusparseScsru2csr_bufferSizeExt
     .globl cusparseSetMatDiagType
     .type cusparseSetMatDiagType, @function
@@ -2236,15 +1870,12 @@ cusparseSetStream:
     .globl cusparseSgebsr2csr
     .type cusparseSgebsr2csr, @function
 cusparseSgebsr2csr:
-    leaq .Lname249(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgebsr2csr@PLT
     .size cusparseSgebsr2csr, .-cusparseSgebsr2csr
     .globl cusparseSgebsr2gebsc
     .type cusparseSgebsr2gebsc, @function
 cusparseSgebsr2gebsc:
-    leaq .Lname250(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2252,15 +1883,12 @@ cusparseSgebsr2gebsc:
     .globl cusparseSgebsr2gebsc_bufferSize
     .type cusparseSgebsr2gebsc_bufferSize, @function
 cusparseSgebsr2gebsc_bufferSize:
-    leaq .Lname251(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgebsr2gebsc_bufferSize@PLT
     .size cusparseSgebsr2gebsc_bufferSize, .-cusparseSgebsr2gebsc_bufferSize
     .globl cusparseSgebsr2gebsc_bufferSizeExt
     .type cusparseSgebsr2gebsc_bufferSizeExt, @function
 cusparseSgebsr2gebsc_bufferSizeExt:
-    leaq .Lname252(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2268,23 +1896,17 @@ cusparseSgebsr2gebsc_bufferSizeExt:
     .globl cusparseSgebsr2gebsr
     .type cusparseSgebsr2gebsr, @function
 cusparseSgebsr2gebsr:
-    leaq .Lname253(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgebsr2gebsr@PLT
     .size cusparseSgebsr2gebsr, .-cusparseSgebsr2gebsr
     .globl cusparseSgebsr2gebsr_bufferSize
     .type cusparseSgebsr2gebsr_bufferSize, @function
 cusparseSgebsr2gebsr_bufferSize:
-    leaq .Lname254(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSgebsr2gebsr_bufferSize@PLT
     .size cusparseSgebsr2gebsr_bufferSize, .-cusparseSgebsr2gebsr_bufferSize
     .globl cusparseSgebsr2gebsr_bufferSizeExt
     .type cusparseSgebsr2gebsr_bufferSizeExt, @function
 cusparseSgebsr2gebsr_bufferSizeExt:
-    leaq .Lname255(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2292,7 +1914,7 @@ cusparseSgebsr2gebsr_bufferSizeExt:
     .globl cusparseSgemvi
     .type cusparseSgemvi, @function
 cusparseSgemvi:
-    leaq .Lname256(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2300,7 +1922,7 @@ cusparseSgemvi:
     .globl cusparseSgemvi_bufferSize
     .type cusparseSgemvi_bufferSize, @function
 cusparseSgemvi_bufferSize:
-    leaq .Lname257(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2308,7 +1930,7 @@ cusparseSgemvi_bufferSize:
     .globl cusparseSgpsvInterleavedBatch
     .type cusparseSgpsvInterleavedBatch, @function
 cusparseSgpsvInterleavedBatch:
-    leaq .Lname258(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2316,7 +1938,7 @@ cusparseSgpsvInterleavedBatch:
     .globl cusparseSgpsvInterleavedBatch_bufferSizeExt
     .type cusparseSgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseSgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname259(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2324,7 +1946,7 @@ cusparseSgpsvInterleavedBatch_bufferSizeExt:
     .globl cusparseSgtsv2
     .type cusparseSgtsv2, @function
 cusparseSgtsv2:
-    leaq .Lname260(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2332,7 +1954,7 @@ cusparseSgtsv2:
     .globl cusparseSgtsv2StridedBatch
     .type cusparseSgtsv2StridedBatch, @function
 cusparseSgtsv2StridedBatch:
-    leaq .Lname261(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2340,7 +1962,7 @@ cusparseSgtsv2StridedBatch:
     .globl cusparseSgtsv2StridedBatch_bufferSizeExt
     .type cusparseSgtsv2StridedBatch_bufferSizeExt, @function
 cusparseSgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname262(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2348,7 +1970,7 @@ cusparseSgtsv2StridedBatch_bufferSizeExt:
     .globl cusparseSgtsv2_bufferSizeExt
     .type cusparseSgtsv2_bufferSizeExt, @function
 cusparseSgtsv2_bufferSizeExt:
-    leaq .Lname263(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2356,7 +1978,7 @@ cusparseSgtsv2_bufferSizeExt:
     .globl cusparseSgtsv2_nopivot
     .type cusparseSgtsv2_nopivot, @function
 cusparseSgtsv2_nopivot:
-    leaq .Lname264(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2364,7 +1986,7 @@ cusparseSgtsv2_nopivot:
     .globl cusparseSgtsv2_nopivot_bufferSizeExt
     .type cusparseSgtsv2_nopivot_bufferSizeExt, @function
 cusparseSgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname265(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2372,7 +1994,7 @@ cusparseSgtsv2_nopivot_bufferSizeExt:
     .globl cusparseSgtsvInterleavedBatch
     .type cusparseSgtsvInterleavedBatch, @function
 cusparseSgtsvInterleavedBatch:
-    leaq .Lname266(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2380,7 +2002,7 @@ cusparseSgtsvInterleavedBatch:
     .globl cusparseSgtsvInterleavedBatch_bufferSizeExt
     .type cusparseSgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseSgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname267(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2388,7 +2010,7 @@ cusparseSgtsvInterleavedBatch_bufferSizeExt:
     .globl cusparseSnnz
     .type cusparseSnnz, @function
 cusparseSnnz:
-    leaq .Lname268(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2396,7 +2018,7 @@ cusparseSnnz:
     .globl cusparseSnnz_compress
     .type cusparseSnnz_compress, @function
 cusparseSnnz_compress:
-    leaq .Lname269(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2404,18 +2026,12 @@ cusparseSnnz_compress:
     .globl cusparseSpGEMM_compute
     .type cusparseSpGEMM_compute, @function
 cusparseSpGEMM_compute:
-    leaq .Lname270(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpGEMM_compute@PLT
     .size cusparseSpGEMM_compute, .-cusparseSpGEMM_compute
     .globl cusparseSpGEMM_copy
     .type cusparseSpGEMM_copy, @function
 cusparseSpGEMM_copy:
-    leaq .Lname271(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpGEMM_copy@PLT
     .size cusparseSpGEMM_copy, .-cusparseSpGEMM_copy
     .globl cusparseSpGEMM_createDescr
     .type cusparseSpGEMM_createDescr, @function
@@ -2430,7 +2046,7 @@ cusparseSpGEMM_destroyDescr:
     .globl cusparseSpGEMM_estimateMemory
     .type cusparseSpGEMM_estimateMemory, @function
 cusparseSpGEMM_estimateMemory:
-    leaq .Lname272(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2438,7 +2054,7 @@ cusparseSpGEMM_estimateMemory:
     .globl cusparseSpGEMM_getNumProducts
     .type cusparseSpGEMM_getNumProducts, @function
 cusparseSpGEMM_getNumProducts:
-    leaq .Lname273(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2446,23 +2062,17 @@ cusparseSpGEMM_getNumProducts:
     .globl cusparseSpGEMM_workEstimation
     .type cusparseSpGEMM_workEstimation, @function
 cusparseSpGEMM_workEstimation:
-    leaq .Lname274(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpGEMM_workEstimation@PLT
     .size cusparseSpGEMM_workEstimation, .-cusparseSpGEMM_workEstimation
     .globl cusparseSpGEMMreuse_compute
     .type cusparseSpGEMMreuse_compute, @function
 cusparseSpGEMMreuse_compute:
-    leaq .Lname275(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpGEMMreuse_compute@PLT
     .size cusparseSpGEMMreuse_compute, .-cusparseSpGEMMreuse_compute
     .globl cusparseSpGEMMreuse_copy
     .type cusparseSpGEMMreuse_copy, @function
 cusparseSpGEMMreuse_copy:
-    leaq .Lname276(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2470,7 +2080,7 @@ cusparseSpGEMMreuse_copy:
     .globl cusparseSpGEMMreuse_nnz
     .type cusparseSpGEMMreuse_nnz, @function
 cusparseSpGEMMreuse_nnz:
-    leaq .Lname277(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2478,31 +2088,22 @@ cusparseSpGEMMreuse_nnz:
     .globl cusparseSpGEMMreuse_workEstimation
     .type cusparseSpGEMMreuse_workEstimation, @function
 cusparseSpGEMMreuse_workEstimation:
-    leaq .Lname278(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpGEMMreuse_workEstimation@PLT
     .size cusparseSpGEMMreuse_workEstimation, .-cusparseSpGEMMreuse_workEstimation
     .globl cusparseSpMM
     .type cusparseSpMM, @function
 cusparseSpMM:
-    leaq .Lname279(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMM@PLT
     .size cusparseSpMM, .-cusparseSpMM
     .globl cusparseSpMMOp
     .type cusparseSpMMOp, @function
 cusparseSpMMOp:
-    leaq .Lname280(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMMOp@PLT
     .size cusparseSpMMOp, .-cusparseSpMMOp
     .globl cusparseSpMMOp_createPlan
     .type cusparseSpMMOp_createPlan, @function
 cusparseSpMMOp_createPlan:
-    leaq .Lname281(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2515,31 +2116,22 @@ cusparseSpMMOp_destroyPlan:
     .globl cusparseSpMM_bufferSize
     .type cusparseSpMM_bufferSize, @function
 cusparseSpMM_bufferSize:
-    leaq .Lname282(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMM_bufferSize@PLT
     .size cusparseSpMM_bufferSize, .-cusparseSpMM_bufferSize
     .globl cusparseSpMM_preprocess
     .type cusparseSpMM_preprocess, @function
 cusparseSpMM_preprocess:
-    leaq .Lname283(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMM_preprocess@PLT
     .size cusparseSpMM_preprocess, .-cusparseSpMM_preprocess
     .globl cusparseSpMV
     .type cusparseSpMV, @function
 cusparseSpMV:
-    leaq .Lname284(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMV@PLT
     .size cusparseSpMV, .-cusparseSpMV
     .globl cusparseSpMVOp
     .type cusparseSpMVOp, @function
 cusparseSpMVOp:
-    leaq .Lname285(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2547,7 +2139,7 @@ cusparseSpMVOp:
     .globl cusparseSpMVOp_bufferSize
     .type cusparseSpMVOp_bufferSize, @function
 cusparseSpMVOp_bufferSize:
-    leaq .Lname286(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2555,7 +2147,7 @@ cusparseSpMVOp_bufferSize:
     .globl cusparseSpMVOp_createDescr
     .type cusparseSpMVOp_createDescr, @function
 cusparseSpMVOp_createDescr:
-    leaq .Lname287(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2563,7 +2155,7 @@ cusparseSpMVOp_createDescr:
     .globl cusparseSpMVOp_createPlan
     .type cusparseSpMVOp_createPlan, @function
 cusparseSpMVOp_createPlan:
-    leaq .Lname288(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2571,7 +2163,7 @@ cusparseSpMVOp_createPlan:
     .globl cusparseSpMVOp_destroyDescr
     .type cusparseSpMVOp_destroyDescr, @function
 cusparseSpMVOp_destroyDescr:
-    leaq .Lname289(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2579,7 +2171,7 @@ cusparseSpMVOp_destroyDescr:
     .globl cusparseSpMVOp_destroyPlan
     .type cusparseSpMVOp_destroyPlan, @function
 cusparseSpMVOp_destroyPlan:
-    leaq .Lname290(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2587,7 +2179,7 @@ cusparseSpMVOp_destroyPlan:
     .globl cusparseSpMVOp_setGlobalUserData
     .type cusparseSpMVOp_setGlobalUserData, @function
 cusparseSpMVOp_setGlobalUserData:
-    leaq .Lname291(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2595,31 +2187,22 @@ cusparseSpMVOp_setGlobalUserData:
     .globl cusparseSpMV_bufferSize
     .type cusparseSpMV_bufferSize, @function
 cusparseSpMV_bufferSize:
-    leaq .Lname292(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMV_bufferSize@PLT
     .size cusparseSpMV_bufferSize, .-cusparseSpMV_bufferSize
     .globl cusparseSpMV_preprocess
     .type cusparseSpMV_preprocess, @function
 cusparseSpMV_preprocess:
-    leaq .Lname293(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMV_preprocess@PLT
     .size cusparseSpMV_preprocess, .-cusparseSpMV_preprocess
     .globl cusparseSpMatGetAttribute
     .type cusparseSpMatGetAttribute, @function
 cusparseSpMatGetAttribute:
-    leaq .Lname294(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMatGetAttribute@PLT
     .size cusparseSpMatGetAttribute, .-cusparseSpMatGetAttribute
     .globl cusparseSpMatGetFormat
     .type cusparseSpMatGetFormat, @function
 cusparseSpMatGetFormat:
-    leaq .Lname295(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2627,7 +2210,7 @@ cusparseSpMatGetFormat:
     .globl cusparseSpMatGetIndexBase
     .type cusparseSpMatGetIndexBase, @function
 cusparseSpMatGetIndexBase:
-    leaq .Lname296(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2635,15 +2218,12 @@ cusparseSpMatGetIndexBase:
     .globl cusparseSpMatGetSize
     .type cusparseSpMatGetSize, @function
 cusparseSpMatGetSize:
-    leaq .Lname297(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMatGetSize@PLT
     .size cusparseSpMatGetSize, .-cusparseSpMatGetSize
     .globl cusparseSpMatGetStridedBatch
     .type cusparseSpMatGetStridedBatch, @function
 cusparseSpMatGetStridedBatch:
-    leaq .Lname298(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2651,42 +2231,27 @@ cusparseSpMatGetStridedBatch:
     .globl cusparseSpMatGetValues
     .type cusparseSpMatGetValues, @function
 cusparseSpMatGetValues:
-    leaq .Lname299(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMatGetValues@PLT
     .size cusparseSpMatGetValues, .-cusparseSpMatGetValues
     .globl cusparseSpMatSetAttribute
     .type cusparseSpMatSetAttribute, @function
 cusparseSpMatSetAttribute:
-    leaq .Lname300(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMatSetAttribute@PLT
     .size cusparseSpMatSetAttribute, .-cusparseSpMatSetAttribute
     .globl cusparseSpMatSetValues
     .type cusparseSpMatSetValues, @function
 cusparseSpMatSetValues:
-    leaq .Lname301(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpMatSetValues@PLT
     .size cusparseSpMatSetValues, .-cusparseSpMatSetValues
     .globl cusparseSpSM_analysis
     .type cusparseSpSM_analysis, @function
 cusparseSpSM_analysis:
-    leaq .Lname302(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpSM_analysis@PLT
     .size cusparseSpSM_analysis, .-cusparseSpSM_analysis
     .globl cusparseSpSM_bufferSize
     .type cusparseSpSM_bufferSize, @function
 cusparseSpSM_bufferSize:
-    leaq .Lname303(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpSM_bufferSize@PLT
     .size cusparseSpSM_bufferSize, .-cusparseSpSM_bufferSize
     .globl cusparseSpSM_createDescr
     .type cusparseSpSM_createDescr, @function
@@ -2701,15 +2266,12 @@ cusparseSpSM_destroyDescr:
     .globl cusparseSpSM_solve
     .type cusparseSpSM_solve, @function
 cusparseSpSM_solve:
-    leaq .Lname304(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpSM_solve@PLT
     .size cusparseSpSM_solve, .-cusparseSpSM_solve
     .globl cusparseSpSM_updateMatrix
     .type cusparseSpSM_updateMatrix, @function
 cusparseSpSM_updateMatrix:
-    leaq .Lname305(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2717,18 +2279,12 @@ cusparseSpSM_updateMatrix:
     .globl cusparseSpSV_analysis
     .type cusparseSpSV_analysis, @function
 cusparseSpSV_analysis:
-    leaq .Lname306(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpSV_analysis@PLT
     .size cusparseSpSV_analysis, .-cusparseSpSV_analysis
     .globl cusparseSpSV_bufferSize
     .type cusparseSpSV_bufferSize, @function
 cusparseSpSV_bufferSize:
-    leaq .Lname307(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpSV_bufferSize@PLT
     .size cusparseSpSV_bufferSize, .-cusparseSpSV_bufferSize
     .globl cusparseSpSV_createDescr
     .type cusparseSpSV_createDescr, @function
@@ -2743,15 +2299,12 @@ cusparseSpSV_destroyDescr:
     .globl cusparseSpSV_solve
     .type cusparseSpSV_solve, @function
 cusparseSpSV_solve:
-    leaq .Lname308(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpSV_solve@PLT
     .size cusparseSpSV_solve, .-cusparseSpSV_solve
     .globl cusparseSpSV_updateMatrix
     .type cusparseSpSV_updateMatrix, @function
 cusparseSpSV_updateMatrix:
-    leaq .Lname309(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2759,7 +2312,7 @@ cusparseSpSV_updateMatrix:
     .globl cusparseSpVV
     .type cusparseSpVV, @function
 cusparseSpVV:
-    leaq .Lname310(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2767,7 +2320,7 @@ cusparseSpVV:
     .globl cusparseSpVV_bufferSize
     .type cusparseSpVV_bufferSize, @function
 cusparseSpVV_bufferSize:
-    leaq .Lname311(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2775,7 +2328,7 @@ cusparseSpVV_bufferSize:
     .globl cusparseSpVecGet
     .type cusparseSpVecGet, @function
 cusparseSpVecGet:
-    leaq .Lname312(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2783,7 +2336,7 @@ cusparseSpVecGet:
     .globl cusparseSpVecGetIndexBase
     .type cusparseSpVecGetIndexBase, @function
 cusparseSpVecGetIndexBase:
-    leaq .Lname313(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2791,39 +2344,27 @@ cusparseSpVecGetIndexBase:
     .globl cusparseSpVecGetValues
     .type cusparseSpVecGetValues, @function
 cusparseSpVecGetValues:
-    leaq .Lname314(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpVecGetValues@PLT
     .size cusparseSpVecGetValues, .-cusparseSpVecGetValues
     .globl cusparseSpVecSetValues
     .type cusparseSpVecSetValues, @function
 cusparseSpVecSetValues:
-    leaq .Lname315(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpVecSetValues@PLT
     .size cusparseSpVecSetValues, .-cusparseSpVecSetValues
     .globl cusparseSparseToDense
     .type cusparseSparseToDense, @function
 cusparseSparseToDense:
-    leaq .Lname316(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSparseToDense@PLT
     .size cusparseSparseToDense, .-cusparseSparseToDense
     .globl cusparseSparseToDense_bufferSize
     .type cusparseSparseToDense_bufferSize, @function
 cusparseSparseToDense_bufferSize:
-    leaq .Lname317(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSparseToDense_bufferSize@PLT
     .size cusparseSparseToDense_bufferSize, .-cusparseSparseToDense_bufferSize
     .globl cusparseSpruneCsr2csr
     .type cusparseSpruneCsr2csr, @function
 cusparseSpruneCsr2csr:
-    leaq .Lname318(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2831,23 +2372,17 @@ cusparseSpruneCsr2csr:
     .globl cusparseSpruneCsr2csrByPercentage
     .type cusparseSpruneCsr2csrByPercentage, @function
 cusparseSpruneCsr2csrByPercentage:
-    leaq .Lname319(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneCsr2csrByPercentage@PLT
     .size cusparseSpruneCsr2csrByPercentage, .-cusparseSpruneCsr2csrByPercentage
     .globl cusparseSpruneCsr2csrByPercentage_bufferSizeExt
     .type cusparseSpruneCsr2csrByPercentage_bufferSizeExt, @function
 cusparseSpruneCsr2csrByPercentage_bufferSizeExt:
-    leaq .Lname320(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneCsr2csrByPercentage_bufferSizeExt@PLT
     .size cusparseSpruneCsr2csrByPercentage_bufferSizeExt, .-cusparseSpruneCsr2csrByPercentage_bufferSizeExt
     .globl cusparseSpruneCsr2csrNnz
     .type cusparseSpruneCsr2csrNnz, @function
 cusparseSpruneCsr2csrNnz:
-    leaq .Lname321(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2855,15 +2390,12 @@ cusparseSpruneCsr2csrNnz:
     .globl cusparseSpruneCsr2csrNnzByPercentage
     .type cusparseSpruneCsr2csrNnzByPercentage, @function
 cusparseSpruneCsr2csrNnzByPercentage:
-    leaq .Lname322(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseSpruneCsr2csrNnzByPercentage@PLT
     .size cusparseSpruneCsr2csrNnzByPercentage, .-cusparseSpruneCsr2csrNnzByPercentage
     .globl cusparseSpruneCsr2csr_bufferSizeExt
     .type cusparseSpruneCsr2csr_bufferSizeExt, @function
 cusparseSpruneCsr2csr_bufferSizeExt:
-    leaq .Lname323(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2871,7 +2403,7 @@ cusparseSpruneCsr2csr_bufferSizeExt:
     .globl cusparseSpruneDense2csr
     .type cusparseSpruneDense2csr, @function
 cusparseSpruneDense2csr:
-    leaq .Lname324(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2879,7 +2411,7 @@ cusparseSpruneDense2csr:
     .globl cusparseSpruneDense2csrByPercentage
     .type cusparseSpruneDense2csrByPercentage, @function
 cusparseSpruneDense2csrByPercentage:
-    leaq .Lname325(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2887,7 +2419,7 @@ cusparseSpruneDense2csrByPercentage:
     .globl cusparseSpruneDense2csrByPercentage_bufferSizeExt
     .type cusparseSpruneDense2csrByPercentage_bufferSizeExt, @function
 cusparseSpruneDense2csrByPercentage_bufferSizeExt:
-    leaq .Lname326(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2895,7 +2427,7 @@ cusparseSpruneDense2csrByPercentage_bufferSizeExt:
     .globl cusparseSpruneDense2csrNnz
     .type cusparseSpruneDense2csrNnz, @function
 cusparseSpruneDense2csrNnz:
-    leaq .Lname327(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2903,7 +2435,7 @@ cusparseSpruneDense2csrNnz:
     .globl cusparseSpruneDense2csrNnzByPercentage
     .type cusparseSpruneDense2csrNnzByPercentage, @function
 cusparseSpruneDense2csrNnzByPercentage:
-    leaq .Lname328(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2911,7 +2443,7 @@ cusparseSpruneDense2csrNnzByPercentage:
     .globl cusparseSpruneDense2csr_bufferSizeExt
     .type cusparseSpruneDense2csr_bufferSizeExt, @function
 cusparseSpruneDense2csr_bufferSizeExt:
-    leaq .Lname329(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2919,71 +2451,47 @@ cusparseSpruneDense2csr_bufferSizeExt:
     .globl cusparseXbsric02_zeroPivot
     .type cusparseXbsric02_zeroPivot, @function
 cusparseXbsric02_zeroPivot:
-    leaq .Lname330(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXbsric02_zeroPivot@PLT
     .size cusparseXbsric02_zeroPivot, .-cusparseXbsric02_zeroPivot
     .globl cusparseXbsrilu02_zeroPivot
     .type cusparseXbsrilu02_zeroPivot, @function
 cusparseXbsrilu02_zeroPivot:
-    leaq .Lname331(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXbsrilu02_zeroPivot@PLT
     .size cusparseXbsrilu02_zeroPivot, .-cusparseXbsrilu02_zeroPivot
     .globl cusparseXbsrsm2_zeroPivot
     .type cusparseXbsrsm2_zeroPivot, @function
 cusparseXbsrsm2_zeroPivot:
-    leaq .Lname332(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXbsrsm2_zeroPivot@PLT
     .size cusparseXbsrsm2_zeroPivot, .-cusparseXbsrsm2_zeroPivot
     .globl cusparseXbsrsv2_zeroPivot
     .type cusparseXbsrsv2_zeroPivot, @function
 cusparseXbsrsv2_zeroPivot:
-    leaq .Lname333(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXbsrsv2_zeroPivot@PLT
     .size cusparseXbsrsv2_zeroPivot, .-cusparseXbsrsv2_zeroPivot
     .globl cusparseXcoo2csr
     .type cusparseXcoo2csr, @function
 cusparseXcoo2csr:
-    leaq .Lname334(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcoo2csr@PLT
     .size cusparseXcoo2csr, .-cusparseXcoo2csr
     .globl cusparseXcoosortByColumn
     .type cusparseXcoosortByColumn, @function
 cusparseXcoosortByColumn:
-    leaq .Lname335(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcoosortByColumn@PLT
     .size cusparseXcoosortByColumn, .-cusparseXcoosortByColumn
     .globl cusparseXcoosortByRow
     .type cusparseXcoosortByRow, @function
 cusparseXcoosortByRow:
-    leaq .Lname336(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcoosortByRow@PLT
     .size cusparseXcoosortByRow, .-cusparseXcoosortByRow
     .globl cusparseXcoosort_bufferSizeExt
     .type cusparseXcoosort_bufferSizeExt, @function
 cusparseXcoosort_bufferSizeExt:
-    leaq .Lname337(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcoosort_bufferSizeExt@PLT
     .size cusparseXcoosort_bufferSizeExt, .-cusparseXcoosort_bufferSizeExt
     .globl cusparseXcscsort
     .type cusparseXcscsort, @function
 cusparseXcscsort:
-    leaq .Lname338(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2991,7 +2499,7 @@ cusparseXcscsort:
     .globl cusparseXcscsort_bufferSizeExt
     .type cusparseXcscsort_bufferSizeExt, @function
 cusparseXcscsort_bufferSizeExt:
-    leaq .Lname339(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2999,103 +2507,67 @@ cusparseXcscsort_bufferSizeExt:
     .globl cusparseXcsr2bsrNnz
     .type cusparseXcsr2bsrNnz, @function
 cusparseXcsr2bsrNnz:
-    leaq .Lname340(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsr2bsrNnz@PLT
     .size cusparseXcsr2bsrNnz, .-cusparseXcsr2bsrNnz
     .globl cusparseXcsr2coo
     .type cusparseXcsr2coo, @function
 cusparseXcsr2coo:
-    leaq .Lname341(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsr2coo@PLT
     .size cusparseXcsr2coo, .-cusparseXcsr2coo
     .globl cusparseXcsr2gebsrNnz
     .type cusparseXcsr2gebsrNnz, @function
 cusparseXcsr2gebsrNnz:
-    leaq .Lname342(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsr2gebsrNnz@PLT
     .size cusparseXcsr2gebsrNnz, .-cusparseXcsr2gebsrNnz
     .globl cusparseXcsrgeam2Nnz
     .type cusparseXcsrgeam2Nnz, @function
 cusparseXcsrgeam2Nnz:
-    leaq .Lname343(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsrgeam2Nnz@PLT
     .size cusparseXcsrgeam2Nnz, .-cusparseXcsrgeam2Nnz
     .globl cusparseXcsric02_zeroPivot
     .type cusparseXcsric02_zeroPivot, @function
 cusparseXcsric02_zeroPivot:
-    leaq .Lname344(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsric02_zeroPivot@PLT
     .size cusparseXcsric02_zeroPivot, .-cusparseXcsric02_zeroPivot
     .globl cusparseXcsrilu02_zeroPivot
     .type cusparseXcsrilu02_zeroPivot, @function
 cusparseXcsrilu02_zeroPivot:
-    leaq .Lname345(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsrilu02_zeroPivot@PLT
     .size cusparseXcsrilu02_zeroPivot, .-cusparseXcsrilu02_zeroPivot
     .globl cusparseXcsrsort
     .type cusparseXcsrsort, @function
 cusparseXcsrsort:
-    leaq .Lname346(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsrsort@PLT
     .size cusparseXcsrsort, .-cusparseXcsrsort
     .globl cusparseXcsrsort_bufferSizeExt
     .type cusparseXcsrsort_bufferSizeExt, @function
 cusparseXcsrsort_bufferSizeExt:
-    leaq .Lname347(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXcsrsort_bufferSizeExt@PLT
     .size cusparseXcsrsort_bufferSizeExt, .-cusparseXcsrsort_bufferSizeExt
     .globl cusparseXgebsr2csr
     .type cusparseXgebsr2csr, @function
 cusparseXgebsr2csr:
-    leaq .Lname348(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXgebsr2csr@PLT
     .size cusparseXgebsr2csr, .-cusparseXgebsr2csr
     .globl cusparseXgebsr2gebsrNnz
     .type cusparseXgebsr2gebsrNnz, @function
 cusparseXgebsr2gebsrNnz:
-    leaq .Lname349(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseXgebsr2gebsrNnz@PLT
     .size cusparseXgebsr2gebsrNnz, .-cusparseXgebsr2gebsrNnz
     .globl cusparseZbsr2csr
     .type cusparseZbsr2csr, @function
 cusparseZbsr2csr:
-    leaq .Lname350(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsr2csr@PLT
     .size cusparseZbsr2csr, .-cusparseZbsr2csr
     .globl cusparseZbsric02
     .type cusparseZbsric02, @function
 cusparseZbsric02:
-    leaq .Lname351(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsric02@PLT
     .size cusparseZbsric02, .-cusparseZbsric02
     .globl cusparseZbsric02_analysis
     .type cusparseZbsric02_analysis, @function
 cusparseZbsric02_analysis:
-    leaq .Lname352(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3103,15 +2575,12 @@ cusparseZbsric02_analysis:
     .globl cusparseZbsric02_bufferSize
     .type cusparseZbsric02_bufferSize, @function
 cusparseZbsric02_bufferSize:
-    leaq .Lname353(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsric02_bufferSize@PLT
     .size cusparseZbsric02_bufferSize, .-cusparseZbsric02_bufferSize
     .globl cusparseZbsric02_bufferSizeExt
     .type cusparseZbsric02_bufferSizeExt, @function
 cusparseZbsric02_bufferSizeExt:
-    leaq .Lname354(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3119,31 +2588,22 @@ cusparseZbsric02_bufferSizeExt:
     .globl cusparseZbsrilu02
     .type cusparseZbsrilu02, @function
 cusparseZbsrilu02:
-    leaq .Lname355(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrilu02@PLT
     .size cusparseZbsrilu02, .-cusparseZbsrilu02
     .globl cusparseZbsrilu02_analysis
     .type cusparseZbsrilu02_analysis, @function
 cusparseZbsrilu02_analysis:
-    leaq .Lname356(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrilu02_analysis@PLT
     .size cusparseZbsrilu02_analysis, .-cusparseZbsrilu02_analysis
     .globl cusparseZbsrilu02_bufferSize
     .type cusparseZbsrilu02_bufferSize, @function
 cusparseZbsrilu02_bufferSize:
-    leaq .Lname357(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrilu02_bufferSize@PLT
     .size cusparseZbsrilu02_bufferSize, .-cusparseZbsrilu02_bufferSize
     .globl cusparseZbsrilu02_bufferSizeExt
     .type cusparseZbsrilu02_bufferSizeExt, @function
 cusparseZbsrilu02_bufferSizeExt:
-    leaq .Lname358(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3151,7 +2611,7 @@ cusparseZbsrilu02_bufferSizeExt:
     .globl cusparseZbsrilu02_numericBoost
     .type cusparseZbsrilu02_numericBoost, @function
 cusparseZbsrilu02_numericBoost:
-    leaq .Lname359(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3159,39 +2619,27 @@ cusparseZbsrilu02_numericBoost:
     .globl cusparseZbsrmm
     .type cusparseZbsrmm, @function
 cusparseZbsrmm:
-    leaq .Lname360(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrmm@PLT
     .size cusparseZbsrmm, .-cusparseZbsrmm
     .globl cusparseZbsrmv
     .type cusparseZbsrmv, @function
 cusparseZbsrmv:
-    leaq .Lname361(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrmv@PLT
     .size cusparseZbsrmv, .-cusparseZbsrmv
     .globl cusparseZbsrsm2_analysis
     .type cusparseZbsrsm2_analysis, @function
 cusparseZbsrsm2_analysis:
-    leaq .Lname362(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrsm2_analysis@PLT
     .size cusparseZbsrsm2_analysis, .-cusparseZbsrsm2_analysis
     .globl cusparseZbsrsm2_bufferSize
     .type cusparseZbsrsm2_bufferSize, @function
 cusparseZbsrsm2_bufferSize:
-    leaq .Lname363(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrsm2_bufferSize@PLT
     .size cusparseZbsrsm2_bufferSize, .-cusparseZbsrsm2_bufferSize
     .globl cusparseZbsrsm2_bufferSizeExt
     .type cusparseZbsrsm2_bufferSizeExt, @function
 cusparseZbsrsm2_bufferSizeExt:
-    leaq .Lname364(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3199,31 +2647,22 @@ cusparseZbsrsm2_bufferSizeExt:
     .globl cusparseZbsrsm2_solve
     .type cusparseZbsrsm2_solve, @function
 cusparseZbsrsm2_solve:
-    leaq .Lname365(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrsm2_solve@PLT
     .size cusparseZbsrsm2_solve, .-cusparseZbsrsm2_solve
     .globl cusparseZbsrsv2_analysis
     .type cusparseZbsrsv2_analysis, @function
 cusparseZbsrsv2_analysis:
-    leaq .Lname366(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrsv2_analysis@PLT
     .size cusparseZbsrsv2_analysis, .-cusparseZbsrsv2_analysis
     .globl cusparseZbsrsv2_bufferSize
     .type cusparseZbsrsv2_bufferSize, @function
 cusparseZbsrsv2_bufferSize:
-    leaq .Lname367(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrsv2_bufferSize@PLT
     .size cusparseZbsrsv2_bufferSize, .-cusparseZbsrsv2_bufferSize
     .globl cusparseZbsrsv2_bufferSizeExt
     .type cusparseZbsrsv2_bufferSizeExt, @function
 cusparseZbsrsv2_bufferSizeExt:
-    leaq .Lname368(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3231,31 +2670,22 @@ cusparseZbsrsv2_bufferSizeExt:
     .globl cusparseZbsrsv2_solve
     .type cusparseZbsrsv2_solve, @function
 cusparseZbsrsv2_solve:
-    leaq .Lname369(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrsv2_solve@PLT
     .size cusparseZbsrsv2_solve, .-cusparseZbsrsv2_solve
     .globl cusparseZbsrxmv
     .type cusparseZbsrxmv, @function
 cusparseZbsrxmv:
-    leaq .Lname370(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZbsrxmv@PLT
     .size cusparseZbsrxmv, .-cusparseZbsrxmv
     .globl cusparseZcsr2bsr
     .type cusparseZcsr2bsr, @function
 cusparseZcsr2bsr:
-    leaq .Lname371(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsr2bsr@PLT
     .size cusparseZcsr2bsr, .-cusparseZcsr2bsr
     .globl cusparseZcsr2csr_compress
     .type cusparseZcsr2csr_compress, @function
 cusparseZcsr2csr_compress:
-    leaq .Lname372(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3263,31 +2693,22 @@ cusparseZcsr2csr_compress:
     .globl cusparseZcsr2csru
     .type cusparseZcsr2csru, @function
 cusparseZcsr2csru:
-    leaq .Lname373(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsr2csru@PLT
     .size cusparseZcsr2csru, .-cusparseZcsr2csru
     .globl cusparseZcsr2gebsr
     .type cusparseZcsr2gebsr, @function
 cusparseZcsr2gebsr:
-    leaq .Lname374(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsr2gebsr@PLT
     .size cusparseZcsr2gebsr, .-cusparseZcsr2gebsr
     .globl cusparseZcsr2gebsr_bufferSize
     .type cusparseZcsr2gebsr_bufferSize, @function
 cusparseZcsr2gebsr_bufferSize:
-    leaq .Lname375(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsr2gebsr_bufferSize@PLT
     .size cusparseZcsr2gebsr_bufferSize, .-cusparseZcsr2gebsr_bufferSize
     .globl cusparseZcsr2gebsr_bufferSizeExt
     .type cusparseZcsr2gebsr_bufferSizeExt, @function
 cusparseZcsr2gebsr_bufferSizeExt:
-    leaq .Lname376(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3295,7 +2716,7 @@ cusparseZcsr2gebsr_bufferSizeExt:
     .globl cusparseZcsrcolor
     .type cusparseZcsrcolor, @function
 cusparseZcsrcolor:
-    leaq .Lname377(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3303,23 +2724,17 @@ cusparseZcsrcolor:
     .globl cusparseZcsrgeam2
     .type cusparseZcsrgeam2, @function
 cusparseZcsrgeam2:
-    leaq .Lname378(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrgeam2@PLT
     .size cusparseZcsrgeam2, .-cusparseZcsrgeam2
     .globl cusparseZcsrgeam2_bufferSizeExt
     .type cusparseZcsrgeam2_bufferSizeExt, @function
 cusparseZcsrgeam2_bufferSizeExt:
-    leaq .Lname379(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrgeam2_bufferSizeExt@PLT
     .size cusparseZcsrgeam2_bufferSizeExt, .-cusparseZcsrgeam2_bufferSizeExt
     .globl cusparseZcsric02
     .type cusparseZcsric02, @function
 cusparseZcsric02:
-    leaq .Lname380(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3327,23 +2742,17 @@ cusparseZcsric02:
     .globl cusparseZcsric02_analysis
     .type cusparseZcsric02_analysis, @function
 cusparseZcsric02_analysis:
-    leaq .Lname381(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsric02_analysis@PLT
     .size cusparseZcsric02_analysis, .-cusparseZcsric02_analysis
     .globl cusparseZcsric02_bufferSize
     .type cusparseZcsric02_bufferSize, @function
 cusparseZcsric02_bufferSize:
-    leaq .Lname382(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsric02_bufferSize@PLT
     .size cusparseZcsric02_bufferSize, .-cusparseZcsric02_bufferSize
     .globl cusparseZcsric02_bufferSizeExt
     .type cusparseZcsric02_bufferSizeExt, @function
 cusparseZcsric02_bufferSizeExt:
-    leaq .Lname383(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3351,7 +2760,7 @@ cusparseZcsric02_bufferSizeExt:
     .globl cusparseZcsrilu02
     .type cusparseZcsrilu02, @function
 cusparseZcsrilu02:
-    leaq .Lname384(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3359,23 +2768,17 @@ cusparseZcsrilu02:
     .globl cusparseZcsrilu02_analysis
     .type cusparseZcsrilu02_analysis, @function
 cusparseZcsrilu02_analysis:
-    leaq .Lname385(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrilu02_analysis@PLT
     .size cusparseZcsrilu02_analysis, .-cusparseZcsrilu02_analysis
     .globl cusparseZcsrilu02_bufferSize
     .type cusparseZcsrilu02_bufferSize, @function
 cusparseZcsrilu02_bufferSize:
-    leaq .Lname386(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsrilu02_bufferSize@PLT
     .size cusparseZcsrilu02_bufferSize, .-cusparseZcsrilu02_bufferSize
     .globl cusparseZcsrilu02_bufferSizeExt
     .type cusparseZcsrilu02_bufferSizeExt, @function
 cusparseZcsrilu02_bufferSizeExt:
-    leaq .Lname387(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3383,7 +2786,7 @@ cusparseZcsrilu02_bufferSizeExt:
     .globl cusparseZcsrilu02_numericBoost
     .type cusparseZcsrilu02_numericBoost, @function
 cusparseZcsrilu02_numericBoost:
-    leaq .Lname388(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3391,31 +2794,22 @@ cusparseZcsrilu02_numericBoost:
     .globl cusparseZcsru2csr
     .type cusparseZcsru2csr, @function
 cusparseZcsru2csr:
-    leaq .Lname389(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsru2csr@PLT
     .size cusparseZcsru2csr, .-cusparseZcsru2csr
     .globl cusparseZcsru2csr_bufferSizeExt
     .type cusparseZcsru2csr_bufferSizeExt, @function
 cusparseZcsru2csr_bufferSizeExt:
-    leaq .Lname390(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZcsru2csr_bufferSizeExt@PLT
     .size cusparseZcsru2csr_bufferSizeExt, .-cusparseZcsru2csr_bufferSizeExt
     .globl cusparseZgebsr2csr
     .type cusparseZgebsr2csr, @function
 cusparseZgebsr2csr:
-    leaq .Lname391(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgebsr2csr@PLT
     .size cusparseZgebsr2csr, .-cusparseZgebsr2csr
     .globl cusparseZgebsr2gebsc
     .type cusparseZgebsr2gebsc, @function
 cusparseZgebsr2gebsc:
-    leaq .Lname392(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3423,15 +2817,12 @@ cusparseZgebsr2gebsc:
     .globl cusparseZgebsr2gebsc_bufferSize
     .type cusparseZgebsr2gebsc_bufferSize, @function
 cusparseZgebsr2gebsc_bufferSize:
-    leaq .Lname393(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgebsr2gebsc_bufferSize@PLT
     .size cusparseZgebsr2gebsc_bufferSize, .-cusparseZgebsr2gebsc_bufferSize
     .globl cusparseZgebsr2gebsc_bufferSizeExt
     .type cusparseZgebsr2gebsc_bufferSizeExt, @function
 cusparseZgebsr2gebsc_bufferSizeExt:
-    leaq .Lname394(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3439,23 +2830,17 @@ cusparseZgebsr2gebsc_bufferSizeExt:
     .globl cusparseZgebsr2gebsr
     .type cusparseZgebsr2gebsr, @function
 cusparseZgebsr2gebsr:
-    leaq .Lname395(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgebsr2gebsr@PLT
     .size cusparseZgebsr2gebsr, .-cusparseZgebsr2gebsr
     .globl cusparseZgebsr2gebsr_bufferSize
     .type cusparseZgebsr2gebsr_bufferSize, @function
 cusparseZgebsr2gebsr_bufferSize:
-    leaq .Lname396(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgebsr2gebsr_bufferSize@PLT
     .size cusparseZgebsr2gebsr_bufferSize, .-cusparseZgebsr2gebsr_bufferSize
     .globl cusparseZgebsr2gebsr_bufferSizeExt
     .type cusparseZgebsr2gebsr_bufferSizeExt, @function
 cusparseZgebsr2gebsr_bufferSizeExt:
-    leaq .Lname397(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3463,7 +2848,7 @@ cusparseZgebsr2gebsr_bufferSizeExt:
     .globl cusparseZgemvi
     .type cusparseZgemvi, @function
 cusparseZgemvi:
-    leaq .Lname398(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3471,7 +2856,7 @@ cusparseZgemvi:
     .globl cusparseZgemvi_bufferSize
     .type cusparseZgemvi_bufferSize, @function
 cusparseZgemvi_bufferSize:
-    leaq .Lname399(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3479,7 +2864,7 @@ cusparseZgemvi_bufferSize:
     .globl cusparseZgpsvInterleavedBatch
     .type cusparseZgpsvInterleavedBatch, @function
 cusparseZgpsvInterleavedBatch:
-    leaq .Lname400(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3487,7 +2872,7 @@ cusparseZgpsvInterleavedBatch:
     .globl cusparseZgpsvInterleavedBatch_bufferSizeExt
     .type cusparseZgpsvInterleavedBatch_bufferSizeExt, @function
 cusparseZgpsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname401(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3495,15 +2880,12 @@ cusparseZgpsvInterleavedBatch_bufferSizeExt:
     .globl cusparseZgtsv2
     .type cusparseZgtsv2, @function
 cusparseZgtsv2:
-    leaq .Lname402(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgtsv2@PLT
     .size cusparseZgtsv2, .-cusparseZgtsv2
     .globl cusparseZgtsv2StridedBatch
     .type cusparseZgtsv2StridedBatch, @function
 cusparseZgtsv2StridedBatch:
-    leaq .Lname403(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3511,7 +2893,7 @@ cusparseZgtsv2StridedBatch:
     .globl cusparseZgtsv2StridedBatch_bufferSizeExt
     .type cusparseZgtsv2StridedBatch_bufferSizeExt, @function
 cusparseZgtsv2StridedBatch_bufferSizeExt:
-    leaq .Lname404(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3519,7 +2901,7 @@ cusparseZgtsv2StridedBatch_bufferSizeExt:
     .globl cusparseZgtsv2_bufferSizeExt
     .type cusparseZgtsv2_bufferSizeExt, @function
 cusparseZgtsv2_bufferSizeExt:
-    leaq .Lname405(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3527,15 +2909,12 @@ cusparseZgtsv2_bufferSizeExt:
     .globl cusparseZgtsv2_nopivot
     .type cusparseZgtsv2_nopivot, @function
 cusparseZgtsv2_nopivot:
-    leaq .Lname406(%rip), %rdi
-    movq $10, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cusparse_cusparseZgtsv2_nopivot@PLT
     .size cusparseZgtsv2_nopivot, .-cusparseZgtsv2_nopivot
     .globl cusparseZgtsv2_nopivot_bufferSizeExt
     .type cusparseZgtsv2_nopivot_bufferSizeExt, @function
 cusparseZgtsv2_nopivot_bufferSizeExt:
-    leaq .Lname407(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3543,7 +2922,7 @@ cusparseZgtsv2_nopivot_bufferSizeExt:
     .globl cusparseZgtsvInterleavedBatch
     .type cusparseZgtsvInterleavedBatch, @function
 cusparseZgtsvInterleavedBatch:
-    leaq .Lname408(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3551,7 +2930,7 @@ cusparseZgtsvInterleavedBatch:
     .globl cusparseZgtsvInterleavedBatch_bufferSizeExt
     .type cusparseZgtsvInterleavedBatch_bufferSizeExt, @function
 cusparseZgtsvInterleavedBatch_bufferSizeExt:
-    leaq .Lname409(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3559,7 +2938,7 @@ cusparseZgtsvInterleavedBatch_bufferSizeExt:
     .globl cusparseZnnz
     .type cusparseZnnz, @function
 cusparseZnnz:
-    leaq .Lname410(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3567,834 +2946,420 @@ cusparseZnnz:
     .globl cusparseZnnz_compress
     .type cusparseZnnz_compress, @function
 cusparseZnnz_compress:
-    leaq .Lname411(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cusparseZnnz_compress, .-cusparseZnnz_compress
     .section .rodata
 .Lname0:
-    .asciz "cusparseAxpby"
-.Lname1:
     .asciz "cusparseBlockedEllGet"
-.Lname2:
-    .asciz "cusparseCbsr2csr"
-.Lname3:
-    .asciz "cusparseCbsric02"
-.Lname4:
+.Lname1:
     .asciz "cusparseCbsric02_analysis"
-.Lname5:
-    .asciz "cusparseCbsric02_bufferSize"
-.Lname6:
+.Lname2:
     .asciz "cusparseCbsric02_bufferSizeExt"
-.Lname7:
-    .asciz "cusparseCbsrilu02"
-.Lname8:
-    .asciz "cusparseCbsrilu02_analysis"
-.Lname9:
-    .asciz "cusparseCbsrilu02_bufferSize"
-.Lname10:
+.Lname3:
     .asciz "cusparseCbsrilu02_bufferSizeExt"
-.Lname11:
+.Lname4:
     .asciz "cusparseCbsrilu02_numericBoost"
-.Lname12:
-    .asciz "cusparseCbsrmm"
-.Lname13:
-    .asciz "cusparseCbsrmv"
-.Lname14:
-    .asciz "cusparseCbsrsm2_analysis"
-.Lname15:
-    .asciz "cusparseCbsrsm2_bufferSize"
-.Lname16:
+.Lname5:
     .asciz "cusparseCbsrsm2_bufferSizeExt"
-.Lname17:
-    .asciz "cusparseCbsrsm2_solve"
-.Lname18:
-    .asciz "cusparseCbsrsv2_analysis"
-.Lname19:
-    .asciz "cusparseCbsrsv2_bufferSize"
-.Lname20:
+.Lname6:
     .asciz "cusparseCbsrsv2_bufferSizeExt"
-.Lname21:
-    .asciz "cusparseCbsrsv2_solve"
-.Lname22:
-    .asciz "cusparseCbsrxmv"
-.Lname23:
-    .asciz "cusparseCcsr2bsr"
-.Lname24:
+.Lname7:
     .asciz "cusparseCcsr2csr_compress"
-.Lname25:
-    .asciz "cusparseCcsr2csru"
-.Lname26:
-    .asciz "cusparseCcsr2gebsr"
-.Lname27:
-    .asciz "cusparseCcsr2gebsr_bufferSize"
-.Lname28:
+.Lname8:
     .asciz "cusparseCcsr2gebsr_bufferSizeExt"
-.Lname29:
+.Lname9:
     .asciz "cusparseCcsrcolor"
-.Lname30:
-    .asciz "cusparseCcsrgeam2"
-.Lname31:
-    .asciz "cusparseCcsrgeam2_bufferSizeExt"
-.Lname32:
+.Lname10:
     .asciz "cusparseCcsric02"
-.Lname33:
-    .asciz "cusparseCcsric02_analysis"
-.Lname34:
-    .asciz "cusparseCcsric02_bufferSize"
-.Lname35:
+.Lname11:
     .asciz "cusparseCcsric02_bufferSizeExt"
-.Lname36:
+.Lname12:
     .asciz "cusparseCcsrilu02"
-.Lname37:
-    .asciz "cusparseCcsrilu02_analysis"
-.Lname38:
-    .asciz "cusparseCcsrilu02_bufferSize"
-.Lname39:
+.Lname13:
     .asciz "cusparseCcsrilu02_bufferSizeExt"
-.Lname40:
+.Lname14:
     .asciz "cusparseCcsrilu02_numericBoost"
-.Lname41:
-    .asciz "cusparseCcsru2csr"
-.Lname42:
-    .asciz "cusparseCcsru2csr_bufferSizeExt"
-.Lname43:
-    .asciz "cusparseCgebsr2csr"
-.Lname44:
+.Lname15:
     .asciz "cusparseCgebsr2gebsc"
-.Lname45:
-    .asciz "cusparseCgebsr2gebsc_bufferSize"
-.Lname46:
+.Lname16:
     .asciz "cusparseCgebsr2gebsc_bufferSizeExt"
-.Lname47:
-    .asciz "cusparseCgebsr2gebsr"
-.Lname48:
-    .asciz "cusparseCgebsr2gebsr_bufferSize"
-.Lname49:
+.Lname17:
     .asciz "cusparseCgebsr2gebsr_bufferSizeExt"
-.Lname50:
+.Lname18:
     .asciz "cusparseCgemvi"
-.Lname51:
+.Lname19:
     .asciz "cusparseCgemvi_bufferSize"
-.Lname52:
+.Lname20:
     .asciz "cusparseCgpsvInterleavedBatch"
-.Lname53:
+.Lname21:
     .asciz "cusparseCgpsvInterleavedBatch_bufferSizeExt"
-.Lname54:
-    .asciz "cusparseCgtsv2"
-.Lname55:
+.Lname22:
     .asciz "cusparseCgtsv2StridedBatch"
-.Lname56:
+.Lname23:
     .asciz "cusparseCgtsv2StridedBatch_bufferSizeExt"
-.Lname57:
+.Lname24:
     .asciz "cusparseCgtsv2_bufferSizeExt"
-.Lname58:
-    .asciz "cusparseCgtsv2_nopivot"
-.Lname59:
+.Lname25:
     .asciz "cusparseCgtsv2_nopivot_bufferSizeExt"
-.Lname60:
+.Lname26:
     .asciz "cusparseCgtsvInterleavedBatch"
-.Lname61:
+.Lname27:
     .asciz "cusparseCgtsvInterleavedBatch_bufferSizeExt"
-.Lname62:
+.Lname28:
     .asciz "cusparseCnnz"
-.Lname63:
+.Lname29:
     .asciz "cusparseCnnz_compress"
-.Lname64:
+.Lname30:
     .asciz "cusparseConstBlockedEllGet"
-.Lname65:
+.Lname31:
     .asciz "cusparseConstCooGet"
-.Lname66:
+.Lname32:
     .asciz "cusparseConstCscGet"
-.Lname67:
+.Lname33:
     .asciz "cusparseConstCsrGet"
-.Lname68:
+.Lname34:
     .asciz "cusparseConstDnMatGet"
-.Lname69:
-    .asciz "cusparseConstDnMatGetValues"
-.Lname70:
+.Lname35:
     .asciz "cusparseConstDnVecGet"
-.Lname71:
-    .asciz "cusparseConstDnVecGetValues"
-.Lname72:
-    .asciz "cusparseConstSpMatGetValues"
-.Lname73:
+.Lname36:
     .asciz "cusparseConstSpVecGet"
-.Lname74:
-    .asciz "cusparseConstSpVecGetValues"
-.Lname75:
+.Lname37:
     .asciz "cusparseCooGet"
-.Lname76:
-    .asciz "cusparseCooSetPointers"
-.Lname77:
+.Lname38:
     .asciz "cusparseCreateBlockedEll"
-.Lname78:
-    .asciz "cusparseCreateBsr"
-.Lname79:
+.Lname39:
     .asciz "cusparseCreateConstBlockedEll"
-.Lname80:
-    .asciz "cusparseCreateConstBsr"
-.Lname81:
-    .asciz "cusparseCreateConstCoo"
-.Lname82:
+.Lname40:
     .asciz "cusparseCreateConstCsc"
-.Lname83:
-    .asciz "cusparseCreateConstCsr"
-.Lname84:
-    .asciz "cusparseCreateConstDnMat"
-.Lname85:
-    .asciz "cusparseCreateConstDnVec"
-.Lname86:
+.Lname41:
     .asciz "cusparseCreateConstSlicedEll"
-.Lname87:
+.Lname42:
     .asciz "cusparseCreateConstSpVec"
-.Lname88:
-    .asciz "cusparseCreateCoo"
-.Lname89:
+.Lname43:
     .asciz "cusparseCreateCsc"
-.Lname90:
-    .asciz "cusparseCreateCsr"
-.Lname91:
-    .asciz "cusparseCreateDnMat"
-.Lname92:
-    .asciz "cusparseCreateDnVec"
-.Lname93:
-    .asciz "cusparseCreateIdentityPermutation"
-.Lname94:
+.Lname44:
     .asciz "cusparseCreateSlicedEll"
-.Lname95:
+.Lname45:
     .asciz "cusparseCreateSpVec"
-.Lname96:
+.Lname46:
     .asciz "cusparseCscGet"
-.Lname97:
+.Lname47:
     .asciz "cusparseCscSetPointers"
-.Lname98:
+.Lname48:
     .asciz "cusparseCsr2cscEx2"
-.Lname99:
+.Lname49:
     .asciz "cusparseCsr2cscEx2_bufferSize"
-.Lname100:
+.Lname50:
     .asciz "cusparseCsrGet"
-.Lname101:
-    .asciz "cusparseCsrSetPointers"
-.Lname102:
-    .asciz "cusparseDbsr2csr"
-.Lname103:
-    .asciz "cusparseDbsric02"
-.Lname104:
+.Lname51:
     .asciz "cusparseDbsric02_analysis"
-.Lname105:
-    .asciz "cusparseDbsric02_bufferSize"
-.Lname106:
+.Lname52:
     .asciz "cusparseDbsric02_bufferSizeExt"
-.Lname107:
-    .asciz "cusparseDbsrilu02"
-.Lname108:
-    .asciz "cusparseDbsrilu02_analysis"
-.Lname109:
-    .asciz "cusparseDbsrilu02_bufferSize"
-.Lname110:
+.Lname53:
     .asciz "cusparseDbsrilu02_bufferSizeExt"
-.Lname111:
+.Lname54:
     .asciz "cusparseDbsrilu02_numericBoost"
-.Lname112:
-    .asciz "cusparseDbsrmm"
-.Lname113:
-    .asciz "cusparseDbsrmv"
-.Lname114:
-    .asciz "cusparseDbsrsm2_analysis"
-.Lname115:
-    .asciz "cusparseDbsrsm2_bufferSize"
-.Lname116:
+.Lname55:
     .asciz "cusparseDbsrsm2_bufferSizeExt"
-.Lname117:
-    .asciz "cusparseDbsrsm2_solve"
-.Lname118:
-    .asciz "cusparseDbsrsv2_analysis"
-.Lname119:
-    .asciz "cusparseDbsrsv2_bufferSize"
-.Lname120:
+.Lname56:
     .asciz "cusparseDbsrsv2_bufferSizeExt"
-.Lname121:
-    .asciz "cusparseDbsrsv2_solve"
-.Lname122:
-    .asciz "cusparseDbsrxmv"
-.Lname123:
-    .asciz "cusparseDcsr2bsr"
-.Lname124:
+.Lname57:
     .asciz "cusparseDcsr2csr_compress"
-.Lname125:
-    .asciz "cusparseDcsr2csru"
-.Lname126:
-    .asciz "cusparseDcsr2gebsr"
-.Lname127:
-    .asciz "cusparseDcsr2gebsr_bufferSize"
-.Lname128:
+.Lname58:
     .asciz "cusparseDcsr2gebsr_bufferSizeExt"
-.Lname129:
+.Lname59:
     .asciz "cusparseDcsrcolor"
-.Lname130:
-    .asciz "cusparseDcsrgeam2"
-.Lname131:
-    .asciz "cusparseDcsrgeam2_bufferSizeExt"
-.Lname132:
+.Lname60:
     .asciz "cusparseDcsric02"
-.Lname133:
-    .asciz "cusparseDcsric02_analysis"
-.Lname134:
-    .asciz "cusparseDcsric02_bufferSize"
-.Lname135:
+.Lname61:
     .asciz "cusparseDcsric02_bufferSizeExt"
-.Lname136:
+.Lname62:
     .asciz "cusparseDcsrilu02"
-.Lname137:
-    .asciz "cusparseDcsrilu02_analysis"
-.Lname138:
-    .asciz "cusparseDcsrilu02_bufferSize"
-.Lname139:
+.Lname63:
     .asciz "cusparseDcsrilu02_bufferSizeExt"
-.Lname140:
+.Lname64:
     .asciz "cusparseDcsrilu02_numericBoost"
-.Lname141:
-    .asciz "cusparseDcsru2csr"
-.Lname142:
-    .asciz "cusparseDcsru2csr_bufferSizeExt"
-.Lname143:
-    .asciz "cusparseDenseToSparse_analysis"
-.Lname144:
-    .asciz "cusparseDenseToSparse_bufferSize"
-.Lname145:
-    .asciz "cusparseDenseToSparse_convert"
-.Lname146:
-    .asciz "cusparseDgebsr2csr"
-.Lname147:
+.Lname65:
     .asciz "cusparseDgebsr2gebsc"
-.Lname148:
-    .asciz "cusparseDgebsr2gebsc_bufferSize"
-.Lname149:
+.Lname66:
     .asciz "cusparseDgebsr2gebsc_bufferSizeExt"
-.Lname150:
-    .asciz "cusparseDgebsr2gebsr"
-.Lname151:
-    .asciz "cusparseDgebsr2gebsr_bufferSize"
-.Lname152:
+.Lname67:
     .asciz "cusparseDgebsr2gebsr_bufferSizeExt"
-.Lname153:
+.Lname68:
     .asciz "cusparseDgemvi"
-.Lname154:
+.Lname69:
     .asciz "cusparseDgemvi_bufferSize"
-.Lname155:
+.Lname70:
     .asciz "cusparseDgpsvInterleavedBatch"
-.Lname156:
+.Lname71:
     .asciz "cusparseDgpsvInterleavedBatch_bufferSizeExt"
-.Lname157:
+.Lname72:
     .asciz "cusparseDgtsv2"
-.Lname158:
+.Lname73:
     .asciz "cusparseDgtsv2StridedBatch"
-.Lname159:
+.Lname74:
     .asciz "cusparseDgtsv2StridedBatch_bufferSizeExt"
-.Lname160:
+.Lname75:
     .asciz "cusparseDgtsv2_bufferSizeExt"
-.Lname161:
+.Lname76:
     .asciz "cusparseDgtsv2_nopivot"
-.Lname162:
+.Lname77:
     .asciz "cusparseDgtsv2_nopivot_bufferSizeExt"
-.Lname163:
+.Lname78:
     .asciz "cusparseDgtsvInterleavedBatch"
-.Lname164:
+.Lname79:
     .asciz "cusparseDgtsvInterleavedBatch_bufferSizeExt"
-.Lname165:
+.Lname80:
     .asciz "cusparseDnMatGet"
-.Lname166:
+.Lname81:
     .asciz "cusparseDnMatGetStridedBatch"
-.Lname167:
-    .asciz "cusparseDnMatGetValues"
-.Lname168:
-    .asciz "cusparseDnMatSetValues"
-.Lname169:
+.Lname82:
     .asciz "cusparseDnVecGet"
-.Lname170:
-    .asciz "cusparseDnVecGetValues"
-.Lname171:
-    .asciz "cusparseDnVecSetValues"
-.Lname172:
+.Lname83:
     .asciz "cusparseDnnz"
-.Lname173:
+.Lname84:
     .asciz "cusparseDnnz_compress"
-.Lname174:
+.Lname85:
     .asciz "cusparseDpruneCsr2csr"
-.Lname175:
-    .asciz "cusparseDpruneCsr2csrByPercentage"
-.Lname176:
-    .asciz "cusparseDpruneCsr2csrByPercentage_bufferSizeExt"
-.Lname177:
+.Lname86:
     .asciz "cusparseDpruneCsr2csrNnz"
-.Lname178:
-    .asciz "cusparseDpruneCsr2csrNnzByPercentage"
-.Lname179:
+.Lname87:
     .asciz "cusparseDpruneCsr2csr_bufferSizeExt"
-.Lname180:
+.Lname88:
     .asciz "cusparseDpruneDense2csr"
-.Lname181:
+.Lname89:
     .asciz "cusparseDpruneDense2csrByPercentage"
-.Lname182:
+.Lname90:
     .asciz "cusparseDpruneDense2csrByPercentage_bufferSizeExt"
-.Lname183:
+.Lname91:
     .asciz "cusparseDpruneDense2csrNnz"
-.Lname184:
+.Lname92:
     .asciz "cusparseDpruneDense2csrNnzByPercentage"
-.Lname185:
+.Lname93:
     .asciz "cusparseDpruneDense2csr_bufferSizeExt"
-.Lname186:
+.Lname94:
     .asciz "cusparseGetPointerMode"
-.Lname187:
+.Lname95:
     .asciz "cusparseGetProperty"
-.Lname188:
+.Lname96:
     .asciz "cusparseGetVersion"
-.Lname189:
+.Lname97:
     .asciz "cusparseHpruneCsr2csr"
-.Lname190:
+.Lname98:
     .asciz "cusparseHpruneCsr2csrByPercentage"
-.Lname191:
+.Lname99:
     .asciz "cusparseHpruneCsr2csrByPercentage_bufferSizeExt"
-.Lname192:
+.Lname100:
     .asciz "cusparseHpruneCsr2csrNnz"
-.Lname193:
+.Lname101:
     .asciz "cusparseHpruneCsr2csrNnzByPercentage"
-.Lname194:
+.Lname102:
     .asciz "cusparseHpruneCsr2csr_bufferSizeExt"
-.Lname195:
+.Lname103:
     .asciz "cusparseHpruneDense2csr"
-.Lname196:
+.Lname104:
     .asciz "cusparseHpruneDense2csrByPercentage"
-.Lname197:
+.Lname105:
     .asciz "cusparseHpruneDense2csrByPercentage_bufferSizeExt"
-.Lname198:
+.Lname106:
     .asciz "cusparseHpruneDense2csrNnz"
-.Lname199:
+.Lname107:
     .asciz "cusparseHpruneDense2csrNnzByPercentage"
-.Lname200:
+.Lname108:
     .asciz "cusparseHpruneDense2csr_bufferSizeExt"
-.Lname201:
+.Lname109:
     .asciz "cusparseLoggerOpenFile"
-.Lname202:
+.Lname110:
     .asciz "cusparseLoggerSetCallback"
-.Lname203:
+.Lname111:
     .asciz "cusparseLoggerSetFile"
-.Lname204:
+.Lname112:
     .asciz "cusparseRot"
-.Lname205:
-    .asciz "cusparseSDDMM"
-.Lname206:
-    .asciz "cusparseSDDMM_bufferSize"
-.Lname207:
-    .asciz "cusparseSDDMM_preprocess"
-.Lname208:
-    .asciz "cusparseSbsr2csr"
-.Lname209:
-    .asciz "cusparseSbsric02"
-.Lname210:
+.Lname113:
     .asciz "cusparseSbsric02_analysis"
-.Lname211:
-    .asciz "cusparseSbsric02_bufferSize"
-.Lname212:
+.Lname114:
     .asciz "cusparseSbsric02_bufferSizeExt"
-.Lname213:
-    .asciz "cusparseSbsrilu02"
-.Lname214:
-    .asciz "cusparseSbsrilu02_analysis"
-.Lname215:
-    .asciz "cusparseSbsrilu02_bufferSize"
-.Lname216:
+.Lname115:
     .asciz "cusparseSbsrilu02_bufferSizeExt"
-.Lname217:
+.Lname116:
     .asciz "cusparseSbsrilu02_numericBoost"
-.Lname218:
-    .asciz "cusparseSbsrmm"
-.Lname219:
-    .asciz "cusparseSbsrmv"
-.Lname220:
-    .asciz "cusparseSbsrsm2_analysis"
-.Lname221:
-    .asciz "cusparseSbsrsm2_bufferSize"
-.Lname222:
+.Lname117:
     .asciz "cusparseSbsrsm2_bufferSizeExt"
-.Lname223:
-    .asciz "cusparseSbsrsm2_solve"
-.Lname224:
-    .asciz "cusparseSbsrsv2_analysis"
-.Lname225:
-    .asciz "cusparseSbsrsv2_bufferSize"
-.Lname226:
+.Lname118:
     .asciz "cusparseSbsrsv2_bufferSizeExt"
-.Lname227:
-    .asciz "cusparseSbsrsv2_solve"
-.Lname228:
-    .asciz "cusparseSbsrxmv"
-.Lname229:
-    .asciz "cusparseScsr2bsr"
-.Lname230:
+.Lname119:
     .asciz "cusparseScsr2csr_compress"
-.Lname231:
-    .asciz "cusparseScsr2csru"
-.Lname232:
-    .asciz "cusparseScsr2gebsr"
-.Lname233:
-    .asciz "cusparseScsr2gebsr_bufferSize"
-.Lname234:
+.Lname120:
     .asciz "cusparseScsr2gebsr_bufferSizeExt"
-.Lname235:
+.Lname121:
     .asciz "cusparseScsrcolor"
-.Lname236:
-    .asciz "cusparseScsrgeam2"
-.Lname237:
-    .asciz "cusparseScsrgeam2_bufferSizeExt"
-.Lname238:
+.Lname122:
     .asciz "cusparseScsric02"
-.Lname239:
-    .asciz "cusparseScsric02_analysis"
-.Lname240:
-    .asciz "cusparseScsric02_bufferSize"
-.Lname241:
+.Lname123:
     .asciz "cusparseScsric02_bufferSizeExt"
-.Lname242:
+.Lname124:
     .asciz "cusparseScsrilu02"
-.Lname243:
-    .asciz "cusparseScsrilu02_analysis"
-.Lname244:
-    .asciz "cusparseScsrilu02_bufferSize"
-.Lname245:
+.Lname125:
     .asciz "cusparseScsrilu02_bufferSizeExt"
-.Lname246:
+.Lname126:
     .asciz "cusparseScsrilu02_numericBoost"
-.Lname247:
-    .asciz "cusparseScsru2csr"
-.Lname248:
-    .asciz "cusparseScsru2csr_bufferSizeExt"
-.Lname249:
-    .asciz "cusparseSgebsr2csr"
-.Lname250:
+.Lname127:
     .asciz "cusparseSgebsr2gebsc"
-.Lname251:
-    .asciz "cusparseSgebsr2gebsc_bufferSize"
-.Lname252:
+.Lname128:
     .asciz "cusparseSgebsr2gebsc_bufferSizeExt"
-.Lname253:
-    .asciz "cusparseSgebsr2gebsr"
-.Lname254:
-    .asciz "cusparseSgebsr2gebsr_bufferSize"
-.Lname255:
+.Lname129:
     .asciz "cusparseSgebsr2gebsr_bufferSizeExt"
-.Lname256:
+.Lname130:
     .asciz "cusparseSgemvi"
-.Lname257:
+.Lname131:
     .asciz "cusparseSgemvi_bufferSize"
-.Lname258:
+.Lname132:
     .asciz "cusparseSgpsvInterleavedBatch"
-.Lname259:
+.Lname133:
     .asciz "cusparseSgpsvInterleavedBatch_bufferSizeExt"
-.Lname260:
+.Lname134:
     .asciz "cusparseSgtsv2"
-.Lname261:
+.Lname135:
     .asciz "cusparseSgtsv2StridedBatch"
-.Lname262:
+.Lname136:
     .asciz "cusparseSgtsv2StridedBatch_bufferSizeExt"
-.Lname263:
+.Lname137:
     .asciz "cusparseSgtsv2_bufferSizeExt"
-.Lname264:
+.Lname138:
     .asciz "cusparseSgtsv2_nopivot"
-.Lname265:
+.Lname139:
     .asciz "cusparseSgtsv2_nopivot_bufferSizeExt"
-.Lname266:
+.Lname140:
     .asciz "cusparseSgtsvInterleavedBatch"
-.Lname267:
+.Lname141:
     .asciz "cusparseSgtsvInterleavedBatch_bufferSizeExt"
-.Lname268:
+.Lname142:
     .asciz "cusparseSnnz"
-.Lname269:
+.Lname143:
     .asciz "cusparseSnnz_compress"
-.Lname270:
-    .asciz "cusparseSpGEMM_compute"
-.Lname271:
-    .asciz "cusparseSpGEMM_copy"
-.Lname272:
+.Lname144:
     .asciz "cusparseSpGEMM_estimateMemory"
-.Lname273:
+.Lname145:
     .asciz "cusparseSpGEMM_getNumProducts"
-.Lname274:
-    .asciz "cusparseSpGEMM_workEstimation"
-.Lname275:
-    .asciz "cusparseSpGEMMreuse_compute"
-.Lname276:
+.Lname146:
     .asciz "cusparseSpGEMMreuse_copy"
-.Lname277:
+.Lname147:
     .asciz "cusparseSpGEMMreuse_nnz"
-.Lname278:
-    .asciz "cusparseSpGEMMreuse_workEstimation"
-.Lname279:
-    .asciz "cusparseSpMM"
-.Lname280:
-    .asciz "cusparseSpMMOp"
-.Lname281:
+.Lname148:
     .asciz "cusparseSpMMOp_createPlan"
-.Lname282:
-    .asciz "cusparseSpMM_bufferSize"
-.Lname283:
-    .asciz "cusparseSpMM_preprocess"
-.Lname284:
-    .asciz "cusparseSpMV"
-.Lname285:
+.Lname149:
     .asciz "cusparseSpMVOp"
-.Lname286:
+.Lname150:
     .asciz "cusparseSpMVOp_bufferSize"
-.Lname287:
+.Lname151:
     .asciz "cusparseSpMVOp_createDescr"
-.Lname288:
+.Lname152:
     .asciz "cusparseSpMVOp_createPlan"
-.Lname289:
+.Lname153:
     .asciz "cusparseSpMVOp_destroyDescr"
-.Lname290:
+.Lname154:
     .asciz "cusparseSpMVOp_destroyPlan"
-.Lname291:
+.Lname155:
     .asciz "cusparseSpMVOp_setGlobalUserData"
-.Lname292:
-    .asciz "cusparseSpMV_bufferSize"
-.Lname293:
-    .asciz "cusparseSpMV_preprocess"
-.Lname294:
-    .asciz "cusparseSpMatGetAttribute"
-.Lname295:
+.Lname156:
     .asciz "cusparseSpMatGetFormat"
-.Lname296:
+.Lname157:
     .asciz "cusparseSpMatGetIndexBase"
-.Lname297:
-    .asciz "cusparseSpMatGetSize"
-.Lname298:
+.Lname158:
     .asciz "cusparseSpMatGetStridedBatch"
-.Lname299:
-    .asciz "cusparseSpMatGetValues"
-.Lname300:
-    .asciz "cusparseSpMatSetAttribute"
-.Lname301:
-    .asciz "cusparseSpMatSetValues"
-.Lname302:
-    .asciz "cusparseSpSM_analysis"
-.Lname303:
-    .asciz "cusparseSpSM_bufferSize"
-.Lname304:
-    .asciz "cusparseSpSM_solve"
-.Lname305:
+.Lname159:
     .asciz "cusparseSpSM_updateMatrix"
-.Lname306:
-    .asciz "cusparseSpSV_analysis"
-.Lname307:
-    .asciz "cusparseSpSV_bufferSize"
-.Lname308:
-    .asciz "cusparseSpSV_solve"
-.Lname309:
+.Lname160:
     .asciz "cusparseSpSV_updateMatrix"
-.Lname310:
+.Lname161:
     .asciz "cusparseSpVV"
-.Lname311:
+.Lname162:
     .asciz "cusparseSpVV_bufferSize"
-.Lname312:
+.Lname163:
     .asciz "cusparseSpVecGet"
-.Lname313:
+.Lname164:
     .asciz "cusparseSpVecGetIndexBase"
-.Lname314:
-    .asciz "cusparseSpVecGetValues"
-.Lname315:
-    .asciz "cusparseSpVecSetValues"
-.Lname316:
-    .asciz "cusparseSparseToDense"
-.Lname317:
-    .asciz "cusparseSparseToDense_bufferSize"
-.Lname318:
+.Lname165:
     .asciz "cusparseSpruneCsr2csr"
-.Lname319:
-    .asciz "cusparseSpruneCsr2csrByPercentage"
-.Lname320:
-    .asciz "cusparseSpruneCsr2csrByPercentage_bufferSizeExt"
-.Lname321:
+.Lname166:
     .asciz "cusparseSpruneCsr2csrNnz"
-.Lname322:
-    .asciz "cusparseSpruneCsr2csrNnzByPercentage"
-.Lname323:
+.Lname167:
     .asciz "cusparseSpruneCsr2csr_bufferSizeExt"
-.Lname324:
+.Lname168:
     .asciz "cusparseSpruneDense2csr"
-.Lname325:
+.Lname169:
     .asciz "cusparseSpruneDense2csrByPercentage"
-.Lname326:
+.Lname170:
     .asciz "cusparseSpruneDense2csrByPercentage_bufferSizeExt"
-.Lname327:
+.Lname171:
     .asciz "cusparseSpruneDense2csrNnz"
-.Lname328:
+.Lname172:
     .asciz "cusparseSpruneDense2csrNnzByPercentage"
-.Lname329:
+.Lname173:
     .asciz "cusparseSpruneDense2csr_bufferSizeExt"
-.Lname330:
-    .asciz "cusparseXbsric02_zeroPivot"
-.Lname331:
-    .asciz "cusparseXbsrilu02_zeroPivot"
-.Lname332:
-    .asciz "cusparseXbsrsm2_zeroPivot"
-.Lname333:
-    .asciz "cusparseXbsrsv2_zeroPivot"
-.Lname334:
-    .asciz "cusparseXcoo2csr"
-.Lname335:
-    .asciz "cusparseXcoosortByColumn"
-.Lname336:
-    .asciz "cusparseXcoosortByRow"
-.Lname337:
-    .asciz "cusparseXcoosort_bufferSizeExt"
-.Lname338:
+.Lname174:
     .asciz "cusparseXcscsort"
-.Lname339:
+.Lname175:
     .asciz "cusparseXcscsort_bufferSizeExt"
-.Lname340:
-    .asciz "cusparseXcsr2bsrNnz"
-.Lname341:
-    .asciz "cusparseXcsr2coo"
-.Lname342:
-    .asciz "cusparseXcsr2gebsrNnz"
-.Lname343:
-    .asciz "cusparseXcsrgeam2Nnz"
-.Lname344:
-    .asciz "cusparseXcsric02_zeroPivot"
-.Lname345:
-    .asciz "cusparseXcsrilu02_zeroPivot"
-.Lname346:
-    .asciz "cusparseXcsrsort"
-.Lname347:
-    .asciz "cusparseXcsrsort_bufferSizeExt"
-.Lname348:
-    .asciz "cusparseXgebsr2csr"
-.Lname349:
-    .asciz "cusparseXgebsr2gebsrNnz"
-.Lname350:
-    .asciz "cusparseZbsr2csr"
-.Lname351:
-    .asciz "cusparseZbsric02"
-.Lname352:
+.Lname176:
     .asciz "cusparseZbsric02_analysis"
-.Lname353:
-    .asciz "cusparseZbsric02_bufferSize"
-.Lname354:
+.Lname177:
     .asciz "cusparseZbsric02_bufferSizeExt"
-.Lname355:
-    .asciz "cusparseZbsrilu02"
-.Lname356:
-    .asciz "cusparseZbsrilu02_analysis"
-.Lname357:
-    .asciz "cusparseZbsrilu02_bufferSize"
-.Lname358:
+.Lname178:
     .asciz "cusparseZbsrilu02_bufferSizeExt"
-.Lname359:
+.Lname179:
     .asciz "cusparseZbsrilu02_numericBoost"
-.Lname360:
-    .asciz "cusparseZbsrmm"
-.Lname361:
-    .asciz "cusparseZbsrmv"
-.Lname362:
-    .asciz "cusparseZbsrsm2_analysis"
-.Lname363:
-    .asciz "cusparseZbsrsm2_bufferSize"
-.Lname364:
+.Lname180:
     .asciz "cusparseZbsrsm2_bufferSizeExt"
-.Lname365:
-    .asciz "cusparseZbsrsm2_solve"
-.Lname366:
-    .asciz "cusparseZbsrsv2_analysis"
-.Lname367:
-    .asciz "cusparseZbsrsv2_bufferSize"
-.Lname368:
+.Lname181:
     .asciz "cusparseZbsrsv2_bufferSizeExt"
-.Lname369:
-    .asciz "cusparseZbsrsv2_solve"
-.Lname370:
-    .asciz "cusparseZbsrxmv"
-.Lname371:
-    .asciz "cusparseZcsr2bsr"
-.Lname372:
+.Lname182:
     .asciz "cusparseZcsr2csr_compress"
-.Lname373:
-    .asciz "cusparseZcsr2csru"
-.Lname374:
-    .asciz "cusparseZcsr2gebsr"
-.Lname375:
-    .asciz "cusparseZcsr2gebsr_bufferSize"
-.Lname376:
+.Lname183:
     .asciz "cusparseZcsr2gebsr_bufferSizeExt"
-.Lname377:
+.Lname184:
     .asciz "cusparseZcsrcolor"
-.Lname378:
-    .asciz "cusparseZcsrgeam2"
-.Lname379:
-    .asciz "cusparseZcsrgeam2_bufferSizeExt"
-.Lname380:
+.Lname185:
     .asciz "cusparseZcsric02"
-.Lname381:
-    .asciz "cusparseZcsric02_analysis"
-.Lname382:
-    .asciz "cusparseZcsric02_bufferSize"
-.Lname383:
+.Lname186:
     .asciz "cusparseZcsric02_bufferSizeExt"
-.Lname384:
+.Lname187:
     .asciz "cusparseZcsrilu02"
-.Lname385:
-    .asciz "cusparseZcsrilu02_analysis"
-.Lname386:
-    .asciz "cusparseZcsrilu02_bufferSize"
-.Lname387:
+.Lname188:
     .asciz "cusparseZcsrilu02_bufferSizeExt"
-.Lname388:
+.Lname189:
     .asciz "cusparseZcsrilu02_numericBoost"
-.Lname389:
-    .asciz "cusparseZcsru2csr"
-.Lname390:
-    .asciz "cusparseZcsru2csr_bufferSizeExt"
-.Lname391:
-    .asciz "cusparseZgebsr2csr"
-.Lname392:
+.Lname190:
     .asciz "cusparseZgebsr2gebsc"
-.Lname393:
-    .asciz "cusparseZgebsr2gebsc_bufferSize"
-.Lname394:
+.Lname191:
     .asciz "cusparseZgebsr2gebsc_bufferSizeExt"
-.Lname395:
-    .asciz "cusparseZgebsr2gebsr"
-.Lname396:
-    .asciz "cusparseZgebsr2gebsr_bufferSize"
-.Lname397:
+.Lname192:
     .asciz "cusparseZgebsr2gebsr_bufferSizeExt"
-.Lname398:
+.Lname193:
     .asciz "cusparseZgemvi"
-.Lname399:
+.Lname194:
     .asciz "cusparseZgemvi_bufferSize"
-.Lname400:
+.Lname195:
     .asciz "cusparseZgpsvInterleavedBatch"
-.Lname401:
+.Lname196:
     .asciz "cusparseZgpsvInterleavedBatch_bufferSizeExt"
-.Lname402:
-    .asciz "cusparseZgtsv2"
-.Lname403:
+.Lname197:
     .asciz "cusparseZgtsv2StridedBatch"
-.Lname404:
+.Lname198:
     .asciz "cusparseZgtsv2StridedBatch_bufferSizeExt"
-.Lname405:
+.Lname199:
     .asciz "cusparseZgtsv2_bufferSizeExt"
-.Lname406:
-    .asciz "cusparseZgtsv2_nopivot"
-.Lname407:
+.Lname200:
     .asciz "cusparseZgtsv2_nopivot_bufferSizeExt"
-.Lname408:
+.Lname201:
     .asciz "cusparseZgtsvInterleavedBatch"
-.Lname409:
+.Lname202:
     .asciz "cusparseZgtsvInterleavedBatch_bufferSizeExt"
-.Lname410:
+.Lname203:
     .asciz "cusparseZnnz"
-.Lname411:
+.Lname204:
     .asciz "cusparseZnnz_compress"
     .section .note.GNU-stack,"",@progbits

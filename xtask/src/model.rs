@@ -660,8 +660,15 @@ fn with_rules(env: &TypeEnv, fspec: &FnSpec, decl: &Function, rules: &LibRules) 
         }
         let (Some(params), Some(kind)) = (&r.params, &r.rule.kind) else { continue };
         for p in &decl.params {
-            let pointer = matches!(env.resolve(&Ty::parse(&p.ty)?), Ty::Ptr { .. } | Ty::Array { .. });
-            if pointer && params.is_match(&p.name) && !out.params.contains_key(&p.name) {
+            let ty = Ty::parse(&p.ty)?;
+            let pointer = matches!(env.resolve(&ty), Ty::Ptr { .. } | Ty::Array { .. });
+            // Handles, and pointers to the handle a Create makes, are inferred, never a rule's.
+            let out_handle = match env.kind(&ty) {
+                Kind::Handle { .. } => true,
+                Kind::Pointer { pointee, .. } => matches!(*pointee, Kind::Handle { .. }),
+                _ => false,
+            };
+            if pointer && !out_handle && params.is_match(&p.name) && !out.params.contains_key(&p.name) {
                 out.params.insert(p.name.clone(), kind.clone());
             }
         }

@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 11810711839290268212u64;
+pub const SCHEMA_HASH: u64 = 6301151263451724722u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 1800usize] = [
+pub static FUNCTIONS: [&str; 2260usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -1033,12 +1033,16 @@ pub static FUNCTIONS: [&str; 1800usize] = [
     "cudnnSpatialTfSamplerBackward",
     "cudnnSpatialTfSamplerForward",
     "cudnnTransformTensor",
+    "cufftCreate",
     "cufftDestroy",
     "cufftResetPlanProperty",
     "cufftSetAutoAllocation",
     "cufftSetPlanPropertyInt64",
     "cufftSetStream",
+    "cufftSetWorkArea",
     "cufftXtClearCallback",
+    "cufftXtExec",
+    "cufftXtMakePlanMany",
     "cufftXtSetCallbackSharedSize",
     "cufftXtSetDistribution",
     "curandCreateGenerator",
@@ -1052,15 +1056,112 @@ pub static FUNCTIONS: [&str; 1800usize] = [
     "curandSetPseudoRandomGeneratorSeed",
     "curandSetQuasiRandomGeneratorDimensions",
     "curandSetStream",
+    "cusolverDnCgebrd_bufferSize",
+    "cusolverDnCgeqrf",
+    "cusolverDnCgeqrf_bufferSize",
+    "cusolverDnCgesvd",
+    "cusolverDnCgesvd_bufferSize",
+    "cusolverDnCgesvdaStridedBatched",
+    "cusolverDnCgesvdaStridedBatched_bufferSize",
+    "cusolverDnCgesvdj",
+    "cusolverDnCgesvdjBatched",
+    "cusolverDnCgesvdjBatched_bufferSize",
+    "cusolverDnCgesvdj_bufferSize",
+    "cusolverDnCgetrf",
+    "cusolverDnCgetrf_bufferSize",
+    "cusolverDnCgetrs",
+    "cusolverDnCheevd",
+    "cusolverDnCheevd_bufferSize",
+    "cusolverDnCheevj",
+    "cusolverDnCheevjBatched",
+    "cusolverDnCheevjBatched_bufferSize",
+    "cusolverDnCheevj_bufferSize",
+    "cusolverDnChegvd",
+    "cusolverDnChegvd_bufferSize",
+    "cusolverDnChegvj",
+    "cusolverDnChegvj_bufferSize",
+    "cusolverDnClaswp",
+    "cusolverDnClauum",
+    "cusolverDnClauum_bufferSize",
+    "cusolverDnCpotrf",
+    "cusolverDnCpotrfBatched",
+    "cusolverDnCpotrf_bufferSize",
+    "cusolverDnCpotri",
+    "cusolverDnCpotri_bufferSize",
+    "cusolverDnCpotrs",
+    "cusolverDnCpotrsBatched",
     "cusolverDnCreate",
     "cusolverDnCreateGesvdjInfo",
     "cusolverDnCreateParams",
     "cusolverDnCreateSyevjInfo",
+    "cusolverDnCsytrf",
+    "cusolverDnCsytrf_bufferSize",
+    "cusolverDnCsytri",
+    "cusolverDnCsytri_bufferSize",
+    "cusolverDnCungbr",
+    "cusolverDnCungbr_bufferSize",
+    "cusolverDnCungqr",
+    "cusolverDnCungqr_bufferSize",
+    "cusolverDnCungtr",
+    "cusolverDnCungtr_bufferSize",
+    "cusolverDnCunmqr",
+    "cusolverDnCunmqr_bufferSize",
+    "cusolverDnCunmtr",
+    "cusolverDnCunmtr_bufferSize",
     "cusolverDnDestroy",
     "cusolverDnDestroyGesvdjInfo",
     "cusolverDnDestroyParams",
     "cusolverDnDestroySyevjInfo",
+    "cusolverDnDgebrd_bufferSize",
+    "cusolverDnDgeqrf",
+    "cusolverDnDgeqrf_bufferSize",
+    "cusolverDnDgesvd",
+    "cusolverDnDgesvd_bufferSize",
+    "cusolverDnDgesvdaStridedBatched",
+    "cusolverDnDgesvdaStridedBatched_bufferSize",
+    "cusolverDnDgesvdj",
+    "cusolverDnDgesvdjBatched",
+    "cusolverDnDgesvdjBatched_bufferSize",
+    "cusolverDnDgesvdj_bufferSize",
+    "cusolverDnDgetrf",
+    "cusolverDnDgetrf_bufferSize",
+    "cusolverDnDgetrs",
+    "cusolverDnDlaswp",
+    "cusolverDnDlauum",
+    "cusolverDnDlauum_bufferSize",
+    "cusolverDnDorgbr",
+    "cusolverDnDorgbr_bufferSize",
+    "cusolverDnDorgqr",
+    "cusolverDnDorgqr_bufferSize",
+    "cusolverDnDorgtr",
+    "cusolverDnDorgtr_bufferSize",
+    "cusolverDnDormqr",
+    "cusolverDnDormqr_bufferSize",
+    "cusolverDnDormtr",
+    "cusolverDnDormtr_bufferSize",
+    "cusolverDnDpotrf",
+    "cusolverDnDpotrfBatched",
+    "cusolverDnDpotrf_bufferSize",
+    "cusolverDnDpotri",
+    "cusolverDnDpotri_bufferSize",
+    "cusolverDnDpotrs",
+    "cusolverDnDpotrsBatched",
+    "cusolverDnDsyevd",
+    "cusolverDnDsyevd_bufferSize",
+    "cusolverDnDsyevj",
+    "cusolverDnDsyevjBatched",
+    "cusolverDnDsyevjBatched_bufferSize",
+    "cusolverDnDsyevj_bufferSize",
+    "cusolverDnDsygvd",
+    "cusolverDnDsygvd_bufferSize",
+    "cusolverDnDsygvj",
+    "cusolverDnDsygvj_bufferSize",
+    "cusolverDnDsytrf",
+    "cusolverDnDsytrf_bufferSize",
+    "cusolverDnDsytri",
+    "cusolverDnDsytri_bufferSize",
     "cusolverDnGetStream",
+    "cusolverDnGetrs",
     "cusolverDnIRSInfosCreate",
     "cusolverDnIRSInfosDestroy",
     "cusolverDnIRSInfosRequestResidual",
@@ -1079,17 +1180,135 @@ pub static FUNCTIONS: [&str; 1800usize] = [
     "cusolverDnLoggerForceDisable",
     "cusolverDnLoggerSetLevel",
     "cusolverDnLoggerSetMask",
+    "cusolverDnPotrs",
     "cusolverDnSetAdvOptions",
     "cusolverDnSetDeterministicMode",
     "cusolverDnSetEmulationStrategy",
     "cusolverDnSetMathMode",
     "cusolverDnSetStream",
+    "cusolverDnSgebrd_bufferSize",
+    "cusolverDnSgeqrf",
+    "cusolverDnSgeqrf_bufferSize",
+    "cusolverDnSgesvd",
+    "cusolverDnSgesvd_bufferSize",
+    "cusolverDnSgesvdaStridedBatched",
+    "cusolverDnSgesvdaStridedBatched_bufferSize",
+    "cusolverDnSgesvdj",
+    "cusolverDnSgesvdjBatched",
+    "cusolverDnSgesvdjBatched_bufferSize",
+    "cusolverDnSgesvdj_bufferSize",
+    "cusolverDnSgetrf",
+    "cusolverDnSgetrf_bufferSize",
+    "cusolverDnSgetrs",
+    "cusolverDnSlaswp",
+    "cusolverDnSlauum",
+    "cusolverDnSlauum_bufferSize",
+    "cusolverDnSorgbr",
+    "cusolverDnSorgbr_bufferSize",
+    "cusolverDnSorgqr",
+    "cusolverDnSorgqr_bufferSize",
+    "cusolverDnSorgtr",
+    "cusolverDnSorgtr_bufferSize",
+    "cusolverDnSormqr",
+    "cusolverDnSormqr_bufferSize",
+    "cusolverDnSormtr",
+    "cusolverDnSormtr_bufferSize",
+    "cusolverDnSpotrf",
+    "cusolverDnSpotrfBatched",
+    "cusolverDnSpotrf_bufferSize",
+    "cusolverDnSpotri",
+    "cusolverDnSpotri_bufferSize",
+    "cusolverDnSpotrs",
+    "cusolverDnSpotrsBatched",
+    "cusolverDnSsyevd",
+    "cusolverDnSsyevd_bufferSize",
+    "cusolverDnSsyevj",
+    "cusolverDnSsyevjBatched",
+    "cusolverDnSsyevjBatched_bufferSize",
+    "cusolverDnSsyevj_bufferSize",
+    "cusolverDnSsygvd",
+    "cusolverDnSsygvd_bufferSize",
+    "cusolverDnSsygvj",
+    "cusolverDnSsygvj_bufferSize",
+    "cusolverDnSsytrf",
+    "cusolverDnSsytrf_bufferSize",
+    "cusolverDnSsytri",
+    "cusolverDnSsytri_bufferSize",
+    "cusolverDnXgeev",
+    "cusolverDnXgeev_bufferSize",
+    "cusolverDnXgeqrf",
+    "cusolverDnXgeqrf_bufferSize",
+    "cusolverDnXgesvd",
+    "cusolverDnXgesvd_bufferSize",
     "cusolverDnXgesvdjSetMaxSweeps",
     "cusolverDnXgesvdjSetSortEig",
     "cusolverDnXgesvdjSetTolerance",
+    "cusolverDnXgesvdp_bufferSize",
+    "cusolverDnXgetrf",
+    "cusolverDnXgetrf_bufferSize",
+    "cusolverDnXgetrs",
+    "cusolverDnXpotrf",
+    "cusolverDnXpotrf_bufferSize",
+    "cusolverDnXpotrs",
+    "cusolverDnXsyevBatched",
+    "cusolverDnXsyevBatched_bufferSize",
+    "cusolverDnXsyevd",
+    "cusolverDnXsyevd_bufferSize",
     "cusolverDnXsyevjSetMaxSweeps",
     "cusolverDnXsyevjSetSortEig",
     "cusolverDnXsyevjSetTolerance",
+    "cusolverDnXsytrs",
+    "cusolverDnXsytrs_bufferSize",
+    "cusolverDnXtrtri",
+    "cusolverDnXtrtri_bufferSize",
+    "cusolverDnZgebrd_bufferSize",
+    "cusolverDnZgeqrf",
+    "cusolverDnZgeqrf_bufferSize",
+    "cusolverDnZgesvd",
+    "cusolverDnZgesvd_bufferSize",
+    "cusolverDnZgesvdaStridedBatched",
+    "cusolverDnZgesvdaStridedBatched_bufferSize",
+    "cusolverDnZgesvdj",
+    "cusolverDnZgesvdjBatched",
+    "cusolverDnZgesvdjBatched_bufferSize",
+    "cusolverDnZgesvdj_bufferSize",
+    "cusolverDnZgetrf",
+    "cusolverDnZgetrf_bufferSize",
+    "cusolverDnZgetrs",
+    "cusolverDnZheevd",
+    "cusolverDnZheevd_bufferSize",
+    "cusolverDnZheevj",
+    "cusolverDnZheevjBatched",
+    "cusolverDnZheevjBatched_bufferSize",
+    "cusolverDnZheevj_bufferSize",
+    "cusolverDnZhegvd",
+    "cusolverDnZhegvd_bufferSize",
+    "cusolverDnZhegvj",
+    "cusolverDnZhegvj_bufferSize",
+    "cusolverDnZlaswp",
+    "cusolverDnZlauum",
+    "cusolverDnZlauum_bufferSize",
+    "cusolverDnZpotrf",
+    "cusolverDnZpotrfBatched",
+    "cusolverDnZpotrf_bufferSize",
+    "cusolverDnZpotri",
+    "cusolverDnZpotri_bufferSize",
+    "cusolverDnZpotrs",
+    "cusolverDnZpotrsBatched",
+    "cusolverDnZsytrf",
+    "cusolverDnZsytrf_bufferSize",
+    "cusolverDnZsytri",
+    "cusolverDnZsytri_bufferSize",
+    "cusolverDnZungbr",
+    "cusolverDnZungbr_bufferSize",
+    "cusolverDnZungqr",
+    "cusolverDnZungqr_bufferSize",
+    "cusolverDnZungtr",
+    "cusolverDnZungtr_bufferSize",
+    "cusolverDnZunmqr",
+    "cusolverDnZunmqr_bufferSize",
+    "cusolverDnZunmtr",
+    "cusolverDnZunmtr_bufferSize",
     "cusolverRfAnalyze",
     "cusolverRfBatchAnalyze",
     "cusolverRfBatchRefactor",
@@ -1106,24 +1325,122 @@ pub static FUNCTIONS: [&str; 1800usize] = [
     "cusolverSpDestroyCsrqrInfo",
     "cusolverSpGetStream",
     "cusolverSpSetStream",
+    "cusparseAxpby",
     "cusparseBsrSetStridedBatch",
+    "cusparseCbsr2csr",
+    "cusparseCbsric02",
+    "cusparseCbsric02_bufferSize",
+    "cusparseCbsrilu02",
+    "cusparseCbsrilu02_analysis",
+    "cusparseCbsrilu02_bufferSize",
+    "cusparseCbsrmm",
+    "cusparseCbsrmv",
+    "cusparseCbsrsm2_analysis",
+    "cusparseCbsrsm2_bufferSize",
+    "cusparseCbsrsm2_solve",
+    "cusparseCbsrsv2_analysis",
+    "cusparseCbsrsv2_bufferSize",
+    "cusparseCbsrsv2_solve",
+    "cusparseCbsrxmv",
+    "cusparseCcsr2bsr",
+    "cusparseCcsr2csru",
+    "cusparseCcsr2gebsr",
+    "cusparseCcsr2gebsr_bufferSize",
+    "cusparseCcsrgeam2",
+    "cusparseCcsrgeam2_bufferSizeExt",
+    "cusparseCcsrgemm2",
+    "cusparseCcsrgemm2_bufferSizeExt",
+    "cusparseCcsric02_analysis",
+    "cusparseCcsric02_bufferSize",
+    "cusparseCcsrilu02_analysis",
+    "cusparseCcsrilu02_bufferSize",
+    "cusparseCcsrsm2_analysis",
+    "cusparseCcsrsm2_solve",
+    "cusparseCcsrsv2_analysis",
+    "cusparseCcsrsv2_bufferSize",
+    "cusparseCcsrsv2_solve",
+    "cusparseCcsru2csr",
+    "cusparseCcsru2csr_bufferSizeExt",
+    "cusparseCgebsr2csr",
+    "cusparseCgebsr2gebsc_bufferSize",
+    "cusparseCgebsr2gebsr",
+    "cusparseCgebsr2gebsr_bufferSize",
+    "cusparseCgtsv2",
+    "cusparseCgtsv2_nopivot",
+    "cusparseConstDnMatGetValues",
+    "cusparseConstDnVecGetValues",
+    "cusparseConstSpMatGetValues",
+    "cusparseConstSpVecGetValues",
+    "cusparseConstrainedGeMM",
+    "cusparseConstrainedGeMM_bufferSize",
+    "cusparseCooSetPointers",
     "cusparseCooSetStridedBatch",
     "cusparseCopyMatDescr",
     "cusparseCreate",
+    "cusparseCreateBsr",
     "cusparseCreateBsric02Info",
     "cusparseCreateBsrilu02Info",
     "cusparseCreateBsrsm2Info",
     "cusparseCreateBsrsv2Info",
     "cusparseCreateColorInfo",
+    "cusparseCreateConstBsr",
+    "cusparseCreateConstCoo",
+    "cusparseCreateConstCsr",
+    "cusparseCreateConstDnMat",
+    "cusparseCreateConstDnVec",
+    "cusparseCreateCoo",
+    "cusparseCreateCooAoS",
+    "cusparseCreateCsr",
     "cusparseCreateCsrgemm2Info",
     "cusparseCreateCsric02Info",
     "cusparseCreateCsrilu02Info",
     "cusparseCreateCsrsm2Info",
     "cusparseCreateCsrsv2Info",
     "cusparseCreateCsru2csrInfo",
+    "cusparseCreateDnMat",
+    "cusparseCreateDnVec",
+    "cusparseCreateIdentityPermutation",
     "cusparseCreateMatDescr",
     "cusparseCreatePruneInfo",
+    "cusparseCsrSetPointers",
     "cusparseCsrSetStridedBatch",
+    "cusparseDbsr2csr",
+    "cusparseDbsric02",
+    "cusparseDbsric02_bufferSize",
+    "cusparseDbsrilu02",
+    "cusparseDbsrilu02_analysis",
+    "cusparseDbsrilu02_bufferSize",
+    "cusparseDbsrmm",
+    "cusparseDbsrmv",
+    "cusparseDbsrsm2_analysis",
+    "cusparseDbsrsm2_bufferSize",
+    "cusparseDbsrsm2_solve",
+    "cusparseDbsrsv2_analysis",
+    "cusparseDbsrsv2_bufferSize",
+    "cusparseDbsrsv2_solve",
+    "cusparseDbsrxmv",
+    "cusparseDcsr2bsr",
+    "cusparseDcsr2csru",
+    "cusparseDcsr2gebsr",
+    "cusparseDcsr2gebsr_bufferSize",
+    "cusparseDcsrgeam2",
+    "cusparseDcsrgeam2_bufferSizeExt",
+    "cusparseDcsrgemm2",
+    "cusparseDcsrgemm2_bufferSizeExt",
+    "cusparseDcsric02_analysis",
+    "cusparseDcsric02_bufferSize",
+    "cusparseDcsrilu02_analysis",
+    "cusparseDcsrilu02_bufferSize",
+    "cusparseDcsrsm2_analysis",
+    "cusparseDcsrsm2_solve",
+    "cusparseDcsrsv2_analysis",
+    "cusparseDcsrsv2_bufferSize",
+    "cusparseDcsrsv2_solve",
+    "cusparseDcsru2csr",
+    "cusparseDcsru2csr_bufferSizeExt",
+    "cusparseDenseToSparse_analysis",
+    "cusparseDenseToSparse_bufferSize",
+    "cusparseDenseToSparse_convert",
     "cusparseDestroy",
     "cusparseDestroyBsric02Info",
     "cusparseDestroyBsrilu02Info",
@@ -1142,7 +1459,18 @@ pub static FUNCTIONS: [&str; 1800usize] = [
     "cusparseDestroyPruneInfo",
     "cusparseDestroySpMat",
     "cusparseDestroySpVec",
+    "cusparseDgebsr2csr",
+    "cusparseDgebsr2gebsc_bufferSize",
+    "cusparseDgebsr2gebsr",
+    "cusparseDgebsr2gebsr_bufferSize",
+    "cusparseDnMatGetValues",
     "cusparseDnMatSetStridedBatch",
+    "cusparseDnMatSetValues",
+    "cusparseDnVecGetValues",
+    "cusparseDnVecSetValues",
+    "cusparseDpruneCsr2csrByPercentage",
+    "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
+    "cusparseDpruneCsr2csrNnzByPercentage",
     "cusparseGather",
     "cusparseGetMatDiagType",
     "cusparseGetMatFillMode",
@@ -1152,7 +1480,44 @@ pub static FUNCTIONS: [&str; 1800usize] = [
     "cusparseLoggerForceDisable",
     "cusparseLoggerSetLevel",
     "cusparseLoggerSetMask",
+    "cusparseSDDMM",
+    "cusparseSDDMM_bufferSize",
+    "cusparseSDDMM_preprocess",
+    "cusparseSbsr2csr",
+    "cusparseSbsric02",
+    "cusparseSbsric02_bufferSize",
+    "cusparseSbsrilu02",
+    "cusparseSbsrilu02_analysis",
+    "cusparseSbsrilu02_bufferSize",
+    "cusparseSbsrmm",
+    "cusparseSbsrmv",
+    "cusparseSbsrsm2_analysis",
+    "cusparseSbsrsm2_bufferSize",
+    "cusparseSbsrsm2_solve",
+    "cusparseSbsrsv2_analysis",
+    "cusparseSbsrsv2_bufferSize",
+    "cusparseSbsrsv2_solve",
+    "cusparseSbsrxmv",
     "cusparseScatter",
+    "cusparseScsr2bsr",
+    "cusparseScsr2csru",
+    "cusparseScsr2gebsr",
+    "cusparseScsr2gebsr_bufferSize",
+    "cusparseScsrgeam2",
+    "cusparseScsrgeam2_bufferSizeExt",
+    "cusparseScsrgemm2",
+    "cusparseScsrgemm2_bufferSizeExt",
+    "cusparseScsric02_analysis",
+    "cusparseScsric02_bufferSize",
+    "cusparseScsrilu02_analysis",
+    "cusparseScsrilu02_bufferSize",
+    "cusparseScsrsm2_analysis",
+    "cusparseScsrsm2_solve",
+    "cusparseScsrsv2_analysis",
+    "cusparseScsrsv2_bufferSize",
+    "cusparseScsrsv2_solve",
+    "cusparseScsru2csr",
+    "cusparseScsru2csr_bufferSizeExt",
     "cusparseSetColorAlgs",
     "cusparseSetMatDiagType",
     "cusparseSetMatFillMode",
@@ -1160,14 +1525,109 @@ pub static FUNCTIONS: [&str; 1800usize] = [
     "cusparseSetMatType",
     "cusparseSetPointerMode",
     "cusparseSetStream",
+    "cusparseSgebsr2csr",
+    "cusparseSgebsr2gebsc_bufferSize",
+    "cusparseSgebsr2gebsr",
+    "cusparseSgebsr2gebsr_bufferSize",
+    "cusparseSpGEMM_compute",
+    "cusparseSpGEMM_copy",
     "cusparseSpGEMM_createDescr",
     "cusparseSpGEMM_destroyDescr",
+    "cusparseSpGEMM_workEstimation",
+    "cusparseSpGEMMreuse_compute",
+    "cusparseSpGEMMreuse_workEstimation",
+    "cusparseSpMM",
+    "cusparseSpMMOp",
     "cusparseSpMMOp_destroyPlan",
+    "cusparseSpMM_bufferSize",
+    "cusparseSpMM_preprocess",
+    "cusparseSpMV",
+    "cusparseSpMV_bufferSize",
+    "cusparseSpMV_preprocess",
+    "cusparseSpMatGetAttribute",
+    "cusparseSpMatGetSize",
+    "cusparseSpMatGetValues",
+    "cusparseSpMatSetAttribute",
     "cusparseSpMatSetStridedBatch",
+    "cusparseSpMatSetValues",
+    "cusparseSpSM_analysis",
+    "cusparseSpSM_bufferSize",
     "cusparseSpSM_createDescr",
     "cusparseSpSM_destroyDescr",
+    "cusparseSpSM_solve",
+    "cusparseSpSV_analysis",
+    "cusparseSpSV_bufferSize",
     "cusparseSpSV_createDescr",
     "cusparseSpSV_destroyDescr",
+    "cusparseSpSV_solve",
+    "cusparseSpVecGetValues",
+    "cusparseSpVecSetValues",
+    "cusparseSparseToDense",
+    "cusparseSparseToDense_bufferSize",
+    "cusparseSpruneCsr2csrByPercentage",
+    "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
+    "cusparseSpruneCsr2csrNnzByPercentage",
+    "cusparseXbsric02_zeroPivot",
+    "cusparseXbsrilu02_zeroPivot",
+    "cusparseXbsrsm2_zeroPivot",
+    "cusparseXbsrsv2_zeroPivot",
+    "cusparseXcoo2csr",
+    "cusparseXcoosortByColumn",
+    "cusparseXcoosortByRow",
+    "cusparseXcoosort_bufferSizeExt",
+    "cusparseXcsr2bsrNnz",
+    "cusparseXcsr2coo",
+    "cusparseXcsr2gebsrNnz",
+    "cusparseXcsrgeam2Nnz",
+    "cusparseXcsrgemm2Nnz",
+    "cusparseXcsric02_zeroPivot",
+    "cusparseXcsrilu02_zeroPivot",
+    "cusparseXcsrsm2_zeroPivot",
+    "cusparseXcsrsort",
+    "cusparseXcsrsort_bufferSizeExt",
+    "cusparseXcsrsv2_zeroPivot",
+    "cusparseXgebsr2csr",
+    "cusparseXgebsr2gebsrNnz",
+    "cusparseZbsr2csr",
+    "cusparseZbsric02",
+    "cusparseZbsric02_bufferSize",
+    "cusparseZbsrilu02",
+    "cusparseZbsrilu02_analysis",
+    "cusparseZbsrilu02_bufferSize",
+    "cusparseZbsrmm",
+    "cusparseZbsrmv",
+    "cusparseZbsrsm2_analysis",
+    "cusparseZbsrsm2_bufferSize",
+    "cusparseZbsrsm2_solve",
+    "cusparseZbsrsv2_analysis",
+    "cusparseZbsrsv2_bufferSize",
+    "cusparseZbsrsv2_solve",
+    "cusparseZbsrxmv",
+    "cusparseZcsr2bsr",
+    "cusparseZcsr2csru",
+    "cusparseZcsr2gebsr",
+    "cusparseZcsr2gebsr_bufferSize",
+    "cusparseZcsrgeam2",
+    "cusparseZcsrgeam2_bufferSizeExt",
+    "cusparseZcsrgemm2",
+    "cusparseZcsrgemm2_bufferSizeExt",
+    "cusparseZcsric02_analysis",
+    "cusparseZcsric02_bufferSize",
+    "cusparseZcsrilu02_analysis",
+    "cusparseZcsrilu02_bufferSize",
+    "cusparseZcsrsm2_analysis",
+    "cusparseZcsrsm2_solve",
+    "cusparseZcsrsv2_analysis",
+    "cusparseZcsrsv2_bufferSize",
+    "cusparseZcsrsv2_solve",
+    "cusparseZcsru2csr",
+    "cusparseZcsru2csr_bufferSizeExt",
+    "cusparseZgebsr2csr",
+    "cusparseZgebsr2gebsc_bufferSize",
+    "cusparseZgebsr2gebsr",
+    "cusparseZgebsr2gebsr_bufferSize",
+    "cusparseZgtsv2",
+    "cusparseZgtsv2_nopivot",
     "cusparseLtDestroy",
     "cusparseLtMatDescriptorDestroy",
     "cusparseLtMatmulAlgSelectionDestroy",
@@ -1809,7 +2269,7 @@ pub static FUNCTIONS: [&str; 1800usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 1800usize] = [
+pub static LIBRARY_OF: [&str; 2260usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -2844,6 +3304,10 @@ pub static LIBRARY_OF: [&str; 1800usize] = [
     "cufft",
     "cufft",
     "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
+    "cufft",
     "curand",
     "curand",
     "curand",
@@ -2909,6 +3373,462 @@ pub static LIBRARY_OF: [&str; 1800usize] = [
     "cusolver",
     "cusolver",
     "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusolver",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
+    "cusparse",
     "cusparse",
     "cusparse",
     "cusparse",
@@ -5406,12 +6326,16 @@ pub static VARIANTS: &[&CallDesc] = &[
     &nvml::nvmlVgpuTypeGetMaxInstancesPerVm,
     &nvml::nvmlVgpuTypeGetNumDisplayHeads,
     &nvml::nvmlVgpuTypeGetResolution,
+    &cufft::cufftCreate,
     &cufft::cufftDestroy,
     &cufft::cufftResetPlanProperty,
     &cufft::cufftSetAutoAllocation,
     &cufft::cufftSetPlanPropertyInt64,
     &cufft::cufftSetStream,
+    &cufft::cufftSetWorkArea,
     &cufft::cufftXtClearCallback,
+    &cufft::cufftXtExec,
+    &cufft::cufftXtMakePlanMany,
     &cufft::cufftXtSetCallbackSharedSize,
     &cufft::cufftXtSetDistribution__cu118,
     &curand::curandCreateGenerator,
@@ -5425,24 +6349,122 @@ pub static VARIANTS: &[&CallDesc] = &[
     &curand::curandSetPseudoRandomGeneratorSeed,
     &curand::curandSetQuasiRandomGeneratorDimensions,
     &curand::curandSetStream,
+    &cusparse::cusparseAxpby,
     &cusparse::cusparseBsrSetStridedBatch,
+    &cusparse::cusparseCbsr2csr,
+    &cusparse::cusparseCbsric02,
+    &cusparse::cusparseCbsric02_bufferSize,
+    &cusparse::cusparseCbsrilu02,
+    &cusparse::cusparseCbsrilu02_analysis,
+    &cusparse::cusparseCbsrilu02_bufferSize,
+    &cusparse::cusparseCbsrmm,
+    &cusparse::cusparseCbsrmv,
+    &cusparse::cusparseCbsrsm2_analysis,
+    &cusparse::cusparseCbsrsm2_bufferSize,
+    &cusparse::cusparseCbsrsm2_solve,
+    &cusparse::cusparseCbsrsv2_analysis,
+    &cusparse::cusparseCbsrsv2_bufferSize,
+    &cusparse::cusparseCbsrsv2_solve,
+    &cusparse::cusparseCbsrxmv,
+    &cusparse::cusparseCcsr2bsr,
+    &cusparse::cusparseCcsr2csru,
+    &cusparse::cusparseCcsr2gebsr,
+    &cusparse::cusparseCcsr2gebsr_bufferSize,
+    &cusparse::cusparseCcsrgeam2,
+    &cusparse::cusparseCcsrgeam2_bufferSizeExt,
+    &cusparse::cusparseCcsrgemm2,
+    &cusparse::cusparseCcsrgemm2_bufferSizeExt,
+    &cusparse::cusparseCcsric02_analysis,
+    &cusparse::cusparseCcsric02_bufferSize,
+    &cusparse::cusparseCcsrilu02_analysis,
+    &cusparse::cusparseCcsrilu02_bufferSize,
+    &cusparse::cusparseCcsrsm2_analysis,
+    &cusparse::cusparseCcsrsm2_solve,
+    &cusparse::cusparseCcsrsv2_analysis,
+    &cusparse::cusparseCcsrsv2_bufferSize,
+    &cusparse::cusparseCcsrsv2_solve,
+    &cusparse::cusparseCcsru2csr,
+    &cusparse::cusparseCcsru2csr_bufferSizeExt,
+    &cusparse::cusparseCgebsr2csr,
+    &cusparse::cusparseCgebsr2gebsc_bufferSize,
+    &cusparse::cusparseCgebsr2gebsr,
+    &cusparse::cusparseCgebsr2gebsr_bufferSize,
+    &cusparse::cusparseCgtsv2,
+    &cusparse::cusparseCgtsv2_nopivot,
+    &cusparse::cusparseConstDnMatGetValues,
+    &cusparse::cusparseConstDnVecGetValues,
+    &cusparse::cusparseConstSpMatGetValues,
+    &cusparse::cusparseConstSpVecGetValues,
+    &cusparse::cusparseConstrainedGeMM,
+    &cusparse::cusparseConstrainedGeMM_bufferSize,
+    &cusparse::cusparseCooSetPointers,
     &cusparse::cusparseCooSetStridedBatch,
     &cusparse::cusparseCopyMatDescr,
-    &cusparse::cusparseCreate,
+    &cusparse::cusparseCreate__call,
+    &cusparse::cusparseCreateBsr,
     &cusparse::cusparseCreateBsric02Info,
     &cusparse::cusparseCreateBsrilu02Info,
     &cusparse::cusparseCreateBsrsm2Info,
     &cusparse::cusparseCreateBsrsv2Info,
     &cusparse::cusparseCreateColorInfo,
+    &cusparse::cusparseCreateConstBsr,
+    &cusparse::cusparseCreateConstCoo,
+    &cusparse::cusparseCreateConstCsr,
+    &cusparse::cusparseCreateConstDnMat,
+    &cusparse::cusparseCreateConstDnVec,
+    &cusparse::cusparseCreateCoo,
+    &cusparse::cusparseCreateCooAoS,
+    &cusparse::cusparseCreateCsr,
     &cusparse::cusparseCreateCsrgemm2Info,
     &cusparse::cusparseCreateCsric02Info,
     &cusparse::cusparseCreateCsrilu02Info,
     &cusparse::cusparseCreateCsrsm2Info,
     &cusparse::cusparseCreateCsrsv2Info,
     &cusparse::cusparseCreateCsru2csrInfo,
+    &cusparse::cusparseCreateDnMat,
+    &cusparse::cusparseCreateDnVec,
+    &cusparse::cusparseCreateIdentityPermutation,
     &cusparse::cusparseCreateMatDescr,
     &cusparse::cusparseCreatePruneInfo,
+    &cusparse::cusparseCsrSetPointers,
     &cusparse::cusparseCsrSetStridedBatch,
+    &cusparse::cusparseDbsr2csr,
+    &cusparse::cusparseDbsric02,
+    &cusparse::cusparseDbsric02_bufferSize,
+    &cusparse::cusparseDbsrilu02,
+    &cusparse::cusparseDbsrilu02_analysis,
+    &cusparse::cusparseDbsrilu02_bufferSize,
+    &cusparse::cusparseDbsrmm,
+    &cusparse::cusparseDbsrmv,
+    &cusparse::cusparseDbsrsm2_analysis,
+    &cusparse::cusparseDbsrsm2_bufferSize,
+    &cusparse::cusparseDbsrsm2_solve,
+    &cusparse::cusparseDbsrsv2_analysis,
+    &cusparse::cusparseDbsrsv2_bufferSize,
+    &cusparse::cusparseDbsrsv2_solve,
+    &cusparse::cusparseDbsrxmv,
+    &cusparse::cusparseDcsr2bsr,
+    &cusparse::cusparseDcsr2csru,
+    &cusparse::cusparseDcsr2gebsr,
+    &cusparse::cusparseDcsr2gebsr_bufferSize,
+    &cusparse::cusparseDcsrgeam2,
+    &cusparse::cusparseDcsrgeam2_bufferSizeExt,
+    &cusparse::cusparseDcsrgemm2,
+    &cusparse::cusparseDcsrgemm2_bufferSizeExt,
+    &cusparse::cusparseDcsric02_analysis,
+    &cusparse::cusparseDcsric02_bufferSize,
+    &cusparse::cusparseDcsrilu02_analysis,
+    &cusparse::cusparseDcsrilu02_bufferSize,
+    &cusparse::cusparseDcsrsm2_analysis,
+    &cusparse::cusparseDcsrsm2_solve,
+    &cusparse::cusparseDcsrsv2_analysis,
+    &cusparse::cusparseDcsrsv2_bufferSize,
+    &cusparse::cusparseDcsrsv2_solve,
+    &cusparse::cusparseDcsru2csr,
+    &cusparse::cusparseDcsru2csr_bufferSizeExt,
+    &cusparse::cusparseDenseToSparse_analysis,
+    &cusparse::cusparseDenseToSparse_bufferSize,
+    &cusparse::cusparseDenseToSparse_convert,
     &cusparse::cusparseDestroy,
     &cusparse::cusparseDestroyBsric02Info,
     &cusparse::cusparseDestroyBsrilu02Info,
@@ -5461,7 +6483,18 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cusparse::cusparseDestroyPruneInfo,
     &cusparse::cusparseDestroySpMat,
     &cusparse::cusparseDestroySpVec,
+    &cusparse::cusparseDgebsr2csr,
+    &cusparse::cusparseDgebsr2gebsc_bufferSize,
+    &cusparse::cusparseDgebsr2gebsr,
+    &cusparse::cusparseDgebsr2gebsr_bufferSize,
+    &cusparse::cusparseDnMatGetValues,
     &cusparse::cusparseDnMatSetStridedBatch,
+    &cusparse::cusparseDnMatSetValues,
+    &cusparse::cusparseDnVecGetValues,
+    &cusparse::cusparseDnVecSetValues,
+    &cusparse::cusparseDpruneCsr2csrByPercentage,
+    &cusparse::cusparseDpruneCsr2csrByPercentage_bufferSizeExt,
+    &cusparse::cusparseDpruneCsr2csrNnzByPercentage,
     &cusparse::cusparseGather,
     &cusparse::cusparseGetMatDiagType,
     &cusparse::cusparseGetMatFillMode,
@@ -5471,31 +6504,260 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cusparse::cusparseLoggerForceDisable,
     &cusparse::cusparseLoggerSetLevel,
     &cusparse::cusparseLoggerSetMask,
+    &cusparse::cusparseSDDMM,
+    &cusparse::cusparseSDDMM_bufferSize,
+    &cusparse::cusparseSDDMM_preprocess,
+    &cusparse::cusparseSbsr2csr,
+    &cusparse::cusparseSbsric02,
+    &cusparse::cusparseSbsric02_bufferSize,
+    &cusparse::cusparseSbsrilu02,
+    &cusparse::cusparseSbsrilu02_analysis,
+    &cusparse::cusparseSbsrilu02_bufferSize,
+    &cusparse::cusparseSbsrmm,
+    &cusparse::cusparseSbsrmv,
+    &cusparse::cusparseSbsrsm2_analysis,
+    &cusparse::cusparseSbsrsm2_bufferSize,
+    &cusparse::cusparseSbsrsm2_solve,
+    &cusparse::cusparseSbsrsv2_analysis,
+    &cusparse::cusparseSbsrsv2_bufferSize,
+    &cusparse::cusparseSbsrsv2_solve,
+    &cusparse::cusparseSbsrxmv,
     &cusparse::cusparseScatter,
+    &cusparse::cusparseScsr2bsr,
+    &cusparse::cusparseScsr2csru,
+    &cusparse::cusparseScsr2gebsr,
+    &cusparse::cusparseScsr2gebsr_bufferSize,
+    &cusparse::cusparseScsrgeam2,
+    &cusparse::cusparseScsrgeam2_bufferSizeExt,
+    &cusparse::cusparseScsrgemm2,
+    &cusparse::cusparseScsrgemm2_bufferSizeExt,
+    &cusparse::cusparseScsric02_analysis,
+    &cusparse::cusparseScsric02_bufferSize,
+    &cusparse::cusparseScsrilu02_analysis,
+    &cusparse::cusparseScsrilu02_bufferSize,
+    &cusparse::cusparseScsrsm2_analysis,
+    &cusparse::cusparseScsrsm2_solve,
+    &cusparse::cusparseScsrsv2_analysis,
+    &cusparse::cusparseScsrsv2_bufferSize,
+    &cusparse::cusparseScsrsv2_solve,
+    &cusparse::cusparseScsru2csr,
+    &cusparse::cusparseScsru2csr_bufferSizeExt,
     &cusparse::cusparseSetColorAlgs,
     &cusparse::cusparseSetMatDiagType,
     &cusparse::cusparseSetMatFillMode,
     &cusparse::cusparseSetMatIndexBase,
     &cusparse::cusparseSetMatType,
-    &cusparse::cusparseSetPointerMode,
+    &cusparse::cusparseSetPointerMode__call,
     &cusparse::cusparseSetStream,
+    &cusparse::cusparseSgebsr2csr,
+    &cusparse::cusparseSgebsr2gebsc_bufferSize,
+    &cusparse::cusparseSgebsr2gebsr,
+    &cusparse::cusparseSgebsr2gebsr_bufferSize,
+    &cusparse::cusparseSpGEMM_compute,
+    &cusparse::cusparseSpGEMM_copy,
     &cusparse::cusparseSpGEMM_createDescr,
     &cusparse::cusparseSpGEMM_destroyDescr,
+    &cusparse::cusparseSpGEMM_workEstimation,
+    &cusparse::cusparseSpGEMMreuse_compute,
+    &cusparse::cusparseSpGEMMreuse_workEstimation,
+    &cusparse::cusparseSpMM,
+    &cusparse::cusparseSpMMOp,
     &cusparse::cusparseSpMMOp_destroyPlan,
+    &cusparse::cusparseSpMM_bufferSize,
+    &cusparse::cusparseSpMM_preprocess,
+    &cusparse::cusparseSpMV,
+    &cusparse::cusparseSpMV_bufferSize,
+    &cusparse::cusparseSpMV_preprocess,
+    &cusparse::cusparseSpMatGetAttribute,
+    &cusparse::cusparseSpMatGetSize,
+    &cusparse::cusparseSpMatGetValues,
+    &cusparse::cusparseSpMatSetAttribute,
     &cusparse::cusparseSpMatSetStridedBatch,
+    &cusparse::cusparseSpMatSetValues,
+    &cusparse::cusparseSpSM_analysis,
+    &cusparse::cusparseSpSM_bufferSize,
     &cusparse::cusparseSpSM_createDescr,
     &cusparse::cusparseSpSM_destroyDescr,
+    &cusparse::cusparseSpSM_solve,
+    &cusparse::cusparseSpSV_analysis,
+    &cusparse::cusparseSpSV_bufferSize,
     &cusparse::cusparseSpSV_createDescr,
     &cusparse::cusparseSpSV_destroyDescr,
+    &cusparse::cusparseSpSV_solve,
+    &cusparse::cusparseSpVecGetValues,
+    &cusparse::cusparseSpVecSetValues,
+    &cusparse::cusparseSparseToDense,
+    &cusparse::cusparseSparseToDense_bufferSize,
+    &cusparse::cusparseSpruneCsr2csrByPercentage,
+    &cusparse::cusparseSpruneCsr2csrByPercentage_bufferSizeExt,
+    &cusparse::cusparseSpruneCsr2csrNnzByPercentage,
+    &cusparse::cusparseXbsric02_zeroPivot,
+    &cusparse::cusparseXbsrilu02_zeroPivot,
+    &cusparse::cusparseXbsrsm2_zeroPivot,
+    &cusparse::cusparseXbsrsv2_zeroPivot,
+    &cusparse::cusparseXcoo2csr,
+    &cusparse::cusparseXcoosortByColumn,
+    &cusparse::cusparseXcoosortByRow,
+    &cusparse::cusparseXcoosort_bufferSizeExt,
+    &cusparse::cusparseXcsr2bsrNnz,
+    &cusparse::cusparseXcsr2coo,
+    &cusparse::cusparseXcsr2gebsrNnz,
+    &cusparse::cusparseXcsrgeam2Nnz,
+    &cusparse::cusparseXcsrgemm2Nnz,
+    &cusparse::cusparseXcsric02_zeroPivot,
+    &cusparse::cusparseXcsrilu02_zeroPivot,
+    &cusparse::cusparseXcsrsm2_zeroPivot,
+    &cusparse::cusparseXcsrsort,
+    &cusparse::cusparseXcsrsort_bufferSizeExt,
+    &cusparse::cusparseXcsrsv2_zeroPivot,
+    &cusparse::cusparseXgebsr2csr,
+    &cusparse::cusparseXgebsr2gebsrNnz,
+    &cusparse::cusparseZbsr2csr,
+    &cusparse::cusparseZbsric02,
+    &cusparse::cusparseZbsric02_bufferSize,
+    &cusparse::cusparseZbsrilu02,
+    &cusparse::cusparseZbsrilu02_analysis,
+    &cusparse::cusparseZbsrilu02_bufferSize,
+    &cusparse::cusparseZbsrmm,
+    &cusparse::cusparseZbsrmv,
+    &cusparse::cusparseZbsrsm2_analysis,
+    &cusparse::cusparseZbsrsm2_bufferSize,
+    &cusparse::cusparseZbsrsm2_solve,
+    &cusparse::cusparseZbsrsv2_analysis,
+    &cusparse::cusparseZbsrsv2_bufferSize,
+    &cusparse::cusparseZbsrsv2_solve,
+    &cusparse::cusparseZbsrxmv,
+    &cusparse::cusparseZcsr2bsr,
+    &cusparse::cusparseZcsr2csru,
+    &cusparse::cusparseZcsr2gebsr,
+    &cusparse::cusparseZcsr2gebsr_bufferSize,
+    &cusparse::cusparseZcsrgeam2,
+    &cusparse::cusparseZcsrgeam2_bufferSizeExt,
+    &cusparse::cusparseZcsrgemm2,
+    &cusparse::cusparseZcsrgemm2_bufferSizeExt,
+    &cusparse::cusparseZcsric02_analysis,
+    &cusparse::cusparseZcsric02_bufferSize,
+    &cusparse::cusparseZcsrilu02_analysis,
+    &cusparse::cusparseZcsrilu02_bufferSize,
+    &cusparse::cusparseZcsrsm2_analysis,
+    &cusparse::cusparseZcsrsm2_solve,
+    &cusparse::cusparseZcsrsv2_analysis,
+    &cusparse::cusparseZcsrsv2_bufferSize,
+    &cusparse::cusparseZcsrsv2_solve,
+    &cusparse::cusparseZcsru2csr,
+    &cusparse::cusparseZcsru2csr_bufferSizeExt,
+    &cusparse::cusparseZgebsr2csr,
+    &cusparse::cusparseZgebsr2gebsc_bufferSize,
+    &cusparse::cusparseZgebsr2gebsr,
+    &cusparse::cusparseZgebsr2gebsr_bufferSize,
+    &cusparse::cusparseZgtsv2,
+    &cusparse::cusparseZgtsv2_nopivot,
+    &cusolver::cusolverDnCgebrd_bufferSize,
+    &cusolver::cusolverDnCgeqrf,
+    &cusolver::cusolverDnCgeqrf_bufferSize,
+    &cusolver::cusolverDnCgesvd,
+    &cusolver::cusolverDnCgesvd_bufferSize,
+    &cusolver::cusolverDnCgesvdaStridedBatched,
+    &cusolver::cusolverDnCgesvdaStridedBatched_bufferSize,
+    &cusolver::cusolverDnCgesvdj,
+    &cusolver::cusolverDnCgesvdjBatched,
+    &cusolver::cusolverDnCgesvdjBatched_bufferSize,
+    &cusolver::cusolverDnCgesvdj_bufferSize,
+    &cusolver::cusolverDnCgetrf,
+    &cusolver::cusolverDnCgetrf_bufferSize,
+    &cusolver::cusolverDnCgetrs,
+    &cusolver::cusolverDnCheevd,
+    &cusolver::cusolverDnCheevd_bufferSize,
+    &cusolver::cusolverDnCheevj,
+    &cusolver::cusolverDnCheevjBatched,
+    &cusolver::cusolverDnCheevjBatched_bufferSize,
+    &cusolver::cusolverDnCheevj_bufferSize,
+    &cusolver::cusolverDnChegvd,
+    &cusolver::cusolverDnChegvd_bufferSize,
+    &cusolver::cusolverDnChegvj,
+    &cusolver::cusolverDnChegvj_bufferSize,
+    &cusolver::cusolverDnClaswp,
+    &cusolver::cusolverDnClauum,
+    &cusolver::cusolverDnClauum_bufferSize,
+    &cusolver::cusolverDnCpotrf,
+    &cusolver::cusolverDnCpotrfBatched,
+    &cusolver::cusolverDnCpotrf_bufferSize,
+    &cusolver::cusolverDnCpotri,
+    &cusolver::cusolverDnCpotri_bufferSize,
+    &cusolver::cusolverDnCpotrs,
+    &cusolver::cusolverDnCpotrsBatched,
     &cusolver::cusolverDnCreate,
     &cusolver::cusolverDnCreateGesvdjInfo,
     &cusolver::cusolverDnCreateParams,
     &cusolver::cusolverDnCreateSyevjInfo,
+    &cusolver::cusolverDnCsytrf,
+    &cusolver::cusolverDnCsytrf_bufferSize,
+    &cusolver::cusolverDnCsytri,
+    &cusolver::cusolverDnCsytri_bufferSize,
+    &cusolver::cusolverDnCungbr,
+    &cusolver::cusolverDnCungbr_bufferSize,
+    &cusolver::cusolverDnCungqr,
+    &cusolver::cusolverDnCungqr_bufferSize,
+    &cusolver::cusolverDnCungtr,
+    &cusolver::cusolverDnCungtr_bufferSize,
+    &cusolver::cusolverDnCunmqr,
+    &cusolver::cusolverDnCunmqr_bufferSize,
+    &cusolver::cusolverDnCunmtr,
+    &cusolver::cusolverDnCunmtr_bufferSize,
     &cusolver::cusolverDnDestroy,
     &cusolver::cusolverDnDestroyGesvdjInfo,
     &cusolver::cusolverDnDestroyParams,
     &cusolver::cusolverDnDestroySyevjInfo,
+    &cusolver::cusolverDnDgebrd_bufferSize,
+    &cusolver::cusolverDnDgeqrf,
+    &cusolver::cusolverDnDgeqrf_bufferSize,
+    &cusolver::cusolverDnDgesvd,
+    &cusolver::cusolverDnDgesvd_bufferSize,
+    &cusolver::cusolverDnDgesvdaStridedBatched,
+    &cusolver::cusolverDnDgesvdaStridedBatched_bufferSize,
+    &cusolver::cusolverDnDgesvdj,
+    &cusolver::cusolverDnDgesvdjBatched,
+    &cusolver::cusolverDnDgesvdjBatched_bufferSize,
+    &cusolver::cusolverDnDgesvdj_bufferSize,
+    &cusolver::cusolverDnDgetrf,
+    &cusolver::cusolverDnDgetrf_bufferSize,
+    &cusolver::cusolverDnDgetrs,
+    &cusolver::cusolverDnDlaswp,
+    &cusolver::cusolverDnDlauum,
+    &cusolver::cusolverDnDlauum_bufferSize,
+    &cusolver::cusolverDnDorgbr,
+    &cusolver::cusolverDnDorgbr_bufferSize,
+    &cusolver::cusolverDnDorgqr,
+    &cusolver::cusolverDnDorgqr_bufferSize,
+    &cusolver::cusolverDnDorgtr,
+    &cusolver::cusolverDnDorgtr_bufferSize,
+    &cusolver::cusolverDnDormqr,
+    &cusolver::cusolverDnDormqr_bufferSize,
+    &cusolver::cusolverDnDormtr,
+    &cusolver::cusolverDnDormtr_bufferSize,
+    &cusolver::cusolverDnDpotrf,
+    &cusolver::cusolverDnDpotrfBatched,
+    &cusolver::cusolverDnDpotrf_bufferSize,
+    &cusolver::cusolverDnDpotri,
+    &cusolver::cusolverDnDpotri_bufferSize,
+    &cusolver::cusolverDnDpotrs,
+    &cusolver::cusolverDnDpotrsBatched,
+    &cusolver::cusolverDnDsyevd,
+    &cusolver::cusolverDnDsyevd_bufferSize,
+    &cusolver::cusolverDnDsyevj,
+    &cusolver::cusolverDnDsyevjBatched,
+    &cusolver::cusolverDnDsyevjBatched_bufferSize,
+    &cusolver::cusolverDnDsyevj_bufferSize,
+    &cusolver::cusolverDnDsygvd,
+    &cusolver::cusolverDnDsygvd_bufferSize,
+    &cusolver::cusolverDnDsygvj,
+    &cusolver::cusolverDnDsygvj_bufferSize,
+    &cusolver::cusolverDnDsytrf,
+    &cusolver::cusolverDnDsytrf_bufferSize,
+    &cusolver::cusolverDnDsytri,
+    &cusolver::cusolverDnDsytri_bufferSize,
     &cusolver::cusolverDnGetStream,
+    &cusolver::cusolverDnGetrs,
     &cusolver::cusolverDnIRSInfosCreate,
     &cusolver::cusolverDnIRSInfosDestroy,
     &cusolver::cusolverDnIRSInfosRequestResidual,
@@ -5514,17 +6776,135 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cusolver::cusolverDnLoggerForceDisable,
     &cusolver::cusolverDnLoggerSetLevel,
     &cusolver::cusolverDnLoggerSetMask,
+    &cusolver::cusolverDnPotrs,
     &cusolver::cusolverDnSetAdvOptions,
     &cusolver::cusolverDnSetDeterministicMode,
     &cusolver::cusolverDnSetEmulationStrategy,
     &cusolver::cusolverDnSetMathMode,
     &cusolver::cusolverDnSetStream,
+    &cusolver::cusolverDnSgebrd_bufferSize,
+    &cusolver::cusolverDnSgeqrf,
+    &cusolver::cusolverDnSgeqrf_bufferSize,
+    &cusolver::cusolverDnSgesvd,
+    &cusolver::cusolverDnSgesvd_bufferSize,
+    &cusolver::cusolverDnSgesvdaStridedBatched,
+    &cusolver::cusolverDnSgesvdaStridedBatched_bufferSize,
+    &cusolver::cusolverDnSgesvdj,
+    &cusolver::cusolverDnSgesvdjBatched,
+    &cusolver::cusolverDnSgesvdjBatched_bufferSize,
+    &cusolver::cusolverDnSgesvdj_bufferSize,
+    &cusolver::cusolverDnSgetrf,
+    &cusolver::cusolverDnSgetrf_bufferSize,
+    &cusolver::cusolverDnSgetrs,
+    &cusolver::cusolverDnSlaswp,
+    &cusolver::cusolverDnSlauum,
+    &cusolver::cusolverDnSlauum_bufferSize,
+    &cusolver::cusolverDnSorgbr,
+    &cusolver::cusolverDnSorgbr_bufferSize,
+    &cusolver::cusolverDnSorgqr,
+    &cusolver::cusolverDnSorgqr_bufferSize,
+    &cusolver::cusolverDnSorgtr,
+    &cusolver::cusolverDnSorgtr_bufferSize,
+    &cusolver::cusolverDnSormqr,
+    &cusolver::cusolverDnSormqr_bufferSize,
+    &cusolver::cusolverDnSormtr,
+    &cusolver::cusolverDnSormtr_bufferSize,
+    &cusolver::cusolverDnSpotrf,
+    &cusolver::cusolverDnSpotrfBatched,
+    &cusolver::cusolverDnSpotrf_bufferSize,
+    &cusolver::cusolverDnSpotri,
+    &cusolver::cusolverDnSpotri_bufferSize,
+    &cusolver::cusolverDnSpotrs,
+    &cusolver::cusolverDnSpotrsBatched,
+    &cusolver::cusolverDnSsyevd,
+    &cusolver::cusolverDnSsyevd_bufferSize,
+    &cusolver::cusolverDnSsyevj,
+    &cusolver::cusolverDnSsyevjBatched,
+    &cusolver::cusolverDnSsyevjBatched_bufferSize,
+    &cusolver::cusolverDnSsyevj_bufferSize,
+    &cusolver::cusolverDnSsygvd,
+    &cusolver::cusolverDnSsygvd_bufferSize,
+    &cusolver::cusolverDnSsygvj,
+    &cusolver::cusolverDnSsygvj_bufferSize,
+    &cusolver::cusolverDnSsytrf,
+    &cusolver::cusolverDnSsytrf_bufferSize,
+    &cusolver::cusolverDnSsytri,
+    &cusolver::cusolverDnSsytri_bufferSize,
+    &cusolver::cusolverDnXgeev,
+    &cusolver::cusolverDnXgeev_bufferSize,
+    &cusolver::cusolverDnXgeqrf,
+    &cusolver::cusolverDnXgeqrf_bufferSize,
+    &cusolver::cusolverDnXgesvd,
+    &cusolver::cusolverDnXgesvd_bufferSize,
     &cusolver::cusolverDnXgesvdjSetMaxSweeps,
     &cusolver::cusolverDnXgesvdjSetSortEig,
     &cusolver::cusolverDnXgesvdjSetTolerance,
+    &cusolver::cusolverDnXgesvdp_bufferSize,
+    &cusolver::cusolverDnXgetrf,
+    &cusolver::cusolverDnXgetrf_bufferSize,
+    &cusolver::cusolverDnXgetrs,
+    &cusolver::cusolverDnXpotrf,
+    &cusolver::cusolverDnXpotrf_bufferSize,
+    &cusolver::cusolverDnXpotrs,
+    &cusolver::cusolverDnXsyevBatched,
+    &cusolver::cusolverDnXsyevBatched_bufferSize,
+    &cusolver::cusolverDnXsyevd,
+    &cusolver::cusolverDnXsyevd_bufferSize,
     &cusolver::cusolverDnXsyevjSetMaxSweeps,
     &cusolver::cusolverDnXsyevjSetSortEig,
     &cusolver::cusolverDnXsyevjSetTolerance,
+    &cusolver::cusolverDnXsytrs,
+    &cusolver::cusolverDnXsytrs_bufferSize,
+    &cusolver::cusolverDnXtrtri,
+    &cusolver::cusolverDnXtrtri_bufferSize,
+    &cusolver::cusolverDnZgebrd_bufferSize,
+    &cusolver::cusolverDnZgeqrf,
+    &cusolver::cusolverDnZgeqrf_bufferSize,
+    &cusolver::cusolverDnZgesvd,
+    &cusolver::cusolverDnZgesvd_bufferSize,
+    &cusolver::cusolverDnZgesvdaStridedBatched,
+    &cusolver::cusolverDnZgesvdaStridedBatched_bufferSize,
+    &cusolver::cusolverDnZgesvdj,
+    &cusolver::cusolverDnZgesvdjBatched,
+    &cusolver::cusolverDnZgesvdjBatched_bufferSize,
+    &cusolver::cusolverDnZgesvdj_bufferSize,
+    &cusolver::cusolverDnZgetrf,
+    &cusolver::cusolverDnZgetrf_bufferSize,
+    &cusolver::cusolverDnZgetrs,
+    &cusolver::cusolverDnZheevd,
+    &cusolver::cusolverDnZheevd_bufferSize,
+    &cusolver::cusolverDnZheevj,
+    &cusolver::cusolverDnZheevjBatched,
+    &cusolver::cusolverDnZheevjBatched_bufferSize,
+    &cusolver::cusolverDnZheevj_bufferSize,
+    &cusolver::cusolverDnZhegvd,
+    &cusolver::cusolverDnZhegvd_bufferSize,
+    &cusolver::cusolverDnZhegvj,
+    &cusolver::cusolverDnZhegvj_bufferSize,
+    &cusolver::cusolverDnZlaswp,
+    &cusolver::cusolverDnZlauum,
+    &cusolver::cusolverDnZlauum_bufferSize,
+    &cusolver::cusolverDnZpotrf,
+    &cusolver::cusolverDnZpotrfBatched,
+    &cusolver::cusolverDnZpotrf_bufferSize,
+    &cusolver::cusolverDnZpotri,
+    &cusolver::cusolverDnZpotri_bufferSize,
+    &cusolver::cusolverDnZpotrs,
+    &cusolver::cusolverDnZpotrsBatched,
+    &cusolver::cusolverDnZsytrf,
+    &cusolver::cusolverDnZsytrf_bufferSize,
+    &cusolver::cusolverDnZsytri,
+    &cusolver::cusolverDnZsytri_bufferSize,
+    &cusolver::cusolverDnZungbr,
+    &cusolver::cusolverDnZungbr_bufferSize,
+    &cusolver::cusolverDnZungqr,
+    &cusolver::cusolverDnZungqr_bufferSize,
+    &cusolver::cusolverDnZungtr,
+    &cusolver::cusolverDnZungtr_bufferSize,
+    &cusolver::cusolverDnZunmqr,
+    &cusolver::cusolverDnZunmqr_bufferSize,
+    &cusolver::cusolverDnZunmtr,
+    &cusolver::cusolverDnZunmtr_bufferSize,
     &cusolver::cusolverRfAnalyze,
     &cusolver::cusolverRfBatchAnalyze,
     &cusolver::cusolverRfBatchRefactor,
@@ -57912,9 +59292,36 @@ pub mod cudnn {
 }
 pub mod cufft {
     use chidori_protocol::desc::*;
-    pub static cufftDestroy: CallDesc = CallDesc {
+    static LEN_cufftXtMakePlanMany_0: Len = Len::Param(1u8);
+    static LEN_cufftXtMakePlanMany_1: Len = Len::Param(1u8);
+    static LEN_cufftXtMakePlanMany_2: Len = Len::Param(1u8);
+    pub static cufftCreate: CallDesc = CallDesc {
         wire: 1793u32,
         call: 1595u32,
+        name: "cufftCreate",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+        },
+    };
+    pub static cufftDestroy: CallDesc = CallDesc {
+        wire: 1794u32,
+        call: 1596u32,
         name: "cufftDestroy",
         form: None,
         library: "cufft",
@@ -57935,8 +59342,8 @@ pub mod cufft {
         },
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 1794u32,
-        call: 1596u32,
+        wire: 1795u32,
+        call: 1597u32,
         name: "cufftResetPlanProperty",
         form: None,
         library: "cufft",
@@ -57961,8 +59368,8 @@ pub mod cufft {
         },
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 1795u32,
-        call: 1597u32,
+        wire: 1796u32,
+        call: 1598u32,
         name: "cufftSetAutoAllocation",
         form: None,
         library: "cufft",
@@ -57987,8 +59394,8 @@ pub mod cufft {
         },
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 1796u32,
-        call: 1598u32,
+        wire: 1797u32,
+        call: 1599u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -58017,8 +59424,8 @@ pub mod cufft {
         },
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 1797u32,
-        call: 1599u32,
+        wire: 1798u32,
+        call: 1600u32,
         name: "cufftSetStream",
         form: None,
         library: "cufft",
@@ -58042,9 +59449,32 @@ pub mod cufft {
             invalid_handle: 1i64,
         },
     };
+    pub static cufftSetWorkArea: CallDesc = CallDesc {
+        wire: 1799u32,
+        call: 1601u32,
+        name: "cufftSetWorkArea",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+        },
+    };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 1798u32,
-        call: 1600u32,
+        wire: 1800u32,
+        call: 1602u32,
         name: "cufftXtClearCallback",
         form: None,
         library: "cufft",
@@ -58068,9 +59498,119 @@ pub mod cufft {
             invalid_handle: 1i64,
         },
     };
+    pub static cufftXtExec: CallDesc = CallDesc {
+        wire: 1801u32,
+        call: 1603u32,
+        name: "cufftXtExec",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+        },
+    };
+    pub static cufftXtMakePlanMany: CallDesc = CallDesc {
+        wire: 1802u32,
+        call: 1604u32,
+        name: "cufftXtMakePlanMany",
+        form: None,
+        library: "cufft",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cufftXtMakePlanMany_0),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cufftXtMakePlanMany_1),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cufftXtMakePlanMany_2),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 16i64,
+            unavailable: 7i64,
+            invalid_handle: 1i64,
+        },
+    };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 1799u32,
-        call: 1601u32,
+        wire: 1803u32,
+        call: 1605u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
         library: "cufft",
@@ -58099,8 +59639,8 @@ pub mod cufft {
         },
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 1800u32,
-        call: 1602u32,
+        wire: 1804u32,
+        call: 1606u32,
         name: "cufftXtSetDistribution",
         form: None,
         library: "cufft",
@@ -58136,8 +59676,8 @@ pub mod cufft {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 1801u32,
-        call: 1603u32,
+        wire: 1805u32,
+        call: 1607u32,
         name: "curandCreateGenerator",
         form: None,
         library: "curand",
@@ -58159,8 +59699,8 @@ pub mod curand {
         },
     };
     pub static curandCreateGeneratorHost: CallDesc = CallDesc {
-        wire: 1802u32,
-        call: 1604u32,
+        wire: 1806u32,
+        call: 1608u32,
         name: "curandCreateGeneratorHost",
         form: None,
         library: "curand",
@@ -58182,8 +59722,8 @@ pub mod curand {
         },
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 1803u32,
-        call: 1605u32,
+        wire: 1807u32,
+        call: 1609u32,
         name: "curandCreatePoissonDistribution",
         form: None,
         library: "curand",
@@ -58205,8 +59745,8 @@ pub mod curand {
         },
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 1804u32,
-        call: 1606u32,
+        wire: 1808u32,
+        call: 1610u32,
         name: "curandDestroyDistribution",
         form: None,
         library: "curand",
@@ -58227,8 +59767,8 @@ pub mod curand {
         },
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 1805u32,
-        call: 1607u32,
+        wire: 1809u32,
+        call: 1611u32,
         name: "curandDestroyGenerator",
         form: None,
         library: "curand",
@@ -58249,8 +59789,8 @@ pub mod curand {
         },
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 1806u32,
-        call: 1608u32,
+        wire: 1810u32,
+        call: 1612u32,
         name: "curandGenerateSeeds",
         form: None,
         library: "curand",
@@ -58271,8 +59811,8 @@ pub mod curand {
         },
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 1807u32,
-        call: 1609u32,
+        wire: 1811u32,
+        call: 1613u32,
         name: "curandSetGeneratorOffset",
         form: None,
         library: "curand",
@@ -58297,8 +59837,8 @@ pub mod curand {
         },
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 1808u32,
-        call: 1610u32,
+        wire: 1812u32,
+        call: 1614u32,
         name: "curandSetGeneratorOrdering",
         form: None,
         library: "curand",
@@ -58323,8 +59863,8 @@ pub mod curand {
         },
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 1809u32,
-        call: 1611u32,
+        wire: 1813u32,
+        call: 1615u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
         library: "curand",
@@ -58349,8 +59889,8 @@ pub mod curand {
         },
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 1810u32,
-        call: 1612u32,
+        wire: 1814u32,
+        call: 1616u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
         library: "curand",
@@ -58375,8 +59915,8 @@ pub mod curand {
         },
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 1811u32,
-        call: 1613u32,
+        wire: 1815u32,
+        call: 1617u32,
         name: "curandSetStream",
         form: None,
         library: "curand",
@@ -58403,9 +59943,1733 @@ pub mod curand {
 }
 pub mod cusolver {
     use chidori_protocol::desc::*;
+    static LEN_cusolverDnXgeev_0: Len = Len::Param(20u8);
+    static LEN_cusolverDnXgeqrf_1: Len = Len::Param(13u8);
+    static LEN_cusolverDnXgesvd_2: Len = Len::Param(21u8);
+    static LEN_cusolverDnXgetrf_3: Len = Len::Param(12u8);
+    static LEN_cusolverDnXpotrf_4: Len = Len::Param(11u8);
+    static LEN_cusolverDnXsyevBatched_5: Len = Len::Param(14u8);
+    static LEN_cusolverDnXsyevd_6: Len = Len::Param(14u8);
+    static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
+    static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
+    pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
+        wire: 2119u32,
+        call: 1921u32,
+        name: "cusolverDnCgebrd_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCgeqrf: CallDesc = CallDesc {
+        wire: 2120u32,
+        call: 1922u32,
+        name: "cusolverDnCgeqrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
+        wire: 2121u32,
+        call: 1923u32,
+        name: "cusolverDnCgeqrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCgesvd: CallDesc = CallDesc {
+        wire: 2122u32,
+        call: 1924u32,
+        name: "cusolverDnCgesvd",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 1u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 1u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
+        wire: 2123u32,
+        call: 1925u32,
+        name: "cusolverDnCgesvd_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
+        wire: 2124u32,
+        call: 1926u32,
+        name: "cusolverDnCgesvdaStridedBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
+        wire: 2125u32,
+        call: 1927u32,
+        name: "cusolverDnCgesvdaStridedBatched_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCgesvdj: CallDesc = CallDesc {
+        wire: 2126u32,
+        call: 1928u32,
+        name: "cusolverDnCgesvdj",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
+        wire: 2127u32,
+        call: 1929u32,
+        name: "cusolverDnCgesvdjBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
+        wire: 2128u32,
+        call: 1930u32,
+        name: "cusolverDnCgesvdjBatched_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
+        wire: 2129u32,
+        call: 1931u32,
+        name: "cusolverDnCgesvdj_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCgetrf: CallDesc = CallDesc {
+        wire: 2130u32,
+        call: 1932u32,
+        name: "cusolverDnCgetrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
+        wire: 2131u32,
+        call: 1933u32,
+        name: "cusolverDnCgetrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCgetrs: CallDesc = CallDesc {
+        wire: 2132u32,
+        call: 1934u32,
+        name: "cusolverDnCgetrs",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCheevd: CallDesc = CallDesc {
+        wire: 2133u32,
+        call: 1935u32,
+        name: "cusolverDnCheevd",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
+        wire: 2134u32,
+        call: 1936u32,
+        name: "cusolverDnCheevd_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCheevj: CallDesc = CallDesc {
+        wire: 2135u32,
+        call: 1937u32,
+        name: "cusolverDnCheevj",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
+        wire: 2136u32,
+        call: 1938u32,
+        name: "cusolverDnCheevjBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
+        wire: 2137u32,
+        call: 1939u32,
+        name: "cusolverDnCheevjBatched_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
+        wire: 2138u32,
+        call: 1940u32,
+        name: "cusolverDnCheevj_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnChegvd: CallDesc = CallDesc {
+        wire: 2139u32,
+        call: 1941u32,
+        name: "cusolverDnChegvd",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
+        wire: 2140u32,
+        call: 1942u32,
+        name: "cusolverDnChegvd_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnChegvj: CallDesc = CallDesc {
+        wire: 2141u32,
+        call: 1943u32,
+        name: "cusolverDnChegvj",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
+        wire: 2142u32,
+        call: 1944u32,
+        name: "cusolverDnChegvj_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnClaswp: CallDesc = CallDesc {
+        wire: 2143u32,
+        call: 1945u32,
+        name: "cusolverDnClaswp",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnClauum: CallDesc = CallDesc {
+        wire: 2144u32,
+        call: 1946u32,
+        name: "cusolverDnClauum",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
+        wire: 2145u32,
+        call: 1947u32,
+        name: "cusolverDnClauum_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCpotrf: CallDesc = CallDesc {
+        wire: 2146u32,
+        call: 1948u32,
+        name: "cusolverDnCpotrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
+        wire: 2147u32,
+        call: 1949u32,
+        name: "cusolverDnCpotrfBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
+        wire: 2148u32,
+        call: 1950u32,
+        name: "cusolverDnCpotrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCpotri: CallDesc = CallDesc {
+        wire: 2149u32,
+        call: 1951u32,
+        name: "cusolverDnCpotri",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
+        wire: 2150u32,
+        call: 1952u32,
+        name: "cusolverDnCpotri_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCpotrs: CallDesc = CallDesc {
+        wire: 2151u32,
+        call: 1953u32,
+        name: "cusolverDnCpotrs",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
+        wire: 2152u32,
+        call: 1954u32,
+        name: "cusolverDnCpotrsBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 1874u32,
-        call: 1676u32,
+        wire: 2153u32,
+        call: 1955u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -58421,8 +61685,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 1875u32,
-        call: 1677u32,
+        wire: 2154u32,
+        call: 1956u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -58438,8 +61702,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 1876u32,
-        call: 1678u32,
+        wire: 2155u32,
+        call: 1957u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -58455,8 +61719,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 1877u32,
-        call: 1679u32,
+        wire: 2156u32,
+        call: 1958u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -58471,14 +61735,689 @@ pub mod cusolver {
             invalid_handle: 3i64,
         },
     };
-    pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 1878u32,
-        call: 1680u32,
-        name: "cusolverDnDestroy",
+    pub static cusolverDnCsytrf: CallDesc = CallDesc {
+        wire: 2157u32,
+        call: 1959u32,
+        name: "cusolverDnCsytrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
+        wire: 2158u32,
+        call: 1960u32,
+        name: "cusolverDnCsytrf_bufferSize",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCsytri: CallDesc = CallDesc {
+        wire: 2159u32,
+        call: 1961u32,
+        name: "cusolverDnCsytri",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
+        wire: 2160u32,
+        call: 1962u32,
+        name: "cusolverDnCsytri_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCungbr: CallDesc = CallDesc {
+        wire: 2161u32,
+        call: 1963u32,
+        name: "cusolverDnCungbr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
+        wire: 2162u32,
+        call: 1964u32,
+        name: "cusolverDnCungbr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCungqr: CallDesc = CallDesc {
+        wire: 2163u32,
+        call: 1965u32,
+        name: "cusolverDnCungqr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
+        wire: 2164u32,
+        call: 1966u32,
+        name: "cusolverDnCungqr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCungtr: CallDesc = CallDesc {
+        wire: 2165u32,
+        call: 1967u32,
+        name: "cusolverDnCungtr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
+        wire: 2166u32,
+        call: 1968u32,
+        name: "cusolverDnCungtr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCunmqr: CallDesc = CallDesc {
+        wire: 2167u32,
+        call: 1969u32,
+        name: "cusolverDnCunmqr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
+        wire: 2168u32,
+        call: 1970u32,
+        name: "cusolverDnCunmqr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCunmtr: CallDesc = CallDesc {
+        wire: 2169u32,
+        call: 1971u32,
+        name: "cusolverDnCunmtr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
+        wire: 2170u32,
+        call: 1972u32,
+        name: "cusolverDnCunmtr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDestroy: CallDesc = CallDesc {
+        wire: 2171u32,
+        call: 1973u32,
+        name: "cusolverDnDestroy",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 77u16,
@@ -58494,13 +62433,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 1879u32,
-        call: 1681u32,
+        wire: 2172u32,
+        call: 1974u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 94u16,
@@ -58516,13 +62455,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 1880u32,
-        call: 1682u32,
+        wire: 2173u32,
+        call: 1975u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 80u16,
@@ -58538,13 +62477,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 1881u32,
-        call: 1683u32,
+        wire: 2174u32,
+        call: 1976u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 106u16,
@@ -58559,9 +62498,2399 @@ pub mod cusolver {
             invalid_handle: 3i64,
         },
     };
+    pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
+        wire: 2175u32,
+        call: 1977u32,
+        name: "cusolverDnDgebrd_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDgeqrf: CallDesc = CallDesc {
+        wire: 2176u32,
+        call: 1978u32,
+        name: "cusolverDnDgeqrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
+        wire: 2177u32,
+        call: 1979u32,
+        name: "cusolverDnDgeqrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDgesvd: CallDesc = CallDesc {
+        wire: 2178u32,
+        call: 1980u32,
+        name: "cusolverDnDgesvd",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 1u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 1u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
+        wire: 2179u32,
+        call: 1981u32,
+        name: "cusolverDnDgesvd_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
+        wire: 2180u32,
+        call: 1982u32,
+        name: "cusolverDnDgesvdaStridedBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
+        wire: 2181u32,
+        call: 1983u32,
+        name: "cusolverDnDgesvdaStridedBatched_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDgesvdj: CallDesc = CallDesc {
+        wire: 2182u32,
+        call: 1984u32,
+        name: "cusolverDnDgesvdj",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
+        wire: 2183u32,
+        call: 1985u32,
+        name: "cusolverDnDgesvdjBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
+        wire: 2184u32,
+        call: 1986u32,
+        name: "cusolverDnDgesvdjBatched_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
+        wire: 2185u32,
+        call: 1987u32,
+        name: "cusolverDnDgesvdj_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDgetrf: CallDesc = CallDesc {
+        wire: 2186u32,
+        call: 1988u32,
+        name: "cusolverDnDgetrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
+        wire: 2187u32,
+        call: 1989u32,
+        name: "cusolverDnDgetrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDgetrs: CallDesc = CallDesc {
+        wire: 2188u32,
+        call: 1990u32,
+        name: "cusolverDnDgetrs",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDlaswp: CallDesc = CallDesc {
+        wire: 2189u32,
+        call: 1991u32,
+        name: "cusolverDnDlaswp",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDlauum: CallDesc = CallDesc {
+        wire: 2190u32,
+        call: 1992u32,
+        name: "cusolverDnDlauum",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
+        wire: 2191u32,
+        call: 1993u32,
+        name: "cusolverDnDlauum_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDorgbr: CallDesc = CallDesc {
+        wire: 2192u32,
+        call: 1994u32,
+        name: "cusolverDnDorgbr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
+        wire: 2193u32,
+        call: 1995u32,
+        name: "cusolverDnDorgbr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDorgqr: CallDesc = CallDesc {
+        wire: 2194u32,
+        call: 1996u32,
+        name: "cusolverDnDorgqr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
+        wire: 2195u32,
+        call: 1997u32,
+        name: "cusolverDnDorgqr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDorgtr: CallDesc = CallDesc {
+        wire: 2196u32,
+        call: 1998u32,
+        name: "cusolverDnDorgtr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
+        wire: 2197u32,
+        call: 1999u32,
+        name: "cusolverDnDorgtr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDormqr: CallDesc = CallDesc {
+        wire: 2198u32,
+        call: 2000u32,
+        name: "cusolverDnDormqr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
+        wire: 2199u32,
+        call: 2001u32,
+        name: "cusolverDnDormqr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDormtr: CallDesc = CallDesc {
+        wire: 2200u32,
+        call: 2002u32,
+        name: "cusolverDnDormtr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
+        wire: 2201u32,
+        call: 2003u32,
+        name: "cusolverDnDormtr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDpotrf: CallDesc = CallDesc {
+        wire: 2202u32,
+        call: 2004u32,
+        name: "cusolverDnDpotrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
+        wire: 2203u32,
+        call: 2005u32,
+        name: "cusolverDnDpotrfBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
+        wire: 2204u32,
+        call: 2006u32,
+        name: "cusolverDnDpotrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDpotri: CallDesc = CallDesc {
+        wire: 2205u32,
+        call: 2007u32,
+        name: "cusolverDnDpotri",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
+        wire: 2206u32,
+        call: 2008u32,
+        name: "cusolverDnDpotri_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDpotrs: CallDesc = CallDesc {
+        wire: 2207u32,
+        call: 2009u32,
+        name: "cusolverDnDpotrs",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
+        wire: 2208u32,
+        call: 2010u32,
+        name: "cusolverDnDpotrsBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDsyevd: CallDesc = CallDesc {
+        wire: 2209u32,
+        call: 2011u32,
+        name: "cusolverDnDsyevd",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
+        wire: 2210u32,
+        call: 2012u32,
+        name: "cusolverDnDsyevd_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDsyevj: CallDesc = CallDesc {
+        wire: 2211u32,
+        call: 2013u32,
+        name: "cusolverDnDsyevj",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
+        wire: 2212u32,
+        call: 2014u32,
+        name: "cusolverDnDsyevjBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
+        wire: 2213u32,
+        call: 2015u32,
+        name: "cusolverDnDsyevjBatched_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
+        wire: 2214u32,
+        call: 2016u32,
+        name: "cusolverDnDsyevj_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDsygvd: CallDesc = CallDesc {
+        wire: 2215u32,
+        call: 2017u32,
+        name: "cusolverDnDsygvd",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
+        wire: 2216u32,
+        call: 2018u32,
+        name: "cusolverDnDsygvd_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDsygvj: CallDesc = CallDesc {
+        wire: 2217u32,
+        call: 2019u32,
+        name: "cusolverDnDsygvj",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
+        wire: 2218u32,
+        call: 2020u32,
+        name: "cusolverDnDsygvj_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDsytrf: CallDesc = CallDesc {
+        wire: 2219u32,
+        call: 2021u32,
+        name: "cusolverDnDsytrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
+        wire: 2220u32,
+        call: 2022u32,
+        name: "cusolverDnDsytrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDsytri: CallDesc = CallDesc {
+        wire: 2221u32,
+        call: 2023u32,
+        name: "cusolverDnDsytri",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
+        wire: 2222u32,
+        call: 2024u32,
+        name: "cusolverDnDsytri_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 1882u32,
-        call: 1684u32,
+        wire: 2223u32,
+        call: 2025u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -58582,9 +64911,67 @@ pub mod cusolver {
             invalid_handle: 3i64,
         },
     };
+    pub static cusolverDnGetrs: CallDesc = CallDesc {
+        wire: 2224u32,
+        call: 2026u32,
+        name: "cusolverDnGetrs",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 1883u32,
-        call: 1685u32,
+        wire: 2225u32,
+        call: 2027u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -58600,13 +64987,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 1884u32,
-        call: 1686u32,
+        wire: 2226u32,
+        call: 2028u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 78u16,
@@ -58622,13 +65009,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 1885u32,
-        call: 1687u32,
+        wire: 2227u32,
+        call: 2029u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 78u16,
@@ -58644,8 +65031,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 1886u32,
-        call: 1688u32,
+        wire: 2228u32,
+        call: 2030u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -58661,13 +65048,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 1887u32,
-        call: 1689u32,
+        wire: 2229u32,
+        call: 2031u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 79u16,
@@ -58683,13 +65070,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 1888u32,
-        call: 1690u32,
+        wire: 2230u32,
+        call: 2032u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 79u16,
@@ -58705,13 +65092,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 1889u32,
-        call: 1691u32,
+        wire: 2231u32,
+        call: 2033u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 79u16,
@@ -58727,13 +65114,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 1890u32,
-        call: 1692u32,
+        wire: 2232u32,
+        call: 2034u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 79u16,
@@ -58753,13 +65140,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 1891u32,
-        call: 1693u32,
+        wire: 2233u32,
+        call: 2035u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 79u16,
@@ -58779,13 +65166,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 1892u32,
-        call: 1694u32,
+        wire: 2234u32,
+        call: 2036u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 79u16,
@@ -58805,13 +65192,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 1893u32,
-        call: 1695u32,
+        wire: 2235u32,
+        call: 2037u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 79u16,
@@ -58831,13 +65218,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 1894u32,
-        call: 1696u32,
+        wire: 2236u32,
+        call: 2038u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 79u16,
@@ -58857,13 +65244,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 1895u32,
-        call: 1697u32,
+        wire: 2237u32,
+        call: 2039u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 79u16,
@@ -58887,13 +65274,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 1896u32,
-        call: 1698u32,
+        wire: 2238u32,
+        call: 2040u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 79u16,
@@ -58913,13 +65300,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 1897u32,
-        call: 1699u32,
+        wire: 2239u32,
+        call: 2041u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 79u16,
@@ -58939,13 +65326,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1898u32,
-        call: 1700u32,
+        wire: 2240u32,
+        call: 2042u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[],
         ret: Ret::Status,
         codes: Codes {
@@ -58956,13 +65343,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1899u32,
-        call: 1701u32,
+        wire: 2241u32,
+        call: 2043u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 4u8,
@@ -58978,13 +65365,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 1900u32,
-        call: 1702u32,
+        wire: 2242u32,
+        call: 2044u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 4u8,
@@ -58999,14 +65386,71 @@ pub mod cusolver {
             invalid_handle: 3i64,
         },
     };
+    pub static cusolverDnPotrs: CallDesc = CallDesc {
+        wire: 2243u32,
+        call: 2045u32,
+        name: "cusolverDnPotrs",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 1901u32,
-        call: 1703u32,
+        wire: 2244u32,
+        call: 2046u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 80u16,
@@ -59030,13 +65474,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 1902u32,
-        call: 1704u32,
+        wire: 2245u32,
+        call: 2047u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 77u16,
@@ -59056,13 +65500,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 1903u32,
-        call: 1705u32,
+        wire: 2246u32,
+        call: 2048u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
         versions: &["13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 77u16,
@@ -59082,13 +65526,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 1904u32,
-        call: 1706u32,
+        wire: 2247u32,
+        call: 2049u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
         versions: &["13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 77u16,
@@ -59108,13 +65552,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 1905u32,
-        call: 1707u32,
+        wire: 2248u32,
+        call: 2050u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 77u16,
@@ -59133,14 +65577,2896 @@ pub mod cusolver {
             invalid_handle: 3i64,
         },
     };
-    pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 1906u32,
-        call: 1708u32,
-        name: "cusolverDnXgesvdjSetMaxSweeps",
+    pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
+        wire: 2249u32,
+        call: 2051u32,
+        name: "cusolverDnSgebrd_bufferSize",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSgeqrf: CallDesc = CallDesc {
+        wire: 2250u32,
+        call: 2052u32,
+        name: "cusolverDnSgeqrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
+        wire: 2251u32,
+        call: 2053u32,
+        name: "cusolverDnSgeqrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSgesvd: CallDesc = CallDesc {
+        wire: 2252u32,
+        call: 2054u32,
+        name: "cusolverDnSgesvd",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 1u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 1u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
+        wire: 2253u32,
+        call: 2055u32,
+        name: "cusolverDnSgesvd_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
+        wire: 2254u32,
+        call: 2056u32,
+        name: "cusolverDnSgesvdaStridedBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
+        wire: 2255u32,
+        call: 2057u32,
+        name: "cusolverDnSgesvdaStridedBatched_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSgesvdj: CallDesc = CallDesc {
+        wire: 2256u32,
+        call: 2058u32,
+        name: "cusolverDnSgesvdj",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
+        wire: 2257u32,
+        call: 2059u32,
+        name: "cusolverDnSgesvdjBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
+        wire: 2258u32,
+        call: 2060u32,
+        name: "cusolverDnSgesvdjBatched_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
+        wire: 2259u32,
+        call: 2061u32,
+        name: "cusolverDnSgesvdj_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSgetrf: CallDesc = CallDesc {
+        wire: 2260u32,
+        call: 2062u32,
+        name: "cusolverDnSgetrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
+        wire: 2261u32,
+        call: 2063u32,
+        name: "cusolverDnSgetrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSgetrs: CallDesc = CallDesc {
+        wire: 2262u32,
+        call: 2064u32,
+        name: "cusolverDnSgetrs",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSlaswp: CallDesc = CallDesc {
+        wire: 2263u32,
+        call: 2065u32,
+        name: "cusolverDnSlaswp",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSlauum: CallDesc = CallDesc {
+        wire: 2264u32,
+        call: 2066u32,
+        name: "cusolverDnSlauum",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
+        wire: 2265u32,
+        call: 2067u32,
+        name: "cusolverDnSlauum_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSorgbr: CallDesc = CallDesc {
+        wire: 2266u32,
+        call: 2068u32,
+        name: "cusolverDnSorgbr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
+        wire: 2267u32,
+        call: 2069u32,
+        name: "cusolverDnSorgbr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSorgqr: CallDesc = CallDesc {
+        wire: 2268u32,
+        call: 2070u32,
+        name: "cusolverDnSorgqr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
+        wire: 2269u32,
+        call: 2071u32,
+        name: "cusolverDnSorgqr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSorgtr: CallDesc = CallDesc {
+        wire: 2270u32,
+        call: 2072u32,
+        name: "cusolverDnSorgtr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
+        wire: 2271u32,
+        call: 2073u32,
+        name: "cusolverDnSorgtr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSormqr: CallDesc = CallDesc {
+        wire: 2272u32,
+        call: 2074u32,
+        name: "cusolverDnSormqr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
+        wire: 2273u32,
+        call: 2075u32,
+        name: "cusolverDnSormqr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSormtr: CallDesc = CallDesc {
+        wire: 2274u32,
+        call: 2076u32,
+        name: "cusolverDnSormtr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
+        wire: 2275u32,
+        call: 2077u32,
+        name: "cusolverDnSormtr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSpotrf: CallDesc = CallDesc {
+        wire: 2276u32,
+        call: 2078u32,
+        name: "cusolverDnSpotrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
+        wire: 2277u32,
+        call: 2079u32,
+        name: "cusolverDnSpotrfBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
+        wire: 2278u32,
+        call: 2080u32,
+        name: "cusolverDnSpotrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSpotri: CallDesc = CallDesc {
+        wire: 2279u32,
+        call: 2081u32,
+        name: "cusolverDnSpotri",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
+        wire: 2280u32,
+        call: 2082u32,
+        name: "cusolverDnSpotri_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSpotrs: CallDesc = CallDesc {
+        wire: 2281u32,
+        call: 2083u32,
+        name: "cusolverDnSpotrs",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
+        wire: 2282u32,
+        call: 2084u32,
+        name: "cusolverDnSpotrsBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSsyevd: CallDesc = CallDesc {
+        wire: 2283u32,
+        call: 2085u32,
+        name: "cusolverDnSsyevd",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
+        wire: 2284u32,
+        call: 2086u32,
+        name: "cusolverDnSsyevd_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSsyevj: CallDesc = CallDesc {
+        wire: 2285u32,
+        call: 2087u32,
+        name: "cusolverDnSsyevj",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
+        wire: 2286u32,
+        call: 2088u32,
+        name: "cusolverDnSsyevjBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
+        wire: 2287u32,
+        call: 2089u32,
+        name: "cusolverDnSsyevjBatched_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
+        wire: 2288u32,
+        call: 2090u32,
+        name: "cusolverDnSsyevj_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSsygvd: CallDesc = CallDesc {
+        wire: 2289u32,
+        call: 2091u32,
+        name: "cusolverDnSsygvd",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
+        wire: 2290u32,
+        call: 2092u32,
+        name: "cusolverDnSsygvd_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSsygvj: CallDesc = CallDesc {
+        wire: 2291u32,
+        call: 2093u32,
+        name: "cusolverDnSsygvj",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
+        wire: 2292u32,
+        call: 2094u32,
+        name: "cusolverDnSsygvj_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSsytrf: CallDesc = CallDesc {
+        wire: 2293u32,
+        call: 2095u32,
+        name: "cusolverDnSsytrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
+        wire: 2294u32,
+        call: 2096u32,
+        name: "cusolverDnSsytrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSsytri: CallDesc = CallDesc {
+        wire: 2295u32,
+        call: 2097u32,
+        name: "cusolverDnSsytri",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
+        wire: 2296u32,
+        call: 2098u32,
+        name: "cusolverDnSsytri_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXgeev: CallDesc = CallDesc {
+        wire: 2297u32,
+        call: 2099u32,
+        name: "cusolverDnXgeev",
+        form: None,
+        library: "cusolver",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 1u32,
+                len: Some(&LEN_cusolverDnXgeev_0),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
+        wire: 2298u32,
+        call: 2100u32,
+        name: "cusolverDnXgeev_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXgeqrf: CallDesc = CallDesc {
+        wire: 2299u32,
+        call: 2101u32,
+        name: "cusolverDnXgeqrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 1u32,
+                len: Some(&LEN_cusolverDnXgeqrf_1),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
+        wire: 2300u32,
+        call: 2102u32,
+        name: "cusolverDnXgeqrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXgesvd: CallDesc = CallDesc {
+        wire: 2301u32,
+        call: 2103u32,
+        name: "cusolverDnXgesvd",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 1u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 1u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 1u32,
+                len: Some(&LEN_cusolverDnXgesvd_2),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
+        wire: 2302u32,
+        call: 2104u32,
+        name: "cusolverDnXgesvd_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 1u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 1u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
+        wire: 2303u32,
+        call: 2105u32,
+        name: "cusolverDnXgesvdjSetMaxSweeps",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 94u16,
@@ -59160,13 +68486,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 1907u32,
-        call: 1709u32,
+        wire: 2304u32,
+        call: 2106u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 94u16,
@@ -59186,13 +68512,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 1908u32,
-        call: 1710u32,
+        wire: 2305u32,
+        call: 2107u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 94u16,
@@ -59211,14 +68537,752 @@ pub mod cusolver {
             invalid_handle: 3i64,
         },
     };
-    pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 1909u32,
-        call: 1711u32,
-        name: "cusolverDnXsyevjSetMaxSweeps",
+    pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
+        wire: 2306u32,
+        call: 2108u32,
+        name: "cusolverDnXgesvdp_bufferSize",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXgetrf: CallDesc = CallDesc {
+        wire: 2307u32,
+        call: 2109u32,
+        name: "cusolverDnXgetrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 1u32,
+                len: Some(&LEN_cusolverDnXgetrf_3),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
+        wire: 2308u32,
+        call: 2110u32,
+        name: "cusolverDnXgetrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXgetrs: CallDesc = CallDesc {
+        wire: 2309u32,
+        call: 2111u32,
+        name: "cusolverDnXgetrs",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXpotrf: CallDesc = CallDesc {
+        wire: 2310u32,
+        call: 2112u32,
+        name: "cusolverDnXpotrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 1u32,
+                len: Some(&LEN_cusolverDnXpotrf_4),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
+        wire: 2311u32,
+        call: 2113u32,
+        name: "cusolverDnXpotrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXpotrs: CallDesc = CallDesc {
+        wire: 2312u32,
+        call: 2114u32,
+        name: "cusolverDnXpotrs",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
+        wire: 2313u32,
+        call: 2115u32,
+        name: "cusolverDnXsyevBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 1u32,
+                len: Some(&LEN_cusolverDnXsyevBatched_5),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
+        wire: 2314u32,
+        call: 2116u32,
+        name: "cusolverDnXsyevBatched_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXsyevd: CallDesc = CallDesc {
+        wire: 2315u32,
+        call: 2117u32,
+        name: "cusolverDnXsyevd",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 1u32,
+                len: Some(&LEN_cusolverDnXsyevd_6),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
+        wire: 2316u32,
+        call: 2118u32,
+        name: "cusolverDnXsyevd_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 80u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
+        wire: 2317u32,
+        call: 2119u32,
+        name: "cusolverDnXsyevjSetMaxSweeps",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 106u16,
@@ -59238,13 +69302,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 1910u32,
-        call: 1712u32,
+        wire: 2318u32,
+        call: 2120u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 106u16,
@@ -59264,13 +69328,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 1911u32,
-        call: 1713u32,
+        wire: 2319u32,
+        call: 2121u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 106u16,
@@ -59289,14 +69353,2652 @@ pub mod cusolver {
             invalid_handle: 3i64,
         },
     };
-    pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 1912u32,
-        call: 1714u32,
-        name: "cusolverRfAnalyze",
+    pub static cusolverDnXsytrs: CallDesc = CallDesc {
+        wire: 2320u32,
+        call: 2122u32,
+        name: "cusolverDnXsytrs",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 1u32,
+                len: Some(&LEN_cusolverDnXsytrs_7),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
+        wire: 2321u32,
+        call: 2123u32,
+        name: "cusolverDnXsytrs_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXtrtri: CallDesc = CallDesc {
+        wire: 2322u32,
+        call: 2124u32,
+        name: "cusolverDnXtrtri",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 1u32,
+                len: Some(&LEN_cusolverDnXtrtri_8),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
+        wire: 2323u32,
+        call: 2125u32,
+        name: "cusolverDnXtrtri_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
+        wire: 2324u32,
+        call: 2126u32,
+        name: "cusolverDnZgebrd_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZgeqrf: CallDesc = CallDesc {
+        wire: 2325u32,
+        call: 2127u32,
+        name: "cusolverDnZgeqrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
+        wire: 2326u32,
+        call: 2128u32,
+        name: "cusolverDnZgeqrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZgesvd: CallDesc = CallDesc {
+        wire: 2327u32,
+        call: 2129u32,
+        name: "cusolverDnZgesvd",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 1u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 1u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
+        wire: 2328u32,
+        call: 2130u32,
+        name: "cusolverDnZgesvd_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
+        wire: 2329u32,
+        call: 2131u32,
+        name: "cusolverDnZgesvdaStridedBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
+        wire: 2330u32,
+        call: 2132u32,
+        name: "cusolverDnZgesvdaStridedBatched_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZgesvdj: CallDesc = CallDesc {
+        wire: 2331u32,
+        call: 2133u32,
+        name: "cusolverDnZgesvdj",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
+        wire: 2332u32,
+        call: 2134u32,
+        name: "cusolverDnZgesvdjBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
+        wire: 2333u32,
+        call: 2135u32,
+        name: "cusolverDnZgesvdjBatched_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
+        wire: 2334u32,
+        call: 2136u32,
+        name: "cusolverDnZgesvdj_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 94u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZgetrf: CallDesc = CallDesc {
+        wire: 2335u32,
+        call: 2137u32,
+        name: "cusolverDnZgetrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
+        wire: 2336u32,
+        call: 2138u32,
+        name: "cusolverDnZgetrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZgetrs: CallDesc = CallDesc {
+        wire: 2337u32,
+        call: 2139u32,
+        name: "cusolverDnZgetrs",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZheevd: CallDesc = CallDesc {
+        wire: 2338u32,
+        call: 2140u32,
+        name: "cusolverDnZheevd",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
+        wire: 2339u32,
+        call: 2141u32,
+        name: "cusolverDnZheevd_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZheevj: CallDesc = CallDesc {
+        wire: 2340u32,
+        call: 2142u32,
+        name: "cusolverDnZheevj",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
+        wire: 2341u32,
+        call: 2143u32,
+        name: "cusolverDnZheevjBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
+        wire: 2342u32,
+        call: 2144u32,
+        name: "cusolverDnZheevjBatched_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
+        wire: 2343u32,
+        call: 2145u32,
+        name: "cusolverDnZheevj_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZhegvd: CallDesc = CallDesc {
+        wire: 2344u32,
+        call: 2146u32,
+        name: "cusolverDnZhegvd",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
+        wire: 2345u32,
+        call: 2147u32,
+        name: "cusolverDnZhegvd_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZhegvj: CallDesc = CallDesc {
+        wire: 2346u32,
+        call: 2148u32,
+        name: "cusolverDnZhegvj",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
+        wire: 2347u32,
+        call: 2149u32,
+        name: "cusolverDnZhegvj_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+            Wire::Handle {
+                kind: 106u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZlaswp: CallDesc = CallDesc {
+        wire: 2348u32,
+        call: 2150u32,
+        name: "cusolverDnZlaswp",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZlauum: CallDesc = CallDesc {
+        wire: 2349u32,
+        call: 2151u32,
+        name: "cusolverDnZlauum",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
+        wire: 2350u32,
+        call: 2152u32,
+        name: "cusolverDnZlauum_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZpotrf: CallDesc = CallDesc {
+        wire: 2351u32,
+        call: 2153u32,
+        name: "cusolverDnZpotrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
+        wire: 2352u32,
+        call: 2154u32,
+        name: "cusolverDnZpotrfBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
+        wire: 2353u32,
+        call: 2155u32,
+        name: "cusolverDnZpotrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZpotri: CallDesc = CallDesc {
+        wire: 2354u32,
+        call: 2156u32,
+        name: "cusolverDnZpotri",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
+        wire: 2355u32,
+        call: 2157u32,
+        name: "cusolverDnZpotri_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZpotrs: CallDesc = CallDesc {
+        wire: 2356u32,
+        call: 2158u32,
+        name: "cusolverDnZpotrs",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
+        wire: 2357u32,
+        call: 2159u32,
+        name: "cusolverDnZpotrsBatched",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZsytrf: CallDesc = CallDesc {
+        wire: 2358u32,
+        call: 2160u32,
+        name: "cusolverDnZsytrf",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
+        wire: 2359u32,
+        call: 2161u32,
+        name: "cusolverDnZsytrf_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZsytri: CallDesc = CallDesc {
+        wire: 2360u32,
+        call: 2162u32,
+        name: "cusolverDnZsytri",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
+        wire: 2361u32,
+        call: 2163u32,
+        name: "cusolverDnZsytri_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZungbr: CallDesc = CallDesc {
+        wire: 2362u32,
+        call: 2164u32,
+        name: "cusolverDnZungbr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
+        wire: 2363u32,
+        call: 2165u32,
+        name: "cusolverDnZungbr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZungqr: CallDesc = CallDesc {
+        wire: 2364u32,
+        call: 2166u32,
+        name: "cusolverDnZungqr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
+        wire: 2365u32,
+        call: 2167u32,
+        name: "cusolverDnZungqr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZungtr: CallDesc = CallDesc {
+        wire: 2366u32,
+        call: 2168u32,
+        name: "cusolverDnZungtr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
+        wire: 2367u32,
+        call: 2169u32,
+        name: "cusolverDnZungtr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZunmqr: CallDesc = CallDesc {
+        wire: 2368u32,
+        call: 2170u32,
+        name: "cusolverDnZunmqr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
+        wire: 2369u32,
+        call: 2171u32,
+        name: "cusolverDnZunmqr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZunmtr: CallDesc = CallDesc {
+        wire: 2370u32,
+        call: 2172u32,
+        name: "cusolverDnZunmtr",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
+        wire: 2371u32,
+        call: 2173u32,
+        name: "cusolverDnZunmtr_bufferSize",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 77u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusolverRfAnalyze: CallDesc = CallDesc {
+        wire: 2372u32,
+        call: 2174u32,
+        name: "cusolverRfAnalyze",
+        form: None,
+        library: "cusolver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 81u16,
@@ -59312,13 +72014,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 1913u32,
-        call: 1715u32,
+        wire: 2373u32,
+        call: 2175u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 81u16,
@@ -59334,13 +72036,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 1914u32,
-        call: 1716u32,
+        wire: 2374u32,
+        call: 2176u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 81u16,
@@ -59356,8 +72058,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 1915u32,
-        call: 1717u32,
+        wire: 2375u32,
+        call: 2177u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -59373,13 +72075,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 1916u32,
-        call: 1718u32,
+        wire: 2376u32,
+        call: 2178u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 81u16,
@@ -59395,13 +72097,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 1917u32,
-        call: 1719u32,
+        wire: 2377u32,
+        call: 2179u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 81u16,
@@ -59417,13 +72119,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 1918u32,
-        call: 1720u32,
+        wire: 2378u32,
+        call: 2180u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 81u16,
@@ -59447,13 +72149,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 1919u32,
-        call: 1721u32,
+        wire: 2379u32,
+        call: 2181u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 81u16,
@@ -59477,13 +72179,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 1920u32,
-        call: 1722u32,
+        wire: 2380u32,
+        call: 2182u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 81u16,
@@ -59507,13 +72209,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 1921u32,
-        call: 1723u32,
+        wire: 2381u32,
+        call: 2183u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 81u16,
@@ -59533,8 +72235,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 1922u32,
-        call: 1724u32,
+        wire: 2382u32,
+        call: 2184u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -59550,8 +72252,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 1923u32,
-        call: 1725u32,
+        wire: 2383u32,
+        call: 2185u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -59567,13 +72269,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 1924u32,
-        call: 1726u32,
+        wire: 2384u32,
+        call: 2186u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 82u16,
@@ -59589,13 +72291,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 1925u32,
-        call: 1727u32,
+        wire: 2385u32,
+        call: 2187u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 34u16,
@@ -59611,8 +72313,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 1926u32,
-        call: 1728u32,
+        wire: 2386u32,
+        call: 2188u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -59634,13 +72336,13 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 1927u32,
-        call: 1729u32,
+        wire: 2387u32,
+        call: 2189u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 82u16,
@@ -59662,14 +72364,54 @@ pub mod cusolver {
 }
 pub mod cusparse {
     use chidori_protocol::desc::*;
+    pub static cusparseAxpby: CallDesc = CallDesc {
+        wire: 1816u32,
+        call: 1618u32,
+        name: "cusparseAxpby",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 93u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1812u32,
-        call: 1614u32,
+        wire: 1817u32,
+        call: 1619u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 90u16,
@@ -59700,14 +72442,2647 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
-    pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 1813u32,
-        call: 1615u32,
-        name: "cusparseCooSetStridedBatch",
+    pub static cusparseCbsr2csr: CallDesc = CallDesc {
+        wire: 1818u32,
+        call: 1620u32,
+        name: "cusparseCbsr2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCbsric02: CallDesc = CallDesc {
+        wire: 1819u32,
+        call: 1621u32,
+        name: "cusparseCbsric02",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 27u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
+        wire: 1820u32,
+        call: 1622u32,
+        name: "cusparseCbsric02_bufferSize",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 27u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCbsrilu02: CallDesc = CallDesc {
+        wire: 1821u32,
+        call: 1623u32,
+        name: "cusparseCbsrilu02",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 28u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
+        wire: 1822u32,
+        call: 1624u32,
+        name: "cusparseCbsrilu02_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 28u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
+        wire: 1823u32,
+        call: 1625u32,
+        name: "cusparseCbsrilu02_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 28u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCbsrmm: CallDesc = CallDesc {
+        wire: 1824u32,
+        call: 1626u32,
+        name: "cusparseCbsrmm",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCbsrmv: CallDesc = CallDesc {
+        wire: 1825u32,
+        call: 1627u32,
+        name: "cusparseCbsrmv",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
+        wire: 1826u32,
+        call: 1628u32,
+        name: "cusparseCbsrsm2_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 29u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
+        wire: 1827u32,
+        call: 1629u32,
+        name: "cusparseCbsrsm2_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 29u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
+        wire: 1828u32,
+        call: 1630u32,
+        name: "cusparseCbsrsm2_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 29u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
+        wire: 1829u32,
+        call: 1631u32,
+        name: "cusparseCbsrsv2_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
+        wire: 1830u32,
+        call: 1632u32,
+        name: "cusparseCbsrsv2_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
+        wire: 1831u32,
+        call: 1633u32,
+        name: "cusparseCbsrsv2_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCbsrxmv: CallDesc = CallDesc {
+        wire: 1832u32,
+        call: 1634u32,
+        name: "cusparseCbsrxmv",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsr2bsr: CallDesc = CallDesc {
+        wire: 1833u32,
+        call: 1635u32,
+        name: "cusparseCcsr2bsr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsr2csru: CallDesc = CallDesc {
+        wire: 1834u32,
+        call: 1636u32,
+        name: "cusparseCcsr2csru",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
+        wire: 1835u32,
+        call: 1637u32,
+        name: "cusparseCcsr2gebsr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
+        wire: 1836u32,
+        call: 1638u32,
+        name: "cusparseCcsr2gebsr_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsrgeam2: CallDesc = CallDesc {
+        wire: 1837u32,
+        call: 1639u32,
+        name: "cusparseCcsrgeam2",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 1838u32,
+        call: 1640u32,
+        name: "cusparseCcsrgeam2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsrgemm2: CallDesc = CallDesc {
+        wire: 1839u32,
+        call: 1641u32,
+        name: "cusparseCcsrgemm2",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 1840u32,
+        call: 1642u32,
+        name: "cusparseCcsrgemm2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
+        wire: 1841u32,
+        call: 1643u32,
+        name: "cusparseCcsric02_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 32u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
+        wire: 1842u32,
+        call: 1644u32,
+        name: "cusparseCcsric02_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 32u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
+        wire: 1843u32,
+        call: 1645u32,
+        name: "cusparseCcsrilu02_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 33u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
+        wire: 1844u32,
+        call: 1646u32,
+        name: "cusparseCcsrilu02_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 33u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
+        wire: 1845u32,
+        call: 1647u32,
+        name: "cusparseCcsrsm2_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 35u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
+        wire: 1846u32,
+        call: 1648u32,
+        name: "cusparseCcsrsm2_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 35u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
+        wire: 1847u32,
+        call: 1649u32,
+        name: "cusparseCcsrsv2_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 36u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
+        wire: 1848u32,
+        call: 1650u32,
+        name: "cusparseCcsrsv2_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 36u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
+        wire: 1849u32,
+        call: 1651u32,
+        name: "cusparseCcsrsv2_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 36u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsru2csr: CallDesc = CallDesc {
+        wire: 1850u32,
+        call: 1652u32,
+        name: "cusparseCcsru2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
+        wire: 1851u32,
+        call: 1653u32,
+        name: "cusparseCcsru2csr_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCgebsr2csr: CallDesc = CallDesc {
+        wire: 1852u32,
+        call: 1654u32,
+        name: "cusparseCgebsr2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
+        wire: 1853u32,
+        call: 1655u32,
+        name: "cusparseCgebsr2gebsc_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
+        wire: 1854u32,
+        call: 1656u32,
+        name: "cusparseCgebsr2gebsr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
+        wire: 1855u32,
+        call: 1657u32,
+        name: "cusparseCgebsr2gebsr_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCgtsv2: CallDesc = CallDesc {
+        wire: 1856u32,
+        call: 1658u32,
+        name: "cusparseCgtsv2",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: None,
+                record: Some("float2"),
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: None,
+                record: Some("float2"),
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: None,
+                record: Some("float2"),
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
+        wire: 1857u32,
+        call: 1659u32,
+        name: "cusparseCgtsv2_nopivot",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: None,
+                record: Some("float2"),
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: None,
+                record: Some("float2"),
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: None,
+                record: Some("float2"),
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
+        wire: 1858u32,
+        call: 1660u32,
+        name: "cusparseConstDnMatGetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
+        wire: 1859u32,
+        call: 1661u32,
+        name: "cusparseConstDnVecGetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
+        wire: 1860u32,
+        call: 1662u32,
+        name: "cusparseConstSpMatGetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
+        wire: 1861u32,
+        call: 1663u32,
+        name: "cusparseConstSpVecGetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 93u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
+        wire: 1862u32,
+        call: 1664u32,
+        name: "cusparseConstrainedGeMM",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
+        wire: 1863u32,
+        call: 1665u32,
+        name: "cusparseConstrainedGeMM_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCooSetPointers: CallDesc = CallDesc {
+        wire: 1864u32,
+        call: 1666u32,
+        name: "cusparseCooSetPointers",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
+        wire: 1865u32,
+        call: 1667u32,
+        name: "cusparseCooSetStridedBatch",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 90u16,
@@ -59731,13 +75106,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 1814u32,
-        call: 1616u32,
+        wire: 1866u32,
+        call: 1668u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
         versions: &["11.8"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 87u16,
@@ -59756,11 +75131,11 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
-    pub static cusparseCreate: CallDesc = CallDesc {
-        wire: 1815u32,
-        call: 1617u32,
+    pub static cusparseCreate__call: CallDesc = CallDesc {
+        wire: 1867u32,
+        call: 1669u32,
         name: "cusparseCreate",
-        form: None,
+        form: Some("call"),
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -59773,9 +75148,71 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
+    pub static cusparseCreateBsr: CallDesc = CallDesc {
+        wire: 1868u32,
+        call: 1670u32,
+        name: "cusparseCreateBsr",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle { kind: 90u16 },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 1816u32,
-        call: 1618u32,
+        wire: 1869u32,
+        call: 1671u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -59791,8 +75228,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 1817u32,
-        call: 1619u32,
+        wire: 1870u32,
+        call: 1672u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -59808,8 +75245,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 1818u32,
-        call: 1620u32,
+        wire: 1871u32,
+        call: 1673u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -59825,8 +75262,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 1819u32,
-        call: 1621u32,
+        wire: 1872u32,
+        call: 1674u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -59842,8 +75279,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 1820u32,
-        call: 1622u32,
+        wire: 1873u32,
+        call: 1675u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -59858,9 +75295,376 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
+    pub static cusparseCreateConstBsr: CallDesc = CallDesc {
+        wire: 1874u32,
+        call: 1676u32,
+        name: "cusparseCreateConstBsr",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle { kind: 90u16 },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCreateConstCoo: CallDesc = CallDesc {
+        wire: 1875u32,
+        call: 1677u32,
+        name: "cusparseCreateConstCoo",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle { kind: 90u16 },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCreateConstCsr: CallDesc = CallDesc {
+        wire: 1876u32,
+        call: 1678u32,
+        name: "cusparseCreateConstCsr",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle { kind: 90u16 },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
+        wire: 1877u32,
+        call: 1679u32,
+        name: "cusparseCreateConstDnMat",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle { kind: 85u16 },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
+        wire: 1878u32,
+        call: 1680u32,
+        name: "cusparseCreateConstDnVec",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle { kind: 86u16 },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCreateCoo: CallDesc = CallDesc {
+        wire: 1879u32,
+        call: 1681u32,
+        name: "cusparseCreateCoo",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle { kind: 90u16 },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCreateCooAoS: CallDesc = CallDesc {
+        wire: 1880u32,
+        call: 1682u32,
+        name: "cusparseCreateCooAoS",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle { kind: 90u16 },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCreateCsr: CallDesc = CallDesc {
+        wire: 1881u32,
+        call: 1683u32,
+        name: "cusparseCreateCsr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle { kind: 90u16 },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1821u32,
-        call: 1623u32,
+        wire: 1882u32,
+        call: 1684u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -59876,8 +75680,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 1822u32,
-        call: 1624u32,
+        wire: 1883u32,
+        call: 1685u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -59893,8 +75697,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 1823u32,
-        call: 1625u32,
+        wire: 1884u32,
+        call: 1686u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -59910,8 +75714,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 1824u32,
-        call: 1626u32,
+        wire: 1885u32,
+        call: 1687u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -59927,8 +75731,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 1825u32,
-        call: 1627u32,
+        wire: 1886u32,
+        call: 1688u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -59944,8 +75748,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1826u32,
-        call: 1628u32,
+        wire: 1887u32,
+        call: 1689u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -59960,9 +75764,104 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
+    pub static cusparseCreateDnMat: CallDesc = CallDesc {
+        wire: 1888u32,
+        call: 1690u32,
+        name: "cusparseCreateDnMat",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle { kind: 85u16 },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCreateDnVec: CallDesc = CallDesc {
+        wire: 1889u32,
+        call: 1691u32,
+        name: "cusparseCreateDnVec",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle { kind: 86u16 },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
+        wire: 1890u32,
+        call: 1692u32,
+        name: "cusparseCreateIdentityPermutation",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 1827u32,
-        call: 1629u32,
+        wire: 1891u32,
+        call: 1693u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -59978,8 +75877,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 1828u32,
-        call: 1630u32,
+        wire: 1892u32,
+        call: 1694u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -59994,14 +75893,39 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
+    pub static cusparseCsrSetPointers: CallDesc = CallDesc {
+        wire: 1893u32,
+        call: 1695u32,
+        name: "cusparseCsrSetPointers",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1829u32,
-        call: 1631u32,
+        wire: 1894u32,
+        call: 1696u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 90u16,
@@ -60028,14 +75952,2170 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
-    pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 1830u32,
-        call: 1632u32,
-        name: "cusparseDestroy",
+    pub static cusparseDbsr2csr: CallDesc = CallDesc {
+        wire: 1895u32,
+        call: 1697u32,
+        name: "cusparseDbsr2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDbsric02: CallDesc = CallDesc {
+        wire: 1896u32,
+        call: 1698u32,
+        name: "cusparseDbsric02",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 27u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
+        wire: 1897u32,
+        call: 1699u32,
+        name: "cusparseDbsric02_bufferSize",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 27u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDbsrilu02: CallDesc = CallDesc {
+        wire: 1898u32,
+        call: 1700u32,
+        name: "cusparseDbsrilu02",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 28u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
+        wire: 1899u32,
+        call: 1701u32,
+        name: "cusparseDbsrilu02_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 28u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
+        wire: 1900u32,
+        call: 1702u32,
+        name: "cusparseDbsrilu02_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 28u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDbsrmm: CallDesc = CallDesc {
+        wire: 1901u32,
+        call: 1703u32,
+        name: "cusparseDbsrmm",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDbsrmv: CallDesc = CallDesc {
+        wire: 1902u32,
+        call: 1704u32,
+        name: "cusparseDbsrmv",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
+        wire: 1903u32,
+        call: 1705u32,
+        name: "cusparseDbsrsm2_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 29u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
+        wire: 1904u32,
+        call: 1706u32,
+        name: "cusparseDbsrsm2_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 29u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
+        wire: 1905u32,
+        call: 1707u32,
+        name: "cusparseDbsrsm2_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 29u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
+        wire: 1906u32,
+        call: 1708u32,
+        name: "cusparseDbsrsv2_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
+        wire: 1907u32,
+        call: 1709u32,
+        name: "cusparseDbsrsv2_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
+        wire: 1908u32,
+        call: 1710u32,
+        name: "cusparseDbsrsv2_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDbsrxmv: CallDesc = CallDesc {
+        wire: 1909u32,
+        call: 1711u32,
+        name: "cusparseDbsrxmv",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsr2bsr: CallDesc = CallDesc {
+        wire: 1910u32,
+        call: 1712u32,
+        name: "cusparseDcsr2bsr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsr2csru: CallDesc = CallDesc {
+        wire: 1911u32,
+        call: 1713u32,
+        name: "cusparseDcsr2csru",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
+        wire: 1912u32,
+        call: 1714u32,
+        name: "cusparseDcsr2gebsr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
+        wire: 1913u32,
+        call: 1715u32,
+        name: "cusparseDcsr2gebsr_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsrgeam2: CallDesc = CallDesc {
+        wire: 1914u32,
+        call: 1716u32,
+        name: "cusparseDcsrgeam2",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 1915u32,
+        call: 1717u32,
+        name: "cusparseDcsrgeam2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsrgemm2: CallDesc = CallDesc {
+        wire: 1916u32,
+        call: 1718u32,
+        name: "cusparseDcsrgemm2",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 1917u32,
+        call: 1719u32,
+        name: "cusparseDcsrgemm2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
+        wire: 1918u32,
+        call: 1720u32,
+        name: "cusparseDcsric02_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 32u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
+        wire: 1919u32,
+        call: 1721u32,
+        name: "cusparseDcsric02_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 32u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
+        wire: 1920u32,
+        call: 1722u32,
+        name: "cusparseDcsrilu02_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 33u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
+        wire: 1921u32,
+        call: 1723u32,
+        name: "cusparseDcsrilu02_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 33u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
+        wire: 1922u32,
+        call: 1724u32,
+        name: "cusparseDcsrsm2_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 35u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
+        wire: 1923u32,
+        call: 1725u32,
+        name: "cusparseDcsrsm2_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 35u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
+        wire: 1924u32,
+        call: 1726u32,
+        name: "cusparseDcsrsv2_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 36u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
+        wire: 1925u32,
+        call: 1727u32,
+        name: "cusparseDcsrsv2_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 36u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
+        wire: 1926u32,
+        call: 1728u32,
+        name: "cusparseDcsrsv2_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 8u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 36u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsru2csr: CallDesc = CallDesc {
+        wire: 1927u32,
+        call: 1729u32,
+        name: "cusparseDcsru2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
+        wire: 1928u32,
+        call: 1730u32,
+        name: "cusparseDcsru2csr_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
+        wire: 1929u32,
+        call: 1731u32,
+        name: "cusparseDenseToSparse_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
+        wire: 1930u32,
+        call: 1732u32,
+        name: "cusparseDenseToSparse_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
+        wire: 1931u32,
+        call: 1733u32,
+        name: "cusparseDenseToSparse_convert",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDestroy: CallDesc = CallDesc {
+        wire: 1932u32,
+        call: 1734u32,
+        name: "cusparseDestroy",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 84u16,
@@ -60051,13 +78131,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 1831u32,
-        call: 1633u32,
+        wire: 1933u32,
+        call: 1735u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 27u16,
@@ -60073,13 +78153,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 1832u32,
-        call: 1634u32,
+        wire: 1934u32,
+        call: 1736u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 28u16,
@@ -60095,13 +78175,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 1833u32,
-        call: 1635u32,
+        wire: 1935u32,
+        call: 1737u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 29u16,
@@ -60117,13 +78197,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 1834u32,
-        call: 1636u32,
+        wire: 1936u32,
+        call: 1738u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 30u16,
@@ -60139,13 +78219,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 1835u32,
-        call: 1637u32,
+        wire: 1937u32,
+        call: 1739u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 83u16,
@@ -60161,13 +78241,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1836u32,
-        call: 1638u32,
+        wire: 1938u32,
+        call: 1740u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
         versions: &["11.8"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 31u16,
@@ -60183,13 +78263,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 1837u32,
-        call: 1639u32,
+        wire: 1939u32,
+        call: 1741u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 32u16,
@@ -60205,13 +78285,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 1838u32,
-        call: 1640u32,
+        wire: 1940u32,
+        call: 1742u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 33u16,
@@ -60227,13 +78307,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 1839u32,
-        call: 1641u32,
+        wire: 1941u32,
+        call: 1743u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
         versions: &["11.8"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 35u16,
@@ -60249,13 +78329,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 1840u32,
-        call: 1642u32,
+        wire: 1942u32,
+        call: 1744u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
         versions: &["11.8"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 36u16,
@@ -60271,13 +78351,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1841u32,
-        call: 1643u32,
+        wire: 1943u32,
+        call: 1745u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 37u16,
@@ -60293,13 +78373,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 1842u32,
-        call: 1644u32,
+        wire: 1944u32,
+        call: 1746u32,
         name: "cusparseDestroyDnMat",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 85u16,
@@ -60315,13 +78395,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 1843u32,
-        call: 1645u32,
+        wire: 1945u32,
+        call: 1747u32,
         name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 86u16,
@@ -60337,13 +78417,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 1844u32,
-        call: 1646u32,
+        wire: 1946u32,
+        call: 1748u32,
         name: "cusparseDestroyMatDescr",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 87u16,
@@ -60359,13 +78439,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 1845u32,
-        call: 1647u32,
+        wire: 1947u32,
+        call: 1749u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 105u16,
@@ -60381,13 +78461,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 1846u32,
-        call: 1648u32,
+        wire: 1948u32,
+        call: 1750u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 90u16,
@@ -60403,13 +78483,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 1847u32,
-        call: 1649u32,
+        wire: 1949u32,
+        call: 1751u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 93u16,
@@ -60424,14 +78504,280 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
-    pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1848u32,
-        call: 1650u32,
-        name: "cusparseDnMatSetStridedBatch",
+    pub static cusparseDgebsr2csr: CallDesc = CallDesc {
+        wire: 1950u32,
+        call: 1752u32,
+        name: "cusparseDgebsr2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
+        wire: 1951u32,
+        call: 1753u32,
+        name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
+        wire: 1952u32,
+        call: 1754u32,
+        name: "cusparseDgebsr2gebsr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
+        wire: 1953u32,
+        call: 1755u32,
+        name: "cusparseDgebsr2gebsr_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDnMatGetValues: CallDesc = CallDesc {
+        wire: 1954u32,
+        call: 1756u32,
+        name: "cusparseDnMatGetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
+        wire: 1955u32,
+        call: 1757u32,
+        name: "cusparseDnMatSetStridedBatch",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 85u16,
@@ -60454,14 +78800,262 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
-    pub static cusparseGather: CallDesc = CallDesc {
-        wire: 1849u32,
-        call: 1651u32,
-        name: "cusparseGather",
+    pub static cusparseDnMatSetValues: CallDesc = CallDesc {
+        wire: 1956u32,
+        call: 1758u32,
+        name: "cusparseDnMatSetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDnVecGetValues: CallDesc = CallDesc {
+        wire: 1957u32,
+        call: 1759u32,
+        name: "cusparseDnVecGetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDnVecSetValues: CallDesc = CallDesc {
+        wire: 1958u32,
+        call: 1760u32,
+        name: "cusparseDnVecSetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
+        wire: 1959u32,
+        call: 1761u32,
+        name: "cusparseDpruneCsr2csrByPercentage",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 105u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
+        wire: 1960u32,
+        call: 1762u32,
+        name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 105u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
+        wire: 1961u32,
+        call: 1763u32,
+        name: "cusparseDpruneCsr2csrNnzByPercentage",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 105u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseGather: CallDesc = CallDesc {
+        wire: 1962u32,
+        call: 1764u32,
+        name: "cusparseGather",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 84u16,
@@ -60485,8 +79079,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 1850u32,
-        call: 1652u32,
+        wire: 1963u32,
+        call: 1765u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -60510,8 +79104,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 1851u32,
-        call: 1653u32,
+        wire: 1964u32,
+        call: 1766u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -60535,8 +79129,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 1852u32,
-        call: 1654u32,
+        wire: 1965u32,
+        call: 1767u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -60560,8 +79154,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 1853u32,
-        call: 1655u32,
+        wire: 1966u32,
+        call: 1768u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -60585,8 +79179,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 1854u32,
-        call: 1656u32,
+        wire: 1967u32,
+        call: 1769u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -60608,13 +79202,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1855u32,
-        call: 1657u32,
+        wire: 1968u32,
+        call: 1770u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[],
         ret: Ret::Status,
         codes: Codes {
@@ -60625,13 +79219,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1856u32,
-        call: 1658u32,
+        wire: 1969u32,
+        call: 1771u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 4u8,
@@ -60647,13 +79241,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 1857u32,
-        call: 1659u32,
+        wire: 1970u32,
+        call: 1772u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Val {
                 bytes: 4u8,
@@ -60668,14 +79262,1139 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
-    pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 1858u32,
-        call: 1660u32,
-        name: "cusparseScatter",
+    pub static cusparseSDDMM: CallDesc = CallDesc {
+        wire: 1971u32,
+        call: 1773u32,
+        name: "cusparseSDDMM",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
+        wire: 1972u32,
+        call: 1774u32,
+        name: "cusparseSDDMM_bufferSize",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
+        wire: 1973u32,
+        call: 1775u32,
+        name: "cusparseSDDMM_preprocess",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSbsr2csr: CallDesc = CallDesc {
+        wire: 1974u32,
+        call: 1776u32,
+        name: "cusparseSbsr2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSbsric02: CallDesc = CallDesc {
+        wire: 1975u32,
+        call: 1777u32,
+        name: "cusparseSbsric02",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 27u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
+        wire: 1976u32,
+        call: 1778u32,
+        name: "cusparseSbsric02_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 27u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSbsrilu02: CallDesc = CallDesc {
+        wire: 1977u32,
+        call: 1779u32,
+        name: "cusparseSbsrilu02",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 28u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
+        wire: 1978u32,
+        call: 1780u32,
+        name: "cusparseSbsrilu02_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 28u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
+        wire: 1979u32,
+        call: 1781u32,
+        name: "cusparseSbsrilu02_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 28u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSbsrmm: CallDesc = CallDesc {
+        wire: 1980u32,
+        call: 1782u32,
+        name: "cusparseSbsrmm",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSbsrmv: CallDesc = CallDesc {
+        wire: 1981u32,
+        call: 1783u32,
+        name: "cusparseSbsrmv",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
+        wire: 1982u32,
+        call: 1784u32,
+        name: "cusparseSbsrsm2_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 29u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
+        wire: 1983u32,
+        call: 1785u32,
+        name: "cusparseSbsrsm2_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 29u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
+        wire: 1984u32,
+        call: 1786u32,
+        name: "cusparseSbsrsm2_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 29u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
+        wire: 1985u32,
+        call: 1787u32,
+        name: "cusparseSbsrsv2_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
+        wire: 1986u32,
+        call: 1788u32,
+        name: "cusparseSbsrsv2_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
+        wire: 1987u32,
+        call: 1789u32,
+        name: "cusparseSbsrsv2_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSbsrxmv: CallDesc = CallDesc {
+        wire: 1988u32,
+        call: 1790u32,
+        name: "cusparseSbsrxmv",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScatter: CallDesc = CallDesc {
+        wire: 1989u32,
+        call: 1791u32,
+        name: "cusparseScatter",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 84u16,
@@ -60698,14 +80417,1123 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
-    pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 1859u32,
-        call: 1661u32,
-        name: "cusparseSetColorAlgs",
+    pub static cusparseScsr2bsr: CallDesc = CallDesc {
+        wire: 1990u32,
+        call: 1792u32,
+        name: "cusparseScsr2bsr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsr2csru: CallDesc = CallDesc {
+        wire: 1991u32,
+        call: 1793u32,
+        name: "cusparseScsr2csru",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsr2gebsr: CallDesc = CallDesc {
+        wire: 1992u32,
+        call: 1794u32,
+        name: "cusparseScsr2gebsr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
+        wire: 1993u32,
+        call: 1795u32,
+        name: "cusparseScsr2gebsr_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsrgeam2: CallDesc = CallDesc {
+        wire: 1994u32,
+        call: 1796u32,
+        name: "cusparseScsrgeam2",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 1995u32,
+        call: 1797u32,
+        name: "cusparseScsrgeam2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsrgemm2: CallDesc = CallDesc {
+        wire: 1996u32,
+        call: 1798u32,
+        name: "cusparseScsrgemm2",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 1997u32,
+        call: 1799u32,
+        name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
         versions: &["11.8"],
         class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsric02_analysis: CallDesc = CallDesc {
+        wire: 1998u32,
+        call: 1800u32,
+        name: "cusparseScsric02_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 32u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
+        wire: 1999u32,
+        call: 1801u32,
+        name: "cusparseScsric02_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 32u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
+        wire: 2000u32,
+        call: 1802u32,
+        name: "cusparseScsrilu02_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 33u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
+        wire: 2001u32,
+        call: 1803u32,
+        name: "cusparseScsrilu02_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 33u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
+        wire: 2002u32,
+        call: 1804u32,
+        name: "cusparseScsrsm2_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 35u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
+        wire: 2003u32,
+        call: 1805u32,
+        name: "cusparseScsrsm2_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 35u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
+        wire: 2004u32,
+        call: 1806u32,
+        name: "cusparseScsrsv2_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 36u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
+        wire: 2005u32,
+        call: 1807u32,
+        name: "cusparseScsrsv2_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 36u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
+        wire: 2006u32,
+        call: 1808u32,
+        name: "cusparseScsrsv2_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 36u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsru2csr: CallDesc = CallDesc {
+        wire: 2007u32,
+        call: 1809u32,
+        name: "cusparseScsru2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2008u32,
+        call: 1810u32,
+        name: "cusparseScsru2csr_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSetColorAlgs: CallDesc = CallDesc {
+        wire: 2009u32,
+        call: 1811u32,
+        name: "cusparseSetColorAlgs",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 83u16,
@@ -60725,13 +81553,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 1860u32,
-        call: 1662u32,
+        wire: 2010u32,
+        call: 1812u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 87u16,
@@ -60751,13 +81579,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 1861u32,
-        call: 1663u32,
+        wire: 2011u32,
+        call: 1813u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 87u16,
@@ -60777,13 +81605,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 1862u32,
-        call: 1664u32,
+        wire: 2012u32,
+        call: 1814u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 87u16,
@@ -60803,13 +81631,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 1863u32,
-        call: 1665u32,
+        wire: 2013u32,
+        call: 1815u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 87u16,
@@ -60828,14 +81656,14 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
-    pub static cusparseSetPointerMode: CallDesc = CallDesc {
-        wire: 1864u32,
-        call: 1666u32,
+    pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
+        wire: 2014u32,
+        call: 1816u32,
         name: "cusparseSetPointerMode",
-        form: None,
+        form: Some("call"),
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 84u16,
@@ -60855,13 +81683,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 1865u32,
-        call: 1667u32,
+        wire: 2015u32,
+        call: 1817u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 84u16,
@@ -60880,9 +81708,387 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
+    pub static cusparseSgebsr2csr: CallDesc = CallDesc {
+        wire: 2016u32,
+        call: 1818u32,
+        name: "cusparseSgebsr2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
+        wire: 2017u32,
+        call: 1819u32,
+        name: "cusparseSgebsr2gebsc_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
+        wire: 2018u32,
+        call: 1820u32,
+        name: "cusparseSgebsr2gebsr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
+        wire: 2019u32,
+        call: 1821u32,
+        name: "cusparseSgebsr2gebsr_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
+        wire: 2020u32,
+        call: 1822u32,
+        name: "cusparseSpGEMM_compute",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 88u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
+        wire: 2021u32,
+        call: 1823u32,
+        name: "cusparseSpGEMM_copy",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 88u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 1866u32,
-        call: 1668u32,
+        wire: 2022u32,
+        call: 1824u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -60898,13 +82104,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 1867u32,
-        call: 1669u32,
+        wire: 2023u32,
+        call: 1825u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 88u16,
@@ -60919,14 +82125,290 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
-    pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 1868u32,
-        call: 1670u32,
-        name: "cusparseSpMMOp_destroyPlan",
+    pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
+        wire: 2024u32,
+        call: 1826u32,
+        name: "cusparseSpGEMM_workEstimation",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 88u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
+        wire: 2025u32,
+        call: 1827u32,
+        name: "cusparseSpGEMMreuse_compute",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 88u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
+        wire: 2026u32,
+        call: 1828u32,
+        name: "cusparseSpGEMMreuse_workEstimation",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 88u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpMM: CallDesc = CallDesc {
+        wire: 2027u32,
+        call: 1829u32,
+        name: "cusparseSpMM",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpMMOp: CallDesc = CallDesc {
+        wire: 2028u32,
+        call: 1830u32,
+        name: "cusparseSpMMOp",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 89u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
+        wire: 2029u32,
+        call: 1831u32,
+        name: "cusparseSpMMOp_destroyPlan",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 89u16,
@@ -60941,14 +82423,442 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
+    pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
+        wire: 2030u32,
+        call: 1832u32,
+        name: "cusparseSpMM_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
+        wire: 2031u32,
+        call: 1833u32,
+        name: "cusparseSpMM_preprocess",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpMV: CallDesc = CallDesc {
+        wire: 2032u32,
+        call: 1834u32,
+        name: "cusparseSpMV",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
+        wire: 2033u32,
+        call: 1835u32,
+        name: "cusparseSpMV_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
+        wire: 2034u32,
+        call: 1836u32,
+        name: "cusparseSpMV_preprocess",
+        form: None,
+        library: "cusparse",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
+        wire: 2035u32,
+        call: 1837u32,
+        name: "cusparseSpMatGetAttribute",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpMatGetSize: CallDesc = CallDesc {
+        wire: 2036u32,
+        call: 1838u32,
+        name: "cusparseSpMatGetSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpMatGetValues: CallDesc = CallDesc {
+        wire: 2037u32,
+        call: 1839u32,
+        name: "cusparseSpMatGetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
+        wire: 2038u32,
+        call: 1840u32,
+        name: "cusparseSpMatSetAttribute",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1869u32,
-        call: 1671u32,
+        wire: 2039u32,
+        call: 1841u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
         versions: &["11.8"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 90u16,
@@ -60967,9 +82877,157 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
+    pub static cusparseSpMatSetValues: CallDesc = CallDesc {
+        wire: 2040u32,
+        call: 1842u32,
+        name: "cusparseSpMatSetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpSM_analysis: CallDesc = CallDesc {
+        wire: 2041u32,
+        call: 1843u32,
+        name: "cusparseSpSM_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 91u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
+        wire: 2042u32,
+        call: 1844u32,
+        name: "cusparseSpSM_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 91u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 1870u32,
-        call: 1672u32,
+        wire: 2043u32,
+        call: 1845u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -60985,13 +83043,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 1871u32,
-        call: 1673u32,
+        wire: 2044u32,
+        call: 1846u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 91u16,
@@ -61006,9 +83064,185 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
+    pub static cusparseSpSM_solve: CallDesc = CallDesc {
+        wire: 2045u32,
+        call: 1847u32,
+        name: "cusparseSpSM_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 91u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpSV_analysis: CallDesc = CallDesc {
+        wire: 2046u32,
+        call: 1848u32,
+        name: "cusparseSpSV_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 92u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
+        wire: 2047u32,
+        call: 1849u32,
+        name: "cusparseSpSV_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 92u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 1872u32,
-        call: 1674u32,
+        wire: 2048u32,
+        call: 1850u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -61024,13 +83258,13 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 1873u32,
-        call: 1675u32,
+        wire: 2049u32,
+        call: 1851u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 92u16,
@@ -61045,12 +83279,3664 @@ pub mod cusparse {
             invalid_handle: 3i64,
         },
     };
+    pub static cusparseSpSV_solve: CallDesc = CallDesc {
+        wire: 2050u32,
+        call: 1852u32,
+        name: "cusparseSpSV_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 92u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpVecGetValues: CallDesc = CallDesc {
+        wire: 2051u32,
+        call: 1853u32,
+        name: "cusparseSpVecGetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 93u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpVecSetValues: CallDesc = CallDesc {
+        wire: 2052u32,
+        call: 1854u32,
+        name: "cusparseSpVecSetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 93u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSparseToDense: CallDesc = CallDesc {
+        wire: 2053u32,
+        call: 1855u32,
+        name: "cusparseSparseToDense",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
+        wire: 2054u32,
+        call: 1856u32,
+        name: "cusparseSparseToDense_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
+        wire: 2055u32,
+        call: 1857u32,
+        name: "cusparseSpruneCsr2csrByPercentage",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 105u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2056u32,
+        call: 1858u32,
+        name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 105u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
+        wire: 2057u32,
+        call: 1859u32,
+        name: "cusparseSpruneCsr2csrNnzByPercentage",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: true,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 105u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
+        wire: 2058u32,
+        call: 1860u32,
+        name: "cusparseXbsric02_zeroPivot",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 27u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
+        wire: 2059u32,
+        call: 1861u32,
+        name: "cusparseXbsrilu02_zeroPivot",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 28u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
+        wire: 2060u32,
+        call: 1862u32,
+        name: "cusparseXbsrsm2_zeroPivot",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 29u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
+        wire: 2061u32,
+        call: 1863u32,
+        name: "cusparseXbsrsv2_zeroPivot",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXcoo2csr: CallDesc = CallDesc {
+        wire: 2062u32,
+        call: 1864u32,
+        name: "cusparseXcoo2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
+        wire: 2063u32,
+        call: 1865u32,
+        name: "cusparseXcoosortByColumn",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXcoosortByRow: CallDesc = CallDesc {
+        wire: 2064u32,
+        call: 1866u32,
+        name: "cusparseXcoosortByRow",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2065u32,
+        call: 1867u32,
+        name: "cusparseXcoosort_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
+        wire: 2066u32,
+        call: 1868u32,
+        name: "cusparseXcsr2bsrNnz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXcsr2coo: CallDesc = CallDesc {
+        wire: 2067u32,
+        call: 1869u32,
+        name: "cusparseXcsr2coo",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
+        wire: 2068u32,
+        call: 1870u32,
+        name: "cusparseXcsr2gebsrNnz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
+        wire: 2069u32,
+        call: 1871u32,
+        name: "cusparseXcsrgeam2Nnz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
+        wire: 2070u32,
+        call: 1872u32,
+        name: "cusparseXcsrgemm2Nnz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
+        wire: 2071u32,
+        call: 1873u32,
+        name: "cusparseXcsric02_zeroPivot",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 32u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
+        wire: 2072u32,
+        call: 1874u32,
+        name: "cusparseXcsrilu02_zeroPivot",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 33u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
+        wire: 2073u32,
+        call: 1875u32,
+        name: "cusparseXcsrsm2_zeroPivot",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 35u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXcsrsort: CallDesc = CallDesc {
+        wire: 2074u32,
+        call: 1876u32,
+        name: "cusparseXcsrsort",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2075u32,
+        call: 1877u32,
+        name: "cusparseXcsrsort_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
+        wire: 2076u32,
+        call: 1878u32,
+        name: "cusparseXcsrsv2_zeroPivot",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 36u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXgebsr2csr: CallDesc = CallDesc {
+        wire: 2077u32,
+        call: 1879u32,
+        name: "cusparseXgebsr2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
+        wire: 2078u32,
+        call: 1880u32,
+        name: "cusparseXgebsr2gebsrNnz",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::Out,
+                bytes: 4u32,
+                mode: 0u8,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZbsr2csr: CallDesc = CallDesc {
+        wire: 2079u32,
+        call: 1881u32,
+        name: "cusparseZbsr2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZbsric02: CallDesc = CallDesc {
+        wire: 2080u32,
+        call: 1882u32,
+        name: "cusparseZbsric02",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 27u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
+        wire: 2081u32,
+        call: 1883u32,
+        name: "cusparseZbsric02_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 27u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZbsrilu02: CallDesc = CallDesc {
+        wire: 2082u32,
+        call: 1884u32,
+        name: "cusparseZbsrilu02",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 28u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
+        wire: 2083u32,
+        call: 1885u32,
+        name: "cusparseZbsrilu02_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 28u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
+        wire: 2084u32,
+        call: 1886u32,
+        name: "cusparseZbsrilu02_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 28u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZbsrmm: CallDesc = CallDesc {
+        wire: 2085u32,
+        call: 1887u32,
+        name: "cusparseZbsrmm",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZbsrmv: CallDesc = CallDesc {
+        wire: 2086u32,
+        call: 1888u32,
+        name: "cusparseZbsrmv",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
+        wire: 2087u32,
+        call: 1889u32,
+        name: "cusparseZbsrsm2_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 29u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
+        wire: 2088u32,
+        call: 1890u32,
+        name: "cusparseZbsrsm2_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 29u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
+        wire: 2089u32,
+        call: 1891u32,
+        name: "cusparseZbsrsm2_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 29u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
+        wire: 2090u32,
+        call: 1892u32,
+        name: "cusparseZbsrsv2_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
+        wire: 2091u32,
+        call: 1893u32,
+        name: "cusparseZbsrsv2_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
+        wire: 2092u32,
+        call: 1894u32,
+        name: "cusparseZbsrsv2_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 30u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZbsrxmv: CallDesc = CallDesc {
+        wire: 2093u32,
+        call: 1895u32,
+        name: "cusparseZbsrxmv",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsr2bsr: CallDesc = CallDesc {
+        wire: 2094u32,
+        call: 1896u32,
+        name: "cusparseZcsr2bsr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsr2csru: CallDesc = CallDesc {
+        wire: 2095u32,
+        call: 1897u32,
+        name: "cusparseZcsr2csru",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
+        wire: 2096u32,
+        call: 1898u32,
+        name: "cusparseZcsr2gebsr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
+        wire: 2097u32,
+        call: 1899u32,
+        name: "cusparseZcsr2gebsr_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsrgeam2: CallDesc = CallDesc {
+        wire: 2098u32,
+        call: 1900u32,
+        name: "cusparseZcsrgeam2",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2099u32,
+        call: 1901u32,
+        name: "cusparseZcsrgeam2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsrgemm2: CallDesc = CallDesc {
+        wire: 2100u32,
+        call: 1902u32,
+        name: "cusparseZcsrgemm2",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2101u32,
+        call: 1903u32,
+        name: "cusparseZcsrgemm2_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 31u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
+        wire: 2102u32,
+        call: 1904u32,
+        name: "cusparseZcsric02_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 32u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
+        wire: 2103u32,
+        call: 1905u32,
+        name: "cusparseZcsric02_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 32u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
+        wire: 2104u32,
+        call: 1906u32,
+        name: "cusparseZcsrilu02_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 33u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
+        wire: 2105u32,
+        call: 1907u32,
+        name: "cusparseZcsrilu02_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 33u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
+        wire: 2106u32,
+        call: 1908u32,
+        name: "cusparseZcsrsm2_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 35u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
+        wire: 2107u32,
+        call: 1909u32,
+        name: "cusparseZcsrsm2_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 35u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
+        wire: 2108u32,
+        call: 1910u32,
+        name: "cusparseZcsrsv2_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 36u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
+        wire: 2109u32,
+        call: 1911u32,
+        name: "cusparseZcsrsv2_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 36u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
+        wire: 2110u32,
+        call: 1912u32,
+        name: "cusparseZcsrsv2_solve",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 36u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsru2csr: CallDesc = CallDesc {
+        wire: 2111u32,
+        call: 1913u32,
+        name: "cusparseZcsru2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
+        wire: 2112u32,
+        call: 1914u32,
+        name: "cusparseZcsru2csr_bufferSizeExt",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZgebsr2csr: CallDesc = CallDesc {
+        wire: 2113u32,
+        call: 1915u32,
+        name: "cusparseZgebsr2csr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
+        wire: 2114u32,
+        call: 1916u32,
+        name: "cusparseZgebsr2gebsc_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
+        wire: 2115u32,
+        call: 1917u32,
+        name: "cusparseZgebsr2gebsr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
+        wire: 2116u32,
+        call: 1918u32,
+        name: "cusparseZgebsr2gebsr_bufferSize",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 4u32,
+                len: None,
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZgtsv2: CallDesc = CallDesc {
+        wire: 2117u32,
+        call: 1919u32,
+        name: "cusparseZgtsv2",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 16u32,
+                len: None,
+                record: Some("double2"),
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 16u32,
+                len: None,
+                record: Some("double2"),
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 16u32,
+                len: None,
+                record: Some("double2"),
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
+    pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
+        wire: 2118u32,
+        call: 1920u32,
+        name: "cusparseZgtsv2_nopivot",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 16u32,
+                len: None,
+                record: Some("double2"),
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 16u32,
+                len: None,
+                record: Some("double2"),
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 16u32,
+                len: None,
+                record: Some("double2"),
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+    };
 }
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 1996u32,
-        call: 1796u32,
+        wire: 2456u32,
+        call: 2256u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -61073,8 +86959,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 1997u32,
-        call: 1796u32,
+        wire: 2457u32,
+        call: 2256u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -61097,8 +86983,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 1998u32,
-        call: 1796u32,
+        wire: 2458u32,
+        call: 2256u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -61121,8 +87007,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 1999u32,
-        call: 1797u32,
+        wire: 2459u32,
+        call: 2257u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -61145,8 +87031,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2000u32,
-        call: 1797u32,
+        wire: 2460u32,
+        call: 2257u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -61169,8 +87055,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2001u32,
-        call: 1797u32,
+        wire: 2461u32,
+        call: 2257u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -61193,8 +87079,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2002u32,
-        call: 1798u32,
+        wire: 2462u32,
+        call: 2258u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -61217,8 +87103,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2003u32,
-        call: 1799u32,
+        wire: 2463u32,
+        call: 2259u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -61241,8 +87127,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2004u32,
-        call: 1799u32,
+        wire: 2464u32,
+        call: 2259u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -61265,8 +87151,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2005u32,
-        call: 1799u32,
+        wire: 2465u32,
+        call: 2259u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -71710,8 +97596,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 1974u32,
-        call: 1776u32,
+        wire: 2434u32,
+        call: 2236u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -71732,8 +97618,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 1975u32,
-        call: 1777u32,
+        wire: 2435u32,
+        call: 2237u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -71754,8 +97640,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 1976u32,
-        call: 1778u32,
+        wire: 2436u32,
+        call: 2238u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -71776,8 +97662,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 1977u32,
-        call: 1779u32,
+        wire: 2437u32,
+        call: 2239u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -71804,8 +97690,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 1978u32,
-        call: 1780u32,
+        wire: 2438u32,
+        call: 2240u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -71830,8 +97716,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 1979u32,
-        call: 1781u32,
+        wire: 2439u32,
+        call: 2241u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -71856,8 +97742,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 1980u32,
-        call: 1781u32,
+        wire: 2440u32,
+        call: 2241u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -71882,8 +97768,8 @@ pub mod nccl {
         },
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 1981u32,
-        call: 1782u32,
+        wire: 2441u32,
+        call: 2242u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -71899,8 +97785,8 @@ pub mod nccl {
         },
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 1982u32,
-        call: 1783u32,
+        wire: 2442u32,
+        call: 2243u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -71916,8 +97802,8 @@ pub mod nccl {
         },
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 1983u32,
-        call: 1784u32,
+        wire: 2443u32,
+        call: 2244u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -71942,8 +97828,8 @@ pub mod nccl {
         },
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 1984u32,
-        call: 1785u32,
+        wire: 2444u32,
+        call: 2245u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -71959,8 +97845,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 1985u32,
-        call: 1786u32,
+        wire: 2445u32,
+        call: 2246u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -71981,8 +97867,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 1986u32,
-        call: 1787u32,
+        wire: 2446u32,
+        call: 2247u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -72003,8 +97889,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 1987u32,
-        call: 1788u32,
+        wire: 2447u32,
+        call: 2248u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -72025,8 +97911,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 1988u32,
-        call: 1789u32,
+        wire: 2448u32,
+        call: 2249u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -72053,8 +97939,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 1989u32,
-        call: 1790u32,
+        wire: 2449u32,
+        call: 2250u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -72079,8 +97965,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 1990u32,
-        call: 1791u32,
+        wire: 2450u32,
+        call: 2251u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -72105,8 +97991,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 1991u32,
-        call: 1791u32,
+        wire: 2451u32,
+        call: 2251u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -72131,8 +98017,8 @@ pub mod nccl {
         },
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 1992u32,
-        call: 1792u32,
+        wire: 2452u32,
+        call: 2252u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -72148,8 +98034,8 @@ pub mod nccl {
         },
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 1993u32,
-        call: 1793u32,
+        wire: 2453u32,
+        call: 2253u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -72165,8 +98051,8 @@ pub mod nccl {
         },
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 1994u32,
-        call: 1794u32,
+        wire: 2454u32,
+        call: 2254u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -72191,8 +98077,8 @@ pub mod nccl {
         },
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 1995u32,
-        call: 1795u32,
+        wire: 2455u32,
+        call: 2255u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -72211,8 +98097,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 1943u32,
-        call: 1745u32,
+        wire: 2403u32,
+        call: 2205u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -72233,8 +98119,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 1944u32,
-        call: 1746u32,
+        wire: 2404u32,
+        call: 2206u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -72255,8 +98141,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 1945u32,
-        call: 1747u32,
+        wire: 2405u32,
+        call: 2207u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -72277,8 +98163,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 1946u32,
-        call: 1748u32,
+        wire: 2406u32,
+        call: 2208u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -72299,8 +98185,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 1947u32,
-        call: 1749u32,
+        wire: 2407u32,
+        call: 2209u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -72321,8 +98207,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 1948u32,
-        call: 1750u32,
+        wire: 2408u32,
+        call: 2210u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -72338,8 +98224,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 1949u32,
-        call: 1751u32,
+        wire: 2409u32,
+        call: 2211u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -72355,8 +98241,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 1950u32,
-        call: 1752u32,
+        wire: 2410u32,
+        call: 2212u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -72372,8 +98258,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 1951u32,
-        call: 1753u32,
+        wire: 2411u32,
+        call: 2213u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -72389,8 +98275,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 1952u32,
-        call: 1754u32,
+        wire: 2412u32,
+        call: 2214u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -72406,8 +98292,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 1953u32,
-        call: 1755u32,
+        wire: 2413u32,
+        call: 2215u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -72434,8 +98320,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 1954u32,
-        call: 1756u32,
+        wire: 2414u32,
+        call: 2216u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -72462,8 +98348,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 1955u32,
-        call: 1757u32,
+        wire: 2415u32,
+        call: 2217u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -72490,8 +98376,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 1956u32,
-        call: 1758u32,
+        wire: 2416u32,
+        call: 2218u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -72518,8 +98404,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 1957u32,
-        call: 1759u32,
+        wire: 2417u32,
+        call: 2219u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -72546,8 +98432,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 1958u32,
-        call: 1760u32,
+        wire: 2418u32,
+        call: 2220u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -72574,8 +98460,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 1959u32,
-        call: 1761u32,
+        wire: 2419u32,
+        call: 2221u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -72602,8 +98488,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 1960u32,
-        call: 1762u32,
+        wire: 2420u32,
+        call: 2222u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -72630,8 +98516,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 1961u32,
-        call: 1763u32,
+        wire: 2421u32,
+        call: 2223u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -72658,8 +98544,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 1962u32,
-        call: 1764u32,
+        wire: 2422u32,
+        call: 2224u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -72686,8 +98572,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 1963u32,
-        call: 1765u32,
+        wire: 2423u32,
+        call: 2225u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -72714,8 +98600,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 1964u32,
-        call: 1766u32,
+        wire: 2424u32,
+        call: 2226u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -72742,8 +98628,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 1965u32,
-        call: 1767u32,
+        wire: 2425u32,
+        call: 2227u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -72770,8 +98656,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 1966u32,
-        call: 1768u32,
+        wire: 2426u32,
+        call: 2228u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -72798,8 +98684,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 1967u32,
-        call: 1769u32,
+        wire: 2427u32,
+        call: 2229u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -72826,8 +98712,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 1968u32,
-        call: 1770u32,
+        wire: 2428u32,
+        call: 2230u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -72854,8 +98740,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 1969u32,
-        call: 1771u32,
+        wire: 2429u32,
+        call: 2231u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -72882,8 +98768,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 1970u32,
-        call: 1772u32,
+        wire: 2430u32,
+        call: 2232u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -72910,8 +98796,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 1971u32,
-        call: 1773u32,
+        wire: 2431u32,
+        call: 2233u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -72938,8 +98824,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 1972u32,
-        call: 1774u32,
+        wire: 2432u32,
+        call: 2234u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -72966,8 +98852,8 @@ pub mod nvjitlink {
         },
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 1973u32,
-        call: 1775u32,
+        wire: 2433u32,
+        call: 2235u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -78839,8 +104725,8 @@ pub mod nvml {
 pub mod nvrtc {
     use chidori_protocol::desc::*;
     pub static nvrtcAddNameExpression: CallDesc = CallDesc {
-        wire: 1928u32,
-        call: 1730u32,
+        wire: 2388u32,
+        call: 2190u32,
         name: "nvrtcAddNameExpression",
         form: None,
         library: "nvrtc",
@@ -78862,8 +104748,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcDestroyProgram: CallDesc = CallDesc {
-        wire: 1929u32,
-        call: 1731u32,
+        wire: 2389u32,
+        call: 2191u32,
         name: "nvrtcDestroyProgram",
         form: None,
         library: "nvrtc",
@@ -78879,8 +104765,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetCUBINSize: CallDesc = CallDesc {
-        wire: 1930u32,
-        call: 1732u32,
+        wire: 2390u32,
+        call: 2192u32,
         name: "nvrtcGetCUBINSize",
         form: None,
         library: "nvrtc",
@@ -78907,8 +104793,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetLTOIRSize: CallDesc = CallDesc {
-        wire: 1931u32,
-        call: 1733u32,
+        wire: 2391u32,
+        call: 2193u32,
         name: "nvrtcGetLTOIRSize",
         form: None,
         library: "nvrtc",
@@ -78935,8 +104821,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetNVVMSize: CallDesc = CallDesc {
-        wire: 1932u32,
-        call: 1734u32,
+        wire: 2392u32,
+        call: 2194u32,
         name: "nvrtcGetNVVMSize",
         form: None,
         library: "nvrtc",
@@ -78963,8 +104849,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 1933u32,
-        call: 1735u32,
+        wire: 2393u32,
+        call: 2195u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -78987,8 +104873,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetOptiXIRSize: CallDesc = CallDesc {
-        wire: 1934u32,
-        call: 1736u32,
+        wire: 2394u32,
+        call: 2196u32,
         name: "nvrtcGetOptiXIRSize",
         form: None,
         library: "nvrtc",
@@ -79015,8 +104901,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHCreateStatus: CallDesc = CallDesc {
-        wire: 1935u32,
-        call: 1737u32,
+        wire: 2395u32,
+        call: 2197u32,
         name: "nvrtcGetPCHCreateStatus",
         form: None,
         library: "nvrtc",
@@ -79037,8 +104923,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 1936u32,
-        call: 1738u32,
+        wire: 2396u32,
+        call: 2198u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -79061,8 +104947,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHHeapSizeRequired: CallDesc = CallDesc {
-        wire: 1937u32,
-        call: 1739u32,
+        wire: 2397u32,
+        call: 2199u32,
         name: "nvrtcGetPCHHeapSizeRequired",
         form: None,
         library: "nvrtc",
@@ -79089,8 +104975,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPTXSize: CallDesc = CallDesc {
-        wire: 1938u32,
-        call: 1740u32,
+        wire: 2398u32,
+        call: 2200u32,
         name: "nvrtcGetPTXSize",
         form: None,
         library: "nvrtc",
@@ -79117,8 +105003,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetProgramLogSize: CallDesc = CallDesc {
-        wire: 1939u32,
-        call: 1741u32,
+        wire: 2399u32,
+        call: 2201u32,
         name: "nvrtcGetProgramLogSize",
         form: None,
         library: "nvrtc",
@@ -79145,8 +105031,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetSupportedArchs: CallDesc = CallDesc {
-        wire: 1940u32,
-        call: 1742u32,
+        wire: 2400u32,
+        call: 2202u32,
         name: "nvrtcGetSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -79169,8 +105055,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 1941u32,
-        call: 1743u32,
+        wire: 2401u32,
+        call: 2203u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -79191,8 +105077,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 1942u32,
-        call: 1744u32,
+        wire: 2402u32,
+        call: 2204u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",

@@ -6,6 +6,7 @@ pub mod capture;
 pub mod cublas;
 pub mod cublaslt;
 pub mod cudart;
+pub mod cusparse;
 pub mod driver;
 pub mod entry;
 pub mod kernels;

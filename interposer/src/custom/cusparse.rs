@@ -1,0 +1,21 @@
+//! Hand-written cuSPARSE functions: the client records each handle's pointer mode, which
+//! decides whether scalars travel as values or pass as device addresses (`crate::scalars`).
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::ffi::c_void;
+
+use chidori_cuda::calls::cusparse as calls;
+
+/// CUSPARSE_STATUS_INVALID_VALUE.
+const INVALID_VALUE: u32 = 3;
+/// CUSPARSE_POINTER_MODE_DEVICE.
+const POINTER_MODE_DEVICE: u32 = 1;
+
+pub unsafe fn cusparseCreate(handle: *mut c_void) -> u32 {
+    crate::scalars::create_handle("cusparseCreate", &calls::cusparseCreate__call, handle, INVALID_VALUE)
+}
+
+pub unsafe fn cusparseSetPointerMode(handle: *mut c_void, mode: u32) -> u32 {
+    let desc = &calls::cusparseSetPointerMode__call;
+    crate::scalars::set_pointer_mode("cusparseSetPointerMode", desc, handle, mode, POINTER_MODE_DEVICE, INVALID_VALUE)
+}
