@@ -23,8 +23,9 @@ pub struct ServeArgs {
     /// Port to listen on.
     #[arg(long, env = env::PORT, default_value_t = env::DEFAULT_PORT)]
     pub port: u16,
-    /// Address to bind.
-    #[arg(long, env = env::BIND, default_value = "0.0.0.0")]
+    /// Address to bind: loopback by default (clients are not authenticated yet; reach it
+    /// through an SSH tunnel, or bind 0.0.0.0 on a trusted network).
+    #[arg(long, env = env::BIND, default_value = "127.0.0.1")]
     pub bind: String,
     /// Serve only these GPUs (CUDA ordinals; repeat the flag for several).
     #[arg(long = "gpu", value_name = "N")]

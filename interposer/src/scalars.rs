@@ -25,7 +25,6 @@ pub fn set_device_mode(handle: u64, device: bool) {
     }
 }
 
-
 /// A library's handle creation (`cublasCreate_v2`, `cusparseCreate`): forwarded; the new
 /// handle starts in host mode (a handle value can be reused after a destroy).
 pub fn create_handle(

@@ -101,6 +101,14 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     tracing::info!("chidori serve listening on {addr}: {found}");
     // One line on stderr that scripts and tests wait for (it names the port when --port 0).
     eprintln!("chidori serve: listening on {addr}; {found}");
+    if !addr.ip().is_loopback() {
+        // Sessions are not authenticated yet: whoever reaches the port runs code on the GPU.
+        tracing::warn!(
+            "{addr} is reachable from the network and Chidori does not authenticate clients yet: \
+             expose it only on a trusted network, or bind 127.0.0.1 and reach it through an SSH tunnel \
+             (ssh -L 43211:127.0.0.1:43211 gpu-box)"
+        );
+    }
     for conn in listener.incoming() {
         let stream = match conn {
             Ok(s) => s,
