@@ -531,6 +531,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetP2PAttribute(
         ) as u32
     }
 }
+///`cudaDeviceGetPCIBusId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetPCIBusId(
+    pciBusId: *mut c_void,
+    len: i32,
+    device: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaDeviceGetPCIBusId,
+            &[(pciBusId) as usize as u64, (len) as i64 as u64, (device) as i64 as u64],
+        ) as u32
+    }
+}
 ///`cudaDeviceGetSharedMemConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetSharedMemConfig(
@@ -1692,24 +1706,6 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetContainingGraph(
         ) as u32
     }
 }
-///`cudaGraphNodeGetDependencies` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependencies__cu118(
-    node: *mut c_void,
-    pDependencies: *mut c_void,
-    pNumDependencies: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaGraphNodeGetDependencies__cu118,
-            &[
-                (node) as usize as u64,
-                (pDependencies) as usize as u64,
-                (pNumDependencies) as usize as u64,
-            ],
-        ) as u32
-    }
-}
 ///`cudaGraphNodeGetDependentNodes` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes__cu118(
@@ -2436,6 +2432,48 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolDestroy(
         ) as u32
     }
 }
+///`cudaMemPoolGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolGetAttribute(
+    memPool: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPoolGetAttribute,
+            &[(memPool) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaMemPoolSetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolSetAccess(
+    memPool: *mut c_void,
+    descList: *mut c_void,
+    count: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPoolSetAccess,
+            &[(memPool) as usize as u64, (descList) as usize as u64, (count) as u64],
+        ) as u32
+    }
+}
+///`cudaMemPoolSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolSetAttribute(
+    memPool: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPoolSetAttribute,
+            &[(memPool) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
 ///`cudaMemPoolTrimTo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolTrimTo(
@@ -2765,6 +2803,30 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbol_ptds(
             offset,
             kind,
         )
+    }
+}
+///`cudaMemcpyPeerAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyPeerAsync(
+    dst: *mut c_void,
+    dstDevice: i32,
+    src: *mut c_void,
+    srcDevice: i32,
+    count: usize,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemcpyPeerAsync,
+            &[
+                (dst) as usize as u64,
+                (dstDevice) as i64 as u64,
+                (src) as usize as u64,
+                (srcDevice) as i64 as u64,
+                (count) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
     }
 }
 ///`cudaMemcpyToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).

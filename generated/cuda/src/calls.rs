@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 6301151263451724722u64;
+pub const SCHEMA_HASH: u64 = 9382798702499958766u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2260usize] = [
+pub static FUNCTIONS: [&str; 2264usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -653,6 +653,7 @@ pub static FUNCTIONS: [&str; 2260usize] = [
     "cudaDeviceGetLimit",
     "cudaDeviceGetMemPool",
     "cudaDeviceGetP2PAttribute",
+    "cudaDeviceGetPCIBusId",
     "cudaDeviceGetSharedMemConfig",
     "cudaDeviceGetStreamPriorityRange",
     "cudaDeviceGetTexture1DLinearMaxWidth",
@@ -720,7 +721,6 @@ pub static FUNCTIONS: [&str; 2260usize] = [
     "cudaGraphLaunch_ptsz",
     "cudaGraphNodeFindInClone",
     "cudaGraphNodeGetContainingGraph",
-    "cudaGraphNodeGetDependencies",
     "cudaGraphNodeGetDependentNodes",
     "cudaGraphNodeGetEnabled",
     "cudaGraphNodeGetLocalId",
@@ -757,6 +757,9 @@ pub static FUNCTIONS: [&str; 2260usize] = [
     "cudaMallocPitch",
     "cudaMemGetInfo",
     "cudaMemPoolDestroy",
+    "cudaMemPoolGetAttribute",
+    "cudaMemPoolSetAccess",
+    "cudaMemPoolSetAttribute",
     "cudaMemPoolTrimTo",
     "cudaMemcpy",
     "cudaMemcpy2D",
@@ -769,6 +772,7 @@ pub static FUNCTIONS: [&str; 2260usize] = [
     "cudaMemcpyArrayToArray_ptds",
     "cudaMemcpyAsync",
     "cudaMemcpyAsync_ptsz",
+    "cudaMemcpyPeerAsync",
     "cudaMemcpy_ptds",
     "cudaMemset",
     "cudaMemset2D",
@@ -2269,7 +2273,7 @@ pub static FUNCTIONS: [&str; 2260usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2260usize] = [
+pub static LIBRARY_OF: [&str; 2264usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -2895,6 +2899,10 @@ pub static LIBRARY_OF: [&str; 2260usize] = [
     "cublaslt",
     "cublaslt",
     "cublaslt",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
     "cudart",
     "cudart",
     "cudart",
@@ -4556,6 +4564,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaDeviceGetLimit,
     &cudart::cudaDeviceGetMemPool,
     &cudart::cudaDeviceGetP2PAttribute,
+    &cudart::cudaDeviceGetPCIBusId,
     &cudart::cudaDeviceGetSharedMemConfig,
     &cudart::cudaDeviceGetStreamPriorityRange,
     &cudart::cudaDeviceGetTexture1DLinearMaxWidth,
@@ -4624,7 +4633,6 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaGraphLaunch_ptsz,
     &cudart::cudaGraphNodeFindInClone,
     &cudart::cudaGraphNodeGetContainingGraph,
-    &cudart::cudaGraphNodeGetDependencies__cu118,
     &cudart::cudaGraphNodeGetDependentNodes__cu118,
     &cudart::cudaGraphNodeGetEnabled,
     &cudart::cudaGraphNodeGetLocalId,
@@ -4661,6 +4669,9 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaMallocPitch__call,
     &cudart::cudaMemGetInfo,
     &cudart::cudaMemPoolDestroy,
+    &cudart::cudaMemPoolGetAttribute,
+    &cudart::cudaMemPoolSetAccess,
+    &cudart::cudaMemPoolSetAttribute,
     &cudart::cudaMemPoolTrimTo,
     &cudart::cudaMemcpy__d2d,
     &cudart::cudaMemcpy__d2h,
@@ -4687,6 +4698,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaMemcpyAsync_ptsz__d2d,
     &cudart::cudaMemcpyAsync_ptsz__d2h,
     &cudart::cudaMemcpyAsync_ptsz__h2d,
+    &cudart::cudaMemcpyPeerAsync,
     &cudart::cudaMemcpy_ptds__d2d,
     &cudart::cudaMemcpy_ptds__d2h,
     &cudart::cudaMemcpy_ptds__h2d,
@@ -7003,8 +7015,8 @@ pub static VARIANTS: &[&CallDesc] = &[
 pub mod cublas {
     use chidori_protocol::desc::*;
     pub static cublasAxpyEx: CallDesc = CallDesc {
-        wire: 575u32,
-        call: 554u32,
+        wire: 579u32,
+        call: 558u32,
         name: "cublasAxpyEx",
         form: None,
         library: "cublas",
@@ -7060,8 +7072,8 @@ pub mod cublas {
         },
     };
     pub static cublasAxpyEx_64: CallDesc = CallDesc {
-        wire: 576u32,
-        call: 555u32,
+        wire: 580u32,
+        call: 559u32,
         name: "cublasAxpyEx_64",
         form: None,
         library: "cublas",
@@ -7117,8 +7129,8 @@ pub mod cublas {
         },
     };
     pub static cublasCaxpy: CallDesc = CallDesc {
-        wire: 577u32,
-        call: 556u32,
+        wire: 581u32,
+        call: 560u32,
         name: "cublasCaxpy",
         form: None,
         library: "cublas",
@@ -7150,8 +7162,8 @@ pub mod cublas {
         },
     };
     pub static cublasCaxpy_v2: CallDesc = CallDesc {
-        wire: 578u32,
-        call: 557u32,
+        wire: 582u32,
+        call: 561u32,
         name: "cublasCaxpy_v2",
         form: None,
         library: "cublas",
@@ -7191,8 +7203,8 @@ pub mod cublas {
         },
     };
     pub static cublasCaxpy_v2_64: CallDesc = CallDesc {
-        wire: 579u32,
-        call: 558u32,
+        wire: 583u32,
+        call: 562u32,
         name: "cublasCaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -7232,8 +7244,8 @@ pub mod cublas {
         },
     };
     pub static cublasCcopy: CallDesc = CallDesc {
-        wire: 580u32,
-        call: 559u32,
+        wire: 584u32,
+        call: 563u32,
         name: "cublasCcopy",
         form: None,
         library: "cublas",
@@ -7264,8 +7276,8 @@ pub mod cublas {
         },
     };
     pub static cublasCcopy_v2: CallDesc = CallDesc {
-        wire: 581u32,
-        call: 560u32,
+        wire: 585u32,
+        call: 564u32,
         name: "cublasCcopy_v2",
         form: None,
         library: "cublas",
@@ -7300,8 +7312,8 @@ pub mod cublas {
         },
     };
     pub static cublasCcopy_v2_64: CallDesc = CallDesc {
-        wire: 582u32,
-        call: 561u32,
+        wire: 586u32,
+        call: 565u32,
         name: "cublasCcopy_v2_64",
         form: None,
         library: "cublas",
@@ -7336,8 +7348,8 @@ pub mod cublas {
         },
     };
     pub static cublasCdgmm: CallDesc = CallDesc {
-        wire: 583u32,
-        call: 562u32,
+        wire: 587u32,
+        call: 566u32,
         name: "cublasCdgmm",
         form: None,
         library: "cublas",
@@ -7385,8 +7397,8 @@ pub mod cublas {
         },
     };
     pub static cublasCdgmm_64: CallDesc = CallDesc {
-        wire: 584u32,
-        call: 563u32,
+        wire: 588u32,
+        call: 567u32,
         name: "cublasCdgmm_64",
         form: None,
         library: "cublas",
@@ -7434,8 +7446,8 @@ pub mod cublas {
         },
     };
     pub static cublasCdotc_v2: CallDesc = CallDesc {
-        wire: 585u32,
-        call: 564u32,
+        wire: 589u32,
+        call: 568u32,
         name: "cublasCdotc_v2",
         form: None,
         library: "cublas",
@@ -7475,8 +7487,8 @@ pub mod cublas {
         },
     };
     pub static cublasCdotc_v2_64: CallDesc = CallDesc {
-        wire: 586u32,
-        call: 565u32,
+        wire: 590u32,
+        call: 569u32,
         name: "cublasCdotc_v2_64",
         form: None,
         library: "cublas",
@@ -7516,8 +7528,8 @@ pub mod cublas {
         },
     };
     pub static cublasCdotu_v2: CallDesc = CallDesc {
-        wire: 587u32,
-        call: 566u32,
+        wire: 591u32,
+        call: 570u32,
         name: "cublasCdotu_v2",
         form: None,
         library: "cublas",
@@ -7557,8 +7569,8 @@ pub mod cublas {
         },
     };
     pub static cublasCdotu_v2_64: CallDesc = CallDesc {
-        wire: 588u32,
-        call: 567u32,
+        wire: 592u32,
+        call: 571u32,
         name: "cublasCdotu_v2_64",
         form: None,
         library: "cublas",
@@ -7598,8 +7610,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgbmv: CallDesc = CallDesc {
-        wire: 589u32,
-        call: 568u32,
+        wire: 593u32,
+        call: 572u32,
         name: "cublasCgbmv",
         form: None,
         library: "cublas",
@@ -7653,8 +7665,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgbmv_v2: CallDesc = CallDesc {
-        wire: 590u32,
-        call: 569u32,
+        wire: 594u32,
+        call: 573u32,
         name: "cublasCgbmv_v2",
         form: None,
         library: "cublas",
@@ -7720,8 +7732,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgbmv_v2_64: CallDesc = CallDesc {
-        wire: 591u32,
-        call: 570u32,
+        wire: 595u32,
+        call: 574u32,
         name: "cublasCgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -7787,8 +7799,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgeam: CallDesc = CallDesc {
-        wire: 592u32,
-        call: 571u32,
+        wire: 596u32,
+        call: 575u32,
         name: "cublasCgeam",
         form: None,
         library: "cublas",
@@ -7850,8 +7862,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgeam_64: CallDesc = CallDesc {
-        wire: 593u32,
-        call: 572u32,
+        wire: 597u32,
+        call: 576u32,
         name: "cublasCgeam_64",
         form: None,
         library: "cublas",
@@ -7913,8 +7925,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgelsBatched: CallDesc = CallDesc {
-        wire: 594u32,
-        call: 573u32,
+        wire: 598u32,
+        call: 577u32,
         name: "cublasCgelsBatched",
         form: None,
         library: "cublas",
@@ -7972,8 +7984,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm: CallDesc = CallDesc {
-        wire: 595u32,
-        call: 574u32,
+        wire: 599u32,
+        call: 578u32,
         name: "cublasCgemm",
         form: None,
         library: "cublas",
@@ -8027,8 +8039,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm3m: CallDesc = CallDesc {
-        wire: 596u32,
-        call: 575u32,
+        wire: 600u32,
+        call: 579u32,
         name: "cublasCgemm3m",
         form: None,
         library: "cublas",
@@ -8094,8 +8106,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm3mBatched: CallDesc = CallDesc {
-        wire: 597u32,
-        call: 576u32,
+        wire: 601u32,
+        call: 580u32,
         name: "cublasCgemm3mBatched",
         form: None,
         library: "cublas",
@@ -8165,8 +8177,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm3mBatched_64: CallDesc = CallDesc {
-        wire: 598u32,
-        call: 577u32,
+        wire: 602u32,
+        call: 581u32,
         name: "cublasCgemm3mBatched_64",
         form: None,
         library: "cublas",
@@ -8236,8 +8248,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm3mEx: CallDesc = CallDesc {
-        wire: 599u32,
-        call: 578u32,
+        wire: 603u32,
+        call: 582u32,
         name: "cublasCgemm3mEx",
         form: None,
         library: "cublas",
@@ -8315,8 +8327,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm3mEx_64: CallDesc = CallDesc {
-        wire: 600u32,
-        call: 579u32,
+        wire: 604u32,
+        call: 583u32,
         name: "cublasCgemm3mEx_64",
         form: None,
         library: "cublas",
@@ -8394,8 +8406,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm3mStridedBatched: CallDesc = CallDesc {
-        wire: 601u32,
-        call: 580u32,
+        wire: 605u32,
+        call: 584u32,
         name: "cublasCgemm3mStridedBatched",
         form: None,
         library: "cublas",
@@ -8477,8 +8489,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm3mStridedBatched_64: CallDesc = CallDesc {
-        wire: 602u32,
-        call: 581u32,
+        wire: 606u32,
+        call: 585u32,
         name: "cublasCgemm3mStridedBatched_64",
         form: None,
         library: "cublas",
@@ -8560,8 +8572,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm3m_64: CallDesc = CallDesc {
-        wire: 603u32,
-        call: 582u32,
+        wire: 607u32,
+        call: 586u32,
         name: "cublasCgemm3m_64",
         form: None,
         library: "cublas",
@@ -8627,8 +8639,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemmBatched: CallDesc = CallDesc {
-        wire: 604u32,
-        call: 583u32,
+        wire: 608u32,
+        call: 587u32,
         name: "cublasCgemmBatched",
         form: None,
         library: "cublas",
@@ -8698,8 +8710,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemmBatched_64: CallDesc = CallDesc {
-        wire: 605u32,
-        call: 584u32,
+        wire: 609u32,
+        call: 588u32,
         name: "cublasCgemmBatched_64",
         form: None,
         library: "cublas",
@@ -8769,8 +8781,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemmEx: CallDesc = CallDesc {
-        wire: 606u32,
-        call: 585u32,
+        wire: 610u32,
+        call: 589u32,
         name: "cublasCgemmEx",
         form: None,
         library: "cublas",
@@ -8848,8 +8860,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemmEx_64: CallDesc = CallDesc {
-        wire: 607u32,
-        call: 586u32,
+        wire: 611u32,
+        call: 590u32,
         name: "cublasCgemmEx_64",
         form: None,
         library: "cublas",
@@ -8927,8 +8939,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemmStridedBatched: CallDesc = CallDesc {
-        wire: 608u32,
-        call: 587u32,
+        wire: 612u32,
+        call: 591u32,
         name: "cublasCgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -9010,8 +9022,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 609u32,
-        call: 588u32,
+        wire: 613u32,
+        call: 592u32,
         name: "cublasCgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -9093,8 +9105,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm_v2: CallDesc = CallDesc {
-        wire: 610u32,
-        call: 589u32,
+        wire: 614u32,
+        call: 593u32,
         name: "cublasCgemm_v2",
         form: None,
         library: "cublas",
@@ -9160,8 +9172,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemm_v2_64: CallDesc = CallDesc {
-        wire: 611u32,
-        call: 590u32,
+        wire: 615u32,
+        call: 594u32,
         name: "cublasCgemm_v2_64",
         form: None,
         library: "cublas",
@@ -9227,8 +9239,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemv: CallDesc = CallDesc {
-        wire: 612u32,
-        call: 591u32,
+        wire: 616u32,
+        call: 595u32,
         name: "cublasCgemv",
         form: None,
         library: "cublas",
@@ -9274,8 +9286,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemvStridedBatched: CallDesc = CallDesc {
-        wire: 613u32,
-        call: 592u32,
+        wire: 617u32,
+        call: 596u32,
         name: "cublasCgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -9349,8 +9361,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 614u32,
-        call: 593u32,
+        wire: 618u32,
+        call: 597u32,
         name: "cublasCgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -9424,8 +9436,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemv_v2: CallDesc = CallDesc {
-        wire: 615u32,
-        call: 594u32,
+        wire: 619u32,
+        call: 598u32,
         name: "cublasCgemv_v2",
         form: None,
         library: "cublas",
@@ -9483,8 +9495,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgemv_v2_64: CallDesc = CallDesc {
-        wire: 616u32,
-        call: 595u32,
+        wire: 620u32,
+        call: 599u32,
         name: "cublasCgemv_v2_64",
         form: None,
         library: "cublas",
@@ -9542,8 +9554,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgeqrfBatched: CallDesc = CallDesc {
-        wire: 617u32,
-        call: 596u32,
+        wire: 621u32,
+        call: 600u32,
         name: "cublasCgeqrfBatched",
         form: None,
         library: "cublas",
@@ -9588,8 +9600,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgerc: CallDesc = CallDesc {
-        wire: 618u32,
-        call: 597u32,
+        wire: 622u32,
+        call: 601u32,
         name: "cublasCgerc",
         form: None,
         library: "cublas",
@@ -9630,8 +9642,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgerc_v2: CallDesc = CallDesc {
-        wire: 619u32,
-        call: 598u32,
+        wire: 623u32,
+        call: 602u32,
         name: "cublasCgerc_v2",
         form: None,
         library: "cublas",
@@ -9680,8 +9692,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgerc_v2_64: CallDesc = CallDesc {
-        wire: 620u32,
-        call: 599u32,
+        wire: 624u32,
+        call: 603u32,
         name: "cublasCgerc_v2_64",
         form: None,
         library: "cublas",
@@ -9730,8 +9742,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgeru: CallDesc = CallDesc {
-        wire: 621u32,
-        call: 600u32,
+        wire: 625u32,
+        call: 604u32,
         name: "cublasCgeru",
         form: None,
         library: "cublas",
@@ -9772,8 +9784,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgeru_v2: CallDesc = CallDesc {
-        wire: 622u32,
-        call: 601u32,
+        wire: 626u32,
+        call: 605u32,
         name: "cublasCgeru_v2",
         form: None,
         library: "cublas",
@@ -9822,8 +9834,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgeru_v2_64: CallDesc = CallDesc {
-        wire: 623u32,
-        call: 602u32,
+        wire: 627u32,
+        call: 606u32,
         name: "cublasCgeru_v2_64",
         form: None,
         library: "cublas",
@@ -9872,8 +9884,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgetrfBatched: CallDesc = CallDesc {
-        wire: 624u32,
-        call: 603u32,
+        wire: 628u32,
+        call: 607u32,
         name: "cublasCgetrfBatched",
         form: None,
         library: "cublas",
@@ -9909,8 +9921,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgetriBatched: CallDesc = CallDesc {
-        wire: 625u32,
-        call: 604u32,
+        wire: 629u32,
+        call: 608u32,
         name: "cublasCgetriBatched",
         form: None,
         library: "cublas",
@@ -9956,8 +9968,8 @@ pub mod cublas {
         },
     };
     pub static cublasCgetrsBatched: CallDesc = CallDesc {
-        wire: 626u32,
-        call: 605u32,
+        wire: 630u32,
+        call: 609u32,
         name: "cublasCgetrsBatched",
         form: None,
         library: "cublas",
@@ -10011,8 +10023,8 @@ pub mod cublas {
         },
     };
     pub static cublasChbmv: CallDesc = CallDesc {
-        wire: 627u32,
-        call: 606u32,
+        wire: 631u32,
+        call: 610u32,
         name: "cublasChbmv",
         form: None,
         library: "cublas",
@@ -10058,8 +10070,8 @@ pub mod cublas {
         },
     };
     pub static cublasChbmv_v2: CallDesc = CallDesc {
-        wire: 628u32,
-        call: 607u32,
+        wire: 632u32,
+        call: 611u32,
         name: "cublasChbmv_v2",
         form: None,
         library: "cublas",
@@ -10117,8 +10129,8 @@ pub mod cublas {
         },
     };
     pub static cublasChbmv_v2_64: CallDesc = CallDesc {
-        wire: 629u32,
-        call: 608u32,
+        wire: 633u32,
+        call: 612u32,
         name: "cublasChbmv_v2_64",
         form: None,
         library: "cublas",
@@ -10176,8 +10188,8 @@ pub mod cublas {
         },
     };
     pub static cublasChemm: CallDesc = CallDesc {
-        wire: 630u32,
-        call: 609u32,
+        wire: 634u32,
+        call: 613u32,
         name: "cublasChemm",
         form: None,
         library: "cublas",
@@ -10227,8 +10239,8 @@ pub mod cublas {
         },
     };
     pub static cublasChemm_v2: CallDesc = CallDesc {
-        wire: 631u32,
-        call: 610u32,
+        wire: 635u32,
+        call: 614u32,
         name: "cublasChemm_v2",
         form: None,
         library: "cublas",
@@ -10290,8 +10302,8 @@ pub mod cublas {
         },
     };
     pub static cublasChemm_v2_64: CallDesc = CallDesc {
-        wire: 632u32,
-        call: 611u32,
+        wire: 636u32,
+        call: 615u32,
         name: "cublasChemm_v2_64",
         form: None,
         library: "cublas",
@@ -10353,8 +10365,8 @@ pub mod cublas {
         },
     };
     pub static cublasChemv: CallDesc = CallDesc {
-        wire: 633u32,
-        call: 612u32,
+        wire: 637u32,
+        call: 616u32,
         name: "cublasChemv",
         form: None,
         library: "cublas",
@@ -10396,8 +10408,8 @@ pub mod cublas {
         },
     };
     pub static cublasChemv_v2: CallDesc = CallDesc {
-        wire: 634u32,
-        call: 613u32,
+        wire: 638u32,
+        call: 617u32,
         name: "cublasChemv_v2",
         form: None,
         library: "cublas",
@@ -10451,8 +10463,8 @@ pub mod cublas {
         },
     };
     pub static cublasChemv_v2_64: CallDesc = CallDesc {
-        wire: 635u32,
-        call: 614u32,
+        wire: 639u32,
+        call: 618u32,
         name: "cublasChemv_v2_64",
         form: None,
         library: "cublas",
@@ -10506,8 +10518,8 @@ pub mod cublas {
         },
     };
     pub static cublasCher: CallDesc = CallDesc {
-        wire: 636u32,
-        call: 615u32,
+        wire: 640u32,
+        call: 619u32,
         name: "cublasCher",
         form: None,
         library: "cublas",
@@ -10546,8 +10558,8 @@ pub mod cublas {
         },
     };
     pub static cublasCher2: CallDesc = CallDesc {
-        wire: 637u32,
-        call: 616u32,
+        wire: 641u32,
+        call: 620u32,
         name: "cublasCher2",
         form: None,
         library: "cublas",
@@ -10588,8 +10600,8 @@ pub mod cublas {
         },
     };
     pub static cublasCher2_v2: CallDesc = CallDesc {
-        wire: 638u32,
-        call: 617u32,
+        wire: 642u32,
+        call: 621u32,
         name: "cublasCher2_v2",
         form: None,
         library: "cublas",
@@ -10638,8 +10650,8 @@ pub mod cublas {
         },
     };
     pub static cublasCher2_v2_64: CallDesc = CallDesc {
-        wire: 639u32,
-        call: 618u32,
+        wire: 643u32,
+        call: 622u32,
         name: "cublasCher2_v2_64",
         form: None,
         library: "cublas",
@@ -10688,8 +10700,8 @@ pub mod cublas {
         },
     };
     pub static cublasCher2k: CallDesc = CallDesc {
-        wire: 640u32,
-        call: 619u32,
+        wire: 644u32,
+        call: 623u32,
         name: "cublasCher2k",
         form: None,
         library: "cublas",
@@ -10742,8 +10754,8 @@ pub mod cublas {
         },
     };
     pub static cublasCher2k_v2: CallDesc = CallDesc {
-        wire: 641u32,
-        call: 620u32,
+        wire: 645u32,
+        call: 624u32,
         name: "cublasCher2k_v2",
         form: None,
         library: "cublas",
@@ -10805,8 +10817,8 @@ pub mod cublas {
         },
     };
     pub static cublasCher2k_v2_64: CallDesc = CallDesc {
-        wire: 642u32,
-        call: 621u32,
+        wire: 646u32,
+        call: 625u32,
         name: "cublasCher2k_v2_64",
         form: None,
         library: "cublas",
@@ -10868,8 +10880,8 @@ pub mod cublas {
         },
     };
     pub static cublasCher_v2: CallDesc = CallDesc {
-        wire: 643u32,
-        call: 622u32,
+        wire: 647u32,
+        call: 626u32,
         name: "cublasCher_v2",
         form: None,
         library: "cublas",
@@ -10913,8 +10925,8 @@ pub mod cublas {
         },
     };
     pub static cublasCher_v2_64: CallDesc = CallDesc {
-        wire: 644u32,
-        call: 623u32,
+        wire: 648u32,
+        call: 627u32,
         name: "cublasCher_v2_64",
         form: None,
         library: "cublas",
@@ -10958,8 +10970,8 @@ pub mod cublas {
         },
     };
     pub static cublasCherk: CallDesc = CallDesc {
-        wire: 645u32,
-        call: 624u32,
+        wire: 649u32,
+        call: 628u32,
         name: "cublasCherk",
         form: None,
         library: "cublas",
@@ -11010,8 +11022,8 @@ pub mod cublas {
         },
     };
     pub static cublasCherk3mEx: CallDesc = CallDesc {
-        wire: 646u32,
-        call: 625u32,
+        wire: 650u32,
+        call: 629u32,
         name: "cublasCherk3mEx",
         form: None,
         library: "cublas",
@@ -11076,8 +11088,8 @@ pub mod cublas {
         },
     };
     pub static cublasCherk3mEx_64: CallDesc = CallDesc {
-        wire: 647u32,
-        call: 626u32,
+        wire: 651u32,
+        call: 630u32,
         name: "cublasCherk3mEx_64",
         form: None,
         library: "cublas",
@@ -11142,8 +11154,8 @@ pub mod cublas {
         },
     };
     pub static cublasCherkEx: CallDesc = CallDesc {
-        wire: 648u32,
-        call: 627u32,
+        wire: 652u32,
+        call: 631u32,
         name: "cublasCherkEx",
         form: None,
         library: "cublas",
@@ -11208,8 +11220,8 @@ pub mod cublas {
         },
     };
     pub static cublasCherkEx_64: CallDesc = CallDesc {
-        wire: 649u32,
-        call: 628u32,
+        wire: 653u32,
+        call: 632u32,
         name: "cublasCherkEx_64",
         form: None,
         library: "cublas",
@@ -11274,8 +11286,8 @@ pub mod cublas {
         },
     };
     pub static cublasCherk_v2: CallDesc = CallDesc {
-        wire: 650u32,
-        call: 629u32,
+        wire: 654u32,
+        call: 633u32,
         name: "cublasCherk_v2",
         form: None,
         library: "cublas",
@@ -11332,8 +11344,8 @@ pub mod cublas {
         },
     };
     pub static cublasCherk_v2_64: CallDesc = CallDesc {
-        wire: 651u32,
-        call: 630u32,
+        wire: 655u32,
+        call: 634u32,
         name: "cublasCherk_v2_64",
         form: None,
         library: "cublas",
@@ -11390,8 +11402,8 @@ pub mod cublas {
         },
     };
     pub static cublasCherkx: CallDesc = CallDesc {
-        wire: 652u32,
-        call: 631u32,
+        wire: 656u32,
+        call: 635u32,
         name: "cublasCherkx",
         form: None,
         library: "cublas",
@@ -11453,8 +11465,8 @@ pub mod cublas {
         },
     };
     pub static cublasCherkx_64: CallDesc = CallDesc {
-        wire: 653u32,
-        call: 632u32,
+        wire: 657u32,
+        call: 636u32,
         name: "cublasCherkx_64",
         form: None,
         library: "cublas",
@@ -11516,8 +11528,8 @@ pub mod cublas {
         },
     };
     pub static cublasChpmv: CallDesc = CallDesc {
-        wire: 654u32,
-        call: 633u32,
+        wire: 658u32,
+        call: 637u32,
         name: "cublasChpmv",
         form: None,
         library: "cublas",
@@ -11560,8 +11572,8 @@ pub mod cublas {
         },
     };
     pub static cublasChpmv_v2: CallDesc = CallDesc {
-        wire: 655u32,
-        call: 634u32,
+        wire: 659u32,
+        call: 638u32,
         name: "cublasChpmv_v2",
         form: None,
         library: "cublas",
@@ -11616,8 +11628,8 @@ pub mod cublas {
         },
     };
     pub static cublasChpmv_v2_64: CallDesc = CallDesc {
-        wire: 656u32,
-        call: 635u32,
+        wire: 660u32,
+        call: 639u32,
         name: "cublasChpmv_v2_64",
         form: None,
         library: "cublas",
@@ -11672,8 +11684,8 @@ pub mod cublas {
         },
     };
     pub static cublasCopyEx: CallDesc = CallDesc {
-        wire: 657u32,
-        call: 636u32,
+        wire: 661u32,
+        call: 640u32,
         name: "cublasCopyEx",
         form: None,
         library: "cublas",
@@ -11716,8 +11728,8 @@ pub mod cublas {
         },
     };
     pub static cublasCopyEx_64: CallDesc = CallDesc {
-        wire: 658u32,
-        call: 637u32,
+        wire: 662u32,
+        call: 641u32,
         name: "cublasCopyEx_64",
         form: None,
         library: "cublas",
@@ -11760,8 +11772,8 @@ pub mod cublas {
         },
     };
     pub static cublasCreate_v2__call: CallDesc = CallDesc {
-        wire: 659u32,
-        call: 638u32,
+        wire: 663u32,
+        call: 642u32,
         name: "cublasCreate_v2",
         form: Some("call"),
         library: "cublas",
@@ -11777,8 +11789,8 @@ pub mod cublas {
         },
     };
     pub static cublasCrot: CallDesc = CallDesc {
-        wire: 660u32,
-        call: 639u32,
+        wire: 664u32,
+        call: 643u32,
         name: "cublasCrot",
         form: None,
         library: "cublas",
@@ -11814,8 +11826,8 @@ pub mod cublas {
         },
     };
     pub static cublasCrot_v2: CallDesc = CallDesc {
-        wire: 661u32,
-        call: 640u32,
+        wire: 665u32,
+        call: 644u32,
         name: "cublasCrot_v2",
         form: None,
         library: "cublas",
@@ -11860,8 +11872,8 @@ pub mod cublas {
         },
     };
     pub static cublasCrot_v2_64: CallDesc = CallDesc {
-        wire: 662u32,
-        call: 641u32,
+        wire: 666u32,
+        call: 645u32,
         name: "cublasCrot_v2_64",
         form: None,
         library: "cublas",
@@ -11906,8 +11918,8 @@ pub mod cublas {
         },
     };
     pub static cublasCrotg_v2: CallDesc = CallDesc {
-        wire: 663u32,
-        call: 642u32,
+        wire: 667u32,
+        call: 646u32,
         name: "cublasCrotg_v2",
         form: None,
         library: "cublas",
@@ -11948,8 +11960,8 @@ pub mod cublas {
         },
     };
     pub static cublasCscal: CallDesc = CallDesc {
-        wire: 664u32,
-        call: 643u32,
+        wire: 668u32,
+        call: 647u32,
         name: "cublasCscal",
         form: None,
         library: "cublas",
@@ -11976,8 +11988,8 @@ pub mod cublas {
         },
     };
     pub static cublasCscal_v2: CallDesc = CallDesc {
-        wire: 665u32,
-        call: 644u32,
+        wire: 669u32,
+        call: 648u32,
         name: "cublasCscal_v2",
         form: None,
         library: "cublas",
@@ -12012,8 +12024,8 @@ pub mod cublas {
         },
     };
     pub static cublasCscal_v2_64: CallDesc = CallDesc {
-        wire: 666u32,
-        call: 645u32,
+        wire: 670u32,
+        call: 649u32,
         name: "cublasCscal_v2_64",
         form: None,
         library: "cublas",
@@ -12048,8 +12060,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsrot: CallDesc = CallDesc {
-        wire: 667u32,
-        call: 646u32,
+        wire: 671u32,
+        call: 650u32,
         name: "cublasCsrot",
         form: None,
         library: "cublas",
@@ -12088,8 +12100,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsrot_v2: CallDesc = CallDesc {
-        wire: 668u32,
-        call: 647u32,
+        wire: 672u32,
+        call: 651u32,
         name: "cublasCsrot_v2",
         form: None,
         library: "cublas",
@@ -12134,8 +12146,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsrot_v2_64: CallDesc = CallDesc {
-        wire: 669u32,
-        call: 648u32,
+        wire: 673u32,
+        call: 652u32,
         name: "cublasCsrot_v2_64",
         form: None,
         library: "cublas",
@@ -12180,8 +12192,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsscal: CallDesc = CallDesc {
-        wire: 670u32,
-        call: 649u32,
+        wire: 674u32,
+        call: 653u32,
         name: "cublasCsscal",
         form: None,
         library: "cublas",
@@ -12211,8 +12223,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsscal_v2: CallDesc = CallDesc {
-        wire: 671u32,
-        call: 650u32,
+        wire: 675u32,
+        call: 654u32,
         name: "cublasCsscal_v2",
         form: None,
         library: "cublas",
@@ -12247,8 +12259,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsscal_v2_64: CallDesc = CallDesc {
-        wire: 672u32,
-        call: 651u32,
+        wire: 676u32,
+        call: 655u32,
         name: "cublasCsscal_v2_64",
         form: None,
         library: "cublas",
@@ -12283,8 +12295,8 @@ pub mod cublas {
         },
     };
     pub static cublasCswap: CallDesc = CallDesc {
-        wire: 673u32,
-        call: 652u32,
+        wire: 677u32,
+        call: 656u32,
         name: "cublasCswap",
         form: None,
         library: "cublas",
@@ -12315,8 +12327,8 @@ pub mod cublas {
         },
     };
     pub static cublasCswap_v2: CallDesc = CallDesc {
-        wire: 674u32,
-        call: 653u32,
+        wire: 678u32,
+        call: 657u32,
         name: "cublasCswap_v2",
         form: None,
         library: "cublas",
@@ -12351,8 +12363,8 @@ pub mod cublas {
         },
     };
     pub static cublasCswap_v2_64: CallDesc = CallDesc {
-        wire: 675u32,
-        call: 654u32,
+        wire: 679u32,
+        call: 658u32,
         name: "cublasCswap_v2_64",
         form: None,
         library: "cublas",
@@ -12387,8 +12399,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsymm: CallDesc = CallDesc {
-        wire: 676u32,
-        call: 655u32,
+        wire: 680u32,
+        call: 659u32,
         name: "cublasCsymm",
         form: None,
         library: "cublas",
@@ -12438,8 +12450,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsymm_v2: CallDesc = CallDesc {
-        wire: 677u32,
-        call: 656u32,
+        wire: 681u32,
+        call: 660u32,
         name: "cublasCsymm_v2",
         form: None,
         library: "cublas",
@@ -12501,8 +12513,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsymm_v2_64: CallDesc = CallDesc {
-        wire: 678u32,
-        call: 657u32,
+        wire: 682u32,
+        call: 661u32,
         name: "cublasCsymm_v2_64",
         form: None,
         library: "cublas",
@@ -12564,8 +12576,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsymv_v2: CallDesc = CallDesc {
-        wire: 679u32,
-        call: 658u32,
+        wire: 683u32,
+        call: 662u32,
         name: "cublasCsymv_v2",
         form: None,
         library: "cublas",
@@ -12619,8 +12631,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsymv_v2_64: CallDesc = CallDesc {
-        wire: 680u32,
-        call: 659u32,
+        wire: 684u32,
+        call: 663u32,
         name: "cublasCsymv_v2_64",
         form: None,
         library: "cublas",
@@ -12674,8 +12686,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsyr2_v2: CallDesc = CallDesc {
-        wire: 681u32,
-        call: 660u32,
+        wire: 685u32,
+        call: 664u32,
         name: "cublasCsyr2_v2",
         form: None,
         library: "cublas",
@@ -12724,8 +12736,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsyr2_v2_64: CallDesc = CallDesc {
-        wire: 682u32,
-        call: 661u32,
+        wire: 686u32,
+        call: 665u32,
         name: "cublasCsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -12774,8 +12786,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsyr2k: CallDesc = CallDesc {
-        wire: 683u32,
-        call: 662u32,
+        wire: 687u32,
+        call: 666u32,
         name: "cublasCsyr2k",
         form: None,
         library: "cublas",
@@ -12825,8 +12837,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsyr2k_v2: CallDesc = CallDesc {
-        wire: 684u32,
-        call: 663u32,
+        wire: 688u32,
+        call: 667u32,
         name: "cublasCsyr2k_v2",
         form: None,
         library: "cublas",
@@ -12888,8 +12900,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 685u32,
-        call: 664u32,
+        wire: 689u32,
+        call: 668u32,
         name: "cublasCsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -12951,8 +12963,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsyr_v2: CallDesc = CallDesc {
-        wire: 686u32,
-        call: 665u32,
+        wire: 690u32,
+        call: 669u32,
         name: "cublasCsyr_v2",
         form: None,
         library: "cublas",
@@ -12996,8 +13008,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsyr_v2_64: CallDesc = CallDesc {
-        wire: 687u32,
-        call: 666u32,
+        wire: 691u32,
+        call: 670u32,
         name: "cublasCsyr_v2_64",
         form: None,
         library: "cublas",
@@ -13041,8 +13053,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrk: CallDesc = CallDesc {
-        wire: 688u32,
-        call: 667u32,
+        wire: 692u32,
+        call: 671u32,
         name: "cublasCsyrk",
         form: None,
         library: "cublas",
@@ -13087,8 +13099,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrk3mEx: CallDesc = CallDesc {
-        wire: 689u32,
-        call: 668u32,
+        wire: 693u32,
+        call: 672u32,
         name: "cublasCsyrk3mEx",
         form: None,
         library: "cublas",
@@ -13153,8 +13165,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrk3mEx_64: CallDesc = CallDesc {
-        wire: 690u32,
-        call: 669u32,
+        wire: 694u32,
+        call: 673u32,
         name: "cublasCsyrk3mEx_64",
         form: None,
         library: "cublas",
@@ -13219,8 +13231,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrkEx: CallDesc = CallDesc {
-        wire: 691u32,
-        call: 670u32,
+        wire: 695u32,
+        call: 674u32,
         name: "cublasCsyrkEx",
         form: None,
         library: "cublas",
@@ -13285,8 +13297,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrkEx_64: CallDesc = CallDesc {
-        wire: 692u32,
-        call: 671u32,
+        wire: 696u32,
+        call: 675u32,
         name: "cublasCsyrkEx_64",
         form: None,
         library: "cublas",
@@ -13351,8 +13363,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrk_v2: CallDesc = CallDesc {
-        wire: 693u32,
-        call: 672u32,
+        wire: 697u32,
+        call: 676u32,
         name: "cublasCsyrk_v2",
         form: None,
         library: "cublas",
@@ -13409,8 +13421,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrk_v2_64: CallDesc = CallDesc {
-        wire: 694u32,
-        call: 673u32,
+        wire: 698u32,
+        call: 677u32,
         name: "cublasCsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -13467,8 +13479,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrkx: CallDesc = CallDesc {
-        wire: 695u32,
-        call: 674u32,
+        wire: 699u32,
+        call: 678u32,
         name: "cublasCsyrkx",
         form: None,
         library: "cublas",
@@ -13530,8 +13542,8 @@ pub mod cublas {
         },
     };
     pub static cublasCsyrkx_64: CallDesc = CallDesc {
-        wire: 696u32,
-        call: 675u32,
+        wire: 700u32,
+        call: 679u32,
         name: "cublasCsyrkx_64",
         form: None,
         library: "cublas",
@@ -13593,8 +13605,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtbmv: CallDesc = CallDesc {
-        wire: 697u32,
-        call: 676u32,
+        wire: 701u32,
+        call: 680u32,
         name: "cublasCtbmv",
         form: None,
         library: "cublas",
@@ -13641,8 +13653,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtbmv_v2: CallDesc = CallDesc {
-        wire: 698u32,
-        call: 677u32,
+        wire: 702u32,
+        call: 681u32,
         name: "cublasCtbmv_v2",
         form: None,
         library: "cublas",
@@ -13693,8 +13705,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtbmv_v2_64: CallDesc = CallDesc {
-        wire: 699u32,
-        call: 678u32,
+        wire: 703u32,
+        call: 682u32,
         name: "cublasCtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -13745,8 +13757,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtbsv: CallDesc = CallDesc {
-        wire: 700u32,
-        call: 679u32,
+        wire: 704u32,
+        call: 683u32,
         name: "cublasCtbsv",
         form: None,
         library: "cublas",
@@ -13793,8 +13805,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtbsv_v2: CallDesc = CallDesc {
-        wire: 701u32,
-        call: 680u32,
+        wire: 705u32,
+        call: 684u32,
         name: "cublasCtbsv_v2",
         form: None,
         library: "cublas",
@@ -13845,8 +13857,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtbsv_v2_64: CallDesc = CallDesc {
-        wire: 702u32,
-        call: 681u32,
+        wire: 706u32,
+        call: 685u32,
         name: "cublasCtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -13897,8 +13909,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtpmv: CallDesc = CallDesc {
-        wire: 703u32,
-        call: 682u32,
+        wire: 707u32,
+        call: 686u32,
         name: "cublasCtpmv",
         form: None,
         library: "cublas",
@@ -13942,8 +13954,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtpmv_v2: CallDesc = CallDesc {
-        wire: 704u32,
-        call: 683u32,
+        wire: 708u32,
+        call: 687u32,
         name: "cublasCtpmv_v2",
         form: None,
         library: "cublas",
@@ -13991,8 +14003,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtpmv_v2_64: CallDesc = CallDesc {
-        wire: 705u32,
-        call: 684u32,
+        wire: 709u32,
+        call: 688u32,
         name: "cublasCtpmv_v2_64",
         form: None,
         library: "cublas",
@@ -14040,8 +14052,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtpsv: CallDesc = CallDesc {
-        wire: 706u32,
-        call: 685u32,
+        wire: 710u32,
+        call: 689u32,
         name: "cublasCtpsv",
         form: None,
         library: "cublas",
@@ -14085,8 +14097,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtpsv_v2: CallDesc = CallDesc {
-        wire: 707u32,
-        call: 686u32,
+        wire: 711u32,
+        call: 690u32,
         name: "cublasCtpsv_v2",
         form: None,
         library: "cublas",
@@ -14134,8 +14146,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtpsv_v2_64: CallDesc = CallDesc {
-        wire: 708u32,
-        call: 687u32,
+        wire: 712u32,
+        call: 691u32,
         name: "cublasCtpsv_v2_64",
         form: None,
         library: "cublas",
@@ -14183,8 +14195,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtpttr: CallDesc = CallDesc {
-        wire: 709u32,
-        call: 688u32,
+        wire: 713u32,
+        call: 692u32,
         name: "cublasCtpttr",
         form: None,
         library: "cublas",
@@ -14224,8 +14236,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtrmm: CallDesc = CallDesc {
-        wire: 710u32,
-        call: 689u32,
+        wire: 714u32,
+        call: 693u32,
         name: "cublasCtrmm",
         form: None,
         library: "cublas",
@@ -14277,8 +14289,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtrmm_v2: CallDesc = CallDesc {
-        wire: 711u32,
-        call: 690u32,
+        wire: 715u32,
+        call: 694u32,
         name: "cublasCtrmm_v2",
         form: None,
         library: "cublas",
@@ -14343,8 +14355,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtrmm_v2_64: CallDesc = CallDesc {
-        wire: 712u32,
-        call: 691u32,
+        wire: 716u32,
+        call: 695u32,
         name: "cublasCtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -14409,8 +14421,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtrmv: CallDesc = CallDesc {
-        wire: 713u32,
-        call: 692u32,
+        wire: 717u32,
+        call: 696u32,
         name: "cublasCtrmv",
         form: None,
         library: "cublas",
@@ -14453,8 +14465,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtrmv_v2: CallDesc = CallDesc {
-        wire: 714u32,
-        call: 693u32,
+        wire: 718u32,
+        call: 697u32,
         name: "cublasCtrmv_v2",
         form: None,
         library: "cublas",
@@ -14501,8 +14513,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtrmv_v2_64: CallDesc = CallDesc {
-        wire: 715u32,
-        call: 694u32,
+        wire: 719u32,
+        call: 698u32,
         name: "cublasCtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -14549,8 +14561,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtrsm: CallDesc = CallDesc {
-        wire: 716u32,
-        call: 695u32,
+        wire: 720u32,
+        call: 699u32,
         name: "cublasCtrsm",
         form: None,
         library: "cublas",
@@ -14602,8 +14614,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtrsmBatched: CallDesc = CallDesc {
-        wire: 717u32,
-        call: 696u32,
+        wire: 721u32,
+        call: 700u32,
         name: "cublasCtrsmBatched",
         form: None,
         library: "cublas",
@@ -14667,8 +14679,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtrsmBatched_64: CallDesc = CallDesc {
-        wire: 718u32,
-        call: 697u32,
+        wire: 722u32,
+        call: 701u32,
         name: "cublasCtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -14732,8 +14744,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtrsm_v2: CallDesc = CallDesc {
-        wire: 719u32,
-        call: 698u32,
+        wire: 723u32,
+        call: 702u32,
         name: "cublasCtrsm_v2",
         form: None,
         library: "cublas",
@@ -14793,8 +14805,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtrsm_v2_64: CallDesc = CallDesc {
-        wire: 720u32,
-        call: 699u32,
+        wire: 724u32,
+        call: 703u32,
         name: "cublasCtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -14854,8 +14866,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtrsv: CallDesc = CallDesc {
-        wire: 721u32,
-        call: 700u32,
+        wire: 725u32,
+        call: 704u32,
         name: "cublasCtrsv",
         form: None,
         library: "cublas",
@@ -14898,8 +14910,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtrsv_v2: CallDesc = CallDesc {
-        wire: 722u32,
-        call: 701u32,
+        wire: 726u32,
+        call: 705u32,
         name: "cublasCtrsv_v2",
         form: None,
         library: "cublas",
@@ -14946,8 +14958,8 @@ pub mod cublas {
         },
     };
     pub static cublasCtrsv_v2_64: CallDesc = CallDesc {
-        wire: 723u32,
-        call: 702u32,
+        wire: 727u32,
+        call: 706u32,
         name: "cublasCtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -14994,8 +15006,8 @@ pub mod cublas {
         },
     };
     pub static cublasDasum: CallDesc = CallDesc {
-        wire: 724u32,
-        call: 703u32,
+        wire: 728u32,
+        call: 707u32,
         name: "cublasDasum",
         form: None,
         library: "cublas",
@@ -15024,8 +15036,8 @@ pub mod cublas {
         },
     };
     pub static cublasDasum_v2: CallDesc = CallDesc {
-        wire: 725u32,
-        call: 704u32,
+        wire: 729u32,
+        call: 708u32,
         name: "cublasDasum_v2",
         form: None,
         library: "cublas",
@@ -15060,8 +15072,8 @@ pub mod cublas {
         },
     };
     pub static cublasDasum_v2_64: CallDesc = CallDesc {
-        wire: 726u32,
-        call: 705u32,
+        wire: 730u32,
+        call: 709u32,
         name: "cublasDasum_v2_64",
         form: None,
         library: "cublas",
@@ -15096,8 +15108,8 @@ pub mod cublas {
         },
     };
     pub static cublasDaxpy: CallDesc = CallDesc {
-        wire: 727u32,
-        call: 706u32,
+        wire: 731u32,
+        call: 710u32,
         name: "cublasDaxpy",
         form: None,
         library: "cublas",
@@ -15132,8 +15144,8 @@ pub mod cublas {
         },
     };
     pub static cublasDaxpy_v2: CallDesc = CallDesc {
-        wire: 728u32,
-        call: 707u32,
+        wire: 732u32,
+        call: 711u32,
         name: "cublasDaxpy_v2",
         form: None,
         library: "cublas",
@@ -15173,8 +15185,8 @@ pub mod cublas {
         },
     };
     pub static cublasDaxpy_v2_64: CallDesc = CallDesc {
-        wire: 729u32,
-        call: 708u32,
+        wire: 733u32,
+        call: 712u32,
         name: "cublasDaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -15214,8 +15226,8 @@ pub mod cublas {
         },
     };
     pub static cublasDcopy: CallDesc = CallDesc {
-        wire: 730u32,
-        call: 709u32,
+        wire: 734u32,
+        call: 713u32,
         name: "cublasDcopy",
         form: None,
         library: "cublas",
@@ -15246,8 +15258,8 @@ pub mod cublas {
         },
     };
     pub static cublasDcopy_v2: CallDesc = CallDesc {
-        wire: 731u32,
-        call: 710u32,
+        wire: 735u32,
+        call: 714u32,
         name: "cublasDcopy_v2",
         form: None,
         library: "cublas",
@@ -15282,8 +15294,8 @@ pub mod cublas {
         },
     };
     pub static cublasDcopy_v2_64: CallDesc = CallDesc {
-        wire: 732u32,
-        call: 711u32,
+        wire: 736u32,
+        call: 715u32,
         name: "cublasDcopy_v2_64",
         form: None,
         library: "cublas",
@@ -15318,8 +15330,8 @@ pub mod cublas {
         },
     };
     pub static cublasDdgmm: CallDesc = CallDesc {
-        wire: 733u32,
-        call: 712u32,
+        wire: 737u32,
+        call: 716u32,
         name: "cublasDdgmm",
         form: None,
         library: "cublas",
@@ -15367,8 +15379,8 @@ pub mod cublas {
         },
     };
     pub static cublasDdgmm_64: CallDesc = CallDesc {
-        wire: 734u32,
-        call: 713u32,
+        wire: 738u32,
+        call: 717u32,
         name: "cublasDdgmm_64",
         form: None,
         library: "cublas",
@@ -15416,8 +15428,8 @@ pub mod cublas {
         },
     };
     pub static cublasDdot: CallDesc = CallDesc {
-        wire: 735u32,
-        call: 714u32,
+        wire: 739u32,
+        call: 718u32,
         name: "cublasDdot",
         form: None,
         library: "cublas",
@@ -15451,8 +15463,8 @@ pub mod cublas {
         },
     };
     pub static cublasDdot_v2: CallDesc = CallDesc {
-        wire: 736u32,
-        call: 715u32,
+        wire: 740u32,
+        call: 719u32,
         name: "cublasDdot_v2",
         form: None,
         library: "cublas",
@@ -15492,8 +15504,8 @@ pub mod cublas {
         },
     };
     pub static cublasDdot_v2_64: CallDesc = CallDesc {
-        wire: 737u32,
-        call: 716u32,
+        wire: 741u32,
+        call: 720u32,
         name: "cublasDdot_v2_64",
         form: None,
         library: "cublas",
@@ -15533,8 +15545,8 @@ pub mod cublas {
         },
     };
     pub static cublasDestroy_v2: CallDesc = CallDesc {
-        wire: 738u32,
-        call: 717u32,
+        wire: 742u32,
+        call: 721u32,
         name: "cublasDestroy_v2",
         form: None,
         library: "cublas",
@@ -15555,8 +15567,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgbmv: CallDesc = CallDesc {
-        wire: 739u32,
-        call: 718u32,
+        wire: 743u32,
+        call: 722u32,
         name: "cublasDgbmv",
         form: None,
         library: "cublas",
@@ -15616,8 +15628,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgbmv_v2: CallDesc = CallDesc {
-        wire: 740u32,
-        call: 719u32,
+        wire: 744u32,
+        call: 723u32,
         name: "cublasDgbmv_v2",
         form: None,
         library: "cublas",
@@ -15683,8 +15695,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgbmv_v2_64: CallDesc = CallDesc {
-        wire: 741u32,
-        call: 720u32,
+        wire: 745u32,
+        call: 724u32,
         name: "cublasDgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -15750,8 +15762,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgeam: CallDesc = CallDesc {
-        wire: 742u32,
-        call: 721u32,
+        wire: 746u32,
+        call: 725u32,
         name: "cublasDgeam",
         form: None,
         library: "cublas",
@@ -15813,8 +15825,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgeam_64: CallDesc = CallDesc {
-        wire: 743u32,
-        call: 722u32,
+        wire: 747u32,
+        call: 726u32,
         name: "cublasDgeam_64",
         form: None,
         library: "cublas",
@@ -15876,8 +15888,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgelsBatched: CallDesc = CallDesc {
-        wire: 744u32,
-        call: 723u32,
+        wire: 748u32,
+        call: 727u32,
         name: "cublasDgelsBatched",
         form: None,
         library: "cublas",
@@ -15935,8 +15947,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgemm: CallDesc = CallDesc {
-        wire: 745u32,
-        call: 724u32,
+        wire: 749u32,
+        call: 728u32,
         name: "cublasDgemm",
         form: None,
         library: "cublas",
@@ -15996,8 +16008,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgemmBatched: CallDesc = CallDesc {
-        wire: 746u32,
-        call: 725u32,
+        wire: 750u32,
+        call: 729u32,
         name: "cublasDgemmBatched",
         form: None,
         library: "cublas",
@@ -16067,8 +16079,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgemmBatched_64: CallDesc = CallDesc {
-        wire: 747u32,
-        call: 726u32,
+        wire: 751u32,
+        call: 730u32,
         name: "cublasDgemmBatched_64",
         form: None,
         library: "cublas",
@@ -16138,8 +16150,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgemmStridedBatched: CallDesc = CallDesc {
-        wire: 748u32,
-        call: 727u32,
+        wire: 752u32,
+        call: 731u32,
         name: "cublasDgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -16221,8 +16233,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 749u32,
-        call: 728u32,
+        wire: 753u32,
+        call: 732u32,
         name: "cublasDgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -16304,8 +16316,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgemm_v2: CallDesc = CallDesc {
-        wire: 750u32,
-        call: 729u32,
+        wire: 754u32,
+        call: 733u32,
         name: "cublasDgemm_v2",
         form: None,
         library: "cublas",
@@ -16371,8 +16383,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgemm_v2_64: CallDesc = CallDesc {
-        wire: 751u32,
-        call: 730u32,
+        wire: 755u32,
+        call: 734u32,
         name: "cublasDgemm_v2_64",
         form: None,
         library: "cublas",
@@ -16438,8 +16450,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgemv: CallDesc = CallDesc {
-        wire: 752u32,
-        call: 731u32,
+        wire: 756u32,
+        call: 735u32,
         name: "cublasDgemv",
         form: None,
         library: "cublas",
@@ -16491,8 +16503,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgemvStridedBatched: CallDesc = CallDesc {
-        wire: 753u32,
-        call: 732u32,
+        wire: 757u32,
+        call: 736u32,
         name: "cublasDgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -16566,8 +16578,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 754u32,
-        call: 733u32,
+        wire: 758u32,
+        call: 737u32,
         name: "cublasDgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -16641,8 +16653,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgemv_v2: CallDesc = CallDesc {
-        wire: 755u32,
-        call: 734u32,
+        wire: 759u32,
+        call: 738u32,
         name: "cublasDgemv_v2",
         form: None,
         library: "cublas",
@@ -16700,8 +16712,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgemv_v2_64: CallDesc = CallDesc {
-        wire: 756u32,
-        call: 735u32,
+        wire: 760u32,
+        call: 739u32,
         name: "cublasDgemv_v2_64",
         form: None,
         library: "cublas",
@@ -16759,8 +16771,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgeqrfBatched: CallDesc = CallDesc {
-        wire: 757u32,
-        call: 736u32,
+        wire: 761u32,
+        call: 740u32,
         name: "cublasDgeqrfBatched",
         form: None,
         library: "cublas",
@@ -16805,8 +16817,8 @@ pub mod cublas {
         },
     };
     pub static cublasDger: CallDesc = CallDesc {
-        wire: 758u32,
-        call: 737u32,
+        wire: 762u32,
+        call: 741u32,
         name: "cublasDger",
         form: None,
         library: "cublas",
@@ -16850,8 +16862,8 @@ pub mod cublas {
         },
     };
     pub static cublasDger_v2: CallDesc = CallDesc {
-        wire: 759u32,
-        call: 738u32,
+        wire: 763u32,
+        call: 742u32,
         name: "cublasDger_v2",
         form: None,
         library: "cublas",
@@ -16900,8 +16912,8 @@ pub mod cublas {
         },
     };
     pub static cublasDger_v2_64: CallDesc = CallDesc {
-        wire: 760u32,
-        call: 739u32,
+        wire: 764u32,
+        call: 743u32,
         name: "cublasDger_v2_64",
         form: None,
         library: "cublas",
@@ -16950,8 +16962,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgetrfBatched: CallDesc = CallDesc {
-        wire: 761u32,
-        call: 740u32,
+        wire: 765u32,
+        call: 744u32,
         name: "cublasDgetrfBatched",
         form: None,
         library: "cublas",
@@ -16987,8 +16999,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgetriBatched: CallDesc = CallDesc {
-        wire: 762u32,
-        call: 741u32,
+        wire: 766u32,
+        call: 745u32,
         name: "cublasDgetriBatched",
         form: None,
         library: "cublas",
@@ -17034,8 +17046,8 @@ pub mod cublas {
         },
     };
     pub static cublasDgetrsBatched: CallDesc = CallDesc {
-        wire: 763u32,
-        call: 742u32,
+        wire: 767u32,
+        call: 746u32,
         name: "cublasDgetrsBatched",
         form: None,
         library: "cublas",
@@ -17089,8 +17101,8 @@ pub mod cublas {
         },
     };
     pub static cublasDnrm2: CallDesc = CallDesc {
-        wire: 764u32,
-        call: 743u32,
+        wire: 768u32,
+        call: 747u32,
         name: "cublasDnrm2",
         form: None,
         library: "cublas",
@@ -17119,8 +17131,8 @@ pub mod cublas {
         },
     };
     pub static cublasDnrm2_v2: CallDesc = CallDesc {
-        wire: 765u32,
-        call: 744u32,
+        wire: 769u32,
+        call: 748u32,
         name: "cublasDnrm2_v2",
         form: None,
         library: "cublas",
@@ -17155,8 +17167,8 @@ pub mod cublas {
         },
     };
     pub static cublasDnrm2_v2_64: CallDesc = CallDesc {
-        wire: 766u32,
-        call: 745u32,
+        wire: 770u32,
+        call: 749u32,
         name: "cublasDnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -17191,8 +17203,8 @@ pub mod cublas {
         },
     };
     pub static cublasDrot: CallDesc = CallDesc {
-        wire: 767u32,
-        call: 746u32,
+        wire: 771u32,
+        call: 750u32,
         name: "cublasDrot",
         form: None,
         library: "cublas",
@@ -17231,8 +17243,8 @@ pub mod cublas {
         },
     };
     pub static cublasDrot_v2: CallDesc = CallDesc {
-        wire: 768u32,
-        call: 747u32,
+        wire: 772u32,
+        call: 751u32,
         name: "cublasDrot_v2",
         form: None,
         library: "cublas",
@@ -17277,8 +17289,8 @@ pub mod cublas {
         },
     };
     pub static cublasDrot_v2_64: CallDesc = CallDesc {
-        wire: 769u32,
-        call: 748u32,
+        wire: 773u32,
+        call: 752u32,
         name: "cublasDrot_v2_64",
         form: None,
         library: "cublas",
@@ -17323,8 +17335,8 @@ pub mod cublas {
         },
     };
     pub static cublasDrotg_v2: CallDesc = CallDesc {
-        wire: 770u32,
-        call: 749u32,
+        wire: 774u32,
+        call: 753u32,
         name: "cublasDrotg_v2",
         form: None,
         library: "cublas",
@@ -17365,8 +17377,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsbmv: CallDesc = CallDesc {
-        wire: 771u32,
-        call: 750u32,
+        wire: 775u32,
+        call: 754u32,
         name: "cublasDsbmv",
         form: None,
         library: "cublas",
@@ -17418,8 +17430,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsbmv_v2: CallDesc = CallDesc {
-        wire: 772u32,
-        call: 751u32,
+        wire: 776u32,
+        call: 755u32,
         name: "cublasDsbmv_v2",
         form: None,
         library: "cublas",
@@ -17477,8 +17489,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsbmv_v2_64: CallDesc = CallDesc {
-        wire: 773u32,
-        call: 752u32,
+        wire: 777u32,
+        call: 756u32,
         name: "cublasDsbmv_v2_64",
         form: None,
         library: "cublas",
@@ -17536,8 +17548,8 @@ pub mod cublas {
         },
     };
     pub static cublasDscal: CallDesc = CallDesc {
-        wire: 774u32,
-        call: 753u32,
+        wire: 778u32,
+        call: 757u32,
         name: "cublasDscal",
         form: None,
         library: "cublas",
@@ -17567,8 +17579,8 @@ pub mod cublas {
         },
     };
     pub static cublasDscal_v2: CallDesc = CallDesc {
-        wire: 775u32,
-        call: 754u32,
+        wire: 779u32,
+        call: 758u32,
         name: "cublasDscal_v2",
         form: None,
         library: "cublas",
@@ -17603,8 +17615,8 @@ pub mod cublas {
         },
     };
     pub static cublasDscal_v2_64: CallDesc = CallDesc {
-        wire: 776u32,
-        call: 755u32,
+        wire: 780u32,
+        call: 759u32,
         name: "cublasDscal_v2_64",
         form: None,
         library: "cublas",
@@ -17639,8 +17651,8 @@ pub mod cublas {
         },
     };
     pub static cublasDswap: CallDesc = CallDesc {
-        wire: 777u32,
-        call: 756u32,
+        wire: 781u32,
+        call: 760u32,
         name: "cublasDswap",
         form: None,
         library: "cublas",
@@ -17671,8 +17683,8 @@ pub mod cublas {
         },
     };
     pub static cublasDswap_v2: CallDesc = CallDesc {
-        wire: 778u32,
-        call: 757u32,
+        wire: 782u32,
+        call: 761u32,
         name: "cublasDswap_v2",
         form: None,
         library: "cublas",
@@ -17707,8 +17719,8 @@ pub mod cublas {
         },
     };
     pub static cublasDswap_v2_64: CallDesc = CallDesc {
-        wire: 779u32,
-        call: 758u32,
+        wire: 783u32,
+        call: 762u32,
         name: "cublasDswap_v2_64",
         form: None,
         library: "cublas",
@@ -17743,8 +17755,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsymm: CallDesc = CallDesc {
-        wire: 780u32,
-        call: 759u32,
+        wire: 784u32,
+        call: 763u32,
         name: "cublasDsymm",
         form: None,
         library: "cublas",
@@ -17800,8 +17812,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsymm_v2: CallDesc = CallDesc {
-        wire: 781u32,
-        call: 760u32,
+        wire: 785u32,
+        call: 764u32,
         name: "cublasDsymm_v2",
         form: None,
         library: "cublas",
@@ -17863,8 +17875,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsymm_v2_64: CallDesc = CallDesc {
-        wire: 782u32,
-        call: 761u32,
+        wire: 786u32,
+        call: 765u32,
         name: "cublasDsymm_v2_64",
         form: None,
         library: "cublas",
@@ -17926,8 +17938,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsymv: CallDesc = CallDesc {
-        wire: 783u32,
-        call: 762u32,
+        wire: 787u32,
+        call: 766u32,
         name: "cublasDsymv",
         form: None,
         library: "cublas",
@@ -17975,8 +17987,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsymv_v2: CallDesc = CallDesc {
-        wire: 784u32,
-        call: 763u32,
+        wire: 788u32,
+        call: 767u32,
         name: "cublasDsymv_v2",
         form: None,
         library: "cublas",
@@ -18030,8 +18042,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsymv_v2_64: CallDesc = CallDesc {
-        wire: 785u32,
-        call: 764u32,
+        wire: 789u32,
+        call: 768u32,
         name: "cublasDsymv_v2_64",
         form: None,
         library: "cublas",
@@ -18085,8 +18097,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr: CallDesc = CallDesc {
-        wire: 786u32,
-        call: 765u32,
+        wire: 790u32,
+        call: 769u32,
         name: "cublasDsyr",
         form: None,
         library: "cublas",
@@ -18125,8 +18137,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr2: CallDesc = CallDesc {
-        wire: 787u32,
-        call: 766u32,
+        wire: 791u32,
+        call: 770u32,
         name: "cublasDsyr2",
         form: None,
         library: "cublas",
@@ -18170,8 +18182,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr2_v2: CallDesc = CallDesc {
-        wire: 788u32,
-        call: 767u32,
+        wire: 792u32,
+        call: 771u32,
         name: "cublasDsyr2_v2",
         form: None,
         library: "cublas",
@@ -18220,8 +18232,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr2_v2_64: CallDesc = CallDesc {
-        wire: 789u32,
-        call: 768u32,
+        wire: 793u32,
+        call: 772u32,
         name: "cublasDsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -18270,8 +18282,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr2k: CallDesc = CallDesc {
-        wire: 790u32,
-        call: 769u32,
+        wire: 794u32,
+        call: 773u32,
         name: "cublasDsyr2k",
         form: None,
         library: "cublas",
@@ -18327,8 +18339,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr2k_v2: CallDesc = CallDesc {
-        wire: 791u32,
-        call: 770u32,
+        wire: 795u32,
+        call: 774u32,
         name: "cublasDsyr2k_v2",
         form: None,
         library: "cublas",
@@ -18390,8 +18402,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 792u32,
-        call: 771u32,
+        wire: 796u32,
+        call: 775u32,
         name: "cublasDsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -18453,8 +18465,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr_v2: CallDesc = CallDesc {
-        wire: 793u32,
-        call: 772u32,
+        wire: 797u32,
+        call: 776u32,
         name: "cublasDsyr_v2",
         form: None,
         library: "cublas",
@@ -18498,8 +18510,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsyr_v2_64: CallDesc = CallDesc {
-        wire: 794u32,
-        call: 773u32,
+        wire: 798u32,
+        call: 777u32,
         name: "cublasDsyr_v2_64",
         form: None,
         library: "cublas",
@@ -18543,8 +18555,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsyrk: CallDesc = CallDesc {
-        wire: 795u32,
-        call: 774u32,
+        wire: 799u32,
+        call: 778u32,
         name: "cublasDsyrk",
         form: None,
         library: "cublas",
@@ -18595,8 +18607,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsyrk_v2: CallDesc = CallDesc {
-        wire: 796u32,
-        call: 775u32,
+        wire: 800u32,
+        call: 779u32,
         name: "cublasDsyrk_v2",
         form: None,
         library: "cublas",
@@ -18653,8 +18665,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsyrk_v2_64: CallDesc = CallDesc {
-        wire: 797u32,
-        call: 776u32,
+        wire: 801u32,
+        call: 780u32,
         name: "cublasDsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -18711,8 +18723,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsyrkx: CallDesc = CallDesc {
-        wire: 798u32,
-        call: 777u32,
+        wire: 802u32,
+        call: 781u32,
         name: "cublasDsyrkx",
         form: None,
         library: "cublas",
@@ -18774,8 +18786,8 @@ pub mod cublas {
         },
     };
     pub static cublasDsyrkx_64: CallDesc = CallDesc {
-        wire: 799u32,
-        call: 778u32,
+        wire: 803u32,
+        call: 782u32,
         name: "cublasDsyrkx_64",
         form: None,
         library: "cublas",
@@ -18837,8 +18849,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtbmv: CallDesc = CallDesc {
-        wire: 800u32,
-        call: 779u32,
+        wire: 804u32,
+        call: 783u32,
         name: "cublasDtbmv",
         form: None,
         library: "cublas",
@@ -18885,8 +18897,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtbmv_v2: CallDesc = CallDesc {
-        wire: 801u32,
-        call: 780u32,
+        wire: 805u32,
+        call: 784u32,
         name: "cublasDtbmv_v2",
         form: None,
         library: "cublas",
@@ -18937,8 +18949,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtbmv_v2_64: CallDesc = CallDesc {
-        wire: 802u32,
-        call: 781u32,
+        wire: 806u32,
+        call: 785u32,
         name: "cublasDtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -18989,8 +19001,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtbsv: CallDesc = CallDesc {
-        wire: 803u32,
-        call: 782u32,
+        wire: 807u32,
+        call: 786u32,
         name: "cublasDtbsv",
         form: None,
         library: "cublas",
@@ -19037,8 +19049,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtbsv_v2: CallDesc = CallDesc {
-        wire: 804u32,
-        call: 783u32,
+        wire: 808u32,
+        call: 787u32,
         name: "cublasDtbsv_v2",
         form: None,
         library: "cublas",
@@ -19089,8 +19101,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtbsv_v2_64: CallDesc = CallDesc {
-        wire: 805u32,
-        call: 784u32,
+        wire: 809u32,
+        call: 788u32,
         name: "cublasDtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -19141,8 +19153,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtrmm: CallDesc = CallDesc {
-        wire: 806u32,
-        call: 785u32,
+        wire: 810u32,
+        call: 789u32,
         name: "cublasDtrmm",
         form: None,
         library: "cublas",
@@ -19197,8 +19209,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtrmm_v2: CallDesc = CallDesc {
-        wire: 807u32,
-        call: 786u32,
+        wire: 811u32,
+        call: 790u32,
         name: "cublasDtrmm_v2",
         form: None,
         library: "cublas",
@@ -19263,8 +19275,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtrmm_v2_64: CallDesc = CallDesc {
-        wire: 808u32,
-        call: 787u32,
+        wire: 812u32,
+        call: 791u32,
         name: "cublasDtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -19329,8 +19341,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtrmv: CallDesc = CallDesc {
-        wire: 809u32,
-        call: 788u32,
+        wire: 813u32,
+        call: 792u32,
         name: "cublasDtrmv",
         form: None,
         library: "cublas",
@@ -19373,8 +19385,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtrmv_v2: CallDesc = CallDesc {
-        wire: 810u32,
-        call: 789u32,
+        wire: 814u32,
+        call: 793u32,
         name: "cublasDtrmv_v2",
         form: None,
         library: "cublas",
@@ -19421,8 +19433,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtrmv_v2_64: CallDesc = CallDesc {
-        wire: 811u32,
-        call: 790u32,
+        wire: 815u32,
+        call: 794u32,
         name: "cublasDtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -19469,8 +19481,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtrsm: CallDesc = CallDesc {
-        wire: 812u32,
-        call: 791u32,
+        wire: 816u32,
+        call: 795u32,
         name: "cublasDtrsm",
         form: None,
         library: "cublas",
@@ -19525,8 +19537,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtrsmBatched: CallDesc = CallDesc {
-        wire: 813u32,
-        call: 792u32,
+        wire: 817u32,
+        call: 796u32,
         name: "cublasDtrsmBatched",
         form: None,
         library: "cublas",
@@ -19590,8 +19602,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtrsmBatched_64: CallDesc = CallDesc {
-        wire: 814u32,
-        call: 793u32,
+        wire: 818u32,
+        call: 797u32,
         name: "cublasDtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -19655,8 +19667,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtrsm_v2: CallDesc = CallDesc {
-        wire: 815u32,
-        call: 794u32,
+        wire: 819u32,
+        call: 798u32,
         name: "cublasDtrsm_v2",
         form: None,
         library: "cublas",
@@ -19716,8 +19728,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtrsm_v2_64: CallDesc = CallDesc {
-        wire: 816u32,
-        call: 795u32,
+        wire: 820u32,
+        call: 799u32,
         name: "cublasDtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -19777,8 +19789,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtrsv: CallDesc = CallDesc {
-        wire: 817u32,
-        call: 796u32,
+        wire: 821u32,
+        call: 800u32,
         name: "cublasDtrsv",
         form: None,
         library: "cublas",
@@ -19821,8 +19833,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtrsv_v2: CallDesc = CallDesc {
-        wire: 818u32,
-        call: 797u32,
+        wire: 822u32,
+        call: 801u32,
         name: "cublasDtrsv_v2",
         form: None,
         library: "cublas",
@@ -19869,8 +19881,8 @@ pub mod cublas {
         },
     };
     pub static cublasDtrsv_v2_64: CallDesc = CallDesc {
-        wire: 819u32,
-        call: 798u32,
+        wire: 823u32,
+        call: 802u32,
         name: "cublasDtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -19917,8 +19929,8 @@ pub mod cublas {
         },
     };
     pub static cublasDzasum: CallDesc = CallDesc {
-        wire: 820u32,
-        call: 799u32,
+        wire: 824u32,
+        call: 803u32,
         name: "cublasDzasum",
         form: None,
         library: "cublas",
@@ -19947,8 +19959,8 @@ pub mod cublas {
         },
     };
     pub static cublasDzasum_v2: CallDesc = CallDesc {
-        wire: 821u32,
-        call: 800u32,
+        wire: 825u32,
+        call: 804u32,
         name: "cublasDzasum_v2",
         form: None,
         library: "cublas",
@@ -19983,8 +19995,8 @@ pub mod cublas {
         },
     };
     pub static cublasDzasum_v2_64: CallDesc = CallDesc {
-        wire: 822u32,
-        call: 801u32,
+        wire: 826u32,
+        call: 805u32,
         name: "cublasDzasum_v2_64",
         form: None,
         library: "cublas",
@@ -20019,8 +20031,8 @@ pub mod cublas {
         },
     };
     pub static cublasDznrm2: CallDesc = CallDesc {
-        wire: 823u32,
-        call: 802u32,
+        wire: 827u32,
+        call: 806u32,
         name: "cublasDznrm2",
         form: None,
         library: "cublas",
@@ -20049,8 +20061,8 @@ pub mod cublas {
         },
     };
     pub static cublasDznrm2_v2: CallDesc = CallDesc {
-        wire: 824u32,
-        call: 803u32,
+        wire: 828u32,
+        call: 807u32,
         name: "cublasDznrm2_v2",
         form: None,
         library: "cublas",
@@ -20085,8 +20097,8 @@ pub mod cublas {
         },
     };
     pub static cublasDznrm2_v2_64: CallDesc = CallDesc {
-        wire: 825u32,
-        call: 804u32,
+        wire: 829u32,
+        call: 808u32,
         name: "cublasDznrm2_v2_64",
         form: None,
         library: "cublas",
@@ -20121,8 +20133,8 @@ pub mod cublas {
         },
     };
     pub static cublasGemmBatchedEx: CallDesc = CallDesc {
-        wire: 826u32,
-        call: 805u32,
+        wire: 830u32,
+        call: 809u32,
         name: "cublasGemmBatchedEx",
         form: None,
         library: "cublas",
@@ -20212,8 +20224,8 @@ pub mod cublas {
         },
     };
     pub static cublasGemmBatchedEx_64: CallDesc = CallDesc {
-        wire: 827u32,
-        call: 806u32,
+        wire: 831u32,
+        call: 810u32,
         name: "cublasGemmBatchedEx_64",
         form: None,
         library: "cublas",
@@ -20303,8 +20315,8 @@ pub mod cublas {
         },
     };
     pub static cublasGemmEx: CallDesc = CallDesc {
-        wire: 828u32,
-        call: 807u32,
+        wire: 832u32,
+        call: 811u32,
         name: "cublasGemmEx",
         form: None,
         library: "cublas",
@@ -20390,8 +20402,8 @@ pub mod cublas {
         },
     };
     pub static cublasGemmEx_64: CallDesc = CallDesc {
-        wire: 829u32,
-        call: 808u32,
+        wire: 833u32,
+        call: 812u32,
         name: "cublasGemmEx_64",
         form: None,
         library: "cublas",
@@ -20477,8 +20489,8 @@ pub mod cublas {
         },
     };
     pub static cublasGemmStridedBatchedEx: CallDesc = CallDesc {
-        wire: 830u32,
-        call: 809u32,
+        wire: 834u32,
+        call: 813u32,
         name: "cublasGemmStridedBatchedEx",
         form: None,
         library: "cublas",
@@ -20580,8 +20592,8 @@ pub mod cublas {
         },
     };
     pub static cublasGemmStridedBatchedEx_64: CallDesc = CallDesc {
-        wire: 831u32,
-        call: 810u32,
+        wire: 835u32,
+        call: 814u32,
         name: "cublasGemmStridedBatchedEx_64",
         form: None,
         library: "cublas",
@@ -20683,8 +20695,8 @@ pub mod cublas {
         },
     };
     pub static cublasGetAtomicsMode: CallDesc = CallDesc {
-        wire: 832u32,
-        call: 811u32,
+        wire: 836u32,
+        call: 815u32,
         name: "cublasGetAtomicsMode",
         form: None,
         library: "cublas",
@@ -20711,8 +20723,8 @@ pub mod cublas {
         },
     };
     pub static cublasGetCudartVersion: CallDesc = CallDesc {
-        wire: 833u32,
-        call: 812u32,
+        wire: 837u32,
+        call: 816u32,
         name: "cublasGetCudartVersion",
         form: None,
         library: "cublas",
@@ -20731,8 +20743,8 @@ pub mod cublas {
         },
     };
     pub static cublasGetError: CallDesc = CallDesc {
-        wire: 834u32,
-        call: 813u32,
+        wire: 838u32,
+        call: 817u32,
         name: "cublasGetError",
         form: None,
         library: "cublas",
@@ -20748,8 +20760,8 @@ pub mod cublas {
         },
     };
     pub static cublasGetMathMode: CallDesc = CallDesc {
-        wire: 835u32,
-        call: 814u32,
+        wire: 839u32,
+        call: 818u32,
         name: "cublasGetMathMode",
         form: None,
         library: "cublas",
@@ -20776,8 +20788,8 @@ pub mod cublas {
         },
     };
     pub static cublasGetMatrix: CallDesc = CallDesc {
-        wire: 836u32,
-        call: 815u32,
+        wire: 840u32,
+        call: 819u32,
         name: "cublasGetMatrix",
         form: None,
         library: "cublas",
@@ -20816,8 +20828,8 @@ pub mod cublas {
         },
     };
     pub static cublasGetMatrixAsync_64: CallDesc = CallDesc {
-        wire: 837u32,
-        call: 816u32,
+        wire: 841u32,
+        call: 820u32,
         name: "cublasGetMatrixAsync_64",
         form: None,
         library: "cublas",
@@ -20860,8 +20872,8 @@ pub mod cublas {
         },
     };
     pub static cublasGetMatrix_64: CallDesc = CallDesc {
-        wire: 838u32,
-        call: 817u32,
+        wire: 842u32,
+        call: 821u32,
         name: "cublasGetMatrix_64",
         form: None,
         library: "cublas",
@@ -20900,8 +20912,8 @@ pub mod cublas {
         },
     };
     pub static cublasGetPointerMode_v2: CallDesc = CallDesc {
-        wire: 839u32,
-        call: 818u32,
+        wire: 843u32,
+        call: 822u32,
         name: "cublasGetPointerMode_v2",
         form: None,
         library: "cublas",
@@ -20928,8 +20940,8 @@ pub mod cublas {
         },
     };
     pub static cublasGetStream_v2: CallDesc = CallDesc {
-        wire: 840u32,
-        call: 819u32,
+        wire: 844u32,
+        call: 823u32,
         name: "cublasGetStream_v2",
         form: None,
         library: "cublas",
@@ -20951,8 +20963,8 @@ pub mod cublas {
         },
     };
     pub static cublasGetVector: CallDesc = CallDesc {
-        wire: 841u32,
-        call: 820u32,
+        wire: 845u32,
+        call: 824u32,
         name: "cublasGetVector",
         form: None,
         library: "cublas",
@@ -20987,8 +20999,8 @@ pub mod cublas {
         },
     };
     pub static cublasGetVector_64: CallDesc = CallDesc {
-        wire: 842u32,
-        call: 821u32,
+        wire: 846u32,
+        call: 825u32,
         name: "cublasGetVector_64",
         form: None,
         library: "cublas",
@@ -21023,8 +21035,8 @@ pub mod cublas {
         },
     };
     pub static cublasIamaxEx: CallDesc = CallDesc {
-        wire: 843u32,
-        call: 822u32,
+        wire: 847u32,
+        call: 826u32,
         name: "cublasIamaxEx",
         form: None,
         library: "cublas",
@@ -21063,8 +21075,8 @@ pub mod cublas {
         },
     };
     pub static cublasIamaxEx_64: CallDesc = CallDesc {
-        wire: 844u32,
-        call: 823u32,
+        wire: 848u32,
+        call: 827u32,
         name: "cublasIamaxEx_64",
         form: None,
         library: "cublas",
@@ -21103,8 +21115,8 @@ pub mod cublas {
         },
     };
     pub static cublasIaminEx: CallDesc = CallDesc {
-        wire: 845u32,
-        call: 824u32,
+        wire: 849u32,
+        call: 828u32,
         name: "cublasIaminEx",
         form: None,
         library: "cublas",
@@ -21143,8 +21155,8 @@ pub mod cublas {
         },
     };
     pub static cublasIaminEx_64: CallDesc = CallDesc {
-        wire: 846u32,
-        call: 825u32,
+        wire: 850u32,
+        call: 829u32,
         name: "cublasIaminEx_64",
         form: None,
         library: "cublas",
@@ -21183,8 +21195,8 @@ pub mod cublas {
         },
     };
     pub static cublasIcamax: CallDesc = CallDesc {
-        wire: 847u32,
-        call: 826u32,
+        wire: 851u32,
+        call: 830u32,
         name: "cublasIcamax",
         form: None,
         library: "cublas",
@@ -21213,8 +21225,8 @@ pub mod cublas {
         },
     };
     pub static cublasIcamax_v2: CallDesc = CallDesc {
-        wire: 848u32,
-        call: 827u32,
+        wire: 852u32,
+        call: 831u32,
         name: "cublasIcamax_v2",
         form: None,
         library: "cublas",
@@ -21249,8 +21261,8 @@ pub mod cublas {
         },
     };
     pub static cublasIcamax_v2_64: CallDesc = CallDesc {
-        wire: 849u32,
-        call: 828u32,
+        wire: 853u32,
+        call: 832u32,
         name: "cublasIcamax_v2_64",
         form: None,
         library: "cublas",
@@ -21285,8 +21297,8 @@ pub mod cublas {
         },
     };
     pub static cublasIcamin: CallDesc = CallDesc {
-        wire: 850u32,
-        call: 829u32,
+        wire: 854u32,
+        call: 833u32,
         name: "cublasIcamin",
         form: None,
         library: "cublas",
@@ -21315,8 +21327,8 @@ pub mod cublas {
         },
     };
     pub static cublasIcamin_v2: CallDesc = CallDesc {
-        wire: 851u32,
-        call: 830u32,
+        wire: 855u32,
+        call: 834u32,
         name: "cublasIcamin_v2",
         form: None,
         library: "cublas",
@@ -21351,8 +21363,8 @@ pub mod cublas {
         },
     };
     pub static cublasIcamin_v2_64: CallDesc = CallDesc {
-        wire: 852u32,
-        call: 831u32,
+        wire: 856u32,
+        call: 835u32,
         name: "cublasIcamin_v2_64",
         form: None,
         library: "cublas",
@@ -21387,8 +21399,8 @@ pub mod cublas {
         },
     };
     pub static cublasIdamax: CallDesc = CallDesc {
-        wire: 853u32,
-        call: 832u32,
+        wire: 857u32,
+        call: 836u32,
         name: "cublasIdamax",
         form: None,
         library: "cublas",
@@ -21417,8 +21429,8 @@ pub mod cublas {
         },
     };
     pub static cublasIdamax_v2: CallDesc = CallDesc {
-        wire: 854u32,
-        call: 833u32,
+        wire: 858u32,
+        call: 837u32,
         name: "cublasIdamax_v2",
         form: None,
         library: "cublas",
@@ -21453,8 +21465,8 @@ pub mod cublas {
         },
     };
     pub static cublasIdamax_v2_64: CallDesc = CallDesc {
-        wire: 855u32,
-        call: 834u32,
+        wire: 859u32,
+        call: 838u32,
         name: "cublasIdamax_v2_64",
         form: None,
         library: "cublas",
@@ -21489,8 +21501,8 @@ pub mod cublas {
         },
     };
     pub static cublasIdamin: CallDesc = CallDesc {
-        wire: 856u32,
-        call: 835u32,
+        wire: 860u32,
+        call: 839u32,
         name: "cublasIdamin",
         form: None,
         library: "cublas",
@@ -21519,8 +21531,8 @@ pub mod cublas {
         },
     };
     pub static cublasIdamin_v2: CallDesc = CallDesc {
-        wire: 857u32,
-        call: 836u32,
+        wire: 861u32,
+        call: 840u32,
         name: "cublasIdamin_v2",
         form: None,
         library: "cublas",
@@ -21555,8 +21567,8 @@ pub mod cublas {
         },
     };
     pub static cublasIdamin_v2_64: CallDesc = CallDesc {
-        wire: 858u32,
-        call: 837u32,
+        wire: 862u32,
+        call: 841u32,
         name: "cublasIdamin_v2_64",
         form: None,
         library: "cublas",
@@ -21591,8 +21603,8 @@ pub mod cublas {
         },
     };
     pub static cublasInit: CallDesc = CallDesc {
-        wire: 859u32,
-        call: 838u32,
+        wire: 863u32,
+        call: 842u32,
         name: "cublasInit",
         form: None,
         library: "cublas",
@@ -21608,8 +21620,8 @@ pub mod cublas {
         },
     };
     pub static cublasIsamax: CallDesc = CallDesc {
-        wire: 860u32,
-        call: 839u32,
+        wire: 864u32,
+        call: 843u32,
         name: "cublasIsamax",
         form: None,
         library: "cublas",
@@ -21638,8 +21650,8 @@ pub mod cublas {
         },
     };
     pub static cublasIsamax_v2: CallDesc = CallDesc {
-        wire: 861u32,
-        call: 840u32,
+        wire: 865u32,
+        call: 844u32,
         name: "cublasIsamax_v2",
         form: None,
         library: "cublas",
@@ -21674,8 +21686,8 @@ pub mod cublas {
         },
     };
     pub static cublasIsamax_v2_64: CallDesc = CallDesc {
-        wire: 862u32,
-        call: 841u32,
+        wire: 866u32,
+        call: 845u32,
         name: "cublasIsamax_v2_64",
         form: None,
         library: "cublas",
@@ -21710,8 +21722,8 @@ pub mod cublas {
         },
     };
     pub static cublasIsamin: CallDesc = CallDesc {
-        wire: 863u32,
-        call: 842u32,
+        wire: 867u32,
+        call: 846u32,
         name: "cublasIsamin",
         form: None,
         library: "cublas",
@@ -21740,8 +21752,8 @@ pub mod cublas {
         },
     };
     pub static cublasIsamin_v2: CallDesc = CallDesc {
-        wire: 864u32,
-        call: 843u32,
+        wire: 868u32,
+        call: 847u32,
         name: "cublasIsamin_v2",
         form: None,
         library: "cublas",
@@ -21776,8 +21788,8 @@ pub mod cublas {
         },
     };
     pub static cublasIsamin_v2_64: CallDesc = CallDesc {
-        wire: 865u32,
-        call: 844u32,
+        wire: 869u32,
+        call: 848u32,
         name: "cublasIsamin_v2_64",
         form: None,
         library: "cublas",
@@ -21812,8 +21824,8 @@ pub mod cublas {
         },
     };
     pub static cublasIzamax: CallDesc = CallDesc {
-        wire: 866u32,
-        call: 845u32,
+        wire: 870u32,
+        call: 849u32,
         name: "cublasIzamax",
         form: None,
         library: "cublas",
@@ -21842,8 +21854,8 @@ pub mod cublas {
         },
     };
     pub static cublasIzamax_v2: CallDesc = CallDesc {
-        wire: 867u32,
-        call: 846u32,
+        wire: 871u32,
+        call: 850u32,
         name: "cublasIzamax_v2",
         form: None,
         library: "cublas",
@@ -21878,8 +21890,8 @@ pub mod cublas {
         },
     };
     pub static cublasIzamax_v2_64: CallDesc = CallDesc {
-        wire: 868u32,
-        call: 847u32,
+        wire: 872u32,
+        call: 851u32,
         name: "cublasIzamax_v2_64",
         form: None,
         library: "cublas",
@@ -21914,8 +21926,8 @@ pub mod cublas {
         },
     };
     pub static cublasIzamin: CallDesc = CallDesc {
-        wire: 869u32,
-        call: 848u32,
+        wire: 873u32,
+        call: 852u32,
         name: "cublasIzamin",
         form: None,
         library: "cublas",
@@ -21944,8 +21956,8 @@ pub mod cublas {
         },
     };
     pub static cublasIzamin_v2: CallDesc = CallDesc {
-        wire: 870u32,
-        call: 849u32,
+        wire: 874u32,
+        call: 853u32,
         name: "cublasIzamin_v2",
         form: None,
         library: "cublas",
@@ -21980,8 +21992,8 @@ pub mod cublas {
         },
     };
     pub static cublasIzamin_v2_64: CallDesc = CallDesc {
-        wire: 871u32,
-        call: 850u32,
+        wire: 875u32,
+        call: 854u32,
         name: "cublasIzamin_v2_64",
         form: None,
         library: "cublas",
@@ -22016,8 +22028,8 @@ pub mod cublas {
         },
     };
     pub static cublasRotEx: CallDesc = CallDesc {
-        wire: 872u32,
-        call: 851u32,
+        wire: 876u32,
+        call: 855u32,
         name: "cublasRotEx",
         form: None,
         library: "cublas",
@@ -22078,8 +22090,8 @@ pub mod cublas {
         },
     };
     pub static cublasRotEx_64: CallDesc = CallDesc {
-        wire: 873u32,
-        call: 852u32,
+        wire: 877u32,
+        call: 856u32,
         name: "cublasRotEx_64",
         form: None,
         library: "cublas",
@@ -22140,8 +22152,8 @@ pub mod cublas {
         },
     };
     pub static cublasSasum: CallDesc = CallDesc {
-        wire: 874u32,
-        call: 853u32,
+        wire: 878u32,
+        call: 857u32,
         name: "cublasSasum",
         form: None,
         library: "cublas",
@@ -22170,8 +22182,8 @@ pub mod cublas {
         },
     };
     pub static cublasSasum_v2: CallDesc = CallDesc {
-        wire: 875u32,
-        call: 854u32,
+        wire: 879u32,
+        call: 858u32,
         name: "cublasSasum_v2",
         form: None,
         library: "cublas",
@@ -22206,8 +22218,8 @@ pub mod cublas {
         },
     };
     pub static cublasSasum_v2_64: CallDesc = CallDesc {
-        wire: 876u32,
-        call: 855u32,
+        wire: 880u32,
+        call: 859u32,
         name: "cublasSasum_v2_64",
         form: None,
         library: "cublas",
@@ -22242,8 +22254,8 @@ pub mod cublas {
         },
     };
     pub static cublasSaxpy: CallDesc = CallDesc {
-        wire: 877u32,
-        call: 856u32,
+        wire: 881u32,
+        call: 860u32,
         name: "cublasSaxpy",
         form: None,
         library: "cublas",
@@ -22278,8 +22290,8 @@ pub mod cublas {
         },
     };
     pub static cublasSaxpy_v2: CallDesc = CallDesc {
-        wire: 878u32,
-        call: 857u32,
+        wire: 882u32,
+        call: 861u32,
         name: "cublasSaxpy_v2",
         form: None,
         library: "cublas",
@@ -22319,8 +22331,8 @@ pub mod cublas {
         },
     };
     pub static cublasSaxpy_v2_64: CallDesc = CallDesc {
-        wire: 879u32,
-        call: 858u32,
+        wire: 883u32,
+        call: 862u32,
         name: "cublasSaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -22360,8 +22372,8 @@ pub mod cublas {
         },
     };
     pub static cublasScalEx: CallDesc = CallDesc {
-        wire: 880u32,
-        call: 859u32,
+        wire: 884u32,
+        call: 863u32,
         name: "cublasScalEx",
         form: None,
         library: "cublas",
@@ -22408,8 +22420,8 @@ pub mod cublas {
         },
     };
     pub static cublasScalEx_64: CallDesc = CallDesc {
-        wire: 881u32,
-        call: 860u32,
+        wire: 885u32,
+        call: 864u32,
         name: "cublasScalEx_64",
         form: None,
         library: "cublas",
@@ -22456,8 +22468,8 @@ pub mod cublas {
         },
     };
     pub static cublasScasum: CallDesc = CallDesc {
-        wire: 882u32,
-        call: 861u32,
+        wire: 886u32,
+        call: 865u32,
         name: "cublasScasum",
         form: None,
         library: "cublas",
@@ -22486,8 +22498,8 @@ pub mod cublas {
         },
     };
     pub static cublasScasum_v2: CallDesc = CallDesc {
-        wire: 883u32,
-        call: 862u32,
+        wire: 887u32,
+        call: 866u32,
         name: "cublasScasum_v2",
         form: None,
         library: "cublas",
@@ -22522,8 +22534,8 @@ pub mod cublas {
         },
     };
     pub static cublasScasum_v2_64: CallDesc = CallDesc {
-        wire: 884u32,
-        call: 863u32,
+        wire: 888u32,
+        call: 867u32,
         name: "cublasScasum_v2_64",
         form: None,
         library: "cublas",
@@ -22558,8 +22570,8 @@ pub mod cublas {
         },
     };
     pub static cublasScnrm2: CallDesc = CallDesc {
-        wire: 885u32,
-        call: 864u32,
+        wire: 889u32,
+        call: 868u32,
         name: "cublasScnrm2",
         form: None,
         library: "cublas",
@@ -22588,8 +22600,8 @@ pub mod cublas {
         },
     };
     pub static cublasScnrm2_v2: CallDesc = CallDesc {
-        wire: 886u32,
-        call: 865u32,
+        wire: 890u32,
+        call: 869u32,
         name: "cublasScnrm2_v2",
         form: None,
         library: "cublas",
@@ -22624,8 +22636,8 @@ pub mod cublas {
         },
     };
     pub static cublasScnrm2_v2_64: CallDesc = CallDesc {
-        wire: 887u32,
-        call: 866u32,
+        wire: 891u32,
+        call: 870u32,
         name: "cublasScnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -22660,8 +22672,8 @@ pub mod cublas {
         },
     };
     pub static cublasScopy: CallDesc = CallDesc {
-        wire: 888u32,
-        call: 867u32,
+        wire: 892u32,
+        call: 871u32,
         name: "cublasScopy",
         form: None,
         library: "cublas",
@@ -22692,8 +22704,8 @@ pub mod cublas {
         },
     };
     pub static cublasScopy_v2: CallDesc = CallDesc {
-        wire: 889u32,
-        call: 868u32,
+        wire: 893u32,
+        call: 872u32,
         name: "cublasScopy_v2",
         form: None,
         library: "cublas",
@@ -22728,8 +22740,8 @@ pub mod cublas {
         },
     };
     pub static cublasScopy_v2_64: CallDesc = CallDesc {
-        wire: 890u32,
-        call: 869u32,
+        wire: 894u32,
+        call: 873u32,
         name: "cublasScopy_v2_64",
         form: None,
         library: "cublas",
@@ -22764,8 +22776,8 @@ pub mod cublas {
         },
     };
     pub static cublasSdgmm: CallDesc = CallDesc {
-        wire: 891u32,
-        call: 870u32,
+        wire: 895u32,
+        call: 874u32,
         name: "cublasSdgmm",
         form: None,
         library: "cublas",
@@ -22813,8 +22825,8 @@ pub mod cublas {
         },
     };
     pub static cublasSdgmm_64: CallDesc = CallDesc {
-        wire: 892u32,
-        call: 871u32,
+        wire: 896u32,
+        call: 875u32,
         name: "cublasSdgmm_64",
         form: None,
         library: "cublas",
@@ -22862,8 +22874,8 @@ pub mod cublas {
         },
     };
     pub static cublasSdot: CallDesc = CallDesc {
-        wire: 893u32,
-        call: 872u32,
+        wire: 897u32,
+        call: 876u32,
         name: "cublasSdot",
         form: None,
         library: "cublas",
@@ -22897,8 +22909,8 @@ pub mod cublas {
         },
     };
     pub static cublasSdot_v2: CallDesc = CallDesc {
-        wire: 894u32,
-        call: 873u32,
+        wire: 898u32,
+        call: 877u32,
         name: "cublasSdot_v2",
         form: None,
         library: "cublas",
@@ -22938,8 +22950,8 @@ pub mod cublas {
         },
     };
     pub static cublasSdot_v2_64: CallDesc = CallDesc {
-        wire: 895u32,
-        call: 874u32,
+        wire: 899u32,
+        call: 878u32,
         name: "cublasSdot_v2_64",
         form: None,
         library: "cublas",
@@ -22979,8 +22991,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetAtomicsMode: CallDesc = CallDesc {
-        wire: 896u32,
-        call: 875u32,
+        wire: 900u32,
+        call: 879u32,
         name: "cublasSetAtomicsMode",
         form: None,
         library: "cublas",
@@ -23005,8 +23017,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetEmulationSpecialValuesSupport: CallDesc = CallDesc {
-        wire: 897u32,
-        call: 876u32,
+        wire: 901u32,
+        call: 880u32,
         name: "cublasSetEmulationSpecialValuesSupport",
         form: None,
         library: "cublas",
@@ -23031,8 +23043,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 898u32,
-        call: 877u32,
+        wire: 902u32,
+        call: 881u32,
         name: "cublasSetEmulationStrategy",
         form: None,
         library: "cublas",
@@ -23057,8 +23069,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetFixedPointEmulationMantissaBitOffset: CallDesc = CallDesc {
-        wire: 899u32,
-        call: 878u32,
+        wire: 903u32,
+        call: 882u32,
         name: "cublasSetFixedPointEmulationMantissaBitOffset",
         form: None,
         library: "cublas",
@@ -23083,8 +23095,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetFixedPointEmulationMantissaControl: CallDesc = CallDesc {
-        wire: 900u32,
-        call: 879u32,
+        wire: 904u32,
+        call: 883u32,
         name: "cublasSetFixedPointEmulationMantissaControl",
         form: None,
         library: "cublas",
@@ -23109,8 +23121,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetFixedPointEmulationMaxMantissaBitCount: CallDesc = CallDesc {
-        wire: 901u32,
-        call: 880u32,
+        wire: 905u32,
+        call: 884u32,
         name: "cublasSetFixedPointEmulationMaxMantissaBitCount",
         form: None,
         library: "cublas",
@@ -23135,8 +23147,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetKernelStream: CallDesc = CallDesc {
-        wire: 902u32,
-        call: 881u32,
+        wire: 906u32,
+        call: 885u32,
         name: "cublasSetKernelStream",
         form: None,
         library: "cublas",
@@ -23157,8 +23169,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetMathMode: CallDesc = CallDesc {
-        wire: 903u32,
-        call: 882u32,
+        wire: 907u32,
+        call: 886u32,
         name: "cublasSetMathMode",
         form: None,
         library: "cublas",
@@ -23183,8 +23195,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetMatrix: CallDesc = CallDesc {
-        wire: 904u32,
-        call: 883u32,
+        wire: 908u32,
+        call: 887u32,
         name: "cublasSetMatrix",
         form: None,
         library: "cublas",
@@ -23223,8 +23235,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetMatrixAsync_64: CallDesc = CallDesc {
-        wire: 905u32,
-        call: 884u32,
+        wire: 909u32,
+        call: 888u32,
         name: "cublasSetMatrixAsync_64",
         form: None,
         library: "cublas",
@@ -23267,8 +23279,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetMatrix_64: CallDesc = CallDesc {
-        wire: 906u32,
-        call: 885u32,
+        wire: 910u32,
+        call: 889u32,
         name: "cublasSetMatrix_64",
         form: None,
         library: "cublas",
@@ -23307,8 +23319,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetPointerMode_v2__call: CallDesc = CallDesc {
-        wire: 907u32,
-        call: 886u32,
+        wire: 911u32,
+        call: 890u32,
         name: "cublasSetPointerMode_v2",
         form: Some("call"),
         library: "cublas",
@@ -23333,8 +23345,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetSmCountTarget: CallDesc = CallDesc {
-        wire: 908u32,
-        call: 887u32,
+        wire: 912u32,
+        call: 891u32,
         name: "cublasSetSmCountTarget",
         form: None,
         library: "cublas",
@@ -23359,8 +23371,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetStream_v2: CallDesc = CallDesc {
-        wire: 909u32,
-        call: 888u32,
+        wire: 913u32,
+        call: 892u32,
         name: "cublasSetStream_v2",
         form: None,
         library: "cublas",
@@ -23385,8 +23397,8 @@ pub mod cublas {
         },
     };
     pub static cublasSetWorkspace_v2: CallDesc = CallDesc {
-        wire: 910u32,
-        call: 889u32,
+        wire: 914u32,
+        call: 893u32,
         name: "cublasSetWorkspace_v2",
         form: None,
         library: "cublas",
@@ -23412,8 +23424,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgbmv: CallDesc = CallDesc {
-        wire: 911u32,
-        call: 890u32,
+        wire: 915u32,
+        call: 894u32,
         name: "cublasSgbmv",
         form: None,
         library: "cublas",
@@ -23473,8 +23485,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgbmv_v2: CallDesc = CallDesc {
-        wire: 912u32,
-        call: 891u32,
+        wire: 916u32,
+        call: 895u32,
         name: "cublasSgbmv_v2",
         form: None,
         library: "cublas",
@@ -23540,8 +23552,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgbmv_v2_64: CallDesc = CallDesc {
-        wire: 913u32,
-        call: 892u32,
+        wire: 917u32,
+        call: 896u32,
         name: "cublasSgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -23607,8 +23619,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgeam: CallDesc = CallDesc {
-        wire: 914u32,
-        call: 893u32,
+        wire: 918u32,
+        call: 897u32,
         name: "cublasSgeam",
         form: None,
         library: "cublas",
@@ -23670,8 +23682,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgeam_64: CallDesc = CallDesc {
-        wire: 915u32,
-        call: 894u32,
+        wire: 919u32,
+        call: 898u32,
         name: "cublasSgeam_64",
         form: None,
         library: "cublas",
@@ -23733,8 +23745,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgelsBatched: CallDesc = CallDesc {
-        wire: 916u32,
-        call: 895u32,
+        wire: 920u32,
+        call: 899u32,
         name: "cublasSgelsBatched",
         form: None,
         library: "cublas",
@@ -23792,8 +23804,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgemm: CallDesc = CallDesc {
-        wire: 917u32,
-        call: 896u32,
+        wire: 921u32,
+        call: 900u32,
         name: "cublasSgemm",
         form: None,
         library: "cublas",
@@ -23853,8 +23865,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgemmBatched: CallDesc = CallDesc {
-        wire: 918u32,
-        call: 897u32,
+        wire: 922u32,
+        call: 901u32,
         name: "cublasSgemmBatched",
         form: None,
         library: "cublas",
@@ -23924,8 +23936,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgemmBatched_64: CallDesc = CallDesc {
-        wire: 919u32,
-        call: 898u32,
+        wire: 923u32,
+        call: 902u32,
         name: "cublasSgemmBatched_64",
         form: None,
         library: "cublas",
@@ -23995,8 +24007,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgemmEx: CallDesc = CallDesc {
-        wire: 920u32,
-        call: 899u32,
+        wire: 924u32,
+        call: 903u32,
         name: "cublasSgemmEx",
         form: None,
         library: "cublas",
@@ -24074,8 +24086,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgemmEx_64: CallDesc = CallDesc {
-        wire: 921u32,
-        call: 900u32,
+        wire: 925u32,
+        call: 904u32,
         name: "cublasSgemmEx_64",
         form: None,
         library: "cublas",
@@ -24153,8 +24165,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgemmStridedBatched: CallDesc = CallDesc {
-        wire: 922u32,
-        call: 901u32,
+        wire: 926u32,
+        call: 905u32,
         name: "cublasSgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -24236,8 +24248,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 923u32,
-        call: 902u32,
+        wire: 927u32,
+        call: 906u32,
         name: "cublasSgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -24319,8 +24331,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgemm_v2: CallDesc = CallDesc {
-        wire: 924u32,
-        call: 903u32,
+        wire: 928u32,
+        call: 907u32,
         name: "cublasSgemm_v2",
         form: None,
         library: "cublas",
@@ -24386,8 +24398,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgemm_v2_64: CallDesc = CallDesc {
-        wire: 925u32,
-        call: 904u32,
+        wire: 929u32,
+        call: 908u32,
         name: "cublasSgemm_v2_64",
         form: None,
         library: "cublas",
@@ -24453,8 +24465,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgemv: CallDesc = CallDesc {
-        wire: 926u32,
-        call: 905u32,
+        wire: 930u32,
+        call: 909u32,
         name: "cublasSgemv",
         form: None,
         library: "cublas",
@@ -24506,8 +24518,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgemvStridedBatched: CallDesc = CallDesc {
-        wire: 927u32,
-        call: 906u32,
+        wire: 931u32,
+        call: 910u32,
         name: "cublasSgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -24581,8 +24593,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 928u32,
-        call: 907u32,
+        wire: 932u32,
+        call: 911u32,
         name: "cublasSgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -24656,8 +24668,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgemv_v2: CallDesc = CallDesc {
-        wire: 929u32,
-        call: 908u32,
+        wire: 933u32,
+        call: 912u32,
         name: "cublasSgemv_v2",
         form: None,
         library: "cublas",
@@ -24715,8 +24727,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgemv_v2_64: CallDesc = CallDesc {
-        wire: 930u32,
-        call: 909u32,
+        wire: 934u32,
+        call: 913u32,
         name: "cublasSgemv_v2_64",
         form: None,
         library: "cublas",
@@ -24774,8 +24786,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgeqrfBatched: CallDesc = CallDesc {
-        wire: 931u32,
-        call: 910u32,
+        wire: 935u32,
+        call: 914u32,
         name: "cublasSgeqrfBatched",
         form: None,
         library: "cublas",
@@ -24820,8 +24832,8 @@ pub mod cublas {
         },
     };
     pub static cublasSger: CallDesc = CallDesc {
-        wire: 932u32,
-        call: 911u32,
+        wire: 936u32,
+        call: 915u32,
         name: "cublasSger",
         form: None,
         library: "cublas",
@@ -24865,8 +24877,8 @@ pub mod cublas {
         },
     };
     pub static cublasSger_v2: CallDesc = CallDesc {
-        wire: 933u32,
-        call: 912u32,
+        wire: 937u32,
+        call: 916u32,
         name: "cublasSger_v2",
         form: None,
         library: "cublas",
@@ -24915,8 +24927,8 @@ pub mod cublas {
         },
     };
     pub static cublasSger_v2_64: CallDesc = CallDesc {
-        wire: 934u32,
-        call: 913u32,
+        wire: 938u32,
+        call: 917u32,
         name: "cublasSger_v2_64",
         form: None,
         library: "cublas",
@@ -24965,8 +24977,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgetrfBatched: CallDesc = CallDesc {
-        wire: 935u32,
-        call: 914u32,
+        wire: 939u32,
+        call: 918u32,
         name: "cublasSgetrfBatched",
         form: None,
         library: "cublas",
@@ -25002,8 +25014,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgetriBatched: CallDesc = CallDesc {
-        wire: 936u32,
-        call: 915u32,
+        wire: 940u32,
+        call: 919u32,
         name: "cublasSgetriBatched",
         form: None,
         library: "cublas",
@@ -25049,8 +25061,8 @@ pub mod cublas {
         },
     };
     pub static cublasSgetrsBatched: CallDesc = CallDesc {
-        wire: 937u32,
-        call: 916u32,
+        wire: 941u32,
+        call: 920u32,
         name: "cublasSgetrsBatched",
         form: None,
         library: "cublas",
@@ -25104,8 +25116,8 @@ pub mod cublas {
         },
     };
     pub static cublasShutdown: CallDesc = CallDesc {
-        wire: 938u32,
-        call: 917u32,
+        wire: 942u32,
+        call: 921u32,
         name: "cublasShutdown",
         form: None,
         library: "cublas",
@@ -25121,8 +25133,8 @@ pub mod cublas {
         },
     };
     pub static cublasSnrm2: CallDesc = CallDesc {
-        wire: 939u32,
-        call: 918u32,
+        wire: 943u32,
+        call: 922u32,
         name: "cublasSnrm2",
         form: None,
         library: "cublas",
@@ -25151,8 +25163,8 @@ pub mod cublas {
         },
     };
     pub static cublasSnrm2_v2: CallDesc = CallDesc {
-        wire: 940u32,
-        call: 919u32,
+        wire: 944u32,
+        call: 923u32,
         name: "cublasSnrm2_v2",
         form: None,
         library: "cublas",
@@ -25187,8 +25199,8 @@ pub mod cublas {
         },
     };
     pub static cublasSnrm2_v2_64: CallDesc = CallDesc {
-        wire: 941u32,
-        call: 920u32,
+        wire: 945u32,
+        call: 924u32,
         name: "cublasSnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -25223,8 +25235,8 @@ pub mod cublas {
         },
     };
     pub static cublasSrot: CallDesc = CallDesc {
-        wire: 942u32,
-        call: 921u32,
+        wire: 946u32,
+        call: 925u32,
         name: "cublasSrot",
         form: None,
         library: "cublas",
@@ -25263,8 +25275,8 @@ pub mod cublas {
         },
     };
     pub static cublasSrot_v2: CallDesc = CallDesc {
-        wire: 943u32,
-        call: 922u32,
+        wire: 947u32,
+        call: 926u32,
         name: "cublasSrot_v2",
         form: None,
         library: "cublas",
@@ -25309,8 +25321,8 @@ pub mod cublas {
         },
     };
     pub static cublasSrot_v2_64: CallDesc = CallDesc {
-        wire: 944u32,
-        call: 923u32,
+        wire: 948u32,
+        call: 927u32,
         name: "cublasSrot_v2_64",
         form: None,
         library: "cublas",
@@ -25355,8 +25367,8 @@ pub mod cublas {
         },
     };
     pub static cublasSrotg_v2: CallDesc = CallDesc {
-        wire: 945u32,
-        call: 924u32,
+        wire: 949u32,
+        call: 928u32,
         name: "cublasSrotg_v2",
         form: None,
         library: "cublas",
@@ -25397,8 +25409,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsbmv: CallDesc = CallDesc {
-        wire: 946u32,
-        call: 925u32,
+        wire: 950u32,
+        call: 929u32,
         name: "cublasSsbmv",
         form: None,
         library: "cublas",
@@ -25450,8 +25462,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsbmv_v2: CallDesc = CallDesc {
-        wire: 947u32,
-        call: 926u32,
+        wire: 951u32,
+        call: 930u32,
         name: "cublasSsbmv_v2",
         form: None,
         library: "cublas",
@@ -25509,8 +25521,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsbmv_v2_64: CallDesc = CallDesc {
-        wire: 948u32,
-        call: 927u32,
+        wire: 952u32,
+        call: 931u32,
         name: "cublasSsbmv_v2_64",
         form: None,
         library: "cublas",
@@ -25568,8 +25580,8 @@ pub mod cublas {
         },
     };
     pub static cublasSscal: CallDesc = CallDesc {
-        wire: 949u32,
-        call: 928u32,
+        wire: 953u32,
+        call: 932u32,
         name: "cublasSscal",
         form: None,
         library: "cublas",
@@ -25599,8 +25611,8 @@ pub mod cublas {
         },
     };
     pub static cublasSscal_v2: CallDesc = CallDesc {
-        wire: 950u32,
-        call: 929u32,
+        wire: 954u32,
+        call: 933u32,
         name: "cublasSscal_v2",
         form: None,
         library: "cublas",
@@ -25635,8 +25647,8 @@ pub mod cublas {
         },
     };
     pub static cublasSscal_v2_64: CallDesc = CallDesc {
-        wire: 951u32,
-        call: 930u32,
+        wire: 955u32,
+        call: 934u32,
         name: "cublasSscal_v2_64",
         form: None,
         library: "cublas",
@@ -25671,8 +25683,8 @@ pub mod cublas {
         },
     };
     pub static cublasSswap: CallDesc = CallDesc {
-        wire: 952u32,
-        call: 931u32,
+        wire: 956u32,
+        call: 935u32,
         name: "cublasSswap",
         form: None,
         library: "cublas",
@@ -25703,8 +25715,8 @@ pub mod cublas {
         },
     };
     pub static cublasSswap_v2: CallDesc = CallDesc {
-        wire: 953u32,
-        call: 932u32,
+        wire: 957u32,
+        call: 936u32,
         name: "cublasSswap_v2",
         form: None,
         library: "cublas",
@@ -25739,8 +25751,8 @@ pub mod cublas {
         },
     };
     pub static cublasSswap_v2_64: CallDesc = CallDesc {
-        wire: 954u32,
-        call: 933u32,
+        wire: 958u32,
+        call: 937u32,
         name: "cublasSswap_v2_64",
         form: None,
         library: "cublas",
@@ -25775,8 +25787,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsymm: CallDesc = CallDesc {
-        wire: 955u32,
-        call: 934u32,
+        wire: 959u32,
+        call: 938u32,
         name: "cublasSsymm",
         form: None,
         library: "cublas",
@@ -25832,8 +25844,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsymm_v2: CallDesc = CallDesc {
-        wire: 956u32,
-        call: 935u32,
+        wire: 960u32,
+        call: 939u32,
         name: "cublasSsymm_v2",
         form: None,
         library: "cublas",
@@ -25895,8 +25907,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsymm_v2_64: CallDesc = CallDesc {
-        wire: 957u32,
-        call: 936u32,
+        wire: 961u32,
+        call: 940u32,
         name: "cublasSsymm_v2_64",
         form: None,
         library: "cublas",
@@ -25958,8 +25970,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsymv: CallDesc = CallDesc {
-        wire: 958u32,
-        call: 937u32,
+        wire: 962u32,
+        call: 941u32,
         name: "cublasSsymv",
         form: None,
         library: "cublas",
@@ -26007,8 +26019,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsymv_v2: CallDesc = CallDesc {
-        wire: 959u32,
-        call: 938u32,
+        wire: 963u32,
+        call: 942u32,
         name: "cublasSsymv_v2",
         form: None,
         library: "cublas",
@@ -26062,8 +26074,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsymv_v2_64: CallDesc = CallDesc {
-        wire: 960u32,
-        call: 939u32,
+        wire: 964u32,
+        call: 943u32,
         name: "cublasSsymv_v2_64",
         form: None,
         library: "cublas",
@@ -26117,8 +26129,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr: CallDesc = CallDesc {
-        wire: 961u32,
-        call: 940u32,
+        wire: 965u32,
+        call: 944u32,
         name: "cublasSsyr",
         form: None,
         library: "cublas",
@@ -26157,8 +26169,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr2: CallDesc = CallDesc {
-        wire: 962u32,
-        call: 941u32,
+        wire: 966u32,
+        call: 945u32,
         name: "cublasSsyr2",
         form: None,
         library: "cublas",
@@ -26202,8 +26214,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr2_v2: CallDesc = CallDesc {
-        wire: 963u32,
-        call: 942u32,
+        wire: 967u32,
+        call: 946u32,
         name: "cublasSsyr2_v2",
         form: None,
         library: "cublas",
@@ -26252,8 +26264,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr2_v2_64: CallDesc = CallDesc {
-        wire: 964u32,
-        call: 943u32,
+        wire: 968u32,
+        call: 947u32,
         name: "cublasSsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -26302,8 +26314,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr2k: CallDesc = CallDesc {
-        wire: 965u32,
-        call: 944u32,
+        wire: 969u32,
+        call: 948u32,
         name: "cublasSsyr2k",
         form: None,
         library: "cublas",
@@ -26359,8 +26371,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr2k_v2: CallDesc = CallDesc {
-        wire: 966u32,
-        call: 945u32,
+        wire: 970u32,
+        call: 949u32,
         name: "cublasSsyr2k_v2",
         form: None,
         library: "cublas",
@@ -26422,8 +26434,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 967u32,
-        call: 946u32,
+        wire: 971u32,
+        call: 950u32,
         name: "cublasSsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -26485,8 +26497,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr_v2: CallDesc = CallDesc {
-        wire: 968u32,
-        call: 947u32,
+        wire: 972u32,
+        call: 951u32,
         name: "cublasSsyr_v2",
         form: None,
         library: "cublas",
@@ -26530,8 +26542,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsyr_v2_64: CallDesc = CallDesc {
-        wire: 969u32,
-        call: 948u32,
+        wire: 973u32,
+        call: 952u32,
         name: "cublasSsyr_v2_64",
         form: None,
         library: "cublas",
@@ -26575,8 +26587,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsyrk: CallDesc = CallDesc {
-        wire: 970u32,
-        call: 949u32,
+        wire: 974u32,
+        call: 953u32,
         name: "cublasSsyrk",
         form: None,
         library: "cublas",
@@ -26627,8 +26639,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsyrk_v2: CallDesc = CallDesc {
-        wire: 971u32,
-        call: 950u32,
+        wire: 975u32,
+        call: 954u32,
         name: "cublasSsyrk_v2",
         form: None,
         library: "cublas",
@@ -26685,8 +26697,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsyrk_v2_64: CallDesc = CallDesc {
-        wire: 972u32,
-        call: 951u32,
+        wire: 976u32,
+        call: 955u32,
         name: "cublasSsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -26743,8 +26755,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsyrkx: CallDesc = CallDesc {
-        wire: 973u32,
-        call: 952u32,
+        wire: 977u32,
+        call: 956u32,
         name: "cublasSsyrkx",
         form: None,
         library: "cublas",
@@ -26806,8 +26818,8 @@ pub mod cublas {
         },
     };
     pub static cublasSsyrkx_64: CallDesc = CallDesc {
-        wire: 974u32,
-        call: 953u32,
+        wire: 978u32,
+        call: 957u32,
         name: "cublasSsyrkx_64",
         form: None,
         library: "cublas",
@@ -26869,8 +26881,8 @@ pub mod cublas {
         },
     };
     pub static cublasStbmv: CallDesc = CallDesc {
-        wire: 975u32,
-        call: 954u32,
+        wire: 979u32,
+        call: 958u32,
         name: "cublasStbmv",
         form: None,
         library: "cublas",
@@ -26917,8 +26929,8 @@ pub mod cublas {
         },
     };
     pub static cublasStbmv_v2: CallDesc = CallDesc {
-        wire: 976u32,
-        call: 955u32,
+        wire: 980u32,
+        call: 959u32,
         name: "cublasStbmv_v2",
         form: None,
         library: "cublas",
@@ -26969,8 +26981,8 @@ pub mod cublas {
         },
     };
     pub static cublasStbmv_v2_64: CallDesc = CallDesc {
-        wire: 977u32,
-        call: 956u32,
+        wire: 981u32,
+        call: 960u32,
         name: "cublasStbmv_v2_64",
         form: None,
         library: "cublas",
@@ -27021,8 +27033,8 @@ pub mod cublas {
         },
     };
     pub static cublasStbsv: CallDesc = CallDesc {
-        wire: 978u32,
-        call: 957u32,
+        wire: 982u32,
+        call: 961u32,
         name: "cublasStbsv",
         form: None,
         library: "cublas",
@@ -27069,8 +27081,8 @@ pub mod cublas {
         },
     };
     pub static cublasStbsv_v2: CallDesc = CallDesc {
-        wire: 979u32,
-        call: 958u32,
+        wire: 983u32,
+        call: 962u32,
         name: "cublasStbsv_v2",
         form: None,
         library: "cublas",
@@ -27121,8 +27133,8 @@ pub mod cublas {
         },
     };
     pub static cublasStbsv_v2_64: CallDesc = CallDesc {
-        wire: 980u32,
-        call: 959u32,
+        wire: 984u32,
+        call: 963u32,
         name: "cublasStbsv_v2_64",
         form: None,
         library: "cublas",
@@ -27173,8 +27185,8 @@ pub mod cublas {
         },
     };
     pub static cublasStrmm: CallDesc = CallDesc {
-        wire: 981u32,
-        call: 960u32,
+        wire: 985u32,
+        call: 964u32,
         name: "cublasStrmm",
         form: None,
         library: "cublas",
@@ -27229,8 +27241,8 @@ pub mod cublas {
         },
     };
     pub static cublasStrmm_v2: CallDesc = CallDesc {
-        wire: 982u32,
-        call: 961u32,
+        wire: 986u32,
+        call: 965u32,
         name: "cublasStrmm_v2",
         form: None,
         library: "cublas",
@@ -27295,8 +27307,8 @@ pub mod cublas {
         },
     };
     pub static cublasStrmm_v2_64: CallDesc = CallDesc {
-        wire: 983u32,
-        call: 962u32,
+        wire: 987u32,
+        call: 966u32,
         name: "cublasStrmm_v2_64",
         form: None,
         library: "cublas",
@@ -27361,8 +27373,8 @@ pub mod cublas {
         },
     };
     pub static cublasStrmv: CallDesc = CallDesc {
-        wire: 984u32,
-        call: 963u32,
+        wire: 988u32,
+        call: 967u32,
         name: "cublasStrmv",
         form: None,
         library: "cublas",
@@ -27405,8 +27417,8 @@ pub mod cublas {
         },
     };
     pub static cublasStrmv_v2: CallDesc = CallDesc {
-        wire: 985u32,
-        call: 964u32,
+        wire: 989u32,
+        call: 968u32,
         name: "cublasStrmv_v2",
         form: None,
         library: "cublas",
@@ -27453,8 +27465,8 @@ pub mod cublas {
         },
     };
     pub static cublasStrmv_v2_64: CallDesc = CallDesc {
-        wire: 986u32,
-        call: 965u32,
+        wire: 990u32,
+        call: 969u32,
         name: "cublasStrmv_v2_64",
         form: None,
         library: "cublas",
@@ -27501,8 +27513,8 @@ pub mod cublas {
         },
     };
     pub static cublasStrsm: CallDesc = CallDesc {
-        wire: 987u32,
-        call: 966u32,
+        wire: 991u32,
+        call: 970u32,
         name: "cublasStrsm",
         form: None,
         library: "cublas",
@@ -27557,8 +27569,8 @@ pub mod cublas {
         },
     };
     pub static cublasStrsmBatched: CallDesc = CallDesc {
-        wire: 988u32,
-        call: 967u32,
+        wire: 992u32,
+        call: 971u32,
         name: "cublasStrsmBatched",
         form: None,
         library: "cublas",
@@ -27622,8 +27634,8 @@ pub mod cublas {
         },
     };
     pub static cublasStrsmBatched_64: CallDesc = CallDesc {
-        wire: 989u32,
-        call: 968u32,
+        wire: 993u32,
+        call: 972u32,
         name: "cublasStrsmBatched_64",
         form: None,
         library: "cublas",
@@ -27687,8 +27699,8 @@ pub mod cublas {
         },
     };
     pub static cublasStrsm_v2: CallDesc = CallDesc {
-        wire: 990u32,
-        call: 969u32,
+        wire: 994u32,
+        call: 973u32,
         name: "cublasStrsm_v2",
         form: None,
         library: "cublas",
@@ -27748,8 +27760,8 @@ pub mod cublas {
         },
     };
     pub static cublasStrsm_v2_64: CallDesc = CallDesc {
-        wire: 991u32,
-        call: 970u32,
+        wire: 995u32,
+        call: 974u32,
         name: "cublasStrsm_v2_64",
         form: None,
         library: "cublas",
@@ -27809,8 +27821,8 @@ pub mod cublas {
         },
     };
     pub static cublasStrsv: CallDesc = CallDesc {
-        wire: 992u32,
-        call: 971u32,
+        wire: 996u32,
+        call: 975u32,
         name: "cublasStrsv",
         form: None,
         library: "cublas",
@@ -27853,8 +27865,8 @@ pub mod cublas {
         },
     };
     pub static cublasStrsv_v2: CallDesc = CallDesc {
-        wire: 993u32,
-        call: 972u32,
+        wire: 997u32,
+        call: 976u32,
         name: "cublasStrsv_v2",
         form: None,
         library: "cublas",
@@ -27901,8 +27913,8 @@ pub mod cublas {
         },
     };
     pub static cublasStrsv_v2_64: CallDesc = CallDesc {
-        wire: 994u32,
-        call: 973u32,
+        wire: 998u32,
+        call: 977u32,
         name: "cublasStrsv_v2_64",
         form: None,
         library: "cublas",
@@ -27949,8 +27961,8 @@ pub mod cublas {
         },
     };
     pub static cublasSwapEx: CallDesc = CallDesc {
-        wire: 995u32,
-        call: 974u32,
+        wire: 999u32,
+        call: 978u32,
         name: "cublasSwapEx",
         form: None,
         library: "cublas",
@@ -27993,8 +28005,8 @@ pub mod cublas {
         },
     };
     pub static cublasSwapEx_64: CallDesc = CallDesc {
-        wire: 996u32,
-        call: 975u32,
+        wire: 1000u32,
+        call: 979u32,
         name: "cublasSwapEx_64",
         form: None,
         library: "cublas",
@@ -28037,8 +28049,8 @@ pub mod cublas {
         },
     };
     pub static cublasUint8gemmBias: CallDesc = CallDesc {
-        wire: 997u32,
-        call: 976u32,
+        wire: 1001u32,
+        call: 980u32,
         name: "cublasUint8gemmBias",
         form: None,
         library: "cublas",
@@ -28118,8 +28130,8 @@ pub mod cublas {
         },
     };
     pub static cublasXerbla: CallDesc = CallDesc {
-        wire: 998u32,
-        call: 977u32,
+        wire: 1002u32,
+        call: 981u32,
         name: "cublasXerbla",
         form: None,
         library: "cublas",
@@ -28141,8 +28153,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtCgemm: CallDesc = CallDesc {
-        wire: 999u32,
-        call: 978u32,
+        wire: 1003u32,
+        call: 982u32,
         name: "cublasXtCgemm",
         form: None,
         library: "cublas",
@@ -28208,8 +28220,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtChemm: CallDesc = CallDesc {
-        wire: 1000u32,
-        call: 979u32,
+        wire: 1004u32,
+        call: 983u32,
         name: "cublasXtChemm",
         form: None,
         library: "cublas",
@@ -28271,8 +28283,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtCher2k: CallDesc = CallDesc {
-        wire: 1001u32,
-        call: 980u32,
+        wire: 1005u32,
+        call: 984u32,
         name: "cublasXtCher2k",
         form: None,
         library: "cublas",
@@ -28334,8 +28346,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtCherk: CallDesc = CallDesc {
-        wire: 1002u32,
-        call: 981u32,
+        wire: 1006u32,
+        call: 985u32,
         name: "cublasXtCherk",
         form: None,
         library: "cublas",
@@ -28392,8 +28404,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtCherkx: CallDesc = CallDesc {
-        wire: 1003u32,
-        call: 982u32,
+        wire: 1007u32,
+        call: 986u32,
         name: "cublasXtCherkx",
         form: None,
         library: "cublas",
@@ -28455,8 +28467,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtCreate: CallDesc = CallDesc {
-        wire: 1004u32,
-        call: 983u32,
+        wire: 1008u32,
+        call: 987u32,
         name: "cublasXtCreate",
         form: None,
         library: "cublas",
@@ -28472,8 +28484,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtCspmm: CallDesc = CallDesc {
-        wire: 1005u32,
-        call: 984u32,
+        wire: 1009u32,
+        call: 988u32,
         name: "cublasXtCspmm",
         form: None,
         library: "cublas",
@@ -28536,8 +28548,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtCsymm: CallDesc = CallDesc {
-        wire: 1006u32,
-        call: 985u32,
+        wire: 1010u32,
+        call: 989u32,
         name: "cublasXtCsymm",
         form: None,
         library: "cublas",
@@ -28599,8 +28611,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtCsyr2k: CallDesc = CallDesc {
-        wire: 1007u32,
-        call: 986u32,
+        wire: 1011u32,
+        call: 990u32,
         name: "cublasXtCsyr2k",
         form: None,
         library: "cublas",
@@ -28662,8 +28674,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtCsyrk: CallDesc = CallDesc {
-        wire: 1008u32,
-        call: 987u32,
+        wire: 1012u32,
+        call: 991u32,
         name: "cublasXtCsyrk",
         form: None,
         library: "cublas",
@@ -28720,8 +28732,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtCsyrkx: CallDesc = CallDesc {
-        wire: 1009u32,
-        call: 988u32,
+        wire: 1013u32,
+        call: 992u32,
         name: "cublasXtCsyrkx",
         form: None,
         library: "cublas",
@@ -28783,8 +28795,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtCtrmm: CallDesc = CallDesc {
-        wire: 1010u32,
-        call: 989u32,
+        wire: 1014u32,
+        call: 993u32,
         name: "cublasXtCtrmm",
         form: None,
         library: "cublas",
@@ -28849,8 +28861,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtCtrsm: CallDesc = CallDesc {
-        wire: 1011u32,
-        call: 990u32,
+        wire: 1015u32,
+        call: 994u32,
         name: "cublasXtCtrsm",
         form: None,
         library: "cublas",
@@ -28910,8 +28922,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtDestroy: CallDesc = CallDesc {
-        wire: 1012u32,
-        call: 991u32,
+        wire: 1016u32,
+        call: 995u32,
         name: "cublasXtDestroy",
         form: None,
         library: "cublas",
@@ -28932,8 +28944,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtDgemm: CallDesc = CallDesc {
-        wire: 1013u32,
-        call: 992u32,
+        wire: 1017u32,
+        call: 996u32,
         name: "cublasXtDgemm",
         form: None,
         library: "cublas",
@@ -28999,8 +29011,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtDsymm: CallDesc = CallDesc {
-        wire: 1014u32,
-        call: 993u32,
+        wire: 1018u32,
+        call: 997u32,
         name: "cublasXtDsymm",
         form: None,
         library: "cublas",
@@ -29062,8 +29074,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtDsyr2k: CallDesc = CallDesc {
-        wire: 1015u32,
-        call: 994u32,
+        wire: 1019u32,
+        call: 998u32,
         name: "cublasXtDsyr2k",
         form: None,
         library: "cublas",
@@ -29125,8 +29137,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtDsyrk: CallDesc = CallDesc {
-        wire: 1016u32,
-        call: 995u32,
+        wire: 1020u32,
+        call: 999u32,
         name: "cublasXtDsyrk",
         form: None,
         library: "cublas",
@@ -29183,8 +29195,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtDsyrkx: CallDesc = CallDesc {
-        wire: 1017u32,
-        call: 996u32,
+        wire: 1021u32,
+        call: 1000u32,
         name: "cublasXtDsyrkx",
         form: None,
         library: "cublas",
@@ -29246,8 +29258,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtDtrmm: CallDesc = CallDesc {
-        wire: 1018u32,
-        call: 997u32,
+        wire: 1022u32,
+        call: 1001u32,
         name: "cublasXtDtrmm",
         form: None,
         library: "cublas",
@@ -29312,8 +29324,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtDtrsm: CallDesc = CallDesc {
-        wire: 1019u32,
-        call: 998u32,
+        wire: 1023u32,
+        call: 1002u32,
         name: "cublasXtDtrsm",
         form: None,
         library: "cublas",
@@ -29373,8 +29385,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtGetPinningMemMode: CallDesc = CallDesc {
-        wire: 1020u32,
-        call: 999u32,
+        wire: 1024u32,
+        call: 1003u32,
         name: "cublasXtGetPinningMemMode",
         form: None,
         library: "cublas",
@@ -29401,8 +29413,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtSetBlockDim: CallDesc = CallDesc {
-        wire: 1021u32,
-        call: 1000u32,
+        wire: 1025u32,
+        call: 1004u32,
         name: "cublasXtSetBlockDim",
         form: None,
         library: "cublas",
@@ -29427,8 +29439,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtSetCpuRatio: CallDesc = CallDesc {
-        wire: 1022u32,
-        call: 1001u32,
+        wire: 1026u32,
+        call: 1005u32,
         name: "cublasXtSetCpuRatio",
         form: None,
         library: "cublas",
@@ -29461,8 +29473,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtSetPinningMemMode: CallDesc = CallDesc {
-        wire: 1023u32,
-        call: 1002u32,
+        wire: 1027u32,
+        call: 1006u32,
         name: "cublasXtSetPinningMemMode",
         form: None,
         library: "cublas",
@@ -29487,8 +29499,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtSgemm: CallDesc = CallDesc {
-        wire: 1024u32,
-        call: 1003u32,
+        wire: 1028u32,
+        call: 1007u32,
         name: "cublasXtSgemm",
         form: None,
         library: "cublas",
@@ -29554,8 +29566,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtSsymm: CallDesc = CallDesc {
-        wire: 1025u32,
-        call: 1004u32,
+        wire: 1029u32,
+        call: 1008u32,
         name: "cublasXtSsymm",
         form: None,
         library: "cublas",
@@ -29617,8 +29629,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtSsyr2k: CallDesc = CallDesc {
-        wire: 1026u32,
-        call: 1005u32,
+        wire: 1030u32,
+        call: 1009u32,
         name: "cublasXtSsyr2k",
         form: None,
         library: "cublas",
@@ -29680,8 +29692,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtSsyrk: CallDesc = CallDesc {
-        wire: 1027u32,
-        call: 1006u32,
+        wire: 1031u32,
+        call: 1010u32,
         name: "cublasXtSsyrk",
         form: None,
         library: "cublas",
@@ -29738,8 +29750,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtSsyrkx: CallDesc = CallDesc {
-        wire: 1028u32,
-        call: 1007u32,
+        wire: 1032u32,
+        call: 1011u32,
         name: "cublasXtSsyrkx",
         form: None,
         library: "cublas",
@@ -29801,8 +29813,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtStrmm: CallDesc = CallDesc {
-        wire: 1029u32,
-        call: 1008u32,
+        wire: 1033u32,
+        call: 1012u32,
         name: "cublasXtStrmm",
         form: None,
         library: "cublas",
@@ -29867,8 +29879,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtStrsm: CallDesc = CallDesc {
-        wire: 1030u32,
-        call: 1009u32,
+        wire: 1034u32,
+        call: 1013u32,
         name: "cublasXtStrsm",
         form: None,
         library: "cublas",
@@ -29928,8 +29940,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtZgemm: CallDesc = CallDesc {
-        wire: 1031u32,
-        call: 1010u32,
+        wire: 1035u32,
+        call: 1014u32,
         name: "cublasXtZgemm",
         form: None,
         library: "cublas",
@@ -29995,8 +30007,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtZhemm: CallDesc = CallDesc {
-        wire: 1032u32,
-        call: 1011u32,
+        wire: 1036u32,
+        call: 1015u32,
         name: "cublasXtZhemm",
         form: None,
         library: "cublas",
@@ -30058,8 +30070,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtZher2k: CallDesc = CallDesc {
-        wire: 1033u32,
-        call: 1012u32,
+        wire: 1037u32,
+        call: 1016u32,
         name: "cublasXtZher2k",
         form: None,
         library: "cublas",
@@ -30121,8 +30133,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtZherk: CallDesc = CallDesc {
-        wire: 1034u32,
-        call: 1013u32,
+        wire: 1038u32,
+        call: 1017u32,
         name: "cublasXtZherk",
         form: None,
         library: "cublas",
@@ -30179,8 +30191,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtZherkx: CallDesc = CallDesc {
-        wire: 1035u32,
-        call: 1014u32,
+        wire: 1039u32,
+        call: 1018u32,
         name: "cublasXtZherkx",
         form: None,
         library: "cublas",
@@ -30242,8 +30254,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtZspmm: CallDesc = CallDesc {
-        wire: 1036u32,
-        call: 1015u32,
+        wire: 1040u32,
+        call: 1019u32,
         name: "cublasXtZspmm",
         form: None,
         library: "cublas",
@@ -30306,8 +30318,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtZsymm: CallDesc = CallDesc {
-        wire: 1037u32,
-        call: 1016u32,
+        wire: 1041u32,
+        call: 1020u32,
         name: "cublasXtZsymm",
         form: None,
         library: "cublas",
@@ -30369,8 +30381,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtZsyr2k: CallDesc = CallDesc {
-        wire: 1038u32,
-        call: 1017u32,
+        wire: 1042u32,
+        call: 1021u32,
         name: "cublasXtZsyr2k",
         form: None,
         library: "cublas",
@@ -30432,8 +30444,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtZsyrk: CallDesc = CallDesc {
-        wire: 1039u32,
-        call: 1018u32,
+        wire: 1043u32,
+        call: 1022u32,
         name: "cublasXtZsyrk",
         form: None,
         library: "cublas",
@@ -30490,8 +30502,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtZsyrkx: CallDesc = CallDesc {
-        wire: 1040u32,
-        call: 1019u32,
+        wire: 1044u32,
+        call: 1023u32,
         name: "cublasXtZsyrkx",
         form: None,
         library: "cublas",
@@ -30553,8 +30565,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtZtrmm: CallDesc = CallDesc {
-        wire: 1041u32,
-        call: 1020u32,
+        wire: 1045u32,
+        call: 1024u32,
         name: "cublasXtZtrmm",
         form: None,
         library: "cublas",
@@ -30619,8 +30631,8 @@ pub mod cublas {
         },
     };
     pub static cublasXtZtrsm: CallDesc = CallDesc {
-        wire: 1042u32,
-        call: 1021u32,
+        wire: 1046u32,
+        call: 1025u32,
         name: "cublasXtZtrsm",
         form: None,
         library: "cublas",
@@ -30680,8 +30692,8 @@ pub mod cublas {
         },
     };
     pub static cublasZaxpy: CallDesc = CallDesc {
-        wire: 1043u32,
-        call: 1022u32,
+        wire: 1047u32,
+        call: 1026u32,
         name: "cublasZaxpy",
         form: None,
         library: "cublas",
@@ -30713,8 +30725,8 @@ pub mod cublas {
         },
     };
     pub static cublasZaxpy_v2: CallDesc = CallDesc {
-        wire: 1044u32,
-        call: 1023u32,
+        wire: 1048u32,
+        call: 1027u32,
         name: "cublasZaxpy_v2",
         form: None,
         library: "cublas",
@@ -30754,8 +30766,8 @@ pub mod cublas {
         },
     };
     pub static cublasZaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1045u32,
-        call: 1024u32,
+        wire: 1049u32,
+        call: 1028u32,
         name: "cublasZaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -30795,8 +30807,8 @@ pub mod cublas {
         },
     };
     pub static cublasZcopy: CallDesc = CallDesc {
-        wire: 1046u32,
-        call: 1025u32,
+        wire: 1050u32,
+        call: 1029u32,
         name: "cublasZcopy",
         form: None,
         library: "cublas",
@@ -30827,8 +30839,8 @@ pub mod cublas {
         },
     };
     pub static cublasZcopy_v2: CallDesc = CallDesc {
-        wire: 1047u32,
-        call: 1026u32,
+        wire: 1051u32,
+        call: 1030u32,
         name: "cublasZcopy_v2",
         form: None,
         library: "cublas",
@@ -30863,8 +30875,8 @@ pub mod cublas {
         },
     };
     pub static cublasZcopy_v2_64: CallDesc = CallDesc {
-        wire: 1048u32,
-        call: 1027u32,
+        wire: 1052u32,
+        call: 1031u32,
         name: "cublasZcopy_v2_64",
         form: None,
         library: "cublas",
@@ -30899,8 +30911,8 @@ pub mod cublas {
         },
     };
     pub static cublasZdgmm: CallDesc = CallDesc {
-        wire: 1049u32,
-        call: 1028u32,
+        wire: 1053u32,
+        call: 1032u32,
         name: "cublasZdgmm",
         form: None,
         library: "cublas",
@@ -30948,8 +30960,8 @@ pub mod cublas {
         },
     };
     pub static cublasZdgmm_64: CallDesc = CallDesc {
-        wire: 1050u32,
-        call: 1029u32,
+        wire: 1054u32,
+        call: 1033u32,
         name: "cublasZdgmm_64",
         form: None,
         library: "cublas",
@@ -30997,8 +31009,8 @@ pub mod cublas {
         },
     };
     pub static cublasZdotc_v2: CallDesc = CallDesc {
-        wire: 1051u32,
-        call: 1030u32,
+        wire: 1055u32,
+        call: 1034u32,
         name: "cublasZdotc_v2",
         form: None,
         library: "cublas",
@@ -31038,8 +31050,8 @@ pub mod cublas {
         },
     };
     pub static cublasZdotc_v2_64: CallDesc = CallDesc {
-        wire: 1052u32,
-        call: 1031u32,
+        wire: 1056u32,
+        call: 1035u32,
         name: "cublasZdotc_v2_64",
         form: None,
         library: "cublas",
@@ -31079,8 +31091,8 @@ pub mod cublas {
         },
     };
     pub static cublasZdotu_v2: CallDesc = CallDesc {
-        wire: 1053u32,
-        call: 1032u32,
+        wire: 1057u32,
+        call: 1036u32,
         name: "cublasZdotu_v2",
         form: None,
         library: "cublas",
@@ -31120,8 +31132,8 @@ pub mod cublas {
         },
     };
     pub static cublasZdotu_v2_64: CallDesc = CallDesc {
-        wire: 1054u32,
-        call: 1033u32,
+        wire: 1058u32,
+        call: 1037u32,
         name: "cublasZdotu_v2_64",
         form: None,
         library: "cublas",
@@ -31161,8 +31173,8 @@ pub mod cublas {
         },
     };
     pub static cublasZdrot: CallDesc = CallDesc {
-        wire: 1055u32,
-        call: 1034u32,
+        wire: 1059u32,
+        call: 1038u32,
         name: "cublasZdrot",
         form: None,
         library: "cublas",
@@ -31201,8 +31213,8 @@ pub mod cublas {
         },
     };
     pub static cublasZdrot_v2: CallDesc = CallDesc {
-        wire: 1056u32,
-        call: 1035u32,
+        wire: 1060u32,
+        call: 1039u32,
         name: "cublasZdrot_v2",
         form: None,
         library: "cublas",
@@ -31247,8 +31259,8 @@ pub mod cublas {
         },
     };
     pub static cublasZdrot_v2_64: CallDesc = CallDesc {
-        wire: 1057u32,
-        call: 1036u32,
+        wire: 1061u32,
+        call: 1040u32,
         name: "cublasZdrot_v2_64",
         form: None,
         library: "cublas",
@@ -31293,8 +31305,8 @@ pub mod cublas {
         },
     };
     pub static cublasZdscal: CallDesc = CallDesc {
-        wire: 1058u32,
-        call: 1037u32,
+        wire: 1062u32,
+        call: 1041u32,
         name: "cublasZdscal",
         form: None,
         library: "cublas",
@@ -31324,8 +31336,8 @@ pub mod cublas {
         },
     };
     pub static cublasZdscal_v2: CallDesc = CallDesc {
-        wire: 1059u32,
-        call: 1038u32,
+        wire: 1063u32,
+        call: 1042u32,
         name: "cublasZdscal_v2",
         form: None,
         library: "cublas",
@@ -31360,8 +31372,8 @@ pub mod cublas {
         },
     };
     pub static cublasZdscal_v2_64: CallDesc = CallDesc {
-        wire: 1060u32,
-        call: 1039u32,
+        wire: 1064u32,
+        call: 1043u32,
         name: "cublasZdscal_v2_64",
         form: None,
         library: "cublas",
@@ -31396,8 +31408,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgbmv: CallDesc = CallDesc {
-        wire: 1061u32,
-        call: 1040u32,
+        wire: 1065u32,
+        call: 1044u32,
         name: "cublasZgbmv",
         form: None,
         library: "cublas",
@@ -31451,8 +31463,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgbmv_v2: CallDesc = CallDesc {
-        wire: 1062u32,
-        call: 1041u32,
+        wire: 1066u32,
+        call: 1045u32,
         name: "cublasZgbmv_v2",
         form: None,
         library: "cublas",
@@ -31518,8 +31530,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1063u32,
-        call: 1042u32,
+        wire: 1067u32,
+        call: 1046u32,
         name: "cublasZgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -31585,8 +31597,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgeam: CallDesc = CallDesc {
-        wire: 1064u32,
-        call: 1043u32,
+        wire: 1068u32,
+        call: 1047u32,
         name: "cublasZgeam",
         form: None,
         library: "cublas",
@@ -31648,8 +31660,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgeam_64: CallDesc = CallDesc {
-        wire: 1065u32,
-        call: 1044u32,
+        wire: 1069u32,
+        call: 1048u32,
         name: "cublasZgeam_64",
         form: None,
         library: "cublas",
@@ -31711,8 +31723,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgelsBatched: CallDesc = CallDesc {
-        wire: 1066u32,
-        call: 1045u32,
+        wire: 1070u32,
+        call: 1049u32,
         name: "cublasZgelsBatched",
         form: None,
         library: "cublas",
@@ -31770,8 +31782,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgemm: CallDesc = CallDesc {
-        wire: 1067u32,
-        call: 1046u32,
+        wire: 1071u32,
+        call: 1050u32,
         name: "cublasZgemm",
         form: None,
         library: "cublas",
@@ -31825,8 +31837,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgemm3m: CallDesc = CallDesc {
-        wire: 1068u32,
-        call: 1047u32,
+        wire: 1072u32,
+        call: 1051u32,
         name: "cublasZgemm3m",
         form: None,
         library: "cublas",
@@ -31892,8 +31904,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgemm3m_64: CallDesc = CallDesc {
-        wire: 1069u32,
-        call: 1048u32,
+        wire: 1073u32,
+        call: 1052u32,
         name: "cublasZgemm3m_64",
         form: None,
         library: "cublas",
@@ -31959,8 +31971,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgemmBatched: CallDesc = CallDesc {
-        wire: 1070u32,
-        call: 1049u32,
+        wire: 1074u32,
+        call: 1053u32,
         name: "cublasZgemmBatched",
         form: None,
         library: "cublas",
@@ -32030,8 +32042,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgemmBatched_64: CallDesc = CallDesc {
-        wire: 1071u32,
-        call: 1050u32,
+        wire: 1075u32,
+        call: 1054u32,
         name: "cublasZgemmBatched_64",
         form: None,
         library: "cublas",
@@ -32101,8 +32113,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1072u32,
-        call: 1051u32,
+        wire: 1076u32,
+        call: 1055u32,
         name: "cublasZgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -32184,8 +32196,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1073u32,
-        call: 1052u32,
+        wire: 1077u32,
+        call: 1056u32,
         name: "cublasZgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -32267,8 +32279,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgemm_v2: CallDesc = CallDesc {
-        wire: 1074u32,
-        call: 1053u32,
+        wire: 1078u32,
+        call: 1057u32,
         name: "cublasZgemm_v2",
         form: None,
         library: "cublas",
@@ -32334,8 +32346,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgemm_v2_64: CallDesc = CallDesc {
-        wire: 1075u32,
-        call: 1054u32,
+        wire: 1079u32,
+        call: 1058u32,
         name: "cublasZgemm_v2_64",
         form: None,
         library: "cublas",
@@ -32401,8 +32413,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgemv: CallDesc = CallDesc {
-        wire: 1076u32,
-        call: 1055u32,
+        wire: 1080u32,
+        call: 1059u32,
         name: "cublasZgemv",
         form: None,
         library: "cublas",
@@ -32448,8 +32460,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1077u32,
-        call: 1056u32,
+        wire: 1081u32,
+        call: 1060u32,
         name: "cublasZgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -32523,8 +32535,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1078u32,
-        call: 1057u32,
+        wire: 1082u32,
+        call: 1061u32,
         name: "cublasZgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -32598,8 +32610,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgemv_v2: CallDesc = CallDesc {
-        wire: 1079u32,
-        call: 1058u32,
+        wire: 1083u32,
+        call: 1062u32,
         name: "cublasZgemv_v2",
         form: None,
         library: "cublas",
@@ -32657,8 +32669,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgemv_v2_64: CallDesc = CallDesc {
-        wire: 1080u32,
-        call: 1059u32,
+        wire: 1084u32,
+        call: 1063u32,
         name: "cublasZgemv_v2_64",
         form: None,
         library: "cublas",
@@ -32716,8 +32728,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgeqrfBatched: CallDesc = CallDesc {
-        wire: 1081u32,
-        call: 1060u32,
+        wire: 1085u32,
+        call: 1064u32,
         name: "cublasZgeqrfBatched",
         form: None,
         library: "cublas",
@@ -32762,8 +32774,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgerc: CallDesc = CallDesc {
-        wire: 1082u32,
-        call: 1061u32,
+        wire: 1086u32,
+        call: 1065u32,
         name: "cublasZgerc",
         form: None,
         library: "cublas",
@@ -32804,8 +32816,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgerc_v2: CallDesc = CallDesc {
-        wire: 1083u32,
-        call: 1062u32,
+        wire: 1087u32,
+        call: 1066u32,
         name: "cublasZgerc_v2",
         form: None,
         library: "cublas",
@@ -32854,8 +32866,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgerc_v2_64: CallDesc = CallDesc {
-        wire: 1084u32,
-        call: 1063u32,
+        wire: 1088u32,
+        call: 1067u32,
         name: "cublasZgerc_v2_64",
         form: None,
         library: "cublas",
@@ -32904,8 +32916,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgeru: CallDesc = CallDesc {
-        wire: 1085u32,
-        call: 1064u32,
+        wire: 1089u32,
+        call: 1068u32,
         name: "cublasZgeru",
         form: None,
         library: "cublas",
@@ -32946,8 +32958,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgeru_v2: CallDesc = CallDesc {
-        wire: 1086u32,
-        call: 1065u32,
+        wire: 1090u32,
+        call: 1069u32,
         name: "cublasZgeru_v2",
         form: None,
         library: "cublas",
@@ -32996,8 +33008,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgeru_v2_64: CallDesc = CallDesc {
-        wire: 1087u32,
-        call: 1066u32,
+        wire: 1091u32,
+        call: 1070u32,
         name: "cublasZgeru_v2_64",
         form: None,
         library: "cublas",
@@ -33046,8 +33058,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgetrfBatched: CallDesc = CallDesc {
-        wire: 1088u32,
-        call: 1067u32,
+        wire: 1092u32,
+        call: 1071u32,
         name: "cublasZgetrfBatched",
         form: None,
         library: "cublas",
@@ -33083,8 +33095,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgetriBatched: CallDesc = CallDesc {
-        wire: 1089u32,
-        call: 1068u32,
+        wire: 1093u32,
+        call: 1072u32,
         name: "cublasZgetriBatched",
         form: None,
         library: "cublas",
@@ -33130,8 +33142,8 @@ pub mod cublas {
         },
     };
     pub static cublasZgetrsBatched: CallDesc = CallDesc {
-        wire: 1090u32,
-        call: 1069u32,
+        wire: 1094u32,
+        call: 1073u32,
         name: "cublasZgetrsBatched",
         form: None,
         library: "cublas",
@@ -33185,8 +33197,8 @@ pub mod cublas {
         },
     };
     pub static cublasZhbmv: CallDesc = CallDesc {
-        wire: 1091u32,
-        call: 1070u32,
+        wire: 1095u32,
+        call: 1074u32,
         name: "cublasZhbmv",
         form: None,
         library: "cublas",
@@ -33232,8 +33244,8 @@ pub mod cublas {
         },
     };
     pub static cublasZhbmv_v2: CallDesc = CallDesc {
-        wire: 1092u32,
-        call: 1071u32,
+        wire: 1096u32,
+        call: 1075u32,
         name: "cublasZhbmv_v2",
         form: None,
         library: "cublas",
@@ -33291,8 +33303,8 @@ pub mod cublas {
         },
     };
     pub static cublasZhbmv_v2_64: CallDesc = CallDesc {
-        wire: 1093u32,
-        call: 1072u32,
+        wire: 1097u32,
+        call: 1076u32,
         name: "cublasZhbmv_v2_64",
         form: None,
         library: "cublas",
@@ -33350,8 +33362,8 @@ pub mod cublas {
         },
     };
     pub static cublasZhemm: CallDesc = CallDesc {
-        wire: 1094u32,
-        call: 1073u32,
+        wire: 1098u32,
+        call: 1077u32,
         name: "cublasZhemm",
         form: None,
         library: "cublas",
@@ -33401,8 +33413,8 @@ pub mod cublas {
         },
     };
     pub static cublasZhemm_v2: CallDesc = CallDesc {
-        wire: 1095u32,
-        call: 1074u32,
+        wire: 1099u32,
+        call: 1078u32,
         name: "cublasZhemm_v2",
         form: None,
         library: "cublas",
@@ -33464,8 +33476,8 @@ pub mod cublas {
         },
     };
     pub static cublasZhemm_v2_64: CallDesc = CallDesc {
-        wire: 1096u32,
-        call: 1075u32,
+        wire: 1100u32,
+        call: 1079u32,
         name: "cublasZhemm_v2_64",
         form: None,
         library: "cublas",
@@ -33527,8 +33539,8 @@ pub mod cublas {
         },
     };
     pub static cublasZhemv: CallDesc = CallDesc {
-        wire: 1097u32,
-        call: 1076u32,
+        wire: 1101u32,
+        call: 1080u32,
         name: "cublasZhemv",
         form: None,
         library: "cublas",
@@ -33570,8 +33582,8 @@ pub mod cublas {
         },
     };
     pub static cublasZhemv_v2: CallDesc = CallDesc {
-        wire: 1098u32,
-        call: 1077u32,
+        wire: 1102u32,
+        call: 1081u32,
         name: "cublasZhemv_v2",
         form: None,
         library: "cublas",
@@ -33625,8 +33637,8 @@ pub mod cublas {
         },
     };
     pub static cublasZhemv_v2_64: CallDesc = CallDesc {
-        wire: 1099u32,
-        call: 1078u32,
+        wire: 1103u32,
+        call: 1082u32,
         name: "cublasZhemv_v2_64",
         form: None,
         library: "cublas",
@@ -33680,8 +33692,8 @@ pub mod cublas {
         },
     };
     pub static cublasZher: CallDesc = CallDesc {
-        wire: 1100u32,
-        call: 1079u32,
+        wire: 1104u32,
+        call: 1083u32,
         name: "cublasZher",
         form: None,
         library: "cublas",
@@ -33720,8 +33732,8 @@ pub mod cublas {
         },
     };
     pub static cublasZher2: CallDesc = CallDesc {
-        wire: 1101u32,
-        call: 1080u32,
+        wire: 1105u32,
+        call: 1084u32,
         name: "cublasZher2",
         form: None,
         library: "cublas",
@@ -33762,8 +33774,8 @@ pub mod cublas {
         },
     };
     pub static cublasZher2_v2: CallDesc = CallDesc {
-        wire: 1102u32,
-        call: 1081u32,
+        wire: 1106u32,
+        call: 1085u32,
         name: "cublasZher2_v2",
         form: None,
         library: "cublas",
@@ -33812,8 +33824,8 @@ pub mod cublas {
         },
     };
     pub static cublasZher2_v2_64: CallDesc = CallDesc {
-        wire: 1103u32,
-        call: 1082u32,
+        wire: 1107u32,
+        call: 1086u32,
         name: "cublasZher2_v2_64",
         form: None,
         library: "cublas",
@@ -33862,8 +33874,8 @@ pub mod cublas {
         },
     };
     pub static cublasZher2k: CallDesc = CallDesc {
-        wire: 1104u32,
-        call: 1083u32,
+        wire: 1108u32,
+        call: 1087u32,
         name: "cublasZher2k",
         form: None,
         library: "cublas",
@@ -33916,8 +33928,8 @@ pub mod cublas {
         },
     };
     pub static cublasZher2k_v2: CallDesc = CallDesc {
-        wire: 1105u32,
-        call: 1084u32,
+        wire: 1109u32,
+        call: 1088u32,
         name: "cublasZher2k_v2",
         form: None,
         library: "cublas",
@@ -33979,8 +33991,8 @@ pub mod cublas {
         },
     };
     pub static cublasZher2k_v2_64: CallDesc = CallDesc {
-        wire: 1106u32,
-        call: 1085u32,
+        wire: 1110u32,
+        call: 1089u32,
         name: "cublasZher2k_v2_64",
         form: None,
         library: "cublas",
@@ -34042,8 +34054,8 @@ pub mod cublas {
         },
     };
     pub static cublasZher_v2: CallDesc = CallDesc {
-        wire: 1107u32,
-        call: 1086u32,
+        wire: 1111u32,
+        call: 1090u32,
         name: "cublasZher_v2",
         form: None,
         library: "cublas",
@@ -34087,8 +34099,8 @@ pub mod cublas {
         },
     };
     pub static cublasZher_v2_64: CallDesc = CallDesc {
-        wire: 1108u32,
-        call: 1087u32,
+        wire: 1112u32,
+        call: 1091u32,
         name: "cublasZher_v2_64",
         form: None,
         library: "cublas",
@@ -34132,8 +34144,8 @@ pub mod cublas {
         },
     };
     pub static cublasZherk: CallDesc = CallDesc {
-        wire: 1109u32,
-        call: 1088u32,
+        wire: 1113u32,
+        call: 1092u32,
         name: "cublasZherk",
         form: None,
         library: "cublas",
@@ -34184,8 +34196,8 @@ pub mod cublas {
         },
     };
     pub static cublasZherk_v2: CallDesc = CallDesc {
-        wire: 1110u32,
-        call: 1089u32,
+        wire: 1114u32,
+        call: 1093u32,
         name: "cublasZherk_v2",
         form: None,
         library: "cublas",
@@ -34242,8 +34254,8 @@ pub mod cublas {
         },
     };
     pub static cublasZherk_v2_64: CallDesc = CallDesc {
-        wire: 1111u32,
-        call: 1090u32,
+        wire: 1115u32,
+        call: 1094u32,
         name: "cublasZherk_v2_64",
         form: None,
         library: "cublas",
@@ -34300,8 +34312,8 @@ pub mod cublas {
         },
     };
     pub static cublasZherkx: CallDesc = CallDesc {
-        wire: 1112u32,
-        call: 1091u32,
+        wire: 1116u32,
+        call: 1095u32,
         name: "cublasZherkx",
         form: None,
         library: "cublas",
@@ -34363,8 +34375,8 @@ pub mod cublas {
         },
     };
     pub static cublasZherkx_64: CallDesc = CallDesc {
-        wire: 1113u32,
-        call: 1092u32,
+        wire: 1117u32,
+        call: 1096u32,
         name: "cublasZherkx_64",
         form: None,
         library: "cublas",
@@ -34426,8 +34438,8 @@ pub mod cublas {
         },
     };
     pub static cublasZhpmv: CallDesc = CallDesc {
-        wire: 1114u32,
-        call: 1093u32,
+        wire: 1118u32,
+        call: 1097u32,
         name: "cublasZhpmv",
         form: None,
         library: "cublas",
@@ -34470,8 +34482,8 @@ pub mod cublas {
         },
     };
     pub static cublasZhpmv_v2: CallDesc = CallDesc {
-        wire: 1115u32,
-        call: 1094u32,
+        wire: 1119u32,
+        call: 1098u32,
         name: "cublasZhpmv_v2",
         form: None,
         library: "cublas",
@@ -34526,8 +34538,8 @@ pub mod cublas {
         },
     };
     pub static cublasZhpmv_v2_64: CallDesc = CallDesc {
-        wire: 1116u32,
-        call: 1095u32,
+        wire: 1120u32,
+        call: 1099u32,
         name: "cublasZhpmv_v2_64",
         form: None,
         library: "cublas",
@@ -34582,8 +34594,8 @@ pub mod cublas {
         },
     };
     pub static cublasZrot: CallDesc = CallDesc {
-        wire: 1117u32,
-        call: 1096u32,
+        wire: 1121u32,
+        call: 1100u32,
         name: "cublasZrot",
         form: None,
         library: "cublas",
@@ -34619,8 +34631,8 @@ pub mod cublas {
         },
     };
     pub static cublasZrot_v2: CallDesc = CallDesc {
-        wire: 1118u32,
-        call: 1097u32,
+        wire: 1122u32,
+        call: 1101u32,
         name: "cublasZrot_v2",
         form: None,
         library: "cublas",
@@ -34665,8 +34677,8 @@ pub mod cublas {
         },
     };
     pub static cublasZrot_v2_64: CallDesc = CallDesc {
-        wire: 1119u32,
-        call: 1098u32,
+        wire: 1123u32,
+        call: 1102u32,
         name: "cublasZrot_v2_64",
         form: None,
         library: "cublas",
@@ -34711,8 +34723,8 @@ pub mod cublas {
         },
     };
     pub static cublasZrotg_v2: CallDesc = CallDesc {
-        wire: 1120u32,
-        call: 1099u32,
+        wire: 1124u32,
+        call: 1103u32,
         name: "cublasZrotg_v2",
         form: None,
         library: "cublas",
@@ -34753,8 +34765,8 @@ pub mod cublas {
         },
     };
     pub static cublasZscal: CallDesc = CallDesc {
-        wire: 1121u32,
-        call: 1100u32,
+        wire: 1125u32,
+        call: 1104u32,
         name: "cublasZscal",
         form: None,
         library: "cublas",
@@ -34781,8 +34793,8 @@ pub mod cublas {
         },
     };
     pub static cublasZscal_v2: CallDesc = CallDesc {
-        wire: 1122u32,
-        call: 1101u32,
+        wire: 1126u32,
+        call: 1105u32,
         name: "cublasZscal_v2",
         form: None,
         library: "cublas",
@@ -34817,8 +34829,8 @@ pub mod cublas {
         },
     };
     pub static cublasZscal_v2_64: CallDesc = CallDesc {
-        wire: 1123u32,
-        call: 1102u32,
+        wire: 1127u32,
+        call: 1106u32,
         name: "cublasZscal_v2_64",
         form: None,
         library: "cublas",
@@ -34853,8 +34865,8 @@ pub mod cublas {
         },
     };
     pub static cublasZswap: CallDesc = CallDesc {
-        wire: 1124u32,
-        call: 1103u32,
+        wire: 1128u32,
+        call: 1107u32,
         name: "cublasZswap",
         form: None,
         library: "cublas",
@@ -34885,8 +34897,8 @@ pub mod cublas {
         },
     };
     pub static cublasZswap_v2: CallDesc = CallDesc {
-        wire: 1125u32,
-        call: 1104u32,
+        wire: 1129u32,
+        call: 1108u32,
         name: "cublasZswap_v2",
         form: None,
         library: "cublas",
@@ -34921,8 +34933,8 @@ pub mod cublas {
         },
     };
     pub static cublasZswap_v2_64: CallDesc = CallDesc {
-        wire: 1126u32,
-        call: 1105u32,
+        wire: 1130u32,
+        call: 1109u32,
         name: "cublasZswap_v2_64",
         form: None,
         library: "cublas",
@@ -34957,8 +34969,8 @@ pub mod cublas {
         },
     };
     pub static cublasZsymm: CallDesc = CallDesc {
-        wire: 1127u32,
-        call: 1106u32,
+        wire: 1131u32,
+        call: 1110u32,
         name: "cublasZsymm",
         form: None,
         library: "cublas",
@@ -35008,8 +35020,8 @@ pub mod cublas {
         },
     };
     pub static cublasZsymm_v2: CallDesc = CallDesc {
-        wire: 1128u32,
-        call: 1107u32,
+        wire: 1132u32,
+        call: 1111u32,
         name: "cublasZsymm_v2",
         form: None,
         library: "cublas",
@@ -35071,8 +35083,8 @@ pub mod cublas {
         },
     };
     pub static cublasZsymm_v2_64: CallDesc = CallDesc {
-        wire: 1129u32,
-        call: 1108u32,
+        wire: 1133u32,
+        call: 1112u32,
         name: "cublasZsymm_v2_64",
         form: None,
         library: "cublas",
@@ -35134,8 +35146,8 @@ pub mod cublas {
         },
     };
     pub static cublasZsymv_v2: CallDesc = CallDesc {
-        wire: 1130u32,
-        call: 1109u32,
+        wire: 1134u32,
+        call: 1113u32,
         name: "cublasZsymv_v2",
         form: None,
         library: "cublas",
@@ -35189,8 +35201,8 @@ pub mod cublas {
         },
     };
     pub static cublasZsymv_v2_64: CallDesc = CallDesc {
-        wire: 1131u32,
-        call: 1110u32,
+        wire: 1135u32,
+        call: 1114u32,
         name: "cublasZsymv_v2_64",
         form: None,
         library: "cublas",
@@ -35244,8 +35256,8 @@ pub mod cublas {
         },
     };
     pub static cublasZsyr2_v2: CallDesc = CallDesc {
-        wire: 1132u32,
-        call: 1111u32,
+        wire: 1136u32,
+        call: 1115u32,
         name: "cublasZsyr2_v2",
         form: None,
         library: "cublas",
@@ -35294,8 +35306,8 @@ pub mod cublas {
         },
     };
     pub static cublasZsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1133u32,
-        call: 1112u32,
+        wire: 1137u32,
+        call: 1116u32,
         name: "cublasZsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -35344,8 +35356,8 @@ pub mod cublas {
         },
     };
     pub static cublasZsyr2k: CallDesc = CallDesc {
-        wire: 1134u32,
-        call: 1113u32,
+        wire: 1138u32,
+        call: 1117u32,
         name: "cublasZsyr2k",
         form: None,
         library: "cublas",
@@ -35395,8 +35407,8 @@ pub mod cublas {
         },
     };
     pub static cublasZsyr2k_v2: CallDesc = CallDesc {
-        wire: 1135u32,
-        call: 1114u32,
+        wire: 1139u32,
+        call: 1118u32,
         name: "cublasZsyr2k_v2",
         form: None,
         library: "cublas",
@@ -35458,8 +35470,8 @@ pub mod cublas {
         },
     };
     pub static cublasZsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1136u32,
-        call: 1115u32,
+        wire: 1140u32,
+        call: 1119u32,
         name: "cublasZsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -35521,8 +35533,8 @@ pub mod cublas {
         },
     };
     pub static cublasZsyr_v2: CallDesc = CallDesc {
-        wire: 1137u32,
-        call: 1116u32,
+        wire: 1141u32,
+        call: 1120u32,
         name: "cublasZsyr_v2",
         form: None,
         library: "cublas",
@@ -35566,8 +35578,8 @@ pub mod cublas {
         },
     };
     pub static cublasZsyr_v2_64: CallDesc = CallDesc {
-        wire: 1138u32,
-        call: 1117u32,
+        wire: 1142u32,
+        call: 1121u32,
         name: "cublasZsyr_v2_64",
         form: None,
         library: "cublas",
@@ -35611,8 +35623,8 @@ pub mod cublas {
         },
     };
     pub static cublasZsyrk: CallDesc = CallDesc {
-        wire: 1139u32,
-        call: 1118u32,
+        wire: 1143u32,
+        call: 1122u32,
         name: "cublasZsyrk",
         form: None,
         library: "cublas",
@@ -35657,8 +35669,8 @@ pub mod cublas {
         },
     };
     pub static cublasZsyrk_v2: CallDesc = CallDesc {
-        wire: 1140u32,
-        call: 1119u32,
+        wire: 1144u32,
+        call: 1123u32,
         name: "cublasZsyrk_v2",
         form: None,
         library: "cublas",
@@ -35715,8 +35727,8 @@ pub mod cublas {
         },
     };
     pub static cublasZsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1141u32,
-        call: 1120u32,
+        wire: 1145u32,
+        call: 1124u32,
         name: "cublasZsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -35773,8 +35785,8 @@ pub mod cublas {
         },
     };
     pub static cublasZsyrkx: CallDesc = CallDesc {
-        wire: 1142u32,
-        call: 1121u32,
+        wire: 1146u32,
+        call: 1125u32,
         name: "cublasZsyrkx",
         form: None,
         library: "cublas",
@@ -35836,8 +35848,8 @@ pub mod cublas {
         },
     };
     pub static cublasZsyrkx_64: CallDesc = CallDesc {
-        wire: 1143u32,
-        call: 1122u32,
+        wire: 1147u32,
+        call: 1126u32,
         name: "cublasZsyrkx_64",
         form: None,
         library: "cublas",
@@ -35899,8 +35911,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtbmv: CallDesc = CallDesc {
-        wire: 1144u32,
-        call: 1123u32,
+        wire: 1148u32,
+        call: 1127u32,
         name: "cublasZtbmv",
         form: None,
         library: "cublas",
@@ -35947,8 +35959,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtbmv_v2: CallDesc = CallDesc {
-        wire: 1145u32,
-        call: 1124u32,
+        wire: 1149u32,
+        call: 1128u32,
         name: "cublasZtbmv_v2",
         form: None,
         library: "cublas",
@@ -35999,8 +36011,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtbmv_v2_64: CallDesc = CallDesc {
-        wire: 1146u32,
-        call: 1125u32,
+        wire: 1150u32,
+        call: 1129u32,
         name: "cublasZtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -36051,8 +36063,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtbsv: CallDesc = CallDesc {
-        wire: 1147u32,
-        call: 1126u32,
+        wire: 1151u32,
+        call: 1130u32,
         name: "cublasZtbsv",
         form: None,
         library: "cublas",
@@ -36099,8 +36111,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtbsv_v2: CallDesc = CallDesc {
-        wire: 1148u32,
-        call: 1127u32,
+        wire: 1152u32,
+        call: 1131u32,
         name: "cublasZtbsv_v2",
         form: None,
         library: "cublas",
@@ -36151,8 +36163,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtbsv_v2_64: CallDesc = CallDesc {
-        wire: 1149u32,
-        call: 1128u32,
+        wire: 1153u32,
+        call: 1132u32,
         name: "cublasZtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -36203,8 +36215,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtpmv: CallDesc = CallDesc {
-        wire: 1150u32,
-        call: 1129u32,
+        wire: 1154u32,
+        call: 1133u32,
         name: "cublasZtpmv",
         form: None,
         library: "cublas",
@@ -36248,8 +36260,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtpmv_v2: CallDesc = CallDesc {
-        wire: 1151u32,
-        call: 1130u32,
+        wire: 1155u32,
+        call: 1134u32,
         name: "cublasZtpmv_v2",
         form: None,
         library: "cublas",
@@ -36297,8 +36309,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtpmv_v2_64: CallDesc = CallDesc {
-        wire: 1152u32,
-        call: 1131u32,
+        wire: 1156u32,
+        call: 1135u32,
         name: "cublasZtpmv_v2_64",
         form: None,
         library: "cublas",
@@ -36346,8 +36358,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtpsv: CallDesc = CallDesc {
-        wire: 1153u32,
-        call: 1132u32,
+        wire: 1157u32,
+        call: 1136u32,
         name: "cublasZtpsv",
         form: None,
         library: "cublas",
@@ -36391,8 +36403,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtpsv_v2: CallDesc = CallDesc {
-        wire: 1154u32,
-        call: 1133u32,
+        wire: 1158u32,
+        call: 1137u32,
         name: "cublasZtpsv_v2",
         form: None,
         library: "cublas",
@@ -36440,8 +36452,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtpsv_v2_64: CallDesc = CallDesc {
-        wire: 1155u32,
-        call: 1134u32,
+        wire: 1159u32,
+        call: 1138u32,
         name: "cublasZtpsv_v2_64",
         form: None,
         library: "cublas",
@@ -36489,8 +36501,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtpttr: CallDesc = CallDesc {
-        wire: 1156u32,
-        call: 1135u32,
+        wire: 1160u32,
+        call: 1139u32,
         name: "cublasZtpttr",
         form: None,
         library: "cublas",
@@ -36530,8 +36542,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtrmm: CallDesc = CallDesc {
-        wire: 1157u32,
-        call: 1136u32,
+        wire: 1161u32,
+        call: 1140u32,
         name: "cublasZtrmm",
         form: None,
         library: "cublas",
@@ -36583,8 +36595,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtrmm_v2: CallDesc = CallDesc {
-        wire: 1158u32,
-        call: 1137u32,
+        wire: 1162u32,
+        call: 1141u32,
         name: "cublasZtrmm_v2",
         form: None,
         library: "cublas",
@@ -36649,8 +36661,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtrmm_v2_64: CallDesc = CallDesc {
-        wire: 1159u32,
-        call: 1138u32,
+        wire: 1163u32,
+        call: 1142u32,
         name: "cublasZtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -36715,8 +36727,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtrmv: CallDesc = CallDesc {
-        wire: 1160u32,
-        call: 1139u32,
+        wire: 1164u32,
+        call: 1143u32,
         name: "cublasZtrmv",
         form: None,
         library: "cublas",
@@ -36759,8 +36771,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtrmv_v2: CallDesc = CallDesc {
-        wire: 1161u32,
-        call: 1140u32,
+        wire: 1165u32,
+        call: 1144u32,
         name: "cublasZtrmv_v2",
         form: None,
         library: "cublas",
@@ -36807,8 +36819,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtrmv_v2_64: CallDesc = CallDesc {
-        wire: 1162u32,
-        call: 1141u32,
+        wire: 1166u32,
+        call: 1145u32,
         name: "cublasZtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -36855,8 +36867,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtrsm: CallDesc = CallDesc {
-        wire: 1163u32,
-        call: 1142u32,
+        wire: 1167u32,
+        call: 1146u32,
         name: "cublasZtrsm",
         form: None,
         library: "cublas",
@@ -36908,8 +36920,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtrsmBatched: CallDesc = CallDesc {
-        wire: 1164u32,
-        call: 1143u32,
+        wire: 1168u32,
+        call: 1147u32,
         name: "cublasZtrsmBatched",
         form: None,
         library: "cublas",
@@ -36973,8 +36985,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtrsmBatched_64: CallDesc = CallDesc {
-        wire: 1165u32,
-        call: 1144u32,
+        wire: 1169u32,
+        call: 1148u32,
         name: "cublasZtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -37038,8 +37050,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtrsm_v2: CallDesc = CallDesc {
-        wire: 1166u32,
-        call: 1145u32,
+        wire: 1170u32,
+        call: 1149u32,
         name: "cublasZtrsm_v2",
         form: None,
         library: "cublas",
@@ -37099,8 +37111,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtrsm_v2_64: CallDesc = CallDesc {
-        wire: 1167u32,
-        call: 1146u32,
+        wire: 1171u32,
+        call: 1150u32,
         name: "cublasZtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -37160,8 +37172,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtrsv: CallDesc = CallDesc {
-        wire: 1168u32,
-        call: 1147u32,
+        wire: 1172u32,
+        call: 1151u32,
         name: "cublasZtrsv",
         form: None,
         library: "cublas",
@@ -37204,8 +37216,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtrsv_v2: CallDesc = CallDesc {
-        wire: 1169u32,
-        call: 1148u32,
+        wire: 1173u32,
+        call: 1152u32,
         name: "cublasZtrsv_v2",
         form: None,
         library: "cublas",
@@ -37252,8 +37264,8 @@ pub mod cublas {
         },
     };
     pub static cublasZtrsv_v2_64: CallDesc = CallDesc {
-        wire: 1170u32,
-        call: 1149u32,
+        wire: 1174u32,
+        call: 1153u32,
         name: "cublasZtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -37311,8 +37323,8 @@ pub mod cublaslt {
     static LEN_cublasLtMatmulPreferenceSetAttribute__cu121_6: Len = Len::Param(3u8);
     static LEN_cublasLtMatrixLayoutSetAttribute_7: Len = Len::Param(3u8);
     pub static cublasLtCreate: CallDesc = CallDesc {
-        wire: 1171u32,
-        call: 1150u32,
+        wire: 1175u32,
+        call: 1154u32,
         name: "cublasLtCreate",
         form: None,
         library: "cublaslt",
@@ -37328,8 +37340,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtDestroy: CallDesc = CallDesc {
-        wire: 1172u32,
-        call: 1151u32,
+        wire: 1176u32,
+        call: 1155u32,
         name: "cublasLtDestroy",
         form: None,
         library: "cublaslt",
@@ -37350,8 +37362,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtDisableCpuInstructionsSetMask: CallDesc = CallDesc {
-        wire: 1173u32,
-        call: 1152u32,
+        wire: 1177u32,
+        call: 1156u32,
         name: "cublasLtDisableCpuInstructionsSetMask",
         form: None,
         library: "cublaslt",
@@ -37375,8 +37387,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtEmulationDescCreate: CallDesc = CallDesc {
-        wire: 1174u32,
-        call: 1153u32,
+        wire: 1178u32,
+        call: 1157u32,
         name: "cublasLtEmulationDescCreate",
         form: None,
         library: "cublaslt",
@@ -37392,8 +37404,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtEmulationDescDestroy: CallDesc = CallDesc {
-        wire: 1175u32,
-        call: 1154u32,
+        wire: 1179u32,
+        call: 1158u32,
         name: "cublasLtEmulationDescDestroy",
         form: None,
         library: "cublaslt",
@@ -37414,8 +37426,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtEmulationDescInit_internal: CallDesc = CallDesc {
-        wire: 1176u32,
-        call: 1155u32,
+        wire: 1180u32,
+        call: 1159u32,
         name: "cublasLtEmulationDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -37440,8 +37452,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtGetCudartVersion: CallDesc = CallDesc {
-        wire: 1177u32,
-        call: 1156u32,
+        wire: 1181u32,
+        call: 1160u32,
         name: "cublasLtGetCudartVersion",
         form: None,
         library: "cublaslt",
@@ -37460,8 +37472,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtGetVersion: CallDesc = CallDesc {
-        wire: 1178u32,
-        call: 1157u32,
+        wire: 1182u32,
+        call: 1161u32,
         name: "cublasLtGetVersion",
         form: None,
         library: "cublaslt",
@@ -37480,8 +37492,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtHeuristicsCacheSetCapacity: CallDesc = CallDesc {
-        wire: 1179u32,
-        call: 1158u32,
+        wire: 1183u32,
+        call: 1162u32,
         name: "cublasLtHeuristicsCacheSetCapacity",
         form: None,
         library: "cublaslt",
@@ -37502,8 +37514,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1180u32,
-        call: 1159u32,
+        wire: 1184u32,
+        call: 1163u32,
         name: "cublasLtLoggerForceDisable",
         form: None,
         library: "cublaslt",
@@ -37519,8 +37531,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1181u32,
-        call: 1160u32,
+        wire: 1185u32,
+        call: 1164u32,
         name: "cublasLtLoggerSetLevel",
         form: None,
         library: "cublaslt",
@@ -37541,8 +37553,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtLoggerSetMask: CallDesc = CallDesc {
-        wire: 1182u32,
-        call: 1161u32,
+        wire: 1186u32,
+        call: 1165u32,
         name: "cublasLtLoggerSetMask",
         form: None,
         library: "cublaslt",
@@ -37563,8 +37575,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmul__cu118: CallDesc = CallDesc {
-        wire: 1183u32,
-        call: 1162u32,
+        wire: 1187u32,
+        call: 1166u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -37634,8 +37646,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmul__cu126: CallDesc = CallDesc {
-        wire: 1184u32,
-        call: 1162u32,
+        wire: 1188u32,
+        call: 1166u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -37705,8 +37717,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu118: CallDesc = CallDesc {
-        wire: 1185u32,
-        call: 1163u32,
+        wire: 1189u32,
+        call: 1167u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: None,
         library: "cublaslt",
@@ -37767,8 +37779,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu121: CallDesc = CallDesc {
-        wire: 1186u32,
-        call: 1163u32,
+        wire: 1190u32,
+        call: 1167u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: None,
         library: "cublaslt",
@@ -37829,8 +37841,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu126: CallDesc = CallDesc {
-        wire: 1187u32,
-        call: 1163u32,
+        wire: 1191u32,
+        call: 1167u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: None,
         library: "cublaslt",
@@ -37891,8 +37903,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1188u32,
-        call: 1164u32,
+        wire: 1192u32,
+        call: 1168u32,
         name: "cublasLtMatmulDescCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -37918,8 +37930,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescCreate__cu126__call: CallDesc = CallDesc {
-        wire: 1189u32,
-        call: 1164u32,
+        wire: 1193u32,
+        call: 1168u32,
         name: "cublasLtMatmulDescCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -37945,8 +37957,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescDestroy__cu118: CallDesc = CallDesc {
-        wire: 1190u32,
-        call: 1165u32,
+        wire: 1194u32,
+        call: 1169u32,
         name: "cublasLtMatmulDescDestroy",
         form: None,
         library: "cublaslt",
@@ -37967,8 +37979,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescDestroy__cu126: CallDesc = CallDesc {
-        wire: 1191u32,
-        call: 1165u32,
+        wire: 1195u32,
+        call: 1169u32,
         name: "cublasLtMatmulDescDestroy",
         form: None,
         library: "cublaslt",
@@ -37989,8 +38001,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1192u32,
-        call: 1166u32,
+        wire: 1196u32,
+        call: 1170u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -38023,8 +38035,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescInit_internal__cu126: CallDesc = CallDesc {
-        wire: 1193u32,
-        call: 1166u32,
+        wire: 1197u32,
+        call: 1170u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -38057,8 +38069,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1194u32,
-        call: 1167u32,
+        wire: 1198u32,
+        call: 1171u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -38093,8 +38105,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulDescSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1195u32,
-        call: 1167u32,
+        wire: 1199u32,
+        call: 1171u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -38129,8 +38141,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceCreate__cu118: CallDesc = CallDesc {
-        wire: 1196u32,
-        call: 1168u32,
+        wire: 1200u32,
+        call: 1172u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: None,
         library: "cublaslt",
@@ -38146,8 +38158,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceCreate__cu121: CallDesc = CallDesc {
-        wire: 1197u32,
-        call: 1168u32,
+        wire: 1201u32,
+        call: 1172u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: None,
         library: "cublaslt",
@@ -38163,8 +38175,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceDestroy__cu118: CallDesc = CallDesc {
-        wire: 1198u32,
-        call: 1169u32,
+        wire: 1202u32,
+        call: 1173u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: None,
         library: "cublaslt",
@@ -38185,8 +38197,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceDestroy__cu121: CallDesc = CallDesc {
-        wire: 1199u32,
-        call: 1169u32,
+        wire: 1203u32,
+        call: 1173u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: None,
         library: "cublaslt",
@@ -38207,8 +38219,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1200u32,
-        call: 1170u32,
+        wire: 1204u32,
+        call: 1174u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -38233,8 +38245,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu121: CallDesc = CallDesc {
-        wire: 1201u32,
-        call: 1170u32,
+        wire: 1205u32,
+        call: 1174u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -38259,8 +38271,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu118: CallDesc = CallDesc {
-        wire: 1202u32,
-        call: 1171u32,
+        wire: 1206u32,
+        call: 1175u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: None,
         library: "cublaslt",
@@ -38295,8 +38307,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu121: CallDesc = CallDesc {
-        wire: 1203u32,
-        call: 1171u32,
+        wire: 1207u32,
+        call: 1175u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: None,
         library: "cublaslt",
@@ -38331,8 +38343,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixLayoutCreate: CallDesc = CallDesc {
-        wire: 1204u32,
-        call: 1172u32,
+        wire: 1208u32,
+        call: 1176u32,
         name: "cublasLtMatrixLayoutCreate",
         form: None,
         library: "cublaslt",
@@ -38366,8 +38378,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixLayoutDestroy: CallDesc = CallDesc {
-        wire: 1205u32,
-        call: 1173u32,
+        wire: 1209u32,
+        call: 1177u32,
         name: "cublasLtMatrixLayoutDestroy",
         form: None,
         library: "cublaslt",
@@ -38388,8 +38400,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixLayoutInit_internal: CallDesc = CallDesc {
-        wire: 1206u32,
-        call: 1174u32,
+        wire: 1210u32,
+        call: 1178u32,
         name: "cublasLtMatrixLayoutInit_internal",
         form: None,
         library: "cublaslt",
@@ -38430,8 +38442,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixLayoutSetAttribute: CallDesc = CallDesc {
-        wire: 1207u32,
-        call: 1175u32,
+        wire: 1211u32,
+        call: 1179u32,
         name: "cublasLtMatrixLayoutSetAttribute",
         form: None,
         library: "cublaslt",
@@ -38466,8 +38478,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixTransformDescCreate: CallDesc = CallDesc {
-        wire: 1208u32,
-        call: 1176u32,
+        wire: 1212u32,
+        call: 1180u32,
         name: "cublasLtMatrixTransformDescCreate",
         form: None,
         library: "cublaslt",
@@ -38489,8 +38501,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixTransformDescDestroy: CallDesc = CallDesc {
-        wire: 1209u32,
-        call: 1177u32,
+        wire: 1213u32,
+        call: 1181u32,
         name: "cublasLtMatrixTransformDescDestroy",
         form: None,
         library: "cublaslt",
@@ -38511,8 +38523,8 @@ pub mod cublaslt {
         },
     };
     pub static cublasLtMatrixTransformDescInit_internal: CallDesc = CallDesc {
-        wire: 1210u32,
-        call: 1178u32,
+        wire: 1214u32,
+        call: 1182u32,
         name: "cublasLtMatrixTransformDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -38543,62 +38555,72 @@ pub mod cublaslt {
 }
 pub mod cudart {
     use chidori_protocol::desc::*;
-    static LEN_cudaMemcpy__d2h_0: Len = Len::Param(2u8);
-    static LEN_cudaMemcpy__h2d_1: Len = Len::Param(2u8);
-    static LEN_cudaMemcpy2D__d2h_2: Len = Len::Param(4u8);
-    static LEN_cudaMemcpy2D__d2h_3: Len = Len::Param(5u8);
-    static LEN_cudaMemcpy2D__d2h_4: Len = Len::Mul(
-        &LEN_cudaMemcpy2D__d2h_2,
-        &LEN_cudaMemcpy2D__d2h_3,
+    static LEN_cudaDeviceGetPCIBusId_0: Len = Len::Param(1u8);
+    static LEN_cudaMemPoolGetAttribute_1: Len = Len::Table(
+        1u8,
+        &[8u32, 4u32, 4u32, 4u32, 8u32, 8u32, 8u32, 8u32, 8u32],
     );
-    static LEN_cudaMemcpy2D__h2d_5: Len = Len::Param(4u8);
-    static LEN_cudaMemcpy2D__h2d_6: Len = Len::Param(5u8);
-    static LEN_cudaMemcpy2D__h2d_7: Len = Len::Mul(
-        &LEN_cudaMemcpy2D__h2d_5,
-        &LEN_cudaMemcpy2D__h2d_6,
+    static LEN_cudaMemPoolSetAccess_2: Len = Len::Param(2u8);
+    static LEN_cudaMemPoolSetAttribute_3: Len = Len::Table(
+        1u8,
+        &[8u32, 4u32, 4u32, 4u32, 8u32, 8u32, 8u32, 8u32, 8u32],
     );
-    static LEN_cudaMemcpy2DAsync__d2h_8: Len = Len::Param(4u8);
-    static LEN_cudaMemcpy2DAsync__d2h_9: Len = Len::Param(5u8);
-    static LEN_cudaMemcpy2DAsync__d2h_10: Len = Len::Mul(
-        &LEN_cudaMemcpy2DAsync__d2h_8,
-        &LEN_cudaMemcpy2DAsync__d2h_9,
+    static LEN_cudaMemcpy__d2h_4: Len = Len::Param(2u8);
+    static LEN_cudaMemcpy__h2d_5: Len = Len::Param(2u8);
+    static LEN_cudaMemcpy2D__d2h_6: Len = Len::Param(4u8);
+    static LEN_cudaMemcpy2D__d2h_7: Len = Len::Param(5u8);
+    static LEN_cudaMemcpy2D__d2h_8: Len = Len::Mul(
+        &LEN_cudaMemcpy2D__d2h_6,
+        &LEN_cudaMemcpy2D__d2h_7,
     );
-    static LEN_cudaMemcpy2DAsync__h2d_11: Len = Len::Param(4u8);
-    static LEN_cudaMemcpy2DAsync__h2d_12: Len = Len::Param(5u8);
-    static LEN_cudaMemcpy2DAsync__h2d_13: Len = Len::Mul(
-        &LEN_cudaMemcpy2DAsync__h2d_11,
-        &LEN_cudaMemcpy2DAsync__h2d_12,
+    static LEN_cudaMemcpy2D__h2d_9: Len = Len::Param(4u8);
+    static LEN_cudaMemcpy2D__h2d_10: Len = Len::Param(5u8);
+    static LEN_cudaMemcpy2D__h2d_11: Len = Len::Mul(
+        &LEN_cudaMemcpy2D__h2d_9,
+        &LEN_cudaMemcpy2D__h2d_10,
     );
-    static LEN_cudaMemcpy2DAsync_ptsz__d2h_14: Len = Len::Param(4u8);
-    static LEN_cudaMemcpy2DAsync_ptsz__d2h_15: Len = Len::Param(5u8);
-    static LEN_cudaMemcpy2DAsync_ptsz__d2h_16: Len = Len::Mul(
-        &LEN_cudaMemcpy2DAsync_ptsz__d2h_14,
-        &LEN_cudaMemcpy2DAsync_ptsz__d2h_15,
+    static LEN_cudaMemcpy2DAsync__d2h_12: Len = Len::Param(4u8);
+    static LEN_cudaMemcpy2DAsync__d2h_13: Len = Len::Param(5u8);
+    static LEN_cudaMemcpy2DAsync__d2h_14: Len = Len::Mul(
+        &LEN_cudaMemcpy2DAsync__d2h_12,
+        &LEN_cudaMemcpy2DAsync__d2h_13,
     );
-    static LEN_cudaMemcpy2DAsync_ptsz__h2d_17: Len = Len::Param(4u8);
-    static LEN_cudaMemcpy2DAsync_ptsz__h2d_18: Len = Len::Param(5u8);
-    static LEN_cudaMemcpy2DAsync_ptsz__h2d_19: Len = Len::Mul(
-        &LEN_cudaMemcpy2DAsync_ptsz__h2d_17,
-        &LEN_cudaMemcpy2DAsync_ptsz__h2d_18,
+    static LEN_cudaMemcpy2DAsync__h2d_15: Len = Len::Param(4u8);
+    static LEN_cudaMemcpy2DAsync__h2d_16: Len = Len::Param(5u8);
+    static LEN_cudaMemcpy2DAsync__h2d_17: Len = Len::Mul(
+        &LEN_cudaMemcpy2DAsync__h2d_15,
+        &LEN_cudaMemcpy2DAsync__h2d_16,
     );
-    static LEN_cudaMemcpy2D_ptds__d2h_20: Len = Len::Param(4u8);
-    static LEN_cudaMemcpy2D_ptds__d2h_21: Len = Len::Param(5u8);
-    static LEN_cudaMemcpy2D_ptds__d2h_22: Len = Len::Mul(
-        &LEN_cudaMemcpy2D_ptds__d2h_20,
-        &LEN_cudaMemcpy2D_ptds__d2h_21,
+    static LEN_cudaMemcpy2DAsync_ptsz__d2h_18: Len = Len::Param(4u8);
+    static LEN_cudaMemcpy2DAsync_ptsz__d2h_19: Len = Len::Param(5u8);
+    static LEN_cudaMemcpy2DAsync_ptsz__d2h_20: Len = Len::Mul(
+        &LEN_cudaMemcpy2DAsync_ptsz__d2h_18,
+        &LEN_cudaMemcpy2DAsync_ptsz__d2h_19,
     );
-    static LEN_cudaMemcpy2D_ptds__h2d_23: Len = Len::Param(4u8);
-    static LEN_cudaMemcpy2D_ptds__h2d_24: Len = Len::Param(5u8);
-    static LEN_cudaMemcpy2D_ptds__h2d_25: Len = Len::Mul(
-        &LEN_cudaMemcpy2D_ptds__h2d_23,
-        &LEN_cudaMemcpy2D_ptds__h2d_24,
+    static LEN_cudaMemcpy2DAsync_ptsz__h2d_21: Len = Len::Param(4u8);
+    static LEN_cudaMemcpy2DAsync_ptsz__h2d_22: Len = Len::Param(5u8);
+    static LEN_cudaMemcpy2DAsync_ptsz__h2d_23: Len = Len::Mul(
+        &LEN_cudaMemcpy2DAsync_ptsz__h2d_21,
+        &LEN_cudaMemcpy2DAsync_ptsz__h2d_22,
     );
-    static LEN_cudaMemcpyAsync__d2h_26: Len = Len::Param(2u8);
-    static LEN_cudaMemcpyAsync__h2d_27: Len = Len::Param(2u8);
-    static LEN_cudaMemcpyAsync_ptsz__d2h_28: Len = Len::Param(2u8);
-    static LEN_cudaMemcpyAsync_ptsz__h2d_29: Len = Len::Param(2u8);
-    static LEN_cudaMemcpy_ptds__d2h_30: Len = Len::Param(2u8);
-    static LEN_cudaMemcpy_ptds__h2d_31: Len = Len::Param(2u8);
+    static LEN_cudaMemcpy2D_ptds__d2h_24: Len = Len::Param(4u8);
+    static LEN_cudaMemcpy2D_ptds__d2h_25: Len = Len::Param(5u8);
+    static LEN_cudaMemcpy2D_ptds__d2h_26: Len = Len::Mul(
+        &LEN_cudaMemcpy2D_ptds__d2h_24,
+        &LEN_cudaMemcpy2D_ptds__d2h_25,
+    );
+    static LEN_cudaMemcpy2D_ptds__h2d_27: Len = Len::Param(4u8);
+    static LEN_cudaMemcpy2D_ptds__h2d_28: Len = Len::Param(5u8);
+    static LEN_cudaMemcpy2D_ptds__h2d_29: Len = Len::Mul(
+        &LEN_cudaMemcpy2D_ptds__h2d_27,
+        &LEN_cudaMemcpy2D_ptds__h2d_28,
+    );
+    static LEN_cudaMemcpyAsync__d2h_30: Len = Len::Param(2u8);
+    static LEN_cudaMemcpyAsync__h2d_31: Len = Len::Param(2u8);
+    static LEN_cudaMemcpyAsync_ptsz__d2h_32: Len = Len::Param(2u8);
+    static LEN_cudaMemcpyAsync_ptsz__h2d_33: Len = Len::Param(2u8);
+    static LEN_cudaMemcpy_ptds__d2h_34: Len = Len::Param(2u8);
+    static LEN_cudaMemcpy_ptds__h2d_35: Len = Len::Param(2u8);
     pub static cudaArrayGetPlane: CallDesc = CallDesc {
         wire: 0u32,
         call: 0u32,
@@ -39211,9 +39233,41 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaDeviceGetSharedMemConfig: CallDesc = CallDesc {
+    pub static cudaDeviceGetPCIBusId: CallDesc = CallDesc {
         wire: 23u32,
         call: 21u32,
+        name: "cudaDeviceGetPCIBusId",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cudaDeviceGetPCIBusId_0),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaDeviceGetSharedMemConfig: CallDesc = CallDesc {
+        wire: 24u32,
+        call: 22u32,
         name: "cudaDeviceGetSharedMemConfig",
         form: None,
         library: "cudart",
@@ -39236,8 +39290,8 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceGetStreamPriorityRange: CallDesc = CallDesc {
-        wire: 24u32,
-        call: 22u32,
+        wire: 25u32,
+        call: 23u32,
         name: "cudaDeviceGetStreamPriorityRange",
         form: None,
         library: "cudart",
@@ -39266,8 +39320,8 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceGetTexture1DLinearMaxWidth: CallDesc = CallDesc {
-        wire: 25u32,
-        call: 23u32,
+        wire: 26u32,
+        call: 24u32,
         name: "cudaDeviceGetTexture1DLinearMaxWidth",
         form: None,
         library: "cudart",
@@ -39300,8 +39354,8 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceGraphMemTrim: CallDesc = CallDesc {
-        wire: 26u32,
-        call: 24u32,
+        wire: 27u32,
+        call: 25u32,
         name: "cudaDeviceGraphMemTrim",
         form: None,
         library: "cudart",
@@ -39322,8 +39376,8 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceReset: CallDesc = CallDesc {
-        wire: 27u32,
-        call: 25u32,
+        wire: 28u32,
+        call: 26u32,
         name: "cudaDeviceReset",
         form: None,
         library: "cudart",
@@ -39339,8 +39393,8 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceSetCacheConfig: CallDesc = CallDesc {
-        wire: 28u32,
-        call: 26u32,
+        wire: 29u32,
+        call: 27u32,
         name: "cudaDeviceSetCacheConfig",
         form: None,
         library: "cudart",
@@ -39361,8 +39415,8 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceSetLimit: CallDesc = CallDesc {
-        wire: 29u32,
-        call: 27u32,
+        wire: 30u32,
+        call: 28u32,
         name: "cudaDeviceSetLimit",
         form: None,
         library: "cudart",
@@ -39387,8 +39441,8 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceSetMemPool: CallDesc = CallDesc {
-        wire: 30u32,
-        call: 28u32,
+        wire: 31u32,
+        call: 29u32,
         name: "cudaDeviceSetMemPool",
         form: None,
         library: "cudart",
@@ -39413,8 +39467,8 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceSetSharedMemConfig: CallDesc = CallDesc {
-        wire: 31u32,
-        call: 29u32,
+        wire: 32u32,
+        call: 30u32,
         name: "cudaDeviceSetSharedMemConfig",
         form: None,
         library: "cudart",
@@ -39435,8 +39489,8 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceSynchronize: CallDesc = CallDesc {
-        wire: 32u32,
-        call: 30u32,
+        wire: 33u32,
+        call: 31u32,
         name: "cudaDeviceSynchronize",
         form: None,
         library: "cudart",
@@ -39452,8 +39506,8 @@ pub mod cudart {
         },
     };
     pub static cudaDeviceUnregisterAsyncNotification: CallDesc = CallDesc {
-        wire: 33u32,
-        call: 31u32,
+        wire: 34u32,
+        call: 32u32,
         name: "cudaDeviceUnregisterAsyncNotification",
         form: None,
         library: "cudart",
@@ -39478,8 +39532,8 @@ pub mod cudart {
         },
     };
     pub static cudaEventCreate: CallDesc = CallDesc {
-        wire: 34u32,
-        call: 32u32,
+        wire: 35u32,
+        call: 33u32,
         name: "cudaEventCreate",
         form: None,
         library: "cudart",
@@ -39495,8 +39549,8 @@ pub mod cudart {
         },
     };
     pub static cudaEventCreateWithFlags: CallDesc = CallDesc {
-        wire: 35u32,
-        call: 33u32,
+        wire: 36u32,
+        call: 34u32,
         name: "cudaEventCreateWithFlags",
         form: None,
         library: "cudart",
@@ -39518,8 +39572,8 @@ pub mod cudart {
         },
     };
     pub static cudaEventDestroy: CallDesc = CallDesc {
-        wire: 36u32,
-        call: 34u32,
+        wire: 37u32,
+        call: 35u32,
         name: "cudaEventDestroy",
         form: None,
         library: "cudart",
@@ -39540,8 +39594,8 @@ pub mod cudart {
         },
     };
     pub static cudaEventElapsedTime: CallDesc = CallDesc {
-        wire: 37u32,
-        call: 35u32,
+        wire: 38u32,
+        call: 36u32,
         name: "cudaEventElapsedTime",
         form: None,
         library: "cudart",
@@ -39572,8 +39626,8 @@ pub mod cudart {
         },
     };
     pub static cudaEventElapsedTime_v2: CallDesc = CallDesc {
-        wire: 38u32,
-        call: 36u32,
+        wire: 39u32,
+        call: 37u32,
         name: "cudaEventElapsedTime_v2",
         form: None,
         library: "cudart",
@@ -39604,8 +39658,8 @@ pub mod cudart {
         },
     };
     pub static cudaEventQuery: CallDesc = CallDesc {
-        wire: 39u32,
-        call: 37u32,
+        wire: 40u32,
+        call: 38u32,
         name: "cudaEventQuery",
         form: None,
         library: "cudart",
@@ -39626,8 +39680,8 @@ pub mod cudart {
         },
     };
     pub static cudaEventRecord: CallDesc = CallDesc {
-        wire: 40u32,
-        call: 38u32,
+        wire: 41u32,
+        call: 39u32,
         name: "cudaEventRecord",
         form: None,
         library: "cudart",
@@ -39652,8 +39706,8 @@ pub mod cudart {
         },
     };
     pub static cudaEventRecordWithFlags: CallDesc = CallDesc {
-        wire: 41u32,
-        call: 39u32,
+        wire: 42u32,
+        call: 40u32,
         name: "cudaEventRecordWithFlags",
         form: None,
         library: "cudart",
@@ -39682,8 +39736,8 @@ pub mod cudart {
         },
     };
     pub static cudaEventRecordWithFlags_ptsz: CallDesc = CallDesc {
-        wire: 42u32,
-        call: 40u32,
+        wire: 43u32,
+        call: 41u32,
         name: "cudaEventRecordWithFlags_ptsz",
         form: None,
         library: "cudart",
@@ -39712,8 +39766,8 @@ pub mod cudart {
         },
     };
     pub static cudaEventRecord_ptsz: CallDesc = CallDesc {
-        wire: 43u32,
-        call: 41u32,
+        wire: 44u32,
+        call: 42u32,
         name: "cudaEventRecord_ptsz",
         form: None,
         library: "cudart",
@@ -39738,8 +39792,8 @@ pub mod cudart {
         },
     };
     pub static cudaEventSynchronize: CallDesc = CallDesc {
-        wire: 44u32,
-        call: 42u32,
+        wire: 45u32,
+        call: 43u32,
         name: "cudaEventSynchronize",
         form: None,
         library: "cudart",
@@ -39760,8 +39814,8 @@ pub mod cudart {
         },
     };
     pub static cudaExecutionCtxDestroy: CallDesc = CallDesc {
-        wire: 45u32,
-        call: 43u32,
+        wire: 46u32,
+        call: 44u32,
         name: "cudaExecutionCtxDestroy",
         form: None,
         library: "cudart",
@@ -39782,8 +39836,8 @@ pub mod cudart {
         },
     };
     pub static cudaExecutionCtxGetDevice: CallDesc = CallDesc {
-        wire: 46u32,
-        call: 44u32,
+        wire: 47u32,
+        call: 45u32,
         name: "cudaExecutionCtxGetDevice",
         form: None,
         library: "cudart",
@@ -39810,8 +39864,8 @@ pub mod cudart {
         },
     };
     pub static cudaExecutionCtxGetId: CallDesc = CallDesc {
-        wire: 47u32,
-        call: 45u32,
+        wire: 48u32,
+        call: 46u32,
         name: "cudaExecutionCtxGetId",
         form: None,
         library: "cudart",
@@ -39838,8 +39892,8 @@ pub mod cudart {
         },
     };
     pub static cudaExecutionCtxRecordEvent: CallDesc = CallDesc {
-        wire: 48u32,
-        call: 46u32,
+        wire: 49u32,
+        call: 47u32,
         name: "cudaExecutionCtxRecordEvent",
         form: None,
         library: "cudart",
@@ -39864,8 +39918,8 @@ pub mod cudart {
         },
     };
     pub static cudaExecutionCtxStreamCreate: CallDesc = CallDesc {
-        wire: 49u32,
-        call: 47u32,
+        wire: 50u32,
+        call: 48u32,
         name: "cudaExecutionCtxStreamCreate",
         form: None,
         library: "cudart",
@@ -39895,8 +39949,8 @@ pub mod cudart {
         },
     };
     pub static cudaExecutionCtxSynchronize: CallDesc = CallDesc {
-        wire: 50u32,
-        call: 48u32,
+        wire: 51u32,
+        call: 49u32,
         name: "cudaExecutionCtxSynchronize",
         form: None,
         library: "cudart",
@@ -39917,8 +39971,8 @@ pub mod cudart {
         },
     };
     pub static cudaExecutionCtxWaitEvent: CallDesc = CallDesc {
-        wire: 51u32,
-        call: 49u32,
+        wire: 52u32,
+        call: 50u32,
         name: "cudaExecutionCtxWaitEvent",
         form: None,
         library: "cudart",
@@ -39943,8 +39997,8 @@ pub mod cudart {
         },
     };
     pub static cudaExternalMemoryGetMappedMipmappedArray__cu118: CallDesc = CallDesc {
-        wire: 52u32,
-        call: 50u32,
+        wire: 53u32,
+        call: 51u32,
         name: "cudaExternalMemoryGetMappedMipmappedArray",
         form: None,
         library: "cudart",
@@ -39972,8 +40026,8 @@ pub mod cudart {
         },
     };
     pub static cudaExternalMemoryGetMappedMipmappedArray__cu130: CallDesc = CallDesc {
-        wire: 53u32,
-        call: 50u32,
+        wire: 54u32,
+        call: 51u32,
         name: "cudaExternalMemoryGetMappedMipmappedArray",
         form: None,
         library: "cudart",
@@ -40001,8 +40055,8 @@ pub mod cudart {
         },
     };
     pub static cudaFree__call: CallDesc = CallDesc {
-        wire: 54u32,
-        call: 51u32,
+        wire: 55u32,
+        call: 52u32,
         name: "cudaFree",
         form: Some("call"),
         library: "cudart",
@@ -40018,8 +40072,8 @@ pub mod cudart {
         },
     };
     pub static cudaFreeArray: CallDesc = CallDesc {
-        wire: 55u32,
-        call: 52u32,
+        wire: 56u32,
+        call: 53u32,
         name: "cudaFreeArray",
         form: None,
         library: "cudart",
@@ -40040,8 +40094,8 @@ pub mod cudart {
         },
     };
     pub static cudaFreeAsync__call: CallDesc = CallDesc {
-        wire: 56u32,
-        call: 53u32,
+        wire: 57u32,
+        call: 54u32,
         name: "cudaFreeAsync",
         form: Some("call"),
         library: "cudart",
@@ -40063,8 +40117,8 @@ pub mod cudart {
         },
     };
     pub static cudaFreeAsync_ptsz__call: CallDesc = CallDesc {
-        wire: 57u32,
-        call: 54u32,
+        wire: 58u32,
+        call: 55u32,
         name: "cudaFreeAsync_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -40086,8 +40140,8 @@ pub mod cudart {
         },
     };
     pub static cudaFreeMipmappedArray: CallDesc = CallDesc {
-        wire: 58u32,
-        call: 55u32,
+        wire: 59u32,
+        call: 56u32,
         name: "cudaFreeMipmappedArray",
         form: None,
         library: "cudart",
@@ -40108,8 +40162,8 @@ pub mod cudart {
         },
     };
     pub static cudaGetDeviceFlags: CallDesc = CallDesc {
-        wire: 59u32,
-        call: 56u32,
+        wire: 60u32,
+        call: 57u32,
         name: "cudaGetDeviceFlags",
         form: None,
         library: "cudart",
@@ -40132,8 +40186,8 @@ pub mod cudart {
         },
     };
     pub static cudaGetMipmappedArrayLevel: CallDesc = CallDesc {
-        wire: 60u32,
-        call: 57u32,
+        wire: 61u32,
+        call: 58u32,
         name: "cudaGetMipmappedArrayLevel",
         form: None,
         library: "cudart",
@@ -40159,8 +40213,8 @@ pub mod cudart {
         },
     };
     pub static cudaGetTextureAlignmentOffset: CallDesc = CallDesc {
-        wire: 61u32,
-        call: 58u32,
+        wire: 62u32,
+        call: 59u32,
         name: "cudaGetTextureAlignmentOffset",
         form: None,
         library: "cudart",
@@ -40189,8 +40243,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphChildGraphNodeGetGraph: CallDesc = CallDesc {
-        wire: 62u32,
-        call: 59u32,
+        wire: 63u32,
+        call: 60u32,
         name: "cudaGraphChildGraphNodeGetGraph",
         form: None,
         library: "cudart",
@@ -40212,8 +40266,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphClone: CallDesc = CallDesc {
-        wire: 63u32,
-        call: 60u32,
+        wire: 64u32,
+        call: 61u32,
         name: "cudaGraphClone",
         form: None,
         library: "cudart",
@@ -40235,8 +40289,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphConditionalHandleCreate: CallDesc = CallDesc {
-        wire: 64u32,
-        call: 61u32,
+        wire: 65u32,
+        call: 62u32,
         name: "cudaGraphConditionalHandleCreate",
         form: None,
         library: "cudart",
@@ -40271,8 +40325,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphConditionalHandleCreate_v2: CallDesc = CallDesc {
-        wire: 65u32,
-        call: 62u32,
+        wire: 66u32,
+        call: 63u32,
         name: "cudaGraphConditionalHandleCreate_v2",
         form: None,
         library: "cudart",
@@ -40311,8 +40365,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphCreate: CallDesc = CallDesc {
-        wire: 66u32,
-        call: 63u32,
+        wire: 67u32,
+        call: 64u32,
         name: "cudaGraphCreate",
         form: None,
         library: "cudart",
@@ -40334,8 +40388,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphDestroy: CallDesc = CallDesc {
-        wire: 67u32,
-        call: 64u32,
+        wire: 68u32,
+        call: 65u32,
         name: "cudaGraphDestroy",
         form: None,
         library: "cudart",
@@ -40356,8 +40410,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphDestroyNode: CallDesc = CallDesc {
-        wire: 68u32,
-        call: 65u32,
+        wire: 69u32,
+        call: 66u32,
         name: "cudaGraphDestroyNode",
         form: None,
         library: "cudart",
@@ -40378,8 +40432,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphEventRecordNodeGetEvent: CallDesc = CallDesc {
-        wire: 69u32,
-        call: 66u32,
+        wire: 70u32,
+        call: 67u32,
         name: "cudaGraphEventRecordNodeGetEvent",
         form: None,
         library: "cudart",
@@ -40401,8 +40455,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 70u32,
-        call: 67u32,
+        wire: 71u32,
+        call: 68u32,
         name: "cudaGraphEventRecordNodeSetEvent",
         form: None,
         library: "cudart",
@@ -40427,8 +40481,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphEventWaitNodeGetEvent: CallDesc = CallDesc {
-        wire: 71u32,
-        call: 68u32,
+        wire: 72u32,
+        call: 69u32,
         name: "cudaGraphEventWaitNodeGetEvent",
         form: None,
         library: "cudart",
@@ -40450,8 +40504,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 72u32,
-        call: 69u32,
+        wire: 73u32,
+        call: 70u32,
         name: "cudaGraphEventWaitNodeSetEvent",
         form: None,
         library: "cudart",
@@ -40476,8 +40530,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphExecChildGraphNodeSetParams: CallDesc = CallDesc {
-        wire: 73u32,
-        call: 70u32,
+        wire: 74u32,
+        call: 71u32,
         name: "cudaGraphExecChildGraphNodeSetParams",
         form: None,
         library: "cudart",
@@ -40506,8 +40560,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphExecDestroy: CallDesc = CallDesc {
-        wire: 74u32,
-        call: 71u32,
+        wire: 75u32,
+        call: 72u32,
         name: "cudaGraphExecDestroy",
         form: None,
         library: "cudart",
@@ -40528,8 +40582,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphExecEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 75u32,
-        call: 72u32,
+        wire: 76u32,
+        call: 73u32,
         name: "cudaGraphExecEventRecordNodeSetEvent",
         form: None,
         library: "cudart",
@@ -40558,8 +40612,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphExecEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 76u32,
-        call: 73u32,
+        wire: 77u32,
+        call: 74u32,
         name: "cudaGraphExecEventWaitNodeSetEvent",
         form: None,
         library: "cudart",
@@ -40588,8 +40642,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphExecGetFlags: CallDesc = CallDesc {
-        wire: 77u32,
-        call: 74u32,
+        wire: 78u32,
+        call: 75u32,
         name: "cudaGraphExecGetFlags",
         form: None,
         library: "cudart",
@@ -40616,8 +40670,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphExecGetId: CallDesc = CallDesc {
-        wire: 78u32,
-        call: 75u32,
+        wire: 79u32,
+        call: 76u32,
         name: "cudaGraphExecGetId",
         form: None,
         library: "cudart",
@@ -40644,8 +40698,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphExecUpdate__cu118: CallDesc = CallDesc {
-        wire: 79u32,
-        call: 76u32,
+        wire: 80u32,
+        call: 77u32,
         name: "cudaGraphExecUpdate",
         form: None,
         library: "cudart",
@@ -40677,8 +40731,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphGetEdges__cu118: CallDesc = CallDesc {
-        wire: 80u32,
-        call: 77u32,
+        wire: 81u32,
+        call: 78u32,
         name: "cudaGraphGetEdges",
         form: None,
         library: "cudart",
@@ -40707,8 +40761,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphGetId: CallDesc = CallDesc {
-        wire: 81u32,
-        call: 78u32,
+        wire: 82u32,
+        call: 79u32,
         name: "cudaGraphGetId",
         form: None,
         library: "cudart",
@@ -40735,8 +40789,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphGetNodes__count: CallDesc = CallDesc {
-        wire: 82u32,
-        call: 79u32,
+        wire: 83u32,
+        call: 80u32,
         name: "cudaGraphGetNodes",
         form: Some("count"),
         library: "cudart",
@@ -40764,8 +40818,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphGetRootNodes: CallDesc = CallDesc {
-        wire: 83u32,
-        call: 80u32,
+        wire: 84u32,
+        call: 81u32,
         name: "cudaGraphGetRootNodes",
         form: None,
         library: "cudart",
@@ -40793,8 +40847,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphInstantiate__cu121: CallDesc = CallDesc {
-        wire: 84u32,
-        call: 81u32,
+        wire: 85u32,
+        call: 82u32,
         name: "cudaGraphInstantiate",
         form: None,
         library: "cudart",
@@ -40820,8 +40874,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphInstantiateWithFlags: CallDesc = CallDesc {
-        wire: 85u32,
-        call: 82u32,
+        wire: 86u32,
+        call: 83u32,
         name: "cudaGraphInstantiateWithFlags",
         form: None,
         library: "cudart",
@@ -40847,8 +40901,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphKernelNodeCopyAttributes: CallDesc = CallDesc {
-        wire: 86u32,
-        call: 83u32,
+        wire: 87u32,
+        call: 84u32,
         name: "cudaGraphKernelNodeCopyAttributes",
         form: None,
         library: "cudart",
@@ -40873,8 +40927,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphLaunch: CallDesc = CallDesc {
-        wire: 87u32,
-        call: 84u32,
+        wire: 88u32,
+        call: 85u32,
         name: "cudaGraphLaunch",
         form: None,
         library: "cudart",
@@ -40899,8 +40953,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphLaunch_ptsz: CallDesc = CallDesc {
-        wire: 88u32,
-        call: 85u32,
+        wire: 89u32,
+        call: 86u32,
         name: "cudaGraphLaunch_ptsz",
         form: None,
         library: "cudart",
@@ -40925,8 +40979,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphNodeFindInClone: CallDesc = CallDesc {
-        wire: 89u32,
-        call: 86u32,
+        wire: 90u32,
+        call: 87u32,
         name: "cudaGraphNodeFindInClone",
         form: None,
         library: "cudart",
@@ -40952,8 +41006,8 @@ pub mod cudart {
         },
     };
     pub static cudaGraphNodeGetContainingGraph: CallDesc = CallDesc {
-        wire: 90u32,
-        call: 87u32,
+        wire: 91u32,
+        call: 88u32,
         name: "cudaGraphNodeGetContainingGraph",
         form: None,
         library: "cudart",
@@ -40965,35 +41019,6 @@ pub mod cudart {
                 destroy: false,
             },
             Wire::OutHandle { kind: 12u16 },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 801i64,
-            unavailable: 100i64,
-            invalid_handle: 400i64,
-        },
-    };
-    pub static cudaGraphNodeGetDependencies__cu118: CallDesc = CallDesc {
-        wire: 91u32,
-        call: 88u32,
-        name: "cudaGraphNodeGetDependencies",
-        form: None,
-        library: "cudart",
-        versions: &["11.8", "12.1", "12.6", "12.8"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 11u16,
-                destroy: false,
-            },
-            Wire::OutHandle { kind: 11u16 },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 8u32,
-                len: None,
-                record: None,
-            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -42022,9 +42047,105 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaMemPoolTrimTo: CallDesc = CallDesc {
+    pub static cudaMemPoolGetAttribute: CallDesc = CallDesc {
         wire: 128u32,
         call: 125u32,
+        name: "cudaMemPoolGetAttribute",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 19u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemPoolGetAttribute_1),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemPoolSetAccess: CallDesc = CallDesc {
+        wire: 129u32,
+        call: 126u32,
+        name: "cudaMemPoolSetAccess",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 19u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 12u32,
+                len: Some(&LEN_cudaMemPoolSetAccess_2),
+                record: Some("cudaMemAccessDesc"),
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemPoolSetAttribute: CallDesc = CallDesc {
+        wire: 130u32,
+        call: 127u32,
+        name: "cudaMemPoolSetAttribute",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 19u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudaMemPoolSetAttribute_3),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
+    pub static cudaMemPoolTrimTo: CallDesc = CallDesc {
+        wire: 131u32,
+        call: 128u32,
         name: "cudaMemPoolTrimTo",
         form: None,
         library: "cudart",
@@ -42049,8 +42170,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy__d2d: CallDesc = CallDesc {
-        wire: 129u32,
-        call: 126u32,
+        wire: 132u32,
+        call: 129u32,
         name: "cudaMemcpy",
         form: Some("d2d"),
         library: "cudart",
@@ -42077,8 +42198,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy__d2h: CallDesc = CallDesc {
-        wire: 130u32,
-        call: 126u32,
+        wire: 133u32,
+        call: 129u32,
         name: "cudaMemcpy",
         form: Some("d2h"),
         library: "cudart",
@@ -42088,7 +42209,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpy__d2h_0),
+                len: Some(&LEN_cudaMemcpy__d2h_4),
                 record: None,
             },
             Wire::Device,
@@ -42110,8 +42231,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy__h2d: CallDesc = CallDesc {
-        wire: 131u32,
-        call: 126u32,
+        wire: 134u32,
+        call: 129u32,
         name: "cudaMemcpy",
         form: Some("h2d"),
         library: "cudart",
@@ -42122,7 +42243,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpy__h2d_1),
+                len: Some(&LEN_cudaMemcpy__h2d_5),
                 record: None,
             },
             Wire::Val {
@@ -42143,8 +42264,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy2D__d2d: CallDesc = CallDesc {
-        wire: 132u32,
-        call: 127u32,
+        wire: 135u32,
+        call: 130u32,
         name: "cudaMemcpy2D",
         form: Some("d2d"),
         library: "cudart",
@@ -42183,8 +42304,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy2D__d2h: CallDesc = CallDesc {
-        wire: 133u32,
-        call: 127u32,
+        wire: 136u32,
+        call: 130u32,
         name: "cudaMemcpy2D",
         form: Some("d2h"),
         library: "cudart",
@@ -42194,7 +42315,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpy2D__d2h_4),
+                len: Some(&LEN_cudaMemcpy2D__d2h_8),
                 record: None,
             },
             Wire::Val {
@@ -42228,8 +42349,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy2D__h2d: CallDesc = CallDesc {
-        wire: 134u32,
-        call: 127u32,
+        wire: 137u32,
+        call: 130u32,
         name: "cudaMemcpy2D",
         form: Some("h2d"),
         library: "cudart",
@@ -42244,7 +42365,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpy2D__h2d_7),
+                len: Some(&LEN_cudaMemcpy2D__h2d_11),
                 record: None,
             },
             Wire::Val {
@@ -42273,8 +42394,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy2DArrayToArray: CallDesc = CallDesc {
-        wire: 135u32,
-        call: 128u32,
+        wire: 138u32,
+        call: 131u32,
         name: "cudaMemcpy2DArrayToArray",
         form: None,
         library: "cudart",
@@ -42327,8 +42448,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy2DArrayToArray_ptds: CallDesc = CallDesc {
-        wire: 136u32,
-        call: 129u32,
+        wire: 139u32,
+        call: 132u32,
         name: "cudaMemcpy2DArrayToArray_ptds",
         form: None,
         library: "cudart",
@@ -42381,8 +42502,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy2DAsync__d2d: CallDesc = CallDesc {
-        wire: 137u32,
-        call: 130u32,
+        wire: 140u32,
+        call: 133u32,
         name: "cudaMemcpy2DAsync",
         form: Some("d2d"),
         library: "cudart",
@@ -42425,8 +42546,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy2DAsync__d2h: CallDesc = CallDesc {
-        wire: 138u32,
-        call: 130u32,
+        wire: 141u32,
+        call: 133u32,
         name: "cudaMemcpy2DAsync",
         form: Some("d2h"),
         library: "cudart",
@@ -42436,7 +42557,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpy2DAsync__d2h_10),
+                len: Some(&LEN_cudaMemcpy2DAsync__d2h_14),
                 record: None,
             },
             Wire::Val {
@@ -42474,8 +42595,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy2DAsync__h2d: CallDesc = CallDesc {
-        wire: 139u32,
-        call: 130u32,
+        wire: 142u32,
+        call: 133u32,
         name: "cudaMemcpy2DAsync",
         form: Some("h2d"),
         library: "cudart",
@@ -42490,7 +42611,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpy2DAsync__h2d_13),
+                len: Some(&LEN_cudaMemcpy2DAsync__h2d_17),
                 record: None,
             },
             Wire::Val {
@@ -42523,8 +42644,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy2DAsync_ptsz__d2d: CallDesc = CallDesc {
-        wire: 140u32,
-        call: 131u32,
+        wire: 143u32,
+        call: 134u32,
         name: "cudaMemcpy2DAsync_ptsz",
         form: Some("d2d"),
         library: "cudart",
@@ -42567,8 +42688,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy2DAsync_ptsz__d2h: CallDesc = CallDesc {
-        wire: 141u32,
-        call: 131u32,
+        wire: 144u32,
+        call: 134u32,
         name: "cudaMemcpy2DAsync_ptsz",
         form: Some("d2h"),
         library: "cudart",
@@ -42578,7 +42699,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpy2DAsync_ptsz__d2h_16),
+                len: Some(&LEN_cudaMemcpy2DAsync_ptsz__d2h_20),
                 record: None,
             },
             Wire::Val {
@@ -42616,8 +42737,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy2DAsync_ptsz__h2d: CallDesc = CallDesc {
-        wire: 142u32,
-        call: 131u32,
+        wire: 145u32,
+        call: 134u32,
         name: "cudaMemcpy2DAsync_ptsz",
         form: Some("h2d"),
         library: "cudart",
@@ -42632,7 +42753,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpy2DAsync_ptsz__h2d_19),
+                len: Some(&LEN_cudaMemcpy2DAsync_ptsz__h2d_23),
                 record: None,
             },
             Wire::Val {
@@ -42665,8 +42786,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy2D_ptds__d2d: CallDesc = CallDesc {
-        wire: 143u32,
-        call: 132u32,
+        wire: 146u32,
+        call: 135u32,
         name: "cudaMemcpy2D_ptds",
         form: Some("d2d"),
         library: "cudart",
@@ -42705,8 +42826,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy2D_ptds__d2h: CallDesc = CallDesc {
-        wire: 144u32,
-        call: 132u32,
+        wire: 147u32,
+        call: 135u32,
         name: "cudaMemcpy2D_ptds",
         form: Some("d2h"),
         library: "cudart",
@@ -42716,7 +42837,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpy2D_ptds__d2h_22),
+                len: Some(&LEN_cudaMemcpy2D_ptds__d2h_26),
                 record: None,
             },
             Wire::Val {
@@ -42750,8 +42871,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy2D_ptds__h2d: CallDesc = CallDesc {
-        wire: 145u32,
-        call: 132u32,
+        wire: 148u32,
+        call: 135u32,
         name: "cudaMemcpy2D_ptds",
         form: Some("h2d"),
         library: "cudart",
@@ -42766,7 +42887,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpy2D_ptds__h2d_25),
+                len: Some(&LEN_cudaMemcpy2D_ptds__h2d_29),
                 record: None,
             },
             Wire::Val {
@@ -42795,8 +42916,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpyArrayToArray: CallDesc = CallDesc {
-        wire: 146u32,
-        call: 133u32,
+        wire: 149u32,
+        call: 136u32,
         name: "cudaMemcpyArrayToArray",
         form: None,
         library: "cudart",
@@ -42845,8 +42966,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpyArrayToArray_ptds: CallDesc = CallDesc {
-        wire: 147u32,
-        call: 134u32,
+        wire: 150u32,
+        call: 137u32,
         name: "cudaMemcpyArrayToArray_ptds",
         form: None,
         library: "cudart",
@@ -42895,8 +43016,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpyAsync__d2d: CallDesc = CallDesc {
-        wire: 148u32,
-        call: 135u32,
+        wire: 151u32,
+        call: 138u32,
         name: "cudaMemcpyAsync",
         form: Some("d2d"),
         library: "cudart",
@@ -42927,8 +43048,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpyAsync__d2h: CallDesc = CallDesc {
-        wire: 149u32,
-        call: 135u32,
+        wire: 152u32,
+        call: 138u32,
         name: "cudaMemcpyAsync",
         form: Some("d2h"),
         library: "cudart",
@@ -42938,7 +43059,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpyAsync__d2h_26),
+                len: Some(&LEN_cudaMemcpyAsync__d2h_30),
                 record: None,
             },
             Wire::Device,
@@ -42964,8 +43085,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpyAsync__h2d: CallDesc = CallDesc {
-        wire: 150u32,
-        call: 135u32,
+        wire: 153u32,
+        call: 138u32,
         name: "cudaMemcpyAsync",
         form: Some("h2d"),
         library: "cudart",
@@ -42976,7 +43097,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpyAsync__h2d_27),
+                len: Some(&LEN_cudaMemcpyAsync__h2d_31),
                 record: None,
             },
             Wire::Val {
@@ -43001,8 +43122,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpyAsync_ptsz__d2d: CallDesc = CallDesc {
-        wire: 151u32,
-        call: 136u32,
+        wire: 154u32,
+        call: 139u32,
         name: "cudaMemcpyAsync_ptsz",
         form: Some("d2d"),
         library: "cudart",
@@ -43033,8 +43154,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpyAsync_ptsz__d2h: CallDesc = CallDesc {
-        wire: 152u32,
-        call: 136u32,
+        wire: 155u32,
+        call: 139u32,
         name: "cudaMemcpyAsync_ptsz",
         form: Some("d2h"),
         library: "cudart",
@@ -43044,7 +43165,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpyAsync_ptsz__d2h_28),
+                len: Some(&LEN_cudaMemcpyAsync_ptsz__d2h_32),
                 record: None,
             },
             Wire::Device,
@@ -43070,8 +43191,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpyAsync_ptsz__h2d: CallDesc = CallDesc {
-        wire: 153u32,
-        call: 136u32,
+        wire: 156u32,
+        call: 139u32,
         name: "cudaMemcpyAsync_ptsz",
         form: Some("h2d"),
         library: "cudart",
@@ -43082,7 +43203,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpyAsync_ptsz__h2d_29),
+                len: Some(&LEN_cudaMemcpyAsync_ptsz__h2d_33),
                 record: None,
             },
             Wire::Val {
@@ -43106,9 +43227,45 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
+    pub static cudaMemcpyPeerAsync: CallDesc = CallDesc {
+        wire: 157u32,
+        call: 140u32,
+        name: "cudaMemcpyPeerAsync",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+        },
+    };
     pub static cudaMemcpy_ptds__d2d: CallDesc = CallDesc {
-        wire: 154u32,
-        call: 137u32,
+        wire: 158u32,
+        call: 141u32,
         name: "cudaMemcpy_ptds",
         form: Some("d2d"),
         library: "cudart",
@@ -43135,8 +43292,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy_ptds__d2h: CallDesc = CallDesc {
-        wire: 155u32,
-        call: 137u32,
+        wire: 159u32,
+        call: 141u32,
         name: "cudaMemcpy_ptds",
         form: Some("d2h"),
         library: "cudart",
@@ -43146,7 +43303,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpy_ptds__d2h_30),
+                len: Some(&LEN_cudaMemcpy_ptds__d2h_34),
                 record: None,
             },
             Wire::Device,
@@ -43168,8 +43325,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemcpy_ptds__h2d: CallDesc = CallDesc {
-        wire: 156u32,
-        call: 137u32,
+        wire: 160u32,
+        call: 141u32,
         name: "cudaMemcpy_ptds",
         form: Some("h2d"),
         library: "cudart",
@@ -43180,7 +43337,7 @@ pub mod cudart {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudaMemcpy_ptds__h2d_31),
+                len: Some(&LEN_cudaMemcpy_ptds__h2d_35),
                 record: None,
             },
             Wire::Val {
@@ -43201,8 +43358,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemset: CallDesc = CallDesc {
-        wire: 157u32,
-        call: 138u32,
+        wire: 161u32,
+        call: 142u32,
         name: "cudaMemset",
         form: None,
         library: "cudart",
@@ -43228,8 +43385,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemset2D: CallDesc = CallDesc {
-        wire: 158u32,
-        call: 139u32,
+        wire: 162u32,
+        call: 143u32,
         name: "cudaMemset2D",
         form: None,
         library: "cudart",
@@ -43263,8 +43420,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemset2DAsync: CallDesc = CallDesc {
-        wire: 159u32,
-        call: 140u32,
+        wire: 163u32,
+        call: 144u32,
         name: "cudaMemset2DAsync",
         form: None,
         library: "cudart",
@@ -43302,8 +43459,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemset2DAsync_ptsz: CallDesc = CallDesc {
-        wire: 160u32,
-        call: 141u32,
+        wire: 164u32,
+        call: 145u32,
         name: "cudaMemset2DAsync_ptsz",
         form: None,
         library: "cudart",
@@ -43341,8 +43498,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemset2D_ptds: CallDesc = CallDesc {
-        wire: 161u32,
-        call: 142u32,
+        wire: 165u32,
+        call: 146u32,
         name: "cudaMemset2D_ptds",
         form: None,
         library: "cudart",
@@ -43376,8 +43533,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemsetAsync: CallDesc = CallDesc {
-        wire: 162u32,
-        call: 143u32,
+        wire: 166u32,
+        call: 147u32,
         name: "cudaMemsetAsync",
         form: None,
         library: "cudart",
@@ -43407,8 +43564,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemsetAsync_ptsz: CallDesc = CallDesc {
-        wire: 163u32,
-        call: 144u32,
+        wire: 167u32,
+        call: 148u32,
         name: "cudaMemsetAsync_ptsz",
         form: None,
         library: "cudart",
@@ -43438,8 +43595,8 @@ pub mod cudart {
         },
     };
     pub static cudaMemset_ptds: CallDesc = CallDesc {
-        wire: 164u32,
-        call: 145u32,
+        wire: 168u32,
+        call: 149u32,
         name: "cudaMemset_ptds",
         form: None,
         library: "cudart",
@@ -43465,8 +43622,8 @@ pub mod cudart {
         },
     };
     pub static cudaSetDevice__call: CallDesc = CallDesc {
-        wire: 165u32,
-        call: 146u32,
+        wire: 169u32,
+        call: 150u32,
         name: "cudaSetDevice",
         form: Some("call"),
         library: "cudart",
@@ -43487,8 +43644,8 @@ pub mod cudart {
         },
     };
     pub static cudaSetDeviceFlags: CallDesc = CallDesc {
-        wire: 166u32,
-        call: 147u32,
+        wire: 170u32,
+        call: 151u32,
         name: "cudaSetDeviceFlags",
         form: None,
         library: "cudart",
@@ -43509,8 +43666,8 @@ pub mod cudart {
         },
     };
     pub static cudaSetDoubleForDevice: CallDesc = CallDesc {
-        wire: 167u32,
-        call: 148u32,
+        wire: 171u32,
+        call: 152u32,
         name: "cudaSetDoubleForDevice",
         form: None,
         library: "cudart",
@@ -43533,8 +43690,8 @@ pub mod cudart {
         },
     };
     pub static cudaSetDoubleForHost: CallDesc = CallDesc {
-        wire: 168u32,
-        call: 149u32,
+        wire: 172u32,
+        call: 153u32,
         name: "cudaSetDoubleForHost",
         form: None,
         library: "cudart",
@@ -43557,8 +43714,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamAddCallback__host: CallDesc = CallDesc {
-        wire: 169u32,
-        call: 150u32,
+        wire: 173u32,
+        call: 154u32,
         name: "cudaStreamAddCallback",
         form: Some("host"),
         library: "cudart",
@@ -43591,8 +43748,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamAddCallback_ptsz__host: CallDesc = CallDesc {
-        wire: 170u32,
-        call: 151u32,
+        wire: 174u32,
+        call: 155u32,
         name: "cudaStreamAddCallback_ptsz",
         form: Some("host"),
         library: "cudart",
@@ -43625,8 +43782,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamBeginCapture__call: CallDesc = CallDesc {
-        wire: 171u32,
-        call: 152u32,
+        wire: 175u32,
+        call: 156u32,
         name: "cudaStreamBeginCapture",
         form: Some("call"),
         library: "cudart",
@@ -43651,8 +43808,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamBeginCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 172u32,
-        call: 153u32,
+        wire: 176u32,
+        call: 157u32,
         name: "cudaStreamBeginCapture_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -43677,8 +43834,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamCopyAttributes: CallDesc = CallDesc {
-        wire: 173u32,
-        call: 154u32,
+        wire: 177u32,
+        call: 158u32,
         name: "cudaStreamCopyAttributes",
         form: None,
         library: "cudart",
@@ -43703,8 +43860,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamCopyAttributes_ptsz: CallDesc = CallDesc {
-        wire: 174u32,
-        call: 155u32,
+        wire: 178u32,
+        call: 159u32,
         name: "cudaStreamCopyAttributes_ptsz",
         form: None,
         library: "cudart",
@@ -43729,8 +43886,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamCreate: CallDesc = CallDesc {
-        wire: 175u32,
-        call: 156u32,
+        wire: 179u32,
+        call: 160u32,
         name: "cudaStreamCreate",
         form: None,
         library: "cudart",
@@ -43746,8 +43903,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamCreateWithFlags: CallDesc = CallDesc {
-        wire: 176u32,
-        call: 157u32,
+        wire: 180u32,
+        call: 161u32,
         name: "cudaStreamCreateWithFlags",
         form: None,
         library: "cudart",
@@ -43769,8 +43926,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamCreateWithPriority: CallDesc = CallDesc {
-        wire: 177u32,
-        call: 158u32,
+        wire: 181u32,
+        call: 162u32,
         name: "cudaStreamCreateWithPriority",
         form: None,
         library: "cudart",
@@ -43796,8 +43953,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamDestroy: CallDesc = CallDesc {
-        wire: 178u32,
-        call: 159u32,
+        wire: 182u32,
+        call: 163u32,
         name: "cudaStreamDestroy",
         form: None,
         library: "cudart",
@@ -43818,8 +43975,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamEndCapture__call: CallDesc = CallDesc {
-        wire: 179u32,
-        call: 160u32,
+        wire: 183u32,
+        call: 164u32,
         name: "cudaStreamEndCapture",
         form: Some("call"),
         library: "cudart",
@@ -43841,8 +43998,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamEndCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 180u32,
-        call: 161u32,
+        wire: 184u32,
+        call: 165u32,
         name: "cudaStreamEndCapture_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -43864,8 +44021,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetCaptureInfo__cu118__call: CallDesc = CallDesc {
-        wire: 181u32,
-        call: 162u32,
+        wire: 185u32,
+        call: 166u32,
         name: "cudaStreamGetCaptureInfo",
         form: Some("call"),
         library: "cudart",
@@ -43898,8 +44055,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetCaptureInfo__cu130__call: CallDesc = CallDesc {
-        wire: 182u32,
-        call: 162u32,
+        wire: 186u32,
+        call: 166u32,
         name: "cudaStreamGetCaptureInfo",
         form: Some("call"),
         library: "cudart",
@@ -43941,8 +44098,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetCaptureInfo_ptsz__cu118__call: CallDesc = CallDesc {
-        wire: 183u32,
-        call: 163u32,
+        wire: 187u32,
+        call: 167u32,
         name: "cudaStreamGetCaptureInfo_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -43975,8 +44132,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetCaptureInfo_ptsz__cu130__call: CallDesc = CallDesc {
-        wire: 184u32,
-        call: 163u32,
+        wire: 188u32,
+        call: 167u32,
         name: "cudaStreamGetCaptureInfo_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -44018,8 +44175,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetDevice: CallDesc = CallDesc {
-        wire: 185u32,
-        call: 164u32,
+        wire: 189u32,
+        call: 168u32,
         name: "cudaStreamGetDevice",
         form: None,
         library: "cudart",
@@ -44046,8 +44203,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetDevice_ptsz: CallDesc = CallDesc {
-        wire: 186u32,
-        call: 165u32,
+        wire: 190u32,
+        call: 169u32,
         name: "cudaStreamGetDevice_ptsz",
         form: None,
         library: "cudart",
@@ -44074,8 +44231,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetFlags: CallDesc = CallDesc {
-        wire: 187u32,
-        call: 166u32,
+        wire: 191u32,
+        call: 170u32,
         name: "cudaStreamGetFlags",
         form: None,
         library: "cudart",
@@ -44102,8 +44259,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetFlags_ptsz: CallDesc = CallDesc {
-        wire: 188u32,
-        call: 167u32,
+        wire: 192u32,
+        call: 171u32,
         name: "cudaStreamGetFlags_ptsz",
         form: None,
         library: "cudart",
@@ -44130,8 +44287,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetId: CallDesc = CallDesc {
-        wire: 189u32,
-        call: 168u32,
+        wire: 193u32,
+        call: 172u32,
         name: "cudaStreamGetId",
         form: None,
         library: "cudart",
@@ -44158,8 +44315,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetId_ptsz: CallDesc = CallDesc {
-        wire: 190u32,
-        call: 169u32,
+        wire: 194u32,
+        call: 173u32,
         name: "cudaStreamGetId_ptsz",
         form: None,
         library: "cudart",
@@ -44186,8 +44343,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetPriority: CallDesc = CallDesc {
-        wire: 191u32,
-        call: 170u32,
+        wire: 195u32,
+        call: 174u32,
         name: "cudaStreamGetPriority",
         form: None,
         library: "cudart",
@@ -44214,8 +44371,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamGetPriority_ptsz: CallDesc = CallDesc {
-        wire: 192u32,
-        call: 171u32,
+        wire: 196u32,
+        call: 175u32,
         name: "cudaStreamGetPriority_ptsz",
         form: None,
         library: "cudart",
@@ -44242,8 +44399,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamIsCapturing__call: CallDesc = CallDesc {
-        wire: 193u32,
-        call: 172u32,
+        wire: 197u32,
+        call: 176u32,
         name: "cudaStreamIsCapturing",
         form: Some("call"),
         library: "cudart",
@@ -44270,8 +44427,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamIsCapturing_ptsz__call: CallDesc = CallDesc {
-        wire: 194u32,
-        call: 173u32,
+        wire: 198u32,
+        call: 177u32,
         name: "cudaStreamIsCapturing_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -44298,8 +44455,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamQuery: CallDesc = CallDesc {
-        wire: 195u32,
-        call: 174u32,
+        wire: 199u32,
+        call: 178u32,
         name: "cudaStreamQuery",
         form: None,
         library: "cudart",
@@ -44320,8 +44477,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamQuery_ptsz: CallDesc = CallDesc {
-        wire: 196u32,
-        call: 175u32,
+        wire: 200u32,
+        call: 179u32,
         name: "cudaStreamQuery_ptsz",
         form: None,
         library: "cudart",
@@ -44342,8 +44499,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamSynchronize: CallDesc = CallDesc {
-        wire: 197u32,
-        call: 176u32,
+        wire: 201u32,
+        call: 180u32,
         name: "cudaStreamSynchronize",
         form: None,
         library: "cudart",
@@ -44364,8 +44521,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamSynchronize_ptsz: CallDesc = CallDesc {
-        wire: 198u32,
-        call: 177u32,
+        wire: 202u32,
+        call: 181u32,
         name: "cudaStreamSynchronize_ptsz",
         form: None,
         library: "cudart",
@@ -44386,8 +44543,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamUpdateCaptureDependencies__cu118: CallDesc = CallDesc {
-        wire: 199u32,
-        call: 178u32,
+        wire: 203u32,
+        call: 182u32,
         name: "cudaStreamUpdateCaptureDependencies",
         form: None,
         library: "cudart",
@@ -44417,8 +44574,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamUpdateCaptureDependencies_ptsz__cu126: CallDesc = CallDesc {
-        wire: 200u32,
-        call: 179u32,
+        wire: 204u32,
+        call: 183u32,
         name: "cudaStreamUpdateCaptureDependencies_ptsz",
         form: None,
         library: "cudart",
@@ -44448,8 +44605,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamWaitEvent: CallDesc = CallDesc {
-        wire: 201u32,
-        call: 180u32,
+        wire: 205u32,
+        call: 184u32,
         name: "cudaStreamWaitEvent",
         form: None,
         library: "cudart",
@@ -44478,8 +44635,8 @@ pub mod cudart {
         },
     };
     pub static cudaStreamWaitEvent_ptsz: CallDesc = CallDesc {
-        wire: 202u32,
-        call: 181u32,
+        wire: 206u32,
+        call: 185u32,
         name: "cudaStreamWaitEvent_ptsz",
         form: None,
         library: "cudart",
@@ -44508,8 +44665,8 @@ pub mod cudart {
         },
     };
     pub static cudaThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
-        wire: 203u32,
-        call: 182u32,
+        wire: 207u32,
+        call: 186u32,
         name: "cudaThreadExchangeStreamCaptureMode",
         form: None,
         library: "cudart",
@@ -44532,8 +44689,8 @@ pub mod cudart {
         },
     };
     pub static cudaThreadExit: CallDesc = CallDesc {
-        wire: 204u32,
-        call: 183u32,
+        wire: 208u32,
+        call: 187u32,
         name: "cudaThreadExit",
         form: None,
         library: "cudart",
@@ -44549,8 +44706,8 @@ pub mod cudart {
         },
     };
     pub static cudaThreadGetCacheConfig: CallDesc = CallDesc {
-        wire: 205u32,
-        call: 184u32,
+        wire: 209u32,
+        call: 188u32,
         name: "cudaThreadGetCacheConfig",
         form: None,
         library: "cudart",
@@ -44573,8 +44730,8 @@ pub mod cudart {
         },
     };
     pub static cudaThreadGetLimit: CallDesc = CallDesc {
-        wire: 206u32,
-        call: 185u32,
+        wire: 210u32,
+        call: 189u32,
         name: "cudaThreadGetLimit",
         form: None,
         library: "cudart",
@@ -44601,8 +44758,8 @@ pub mod cudart {
         },
     };
     pub static cudaThreadSetCacheConfig: CallDesc = CallDesc {
-        wire: 207u32,
-        call: 186u32,
+        wire: 211u32,
+        call: 190u32,
         name: "cudaThreadSetCacheConfig",
         form: None,
         library: "cudart",
@@ -44623,8 +44780,8 @@ pub mod cudart {
         },
     };
     pub static cudaThreadSetLimit: CallDesc = CallDesc {
-        wire: 208u32,
-        call: 187u32,
+        wire: 212u32,
+        call: 191u32,
         name: "cudaThreadSetLimit",
         form: None,
         library: "cudart",
@@ -44649,8 +44806,8 @@ pub mod cudart {
         },
     };
     pub static cudaThreadSynchronize: CallDesc = CallDesc {
-        wire: 209u32,
-        call: 188u32,
+        wire: 213u32,
+        call: 192u32,
         name: "cudaThreadSynchronize",
         form: None,
         library: "cudart",
@@ -44666,8 +44823,8 @@ pub mod cudart {
         },
     };
     pub static cudaUnbindTexture: CallDesc = CallDesc {
-        wire: 210u32,
-        call: 189u32,
+        wire: 214u32,
+        call: 193u32,
         name: "cudaUnbindTexture",
         form: None,
         library: "cudart",
@@ -44690,8 +44847,8 @@ pub mod cudart {
         },
     };
     pub static cudaUserObjectRelease: CallDesc = CallDesc {
-        wire: 211u32,
-        call: 190u32,
+        wire: 215u32,
+        call: 194u32,
         name: "cudaUserObjectRelease",
         form: None,
         library: "cudart",
@@ -44716,8 +44873,8 @@ pub mod cudart {
         },
     };
     pub static cudaUserObjectRetain: CallDesc = CallDesc {
-        wire: 212u32,
-        call: 191u32,
+        wire: 216u32,
+        call: 195u32,
         name: "cudaUserObjectRetain",
         form: None,
         library: "cudart",
@@ -44936,8 +45093,8 @@ pub mod cudnn {
     static LEN_cudnnTransformTensor__cu126_133: Len = Len::Lit(16u64);
     static LEN_cudnnTransformTensor__cu126_134: Len = Len::Lit(16u64);
     pub static cudnnActivationBackward__cu118: CallDesc = CallDesc {
-        wire: 1211u32,
-        call: 1179u32,
+        wire: 1215u32,
+        call: 1183u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -44994,8 +45151,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnActivationBackward__cu126: CallDesc = CallDesc {
-        wire: 1212u32,
-        call: 1179u32,
+        wire: 1216u32,
+        call: 1183u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -45052,8 +45209,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1213u32,
-        call: 1180u32,
+        wire: 1217u32,
+        call: 1184u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -45100,8 +45257,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1214u32,
-        call: 1180u32,
+        wire: 1218u32,
+        call: 1184u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -45148,8 +45305,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnAdvInferVersionCheck: CallDesc = CallDesc {
-        wire: 1215u32,
-        call: 1181u32,
+        wire: 1219u32,
+        call: 1185u32,
         name: "cudnnAdvInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -45165,8 +45322,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnAdvTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1216u32,
-        call: 1182u32,
+        wire: 1220u32,
+        call: 1186u32,
         name: "cudnnAdvTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -45182,8 +45339,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnAdvVersionCheck: CallDesc = CallDesc {
-        wire: 1217u32,
-        call: 1183u32,
+        wire: 1221u32,
+        call: 1187u32,
         name: "cudnnAdvVersionCheck",
         form: None,
         library: "cudnn",
@@ -45199,8 +45356,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBackendCreateDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1218u32,
-        call: 1184u32,
+        wire: 1222u32,
+        call: 1188u32,
         name: "cudnnBackendCreateDescriptor",
         form: None,
         library: "cudnn",
@@ -45227,8 +45384,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBackendCreateDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1219u32,
-        call: 1184u32,
+        wire: 1223u32,
+        call: 1188u32,
         name: "cudnnBackendCreateDescriptor",
         form: None,
         library: "cudnn",
@@ -45255,8 +45412,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBackendDestroyDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1220u32,
-        call: 1185u32,
+        wire: 1224u32,
+        call: 1189u32,
         name: "cudnnBackendDestroyDescriptor",
         form: None,
         library: "cudnn",
@@ -45277,8 +45434,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBackendDestroyDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1221u32,
-        call: 1185u32,
+        wire: 1225u32,
+        call: 1189u32,
         name: "cudnnBackendDestroyDescriptor",
         form: None,
         library: "cudnn",
@@ -45299,8 +45456,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBackendExecute__cu118: CallDesc = CallDesc {
-        wire: 1222u32,
-        call: 1186u32,
+        wire: 1226u32,
+        call: 1190u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -45329,8 +45486,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBackendExecute__cu126: CallDesc = CallDesc {
-        wire: 1223u32,
-        call: 1186u32,
+        wire: 1227u32,
+        call: 1190u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -45359,8 +45516,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBackendFinalize__cu118: CallDesc = CallDesc {
-        wire: 1224u32,
-        call: 1187u32,
+        wire: 1228u32,
+        call: 1191u32,
         name: "cudnnBackendFinalize",
         form: None,
         library: "cudnn",
@@ -45381,8 +45538,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBackendFinalize__cu126: CallDesc = CallDesc {
-        wire: 1225u32,
-        call: 1187u32,
+        wire: 1229u32,
+        call: 1191u32,
         name: "cudnnBackendFinalize",
         form: None,
         library: "cudnn",
@@ -45403,8 +45560,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBackendGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 1226u32,
-        call: 1188u32,
+        wire: 1230u32,
+        call: 1192u32,
         name: "cudnnBackendGetAttribute",
         form: None,
         library: "cudnn",
@@ -45449,8 +45606,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBackendGetAttribute__cu126: CallDesc = CallDesc {
-        wire: 1227u32,
-        call: 1188u32,
+        wire: 1231u32,
+        call: 1192u32,
         name: "cudnnBackendGetAttribute",
         form: None,
         library: "cudnn",
@@ -45495,8 +45652,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBackendSetAttribute__cu118: CallDesc = CallDesc {
-        wire: 1228u32,
-        call: 1189u32,
+        wire: 1232u32,
+        call: 1193u32,
         name: "cudnnBackendSetAttribute",
         form: None,
         library: "cudnn",
@@ -45535,8 +45692,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBackendSetAttribute__cu126: CallDesc = CallDesc {
-        wire: 1229u32,
-        call: 1189u32,
+        wire: 1233u32,
+        call: 1193u32,
         name: "cudnnBackendSetAttribute",
         form: None,
         library: "cudnn",
@@ -45575,8 +45732,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBatchNormalizationBackwardEx__cu118: CallDesc = CallDesc {
-        wire: 1230u32,
-        call: 1190u32,
+        wire: 1234u32,
+        call: 1194u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -45682,8 +45839,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBatchNormalizationBackwardEx__cu126: CallDesc = CallDesc {
-        wire: 1231u32,
-        call: 1190u32,
+        wire: 1235u32,
+        call: 1194u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -45789,8 +45946,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBatchNormalizationForwardInference__cu118: CallDesc = CallDesc {
-        wire: 1232u32,
-        call: 1191u32,
+        wire: 1236u32,
+        call: 1195u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -45849,8 +46006,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBatchNormalizationForwardInference__cu126: CallDesc = CallDesc {
-        wire: 1233u32,
-        call: 1191u32,
+        wire: 1237u32,
+        call: 1195u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -45909,8 +46066,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBatchNormalizationForwardTraining__cu118: CallDesc = CallDesc {
-        wire: 1234u32,
-        call: 1192u32,
+        wire: 1238u32,
+        call: 1196u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -45975,8 +46132,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBatchNormalizationForwardTraining__cu126: CallDesc = CallDesc {
-        wire: 1235u32,
-        call: 1192u32,
+        wire: 1239u32,
+        call: 1196u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -46041,8 +46198,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu118: CallDesc = CallDesc {
-        wire: 1236u32,
-        call: 1193u32,
+        wire: 1240u32,
+        call: 1197u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -46130,8 +46287,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu126: CallDesc = CallDesc {
-        wire: 1237u32,
-        call: 1193u32,
+        wire: 1241u32,
+        call: 1197u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -46219,8 +46376,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 1238u32,
-        call: 1194u32,
+        wire: 1242u32,
+        call: 1198u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -46249,8 +46406,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 1239u32,
-        call: 1194u32,
+        wire: 1243u32,
+        call: 1198u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -46279,8 +46436,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCTCLoss_v8__cu118: CallDesc = CallDesc {
-        wire: 1240u32,
-        call: 1195u32,
+        wire: 1244u32,
+        call: 1199u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -46328,8 +46485,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCTCLoss_v8__cu126: CallDesc = CallDesc {
-        wire: 1241u32,
-        call: 1195u32,
+        wire: 1245u32,
+        call: 1199u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -46377,8 +46534,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 1242u32,
-        call: 1196u32,
+        wire: 1246u32,
+        call: 1200u32,
         name: "cudnnCnnInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -46394,8 +46551,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1243u32,
-        call: 1197u32,
+        wire: 1247u32,
+        call: 1201u32,
         name: "cudnnCnnTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -46411,8 +46568,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 1244u32,
-        call: 1198u32,
+        wire: 1248u32,
+        call: 1202u32,
         name: "cudnnCnnVersionCheck",
         form: None,
         library: "cudnn",
@@ -46428,8 +46585,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnConvolutionBackwardData__cu118: CallDesc = CallDesc {
-        wire: 1245u32,
-        call: 1199u32,
+        wire: 1249u32,
+        call: 1203u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -46490,8 +46647,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnConvolutionBackwardData__cu126: CallDesc = CallDesc {
-        wire: 1246u32,
-        call: 1199u32,
+        wire: 1250u32,
+        call: 1203u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -46552,8 +46709,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnConvolutionBackwardFilter__cu118: CallDesc = CallDesc {
-        wire: 1247u32,
-        call: 1200u32,
+        wire: 1251u32,
+        call: 1204u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -46614,8 +46771,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnConvolutionBackwardFilter__cu126: CallDesc = CallDesc {
-        wire: 1248u32,
-        call: 1200u32,
+        wire: 1252u32,
+        call: 1204u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -46676,8 +46833,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnConvolutionBiasActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1249u32,
-        call: 1201u32,
+        wire: 1253u32,
+        call: 1205u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -46752,8 +46909,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnConvolutionBiasActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1250u32,
-        call: 1201u32,
+        wire: 1254u32,
+        call: 1205u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -46828,8 +46985,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnConvolutionForward__cu118: CallDesc = CallDesc {
-        wire: 1251u32,
-        call: 1202u32,
+        wire: 1255u32,
+        call: 1206u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -46890,8 +47047,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnConvolutionForward__cu126: CallDesc = CallDesc {
-        wire: 1252u32,
-        call: 1202u32,
+        wire: 1256u32,
+        call: 1206u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -46952,8 +47109,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1253u32,
-        call: 1203u32,
+        wire: 1257u32,
+        call: 1207u32,
         name: "cudnnCopyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -46978,8 +47135,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 1254u32,
-        call: 1204u32,
+        wire: 1258u32,
+        call: 1208u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -46995,8 +47152,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 1255u32,
-        call: 1204u32,
+        wire: 1259u32,
+        call: 1208u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -47012,8 +47169,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1256u32,
-        call: 1205u32,
+        wire: 1260u32,
+        call: 1209u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -47029,8 +47186,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1257u32,
-        call: 1205u32,
+        wire: 1261u32,
+        call: 1209u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -47046,8 +47203,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1258u32,
-        call: 1206u32,
+        wire: 1262u32,
+        call: 1210u32,
         name: "cudnnCreateAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -47063,8 +47220,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1259u32,
-        call: 1207u32,
+        wire: 1263u32,
+        call: 1211u32,
         name: "cudnnCreateAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -47086,8 +47243,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1260u32,
-        call: 1208u32,
+        wire: 1264u32,
+        call: 1212u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -47103,8 +47260,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1261u32,
-        call: 1208u32,
+        wire: 1265u32,
+        call: 1212u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -47120,8 +47277,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1262u32,
-        call: 1209u32,
+        wire: 1266u32,
+        call: 1213u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -47137,8 +47294,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1263u32,
-        call: 1209u32,
+        wire: 1267u32,
+        call: 1213u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -47154,8 +47311,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1264u32,
-        call: 1210u32,
+        wire: 1268u32,
+        call: 1214u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -47171,8 +47328,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1265u32,
-        call: 1210u32,
+        wire: 1269u32,
+        call: 1214u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -47188,8 +47345,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1266u32,
-        call: 1211u32,
+        wire: 1270u32,
+        call: 1215u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -47205,8 +47362,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1267u32,
-        call: 1211u32,
+        wire: 1271u32,
+        call: 1215u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -47222,8 +47379,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1268u32,
-        call: 1212u32,
+        wire: 1272u32,
+        call: 1216u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -47239,8 +47396,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1269u32,
-        call: 1212u32,
+        wire: 1273u32,
+        call: 1216u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -47256,8 +47413,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1270u32,
-        call: 1213u32,
+        wire: 1274u32,
+        call: 1217u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -47279,8 +47436,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1271u32,
-        call: 1213u32,
+        wire: 1275u32,
+        call: 1217u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -47302,8 +47459,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1272u32,
-        call: 1214u32,
+        wire: 1276u32,
+        call: 1218u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -47325,8 +47482,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1273u32,
-        call: 1214u32,
+        wire: 1277u32,
+        call: 1218u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -47348,8 +47505,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1274u32,
-        call: 1215u32,
+        wire: 1278u32,
+        call: 1219u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -47371,8 +47528,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1275u32,
-        call: 1215u32,
+        wire: 1279u32,
+        call: 1219u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -47394,8 +47551,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1276u32,
-        call: 1216u32,
+        wire: 1280u32,
+        call: 1220u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -47411,8 +47568,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1277u32,
-        call: 1216u32,
+        wire: 1281u32,
+        call: 1220u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -47428,8 +47585,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1278u32,
-        call: 1217u32,
+        wire: 1282u32,
+        call: 1221u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -47445,8 +47602,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1279u32,
-        call: 1217u32,
+        wire: 1283u32,
+        call: 1221u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -47462,8 +47619,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1280u32,
-        call: 1218u32,
+        wire: 1284u32,
+        call: 1222u32,
         name: "cudnnCreatePersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -47493,8 +47650,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1281u32,
-        call: 1219u32,
+        wire: 1285u32,
+        call: 1223u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -47510,8 +47667,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1282u32,
-        call: 1219u32,
+        wire: 1286u32,
+        call: 1223u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -47527,8 +47684,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1283u32,
-        call: 1220u32,
+        wire: 1287u32,
+        call: 1224u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -47544,8 +47701,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1284u32,
-        call: 1220u32,
+        wire: 1288u32,
+        call: 1224u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -47561,8 +47718,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1285u32,
-        call: 1221u32,
+        wire: 1289u32,
+        call: 1225u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -47578,8 +47735,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1286u32,
-        call: 1221u32,
+        wire: 1290u32,
+        call: 1225u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -47595,8 +47752,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1287u32,
-        call: 1222u32,
+        wire: 1291u32,
+        call: 1226u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -47612,8 +47769,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1288u32,
-        call: 1222u32,
+        wire: 1292u32,
+        call: 1226u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -47629,8 +47786,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1289u32,
-        call: 1223u32,
+        wire: 1293u32,
+        call: 1227u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -47646,8 +47803,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1290u32,
-        call: 1223u32,
+        wire: 1294u32,
+        call: 1227u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -47663,8 +47820,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1291u32,
-        call: 1224u32,
+        wire: 1295u32,
+        call: 1228u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -47680,8 +47837,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1292u32,
-        call: 1224u32,
+        wire: 1296u32,
+        call: 1228u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -47697,8 +47854,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1293u32,
-        call: 1225u32,
+        wire: 1297u32,
+        call: 1229u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -47714,8 +47871,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1294u32,
-        call: 1225u32,
+        wire: 1298u32,
+        call: 1229u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -47731,8 +47888,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1295u32,
-        call: 1226u32,
+        wire: 1299u32,
+        call: 1230u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -47748,8 +47905,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1296u32,
-        call: 1226u32,
+        wire: 1300u32,
+        call: 1230u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -47765,8 +47922,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1297u32,
-        call: 1227u32,
+        wire: 1301u32,
+        call: 1231u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -47795,8 +47952,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1298u32,
-        call: 1227u32,
+        wire: 1302u32,
+        call: 1231u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -47825,8 +47982,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1299u32,
-        call: 1228u32,
+        wire: 1303u32,
+        call: 1232u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -47863,8 +48020,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1300u32,
-        call: 1228u32,
+        wire: 1304u32,
+        call: 1232u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -47901,8 +48058,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroy__cu118: CallDesc = CallDesc {
-        wire: 1301u32,
-        call: 1229u32,
+        wire: 1305u32,
+        call: 1233u32,
         name: "cudnnDestroy",
         form: None,
         library: "cudnn",
@@ -47923,8 +48080,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroy__cu126: CallDesc = CallDesc {
-        wire: 1302u32,
-        call: 1229u32,
+        wire: 1306u32,
+        call: 1233u32,
         name: "cudnnDestroy",
         form: None,
         library: "cudnn",
@@ -47945,8 +48102,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1303u32,
-        call: 1230u32,
+        wire: 1307u32,
+        call: 1234u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -47967,8 +48124,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1304u32,
-        call: 1230u32,
+        wire: 1308u32,
+        call: 1234u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -47989,8 +48146,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1305u32,
-        call: 1231u32,
+        wire: 1309u32,
+        call: 1235u32,
         name: "cudnnDestroyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -48011,8 +48168,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1306u32,
-        call: 1232u32,
+        wire: 1310u32,
+        call: 1236u32,
         name: "cudnnDestroyAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -48034,8 +48191,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1307u32,
-        call: 1233u32,
+        wire: 1311u32,
+        call: 1237u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -48056,8 +48213,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1308u32,
-        call: 1233u32,
+        wire: 1312u32,
+        call: 1237u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -48078,8 +48235,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1309u32,
-        call: 1234u32,
+        wire: 1313u32,
+        call: 1238u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -48100,8 +48257,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1310u32,
-        call: 1234u32,
+        wire: 1314u32,
+        call: 1238u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -48122,8 +48279,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1311u32,
-        call: 1235u32,
+        wire: 1315u32,
+        call: 1239u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -48144,8 +48301,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1312u32,
-        call: 1235u32,
+        wire: 1316u32,
+        call: 1239u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -48166,8 +48323,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1313u32,
-        call: 1236u32,
+        wire: 1317u32,
+        call: 1240u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -48188,8 +48345,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1314u32,
-        call: 1236u32,
+        wire: 1318u32,
+        call: 1240u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -48210,8 +48367,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1315u32,
-        call: 1237u32,
+        wire: 1319u32,
+        call: 1241u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -48232,8 +48389,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1316u32,
-        call: 1237u32,
+        wire: 1320u32,
+        call: 1241u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -48254,8 +48411,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1317u32,
-        call: 1238u32,
+        wire: 1321u32,
+        call: 1242u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -48276,8 +48433,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1318u32,
-        call: 1238u32,
+        wire: 1322u32,
+        call: 1242u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -48298,8 +48455,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1319u32,
-        call: 1239u32,
+        wire: 1323u32,
+        call: 1243u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -48320,8 +48477,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1320u32,
-        call: 1239u32,
+        wire: 1324u32,
+        call: 1243u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -48342,8 +48499,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1321u32,
-        call: 1240u32,
+        wire: 1325u32,
+        call: 1244u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -48364,8 +48521,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1322u32,
-        call: 1240u32,
+        wire: 1326u32,
+        call: 1244u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -48386,8 +48543,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1323u32,
-        call: 1241u32,
+        wire: 1327u32,
+        call: 1245u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -48408,8 +48565,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1324u32,
-        call: 1241u32,
+        wire: 1328u32,
+        call: 1245u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -48430,8 +48587,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1325u32,
-        call: 1242u32,
+        wire: 1329u32,
+        call: 1246u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -48452,8 +48609,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1326u32,
-        call: 1242u32,
+        wire: 1330u32,
+        call: 1246u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -48474,8 +48631,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1327u32,
-        call: 1243u32,
+        wire: 1331u32,
+        call: 1247u32,
         name: "cudnnDestroyPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -48496,8 +48653,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1328u32,
-        call: 1244u32,
+        wire: 1332u32,
+        call: 1248u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -48518,8 +48675,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1329u32,
-        call: 1244u32,
+        wire: 1333u32,
+        call: 1248u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -48540,8 +48697,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1330u32,
-        call: 1245u32,
+        wire: 1334u32,
+        call: 1249u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -48562,8 +48719,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1331u32,
-        call: 1245u32,
+        wire: 1335u32,
+        call: 1249u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -48584,8 +48741,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1332u32,
-        call: 1246u32,
+        wire: 1336u32,
+        call: 1250u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -48606,8 +48763,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1333u32,
-        call: 1246u32,
+        wire: 1337u32,
+        call: 1250u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -48628,8 +48785,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1334u32,
-        call: 1247u32,
+        wire: 1338u32,
+        call: 1251u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -48650,8 +48807,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1335u32,
-        call: 1247u32,
+        wire: 1339u32,
+        call: 1251u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -48672,8 +48829,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1336u32,
-        call: 1248u32,
+        wire: 1340u32,
+        call: 1252u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -48694,8 +48851,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1337u32,
-        call: 1248u32,
+        wire: 1341u32,
+        call: 1252u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -48716,8 +48873,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1338u32,
-        call: 1249u32,
+        wire: 1342u32,
+        call: 1253u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -48738,8 +48895,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1339u32,
-        call: 1249u32,
+        wire: 1343u32,
+        call: 1253u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -48760,8 +48917,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1340u32,
-        call: 1250u32,
+        wire: 1344u32,
+        call: 1254u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -48782,8 +48939,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1341u32,
-        call: 1250u32,
+        wire: 1345u32,
+        call: 1254u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -48804,8 +48961,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1342u32,
-        call: 1251u32,
+        wire: 1346u32,
+        call: 1255u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -48826,8 +48983,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1343u32,
-        call: 1251u32,
+        wire: 1347u32,
+        call: 1255u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -48848,8 +49005,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutBackward__cu118: CallDesc = CallDesc {
-        wire: 1344u32,
-        call: 1252u32,
+        wire: 1348u32,
+        call: 1256u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -48889,8 +49046,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutBackward__cu126: CallDesc = CallDesc {
-        wire: 1345u32,
-        call: 1252u32,
+        wire: 1349u32,
+        call: 1256u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -48930,8 +49087,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutForward__cu118: CallDesc = CallDesc {
-        wire: 1346u32,
-        call: 1253u32,
+        wire: 1350u32,
+        call: 1257u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -48971,8 +49128,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutForward__cu126: CallDesc = CallDesc {
-        wire: 1347u32,
-        call: 1253u32,
+        wire: 1351u32,
+        call: 1257u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -49012,8 +49169,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1348u32,
-        call: 1254u32,
+        wire: 1352u32,
+        call: 1258u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -49040,8 +49197,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1349u32,
-        call: 1254u32,
+        wire: 1353u32,
+        call: 1258u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -49068,8 +49225,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 1350u32,
-        call: 1255u32,
+        wire: 1354u32,
+        call: 1259u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -49096,8 +49253,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 1351u32,
-        call: 1255u32,
+        wire: 1355u32,
+        call: 1259u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -49124,8 +49281,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1352u32,
-        call: 1256u32,
+        wire: 1356u32,
+        call: 1260u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -49186,8 +49343,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1353u32,
-        call: 1256u32,
+        wire: 1357u32,
+        call: 1260u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -49248,8 +49405,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1354u32,
-        call: 1257u32,
+        wire: 1358u32,
+        call: 1261u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -49310,8 +49467,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1355u32,
-        call: 1257u32,
+        wire: 1359u32,
+        call: 1261u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -49372,8 +49529,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1356u32,
-        call: 1258u32,
+        wire: 1360u32,
+        call: 1262u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -49434,8 +49591,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1357u32,
-        call: 1258u32,
+        wire: 1361u32,
+        call: 1262u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -49496,8 +49653,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 1358u32,
-        call: 1259u32,
+        wire: 1362u32,
+        call: 1263u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -49526,8 +49683,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 1359u32,
-        call: 1259u32,
+        wire: 1363u32,
+        call: 1263u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -49556,8 +49713,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1360u32,
-        call: 1260u32,
+        wire: 1364u32,
+        call: 1264u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -49596,8 +49753,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1361u32,
-        call: 1260u32,
+        wire: 1365u32,
+        call: 1264u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -49636,8 +49793,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1362u32,
-        call: 1261u32,
+        wire: 1366u32,
+        call: 1265u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -49664,8 +49821,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1363u32,
-        call: 1261u32,
+        wire: 1367u32,
+        call: 1265u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -49692,8 +49849,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1364u32,
-        call: 1262u32,
+        wire: 1368u32,
+        call: 1266u32,
         name: "cudnnGetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -49733,8 +49890,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 1365u32,
-        call: 1263u32,
+        wire: 1369u32,
+        call: 1267u32,
         name: "cudnnGetAlgorithmSpaceSize",
         form: None,
         library: "cudnn",
@@ -49765,8 +49922,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1366u32,
-        call: 1264u32,
+        wire: 1370u32,
+        call: 1268u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -49829,8 +49986,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1367u32,
-        call: 1264u32,
+        wire: 1371u32,
+        call: 1268u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -49893,8 +50050,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1368u32,
-        call: 1265u32,
+        wire: 1372u32,
+        call: 1269u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -49949,8 +50106,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1369u32,
-        call: 1265u32,
+        wire: 1373u32,
+        call: 1269u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -50005,8 +50162,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1370u32,
-        call: 1266u32,
+        wire: 1374u32,
+        call: 1270u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -50049,8 +50206,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1371u32,
-        call: 1266u32,
+        wire: 1375u32,
+        call: 1270u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -50093,8 +50250,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1372u32,
-        call: 1267u32,
+        wire: 1376u32,
+        call: 1271u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -50121,8 +50278,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1373u32,
-        call: 1267u32,
+        wire: 1377u32,
+        call: 1271u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -50149,8 +50306,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1374u32,
-        call: 1268u32,
+        wire: 1378u32,
+        call: 1272u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -50189,8 +50346,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1375u32,
-        call: 1268u32,
+        wire: 1379u32,
+        call: 1272u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -50229,8 +50386,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 1376u32,
-        call: 1269u32,
+        wire: 1380u32,
+        call: 1273u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -50273,8 +50430,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 1377u32,
-        call: 1269u32,
+        wire: 1381u32,
+        call: 1273u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -50317,8 +50474,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1378u32,
-        call: 1270u32,
+        wire: 1382u32,
+        call: 1274u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -50387,8 +50544,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1379u32,
-        call: 1270u32,
+        wire: 1383u32,
+        call: 1274u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -50457,8 +50614,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1380u32,
-        call: 1271u32,
+        wire: 1384u32,
+        call: 1275u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -50506,8 +50663,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1381u32,
-        call: 1271u32,
+        wire: 1385u32,
+        call: 1275u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -50555,8 +50712,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1382u32,
-        call: 1272u32,
+        wire: 1386u32,
+        call: 1276u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -50583,8 +50740,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1383u32,
-        call: 1272u32,
+        wire: 1387u32,
+        call: 1276u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -50611,8 +50768,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1384u32,
-        call: 1273u32,
+        wire: 1388u32,
+        call: 1277u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -50665,8 +50822,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1385u32,
-        call: 1273u32,
+        wire: 1389u32,
+        call: 1277u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -50719,8 +50876,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1386u32,
-        call: 1274u32,
+        wire: 1390u32,
+        call: 1278u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -50767,8 +50924,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1387u32,
-        call: 1274u32,
+        wire: 1391u32,
+        call: 1278u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -50815,8 +50972,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1388u32,
-        call: 1275u32,
+        wire: 1392u32,
+        call: 1279u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -50843,8 +51000,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1389u32,
-        call: 1275u32,
+        wire: 1393u32,
+        call: 1279u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -50871,8 +51028,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1390u32,
-        call: 1276u32,
+        wire: 1394u32,
+        call: 1280u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -50925,8 +51082,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1391u32,
-        call: 1276u32,
+        wire: 1395u32,
+        call: 1280u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -50979,8 +51136,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1392u32,
-        call: 1277u32,
+        wire: 1396u32,
+        call: 1281u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -51027,8 +51184,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1393u32,
-        call: 1277u32,
+        wire: 1397u32,
+        call: 1281u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -51075,8 +51232,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1394u32,
-        call: 1278u32,
+        wire: 1398u32,
+        call: 1282u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -51103,8 +51260,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1395u32,
-        call: 1278u32,
+        wire: 1399u32,
+        call: 1282u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -51131,8 +51288,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1396u32,
-        call: 1279u32,
+        wire: 1400u32,
+        call: 1283u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -51185,8 +51342,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1397u32,
-        call: 1279u32,
+        wire: 1401u32,
+        call: 1283u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -51239,8 +51396,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1398u32,
-        call: 1280u32,
+        wire: 1402u32,
+        call: 1284u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -51287,8 +51444,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1399u32,
-        call: 1280u32,
+        wire: 1403u32,
+        call: 1284u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -51335,8 +51492,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1400u32,
-        call: 1281u32,
+        wire: 1404u32,
+        call: 1285u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -51363,8 +51520,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1401u32,
-        call: 1281u32,
+        wire: 1405u32,
+        call: 1285u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -51391,8 +51548,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1402u32,
-        call: 1282u32,
+        wire: 1406u32,
+        call: 1286u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -51419,8 +51576,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1403u32,
-        call: 1282u32,
+        wire: 1407u32,
+        call: 1286u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -51447,8 +51604,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1404u32,
-        call: 1283u32,
+        wire: 1408u32,
+        call: 1287u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -51487,8 +51644,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1405u32,
-        call: 1283u32,
+        wire: 1409u32,
+        call: 1287u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -51527,8 +51684,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1406u32,
-        call: 1284u32,
+        wire: 1410u32,
+        call: 1288u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -51555,8 +51712,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1407u32,
-        call: 1284u32,
+        wire: 1411u32,
+        call: 1288u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -51583,8 +51740,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCudartVersion__cu118: CallDesc = CallDesc {
-        wire: 1408u32,
-        call: 1285u32,
+        wire: 1412u32,
+        call: 1289u32,
         name: "cudnnGetCudartVersion",
         form: None,
         library: "cudnn",
@@ -51603,8 +51760,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetCudartVersion__cu126: CallDesc = CallDesc {
-        wire: 1409u32,
-        call: 1285u32,
+        wire: 1413u32,
+        call: 1289u32,
         name: "cudnnGetCudartVersion",
         form: None,
         library: "cudnn",
@@ -51623,8 +51780,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1410u32,
-        call: 1286u32,
+        wire: 1414u32,
+        call: 1290u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -51662,8 +51819,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1411u32,
-        call: 1286u32,
+        wire: 1415u32,
+        call: 1290u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -51701,8 +51858,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1412u32,
-        call: 1287u32,
+        wire: 1416u32,
+        call: 1291u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -51754,8 +51911,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1413u32,
-        call: 1287u32,
+        wire: 1417u32,
+        call: 1291u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -51807,8 +51964,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1414u32,
-        call: 1288u32,
+        wire: 1418u32,
+        call: 1292u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -51857,8 +52014,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1415u32,
-        call: 1288u32,
+        wire: 1419u32,
+        call: 1292u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -51907,8 +52064,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1416u32,
-        call: 1289u32,
+        wire: 1420u32,
+        call: 1293u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -51935,8 +52092,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1417u32,
-        call: 1289u32,
+        wire: 1421u32,
+        call: 1293u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -51963,8 +52120,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 1418u32,
-        call: 1290u32,
+        wire: 1422u32,
+        call: 1294u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -52037,8 +52194,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 1419u32,
-        call: 1290u32,
+        wire: 1423u32,
+        call: 1294u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -52111,8 +52268,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1420u32,
-        call: 1291u32,
+        wire: 1424u32,
+        call: 1295u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -52157,8 +52314,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1421u32,
-        call: 1291u32,
+        wire: 1425u32,
+        call: 1295u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -52203,8 +52360,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetLastErrorString: CallDesc = CallDesc {
-        wire: 1422u32,
-        call: 1292u32,
+        wire: 1426u32,
+        call: 1296u32,
         name: "cudnnGetLastErrorString",
         form: None,
         library: "cudnn",
@@ -52231,8 +52388,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 1423u32,
-        call: 1293u32,
+        wire: 1427u32,
+        call: 1297u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -52251,8 +52408,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 1424u32,
-        call: 1293u32,
+        wire: 1428u32,
+        call: 1297u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -52271,8 +52428,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1425u32,
-        call: 1294u32,
+        wire: 1429u32,
+        call: 1298u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -52347,8 +52504,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1426u32,
-        call: 1294u32,
+        wire: 1430u32,
+        call: 1298u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -52423,8 +52580,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1427u32,
-        call: 1295u32,
+        wire: 1431u32,
+        call: 1299u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -52491,8 +52648,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1428u32,
-        call: 1295u32,
+        wire: 1432u32,
+        call: 1299u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -52559,8 +52716,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1429u32,
-        call: 1296u32,
+        wire: 1433u32,
+        call: 1300u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -52611,8 +52768,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1430u32,
-        call: 1296u32,
+        wire: 1434u32,
+        call: 1300u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -52663,8 +52820,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1431u32,
-        call: 1297u32,
+        wire: 1435u32,
+        call: 1301u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -52703,8 +52860,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1432u32,
-        call: 1297u32,
+        wire: 1436u32,
+        call: 1301u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -52743,8 +52900,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1433u32,
-        call: 1298u32,
+        wire: 1437u32,
+        call: 1302u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -52813,8 +52970,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1434u32,
-        call: 1298u32,
+        wire: 1438u32,
+        call: 1302u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -52883,8 +53040,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1435u32,
-        call: 1299u32,
+        wire: 1439u32,
+        call: 1303u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -52928,8 +53085,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1436u32,
-        call: 1299u32,
+        wire: 1440u32,
+        call: 1303u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -52973,8 +53130,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1437u32,
-        call: 1300u32,
+        wire: 1441u32,
+        call: 1304u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -53035,8 +53192,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1438u32,
-        call: 1300u32,
+        wire: 1442u32,
+        call: 1304u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -53097,8 +53254,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1439u32,
-        call: 1301u32,
+        wire: 1443u32,
+        call: 1305u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -53133,8 +53290,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1440u32,
-        call: 1301u32,
+        wire: 1444u32,
+        call: 1305u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -53169,8 +53326,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 1441u32,
-        call: 1302u32,
+        wire: 1445u32,
+        call: 1306u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -53197,8 +53354,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 1442u32,
-        call: 1302u32,
+        wire: 1446u32,
+        call: 1306u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -53225,8 +53382,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1443u32,
-        call: 1303u32,
+        wire: 1447u32,
+        call: 1307u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -53257,8 +53414,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1444u32,
-        call: 1304u32,
+        wire: 1448u32,
+        call: 1308u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -53289,8 +53446,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1445u32,
-        call: 1305u32,
+        wire: 1449u32,
+        call: 1309u32,
         name: "cudnnGetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -53317,8 +53474,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1446u32,
-        call: 1306u32,
+        wire: 1450u32,
+        call: 1310u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -53349,8 +53506,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1447u32,
-        call: 1307u32,
+        wire: 1451u32,
+        call: 1311u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -53381,8 +53538,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1448u32,
-        call: 1308u32,
+        wire: 1452u32,
+        call: 1312u32,
         name: "cudnnGetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -53409,8 +53566,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1449u32,
-        call: 1309u32,
+        wire: 1453u32,
+        call: 1313u32,
         name: "cudnnGetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -53437,8 +53594,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 1450u32,
-        call: 1310u32,
+        wire: 1454u32,
+        call: 1314u32,
         name: "cudnnGetRNNParamsSize",
         form: None,
         library: "cudnn",
@@ -53477,8 +53634,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNTempSpaceSizes__cu118: CallDesc = CallDesc {
-        wire: 1451u32,
-        call: 1311u32,
+        wire: 1455u32,
+        call: 1315u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -53523,8 +53680,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNTempSpaceSizes__cu126: CallDesc = CallDesc {
-        wire: 1452u32,
-        call: 1311u32,
+        wire: 1456u32,
+        call: 1315u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -53569,8 +53726,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNWeightParams__cu118: CallDesc = CallDesc {
-        wire: 1453u32,
-        call: 1312u32,
+        wire: 1457u32,
+        call: 1316u32,
         name: "cudnnGetRNNWeightParams",
         form: None,
         library: "cudnn",
@@ -53628,8 +53785,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNWeightParams__cu126: CallDesc = CallDesc {
-        wire: 1454u32,
-        call: 1312u32,
+        wire: 1458u32,
+        call: 1316u32,
         name: "cudnnGetRNNWeightParams",
         form: None,
         library: "cudnn",
@@ -53687,8 +53844,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1455u32,
-        call: 1313u32,
+        wire: 1459u32,
+        call: 1317u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -53719,8 +53876,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1456u32,
-        call: 1313u32,
+        wire: 1460u32,
+        call: 1317u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -53751,8 +53908,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1457u32,
-        call: 1314u32,
+        wire: 1461u32,
+        call: 1318u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -53803,8 +53960,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1458u32,
-        call: 1314u32,
+        wire: 1462u32,
+        call: 1318u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -53855,8 +54012,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 1459u32,
-        call: 1315u32,
+        wire: 1463u32,
+        call: 1319u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -53895,8 +54052,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 1460u32,
-        call: 1315u32,
+        wire: 1464u32,
+        call: 1319u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -53935,8 +54092,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1461u32,
-        call: 1316u32,
+        wire: 1465u32,
+        call: 1320u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -53975,8 +54132,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1462u32,
-        call: 1316u32,
+        wire: 1466u32,
+        call: 1320u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -54015,8 +54172,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetStream__cu118: CallDesc = CallDesc {
-        wire: 1463u32,
-        call: 1317u32,
+        wire: 1467u32,
+        call: 1321u32,
         name: "cudnnGetStream",
         form: None,
         library: "cudnn",
@@ -54038,8 +54195,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetStream__cu126: CallDesc = CallDesc {
-        wire: 1464u32,
-        call: 1317u32,
+        wire: 1468u32,
+        call: 1321u32,
         name: "cudnnGetStream",
         form: None,
         library: "cudnn",
@@ -54061,8 +54218,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1465u32,
-        call: 1318u32,
+        wire: 1469u32,
+        call: 1322u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -54132,8 +54289,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1466u32,
-        call: 1318u32,
+        wire: 1470u32,
+        call: 1322u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -54203,8 +54360,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1467u32,
-        call: 1319u32,
+        wire: 1471u32,
+        call: 1323u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -54253,8 +54410,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1468u32,
-        call: 1319u32,
+        wire: 1472u32,
+        call: 1323u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -54303,8 +54460,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1469u32,
-        call: 1320u32,
+        wire: 1473u32,
+        call: 1324u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -54331,8 +54488,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1470u32,
-        call: 1320u32,
+        wire: 1474u32,
+        call: 1324u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -54359,8 +54516,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1471u32,
-        call: 1321u32,
+        wire: 1475u32,
+        call: 1325u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -54415,8 +54572,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1472u32,
-        call: 1321u32,
+        wire: 1476u32,
+        call: 1325u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -54471,8 +54628,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetVersion__cu118: CallDesc = CallDesc {
-        wire: 1473u32,
-        call: 1322u32,
+        wire: 1477u32,
+        call: 1326u32,
         name: "cudnnGetVersion",
         form: None,
         library: "cudnn",
@@ -54491,8 +54648,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGetVersion__cu126: CallDesc = CallDesc {
-        wire: 1474u32,
-        call: 1322u32,
+        wire: 1478u32,
+        call: 1326u32,
         name: "cudnnGetVersion",
         form: None,
         library: "cudnn",
@@ -54511,8 +54668,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 1475u32,
-        call: 1323u32,
+        wire: 1479u32,
+        call: 1327u32,
         name: "cudnnGraphVersionCheck",
         form: None,
         library: "cudnn",
@@ -54528,8 +54685,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 1476u32,
-        call: 1324u32,
+        wire: 1480u32,
+        call: 1328u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -54564,8 +54721,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 1477u32,
-        call: 1324u32,
+        wire: 1481u32,
+        call: 1328u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -54600,8 +54757,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnLRNCrossChannelBackward__cu118: CallDesc = CallDesc {
-        wire: 1478u32,
-        call: 1325u32,
+        wire: 1482u32,
+        call: 1329u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -54662,8 +54819,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnLRNCrossChannelBackward__cu126: CallDesc = CallDesc {
-        wire: 1479u32,
-        call: 1325u32,
+        wire: 1483u32,
+        call: 1329u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -54724,8 +54881,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnLRNCrossChannelForward__cu118: CallDesc = CallDesc {
-        wire: 1480u32,
-        call: 1326u32,
+        wire: 1484u32,
+        call: 1330u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -54776,8 +54933,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnLRNCrossChannelForward__cu126: CallDesc = CallDesc {
-        wire: 1481u32,
-        call: 1326u32,
+        wire: 1485u32,
+        call: 1330u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -54828,8 +54985,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1482u32,
-        call: 1327u32,
+        wire: 1486u32,
+        call: 1331u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -54864,8 +55021,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1483u32,
-        call: 1327u32,
+        wire: 1487u32,
+        call: 1331u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -54900,8 +55057,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 1484u32,
-        call: 1328u32,
+        wire: 1488u32,
+        call: 1332u32,
         name: "cudnnOpsInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -54917,8 +55074,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1485u32,
-        call: 1329u32,
+        wire: 1489u32,
+        call: 1333u32,
         name: "cudnnOpsTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -54934,8 +55091,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 1486u32,
-        call: 1330u32,
+        wire: 1490u32,
+        call: 1334u32,
         name: "cudnnOpsVersionCheck",
         form: None,
         library: "cudnn",
@@ -54951,8 +55108,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnPoolingBackward__cu118: CallDesc = CallDesc {
-        wire: 1487u32,
-        call: 1331u32,
+        wire: 1491u32,
+        call: 1335u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -55009,8 +55166,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnPoolingBackward__cu126: CallDesc = CallDesc {
-        wire: 1488u32,
-        call: 1331u32,
+        wire: 1492u32,
+        call: 1335u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -55067,8 +55224,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnPoolingForward__cu118: CallDesc = CallDesc {
-        wire: 1489u32,
-        call: 1332u32,
+        wire: 1493u32,
+        call: 1336u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -55115,8 +55272,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnPoolingForward__cu126: CallDesc = CallDesc {
-        wire: 1490u32,
-        call: 1332u32,
+        wire: 1494u32,
+        call: 1336u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -55163,8 +55320,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 1491u32,
-        call: 1333u32,
+        wire: 1495u32,
+        call: 1337u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -55199,8 +55356,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 1492u32,
-        call: 1333u32,
+        wire: 1496u32,
+        call: 1337u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -55235,8 +55392,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNBackwardData_v8__cu118: CallDesc = CallDesc {
-        wire: 1493u32,
-        call: 1334u32,
+        wire: 1497u32,
+        call: 1338u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -55302,8 +55459,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNBackwardData_v8__cu126: CallDesc = CallDesc {
-        wire: 1494u32,
-        call: 1334u32,
+        wire: 1498u32,
+        call: 1338u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -55369,8 +55526,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNBackwardWeightsEx: CallDesc = CallDesc {
-        wire: 1495u32,
-        call: 1335u32,
+        wire: 1499u32,
+        call: 1339u32,
         name: "cudnnRNNBackwardWeightsEx",
         form: None,
         library: "cudnn",
@@ -55425,8 +55582,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNBackwardWeights_v8__cu118: CallDesc = CallDesc {
-        wire: 1496u32,
-        call: 1336u32,
+        wire: 1500u32,
+        call: 1340u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -55486,8 +55643,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNBackwardWeights_v8__cu126: CallDesc = CallDesc {
-        wire: 1497u32,
-        call: 1336u32,
+        wire: 1501u32,
+        call: 1340u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -55547,8 +55704,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNForward__cu118: CallDesc = CallDesc {
-        wire: 1498u32,
-        call: 1337u32,
+        wire: 1502u32,
+        call: 1341u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -55615,8 +55772,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNForward__cu126: CallDesc = CallDesc {
-        wire: 1499u32,
-        call: 1337u32,
+        wire: 1503u32,
+        call: 1341u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -55683,8 +55840,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 1500u32,
-        call: 1338u32,
+        wire: 1504u32,
+        call: 1342u32,
         name: "cudnnRNNGetClip",
         form: None,
         library: "cudnn",
@@ -55733,8 +55890,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1501u32,
-        call: 1339u32,
+        wire: 1505u32,
+        call: 1343u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -55779,8 +55936,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1502u32,
-        call: 1339u32,
+        wire: 1506u32,
+        call: 1343u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -55825,8 +55982,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 1503u32,
-        call: 1340u32,
+        wire: 1507u32,
+        call: 1344u32,
         name: "cudnnRNNGetClip_v9",
         form: None,
         library: "cudnn",
@@ -55865,8 +56022,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 1504u32,
-        call: 1341u32,
+        wire: 1508u32,
+        call: 1345u32,
         name: "cudnnRNNSetClip",
         form: None,
         library: "cudnn",
@@ -55907,8 +56064,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1505u32,
-        call: 1342u32,
+        wire: 1509u32,
+        call: 1346u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -55945,8 +56102,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1506u32,
-        call: 1342u32,
+        wire: 1510u32,
+        call: 1346u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -55983,8 +56140,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 1507u32,
-        call: 1343u32,
+        wire: 1511u32,
+        call: 1347u32,
         name: "cudnnRNNSetClip_v9",
         form: None,
         library: "cudnn",
@@ -56017,8 +56174,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRestoreDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1508u32,
-        call: 1344u32,
+        wire: 1512u32,
+        call: 1348u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -56056,8 +56213,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnRestoreDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1509u32,
-        call: 1344u32,
+        wire: 1513u32,
+        call: 1348u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -56095,8 +56252,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnScaleTensor__cu118: CallDesc = CallDesc {
-        wire: 1510u32,
-        call: 1345u32,
+        wire: 1514u32,
+        call: 1349u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -56128,8 +56285,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnScaleTensor__cu126: CallDesc = CallDesc {
-        wire: 1511u32,
-        call: 1345u32,
+        wire: 1515u32,
+        call: 1349u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -56161,8 +56318,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1512u32,
-        call: 1346u32,
+        wire: 1516u32,
+        call: 1350u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -56195,8 +56352,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1513u32,
-        call: 1346u32,
+        wire: 1517u32,
+        call: 1350u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -56229,8 +56386,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1514u32,
-        call: 1347u32,
+        wire: 1518u32,
+        call: 1351u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -56255,8 +56412,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1515u32,
-        call: 1347u32,
+        wire: 1519u32,
+        call: 1351u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -56281,8 +56438,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1516u32,
-        call: 1348u32,
+        wire: 1520u32,
+        call: 1352u32,
         name: "cudnnSetAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -56304,8 +56461,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1517u32,
-        call: 1349u32,
+        wire: 1521u32,
+        call: 1353u32,
         name: "cudnnSetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -56342,8 +56499,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1518u32,
-        call: 1350u32,
+        wire: 1522u32,
+        call: 1354u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -56440,8 +56597,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1519u32,
-        call: 1350u32,
+        wire: 1523u32,
+        call: 1354u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -56538,8 +56695,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1520u32,
-        call: 1351u32,
+        wire: 1524u32,
+        call: 1355u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -56564,8 +56721,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1521u32,
-        call: 1351u32,
+        wire: 1525u32,
+        call: 1355u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -56590,8 +56747,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1522u32,
-        call: 1352u32,
+        wire: 1526u32,
+        call: 1356u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -56624,8 +56781,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1523u32,
-        call: 1352u32,
+        wire: 1527u32,
+        call: 1356u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -56658,8 +56815,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1524u32,
-        call: 1353u32,
+        wire: 1528u32,
+        call: 1357u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -56696,8 +56853,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1525u32,
-        call: 1353u32,
+        wire: 1529u32,
+        call: 1357u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -56734,8 +56891,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 1526u32,
-        call: 1354u32,
+        wire: 1530u32,
+        call: 1358u32,
         name: "cudnnSetCTCLossDescriptor_v9",
         form: None,
         library: "cudnn",
@@ -56772,8 +56929,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1527u32,
-        call: 1355u32,
+        wire: 1531u32,
+        call: 1359u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -56826,8 +56983,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1528u32,
-        call: 1355u32,
+        wire: 1532u32,
+        call: 1359u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -56880,8 +57037,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1529u32,
-        call: 1356u32,
+        wire: 1533u32,
+        call: 1360u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -56906,8 +57063,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1530u32,
-        call: 1356u32,
+        wire: 1534u32,
+        call: 1360u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -56932,8 +57089,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1531u32,
-        call: 1357u32,
+        wire: 1535u32,
+        call: 1361u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -56958,8 +57115,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1532u32,
-        call: 1357u32,
+        wire: 1536u32,
+        call: 1361u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -56984,8 +57141,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1533u32,
-        call: 1358u32,
+        wire: 1537u32,
+        call: 1362u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -57036,8 +57193,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1534u32,
-        call: 1358u32,
+        wire: 1538u32,
+        call: 1362u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -57088,8 +57245,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1535u32,
-        call: 1359u32,
+        wire: 1539u32,
+        call: 1363u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -57114,8 +57271,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1536u32,
-        call: 1359u32,
+        wire: 1540u32,
+        call: 1363u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -57140,8 +57297,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1537u32,
-        call: 1360u32,
+        wire: 1541u32,
+        call: 1364u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -57179,8 +57336,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1538u32,
-        call: 1360u32,
+        wire: 1542u32,
+        call: 1364u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -57218,8 +57375,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1539u32,
-        call: 1361u32,
+        wire: 1543u32,
+        call: 1365u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -57264,8 +57421,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1540u32,
-        call: 1361u32,
+        wire: 1544u32,
+        call: 1365u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -57310,8 +57467,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1541u32,
-        call: 1362u32,
+        wire: 1545u32,
+        call: 1366u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -57350,8 +57507,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1542u32,
-        call: 1362u32,
+        wire: 1546u32,
+        call: 1366u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -57390,8 +57547,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1543u32,
-        call: 1363u32,
+        wire: 1547u32,
+        call: 1367u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -57428,8 +57585,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1544u32,
-        call: 1363u32,
+        wire: 1548u32,
+        call: 1367u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -57466,8 +57623,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1545u32,
-        call: 1364u32,
+        wire: 1549u32,
+        call: 1368u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -57500,8 +57657,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1546u32,
-        call: 1364u32,
+        wire: 1550u32,
+        call: 1368u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -57534,8 +57691,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1547u32,
-        call: 1365u32,
+        wire: 1551u32,
+        call: 1369u32,
         name: "cudnnSetPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -57560,8 +57717,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1548u32,
-        call: 1366u32,
+        wire: 1552u32,
+        call: 1370u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -57614,8 +57771,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1549u32,
-        call: 1366u32,
+        wire: 1553u32,
+        call: 1370u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -57668,8 +57825,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1550u32,
-        call: 1367u32,
+        wire: 1554u32,
+        call: 1371u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -57698,8 +57855,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1551u32,
-        call: 1368u32,
+        wire: 1555u32,
+        call: 1372u32,
         name: "cudnnSetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -57724,8 +57881,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1552u32,
-        call: 1369u32,
+        wire: 1556u32,
+        call: 1373u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -57778,8 +57935,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1553u32,
-        call: 1369u32,
+        wire: 1557u32,
+        call: 1373u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -57832,8 +57989,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 1554u32,
-        call: 1370u32,
+        wire: 1558u32,
+        call: 1374u32,
         name: "cudnnSetRNNDescriptor_v6",
         form: None,
         library: "cudnn",
@@ -57890,8 +58047,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1555u32,
-        call: 1371u32,
+        wire: 1559u32,
+        call: 1375u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -57968,8 +58125,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1556u32,
-        call: 1371u32,
+        wire: 1560u32,
+        call: 1375u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -58046,8 +58203,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1557u32,
-        call: 1372u32,
+        wire: 1561u32,
+        call: 1376u32,
         name: "cudnnSetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -58072,8 +58229,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1558u32,
-        call: 1373u32,
+        wire: 1562u32,
+        call: 1377u32,
         name: "cudnnSetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -58098,8 +58255,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 1559u32,
-        call: 1374u32,
+        wire: 1563u32,
+        call: 1378u32,
         name: "cudnnSetRNNProjectionLayers",
         form: None,
         library: "cudnn",
@@ -58132,8 +58289,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1560u32,
-        call: 1375u32,
+        wire: 1564u32,
+        call: 1379u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -58174,8 +58331,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1561u32,
-        call: 1375u32,
+        wire: 1565u32,
+        call: 1379u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -58216,8 +58373,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1562u32,
-        call: 1376u32,
+        wire: 1566u32,
+        call: 1380u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -58256,8 +58413,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1563u32,
-        call: 1376u32,
+        wire: 1567u32,
+        call: 1380u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -58296,8 +58453,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetStream__cu118: CallDesc = CallDesc {
-        wire: 1564u32,
-        call: 1377u32,
+        wire: 1568u32,
+        call: 1381u32,
         name: "cudnnSetStream",
         form: None,
         library: "cudnn",
@@ -58322,8 +58479,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetStream__cu126: CallDesc = CallDesc {
-        wire: 1565u32,
-        call: 1377u32,
+        wire: 1569u32,
+        call: 1381u32,
         name: "cudnnSetStream",
         form: None,
         library: "cudnn",
@@ -58348,8 +58505,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1566u32,
-        call: 1378u32,
+        wire: 1570u32,
+        call: 1382u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -58394,8 +58551,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1567u32,
-        call: 1378u32,
+        wire: 1571u32,
+        call: 1382u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -58440,8 +58597,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1568u32,
-        call: 1379u32,
+        wire: 1572u32,
+        call: 1383u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -58498,8 +58655,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1569u32,
-        call: 1379u32,
+        wire: 1573u32,
+        call: 1383u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -58556,8 +58713,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1570u32,
-        call: 1380u32,
+        wire: 1574u32,
+        call: 1384u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -58598,8 +58755,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1571u32,
-        call: 1380u32,
+        wire: 1575u32,
+        call: 1384u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -58640,8 +58797,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSoftmaxBackward__cu118: CallDesc = CallDesc {
-        wire: 1572u32,
-        call: 1381u32,
+        wire: 1576u32,
+        call: 1385u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -58697,8 +58854,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSoftmaxBackward__cu126: CallDesc = CallDesc {
-        wire: 1573u32,
-        call: 1381u32,
+        wire: 1577u32,
+        call: 1385u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -58754,8 +58911,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSoftmaxForward__cu118: CallDesc = CallDesc {
-        wire: 1574u32,
-        call: 1382u32,
+        wire: 1578u32,
+        call: 1386u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -58806,8 +58963,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSoftmaxForward__cu126: CallDesc = CallDesc {
-        wire: 1575u32,
-        call: 1382u32,
+        wire: 1579u32,
+        call: 1386u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -58858,8 +59015,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu118: CallDesc = CallDesc {
-        wire: 1576u32,
-        call: 1383u32,
+        wire: 1580u32,
+        call: 1387u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -58886,8 +59043,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu126: CallDesc = CallDesc {
-        wire: 1577u32,
-        call: 1383u32,
+        wire: 1581u32,
+        call: 1387u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -58914,8 +59071,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu118: CallDesc = CallDesc {
-        wire: 1578u32,
-        call: 1384u32,
+        wire: 1582u32,
+        call: 1388u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -58942,8 +59099,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu126: CallDesc = CallDesc {
-        wire: 1579u32,
-        call: 1384u32,
+        wire: 1583u32,
+        call: 1388u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -58970,8 +59127,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSpatialTfSamplerBackward__cu118: CallDesc = CallDesc {
-        wire: 1580u32,
-        call: 1385u32,
+        wire: 1584u32,
+        call: 1389u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -59037,8 +59194,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSpatialTfSamplerBackward__cu126: CallDesc = CallDesc {
-        wire: 1581u32,
-        call: 1385u32,
+        wire: 1585u32,
+        call: 1389u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -59104,8 +59261,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSpatialTfSamplerForward__cu118: CallDesc = CallDesc {
-        wire: 1582u32,
-        call: 1386u32,
+        wire: 1586u32,
+        call: 1390u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -59153,8 +59310,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnSpatialTfSamplerForward__cu126: CallDesc = CallDesc {
-        wire: 1583u32,
-        call: 1386u32,
+        wire: 1587u32,
+        call: 1390u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -59202,8 +59359,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnTransformTensor__cu118: CallDesc = CallDesc {
-        wire: 1584u32,
-        call: 1387u32,
+        wire: 1588u32,
+        call: 1391u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -59246,8 +59403,8 @@ pub mod cudnn {
         },
     };
     pub static cudnnTransformTensor__cu126: CallDesc = CallDesc {
-        wire: 1585u32,
-        call: 1387u32,
+        wire: 1589u32,
+        call: 1391u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -59296,8 +59453,8 @@ pub mod cufft {
     static LEN_cufftXtMakePlanMany_1: Len = Len::Param(1u8);
     static LEN_cufftXtMakePlanMany_2: Len = Len::Param(1u8);
     pub static cufftCreate: CallDesc = CallDesc {
-        wire: 1793u32,
-        call: 1595u32,
+        wire: 1797u32,
+        call: 1599u32,
         name: "cufftCreate",
         form: None,
         library: "cufft",
@@ -59320,8 +59477,8 @@ pub mod cufft {
         },
     };
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 1794u32,
-        call: 1596u32,
+        wire: 1798u32,
+        call: 1600u32,
         name: "cufftDestroy",
         form: None,
         library: "cufft",
@@ -59342,8 +59499,8 @@ pub mod cufft {
         },
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 1795u32,
-        call: 1597u32,
+        wire: 1799u32,
+        call: 1601u32,
         name: "cufftResetPlanProperty",
         form: None,
         library: "cufft",
@@ -59368,8 +59525,8 @@ pub mod cufft {
         },
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 1796u32,
-        call: 1598u32,
+        wire: 1800u32,
+        call: 1602u32,
         name: "cufftSetAutoAllocation",
         form: None,
         library: "cufft",
@@ -59394,8 +59551,8 @@ pub mod cufft {
         },
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 1797u32,
-        call: 1599u32,
+        wire: 1801u32,
+        call: 1603u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -59424,8 +59581,8 @@ pub mod cufft {
         },
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 1798u32,
-        call: 1600u32,
+        wire: 1802u32,
+        call: 1604u32,
         name: "cufftSetStream",
         form: None,
         library: "cufft",
@@ -59450,8 +59607,8 @@ pub mod cufft {
         },
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
-        wire: 1799u32,
-        call: 1601u32,
+        wire: 1803u32,
+        call: 1605u32,
         name: "cufftSetWorkArea",
         form: None,
         library: "cufft",
@@ -59473,8 +59630,8 @@ pub mod cufft {
         },
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 1800u32,
-        call: 1602u32,
+        wire: 1804u32,
+        call: 1606u32,
         name: "cufftXtClearCallback",
         form: None,
         library: "cufft",
@@ -59499,8 +59656,8 @@ pub mod cufft {
         },
     };
     pub static cufftXtExec: CallDesc = CallDesc {
-        wire: 1801u32,
-        call: 1603u32,
+        wire: 1805u32,
+        call: 1607u32,
         name: "cufftXtExec",
         form: None,
         library: "cufft",
@@ -59527,8 +59684,8 @@ pub mod cufft {
         },
     };
     pub static cufftXtMakePlanMany: CallDesc = CallDesc {
-        wire: 1802u32,
-        call: 1604u32,
+        wire: 1806u32,
+        call: 1608u32,
         name: "cufftXtMakePlanMany",
         form: None,
         library: "cufft",
@@ -59609,8 +59766,8 @@ pub mod cufft {
         },
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 1803u32,
-        call: 1605u32,
+        wire: 1807u32,
+        call: 1609u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
         library: "cufft",
@@ -59639,8 +59796,8 @@ pub mod cufft {
         },
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 1804u32,
-        call: 1606u32,
+        wire: 1808u32,
+        call: 1610u32,
         name: "cufftXtSetDistribution",
         form: None,
         library: "cufft",
@@ -59676,8 +59833,8 @@ pub mod cufft {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 1805u32,
-        call: 1607u32,
+        wire: 1809u32,
+        call: 1611u32,
         name: "curandCreateGenerator",
         form: None,
         library: "curand",
@@ -59699,8 +59856,8 @@ pub mod curand {
         },
     };
     pub static curandCreateGeneratorHost: CallDesc = CallDesc {
-        wire: 1806u32,
-        call: 1608u32,
+        wire: 1810u32,
+        call: 1612u32,
         name: "curandCreateGeneratorHost",
         form: None,
         library: "curand",
@@ -59722,8 +59879,8 @@ pub mod curand {
         },
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 1807u32,
-        call: 1609u32,
+        wire: 1811u32,
+        call: 1613u32,
         name: "curandCreatePoissonDistribution",
         form: None,
         library: "curand",
@@ -59745,8 +59902,8 @@ pub mod curand {
         },
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 1808u32,
-        call: 1610u32,
+        wire: 1812u32,
+        call: 1614u32,
         name: "curandDestroyDistribution",
         form: None,
         library: "curand",
@@ -59767,8 +59924,8 @@ pub mod curand {
         },
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 1809u32,
-        call: 1611u32,
+        wire: 1813u32,
+        call: 1615u32,
         name: "curandDestroyGenerator",
         form: None,
         library: "curand",
@@ -59789,8 +59946,8 @@ pub mod curand {
         },
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 1810u32,
-        call: 1612u32,
+        wire: 1814u32,
+        call: 1616u32,
         name: "curandGenerateSeeds",
         form: None,
         library: "curand",
@@ -59811,8 +59968,8 @@ pub mod curand {
         },
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 1811u32,
-        call: 1613u32,
+        wire: 1815u32,
+        call: 1617u32,
         name: "curandSetGeneratorOffset",
         form: None,
         library: "curand",
@@ -59837,8 +59994,8 @@ pub mod curand {
         },
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 1812u32,
-        call: 1614u32,
+        wire: 1816u32,
+        call: 1618u32,
         name: "curandSetGeneratorOrdering",
         form: None,
         library: "curand",
@@ -59863,8 +60020,8 @@ pub mod curand {
         },
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 1813u32,
-        call: 1615u32,
+        wire: 1817u32,
+        call: 1619u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
         library: "curand",
@@ -59889,8 +60046,8 @@ pub mod curand {
         },
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 1814u32,
-        call: 1616u32,
+        wire: 1818u32,
+        call: 1620u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
         library: "curand",
@@ -59915,8 +60072,8 @@ pub mod curand {
         },
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 1815u32,
-        call: 1617u32,
+        wire: 1819u32,
+        call: 1621u32,
         name: "curandSetStream",
         form: None,
         library: "curand",
@@ -59953,8 +60110,8 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2119u32,
-        call: 1921u32,
+        wire: 2123u32,
+        call: 1925u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -59989,8 +60146,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2120u32,
-        call: 1922u32,
+        wire: 2124u32,
+        call: 1926u32,
         name: "cusolverDnCgeqrf",
         form: None,
         library: "cusolver",
@@ -60031,8 +60188,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2121u32,
-        call: 1923u32,
+        wire: 2125u32,
+        call: 1927u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -60072,8 +60229,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2122u32,
-        call: 1924u32,
+        wire: 2126u32,
+        call: 1928u32,
         name: "cusolverDnCgesvd",
         form: None,
         library: "cusolver",
@@ -60133,8 +60290,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2123u32,
-        call: 1925u32,
+        wire: 2127u32,
+        call: 1929u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -60169,8 +60326,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2124u32,
-        call: 1926u32,
+        wire: 2128u32,
+        call: 1930u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -60255,8 +60412,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2125u32,
-        call: 1927u32,
+        wire: 2129u32,
+        call: 1931u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -60335,8 +60492,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2126u32,
-        call: 1928u32,
+        wire: 2130u32,
+        call: 1932u32,
         name: "cusolverDnCgesvdj",
         form: None,
         library: "cusolver",
@@ -60399,8 +60556,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2127u32,
-        call: 1929u32,
+        wire: 2131u32,
+        call: 1933u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -60463,8 +60620,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2128u32,
-        call: 1930u32,
+        wire: 2132u32,
+        call: 1934u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -60527,8 +60684,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2129u32,
-        call: 1931u32,
+        wire: 2133u32,
+        call: 1935u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -60591,8 +60748,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2130u32,
-        call: 1932u32,
+        wire: 2134u32,
+        call: 1936u32,
         name: "cusolverDnCgetrf",
         form: None,
         library: "cusolver",
@@ -60629,8 +60786,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2131u32,
-        call: 1933u32,
+        wire: 2135u32,
+        call: 1937u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -60670,8 +60827,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2132u32,
-        call: 1934u32,
+        wire: 2136u32,
+        call: 1938u32,
         name: "cusolverDnCgetrs",
         form: None,
         library: "cusolver",
@@ -60716,8 +60873,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2133u32,
-        call: 1935u32,
+        wire: 2137u32,
+        call: 1939u32,
         name: "cusolverDnCheevd",
         form: None,
         library: "cusolver",
@@ -60762,8 +60919,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2134u32,
-        call: 1936u32,
+        wire: 2138u32,
+        call: 1940u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -60808,8 +60965,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2135u32,
-        call: 1937u32,
+        wire: 2139u32,
+        call: 1941u32,
         name: "cusolverDnCheevj",
         form: None,
         library: "cusolver",
@@ -60858,8 +61015,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2136u32,
-        call: 1938u32,
+        wire: 2140u32,
+        call: 1942u32,
         name: "cusolverDnCheevjBatched",
         form: None,
         library: "cusolver",
@@ -60912,8 +61069,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2137u32,
-        call: 1939u32,
+        wire: 2141u32,
+        call: 1943u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -60966,8 +61123,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2138u32,
-        call: 1940u32,
+        wire: 2142u32,
+        call: 1944u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -61016,8 +61173,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2139u32,
-        call: 1941u32,
+        wire: 2143u32,
+        call: 1945u32,
         name: "cusolverDnChegvd",
         form: None,
         library: "cusolver",
@@ -61071,8 +61228,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2140u32,
-        call: 1942u32,
+        wire: 2144u32,
+        call: 1946u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -61126,8 +61283,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2141u32,
-        call: 1943u32,
+        wire: 2145u32,
+        call: 1947u32,
         name: "cusolverDnChegvj",
         form: None,
         library: "cusolver",
@@ -61185,8 +61342,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2142u32,
-        call: 1944u32,
+        wire: 2146u32,
+        call: 1948u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -61244,8 +61401,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2143u32,
-        call: 1945u32,
+        wire: 2147u32,
+        call: 1949u32,
         name: "cusolverDnClaswp",
         form: None,
         library: "cusolver",
@@ -61288,8 +61445,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2144u32,
-        call: 1946u32,
+        wire: 2148u32,
+        call: 1950u32,
         name: "cusolverDnClauum",
         form: None,
         library: "cusolver",
@@ -61329,8 +61486,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2145u32,
-        call: 1947u32,
+        wire: 2149u32,
+        call: 1951u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -61370,8 +61527,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2146u32,
-        call: 1948u32,
+        wire: 2150u32,
+        call: 1952u32,
         name: "cusolverDnCpotrf",
         form: None,
         library: "cusolver",
@@ -61411,8 +61568,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2147u32,
-        call: 1949u32,
+        wire: 2151u32,
+        call: 1953u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
         library: "cusolver",
@@ -61451,8 +61608,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2148u32,
-        call: 1950u32,
+        wire: 2152u32,
+        call: 1954u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -61492,8 +61649,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2149u32,
-        call: 1951u32,
+        wire: 2153u32,
+        call: 1955u32,
         name: "cusolverDnCpotri",
         form: None,
         library: "cusolver",
@@ -61533,8 +61690,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2150u32,
-        call: 1952u32,
+        wire: 2154u32,
+        call: 1956u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -61574,8 +61731,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2151u32,
-        call: 1953u32,
+        wire: 2155u32,
+        call: 1957u32,
         name: "cusolverDnCpotrs",
         form: None,
         library: "cusolver",
@@ -61619,8 +61776,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2152u32,
-        call: 1954u32,
+        wire: 2156u32,
+        call: 1958u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
         library: "cusolver",
@@ -61668,8 +61825,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2153u32,
-        call: 1955u32,
+        wire: 2157u32,
+        call: 1959u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -61685,8 +61842,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2154u32,
-        call: 1956u32,
+        wire: 2158u32,
+        call: 1960u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -61702,8 +61859,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2155u32,
-        call: 1957u32,
+        wire: 2159u32,
+        call: 1961u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -61719,8 +61876,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2156u32,
-        call: 1958u32,
+        wire: 2160u32,
+        call: 1962u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -61736,8 +61893,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2157u32,
-        call: 1959u32,
+        wire: 2161u32,
+        call: 1963u32,
         name: "cusolverDnCsytrf",
         form: None,
         library: "cusolver",
@@ -61778,8 +61935,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2158u32,
-        call: 1960u32,
+        wire: 2162u32,
+        call: 1964u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -61815,8 +61972,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2159u32,
-        call: 1961u32,
+        wire: 2163u32,
+        call: 1965u32,
         name: "cusolverDnCsytri",
         form: None,
         library: "cusolver",
@@ -61857,8 +62014,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2160u32,
-        call: 1962u32,
+        wire: 2164u32,
+        call: 1966u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -61899,8 +62056,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2161u32,
-        call: 1963u32,
+        wire: 2165u32,
+        call: 1967u32,
         name: "cusolverDnCungbr",
         form: None,
         library: "cusolver",
@@ -61949,8 +62106,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2162u32,
-        call: 1964u32,
+        wire: 2166u32,
+        call: 1968u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -61999,8 +62156,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2163u32,
-        call: 1965u32,
+        wire: 2167u32,
+        call: 1969u32,
         name: "cusolverDnCungqr",
         form: None,
         library: "cusolver",
@@ -62045,8 +62202,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2164u32,
-        call: 1966u32,
+        wire: 2168u32,
+        call: 1970u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -62091,8 +62248,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2165u32,
-        call: 1967u32,
+        wire: 2169u32,
+        call: 1971u32,
         name: "cusolverDnCungtr",
         form: None,
         library: "cusolver",
@@ -62133,8 +62290,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2166u32,
-        call: 1968u32,
+        wire: 2170u32,
+        call: 1972u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -62175,8 +62332,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2167u32,
-        call: 1969u32,
+        wire: 2171u32,
+        call: 1973u32,
         name: "cusolverDnCunmqr",
         form: None,
         library: "cusolver",
@@ -62234,8 +62391,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2168u32,
-        call: 1970u32,
+        wire: 2172u32,
+        call: 1974u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -62293,8 +62450,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2169u32,
-        call: 1971u32,
+        wire: 2173u32,
+        call: 1975u32,
         name: "cusolverDnCunmtr",
         form: None,
         library: "cusolver",
@@ -62352,8 +62509,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2170u32,
-        call: 1972u32,
+        wire: 2174u32,
+        call: 1976u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -62411,8 +62568,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2171u32,
-        call: 1973u32,
+        wire: 2175u32,
+        call: 1977u32,
         name: "cusolverDnDestroy",
         form: None,
         library: "cusolver",
@@ -62433,8 +62590,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2172u32,
-        call: 1974u32,
+        wire: 2176u32,
+        call: 1978u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -62455,8 +62612,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2173u32,
-        call: 1975u32,
+        wire: 2177u32,
+        call: 1979u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
@@ -62477,8 +62634,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2174u32,
-        call: 1976u32,
+        wire: 2178u32,
+        call: 1980u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
@@ -62499,8 +62656,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2175u32,
-        call: 1977u32,
+        wire: 2179u32,
+        call: 1981u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -62535,8 +62692,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2176u32,
-        call: 1978u32,
+        wire: 2180u32,
+        call: 1982u32,
         name: "cusolverDnDgeqrf",
         form: None,
         library: "cusolver",
@@ -62577,8 +62734,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2177u32,
-        call: 1979u32,
+        wire: 2181u32,
+        call: 1983u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -62618,8 +62775,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2178u32,
-        call: 1980u32,
+        wire: 2182u32,
+        call: 1984u32,
         name: "cusolverDnDgesvd",
         form: None,
         library: "cusolver",
@@ -62679,8 +62836,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2179u32,
-        call: 1981u32,
+        wire: 2183u32,
+        call: 1985u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -62715,8 +62872,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2180u32,
-        call: 1982u32,
+        wire: 2184u32,
+        call: 1986u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -62801,8 +62958,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2181u32,
-        call: 1983u32,
+        wire: 2185u32,
+        call: 1987u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -62881,8 +63038,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2182u32,
-        call: 1984u32,
+        wire: 2186u32,
+        call: 1988u32,
         name: "cusolverDnDgesvdj",
         form: None,
         library: "cusolver",
@@ -62945,8 +63102,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2183u32,
-        call: 1985u32,
+        wire: 2187u32,
+        call: 1989u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -63009,8 +63166,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2184u32,
-        call: 1986u32,
+        wire: 2188u32,
+        call: 1990u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -63073,8 +63230,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2185u32,
-        call: 1987u32,
+        wire: 2189u32,
+        call: 1991u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -63137,8 +63294,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2186u32,
-        call: 1988u32,
+        wire: 2190u32,
+        call: 1992u32,
         name: "cusolverDnDgetrf",
         form: None,
         library: "cusolver",
@@ -63175,8 +63332,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2187u32,
-        call: 1989u32,
+        wire: 2191u32,
+        call: 1993u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -63216,8 +63373,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2188u32,
-        call: 1990u32,
+        wire: 2192u32,
+        call: 1994u32,
         name: "cusolverDnDgetrs",
         form: None,
         library: "cusolver",
@@ -63262,8 +63419,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2189u32,
-        call: 1991u32,
+        wire: 2193u32,
+        call: 1995u32,
         name: "cusolverDnDlaswp",
         form: None,
         library: "cusolver",
@@ -63306,8 +63463,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2190u32,
-        call: 1992u32,
+        wire: 2194u32,
+        call: 1996u32,
         name: "cusolverDnDlauum",
         form: None,
         library: "cusolver",
@@ -63347,8 +63504,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2191u32,
-        call: 1993u32,
+        wire: 2195u32,
+        call: 1997u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -63388,8 +63545,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2192u32,
-        call: 1994u32,
+        wire: 2196u32,
+        call: 1998u32,
         name: "cusolverDnDorgbr",
         form: None,
         library: "cusolver",
@@ -63438,8 +63595,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2193u32,
-        call: 1995u32,
+        wire: 2197u32,
+        call: 1999u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -63488,8 +63645,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2194u32,
-        call: 1996u32,
+        wire: 2198u32,
+        call: 2000u32,
         name: "cusolverDnDorgqr",
         form: None,
         library: "cusolver",
@@ -63534,8 +63691,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2195u32,
-        call: 1997u32,
+        wire: 2199u32,
+        call: 2001u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -63580,8 +63737,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2196u32,
-        call: 1998u32,
+        wire: 2200u32,
+        call: 2002u32,
         name: "cusolverDnDorgtr",
         form: None,
         library: "cusolver",
@@ -63622,8 +63779,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2197u32,
-        call: 1999u32,
+        wire: 2201u32,
+        call: 2003u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -63664,8 +63821,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2198u32,
-        call: 2000u32,
+        wire: 2202u32,
+        call: 2004u32,
         name: "cusolverDnDormqr",
         form: None,
         library: "cusolver",
@@ -63723,8 +63880,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2199u32,
-        call: 2001u32,
+        wire: 2203u32,
+        call: 2005u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -63782,8 +63939,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2200u32,
-        call: 2002u32,
+        wire: 2204u32,
+        call: 2006u32,
         name: "cusolverDnDormtr",
         form: None,
         library: "cusolver",
@@ -63841,8 +63998,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2201u32,
-        call: 2003u32,
+        wire: 2205u32,
+        call: 2007u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -63900,8 +64057,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2202u32,
-        call: 2004u32,
+        wire: 2206u32,
+        call: 2008u32,
         name: "cusolverDnDpotrf",
         form: None,
         library: "cusolver",
@@ -63941,8 +64098,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2203u32,
-        call: 2005u32,
+        wire: 2207u32,
+        call: 2009u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
         library: "cusolver",
@@ -63981,8 +64138,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2204u32,
-        call: 2006u32,
+        wire: 2208u32,
+        call: 2010u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -64022,8 +64179,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2205u32,
-        call: 2007u32,
+        wire: 2209u32,
+        call: 2011u32,
         name: "cusolverDnDpotri",
         form: None,
         library: "cusolver",
@@ -64063,8 +64220,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2206u32,
-        call: 2008u32,
+        wire: 2210u32,
+        call: 2012u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -64104,8 +64261,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2207u32,
-        call: 2009u32,
+        wire: 2211u32,
+        call: 2013u32,
         name: "cusolverDnDpotrs",
         form: None,
         library: "cusolver",
@@ -64149,8 +64306,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2208u32,
-        call: 2010u32,
+        wire: 2212u32,
+        call: 2014u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
         library: "cusolver",
@@ -64198,8 +64355,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2209u32,
-        call: 2011u32,
+        wire: 2213u32,
+        call: 2015u32,
         name: "cusolverDnDsyevd",
         form: None,
         library: "cusolver",
@@ -64244,8 +64401,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2210u32,
-        call: 2012u32,
+        wire: 2214u32,
+        call: 2016u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -64290,8 +64447,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2211u32,
-        call: 2013u32,
+        wire: 2215u32,
+        call: 2017u32,
         name: "cusolverDnDsyevj",
         form: None,
         library: "cusolver",
@@ -64340,8 +64497,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2212u32,
-        call: 2014u32,
+        wire: 2216u32,
+        call: 2018u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
         library: "cusolver",
@@ -64394,8 +64551,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2213u32,
-        call: 2015u32,
+        wire: 2217u32,
+        call: 2019u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -64448,8 +64605,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2214u32,
-        call: 2016u32,
+        wire: 2218u32,
+        call: 2020u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -64498,8 +64655,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2215u32,
-        call: 2017u32,
+        wire: 2219u32,
+        call: 2021u32,
         name: "cusolverDnDsygvd",
         form: None,
         library: "cusolver",
@@ -64553,8 +64710,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2216u32,
-        call: 2018u32,
+        wire: 2220u32,
+        call: 2022u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -64608,8 +64765,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2217u32,
-        call: 2019u32,
+        wire: 2221u32,
+        call: 2023u32,
         name: "cusolverDnDsygvj",
         form: None,
         library: "cusolver",
@@ -64667,8 +64824,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2218u32,
-        call: 2020u32,
+        wire: 2222u32,
+        call: 2024u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -64726,8 +64883,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2219u32,
-        call: 2021u32,
+        wire: 2223u32,
+        call: 2025u32,
         name: "cusolverDnDsytrf",
         form: None,
         library: "cusolver",
@@ -64768,8 +64925,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2220u32,
-        call: 2022u32,
+        wire: 2224u32,
+        call: 2026u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -64805,8 +64962,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2221u32,
-        call: 2023u32,
+        wire: 2225u32,
+        call: 2027u32,
         name: "cusolverDnDsytri",
         form: None,
         library: "cusolver",
@@ -64847,8 +65004,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2222u32,
-        call: 2024u32,
+        wire: 2226u32,
+        call: 2028u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -64889,8 +65046,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2223u32,
-        call: 2025u32,
+        wire: 2227u32,
+        call: 2029u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -64912,8 +65069,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2224u32,
-        call: 2026u32,
+        wire: 2228u32,
+        call: 2030u32,
         name: "cusolverDnGetrs",
         form: None,
         library: "cusolver",
@@ -64970,8 +65127,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2225u32,
-        call: 2027u32,
+        wire: 2229u32,
+        call: 2031u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -64987,8 +65144,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2226u32,
-        call: 2028u32,
+        wire: 2230u32,
+        call: 2032u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
@@ -65009,8 +65166,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2227u32,
-        call: 2029u32,
+        wire: 2231u32,
+        call: 2033u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
@@ -65031,8 +65188,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2228u32,
-        call: 2030u32,
+        wire: 2232u32,
+        call: 2034u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -65048,8 +65205,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2229u32,
-        call: 2031u32,
+        wire: 2233u32,
+        call: 2035u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
@@ -65070,8 +65227,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2230u32,
-        call: 2032u32,
+        wire: 2234u32,
+        call: 2036u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
@@ -65092,8 +65249,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2231u32,
-        call: 2033u32,
+        wire: 2235u32,
+        call: 2037u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
@@ -65114,8 +65271,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2232u32,
-        call: 2034u32,
+        wire: 2236u32,
+        call: 2038u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
@@ -65140,8 +65297,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2233u32,
-        call: 2035u32,
+        wire: 2237u32,
+        call: 2039u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
@@ -65166,8 +65323,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2234u32,
-        call: 2036u32,
+        wire: 2238u32,
+        call: 2040u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
@@ -65192,8 +65349,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2235u32,
-        call: 2037u32,
+        wire: 2239u32,
+        call: 2041u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
@@ -65218,8 +65375,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2236u32,
-        call: 2038u32,
+        wire: 2240u32,
+        call: 2042u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
@@ -65244,8 +65401,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2237u32,
-        call: 2039u32,
+        wire: 2241u32,
+        call: 2043u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
@@ -65274,8 +65431,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2238u32,
-        call: 2040u32,
+        wire: 2242u32,
+        call: 2044u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
@@ -65300,8 +65457,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2239u32,
-        call: 2041u32,
+        wire: 2243u32,
+        call: 2045u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
@@ -65326,8 +65483,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2240u32,
-        call: 2042u32,
+        wire: 2244u32,
+        call: 2046u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
@@ -65343,8 +65500,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2241u32,
-        call: 2043u32,
+        wire: 2245u32,
+        call: 2047u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
@@ -65365,8 +65522,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2242u32,
-        call: 2044u32,
+        wire: 2246u32,
+        call: 2048u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
@@ -65387,8 +65544,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2243u32,
-        call: 2045u32,
+        wire: 2247u32,
+        call: 2049u32,
         name: "cusolverDnPotrs",
         form: None,
         library: "cusolver",
@@ -65444,8 +65601,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2244u32,
-        call: 2046u32,
+        wire: 2248u32,
+        call: 2050u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
@@ -65474,8 +65631,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2245u32,
-        call: 2047u32,
+        wire: 2249u32,
+        call: 2051u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
@@ -65500,8 +65657,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2246u32,
-        call: 2048u32,
+        wire: 2250u32,
+        call: 2052u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
@@ -65526,8 +65683,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2247u32,
-        call: 2049u32,
+        wire: 2251u32,
+        call: 2053u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
@@ -65552,8 +65709,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2248u32,
-        call: 2050u32,
+        wire: 2252u32,
+        call: 2054u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
@@ -65578,8 +65735,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2249u32,
-        call: 2051u32,
+        wire: 2253u32,
+        call: 2055u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -65614,8 +65771,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2250u32,
-        call: 2052u32,
+        wire: 2254u32,
+        call: 2056u32,
         name: "cusolverDnSgeqrf",
         form: None,
         library: "cusolver",
@@ -65656,8 +65813,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2251u32,
-        call: 2053u32,
+        wire: 2255u32,
+        call: 2057u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -65697,8 +65854,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2252u32,
-        call: 2054u32,
+        wire: 2256u32,
+        call: 2058u32,
         name: "cusolverDnSgesvd",
         form: None,
         library: "cusolver",
@@ -65758,8 +65915,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2253u32,
-        call: 2055u32,
+        wire: 2257u32,
+        call: 2059u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -65794,8 +65951,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2254u32,
-        call: 2056u32,
+        wire: 2258u32,
+        call: 2060u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -65880,8 +66037,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2255u32,
-        call: 2057u32,
+        wire: 2259u32,
+        call: 2061u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -65960,8 +66117,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2256u32,
-        call: 2058u32,
+        wire: 2260u32,
+        call: 2062u32,
         name: "cusolverDnSgesvdj",
         form: None,
         library: "cusolver",
@@ -66024,8 +66181,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2257u32,
-        call: 2059u32,
+        wire: 2261u32,
+        call: 2063u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -66088,8 +66245,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2258u32,
-        call: 2060u32,
+        wire: 2262u32,
+        call: 2064u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -66152,8 +66309,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2259u32,
-        call: 2061u32,
+        wire: 2263u32,
+        call: 2065u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -66216,8 +66373,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2260u32,
-        call: 2062u32,
+        wire: 2264u32,
+        call: 2066u32,
         name: "cusolverDnSgetrf",
         form: None,
         library: "cusolver",
@@ -66254,8 +66411,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2261u32,
-        call: 2063u32,
+        wire: 2265u32,
+        call: 2067u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -66295,8 +66452,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2262u32,
-        call: 2064u32,
+        wire: 2266u32,
+        call: 2068u32,
         name: "cusolverDnSgetrs",
         form: None,
         library: "cusolver",
@@ -66341,8 +66498,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2263u32,
-        call: 2065u32,
+        wire: 2267u32,
+        call: 2069u32,
         name: "cusolverDnSlaswp",
         form: None,
         library: "cusolver",
@@ -66385,8 +66542,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2264u32,
-        call: 2066u32,
+        wire: 2268u32,
+        call: 2070u32,
         name: "cusolverDnSlauum",
         form: None,
         library: "cusolver",
@@ -66426,8 +66583,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2265u32,
-        call: 2067u32,
+        wire: 2269u32,
+        call: 2071u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -66467,8 +66624,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2266u32,
-        call: 2068u32,
+        wire: 2270u32,
+        call: 2072u32,
         name: "cusolverDnSorgbr",
         form: None,
         library: "cusolver",
@@ -66517,8 +66674,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2267u32,
-        call: 2069u32,
+        wire: 2271u32,
+        call: 2073u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -66567,8 +66724,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2268u32,
-        call: 2070u32,
+        wire: 2272u32,
+        call: 2074u32,
         name: "cusolverDnSorgqr",
         form: None,
         library: "cusolver",
@@ -66613,8 +66770,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2269u32,
-        call: 2071u32,
+        wire: 2273u32,
+        call: 2075u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -66659,8 +66816,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2270u32,
-        call: 2072u32,
+        wire: 2274u32,
+        call: 2076u32,
         name: "cusolverDnSorgtr",
         form: None,
         library: "cusolver",
@@ -66701,8 +66858,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2271u32,
-        call: 2073u32,
+        wire: 2275u32,
+        call: 2077u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -66743,8 +66900,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2272u32,
-        call: 2074u32,
+        wire: 2276u32,
+        call: 2078u32,
         name: "cusolverDnSormqr",
         form: None,
         library: "cusolver",
@@ -66802,8 +66959,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2273u32,
-        call: 2075u32,
+        wire: 2277u32,
+        call: 2079u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -66861,8 +67018,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2274u32,
-        call: 2076u32,
+        wire: 2278u32,
+        call: 2080u32,
         name: "cusolverDnSormtr",
         form: None,
         library: "cusolver",
@@ -66920,8 +67077,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2275u32,
-        call: 2077u32,
+        wire: 2279u32,
+        call: 2081u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -66979,8 +67136,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2276u32,
-        call: 2078u32,
+        wire: 2280u32,
+        call: 2082u32,
         name: "cusolverDnSpotrf",
         form: None,
         library: "cusolver",
@@ -67020,8 +67177,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2277u32,
-        call: 2079u32,
+        wire: 2281u32,
+        call: 2083u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
         library: "cusolver",
@@ -67060,8 +67217,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2278u32,
-        call: 2080u32,
+        wire: 2282u32,
+        call: 2084u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -67101,8 +67258,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2279u32,
-        call: 2081u32,
+        wire: 2283u32,
+        call: 2085u32,
         name: "cusolverDnSpotri",
         form: None,
         library: "cusolver",
@@ -67142,8 +67299,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2280u32,
-        call: 2082u32,
+        wire: 2284u32,
+        call: 2086u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -67183,8 +67340,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2281u32,
-        call: 2083u32,
+        wire: 2285u32,
+        call: 2087u32,
         name: "cusolverDnSpotrs",
         form: None,
         library: "cusolver",
@@ -67228,8 +67385,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2282u32,
-        call: 2084u32,
+        wire: 2286u32,
+        call: 2088u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
         library: "cusolver",
@@ -67277,8 +67434,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2283u32,
-        call: 2085u32,
+        wire: 2287u32,
+        call: 2089u32,
         name: "cusolverDnSsyevd",
         form: None,
         library: "cusolver",
@@ -67323,8 +67480,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2284u32,
-        call: 2086u32,
+        wire: 2288u32,
+        call: 2090u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -67369,8 +67526,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2285u32,
-        call: 2087u32,
+        wire: 2289u32,
+        call: 2091u32,
         name: "cusolverDnSsyevj",
         form: None,
         library: "cusolver",
@@ -67419,8 +67576,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2286u32,
-        call: 2088u32,
+        wire: 2290u32,
+        call: 2092u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
         library: "cusolver",
@@ -67473,8 +67630,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2287u32,
-        call: 2089u32,
+        wire: 2291u32,
+        call: 2093u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -67527,8 +67684,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2288u32,
-        call: 2090u32,
+        wire: 2292u32,
+        call: 2094u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -67577,8 +67734,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2289u32,
-        call: 2091u32,
+        wire: 2293u32,
+        call: 2095u32,
         name: "cusolverDnSsygvd",
         form: None,
         library: "cusolver",
@@ -67632,8 +67789,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2290u32,
-        call: 2092u32,
+        wire: 2294u32,
+        call: 2096u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -67687,8 +67844,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2291u32,
-        call: 2093u32,
+        wire: 2295u32,
+        call: 2097u32,
         name: "cusolverDnSsygvj",
         form: None,
         library: "cusolver",
@@ -67746,8 +67903,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2292u32,
-        call: 2094u32,
+        wire: 2296u32,
+        call: 2098u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -67805,8 +67962,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2293u32,
-        call: 2095u32,
+        wire: 2297u32,
+        call: 2099u32,
         name: "cusolverDnSsytrf",
         form: None,
         library: "cusolver",
@@ -67847,8 +68004,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2294u32,
-        call: 2096u32,
+        wire: 2298u32,
+        call: 2100u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -67884,8 +68041,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2295u32,
-        call: 2097u32,
+        wire: 2299u32,
+        call: 2101u32,
         name: "cusolverDnSsytri",
         form: None,
         library: "cusolver",
@@ -67926,8 +68083,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2296u32,
-        call: 2098u32,
+        wire: 2300u32,
+        call: 2102u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -67968,8 +68125,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2297u32,
-        call: 2099u32,
+        wire: 2301u32,
+        call: 2103u32,
         name: "cusolverDnXgeev",
         form: None,
         library: "cusolver",
@@ -68058,8 +68215,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2298u32,
-        call: 2100u32,
+        wire: 2302u32,
+        call: 2104u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
         library: "cusolver",
@@ -68144,8 +68301,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2299u32,
-        call: 2101u32,
+        wire: 2303u32,
+        call: 2105u32,
         name: "cusolverDnXgeqrf",
         form: None,
         library: "cusolver",
@@ -68212,8 +68369,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2300u32,
-        call: 2102u32,
+        wire: 2304u32,
+        call: 2106u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -68276,8 +68433,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2301u32,
-        call: 2103u32,
+        wire: 2305u32,
+        call: 2107u32,
         name: "cusolverDnXgesvd",
         form: None,
         library: "cusolver",
@@ -68370,8 +68527,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2302u32,
-        call: 2104u32,
+        wire: 2306u32,
+        call: 2108u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -68460,8 +68617,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2303u32,
-        call: 2105u32,
+        wire: 2307u32,
+        call: 2109u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -68486,8 +68643,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2304u32,
-        call: 2106u32,
+        wire: 2308u32,
+        call: 2110u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
@@ -68512,8 +68669,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2305u32,
-        call: 2107u32,
+        wire: 2309u32,
+        call: 2111u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
@@ -68538,8 +68695,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2306u32,
-        call: 2108u32,
+        wire: 2310u32,
+        call: 2112u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
         library: "cusolver",
@@ -68628,8 +68785,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2307u32,
-        call: 2109u32,
+        wire: 2311u32,
+        call: 2113u32,
         name: "cusolverDnXgetrf",
         form: None,
         library: "cusolver",
@@ -68692,8 +68849,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2308u32,
-        call: 2110u32,
+        wire: 2312u32,
+        call: 2114u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -68751,8 +68908,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2309u32,
-        call: 2111u32,
+        wire: 2313u32,
+        call: 2115u32,
         name: "cusolverDnXgetrs",
         form: None,
         library: "cusolver",
@@ -68809,8 +68966,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2310u32,
-        call: 2112u32,
+        wire: 2314u32,
+        call: 2116u32,
         name: "cusolverDnXpotrf",
         form: None,
         library: "cusolver",
@@ -68872,8 +69029,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2311u32,
-        call: 2113u32,
+        wire: 2315u32,
+        call: 2117u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -68931,8 +69088,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2312u32,
-        call: 2114u32,
+        wire: 2316u32,
+        call: 2118u32,
         name: "cusolverDnXpotrs",
         form: None,
         library: "cusolver",
@@ -68988,8 +69145,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2313u32,
-        call: 2115u32,
+        wire: 2317u32,
+        call: 2119u32,
         name: "cusolverDnXsyevBatched",
         form: None,
         library: "cusolver",
@@ -69064,8 +69221,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2314u32,
-        call: 2116u32,
+        wire: 2318u32,
+        call: 2120u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -69136,8 +69293,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2315u32,
-        call: 2117u32,
+        wire: 2319u32,
+        call: 2121u32,
         name: "cusolverDnXsyevd",
         form: None,
         library: "cusolver",
@@ -69208,8 +69365,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2316u32,
-        call: 2118u32,
+        wire: 2320u32,
+        call: 2122u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -69276,8 +69433,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2317u32,
-        call: 2119u32,
+        wire: 2321u32,
+        call: 2123u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -69302,8 +69459,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2318u32,
-        call: 2120u32,
+        wire: 2322u32,
+        call: 2124u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
@@ -69328,8 +69485,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2319u32,
-        call: 2121u32,
+        wire: 2323u32,
+        call: 2125u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
@@ -69354,8 +69511,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2320u32,
-        call: 2122u32,
+        wire: 2324u32,
+        call: 2126u32,
         name: "cusolverDnXsytrs",
         form: None,
         library: "cusolver",
@@ -69423,8 +69580,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2321u32,
-        call: 2123u32,
+        wire: 2325u32,
+        call: 2127u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
         library: "cusolver",
@@ -69488,8 +69645,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2322u32,
-        call: 2124u32,
+        wire: 2326u32,
+        call: 2128u32,
         name: "cusolverDnXtrtri",
         form: None,
         library: "cusolver",
@@ -69547,8 +69704,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2323u32,
-        call: 2125u32,
+        wire: 2327u32,
+        call: 2129u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
         library: "cusolver",
@@ -69602,8 +69759,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2324u32,
-        call: 2126u32,
+        wire: 2328u32,
+        call: 2130u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -69638,8 +69795,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2325u32,
-        call: 2127u32,
+        wire: 2329u32,
+        call: 2131u32,
         name: "cusolverDnZgeqrf",
         form: None,
         library: "cusolver",
@@ -69680,8 +69837,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2326u32,
-        call: 2128u32,
+        wire: 2330u32,
+        call: 2132u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -69721,8 +69878,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2327u32,
-        call: 2129u32,
+        wire: 2331u32,
+        call: 2133u32,
         name: "cusolverDnZgesvd",
         form: None,
         library: "cusolver",
@@ -69782,8 +69939,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2328u32,
-        call: 2130u32,
+        wire: 2332u32,
+        call: 2134u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -69818,8 +69975,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2329u32,
-        call: 2131u32,
+        wire: 2333u32,
+        call: 2135u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -69904,8 +70061,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2330u32,
-        call: 2132u32,
+        wire: 2334u32,
+        call: 2136u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -69984,8 +70141,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2331u32,
-        call: 2133u32,
+        wire: 2335u32,
+        call: 2137u32,
         name: "cusolverDnZgesvdj",
         form: None,
         library: "cusolver",
@@ -70048,8 +70205,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2332u32,
-        call: 2134u32,
+        wire: 2336u32,
+        call: 2138u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -70112,8 +70269,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2333u32,
-        call: 2135u32,
+        wire: 2337u32,
+        call: 2139u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -70176,8 +70333,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2334u32,
-        call: 2136u32,
+        wire: 2338u32,
+        call: 2140u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -70240,8 +70397,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2335u32,
-        call: 2137u32,
+        wire: 2339u32,
+        call: 2141u32,
         name: "cusolverDnZgetrf",
         form: None,
         library: "cusolver",
@@ -70278,8 +70435,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2336u32,
-        call: 2138u32,
+        wire: 2340u32,
+        call: 2142u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -70319,8 +70476,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2337u32,
-        call: 2139u32,
+        wire: 2341u32,
+        call: 2143u32,
         name: "cusolverDnZgetrs",
         form: None,
         library: "cusolver",
@@ -70365,8 +70522,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2338u32,
-        call: 2140u32,
+        wire: 2342u32,
+        call: 2144u32,
         name: "cusolverDnZheevd",
         form: None,
         library: "cusolver",
@@ -70411,8 +70568,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2339u32,
-        call: 2141u32,
+        wire: 2343u32,
+        call: 2145u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -70457,8 +70614,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2340u32,
-        call: 2142u32,
+        wire: 2344u32,
+        call: 2146u32,
         name: "cusolverDnZheevj",
         form: None,
         library: "cusolver",
@@ -70507,8 +70664,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2341u32,
-        call: 2143u32,
+        wire: 2345u32,
+        call: 2147u32,
         name: "cusolverDnZheevjBatched",
         form: None,
         library: "cusolver",
@@ -70561,8 +70718,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2342u32,
-        call: 2144u32,
+        wire: 2346u32,
+        call: 2148u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -70615,8 +70772,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2343u32,
-        call: 2145u32,
+        wire: 2347u32,
+        call: 2149u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -70665,8 +70822,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2344u32,
-        call: 2146u32,
+        wire: 2348u32,
+        call: 2150u32,
         name: "cusolverDnZhegvd",
         form: None,
         library: "cusolver",
@@ -70720,8 +70877,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2345u32,
-        call: 2147u32,
+        wire: 2349u32,
+        call: 2151u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -70775,8 +70932,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2346u32,
-        call: 2148u32,
+        wire: 2350u32,
+        call: 2152u32,
         name: "cusolverDnZhegvj",
         form: None,
         library: "cusolver",
@@ -70834,8 +70991,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2347u32,
-        call: 2149u32,
+        wire: 2351u32,
+        call: 2153u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -70893,8 +71050,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2348u32,
-        call: 2150u32,
+        wire: 2352u32,
+        call: 2154u32,
         name: "cusolverDnZlaswp",
         form: None,
         library: "cusolver",
@@ -70937,8 +71094,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2349u32,
-        call: 2151u32,
+        wire: 2353u32,
+        call: 2155u32,
         name: "cusolverDnZlauum",
         form: None,
         library: "cusolver",
@@ -70978,8 +71135,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2350u32,
-        call: 2152u32,
+        wire: 2354u32,
+        call: 2156u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -71019,8 +71176,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2351u32,
-        call: 2153u32,
+        wire: 2355u32,
+        call: 2157u32,
         name: "cusolverDnZpotrf",
         form: None,
         library: "cusolver",
@@ -71060,8 +71217,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2352u32,
-        call: 2154u32,
+        wire: 2356u32,
+        call: 2158u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
         library: "cusolver",
@@ -71100,8 +71257,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2353u32,
-        call: 2155u32,
+        wire: 2357u32,
+        call: 2159u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -71141,8 +71298,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2354u32,
-        call: 2156u32,
+        wire: 2358u32,
+        call: 2160u32,
         name: "cusolverDnZpotri",
         form: None,
         library: "cusolver",
@@ -71182,8 +71339,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2355u32,
-        call: 2157u32,
+        wire: 2359u32,
+        call: 2161u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -71223,8 +71380,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2356u32,
-        call: 2158u32,
+        wire: 2360u32,
+        call: 2162u32,
         name: "cusolverDnZpotrs",
         form: None,
         library: "cusolver",
@@ -71268,8 +71425,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2357u32,
-        call: 2159u32,
+        wire: 2361u32,
+        call: 2163u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
         library: "cusolver",
@@ -71317,8 +71474,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2358u32,
-        call: 2160u32,
+        wire: 2362u32,
+        call: 2164u32,
         name: "cusolverDnZsytrf",
         form: None,
         library: "cusolver",
@@ -71359,8 +71516,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2359u32,
-        call: 2161u32,
+        wire: 2363u32,
+        call: 2165u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -71396,8 +71553,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2360u32,
-        call: 2162u32,
+        wire: 2364u32,
+        call: 2166u32,
         name: "cusolverDnZsytri",
         form: None,
         library: "cusolver",
@@ -71438,8 +71595,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2361u32,
-        call: 2163u32,
+        wire: 2365u32,
+        call: 2167u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -71480,8 +71637,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2362u32,
-        call: 2164u32,
+        wire: 2366u32,
+        call: 2168u32,
         name: "cusolverDnZungbr",
         form: None,
         library: "cusolver",
@@ -71530,8 +71687,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2363u32,
-        call: 2165u32,
+        wire: 2367u32,
+        call: 2169u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -71580,8 +71737,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2364u32,
-        call: 2166u32,
+        wire: 2368u32,
+        call: 2170u32,
         name: "cusolverDnZungqr",
         form: None,
         library: "cusolver",
@@ -71626,8 +71783,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2365u32,
-        call: 2167u32,
+        wire: 2369u32,
+        call: 2171u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -71672,8 +71829,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2366u32,
-        call: 2168u32,
+        wire: 2370u32,
+        call: 2172u32,
         name: "cusolverDnZungtr",
         form: None,
         library: "cusolver",
@@ -71714,8 +71871,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2367u32,
-        call: 2169u32,
+        wire: 2371u32,
+        call: 2173u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -71756,8 +71913,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2368u32,
-        call: 2170u32,
+        wire: 2372u32,
+        call: 2174u32,
         name: "cusolverDnZunmqr",
         form: None,
         library: "cusolver",
@@ -71815,8 +71972,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2369u32,
-        call: 2171u32,
+        wire: 2373u32,
+        call: 2175u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -71874,8 +72031,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2370u32,
-        call: 2172u32,
+        wire: 2374u32,
+        call: 2176u32,
         name: "cusolverDnZunmtr",
         form: None,
         library: "cusolver",
@@ -71933,8 +72090,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2371u32,
-        call: 2173u32,
+        wire: 2375u32,
+        call: 2177u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -71992,8 +72149,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2372u32,
-        call: 2174u32,
+        wire: 2376u32,
+        call: 2178u32,
         name: "cusolverRfAnalyze",
         form: None,
         library: "cusolver",
@@ -72014,8 +72171,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2373u32,
-        call: 2175u32,
+        wire: 2377u32,
+        call: 2179u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
@@ -72036,8 +72193,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2374u32,
-        call: 2176u32,
+        wire: 2378u32,
+        call: 2180u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
@@ -72058,8 +72215,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2375u32,
-        call: 2177u32,
+        wire: 2379u32,
+        call: 2181u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -72075,8 +72232,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2376u32,
-        call: 2178u32,
+        wire: 2380u32,
+        call: 2182u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
@@ -72097,8 +72254,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2377u32,
-        call: 2179u32,
+        wire: 2381u32,
+        call: 2183u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
@@ -72119,8 +72276,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2378u32,
-        call: 2180u32,
+        wire: 2382u32,
+        call: 2184u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
@@ -72149,8 +72306,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2379u32,
-        call: 2181u32,
+        wire: 2383u32,
+        call: 2185u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
@@ -72179,8 +72336,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2380u32,
-        call: 2182u32,
+        wire: 2384u32,
+        call: 2186u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
@@ -72209,8 +72366,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2381u32,
-        call: 2183u32,
+        wire: 2385u32,
+        call: 2187u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
@@ -72235,8 +72392,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2382u32,
-        call: 2184u32,
+        wire: 2386u32,
+        call: 2188u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -72252,8 +72409,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2383u32,
-        call: 2185u32,
+        wire: 2387u32,
+        call: 2189u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -72269,8 +72426,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2384u32,
-        call: 2186u32,
+        wire: 2388u32,
+        call: 2190u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
@@ -72291,8 +72448,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2385u32,
-        call: 2187u32,
+        wire: 2389u32,
+        call: 2191u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -72313,8 +72470,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2386u32,
-        call: 2188u32,
+        wire: 2390u32,
+        call: 2192u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -72336,8 +72493,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2387u32,
-        call: 2189u32,
+        wire: 2391u32,
+        call: 2193u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
@@ -72365,8 +72522,8 @@ pub mod cusolver {
 pub mod cusparse {
     use chidori_protocol::desc::*;
     pub static cusparseAxpby: CallDesc = CallDesc {
-        wire: 1816u32,
-        call: 1618u32,
+        wire: 1820u32,
+        call: 1622u32,
         name: "cusparseAxpby",
         form: None,
         library: "cusparse",
@@ -72405,8 +72562,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1817u32,
-        call: 1619u32,
+        wire: 1821u32,
+        call: 1623u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -72443,8 +72600,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 1818u32,
-        call: 1620u32,
+        wire: 1822u32,
+        call: 1624u32,
         name: "cusparseCbsr2csr",
         form: None,
         library: "cusparse",
@@ -72495,8 +72652,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 1819u32,
-        call: 1621u32,
+        wire: 1823u32,
+        call: 1625u32,
         name: "cusparseCbsric02",
         form: None,
         library: "cusparse",
@@ -72549,8 +72706,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1820u32,
-        call: 1622u32,
+        wire: 1824u32,
+        call: 1626u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -72604,8 +72761,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 1821u32,
-        call: 1623u32,
+        wire: 1825u32,
+        call: 1627u32,
         name: "cusparseCbsrilu02",
         form: None,
         library: "cusparse",
@@ -72658,8 +72815,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1822u32,
-        call: 1624u32,
+        wire: 1826u32,
+        call: 1628u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -72712,8 +72869,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1823u32,
-        call: 1625u32,
+        wire: 1827u32,
+        call: 1629u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -72767,8 +72924,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 1824u32,
-        call: 1626u32,
+        wire: 1828u32,
+        call: 1630u32,
         name: "cusparseCbsrmm",
         form: None,
         library: "cusparse",
@@ -72848,8 +73005,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 1825u32,
-        call: 1627u32,
+        wire: 1829u32,
+        call: 1631u32,
         name: "cusparseCbsrmv",
         form: None,
         library: "cusparse",
@@ -72913,8 +73070,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1826u32,
-        call: 1628u32,
+        wire: 1830u32,
+        call: 1632u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -72979,8 +73136,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1827u32,
-        call: 1629u32,
+        wire: 1831u32,
+        call: 1633u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -73046,8 +73203,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1828u32,
-        call: 1630u32,
+        wire: 1832u32,
+        call: 1634u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -73127,8 +73284,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1829u32,
-        call: 1631u32,
+        wire: 1833u32,
+        call: 1635u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -73185,8 +73342,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1830u32,
-        call: 1632u32,
+        wire: 1834u32,
+        call: 1636u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -73244,8 +73401,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1831u32,
-        call: 1633u32,
+        wire: 1835u32,
+        call: 1637u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -73309,8 +73466,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 1832u32,
-        call: 1634u32,
+        wire: 1836u32,
+        call: 1638u32,
         name: "cusparseCbsrxmv",
         form: None,
         library: "cusparse",
@@ -73380,8 +73537,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 1833u32,
-        call: 1635u32,
+        wire: 1837u32,
+        call: 1639u32,
         name: "cusparseCcsr2bsr",
         form: None,
         library: "cusparse",
@@ -73432,8 +73589,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 1834u32,
-        call: 1636u32,
+        wire: 1838u32,
+        call: 1640u32,
         name: "cusparseCcsr2csru",
         form: None,
         library: "cusparse",
@@ -73478,8 +73635,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 1835u32,
-        call: 1637u32,
+        wire: 1839u32,
+        call: 1641u32,
         name: "cusparseCcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -73535,8 +73692,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1836u32,
-        call: 1638u32,
+        wire: 1840u32,
+        call: 1642u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -73590,8 +73747,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 1837u32,
-        call: 1639u32,
+        wire: 1841u32,
+        call: 1643u32,
         name: "cusparseCcsrgeam2",
         form: None,
         library: "cusparse",
@@ -73660,8 +73817,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1838u32,
-        call: 1640u32,
+        wire: 1842u32,
+        call: 1644u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -73735,8 +73892,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 1839u32,
-        call: 1641u32,
+        wire: 1843u32,
+        call: 1645u32,
         name: "cusparseCcsrgemm2",
         form: None,
         library: "cusparse",
@@ -73824,8 +73981,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1840u32,
-        call: 1642u32,
+        wire: 1844u32,
+        call: 1646u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -73908,8 +74065,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 1841u32,
-        call: 1643u32,
+        wire: 1845u32,
+        call: 1647u32,
         name: "cusparseCcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -73954,8 +74111,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1842u32,
-        call: 1644u32,
+        wire: 1846u32,
+        call: 1648u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -74001,8 +74158,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1843u32,
-        call: 1645u32,
+        wire: 1847u32,
+        call: 1649u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -74047,8 +74204,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1844u32,
-        call: 1646u32,
+        wire: 1848u32,
+        call: 1650u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -74094,8 +74251,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1845u32,
-        call: 1647u32,
+        wire: 1849u32,
+        call: 1651u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -74166,8 +74323,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 1846u32,
-        call: 1648u32,
+        wire: 1850u32,
+        call: 1652u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -74238,8 +74395,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1847u32,
-        call: 1649u32,
+        wire: 1851u32,
+        call: 1653u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -74288,8 +74445,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1848u32,
-        call: 1650u32,
+        wire: 1852u32,
+        call: 1654u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -74339,8 +74496,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 1849u32,
-        call: 1651u32,
+        wire: 1853u32,
+        call: 1655u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -74396,8 +74553,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 1850u32,
-        call: 1652u32,
+        wire: 1854u32,
+        call: 1656u32,
         name: "cusparseCcsru2csr",
         form: None,
         library: "cusparse",
@@ -74442,8 +74599,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1851u32,
-        call: 1653u32,
+        wire: 1855u32,
+        call: 1657u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -74489,8 +74646,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 1852u32,
-        call: 1654u32,
+        wire: 1856u32,
+        call: 1658u32,
         name: "cusparseCgebsr2csr",
         form: None,
         library: "cusparse",
@@ -74545,8 +74702,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 1853u32,
-        call: 1655u32,
+        wire: 1857u32,
+        call: 1659u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -74596,8 +74753,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 1854u32,
-        call: 1656u32,
+        wire: 1858u32,
+        call: 1660u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -74665,8 +74822,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1855u32,
-        call: 1657u32,
+        wire: 1859u32,
+        call: 1661u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -74732,8 +74889,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 1856u32,
-        call: 1658u32,
+        wire: 1860u32,
+        call: 1662u32,
         name: "cusparseCgtsv2",
         form: None,
         library: "cusparse",
@@ -74786,8 +74943,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 1857u32,
-        call: 1659u32,
+        wire: 1861u32,
+        call: 1663u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -74840,8 +74997,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 1858u32,
-        call: 1660u32,
+        wire: 1862u32,
+        call: 1664u32,
         name: "cusparseConstDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -74863,8 +75020,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 1859u32,
-        call: 1661u32,
+        wire: 1863u32,
+        call: 1665u32,
         name: "cusparseConstDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -74886,8 +75043,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 1860u32,
-        call: 1662u32,
+        wire: 1864u32,
+        call: 1666u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -74909,8 +75066,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 1861u32,
-        call: 1663u32,
+        wire: 1865u32,
+        call: 1667u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -74932,8 +75089,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 1862u32,
-        call: 1664u32,
+        wire: 1866u32,
+        call: 1668u32,
         name: "cusparseConstrainedGeMM",
         form: None,
         library: "cusparse",
@@ -74989,8 +75146,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 1863u32,
-        call: 1665u32,
+        wire: 1867u32,
+        call: 1669u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -75051,8 +75208,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 1864u32,
-        call: 1666u32,
+        wire: 1868u32,
+        call: 1670u32,
         name: "cusparseCooSetPointers",
         form: None,
         library: "cusparse",
@@ -75076,8 +75233,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 1865u32,
-        call: 1667u32,
+        wire: 1869u32,
+        call: 1671u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -75106,8 +75263,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 1866u32,
-        call: 1668u32,
+        wire: 1870u32,
+        call: 1672u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
@@ -75132,8 +75289,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 1867u32,
-        call: 1669u32,
+        wire: 1871u32,
+        call: 1673u32,
         name: "cusparseCreate",
         form: Some("call"),
         library: "cusparse",
@@ -75149,8 +75306,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 1868u32,
-        call: 1670u32,
+        wire: 1872u32,
+        call: 1674u32,
         name: "cusparseCreateBsr",
         form: None,
         library: "cusparse",
@@ -75211,8 +75368,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 1869u32,
-        call: 1671u32,
+        wire: 1873u32,
+        call: 1675u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -75228,8 +75385,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 1870u32,
-        call: 1672u32,
+        wire: 1874u32,
+        call: 1676u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -75245,8 +75402,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 1871u32,
-        call: 1673u32,
+        wire: 1875u32,
+        call: 1677u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -75262,8 +75419,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 1872u32,
-        call: 1674u32,
+        wire: 1876u32,
+        call: 1678u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -75279,8 +75436,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 1873u32,
-        call: 1675u32,
+        wire: 1877u32,
+        call: 1679u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -75296,8 +75453,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 1874u32,
-        call: 1676u32,
+        wire: 1878u32,
+        call: 1680u32,
         name: "cusparseCreateConstBsr",
         form: None,
         library: "cusparse",
@@ -75358,8 +75515,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 1875u32,
-        call: 1677u32,
+        wire: 1879u32,
+        call: 1681u32,
         name: "cusparseCreateConstCoo",
         form: None,
         library: "cusparse",
@@ -75404,8 +75561,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 1876u32,
-        call: 1678u32,
+        wire: 1880u32,
+        call: 1682u32,
         name: "cusparseCreateConstCsr",
         form: None,
         library: "cusparse",
@@ -75454,8 +75611,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 1877u32,
-        call: 1679u32,
+        wire: 1881u32,
+        call: 1683u32,
         name: "cusparseCreateConstDnMat",
         form: None,
         library: "cusparse",
@@ -75494,8 +75651,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 1878u32,
-        call: 1680u32,
+        wire: 1882u32,
+        call: 1684u32,
         name: "cusparseCreateConstDnVec",
         form: None,
         library: "cusparse",
@@ -75522,8 +75679,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 1879u32,
-        call: 1681u32,
+        wire: 1883u32,
+        call: 1685u32,
         name: "cusparseCreateCoo",
         form: None,
         library: "cusparse",
@@ -75568,8 +75725,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 1880u32,
-        call: 1682u32,
+        wire: 1884u32,
+        call: 1686u32,
         name: "cusparseCreateCooAoS",
         form: None,
         library: "cusparse",
@@ -75613,8 +75770,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 1881u32,
-        call: 1683u32,
+        wire: 1885u32,
+        call: 1687u32,
         name: "cusparseCreateCsr",
         form: None,
         library: "cusparse",
@@ -75663,8 +75820,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1882u32,
-        call: 1684u32,
+        wire: 1886u32,
+        call: 1688u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -75680,8 +75837,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 1883u32,
-        call: 1685u32,
+        wire: 1887u32,
+        call: 1689u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -75697,8 +75854,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 1884u32,
-        call: 1686u32,
+        wire: 1888u32,
+        call: 1690u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -75714,8 +75871,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 1885u32,
-        call: 1687u32,
+        wire: 1889u32,
+        call: 1691u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -75731,8 +75888,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 1886u32,
-        call: 1688u32,
+        wire: 1890u32,
+        call: 1692u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -75748,8 +75905,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1887u32,
-        call: 1689u32,
+        wire: 1891u32,
+        call: 1693u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -75765,8 +75922,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 1888u32,
-        call: 1690u32,
+        wire: 1892u32,
+        call: 1694u32,
         name: "cusparseCreateDnMat",
         form: None,
         library: "cusparse",
@@ -75805,8 +75962,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 1889u32,
-        call: 1691u32,
+        wire: 1893u32,
+        call: 1695u32,
         name: "cusparseCreateDnVec",
         form: None,
         library: "cusparse",
@@ -75833,8 +75990,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 1890u32,
-        call: 1692u32,
+        wire: 1894u32,
+        call: 1696u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
         library: "cusparse",
@@ -75860,8 +76017,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 1891u32,
-        call: 1693u32,
+        wire: 1895u32,
+        call: 1697u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -75877,8 +76034,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 1892u32,
-        call: 1694u32,
+        wire: 1896u32,
+        call: 1698u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -75894,8 +76051,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 1893u32,
-        call: 1695u32,
+        wire: 1897u32,
+        call: 1699u32,
         name: "cusparseCsrSetPointers",
         form: None,
         library: "cusparse",
@@ -75919,8 +76076,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1894u32,
-        call: 1696u32,
+        wire: 1898u32,
+        call: 1700u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -75953,8 +76110,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 1895u32,
-        call: 1697u32,
+        wire: 1899u32,
+        call: 1701u32,
         name: "cusparseDbsr2csr",
         form: None,
         library: "cusparse",
@@ -76005,8 +76162,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 1896u32,
-        call: 1698u32,
+        wire: 1900u32,
+        call: 1702u32,
         name: "cusparseDbsric02",
         form: None,
         library: "cusparse",
@@ -76059,8 +76216,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1897u32,
-        call: 1699u32,
+        wire: 1901u32,
+        call: 1703u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -76114,8 +76271,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 1898u32,
-        call: 1700u32,
+        wire: 1902u32,
+        call: 1704u32,
         name: "cusparseDbsrilu02",
         form: None,
         library: "cusparse",
@@ -76168,8 +76325,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1899u32,
-        call: 1701u32,
+        wire: 1903u32,
+        call: 1705u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -76222,8 +76379,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1900u32,
-        call: 1702u32,
+        wire: 1904u32,
+        call: 1706u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -76277,8 +76434,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 1901u32,
-        call: 1703u32,
+        wire: 1905u32,
+        call: 1707u32,
         name: "cusparseDbsrmm",
         form: None,
         library: "cusparse",
@@ -76358,8 +76515,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 1902u32,
-        call: 1704u32,
+        wire: 1906u32,
+        call: 1708u32,
         name: "cusparseDbsrmv",
         form: None,
         library: "cusparse",
@@ -76423,8 +76580,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1903u32,
-        call: 1705u32,
+        wire: 1907u32,
+        call: 1709u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -76489,8 +76646,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1904u32,
-        call: 1706u32,
+        wire: 1908u32,
+        call: 1710u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -76556,8 +76713,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1905u32,
-        call: 1707u32,
+        wire: 1909u32,
+        call: 1711u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -76637,8 +76794,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1906u32,
-        call: 1708u32,
+        wire: 1910u32,
+        call: 1712u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -76695,8 +76852,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1907u32,
-        call: 1709u32,
+        wire: 1911u32,
+        call: 1713u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -76754,8 +76911,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1908u32,
-        call: 1710u32,
+        wire: 1912u32,
+        call: 1714u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -76819,8 +76976,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 1909u32,
-        call: 1711u32,
+        wire: 1913u32,
+        call: 1715u32,
         name: "cusparseDbsrxmv",
         form: None,
         library: "cusparse",
@@ -76890,8 +77047,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 1910u32,
-        call: 1712u32,
+        wire: 1914u32,
+        call: 1716u32,
         name: "cusparseDcsr2bsr",
         form: None,
         library: "cusparse",
@@ -76942,8 +77099,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 1911u32,
-        call: 1713u32,
+        wire: 1915u32,
+        call: 1717u32,
         name: "cusparseDcsr2csru",
         form: None,
         library: "cusparse",
@@ -76988,8 +77145,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 1912u32,
-        call: 1714u32,
+        wire: 1916u32,
+        call: 1718u32,
         name: "cusparseDcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -77045,8 +77202,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1913u32,
-        call: 1715u32,
+        wire: 1917u32,
+        call: 1719u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -77100,8 +77257,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 1914u32,
-        call: 1716u32,
+        wire: 1918u32,
+        call: 1720u32,
         name: "cusparseDcsrgeam2",
         form: None,
         library: "cusparse",
@@ -77170,8 +77327,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1915u32,
-        call: 1717u32,
+        wire: 1919u32,
+        call: 1721u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -77245,8 +77402,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 1916u32,
-        call: 1718u32,
+        wire: 1920u32,
+        call: 1722u32,
         name: "cusparseDcsrgemm2",
         form: None,
         library: "cusparse",
@@ -77334,8 +77491,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1917u32,
-        call: 1719u32,
+        wire: 1921u32,
+        call: 1723u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -77418,8 +77575,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 1918u32,
-        call: 1720u32,
+        wire: 1922u32,
+        call: 1724u32,
         name: "cusparseDcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -77464,8 +77621,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1919u32,
-        call: 1721u32,
+        wire: 1923u32,
+        call: 1725u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -77511,8 +77668,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1920u32,
-        call: 1722u32,
+        wire: 1924u32,
+        call: 1726u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -77557,8 +77714,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1921u32,
-        call: 1723u32,
+        wire: 1925u32,
+        call: 1727u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -77604,8 +77761,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1922u32,
-        call: 1724u32,
+        wire: 1926u32,
+        call: 1728u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -77676,8 +77833,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 1923u32,
-        call: 1725u32,
+        wire: 1927u32,
+        call: 1729u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -77748,8 +77905,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1924u32,
-        call: 1726u32,
+        wire: 1928u32,
+        call: 1730u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -77798,8 +77955,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1925u32,
-        call: 1727u32,
+        wire: 1929u32,
+        call: 1731u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -77849,8 +78006,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 1926u32,
-        call: 1728u32,
+        wire: 1930u32,
+        call: 1732u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -77906,8 +78063,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 1927u32,
-        call: 1729u32,
+        wire: 1931u32,
+        call: 1733u32,
         name: "cusparseDcsru2csr",
         form: None,
         library: "cusparse",
@@ -77952,8 +78109,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1928u32,
-        call: 1730u32,
+        wire: 1932u32,
+        call: 1734u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -77999,8 +78156,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 1929u32,
-        call: 1731u32,
+        wire: 1933u32,
+        call: 1735u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
         library: "cusparse",
@@ -78034,8 +78191,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 1930u32,
-        call: 1732u32,
+        wire: 1934u32,
+        call: 1736u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
         library: "cusparse",
@@ -78074,8 +78231,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 1931u32,
-        call: 1733u32,
+        wire: 1935u32,
+        call: 1737u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
         library: "cusparse",
@@ -78109,8 +78266,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 1932u32,
-        call: 1734u32,
+        wire: 1936u32,
+        call: 1738u32,
         name: "cusparseDestroy",
         form: None,
         library: "cusparse",
@@ -78131,8 +78288,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 1933u32,
-        call: 1735u32,
+        wire: 1937u32,
+        call: 1739u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
@@ -78153,8 +78310,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 1934u32,
-        call: 1736u32,
+        wire: 1938u32,
+        call: 1740u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -78175,8 +78332,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 1935u32,
-        call: 1737u32,
+        wire: 1939u32,
+        call: 1741u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -78197,8 +78354,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 1936u32,
-        call: 1738u32,
+        wire: 1940u32,
+        call: 1742u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -78219,8 +78376,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 1937u32,
-        call: 1739u32,
+        wire: 1941u32,
+        call: 1743u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
@@ -78241,8 +78398,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1938u32,
-        call: 1740u32,
+        wire: 1942u32,
+        call: 1744u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -78263,8 +78420,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 1939u32,
-        call: 1741u32,
+        wire: 1943u32,
+        call: 1745u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
@@ -78285,8 +78442,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 1940u32,
-        call: 1742u32,
+        wire: 1944u32,
+        call: 1746u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -78307,8 +78464,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 1941u32,
-        call: 1743u32,
+        wire: 1945u32,
+        call: 1747u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -78329,8 +78486,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 1942u32,
-        call: 1744u32,
+        wire: 1946u32,
+        call: 1748u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -78351,8 +78508,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1943u32,
-        call: 1745u32,
+        wire: 1947u32,
+        call: 1749u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -78373,8 +78530,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 1944u32,
-        call: 1746u32,
+        wire: 1948u32,
+        call: 1750u32,
         name: "cusparseDestroyDnMat",
         form: None,
         library: "cusparse",
@@ -78395,8 +78552,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 1945u32,
-        call: 1747u32,
+        wire: 1949u32,
+        call: 1751u32,
         name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
@@ -78417,8 +78574,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 1946u32,
-        call: 1748u32,
+        wire: 1950u32,
+        call: 1752u32,
         name: "cusparseDestroyMatDescr",
         form: None,
         library: "cusparse",
@@ -78439,8 +78596,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 1947u32,
-        call: 1749u32,
+        wire: 1951u32,
+        call: 1753u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
@@ -78461,8 +78618,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 1948u32,
-        call: 1750u32,
+        wire: 1952u32,
+        call: 1754u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
@@ -78483,8 +78640,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 1949u32,
-        call: 1751u32,
+        wire: 1953u32,
+        call: 1755u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
@@ -78505,8 +78662,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 1950u32,
-        call: 1752u32,
+        wire: 1954u32,
+        call: 1756u32,
         name: "cusparseDgebsr2csr",
         form: None,
         library: "cusparse",
@@ -78561,8 +78718,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 1951u32,
-        call: 1753u32,
+        wire: 1955u32,
+        call: 1757u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -78612,8 +78769,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 1952u32,
-        call: 1754u32,
+        wire: 1956u32,
+        call: 1758u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -78681,8 +78838,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1953u32,
-        call: 1755u32,
+        wire: 1957u32,
+        call: 1759u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -78748,8 +78905,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 1954u32,
-        call: 1756u32,
+        wire: 1958u32,
+        call: 1760u32,
         name: "cusparseDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -78771,8 +78928,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1955u32,
-        call: 1757u32,
+        wire: 1959u32,
+        call: 1761u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -78801,8 +78958,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 1956u32,
-        call: 1758u32,
+        wire: 1960u32,
+        call: 1762u32,
         name: "cusparseDnMatSetValues",
         form: None,
         library: "cusparse",
@@ -78824,8 +78981,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 1957u32,
-        call: 1759u32,
+        wire: 1961u32,
+        call: 1763u32,
         name: "cusparseDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -78847,8 +79004,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 1958u32,
-        call: 1760u32,
+        wire: 1962u32,
+        call: 1764u32,
         name: "cusparseDnVecSetValues",
         form: None,
         library: "cusparse",
@@ -78870,8 +79027,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 1959u32,
-        call: 1761u32,
+        wire: 1963u32,
+        call: 1765u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -78927,8 +79084,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1960u32,
-        call: 1762u32,
+        wire: 1964u32,
+        call: 1766u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -78989,8 +79146,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 1961u32,
-        call: 1763u32,
+        wire: 1965u32,
+        call: 1767u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -79049,8 +79206,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 1962u32,
-        call: 1764u32,
+        wire: 1966u32,
+        call: 1768u32,
         name: "cusparseGather",
         form: None,
         library: "cusparse",
@@ -79079,8 +79236,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 1963u32,
-        call: 1765u32,
+        wire: 1967u32,
+        call: 1769u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -79104,8 +79261,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 1964u32,
-        call: 1766u32,
+        wire: 1968u32,
+        call: 1770u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -79129,8 +79286,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 1965u32,
-        call: 1767u32,
+        wire: 1969u32,
+        call: 1771u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -79154,8 +79311,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 1966u32,
-        call: 1768u32,
+        wire: 1970u32,
+        call: 1772u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -79179,8 +79336,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 1967u32,
-        call: 1769u32,
+        wire: 1971u32,
+        call: 1773u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -79202,8 +79359,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1968u32,
-        call: 1770u32,
+        wire: 1972u32,
+        call: 1774u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
@@ -79219,8 +79376,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1969u32,
-        call: 1771u32,
+        wire: 1973u32,
+        call: 1775u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
@@ -79241,8 +79398,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 1970u32,
-        call: 1772u32,
+        wire: 1974u32,
+        call: 1776u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
@@ -79263,8 +79420,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 1971u32,
-        call: 1773u32,
+        wire: 1975u32,
+        call: 1777u32,
         name: "cusparseSDDMM",
         form: None,
         library: "cusparse",
@@ -79324,8 +79481,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 1972u32,
-        call: 1774u32,
+        wire: 1976u32,
+        call: 1778u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -79390,8 +79547,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 1973u32,
-        call: 1775u32,
+        wire: 1977u32,
+        call: 1779u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
         library: "cusparse",
@@ -79451,8 +79608,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 1974u32,
-        call: 1776u32,
+        wire: 1978u32,
+        call: 1780u32,
         name: "cusparseSbsr2csr",
         form: None,
         library: "cusparse",
@@ -79503,8 +79660,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 1975u32,
-        call: 1777u32,
+        wire: 1979u32,
+        call: 1781u32,
         name: "cusparseSbsric02",
         form: None,
         library: "cusparse",
@@ -79557,8 +79714,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1976u32,
-        call: 1778u32,
+        wire: 1980u32,
+        call: 1782u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -79612,8 +79769,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 1977u32,
-        call: 1779u32,
+        wire: 1981u32,
+        call: 1783u32,
         name: "cusparseSbsrilu02",
         form: None,
         library: "cusparse",
@@ -79666,8 +79823,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1978u32,
-        call: 1780u32,
+        wire: 1982u32,
+        call: 1784u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -79720,8 +79877,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1979u32,
-        call: 1781u32,
+        wire: 1983u32,
+        call: 1785u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -79775,8 +79932,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 1980u32,
-        call: 1782u32,
+        wire: 1984u32,
+        call: 1786u32,
         name: "cusparseSbsrmm",
         form: None,
         library: "cusparse",
@@ -79856,8 +80013,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 1981u32,
-        call: 1783u32,
+        wire: 1985u32,
+        call: 1787u32,
         name: "cusparseSbsrmv",
         form: None,
         library: "cusparse",
@@ -79921,8 +80078,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1982u32,
-        call: 1784u32,
+        wire: 1986u32,
+        call: 1788u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -79987,8 +80144,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1983u32,
-        call: 1785u32,
+        wire: 1987u32,
+        call: 1789u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -80054,8 +80211,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1984u32,
-        call: 1786u32,
+        wire: 1988u32,
+        call: 1790u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -80135,8 +80292,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1985u32,
-        call: 1787u32,
+        wire: 1989u32,
+        call: 1791u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -80193,8 +80350,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1986u32,
-        call: 1788u32,
+        wire: 1990u32,
+        call: 1792u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -80252,8 +80409,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1987u32,
-        call: 1789u32,
+        wire: 1991u32,
+        call: 1793u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -80317,8 +80474,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 1988u32,
-        call: 1790u32,
+        wire: 1992u32,
+        call: 1794u32,
         name: "cusparseSbsrxmv",
         form: None,
         library: "cusparse",
@@ -80388,8 +80545,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 1989u32,
-        call: 1791u32,
+        wire: 1993u32,
+        call: 1795u32,
         name: "cusparseScatter",
         form: None,
         library: "cusparse",
@@ -80418,8 +80575,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 1990u32,
-        call: 1792u32,
+        wire: 1994u32,
+        call: 1796u32,
         name: "cusparseScsr2bsr",
         form: None,
         library: "cusparse",
@@ -80470,8 +80627,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 1991u32,
-        call: 1793u32,
+        wire: 1995u32,
+        call: 1797u32,
         name: "cusparseScsr2csru",
         form: None,
         library: "cusparse",
@@ -80516,8 +80673,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 1992u32,
-        call: 1794u32,
+        wire: 1996u32,
+        call: 1798u32,
         name: "cusparseScsr2gebsr",
         form: None,
         library: "cusparse",
@@ -80573,8 +80730,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1993u32,
-        call: 1795u32,
+        wire: 1997u32,
+        call: 1799u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -80628,8 +80785,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 1994u32,
-        call: 1796u32,
+        wire: 1998u32,
+        call: 1800u32,
         name: "cusparseScsrgeam2",
         form: None,
         library: "cusparse",
@@ -80698,8 +80855,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1995u32,
-        call: 1797u32,
+        wire: 1999u32,
+        call: 1801u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -80773,8 +80930,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 1996u32,
-        call: 1798u32,
+        wire: 2000u32,
+        call: 1802u32,
         name: "cusparseScsrgemm2",
         form: None,
         library: "cusparse",
@@ -80862,8 +81019,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1997u32,
-        call: 1799u32,
+        wire: 2001u32,
+        call: 1803u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -80946,8 +81103,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 1998u32,
-        call: 1800u32,
+        wire: 2002u32,
+        call: 1804u32,
         name: "cusparseScsric02_analysis",
         form: None,
         library: "cusparse",
@@ -80992,8 +81149,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1999u32,
-        call: 1801u32,
+        wire: 2003u32,
+        call: 1805u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -81039,8 +81196,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2000u32,
-        call: 1802u32,
+        wire: 2004u32,
+        call: 1806u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -81085,8 +81242,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2001u32,
-        call: 1803u32,
+        wire: 2005u32,
+        call: 1807u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -81132,8 +81289,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2002u32,
-        call: 1804u32,
+        wire: 2006u32,
+        call: 1808u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -81204,8 +81361,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2003u32,
-        call: 1805u32,
+        wire: 2007u32,
+        call: 1809u32,
         name: "cusparseScsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -81276,8 +81433,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2004u32,
-        call: 1806u32,
+        wire: 2008u32,
+        call: 1810u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -81326,8 +81483,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2005u32,
-        call: 1807u32,
+        wire: 2009u32,
+        call: 1811u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -81377,8 +81534,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2006u32,
-        call: 1808u32,
+        wire: 2010u32,
+        call: 1812u32,
         name: "cusparseScsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -81434,8 +81591,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2007u32,
-        call: 1809u32,
+        wire: 2011u32,
+        call: 1813u32,
         name: "cusparseScsru2csr",
         form: None,
         library: "cusparse",
@@ -81480,8 +81637,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2008u32,
-        call: 1810u32,
+        wire: 2012u32,
+        call: 1814u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -81527,8 +81684,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2009u32,
-        call: 1811u32,
+        wire: 2013u32,
+        call: 1815u32,
         name: "cusparseSetColorAlgs",
         form: None,
         library: "cusparse",
@@ -81553,8 +81710,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2010u32,
-        call: 1812u32,
+        wire: 2014u32,
+        call: 1816u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
@@ -81579,8 +81736,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2011u32,
-        call: 1813u32,
+        wire: 2015u32,
+        call: 1817u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
@@ -81605,8 +81762,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2012u32,
-        call: 1814u32,
+        wire: 2016u32,
+        call: 1818u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -81631,8 +81788,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2013u32,
-        call: 1815u32,
+        wire: 2017u32,
+        call: 1819u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
@@ -81657,8 +81814,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2014u32,
-        call: 1816u32,
+        wire: 2018u32,
+        call: 1820u32,
         name: "cusparseSetPointerMode",
         form: Some("call"),
         library: "cusparse",
@@ -81683,8 +81840,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2015u32,
-        call: 1817u32,
+        wire: 2019u32,
+        call: 1821u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
@@ -81709,8 +81866,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2016u32,
-        call: 1818u32,
+        wire: 2020u32,
+        call: 1822u32,
         name: "cusparseSgebsr2csr",
         form: None,
         library: "cusparse",
@@ -81765,8 +81922,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2017u32,
-        call: 1819u32,
+        wire: 2021u32,
+        call: 1823u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -81816,8 +81973,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2018u32,
-        call: 1820u32,
+        wire: 2022u32,
+        call: 1824u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -81885,8 +82042,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2019u32,
-        call: 1821u32,
+        wire: 2023u32,
+        call: 1825u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -81952,8 +82109,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2020u32,
-        call: 1822u32,
+        wire: 2024u32,
+        call: 1826u32,
         name: "cusparseSpGEMM_compute",
         form: None,
         library: "cusparse",
@@ -82023,8 +82180,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2021u32,
-        call: 1823u32,
+        wire: 2025u32,
+        call: 1827u32,
         name: "cusparseSpGEMM_copy",
         form: None,
         library: "cusparse",
@@ -82087,8 +82244,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2022u32,
-        call: 1824u32,
+        wire: 2026u32,
+        call: 1828u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -82104,8 +82261,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2023u32,
-        call: 1825u32,
+        wire: 2027u32,
+        call: 1829u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -82126,8 +82283,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2024u32,
-        call: 1826u32,
+        wire: 2028u32,
+        call: 1830u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
         library: "cusparse",
@@ -82197,8 +82354,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2025u32,
-        call: 1827u32,
+        wire: 2029u32,
+        call: 1831u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
         library: "cusparse",
@@ -82261,8 +82418,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2026u32,
-        call: 1828u32,
+        wire: 2030u32,
+        call: 1832u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
         library: "cusparse",
@@ -82318,8 +82475,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2027u32,
-        call: 1829u32,
+        wire: 2031u32,
+        call: 1833u32,
         name: "cusparseSpMM",
         form: None,
         library: "cusparse",
@@ -82379,8 +82536,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2028u32,
-        call: 1830u32,
+        wire: 2032u32,
+        call: 1834u32,
         name: "cusparseSpMMOp",
         form: None,
         library: "cusparse",
@@ -82402,8 +82559,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2029u32,
-        call: 1831u32,
+        wire: 2033u32,
+        call: 1835u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
         library: "cusparse",
@@ -82424,8 +82581,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2030u32,
-        call: 1832u32,
+        wire: 2034u32,
+        call: 1836u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -82490,8 +82647,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2031u32,
-        call: 1833u32,
+        wire: 2035u32,
+        call: 1837u32,
         name: "cusparseSpMM_preprocess",
         form: None,
         library: "cusparse",
@@ -82551,8 +82708,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2032u32,
-        call: 1834u32,
+        wire: 2036u32,
+        call: 1838u32,
         name: "cusparseSpMV",
         form: None,
         library: "cusparse",
@@ -82608,8 +82765,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2033u32,
-        call: 1835u32,
+        wire: 2037u32,
+        call: 1839u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
         library: "cusparse",
@@ -82670,8 +82827,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2034u32,
-        call: 1836u32,
+        wire: 2038u32,
+        call: 1840u32,
         name: "cusparseSpMV_preprocess",
         form: None,
         library: "cusparse",
@@ -82727,8 +82884,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2035u32,
-        call: 1837u32,
+        wire: 2039u32,
+        call: 1841u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
         library: "cusparse",
@@ -82758,8 +82915,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2036u32,
-        call: 1838u32,
+        wire: 2040u32,
+        call: 1842u32,
         name: "cusparseSpMatGetSize",
         form: None,
         library: "cusparse",
@@ -82798,8 +82955,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2037u32,
-        call: 1839u32,
+        wire: 2041u32,
+        call: 1843u32,
         name: "cusparseSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -82821,8 +82978,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2038u32,
-        call: 1840u32,
+        wire: 2042u32,
+        call: 1844u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
         library: "cusparse",
@@ -82852,8 +83009,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2039u32,
-        call: 1841u32,
+        wire: 2043u32,
+        call: 1845u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -82878,8 +83035,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2040u32,
-        call: 1842u32,
+        wire: 2044u32,
+        call: 1846u32,
         name: "cusparseSpMatSetValues",
         form: None,
         library: "cusparse",
@@ -82901,8 +83058,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2041u32,
-        call: 1843u32,
+        wire: 2045u32,
+        call: 1847u32,
         name: "cusparseSpSM_analysis",
         form: None,
         library: "cusparse",
@@ -82961,8 +83118,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2042u32,
-        call: 1844u32,
+        wire: 2046u32,
+        call: 1848u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
         library: "cusparse",
@@ -83026,8 +83183,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2043u32,
-        call: 1845u32,
+        wire: 2047u32,
+        call: 1849u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -83043,8 +83200,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2044u32,
-        call: 1846u32,
+        wire: 2048u32,
+        call: 1850u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -83065,8 +83222,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2045u32,
-        call: 1847u32,
+        wire: 2049u32,
+        call: 1851u32,
         name: "cusparseSpSM_solve",
         form: None,
         library: "cusparse",
@@ -83124,8 +83281,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2046u32,
-        call: 1848u32,
+        wire: 2050u32,
+        call: 1852u32,
         name: "cusparseSpSV_analysis",
         form: None,
         library: "cusparse",
@@ -83180,8 +83337,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2047u32,
-        call: 1849u32,
+        wire: 2051u32,
+        call: 1853u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
         library: "cusparse",
@@ -83241,8 +83398,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2048u32,
-        call: 1850u32,
+        wire: 2052u32,
+        call: 1854u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -83258,8 +83415,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2049u32,
-        call: 1851u32,
+        wire: 2053u32,
+        call: 1855u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
@@ -83280,8 +83437,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2050u32,
-        call: 1852u32,
+        wire: 2054u32,
+        call: 1856u32,
         name: "cusparseSpSV_solve",
         form: None,
         library: "cusparse",
@@ -83335,8 +83492,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2051u32,
-        call: 1853u32,
+        wire: 2055u32,
+        call: 1857u32,
         name: "cusparseSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -83358,8 +83515,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2052u32,
-        call: 1854u32,
+        wire: 2056u32,
+        call: 1858u32,
         name: "cusparseSpVecSetValues",
         form: None,
         library: "cusparse",
@@ -83381,8 +83538,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2053u32,
-        call: 1855u32,
+        wire: 2057u32,
+        call: 1859u32,
         name: "cusparseSparseToDense",
         form: None,
         library: "cusparse",
@@ -83416,8 +83573,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2054u32,
-        call: 1856u32,
+        wire: 2058u32,
+        call: 1860u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
         library: "cusparse",
@@ -83456,8 +83613,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2055u32,
-        call: 1857u32,
+        wire: 2059u32,
+        call: 1861u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -83513,8 +83670,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2056u32,
-        call: 1858u32,
+        wire: 2060u32,
+        call: 1862u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -83575,8 +83732,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2057u32,
-        call: 1859u32,
+        wire: 2061u32,
+        call: 1863u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -83635,8 +83792,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2058u32,
-        call: 1860u32,
+        wire: 2062u32,
+        call: 1864u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -83666,8 +83823,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2059u32,
-        call: 1861u32,
+        wire: 2063u32,
+        call: 1865u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -83697,8 +83854,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2060u32,
-        call: 1862u32,
+        wire: 2064u32,
+        call: 1866u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -83728,8 +83885,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2061u32,
-        call: 1863u32,
+        wire: 2065u32,
+        call: 1867u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -83759,8 +83916,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2062u32,
-        call: 1864u32,
+        wire: 2066u32,
+        call: 1868u32,
         name: "cusparseXcoo2csr",
         form: None,
         library: "cusparse",
@@ -83795,8 +83952,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2063u32,
-        call: 1865u32,
+        wire: 2067u32,
+        call: 1869u32,
         name: "cusparseXcoosortByColumn",
         form: None,
         library: "cusparse",
@@ -83833,8 +83990,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2064u32,
-        call: 1866u32,
+        wire: 2068u32,
+        call: 1870u32,
         name: "cusparseXcoosortByRow",
         form: None,
         library: "cusparse",
@@ -83871,8 +84028,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2065u32,
-        call: 1867u32,
+        wire: 2069u32,
+        call: 1871u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -83913,8 +84070,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2066u32,
-        call: 1868u32,
+        wire: 2070u32,
+        call: 1872u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
         library: "cusparse",
@@ -83967,8 +84124,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2067u32,
-        call: 1869u32,
+        wire: 2071u32,
+        call: 1873u32,
         name: "cusparseXcsr2coo",
         form: None,
         library: "cusparse",
@@ -84003,8 +84160,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2068u32,
-        call: 1870u32,
+        wire: 2072u32,
+        call: 1874u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -84062,8 +84219,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2069u32,
-        call: 1871u32,
+        wire: 2073u32,
+        call: 1875u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
         library: "cusparse",
@@ -84123,8 +84280,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2070u32,
-        call: 1872u32,
+        wire: 2074u32,
+        call: 1876u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
         library: "cusparse",
@@ -84202,8 +84359,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2071u32,
-        call: 1873u32,
+        wire: 2075u32,
+        call: 1877u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -84233,8 +84390,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2072u32,
-        call: 1874u32,
+        wire: 2076u32,
+        call: 1878u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -84264,8 +84421,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2073u32,
-        call: 1875u32,
+        wire: 2077u32,
+        call: 1879u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -84295,8 +84452,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2074u32,
-        call: 1876u32,
+        wire: 2078u32,
+        call: 1880u32,
         name: "cusparseXcsrsort",
         form: None,
         library: "cusparse",
@@ -84337,8 +84494,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2075u32,
-        call: 1877u32,
+        wire: 2079u32,
+        call: 1881u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -84379,8 +84536,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2076u32,
-        call: 1878u32,
+        wire: 2080u32,
+        call: 1882u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -84410,8 +84567,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2077u32,
-        call: 1879u32,
+        wire: 2081u32,
+        call: 1883u32,
         name: "cusparseXgebsr2csr",
         form: None,
         library: "cusparse",
@@ -84464,8 +84621,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2078u32,
-        call: 1880u32,
+        wire: 2082u32,
+        call: 1884u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -84535,8 +84692,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2079u32,
-        call: 1881u32,
+        wire: 2083u32,
+        call: 1885u32,
         name: "cusparseZbsr2csr",
         form: None,
         library: "cusparse",
@@ -84587,8 +84744,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2080u32,
-        call: 1882u32,
+        wire: 2084u32,
+        call: 1886u32,
         name: "cusparseZbsric02",
         form: None,
         library: "cusparse",
@@ -84641,8 +84798,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2081u32,
-        call: 1883u32,
+        wire: 2085u32,
+        call: 1887u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -84696,8 +84853,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2082u32,
-        call: 1884u32,
+        wire: 2086u32,
+        call: 1888u32,
         name: "cusparseZbsrilu02",
         form: None,
         library: "cusparse",
@@ -84750,8 +84907,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2083u32,
-        call: 1885u32,
+        wire: 2087u32,
+        call: 1889u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -84804,8 +84961,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2084u32,
-        call: 1886u32,
+        wire: 2088u32,
+        call: 1890u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -84859,8 +85016,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2085u32,
-        call: 1887u32,
+        wire: 2089u32,
+        call: 1891u32,
         name: "cusparseZbsrmm",
         form: None,
         library: "cusparse",
@@ -84940,8 +85097,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2086u32,
-        call: 1888u32,
+        wire: 2090u32,
+        call: 1892u32,
         name: "cusparseZbsrmv",
         form: None,
         library: "cusparse",
@@ -85005,8 +85162,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2087u32,
-        call: 1889u32,
+        wire: 2091u32,
+        call: 1893u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -85071,8 +85228,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2088u32,
-        call: 1890u32,
+        wire: 2092u32,
+        call: 1894u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -85138,8 +85295,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2089u32,
-        call: 1891u32,
+        wire: 2093u32,
+        call: 1895u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -85219,8 +85376,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2090u32,
-        call: 1892u32,
+        wire: 2094u32,
+        call: 1896u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -85277,8 +85434,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2091u32,
-        call: 1893u32,
+        wire: 2095u32,
+        call: 1897u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -85336,8 +85493,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2092u32,
-        call: 1894u32,
+        wire: 2096u32,
+        call: 1898u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -85401,8 +85558,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2093u32,
-        call: 1895u32,
+        wire: 2097u32,
+        call: 1899u32,
         name: "cusparseZbsrxmv",
         form: None,
         library: "cusparse",
@@ -85472,8 +85629,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2094u32,
-        call: 1896u32,
+        wire: 2098u32,
+        call: 1900u32,
         name: "cusparseZcsr2bsr",
         form: None,
         library: "cusparse",
@@ -85524,8 +85681,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2095u32,
-        call: 1897u32,
+        wire: 2099u32,
+        call: 1901u32,
         name: "cusparseZcsr2csru",
         form: None,
         library: "cusparse",
@@ -85570,8 +85727,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2096u32,
-        call: 1898u32,
+        wire: 2100u32,
+        call: 1902u32,
         name: "cusparseZcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -85627,8 +85784,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2097u32,
-        call: 1899u32,
+        wire: 2101u32,
+        call: 1903u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -85682,8 +85839,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2098u32,
-        call: 1900u32,
+        wire: 2102u32,
+        call: 1904u32,
         name: "cusparseZcsrgeam2",
         form: None,
         library: "cusparse",
@@ -85752,8 +85909,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2099u32,
-        call: 1901u32,
+        wire: 2103u32,
+        call: 1905u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -85827,8 +85984,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2100u32,
-        call: 1902u32,
+        wire: 2104u32,
+        call: 1906u32,
         name: "cusparseZcsrgemm2",
         form: None,
         library: "cusparse",
@@ -85916,8 +86073,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2101u32,
-        call: 1903u32,
+        wire: 2105u32,
+        call: 1907u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -86000,8 +86157,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2102u32,
-        call: 1904u32,
+        wire: 2106u32,
+        call: 1908u32,
         name: "cusparseZcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -86046,8 +86203,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2103u32,
-        call: 1905u32,
+        wire: 2107u32,
+        call: 1909u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -86093,8 +86250,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2104u32,
-        call: 1906u32,
+        wire: 2108u32,
+        call: 1910u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -86139,8 +86296,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2105u32,
-        call: 1907u32,
+        wire: 2109u32,
+        call: 1911u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -86186,8 +86343,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2106u32,
-        call: 1908u32,
+        wire: 2110u32,
+        call: 1912u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -86258,8 +86415,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2107u32,
-        call: 1909u32,
+        wire: 2111u32,
+        call: 1913u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -86330,8 +86487,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2108u32,
-        call: 1910u32,
+        wire: 2112u32,
+        call: 1914u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -86380,8 +86537,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2109u32,
-        call: 1911u32,
+        wire: 2113u32,
+        call: 1915u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -86431,8 +86588,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2110u32,
-        call: 1912u32,
+        wire: 2114u32,
+        call: 1916u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -86488,8 +86645,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2111u32,
-        call: 1913u32,
+        wire: 2115u32,
+        call: 1917u32,
         name: "cusparseZcsru2csr",
         form: None,
         library: "cusparse",
@@ -86534,8 +86691,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2112u32,
-        call: 1914u32,
+        wire: 2116u32,
+        call: 1918u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -86581,8 +86738,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2113u32,
-        call: 1915u32,
+        wire: 2117u32,
+        call: 1919u32,
         name: "cusparseZgebsr2csr",
         form: None,
         library: "cusparse",
@@ -86637,8 +86794,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2114u32,
-        call: 1916u32,
+        wire: 2118u32,
+        call: 1920u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -86688,8 +86845,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2115u32,
-        call: 1917u32,
+        wire: 2119u32,
+        call: 1921u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -86757,8 +86914,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2116u32,
-        call: 1918u32,
+        wire: 2120u32,
+        call: 1922u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -86824,8 +86981,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2117u32,
-        call: 1919u32,
+        wire: 2121u32,
+        call: 1923u32,
         name: "cusparseZgtsv2",
         form: None,
         library: "cusparse",
@@ -86878,8 +87035,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2118u32,
-        call: 1920u32,
+        wire: 2122u32,
+        call: 1924u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -86935,8 +87092,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2456u32,
-        call: 2256u32,
+        wire: 2460u32,
+        call: 2260u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -86959,8 +87116,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2457u32,
-        call: 2256u32,
+        wire: 2461u32,
+        call: 2260u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -86983,8 +87140,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2458u32,
-        call: 2256u32,
+        wire: 2462u32,
+        call: 2260u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -87007,8 +87164,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2459u32,
-        call: 2257u32,
+        wire: 2463u32,
+        call: 2261u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -87031,8 +87188,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2460u32,
-        call: 2257u32,
+        wire: 2464u32,
+        call: 2261u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -87055,8 +87212,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2461u32,
-        call: 2257u32,
+        wire: 2465u32,
+        call: 2261u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -87079,8 +87236,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2462u32,
-        call: 2258u32,
+        wire: 2466u32,
+        call: 2262u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -87103,8 +87260,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2463u32,
-        call: 2259u32,
+        wire: 2467u32,
+        call: 2263u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -87127,8 +87284,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2464u32,
-        call: 2259u32,
+        wire: 2468u32,
+        call: 2263u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -87151,8 +87308,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2465u32,
-        call: 2259u32,
+        wire: 2469u32,
+        call: 2263u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -87186,8 +87343,8 @@ pub mod driver {
     static LEN_cuMemcpyHtoD_v2__call_6: Len = Len::Param(2u8);
     static LEN_cuMemcpyHtoD_v2_ptds__call_7: Len = Len::Param(2u8);
     pub static cuArray3DCreate: CallDesc = CallDesc {
-        wire: 213u32,
-        call: 192u32,
+        wire: 217u32,
+        call: 196u32,
         name: "cuArray3DCreate",
         form: None,
         library: "driver",
@@ -87211,8 +87368,8 @@ pub mod driver {
         },
     };
     pub static cuArray3DCreate_v2: CallDesc = CallDesc {
-        wire: 214u32,
-        call: 193u32,
+        wire: 218u32,
+        call: 197u32,
         name: "cuArray3DCreate_v2",
         form: None,
         library: "driver",
@@ -87236,8 +87393,8 @@ pub mod driver {
         },
     };
     pub static cuArrayCreate: CallDesc = CallDesc {
-        wire: 215u32,
-        call: 194u32,
+        wire: 219u32,
+        call: 198u32,
         name: "cuArrayCreate",
         form: None,
         library: "driver",
@@ -87261,8 +87418,8 @@ pub mod driver {
         },
     };
     pub static cuArrayCreate_v2: CallDesc = CallDesc {
-        wire: 216u32,
-        call: 195u32,
+        wire: 220u32,
+        call: 199u32,
         name: "cuArrayCreate_v2",
         form: None,
         library: "driver",
@@ -87286,8 +87443,8 @@ pub mod driver {
         },
     };
     pub static cuArrayDestroy: CallDesc = CallDesc {
-        wire: 217u32,
-        call: 196u32,
+        wire: 221u32,
+        call: 200u32,
         name: "cuArrayDestroy",
         form: None,
         library: "driver",
@@ -87308,8 +87465,8 @@ pub mod driver {
         },
     };
     pub static cuArrayGetPlane: CallDesc = CallDesc {
-        wire: 218u32,
-        call: 197u32,
+        wire: 222u32,
+        call: 201u32,
         name: "cuArrayGetPlane",
         form: None,
         library: "driver",
@@ -87335,8 +87492,8 @@ pub mod driver {
         },
     };
     pub static cuCheckpointProcessGetRestoreThreadId: CallDesc = CallDesc {
-        wire: 219u32,
-        call: 198u32,
+        wire: 223u32,
+        call: 202u32,
         name: "cuCheckpointProcessGetRestoreThreadId",
         form: None,
         library: "driver",
@@ -87363,8 +87520,8 @@ pub mod driver {
         },
     };
     pub static cuCheckpointProcessGetState: CallDesc = CallDesc {
-        wire: 220u32,
-        call: 199u32,
+        wire: 224u32,
+        call: 203u32,
         name: "cuCheckpointProcessGetState",
         form: None,
         library: "driver",
@@ -87391,8 +87548,8 @@ pub mod driver {
         },
     };
     pub static cuCtxAttach: CallDesc = CallDesc {
-        wire: 221u32,
-        call: 200u32,
+        wire: 225u32,
+        call: 204u32,
         name: "cuCtxAttach",
         form: None,
         library: "driver",
@@ -87414,8 +87571,8 @@ pub mod driver {
         },
     };
     pub static cuCtxCreate: CallDesc = CallDesc {
-        wire: 222u32,
-        call: 201u32,
+        wire: 226u32,
+        call: 205u32,
         name: "cuCtxCreate",
         form: None,
         library: "driver",
@@ -87441,8 +87598,8 @@ pub mod driver {
         },
     };
     pub static cuCtxCreate_v2: CallDesc = CallDesc {
-        wire: 223u32,
-        call: 202u32,
+        wire: 227u32,
+        call: 206u32,
         name: "cuCtxCreate_v2",
         form: None,
         library: "driver",
@@ -87468,8 +87625,8 @@ pub mod driver {
         },
     };
     pub static cuCtxDestroy: CallDesc = CallDesc {
-        wire: 224u32,
-        call: 203u32,
+        wire: 228u32,
+        call: 207u32,
         name: "cuCtxDestroy",
         form: None,
         library: "driver",
@@ -87490,8 +87647,8 @@ pub mod driver {
         },
     };
     pub static cuCtxDestroy_v2: CallDesc = CallDesc {
-        wire: 225u32,
-        call: 204u32,
+        wire: 229u32,
+        call: 208u32,
         name: "cuCtxDestroy_v2",
         form: None,
         library: "driver",
@@ -87512,8 +87669,8 @@ pub mod driver {
         },
     };
     pub static cuCtxDetach: CallDesc = CallDesc {
-        wire: 226u32,
-        call: 205u32,
+        wire: 230u32,
+        call: 209u32,
         name: "cuCtxDetach",
         form: None,
         library: "driver",
@@ -87534,8 +87691,8 @@ pub mod driver {
         },
     };
     pub static cuCtxDisablePeerAccess: CallDesc = CallDesc {
-        wire: 227u32,
-        call: 206u32,
+        wire: 231u32,
+        call: 210u32,
         name: "cuCtxDisablePeerAccess",
         form: None,
         library: "driver",
@@ -87556,8 +87713,8 @@ pub mod driver {
         },
     };
     pub static cuCtxEnablePeerAccess: CallDesc = CallDesc {
-        wire: 228u32,
-        call: 207u32,
+        wire: 232u32,
+        call: 211u32,
         name: "cuCtxEnablePeerAccess",
         form: None,
         library: "driver",
@@ -87582,8 +87739,8 @@ pub mod driver {
         },
     };
     pub static cuCtxFromGreenCtx: CallDesc = CallDesc {
-        wire: 229u32,
-        call: 208u32,
+        wire: 233u32,
+        call: 212u32,
         name: "cuCtxFromGreenCtx",
         form: None,
         library: "driver",
@@ -87605,8 +87762,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetApiVersion: CallDesc = CallDesc {
-        wire: 230u32,
-        call: 209u32,
+        wire: 234u32,
+        call: 213u32,
         name: "cuCtxGetApiVersion",
         form: None,
         library: "driver",
@@ -87633,8 +87790,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetCacheConfig: CallDesc = CallDesc {
-        wire: 231u32,
-        call: 210u32,
+        wire: 235u32,
+        call: 214u32,
         name: "cuCtxGetCacheConfig",
         form: None,
         library: "driver",
@@ -87657,8 +87814,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetCurrent: CallDesc = CallDesc {
-        wire: 232u32,
-        call: 211u32,
+        wire: 236u32,
+        call: 215u32,
         name: "cuCtxGetCurrent",
         form: None,
         library: "driver",
@@ -87674,8 +87831,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetDevice: CallDesc = CallDesc {
-        wire: 233u32,
-        call: 212u32,
+        wire: 237u32,
+        call: 216u32,
         name: "cuCtxGetDevice",
         form: None,
         library: "driver",
@@ -87698,8 +87855,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetDevice_v2: CallDesc = CallDesc {
-        wire: 234u32,
-        call: 213u32,
+        wire: 238u32,
+        call: 217u32,
         name: "cuCtxGetDevice_v2",
         form: None,
         library: "driver",
@@ -87726,8 +87883,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetFlags: CallDesc = CallDesc {
-        wire: 235u32,
-        call: 214u32,
+        wire: 239u32,
+        call: 218u32,
         name: "cuCtxGetFlags",
         form: None,
         library: "driver",
@@ -87750,8 +87907,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetId: CallDesc = CallDesc {
-        wire: 236u32,
-        call: 215u32,
+        wire: 240u32,
+        call: 219u32,
         name: "cuCtxGetId",
         form: None,
         library: "driver",
@@ -87778,8 +87935,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetLimit: CallDesc = CallDesc {
-        wire: 237u32,
-        call: 216u32,
+        wire: 241u32,
+        call: 220u32,
         name: "cuCtxGetLimit",
         form: None,
         library: "driver",
@@ -87806,8 +87963,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetSharedMemConfig: CallDesc = CallDesc {
-        wire: 238u32,
-        call: 217u32,
+        wire: 242u32,
+        call: 221u32,
         name: "cuCtxGetSharedMemConfig",
         form: None,
         library: "driver",
@@ -87830,8 +87987,8 @@ pub mod driver {
         },
     };
     pub static cuCtxGetStreamPriorityRange: CallDesc = CallDesc {
-        wire: 239u32,
-        call: 218u32,
+        wire: 243u32,
+        call: 222u32,
         name: "cuCtxGetStreamPriorityRange",
         form: None,
         library: "driver",
@@ -87860,8 +88017,8 @@ pub mod driver {
         },
     };
     pub static cuCtxPopCurrent: CallDesc = CallDesc {
-        wire: 240u32,
-        call: 219u32,
+        wire: 244u32,
+        call: 223u32,
         name: "cuCtxPopCurrent",
         form: None,
         library: "driver",
@@ -87877,8 +88034,8 @@ pub mod driver {
         },
     };
     pub static cuCtxPopCurrent_v2: CallDesc = CallDesc {
-        wire: 241u32,
-        call: 220u32,
+        wire: 245u32,
+        call: 224u32,
         name: "cuCtxPopCurrent_v2",
         form: None,
         library: "driver",
@@ -87894,8 +88051,8 @@ pub mod driver {
         },
     };
     pub static cuCtxPushCurrent: CallDesc = CallDesc {
-        wire: 242u32,
-        call: 221u32,
+        wire: 246u32,
+        call: 225u32,
         name: "cuCtxPushCurrent",
         form: None,
         library: "driver",
@@ -87916,8 +88073,8 @@ pub mod driver {
         },
     };
     pub static cuCtxPushCurrent_v2: CallDesc = CallDesc {
-        wire: 243u32,
-        call: 222u32,
+        wire: 247u32,
+        call: 226u32,
         name: "cuCtxPushCurrent_v2",
         form: None,
         library: "driver",
@@ -87938,8 +88095,8 @@ pub mod driver {
         },
     };
     pub static cuCtxRecordEvent: CallDesc = CallDesc {
-        wire: 244u32,
-        call: 223u32,
+        wire: 248u32,
+        call: 227u32,
         name: "cuCtxRecordEvent",
         form: None,
         library: "driver",
@@ -87964,8 +88121,8 @@ pub mod driver {
         },
     };
     pub static cuCtxResetPersistingL2Cache: CallDesc = CallDesc {
-        wire: 245u32,
-        call: 224u32,
+        wire: 249u32,
+        call: 228u32,
         name: "cuCtxResetPersistingL2Cache",
         form: None,
         library: "driver",
@@ -87981,8 +88138,8 @@ pub mod driver {
         },
     };
     pub static cuCtxSetCacheConfig: CallDesc = CallDesc {
-        wire: 246u32,
-        call: 225u32,
+        wire: 250u32,
+        call: 229u32,
         name: "cuCtxSetCacheConfig",
         form: None,
         library: "driver",
@@ -88003,8 +88160,8 @@ pub mod driver {
         },
     };
     pub static cuCtxSetCurrent: CallDesc = CallDesc {
-        wire: 247u32,
-        call: 226u32,
+        wire: 251u32,
+        call: 230u32,
         name: "cuCtxSetCurrent",
         form: None,
         library: "driver",
@@ -88025,8 +88182,8 @@ pub mod driver {
         },
     };
     pub static cuCtxSetFlags: CallDesc = CallDesc {
-        wire: 248u32,
-        call: 227u32,
+        wire: 252u32,
+        call: 231u32,
         name: "cuCtxSetFlags",
         form: None,
         library: "driver",
@@ -88047,8 +88204,8 @@ pub mod driver {
         },
     };
     pub static cuCtxSetLimit: CallDesc = CallDesc {
-        wire: 249u32,
-        call: 228u32,
+        wire: 253u32,
+        call: 232u32,
         name: "cuCtxSetLimit",
         form: None,
         library: "driver",
@@ -88073,8 +88230,8 @@ pub mod driver {
         },
     };
     pub static cuCtxSetSharedMemConfig: CallDesc = CallDesc {
-        wire: 250u32,
-        call: 229u32,
+        wire: 254u32,
+        call: 233u32,
         name: "cuCtxSetSharedMemConfig",
         form: None,
         library: "driver",
@@ -88095,8 +88252,8 @@ pub mod driver {
         },
     };
     pub static cuCtxSynchronize: CallDesc = CallDesc {
-        wire: 251u32,
-        call: 230u32,
+        wire: 255u32,
+        call: 234u32,
         name: "cuCtxSynchronize",
         form: None,
         library: "driver",
@@ -88112,8 +88269,8 @@ pub mod driver {
         },
     };
     pub static cuCtxSynchronize_v2: CallDesc = CallDesc {
-        wire: 252u32,
-        call: 231u32,
+        wire: 256u32,
+        call: 235u32,
         name: "cuCtxSynchronize_v2",
         form: None,
         library: "driver",
@@ -88134,8 +88291,8 @@ pub mod driver {
         },
     };
     pub static cuCtxWaitEvent: CallDesc = CallDesc {
-        wire: 253u32,
-        call: 232u32,
+        wire: 257u32,
+        call: 236u32,
         name: "cuCtxWaitEvent",
         form: None,
         library: "driver",
@@ -88160,8 +88317,8 @@ pub mod driver {
         },
     };
     pub static cuDestroyExternalMemory: CallDesc = CallDesc {
-        wire: 254u32,
-        call: 233u32,
+        wire: 258u32,
+        call: 237u32,
         name: "cuDestroyExternalMemory",
         form: None,
         library: "driver",
@@ -88182,8 +88339,8 @@ pub mod driver {
         },
     };
     pub static cuDestroyExternalSemaphore: CallDesc = CallDesc {
-        wire: 255u32,
-        call: 234u32,
+        wire: 259u32,
+        call: 238u32,
         name: "cuDestroyExternalSemaphore",
         form: None,
         library: "driver",
@@ -88204,8 +88361,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceCanAccessPeer: CallDesc = CallDesc {
-        wire: 256u32,
-        call: 235u32,
+        wire: 260u32,
+        call: 239u32,
         name: "cuDeviceCanAccessPeer",
         form: None,
         library: "driver",
@@ -88236,8 +88393,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetByPCIBusId: CallDesc = CallDesc {
-        wire: 257u32,
-        call: 236u32,
+        wire: 261u32,
+        call: 240u32,
         name: "cuDeviceGetByPCIBusId",
         form: None,
         library: "driver",
@@ -88261,8 +88418,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetDefaultMemPool: CallDesc = CallDesc {
-        wire: 258u32,
-        call: 237u32,
+        wire: 262u32,
+        call: 241u32,
         name: "cuDeviceGetDefaultMemPool",
         form: None,
         library: "driver",
@@ -88284,8 +88441,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetExecAffinitySupport: CallDesc = CallDesc {
-        wire: 259u32,
-        call: 238u32,
+        wire: 263u32,
+        call: 242u32,
         name: "cuDeviceGetExecAffinitySupport",
         form: None,
         library: "driver",
@@ -88316,8 +88473,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetMemPool: CallDesc = CallDesc {
-        wire: 260u32,
-        call: 239u32,
+        wire: 264u32,
+        call: 243u32,
         name: "cuDeviceGetMemPool",
         form: None,
         library: "driver",
@@ -88339,8 +88496,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceGetP2PAttribute: CallDesc = CallDesc {
-        wire: 261u32,
-        call: 240u32,
+        wire: 265u32,
+        call: 244u32,
         name: "cuDeviceGetP2PAttribute",
         form: None,
         library: "driver",
@@ -88375,8 +88532,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceGraphMemTrim: CallDesc = CallDesc {
-        wire: 262u32,
-        call: 241u32,
+        wire: 266u32,
+        call: 245u32,
         name: "cuDeviceGraphMemTrim",
         form: None,
         library: "driver",
@@ -88397,8 +88554,8 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxGetState: CallDesc = CallDesc {
-        wire: 263u32,
-        call: 242u32,
+        wire: 267u32,
+        call: 246u32,
         name: "cuDevicePrimaryCtxGetState",
         form: None,
         library: "driver",
@@ -88431,8 +88588,8 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxRelease: CallDesc = CallDesc {
-        wire: 264u32,
-        call: 243u32,
+        wire: 268u32,
+        call: 247u32,
         name: "cuDevicePrimaryCtxRelease",
         form: None,
         library: "driver",
@@ -88453,8 +88610,8 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxRelease_v2: CallDesc = CallDesc {
-        wire: 265u32,
-        call: 244u32,
+        wire: 269u32,
+        call: 248u32,
         name: "cuDevicePrimaryCtxRelease_v2",
         form: None,
         library: "driver",
@@ -88475,8 +88632,8 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxReset: CallDesc = CallDesc {
-        wire: 266u32,
-        call: 245u32,
+        wire: 270u32,
+        call: 249u32,
         name: "cuDevicePrimaryCtxReset",
         form: None,
         library: "driver",
@@ -88497,8 +88654,8 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxReset_v2: CallDesc = CallDesc {
-        wire: 267u32,
-        call: 246u32,
+        wire: 271u32,
+        call: 250u32,
         name: "cuDevicePrimaryCtxReset_v2",
         form: None,
         library: "driver",
@@ -88519,8 +88676,8 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxRetain: CallDesc = CallDesc {
-        wire: 268u32,
-        call: 247u32,
+        wire: 272u32,
+        call: 251u32,
         name: "cuDevicePrimaryCtxRetain",
         form: None,
         library: "driver",
@@ -88542,8 +88699,8 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxSetFlags: CallDesc = CallDesc {
-        wire: 269u32,
-        call: 248u32,
+        wire: 273u32,
+        call: 252u32,
         name: "cuDevicePrimaryCtxSetFlags",
         form: None,
         library: "driver",
@@ -88568,8 +88725,8 @@ pub mod driver {
         },
     };
     pub static cuDevicePrimaryCtxSetFlags_v2: CallDesc = CallDesc {
-        wire: 270u32,
-        call: 249u32,
+        wire: 274u32,
+        call: 253u32,
         name: "cuDevicePrimaryCtxSetFlags_v2",
         form: None,
         library: "driver",
@@ -88594,8 +88751,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceSetMemPool: CallDesc = CallDesc {
-        wire: 271u32,
-        call: 250u32,
+        wire: 275u32,
+        call: 254u32,
         name: "cuDeviceSetMemPool",
         form: None,
         library: "driver",
@@ -88620,8 +88777,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceTotalMem: CallDesc = CallDesc {
-        wire: 272u32,
-        call: 251u32,
+        wire: 276u32,
+        call: 255u32,
         name: "cuDeviceTotalMem",
         form: None,
         library: "driver",
@@ -88648,8 +88805,8 @@ pub mod driver {
         },
     };
     pub static cuDeviceUnregisterAsyncNotification: CallDesc = CallDesc {
-        wire: 273u32,
-        call: 252u32,
+        wire: 277u32,
+        call: 256u32,
         name: "cuDeviceUnregisterAsyncNotification",
         form: None,
         library: "driver",
@@ -88674,8 +88831,8 @@ pub mod driver {
         },
     };
     pub static cuEventCreate: CallDesc = CallDesc {
-        wire: 274u32,
-        call: 253u32,
+        wire: 278u32,
+        call: 257u32,
         name: "cuEventCreate",
         form: None,
         library: "driver",
@@ -88697,8 +88854,8 @@ pub mod driver {
         },
     };
     pub static cuEventDestroy: CallDesc = CallDesc {
-        wire: 275u32,
-        call: 254u32,
+        wire: 279u32,
+        call: 258u32,
         name: "cuEventDestroy",
         form: None,
         library: "driver",
@@ -88719,8 +88876,8 @@ pub mod driver {
         },
     };
     pub static cuEventDestroy_v2: CallDesc = CallDesc {
-        wire: 276u32,
-        call: 255u32,
+        wire: 280u32,
+        call: 259u32,
         name: "cuEventDestroy_v2",
         form: None,
         library: "driver",
@@ -88741,8 +88898,8 @@ pub mod driver {
         },
     };
     pub static cuEventElapsedTime: CallDesc = CallDesc {
-        wire: 277u32,
-        call: 256u32,
+        wire: 281u32,
+        call: 260u32,
         name: "cuEventElapsedTime",
         form: None,
         library: "driver",
@@ -88773,8 +88930,8 @@ pub mod driver {
         },
     };
     pub static cuEventElapsedTime_v2: CallDesc = CallDesc {
-        wire: 278u32,
-        call: 257u32,
+        wire: 282u32,
+        call: 261u32,
         name: "cuEventElapsedTime_v2",
         form: None,
         library: "driver",
@@ -88805,8 +88962,8 @@ pub mod driver {
         },
     };
     pub static cuEventQuery: CallDesc = CallDesc {
-        wire: 279u32,
-        call: 258u32,
+        wire: 283u32,
+        call: 262u32,
         name: "cuEventQuery",
         form: None,
         library: "driver",
@@ -88827,8 +88984,8 @@ pub mod driver {
         },
     };
     pub static cuEventRecord: CallDesc = CallDesc {
-        wire: 280u32,
-        call: 259u32,
+        wire: 284u32,
+        call: 263u32,
         name: "cuEventRecord",
         form: None,
         library: "driver",
@@ -88853,8 +89010,8 @@ pub mod driver {
         },
     };
     pub static cuEventRecordWithFlags: CallDesc = CallDesc {
-        wire: 281u32,
-        call: 260u32,
+        wire: 285u32,
+        call: 264u32,
         name: "cuEventRecordWithFlags",
         form: None,
         library: "driver",
@@ -88883,8 +89040,8 @@ pub mod driver {
         },
     };
     pub static cuEventRecordWithFlags_ptsz: CallDesc = CallDesc {
-        wire: 282u32,
-        call: 261u32,
+        wire: 286u32,
+        call: 265u32,
         name: "cuEventRecordWithFlags_ptsz",
         form: None,
         library: "driver",
@@ -88913,8 +89070,8 @@ pub mod driver {
         },
     };
     pub static cuEventRecord_ptsz: CallDesc = CallDesc {
-        wire: 283u32,
-        call: 262u32,
+        wire: 287u32,
+        call: 266u32,
         name: "cuEventRecord_ptsz",
         form: None,
         library: "driver",
@@ -88939,8 +89096,8 @@ pub mod driver {
         },
     };
     pub static cuEventSynchronize: CallDesc = CallDesc {
-        wire: 284u32,
-        call: 263u32,
+        wire: 288u32,
+        call: 267u32,
         name: "cuEventSynchronize",
         form: None,
         library: "driver",
@@ -88961,8 +89118,8 @@ pub mod driver {
         },
     };
     pub static cuExternalMemoryGetMappedBuffer: CallDesc = CallDesc {
-        wire: 285u32,
-        call: 264u32,
+        wire: 289u32,
+        call: 268u32,
         name: "cuExternalMemoryGetMappedBuffer",
         form: None,
         library: "driver",
@@ -88995,8 +89152,8 @@ pub mod driver {
         },
     };
     pub static cuExternalMemoryGetMappedMipmappedArray: CallDesc = CallDesc {
-        wire: 286u32,
-        call: 265u32,
+        wire: 290u32,
+        call: 269u32,
         name: "cuExternalMemoryGetMappedMipmappedArray",
         form: None,
         library: "driver",
@@ -89024,8 +89181,8 @@ pub mod driver {
         },
     };
     pub static cuFlushGPUDirectRDMAWrites: CallDesc = CallDesc {
-        wire: 287u32,
-        call: 266u32,
+        wire: 291u32,
+        call: 270u32,
         name: "cuFlushGPUDirectRDMAWrites",
         form: None,
         library: "driver",
@@ -89050,8 +89207,8 @@ pub mod driver {
         },
     };
     pub static cuFuncGetAttribute: CallDesc = CallDesc {
-        wire: 288u32,
-        call: 267u32,
+        wire: 292u32,
+        call: 271u32,
         name: "cuFuncGetAttribute",
         form: None,
         library: "driver",
@@ -89082,8 +89239,8 @@ pub mod driver {
         },
     };
     pub static cuFuncGetModule: CallDesc = CallDesc {
-        wire: 289u32,
-        call: 268u32,
+        wire: 293u32,
+        call: 272u32,
         name: "cuFuncGetModule",
         form: None,
         library: "driver",
@@ -89105,8 +89262,8 @@ pub mod driver {
         },
     };
     pub static cuFuncIsLoaded: CallDesc = CallDesc {
-        wire: 290u32,
-        call: 269u32,
+        wire: 294u32,
+        call: 273u32,
         name: "cuFuncIsLoaded",
         form: None,
         library: "driver",
@@ -89133,8 +89290,8 @@ pub mod driver {
         },
     };
     pub static cuFuncLoad: CallDesc = CallDesc {
-        wire: 291u32,
-        call: 270u32,
+        wire: 295u32,
+        call: 274u32,
         name: "cuFuncLoad",
         form: None,
         library: "driver",
@@ -89155,8 +89312,8 @@ pub mod driver {
         },
     };
     pub static cuFuncSetAttribute: CallDesc = CallDesc {
-        wire: 292u32,
-        call: 271u32,
+        wire: 296u32,
+        call: 275u32,
         name: "cuFuncSetAttribute",
         form: None,
         library: "driver",
@@ -89185,8 +89342,8 @@ pub mod driver {
         },
     };
     pub static cuFuncSetBlockShape: CallDesc = CallDesc {
-        wire: 293u32,
-        call: 272u32,
+        wire: 297u32,
+        call: 276u32,
         name: "cuFuncSetBlockShape",
         form: None,
         library: "driver",
@@ -89219,8 +89376,8 @@ pub mod driver {
         },
     };
     pub static cuFuncSetCacheConfig: CallDesc = CallDesc {
-        wire: 294u32,
-        call: 273u32,
+        wire: 298u32,
+        call: 277u32,
         name: "cuFuncSetCacheConfig",
         form: None,
         library: "driver",
@@ -89245,8 +89402,8 @@ pub mod driver {
         },
     };
     pub static cuFuncSetSharedMemConfig: CallDesc = CallDesc {
-        wire: 295u32,
-        call: 274u32,
+        wire: 299u32,
+        call: 278u32,
         name: "cuFuncSetSharedMemConfig",
         form: None,
         library: "driver",
@@ -89271,8 +89428,8 @@ pub mod driver {
         },
     };
     pub static cuFuncSetSharedSize: CallDesc = CallDesc {
-        wire: 296u32,
-        call: 275u32,
+        wire: 300u32,
+        call: 279u32,
         name: "cuFuncSetSharedSize",
         form: None,
         library: "driver",
@@ -89297,8 +89454,8 @@ pub mod driver {
         },
     };
     pub static cuGraphChildGraphNodeGetGraph: CallDesc = CallDesc {
-        wire: 297u32,
-        call: 276u32,
+        wire: 301u32,
+        call: 280u32,
         name: "cuGraphChildGraphNodeGetGraph",
         form: None,
         library: "driver",
@@ -89320,8 +89477,8 @@ pub mod driver {
         },
     };
     pub static cuGraphClone: CallDesc = CallDesc {
-        wire: 298u32,
-        call: 277u32,
+        wire: 302u32,
+        call: 281u32,
         name: "cuGraphClone",
         form: None,
         library: "driver",
@@ -89343,8 +89500,8 @@ pub mod driver {
         },
     };
     pub static cuGraphConditionalHandleCreate: CallDesc = CallDesc {
-        wire: 299u32,
-        call: 278u32,
+        wire: 303u32,
+        call: 282u32,
         name: "cuGraphConditionalHandleCreate",
         form: None,
         library: "driver",
@@ -89383,8 +89540,8 @@ pub mod driver {
         },
     };
     pub static cuGraphCreate: CallDesc = CallDesc {
-        wire: 300u32,
-        call: 279u32,
+        wire: 304u32,
+        call: 283u32,
         name: "cuGraphCreate",
         form: None,
         library: "driver",
@@ -89406,8 +89563,8 @@ pub mod driver {
         },
     };
     pub static cuGraphDestroy: CallDesc = CallDesc {
-        wire: 301u32,
-        call: 280u32,
+        wire: 305u32,
+        call: 284u32,
         name: "cuGraphDestroy",
         form: None,
         library: "driver",
@@ -89428,8 +89585,8 @@ pub mod driver {
         },
     };
     pub static cuGraphDestroyNode: CallDesc = CallDesc {
-        wire: 302u32,
-        call: 281u32,
+        wire: 306u32,
+        call: 285u32,
         name: "cuGraphDestroyNode",
         form: None,
         library: "driver",
@@ -89450,8 +89607,8 @@ pub mod driver {
         },
     };
     pub static cuGraphEventRecordNodeGetEvent: CallDesc = CallDesc {
-        wire: 303u32,
-        call: 282u32,
+        wire: 307u32,
+        call: 286u32,
         name: "cuGraphEventRecordNodeGetEvent",
         form: None,
         library: "driver",
@@ -89473,8 +89630,8 @@ pub mod driver {
         },
     };
     pub static cuGraphEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 304u32,
-        call: 283u32,
+        wire: 308u32,
+        call: 287u32,
         name: "cuGraphEventRecordNodeSetEvent",
         form: None,
         library: "driver",
@@ -89499,8 +89656,8 @@ pub mod driver {
         },
     };
     pub static cuGraphEventWaitNodeGetEvent: CallDesc = CallDesc {
-        wire: 305u32,
-        call: 284u32,
+        wire: 309u32,
+        call: 288u32,
         name: "cuGraphEventWaitNodeGetEvent",
         form: None,
         library: "driver",
@@ -89522,8 +89679,8 @@ pub mod driver {
         },
     };
     pub static cuGraphEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 306u32,
-        call: 285u32,
+        wire: 310u32,
+        call: 289u32,
         name: "cuGraphEventWaitNodeSetEvent",
         form: None,
         library: "driver",
@@ -89548,8 +89705,8 @@ pub mod driver {
         },
     };
     pub static cuGraphExecChildGraphNodeSetParams: CallDesc = CallDesc {
-        wire: 307u32,
-        call: 286u32,
+        wire: 311u32,
+        call: 290u32,
         name: "cuGraphExecChildGraphNodeSetParams",
         form: None,
         library: "driver",
@@ -89578,8 +89735,8 @@ pub mod driver {
         },
     };
     pub static cuGraphExecDestroy: CallDesc = CallDesc {
-        wire: 308u32,
-        call: 287u32,
+        wire: 312u32,
+        call: 291u32,
         name: "cuGraphExecDestroy",
         form: None,
         library: "driver",
@@ -89600,8 +89757,8 @@ pub mod driver {
         },
     };
     pub static cuGraphExecEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 309u32,
-        call: 288u32,
+        wire: 313u32,
+        call: 292u32,
         name: "cuGraphExecEventRecordNodeSetEvent",
         form: None,
         library: "driver",
@@ -89630,8 +89787,8 @@ pub mod driver {
         },
     };
     pub static cuGraphExecEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 310u32,
-        call: 289u32,
+        wire: 314u32,
+        call: 293u32,
         name: "cuGraphExecEventWaitNodeSetEvent",
         form: None,
         library: "driver",
@@ -89660,8 +89817,8 @@ pub mod driver {
         },
     };
     pub static cuGraphExecGetFlags: CallDesc = CallDesc {
-        wire: 311u32,
-        call: 290u32,
+        wire: 315u32,
+        call: 294u32,
         name: "cuGraphExecGetFlags",
         form: None,
         library: "driver",
@@ -89688,8 +89845,8 @@ pub mod driver {
         },
     };
     pub static cuGraphExecGetId: CallDesc = CallDesc {
-        wire: 312u32,
-        call: 291u32,
+        wire: 316u32,
+        call: 295u32,
         name: "cuGraphExecGetId",
         form: None,
         library: "driver",
@@ -89716,8 +89873,8 @@ pub mod driver {
         },
     };
     pub static cuGraphExecMemsetNodeSetParams: CallDesc = CallDesc {
-        wire: 313u32,
-        call: 292u32,
+        wire: 317u32,
+        call: 296u32,
         name: "cuGraphExecMemsetNodeSetParams",
         form: None,
         library: "driver",
@@ -89752,8 +89909,8 @@ pub mod driver {
         },
     };
     pub static cuGraphExecUpdate: CallDesc = CallDesc {
-        wire: 314u32,
-        call: 293u32,
+        wire: 318u32,
+        call: 297u32,
         name: "cuGraphExecUpdate",
         form: None,
         library: "driver",
@@ -89785,8 +89942,8 @@ pub mod driver {
         },
     };
     pub static cuGraphGetEdges: CallDesc = CallDesc {
-        wire: 315u32,
-        call: 294u32,
+        wire: 319u32,
+        call: 298u32,
         name: "cuGraphGetEdges",
         form: None,
         library: "driver",
@@ -89815,8 +89972,8 @@ pub mod driver {
         },
     };
     pub static cuGraphGetId: CallDesc = CallDesc {
-        wire: 316u32,
-        call: 295u32,
+        wire: 320u32,
+        call: 299u32,
         name: "cuGraphGetId",
         form: None,
         library: "driver",
@@ -89843,8 +90000,8 @@ pub mod driver {
         },
     };
     pub static cuGraphGetNodes: CallDesc = CallDesc {
-        wire: 317u32,
-        call: 296u32,
+        wire: 321u32,
+        call: 300u32,
         name: "cuGraphGetNodes",
         form: None,
         library: "driver",
@@ -89872,8 +90029,8 @@ pub mod driver {
         },
     };
     pub static cuGraphGetRootNodes: CallDesc = CallDesc {
-        wire: 318u32,
-        call: 297u32,
+        wire: 322u32,
+        call: 301u32,
         name: "cuGraphGetRootNodes",
         form: None,
         library: "driver",
@@ -89901,8 +90058,8 @@ pub mod driver {
         },
     };
     pub static cuGraphInstantiateWithFlags: CallDesc = CallDesc {
-        wire: 319u32,
-        call: 298u32,
+        wire: 323u32,
+        call: 302u32,
         name: "cuGraphInstantiateWithFlags",
         form: None,
         library: "driver",
@@ -89928,8 +90085,8 @@ pub mod driver {
         },
     };
     pub static cuGraphKernelNodeCopyAttributes: CallDesc = CallDesc {
-        wire: 320u32,
-        call: 299u32,
+        wire: 324u32,
+        call: 303u32,
         name: "cuGraphKernelNodeCopyAttributes",
         form: None,
         library: "driver",
@@ -89954,8 +90111,8 @@ pub mod driver {
         },
     };
     pub static cuGraphLaunch: CallDesc = CallDesc {
-        wire: 321u32,
-        call: 300u32,
+        wire: 325u32,
+        call: 304u32,
         name: "cuGraphLaunch",
         form: None,
         library: "driver",
@@ -89980,8 +90137,8 @@ pub mod driver {
         },
     };
     pub static cuGraphLaunch_ptsz: CallDesc = CallDesc {
-        wire: 322u32,
-        call: 301u32,
+        wire: 326u32,
+        call: 305u32,
         name: "cuGraphLaunch_ptsz",
         form: None,
         library: "driver",
@@ -90006,8 +90163,8 @@ pub mod driver {
         },
     };
     pub static cuGraphMemFreeNodeGetParams: CallDesc = CallDesc {
-        wire: 323u32,
-        call: 302u32,
+        wire: 327u32,
+        call: 306u32,
         name: "cuGraphMemFreeNodeGetParams",
         form: None,
         library: "driver",
@@ -90034,8 +90191,8 @@ pub mod driver {
         },
     };
     pub static cuGraphMemsetNodeSetParams: CallDesc = CallDesc {
-        wire: 324u32,
-        call: 303u32,
+        wire: 328u32,
+        call: 307u32,
         name: "cuGraphMemsetNodeSetParams",
         form: None,
         library: "driver",
@@ -90062,8 +90219,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeFindInClone: CallDesc = CallDesc {
-        wire: 325u32,
-        call: 304u32,
+        wire: 329u32,
+        call: 308u32,
         name: "cuGraphNodeFindInClone",
         form: None,
         library: "driver",
@@ -90089,8 +90246,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetContainingGraph: CallDesc = CallDesc {
-        wire: 326u32,
-        call: 305u32,
+        wire: 330u32,
+        call: 309u32,
         name: "cuGraphNodeGetContainingGraph",
         form: None,
         library: "driver",
@@ -90112,8 +90269,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetDependencies: CallDesc = CallDesc {
-        wire: 327u32,
-        call: 306u32,
+        wire: 331u32,
+        call: 310u32,
         name: "cuGraphNodeGetDependencies",
         form: None,
         library: "driver",
@@ -90141,8 +90298,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetDependentNodes: CallDesc = CallDesc {
-        wire: 328u32,
-        call: 307u32,
+        wire: 332u32,
+        call: 311u32,
         name: "cuGraphNodeGetDependentNodes",
         form: None,
         library: "driver",
@@ -90170,8 +90327,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetEnabled: CallDesc = CallDesc {
-        wire: 329u32,
-        call: 308u32,
+        wire: 333u32,
+        call: 312u32,
         name: "cuGraphNodeGetEnabled",
         form: None,
         library: "driver",
@@ -90202,8 +90359,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetLocalId: CallDesc = CallDesc {
-        wire: 330u32,
-        call: 309u32,
+        wire: 334u32,
+        call: 313u32,
         name: "cuGraphNodeGetLocalId",
         form: None,
         library: "driver",
@@ -90230,8 +90387,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetToolsId: CallDesc = CallDesc {
-        wire: 331u32,
-        call: 310u32,
+        wire: 335u32,
+        call: 314u32,
         name: "cuGraphNodeGetToolsId",
         form: None,
         library: "driver",
@@ -90258,8 +90415,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeGetType: CallDesc = CallDesc {
-        wire: 332u32,
-        call: 311u32,
+        wire: 336u32,
+        call: 315u32,
         name: "cuGraphNodeGetType",
         form: None,
         library: "driver",
@@ -90286,8 +90443,8 @@ pub mod driver {
         },
     };
     pub static cuGraphNodeSetEnabled: CallDesc = CallDesc {
-        wire: 333u32,
-        call: 312u32,
+        wire: 337u32,
+        call: 316u32,
         name: "cuGraphNodeSetEnabled",
         form: None,
         library: "driver",
@@ -90316,8 +90473,8 @@ pub mod driver {
         },
     };
     pub static cuGraphReleaseUserObject: CallDesc = CallDesc {
-        wire: 334u32,
-        call: 313u32,
+        wire: 338u32,
+        call: 317u32,
         name: "cuGraphReleaseUserObject",
         form: None,
         library: "driver",
@@ -90346,8 +90503,8 @@ pub mod driver {
         },
     };
     pub static cuGraphRetainUserObject: CallDesc = CallDesc {
-        wire: 335u32,
-        call: 314u32,
+        wire: 339u32,
+        call: 318u32,
         name: "cuGraphRetainUserObject",
         form: None,
         library: "driver",
@@ -90380,8 +90537,8 @@ pub mod driver {
         },
     };
     pub static cuGraphUpload: CallDesc = CallDesc {
-        wire: 336u32,
-        call: 315u32,
+        wire: 340u32,
+        call: 319u32,
         name: "cuGraphUpload",
         form: None,
         library: "driver",
@@ -90406,8 +90563,8 @@ pub mod driver {
         },
     };
     pub static cuGraphUpload_ptsz: CallDesc = CallDesc {
-        wire: 337u32,
-        call: 316u32,
+        wire: 341u32,
+        call: 320u32,
         name: "cuGraphUpload_ptsz",
         form: None,
         library: "driver",
@@ -90432,8 +90589,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsMapResources: CallDesc = CallDesc {
-        wire: 338u32,
-        call: 317u32,
+        wire: 342u32,
+        call: 321u32,
         name: "cuGraphicsMapResources",
         form: None,
         library: "driver",
@@ -90459,8 +90616,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsMapResources_ptsz: CallDesc = CallDesc {
-        wire: 339u32,
-        call: 318u32,
+        wire: 343u32,
+        call: 322u32,
         name: "cuGraphicsMapResources_ptsz",
         form: None,
         library: "driver",
@@ -90486,8 +90643,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsResourceGetMappedMipmappedArray: CallDesc = CallDesc {
-        wire: 340u32,
-        call: 319u32,
+        wire: 344u32,
+        call: 323u32,
         name: "cuGraphicsResourceGetMappedMipmappedArray",
         form: None,
         library: "driver",
@@ -90509,8 +90666,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsResourceSetMapFlags: CallDesc = CallDesc {
-        wire: 341u32,
-        call: 320u32,
+        wire: 345u32,
+        call: 324u32,
         name: "cuGraphicsResourceSetMapFlags",
         form: None,
         library: "driver",
@@ -90535,8 +90692,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsResourceSetMapFlags_v2: CallDesc = CallDesc {
-        wire: 342u32,
-        call: 321u32,
+        wire: 346u32,
+        call: 325u32,
         name: "cuGraphicsResourceSetMapFlags_v2",
         form: None,
         library: "driver",
@@ -90561,8 +90718,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsSubResourceGetMappedArray: CallDesc = CallDesc {
-        wire: 343u32,
-        call: 322u32,
+        wire: 347u32,
+        call: 326u32,
         name: "cuGraphicsSubResourceGetMappedArray",
         form: None,
         library: "driver",
@@ -90592,8 +90749,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsUnmapResources: CallDesc = CallDesc {
-        wire: 344u32,
-        call: 323u32,
+        wire: 348u32,
+        call: 327u32,
         name: "cuGraphicsUnmapResources",
         form: None,
         library: "driver",
@@ -90619,8 +90776,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsUnmapResources_ptsz: CallDesc = CallDesc {
-        wire: 345u32,
-        call: 324u32,
+        wire: 349u32,
+        call: 328u32,
         name: "cuGraphicsUnmapResources_ptsz",
         form: None,
         library: "driver",
@@ -90646,8 +90803,8 @@ pub mod driver {
         },
     };
     pub static cuGraphicsUnregisterResource: CallDesc = CallDesc {
-        wire: 346u32,
-        call: 325u32,
+        wire: 350u32,
+        call: 329u32,
         name: "cuGraphicsUnregisterResource",
         form: None,
         library: "driver",
@@ -90668,8 +90825,8 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxCreate: CallDesc = CallDesc {
-        wire: 347u32,
-        call: 326u32,
+        wire: 351u32,
+        call: 330u32,
         name: "cuGreenCtxCreate",
         form: None,
         library: "driver",
@@ -90699,8 +90856,8 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxDestroy: CallDesc = CallDesc {
-        wire: 348u32,
-        call: 327u32,
+        wire: 352u32,
+        call: 331u32,
         name: "cuGreenCtxDestroy",
         form: None,
         library: "driver",
@@ -90721,8 +90878,8 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxGetId: CallDesc = CallDesc {
-        wire: 349u32,
-        call: 328u32,
+        wire: 353u32,
+        call: 332u32,
         name: "cuGreenCtxGetId",
         form: None,
         library: "driver",
@@ -90749,8 +90906,8 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxRecordEvent: CallDesc = CallDesc {
-        wire: 350u32,
-        call: 329u32,
+        wire: 354u32,
+        call: 333u32,
         name: "cuGreenCtxRecordEvent",
         form: None,
         library: "driver",
@@ -90775,8 +90932,8 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxStreamCreate: CallDesc = CallDesc {
-        wire: 351u32,
-        call: 330u32,
+        wire: 355u32,
+        call: 334u32,
         name: "cuGreenCtxStreamCreate",
         form: None,
         library: "driver",
@@ -90806,8 +90963,8 @@ pub mod driver {
         },
     };
     pub static cuGreenCtxWaitEvent: CallDesc = CallDesc {
-        wire: 352u32,
-        call: 331u32,
+        wire: 356u32,
+        call: 335u32,
         name: "cuGreenCtxWaitEvent",
         form: None,
         library: "driver",
@@ -90832,8 +90989,8 @@ pub mod driver {
         },
     };
     pub static cuInit: CallDesc = CallDesc {
-        wire: 353u32,
-        call: 332u32,
+        wire: 357u32,
+        call: 336u32,
         name: "cuInit",
         form: None,
         library: "driver",
@@ -90854,8 +91011,8 @@ pub mod driver {
         },
     };
     pub static cuIpcCloseMemHandle: CallDesc = CallDesc {
-        wire: 354u32,
-        call: 333u32,
+        wire: 358u32,
+        call: 337u32,
         name: "cuIpcCloseMemHandle",
         form: None,
         library: "driver",
@@ -90876,8 +91033,8 @@ pub mod driver {
         },
     };
     pub static cuIpcOpenEventHandle: CallDesc = CallDesc {
-        wire: 355u32,
-        call: 334u32,
+        wire: 359u32,
+        call: 338u32,
         name: "cuIpcOpenEventHandle",
         form: None,
         library: "driver",
@@ -90893,8 +91050,8 @@ pub mod driver {
         },
     };
     pub static cuIpcOpenMemHandle: CallDesc = CallDesc {
-        wire: 356u32,
-        call: 335u32,
+        wire: 360u32,
+        call: 339u32,
         name: "cuIpcOpenMemHandle",
         form: None,
         library: "driver",
@@ -90922,8 +91079,8 @@ pub mod driver {
         },
     };
     pub static cuIpcOpenMemHandle_v2: CallDesc = CallDesc {
-        wire: 357u32,
-        call: 336u32,
+        wire: 361u32,
+        call: 340u32,
         name: "cuIpcOpenMemHandle_v2",
         form: None,
         library: "driver",
@@ -90951,8 +91108,8 @@ pub mod driver {
         },
     };
     pub static cuKernelGetAttribute: CallDesc = CallDesc {
-        wire: 358u32,
-        call: 337u32,
+        wire: 362u32,
+        call: 341u32,
         name: "cuKernelGetAttribute",
         form: None,
         library: "driver",
@@ -90987,8 +91144,8 @@ pub mod driver {
         },
     };
     pub static cuKernelGetFunction: CallDesc = CallDesc {
-        wire: 359u32,
-        call: 338u32,
+        wire: 363u32,
+        call: 342u32,
         name: "cuKernelGetFunction",
         form: None,
         library: "driver",
@@ -91010,8 +91167,8 @@ pub mod driver {
         },
     };
     pub static cuKernelGetLibrary: CallDesc = CallDesc {
-        wire: 360u32,
-        call: 339u32,
+        wire: 364u32,
+        call: 343u32,
         name: "cuKernelGetLibrary",
         form: None,
         library: "driver",
@@ -91033,8 +91190,8 @@ pub mod driver {
         },
     };
     pub static cuKernelSetAttribute: CallDesc = CallDesc {
-        wire: 361u32,
-        call: 340u32,
+        wire: 365u32,
+        call: 344u32,
         name: "cuKernelSetAttribute",
         form: None,
         library: "driver",
@@ -91067,8 +91224,8 @@ pub mod driver {
         },
     };
     pub static cuKernelSetCacheConfig: CallDesc = CallDesc {
-        wire: 362u32,
-        call: 341u32,
+        wire: 366u32,
+        call: 345u32,
         name: "cuKernelSetCacheConfig",
         form: None,
         library: "driver",
@@ -91097,8 +91254,8 @@ pub mod driver {
         },
     };
     pub static cuLaunch: CallDesc = CallDesc {
-        wire: 363u32,
-        call: 342u32,
+        wire: 367u32,
+        call: 346u32,
         name: "cuLaunch",
         form: None,
         library: "driver",
@@ -91119,8 +91276,8 @@ pub mod driver {
         },
     };
     pub static cuLaunchGrid: CallDesc = CallDesc {
-        wire: 364u32,
-        call: 343u32,
+        wire: 368u32,
+        call: 347u32,
         name: "cuLaunchGrid",
         form: None,
         library: "driver",
@@ -91149,8 +91306,8 @@ pub mod driver {
         },
     };
     pub static cuLaunchGridAsync: CallDesc = CallDesc {
-        wire: 365u32,
-        call: 344u32,
+        wire: 369u32,
+        call: 348u32,
         name: "cuLaunchGridAsync",
         form: None,
         library: "driver",
@@ -91183,8 +91340,8 @@ pub mod driver {
         },
     };
     pub static cuLaunchHostFunc__host: CallDesc = CallDesc {
-        wire: 366u32,
-        call: 345u32,
+        wire: 370u32,
+        call: 349u32,
         name: "cuLaunchHostFunc",
         form: Some("host"),
         library: "driver",
@@ -91213,8 +91370,8 @@ pub mod driver {
         },
     };
     pub static cuLaunchHostFunc_ptsz__host: CallDesc = CallDesc {
-        wire: 367u32,
-        call: 346u32,
+        wire: 371u32,
+        call: 350u32,
         name: "cuLaunchHostFunc_ptsz",
         form: Some("host"),
         library: "driver",
@@ -91243,8 +91400,8 @@ pub mod driver {
         },
     };
     pub static cuLibraryEnumerateKernels: CallDesc = CallDesc {
-        wire: 368u32,
-        call: 347u32,
+        wire: 372u32,
+        call: 351u32,
         name: "cuLibraryEnumerateKernels",
         form: None,
         library: "driver",
@@ -91270,8 +91427,8 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetGlobal: CallDesc = CallDesc {
-        wire: 369u32,
-        call: 348u32,
+        wire: 373u32,
+        call: 352u32,
         name: "cuLibraryGetGlobal",
         form: None,
         library: "driver",
@@ -91305,8 +91462,8 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetKernel: CallDesc = CallDesc {
-        wire: 370u32,
-        call: 349u32,
+        wire: 374u32,
+        call: 353u32,
         name: "cuLibraryGetKernel",
         form: None,
         library: "driver",
@@ -91329,8 +91486,8 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetKernelCount: CallDesc = CallDesc {
-        wire: 371u32,
-        call: 350u32,
+        wire: 375u32,
+        call: 354u32,
         name: "cuLibraryGetKernelCount",
         form: None,
         library: "driver",
@@ -91357,8 +91514,8 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetManaged: CallDesc = CallDesc {
-        wire: 372u32,
-        call: 351u32,
+        wire: 376u32,
+        call: 355u32,
         name: "cuLibraryGetManaged",
         form: None,
         library: "driver",
@@ -91392,8 +91549,8 @@ pub mod driver {
         },
     };
     pub static cuLibraryGetModule: CallDesc = CallDesc {
-        wire: 373u32,
-        call: 352u32,
+        wire: 377u32,
+        call: 356u32,
         name: "cuLibraryGetModule",
         form: None,
         library: "driver",
@@ -91415,8 +91572,8 @@ pub mod driver {
         },
     };
     pub static cuLibraryUnload: CallDesc = CallDesc {
-        wire: 374u32,
-        call: 353u32,
+        wire: 378u32,
+        call: 357u32,
         name: "cuLibraryUnload",
         form: None,
         library: "driver",
@@ -91437,8 +91594,8 @@ pub mod driver {
         },
     };
     pub static cuLinkDestroy: CallDesc = CallDesc {
-        wire: 375u32,
-        call: 354u32,
+        wire: 379u32,
+        call: 358u32,
         name: "cuLinkDestroy",
         form: None,
         library: "driver",
@@ -91459,8 +91616,8 @@ pub mod driver {
         },
     };
     pub static cuLogsCurrent: CallDesc = CallDesc {
-        wire: 376u32,
-        call: 355u32,
+        wire: 380u32,
+        call: 359u32,
         name: "cuLogsCurrent",
         form: None,
         library: "driver",
@@ -91487,8 +91644,8 @@ pub mod driver {
         },
     };
     pub static cuLogsUnregisterCallback: CallDesc = CallDesc {
-        wire: 377u32,
-        call: 356u32,
+        wire: 381u32,
+        call: 360u32,
         name: "cuLogsUnregisterCallback",
         form: None,
         library: "driver",
@@ -91509,8 +91666,8 @@ pub mod driver {
         },
     };
     pub static cuMemAddressFree: CallDesc = CallDesc {
-        wire: 378u32,
-        call: 357u32,
+        wire: 382u32,
+        call: 361u32,
         name: "cuMemAddressFree",
         form: None,
         library: "driver",
@@ -91535,8 +91692,8 @@ pub mod driver {
         },
     };
     pub static cuMemAdvise: CallDesc = CallDesc {
-        wire: 379u32,
-        call: 358u32,
+        wire: 383u32,
+        call: 362u32,
         name: "cuMemAdvise",
         form: None,
         library: "driver",
@@ -91569,8 +91726,8 @@ pub mod driver {
         },
     };
     pub static cuMemAdvise_v2: CallDesc = CallDesc {
-        wire: 380u32,
-        call: 359u32,
+        wire: 384u32,
+        call: 363u32,
         name: "cuMemAdvise_v2",
         form: None,
         library: "driver",
@@ -91600,8 +91757,8 @@ pub mod driver {
         },
     };
     pub static cuMemAlloc_v2__call: CallDesc = CallDesc {
-        wire: 381u32,
-        call: 360u32,
+        wire: 385u32,
+        call: 364u32,
         name: "cuMemAlloc_v2",
         form: Some("call"),
         library: "driver",
@@ -91628,8 +91785,8 @@ pub mod driver {
         },
     };
     pub static cuMemFree: CallDesc = CallDesc {
-        wire: 382u32,
-        call: 361u32,
+        wire: 386u32,
+        call: 365u32,
         name: "cuMemFree",
         form: None,
         library: "driver",
@@ -91650,8 +91807,8 @@ pub mod driver {
         },
     };
     pub static cuMemFreeAsync: CallDesc = CallDesc {
-        wire: 383u32,
-        call: 362u32,
+        wire: 387u32,
+        call: 366u32,
         name: "cuMemFreeAsync",
         form: None,
         library: "driver",
@@ -91676,8 +91833,8 @@ pub mod driver {
         },
     };
     pub static cuMemFreeAsync_ptsz: CallDesc = CallDesc {
-        wire: 384u32,
-        call: 363u32,
+        wire: 388u32,
+        call: 367u32,
         name: "cuMemFreeAsync_ptsz",
         form: None,
         library: "driver",
@@ -91702,8 +91859,8 @@ pub mod driver {
         },
     };
     pub static cuMemFree_v2__call: CallDesc = CallDesc {
-        wire: 385u32,
-        call: 364u32,
+        wire: 389u32,
+        call: 368u32,
         name: "cuMemFree_v2",
         form: Some("call"),
         library: "driver",
@@ -91724,8 +91881,8 @@ pub mod driver {
         },
     };
     pub static cuMemGetAccess: CallDesc = CallDesc {
-        wire: 386u32,
-        call: 365u32,
+        wire: 390u32,
+        call: 369u32,
         name: "cuMemGetAccess",
         form: None,
         library: "driver",
@@ -91758,8 +91915,8 @@ pub mod driver {
         },
     };
     pub static cuMemGetInfo: CallDesc = CallDesc {
-        wire: 387u32,
-        call: 366u32,
+        wire: 391u32,
+        call: 370u32,
         name: "cuMemGetInfo",
         form: None,
         library: "driver",
@@ -91788,8 +91945,8 @@ pub mod driver {
         },
     };
     pub static cuMemGetInfo_v2: CallDesc = CallDesc {
-        wire: 388u32,
-        call: 367u32,
+        wire: 392u32,
+        call: 371u32,
         name: "cuMemGetInfo_v2",
         form: None,
         library: "driver",
@@ -91818,8 +91975,8 @@ pub mod driver {
         },
     };
     pub static cuMemMap: CallDesc = CallDesc {
-        wire: 389u32,
-        call: 368u32,
+        wire: 393u32,
+        call: 372u32,
         name: "cuMemMap",
         form: None,
         library: "driver",
@@ -91856,8 +92013,8 @@ pub mod driver {
         },
     };
     pub static cuMemPoolDestroy: CallDesc = CallDesc {
-        wire: 390u32,
-        call: 369u32,
+        wire: 394u32,
+        call: 373u32,
         name: "cuMemPoolDestroy",
         form: None,
         library: "driver",
@@ -91878,8 +92035,8 @@ pub mod driver {
         },
     };
     pub static cuMemPoolTrimTo: CallDesc = CallDesc {
-        wire: 391u32,
-        call: 370u32,
+        wire: 395u32,
+        call: 374u32,
         name: "cuMemPoolTrimTo",
         form: None,
         library: "driver",
@@ -91904,8 +92061,8 @@ pub mod driver {
         },
     };
     pub static cuMemPrefetchAsync: CallDesc = CallDesc {
-        wire: 392u32,
-        call: 371u32,
+        wire: 396u32,
+        call: 375u32,
         name: "cuMemPrefetchAsync",
         form: None,
         library: "driver",
@@ -91938,8 +92095,8 @@ pub mod driver {
         },
     };
     pub static cuMemPrefetchAsync_ptsz: CallDesc = CallDesc {
-        wire: 393u32,
-        call: 372u32,
+        wire: 397u32,
+        call: 376u32,
         name: "cuMemPrefetchAsync_ptsz",
         form: None,
         library: "driver",
@@ -91972,8 +92129,8 @@ pub mod driver {
         },
     };
     pub static cuMemPrefetchAsync_v2: CallDesc = CallDesc {
-        wire: 394u32,
-        call: 373u32,
+        wire: 398u32,
+        call: 377u32,
         name: "cuMemPrefetchAsync_v2",
         form: None,
         library: "driver",
@@ -92007,8 +92164,8 @@ pub mod driver {
         },
     };
     pub static cuMemPrefetchAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 395u32,
-        call: 374u32,
+        wire: 399u32,
+        call: 378u32,
         name: "cuMemPrefetchAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -92042,8 +92199,8 @@ pub mod driver {
         },
     };
     pub static cuMemRelease: CallDesc = CallDesc {
-        wire: 396u32,
-        call: 375u32,
+        wire: 400u32,
+        call: 379u32,
         name: "cuMemRelease",
         form: None,
         library: "driver",
@@ -92064,8 +92221,8 @@ pub mod driver {
         },
     };
     pub static cuMemUnmap: CallDesc = CallDesc {
-        wire: 397u32,
-        call: 376u32,
+        wire: 401u32,
+        call: 380u32,
         name: "cuMemUnmap",
         form: None,
         library: "driver",
@@ -92090,8 +92247,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpy: CallDesc = CallDesc {
-        wire: 398u32,
-        call: 377u32,
+        wire: 402u32,
+        call: 381u32,
         name: "cuMemcpy",
         form: None,
         library: "driver",
@@ -92120,8 +92277,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAsync: CallDesc = CallDesc {
-        wire: 399u32,
-        call: 378u32,
+        wire: 403u32,
+        call: 382u32,
         name: "cuMemcpyAsync",
         form: None,
         library: "driver",
@@ -92154,8 +92311,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAsync_ptsz: CallDesc = CallDesc {
-        wire: 400u32,
-        call: 379u32,
+        wire: 404u32,
+        call: 383u32,
         name: "cuMemcpyAsync_ptsz",
         form: None,
         library: "driver",
@@ -92188,8 +92345,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoA: CallDesc = CallDesc {
-        wire: 401u32,
-        call: 380u32,
+        wire: 405u32,
+        call: 384u32,
         name: "cuMemcpyAtoA",
         form: None,
         library: "driver",
@@ -92226,8 +92383,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoA_v2: CallDesc = CallDesc {
-        wire: 402u32,
-        call: 381u32,
+        wire: 406u32,
+        call: 385u32,
         name: "cuMemcpyAtoA_v2",
         form: None,
         library: "driver",
@@ -92264,8 +92421,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 403u32,
-        call: 382u32,
+        wire: 407u32,
+        call: 386u32,
         name: "cuMemcpyAtoA_v2_ptds",
         form: None,
         library: "driver",
@@ -92302,8 +92459,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoD: CallDesc = CallDesc {
-        wire: 404u32,
-        call: 383u32,
+        wire: 408u32,
+        call: 387u32,
         name: "cuMemcpyAtoD",
         form: None,
         library: "driver",
@@ -92336,8 +92493,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoD_v2: CallDesc = CallDesc {
-        wire: 405u32,
-        call: 384u32,
+        wire: 409u32,
+        call: 388u32,
         name: "cuMemcpyAtoD_v2",
         form: None,
         library: "driver",
@@ -92370,8 +92527,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyAtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 406u32,
-        call: 385u32,
+        wire: 410u32,
+        call: 389u32,
         name: "cuMemcpyAtoD_v2_ptds",
         form: None,
         library: "driver",
@@ -92404,8 +92561,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoA: CallDesc = CallDesc {
-        wire: 407u32,
-        call: 386u32,
+        wire: 411u32,
+        call: 390u32,
         name: "cuMemcpyDtoA",
         form: None,
         library: "driver",
@@ -92438,8 +92595,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoA_v2: CallDesc = CallDesc {
-        wire: 408u32,
-        call: 387u32,
+        wire: 412u32,
+        call: 391u32,
         name: "cuMemcpyDtoA_v2",
         form: None,
         library: "driver",
@@ -92472,8 +92629,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 409u32,
-        call: 388u32,
+        wire: 413u32,
+        call: 392u32,
         name: "cuMemcpyDtoA_v2_ptds",
         form: None,
         library: "driver",
@@ -92506,8 +92663,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoD: CallDesc = CallDesc {
-        wire: 410u32,
-        call: 389u32,
+        wire: 414u32,
+        call: 393u32,
         name: "cuMemcpyDtoD",
         form: None,
         library: "driver",
@@ -92536,8 +92693,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoDAsync: CallDesc = CallDesc {
-        wire: 411u32,
-        call: 390u32,
+        wire: 415u32,
+        call: 394u32,
         name: "cuMemcpyDtoDAsync",
         form: None,
         library: "driver",
@@ -92570,8 +92727,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoDAsync_v2: CallDesc = CallDesc {
-        wire: 412u32,
-        call: 391u32,
+        wire: 416u32,
+        call: 395u32,
         name: "cuMemcpyDtoDAsync_v2",
         form: None,
         library: "driver",
@@ -92604,8 +92761,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoDAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 413u32,
-        call: 392u32,
+        wire: 417u32,
+        call: 396u32,
         name: "cuMemcpyDtoDAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -92638,8 +92795,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoD_v2: CallDesc = CallDesc {
-        wire: 414u32,
-        call: 393u32,
+        wire: 418u32,
+        call: 397u32,
         name: "cuMemcpyDtoD_v2",
         form: None,
         library: "driver",
@@ -92668,8 +92825,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 415u32,
-        call: 394u32,
+        wire: 419u32,
+        call: 398u32,
         name: "cuMemcpyDtoD_v2_ptds",
         form: None,
         library: "driver",
@@ -92698,8 +92855,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoHAsync_v2__call: CallDesc = CallDesc {
-        wire: 416u32,
-        call: 395u32,
+        wire: 420u32,
+        call: 399u32,
         name: "cuMemcpyDtoHAsync_v2",
         form: Some("call"),
         library: "driver",
@@ -92734,8 +92891,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoHAsync_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 417u32,
-        call: 396u32,
+        wire: 421u32,
+        call: 400u32,
         name: "cuMemcpyDtoHAsync_v2_ptsz",
         form: Some("call"),
         library: "driver",
@@ -92770,8 +92927,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoH_v2__call: CallDesc = CallDesc {
-        wire: 418u32,
-        call: 397u32,
+        wire: 422u32,
+        call: 401u32,
         name: "cuMemcpyDtoH_v2",
         form: Some("call"),
         library: "driver",
@@ -92802,8 +92959,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyDtoH_v2_ptds__call: CallDesc = CallDesc {
-        wire: 419u32,
-        call: 398u32,
+        wire: 423u32,
+        call: 402u32,
         name: "cuMemcpyDtoH_v2_ptds",
         form: Some("call"),
         library: "driver",
@@ -92834,8 +92991,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyHtoDAsync_v2__call: CallDesc = CallDesc {
-        wire: 420u32,
-        call: 399u32,
+        wire: 424u32,
+        call: 403u32,
         name: "cuMemcpyHtoDAsync_v2",
         form: Some("call"),
         library: "driver",
@@ -92870,8 +93027,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyHtoDAsync_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 421u32,
-        call: 400u32,
+        wire: 425u32,
+        call: 404u32,
         name: "cuMemcpyHtoDAsync_v2_ptsz",
         form: Some("call"),
         library: "driver",
@@ -92906,8 +93063,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyHtoD_v2__call: CallDesc = CallDesc {
-        wire: 422u32,
-        call: 401u32,
+        wire: 426u32,
+        call: 405u32,
         name: "cuMemcpyHtoD_v2",
         form: Some("call"),
         library: "driver",
@@ -92938,8 +93095,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyHtoD_v2_ptds__call: CallDesc = CallDesc {
-        wire: 423u32,
-        call: 402u32,
+        wire: 427u32,
+        call: 406u32,
         name: "cuMemcpyHtoD_v2_ptds",
         form: Some("call"),
         library: "driver",
@@ -92970,8 +93127,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyPeer: CallDesc = CallDesc {
-        wire: 424u32,
-        call: 403u32,
+        wire: 428u32,
+        call: 407u32,
         name: "cuMemcpyPeer",
         form: None,
         library: "driver",
@@ -93008,8 +93165,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyPeerAsync: CallDesc = CallDesc {
-        wire: 425u32,
-        call: 404u32,
+        wire: 429u32,
+        call: 408u32,
         name: "cuMemcpyPeerAsync",
         form: None,
         library: "driver",
@@ -93050,8 +93207,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyPeerAsync_ptsz: CallDesc = CallDesc {
-        wire: 426u32,
-        call: 405u32,
+        wire: 430u32,
+        call: 409u32,
         name: "cuMemcpyPeerAsync_ptsz",
         form: None,
         library: "driver",
@@ -93092,8 +93249,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpyPeer_ptds: CallDesc = CallDesc {
-        wire: 427u32,
-        call: 406u32,
+        wire: 431u32,
+        call: 410u32,
         name: "cuMemcpyPeer_ptds",
         form: None,
         library: "driver",
@@ -93130,8 +93287,8 @@ pub mod driver {
         },
     };
     pub static cuMemcpy_ptds: CallDesc = CallDesc {
-        wire: 428u32,
-        call: 407u32,
+        wire: 432u32,
+        call: 411u32,
         name: "cuMemcpy_ptds",
         form: None,
         library: "driver",
@@ -93160,8 +93317,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16: CallDesc = CallDesc {
-        wire: 429u32,
-        call: 408u32,
+        wire: 433u32,
+        call: 412u32,
         name: "cuMemsetD16",
         form: None,
         library: "driver",
@@ -93190,8 +93347,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16Async: CallDesc = CallDesc {
-        wire: 430u32,
-        call: 409u32,
+        wire: 434u32,
+        call: 413u32,
         name: "cuMemsetD16Async",
         form: None,
         library: "driver",
@@ -93224,8 +93381,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16Async_ptsz: CallDesc = CallDesc {
-        wire: 431u32,
-        call: 410u32,
+        wire: 435u32,
+        call: 414u32,
         name: "cuMemsetD16Async_ptsz",
         form: None,
         library: "driver",
@@ -93258,8 +93415,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16_v2: CallDesc = CallDesc {
-        wire: 432u32,
-        call: 411u32,
+        wire: 436u32,
+        call: 415u32,
         name: "cuMemsetD16_v2",
         form: None,
         library: "driver",
@@ -93288,8 +93445,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD16_v2_ptds: CallDesc = CallDesc {
-        wire: 433u32,
-        call: 412u32,
+        wire: 437u32,
+        call: 416u32,
         name: "cuMemsetD16_v2_ptds",
         form: None,
         library: "driver",
@@ -93318,8 +93475,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16: CallDesc = CallDesc {
-        wire: 434u32,
-        call: 413u32,
+        wire: 438u32,
+        call: 417u32,
         name: "cuMemsetD2D16",
         form: None,
         library: "driver",
@@ -93356,8 +93513,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16Async: CallDesc = CallDesc {
-        wire: 435u32,
-        call: 414u32,
+        wire: 439u32,
+        call: 418u32,
         name: "cuMemsetD2D16Async",
         form: None,
         library: "driver",
@@ -93398,8 +93555,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16Async_ptsz: CallDesc = CallDesc {
-        wire: 436u32,
-        call: 415u32,
+        wire: 440u32,
+        call: 419u32,
         name: "cuMemsetD2D16Async_ptsz",
         form: None,
         library: "driver",
@@ -93440,8 +93597,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16_v2: CallDesc = CallDesc {
-        wire: 437u32,
-        call: 416u32,
+        wire: 441u32,
+        call: 420u32,
         name: "cuMemsetD2D16_v2",
         form: None,
         library: "driver",
@@ -93478,8 +93635,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D16_v2_ptds: CallDesc = CallDesc {
-        wire: 438u32,
-        call: 417u32,
+        wire: 442u32,
+        call: 421u32,
         name: "cuMemsetD2D16_v2_ptds",
         form: None,
         library: "driver",
@@ -93516,8 +93673,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32: CallDesc = CallDesc {
-        wire: 439u32,
-        call: 418u32,
+        wire: 443u32,
+        call: 422u32,
         name: "cuMemsetD2D32",
         form: None,
         library: "driver",
@@ -93554,8 +93711,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32Async: CallDesc = CallDesc {
-        wire: 440u32,
-        call: 419u32,
+        wire: 444u32,
+        call: 423u32,
         name: "cuMemsetD2D32Async",
         form: None,
         library: "driver",
@@ -93596,8 +93753,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32Async_ptsz: CallDesc = CallDesc {
-        wire: 441u32,
-        call: 420u32,
+        wire: 445u32,
+        call: 424u32,
         name: "cuMemsetD2D32Async_ptsz",
         form: None,
         library: "driver",
@@ -93638,8 +93795,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32_v2: CallDesc = CallDesc {
-        wire: 442u32,
-        call: 421u32,
+        wire: 446u32,
+        call: 425u32,
         name: "cuMemsetD2D32_v2",
         form: None,
         library: "driver",
@@ -93676,8 +93833,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D32_v2_ptds: CallDesc = CallDesc {
-        wire: 443u32,
-        call: 422u32,
+        wire: 447u32,
+        call: 426u32,
         name: "cuMemsetD2D32_v2_ptds",
         form: None,
         library: "driver",
@@ -93714,8 +93871,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8: CallDesc = CallDesc {
-        wire: 444u32,
-        call: 423u32,
+        wire: 448u32,
+        call: 427u32,
         name: "cuMemsetD2D8",
         form: None,
         library: "driver",
@@ -93752,8 +93909,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8Async: CallDesc = CallDesc {
-        wire: 445u32,
-        call: 424u32,
+        wire: 449u32,
+        call: 428u32,
         name: "cuMemsetD2D8Async",
         form: None,
         library: "driver",
@@ -93794,8 +93951,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8Async_ptsz: CallDesc = CallDesc {
-        wire: 446u32,
-        call: 425u32,
+        wire: 450u32,
+        call: 429u32,
         name: "cuMemsetD2D8Async_ptsz",
         form: None,
         library: "driver",
@@ -93836,8 +93993,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8_v2: CallDesc = CallDesc {
-        wire: 447u32,
-        call: 426u32,
+        wire: 451u32,
+        call: 430u32,
         name: "cuMemsetD2D8_v2",
         form: None,
         library: "driver",
@@ -93874,8 +94031,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD2D8_v2_ptds: CallDesc = CallDesc {
-        wire: 448u32,
-        call: 427u32,
+        wire: 452u32,
+        call: 431u32,
         name: "cuMemsetD2D8_v2_ptds",
         form: None,
         library: "driver",
@@ -93912,8 +94069,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32: CallDesc = CallDesc {
-        wire: 449u32,
-        call: 428u32,
+        wire: 453u32,
+        call: 432u32,
         name: "cuMemsetD32",
         form: None,
         library: "driver",
@@ -93942,8 +94099,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32Async: CallDesc = CallDesc {
-        wire: 450u32,
-        call: 429u32,
+        wire: 454u32,
+        call: 433u32,
         name: "cuMemsetD32Async",
         form: None,
         library: "driver",
@@ -93976,8 +94133,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32Async_ptsz: CallDesc = CallDesc {
-        wire: 451u32,
-        call: 430u32,
+        wire: 455u32,
+        call: 434u32,
         name: "cuMemsetD32Async_ptsz",
         form: None,
         library: "driver",
@@ -94010,8 +94167,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32_v2: CallDesc = CallDesc {
-        wire: 452u32,
-        call: 431u32,
+        wire: 456u32,
+        call: 435u32,
         name: "cuMemsetD32_v2",
         form: None,
         library: "driver",
@@ -94040,8 +94197,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD32_v2_ptds: CallDesc = CallDesc {
-        wire: 453u32,
-        call: 432u32,
+        wire: 457u32,
+        call: 436u32,
         name: "cuMemsetD32_v2_ptds",
         form: None,
         library: "driver",
@@ -94070,8 +94227,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8: CallDesc = CallDesc {
-        wire: 454u32,
-        call: 433u32,
+        wire: 458u32,
+        call: 437u32,
         name: "cuMemsetD8",
         form: None,
         library: "driver",
@@ -94100,8 +94257,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8Async: CallDesc = CallDesc {
-        wire: 455u32,
-        call: 434u32,
+        wire: 459u32,
+        call: 438u32,
         name: "cuMemsetD8Async",
         form: None,
         library: "driver",
@@ -94134,8 +94291,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8Async_ptsz: CallDesc = CallDesc {
-        wire: 456u32,
-        call: 435u32,
+        wire: 460u32,
+        call: 439u32,
         name: "cuMemsetD8Async_ptsz",
         form: None,
         library: "driver",
@@ -94168,8 +94325,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8_v2: CallDesc = CallDesc {
-        wire: 457u32,
-        call: 436u32,
+        wire: 461u32,
+        call: 440u32,
         name: "cuMemsetD8_v2",
         form: None,
         library: "driver",
@@ -94198,8 +94355,8 @@ pub mod driver {
         },
     };
     pub static cuMemsetD8_v2_ptds: CallDesc = CallDesc {
-        wire: 458u32,
-        call: 437u32,
+        wire: 462u32,
+        call: 441u32,
         name: "cuMemsetD8_v2_ptds",
         form: None,
         library: "driver",
@@ -94228,8 +94385,8 @@ pub mod driver {
         },
     };
     pub static cuMipmappedArrayDestroy: CallDesc = CallDesc {
-        wire: 459u32,
-        call: 438u32,
+        wire: 463u32,
+        call: 442u32,
         name: "cuMipmappedArrayDestroy",
         form: None,
         library: "driver",
@@ -94250,8 +94407,8 @@ pub mod driver {
         },
     };
     pub static cuMipmappedArrayGetLevel: CallDesc = CallDesc {
-        wire: 460u32,
-        call: 439u32,
+        wire: 464u32,
+        call: 443u32,
         name: "cuMipmappedArrayGetLevel",
         form: None,
         library: "driver",
@@ -94277,8 +94434,8 @@ pub mod driver {
         },
     };
     pub static cuModuleEnumerateFunctions: CallDesc = CallDesc {
-        wire: 461u32,
-        call: 440u32,
+        wire: 465u32,
+        call: 444u32,
         name: "cuModuleEnumerateFunctions",
         form: None,
         library: "driver",
@@ -94304,8 +94461,8 @@ pub mod driver {
         },
     };
     pub static cuModuleGetFunction: CallDesc = CallDesc {
-        wire: 462u32,
-        call: 441u32,
+        wire: 466u32,
+        call: 445u32,
         name: "cuModuleGetFunction",
         form: None,
         library: "driver",
@@ -94328,8 +94485,8 @@ pub mod driver {
         },
     };
     pub static cuModuleGetFunctionCount: CallDesc = CallDesc {
-        wire: 463u32,
-        call: 442u32,
+        wire: 467u32,
+        call: 446u32,
         name: "cuModuleGetFunctionCount",
         form: None,
         library: "driver",
@@ -94356,8 +94513,8 @@ pub mod driver {
         },
     };
     pub static cuModuleGetGlobal: CallDesc = CallDesc {
-        wire: 464u32,
-        call: 443u32,
+        wire: 468u32,
+        call: 447u32,
         name: "cuModuleGetGlobal",
         form: None,
         library: "driver",
@@ -94391,8 +94548,8 @@ pub mod driver {
         },
     };
     pub static cuModuleGetGlobal_v2: CallDesc = CallDesc {
-        wire: 465u32,
-        call: 444u32,
+        wire: 469u32,
+        call: 448u32,
         name: "cuModuleGetGlobal_v2",
         form: None,
         library: "driver",
@@ -94426,8 +94583,8 @@ pub mod driver {
         },
     };
     pub static cuModuleGetLoadingMode: CallDesc = CallDesc {
-        wire: 466u32,
-        call: 445u32,
+        wire: 470u32,
+        call: 449u32,
         name: "cuModuleGetLoadingMode",
         form: None,
         library: "driver",
@@ -94450,8 +94607,8 @@ pub mod driver {
         },
     };
     pub static cuModuleGetSurfRef: CallDesc = CallDesc {
-        wire: 467u32,
-        call: 446u32,
+        wire: 471u32,
+        call: 450u32,
         name: "cuModuleGetSurfRef",
         form: None,
         library: "driver",
@@ -94474,8 +94631,8 @@ pub mod driver {
         },
     };
     pub static cuModuleGetTexRef: CallDesc = CallDesc {
-        wire: 468u32,
-        call: 447u32,
+        wire: 472u32,
+        call: 451u32,
         name: "cuModuleGetTexRef",
         form: None,
         library: "driver",
@@ -94498,8 +94655,8 @@ pub mod driver {
         },
     };
     pub static cuMulticastAddDevice: CallDesc = CallDesc {
-        wire: 469u32,
-        call: 448u32,
+        wire: 473u32,
+        call: 452u32,
         name: "cuMulticastAddDevice",
         form: None,
         library: "driver",
@@ -94524,8 +94681,8 @@ pub mod driver {
         },
     };
     pub static cuMulticastBindAddr: CallDesc = CallDesc {
-        wire: 470u32,
-        call: 449u32,
+        wire: 474u32,
+        call: 453u32,
         name: "cuMulticastBindAddr",
         form: None,
         library: "driver",
@@ -94562,8 +94719,8 @@ pub mod driver {
         },
     };
     pub static cuMulticastBindAddr_v2: CallDesc = CallDesc {
-        wire: 471u32,
-        call: 450u32,
+        wire: 475u32,
+        call: 454u32,
         name: "cuMulticastBindAddr_v2",
         form: None,
         library: "driver",
@@ -94604,8 +94761,8 @@ pub mod driver {
         },
     };
     pub static cuMulticastBindMem: CallDesc = CallDesc {
-        wire: 472u32,
-        call: 451u32,
+        wire: 476u32,
+        call: 455u32,
         name: "cuMulticastBindMem",
         form: None,
         library: "driver",
@@ -94646,8 +94803,8 @@ pub mod driver {
         },
     };
     pub static cuMulticastBindMem_v2: CallDesc = CallDesc {
-        wire: 473u32,
-        call: 452u32,
+        wire: 477u32,
+        call: 456u32,
         name: "cuMulticastBindMem_v2",
         form: None,
         library: "driver",
@@ -94692,8 +94849,8 @@ pub mod driver {
         },
     };
     pub static cuMulticastCreate: CallDesc = CallDesc {
-        wire: 474u32,
-        call: 453u32,
+        wire: 478u32,
+        call: 457u32,
         name: "cuMulticastCreate",
         form: None,
         library: "driver",
@@ -94722,8 +94879,8 @@ pub mod driver {
         },
     };
     pub static cuMulticastGetGranularity: CallDesc = CallDesc {
-        wire: 475u32,
-        call: 454u32,
+        wire: 479u32,
+        call: 458u32,
         name: "cuMulticastGetGranularity",
         form: None,
         library: "driver",
@@ -94756,8 +94913,8 @@ pub mod driver {
         },
     };
     pub static cuMulticastUnbind: CallDesc = CallDesc {
-        wire: 476u32,
-        call: 455u32,
+        wire: 480u32,
+        call: 459u32,
         name: "cuMulticastUnbind",
         form: None,
         library: "driver",
@@ -94790,8 +94947,8 @@ pub mod driver {
         },
     };
     pub static cuOccupancyMaxActiveBlocksPerMultiprocessor: CallDesc = CallDesc {
-        wire: 477u32,
-        call: 456u32,
+        wire: 481u32,
+        call: 460u32,
         name: "cuOccupancyMaxActiveBlocksPerMultiprocessor",
         form: None,
         library: "driver",
@@ -94826,8 +94983,8 @@ pub mod driver {
         },
     };
     pub static cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags: CallDesc = CallDesc {
-        wire: 478u32,
-        call: 457u32,
+        wire: 482u32,
+        call: 461u32,
         name: "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
         form: None,
         library: "driver",
@@ -94866,8 +95023,8 @@ pub mod driver {
         },
     };
     pub static cuParamSetSize: CallDesc = CallDesc {
-        wire: 479u32,
-        call: 458u32,
+        wire: 483u32,
+        call: 462u32,
         name: "cuParamSetSize",
         form: None,
         library: "driver",
@@ -94892,8 +95049,8 @@ pub mod driver {
         },
     };
     pub static cuParamSetTexRef: CallDesc = CallDesc {
-        wire: 480u32,
-        call: 459u32,
+        wire: 484u32,
+        call: 463u32,
         name: "cuParamSetTexRef",
         form: None,
         library: "driver",
@@ -94922,8 +95079,8 @@ pub mod driver {
         },
     };
     pub static cuParamSetf: CallDesc = CallDesc {
-        wire: 481u32,
-        call: 460u32,
+        wire: 485u32,
+        call: 464u32,
         name: "cuParamSetf",
         form: None,
         library: "driver",
@@ -94952,8 +95109,8 @@ pub mod driver {
         },
     };
     pub static cuParamSeti: CallDesc = CallDesc {
-        wire: 482u32,
-        call: 461u32,
+        wire: 486u32,
+        call: 465u32,
         name: "cuParamSeti",
         form: None,
         library: "driver",
@@ -94982,8 +95139,8 @@ pub mod driver {
         },
     };
     pub static cuStreamAttachMemAsync: CallDesc = CallDesc {
-        wire: 483u32,
-        call: 462u32,
+        wire: 487u32,
+        call: 466u32,
         name: "cuStreamAttachMemAsync",
         form: None,
         library: "driver",
@@ -95016,8 +95173,8 @@ pub mod driver {
         },
     };
     pub static cuStreamAttachMemAsync_ptsz: CallDesc = CallDesc {
-        wire: 484u32,
-        call: 463u32,
+        wire: 488u32,
+        call: 467u32,
         name: "cuStreamAttachMemAsync_ptsz",
         form: None,
         library: "driver",
@@ -95050,8 +95207,8 @@ pub mod driver {
         },
     };
     pub static cuStreamBeginCapture__call: CallDesc = CallDesc {
-        wire: 485u32,
-        call: 464u32,
+        wire: 489u32,
+        call: 468u32,
         name: "cuStreamBeginCapture",
         form: Some("call"),
         library: "driver",
@@ -95072,8 +95229,8 @@ pub mod driver {
         },
     };
     pub static cuStreamBeginCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 486u32,
-        call: 465u32,
+        wire: 490u32,
+        call: 469u32,
         name: "cuStreamBeginCapture_ptsz",
         form: Some("call"),
         library: "driver",
@@ -95094,8 +95251,8 @@ pub mod driver {
         },
     };
     pub static cuStreamBeginCapture_v2__call: CallDesc = CallDesc {
-        wire: 487u32,
-        call: 466u32,
+        wire: 491u32,
+        call: 470u32,
         name: "cuStreamBeginCapture_v2",
         form: Some("call"),
         library: "driver",
@@ -95120,8 +95277,8 @@ pub mod driver {
         },
     };
     pub static cuStreamBeginCapture_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 488u32,
-        call: 467u32,
+        wire: 492u32,
+        call: 471u32,
         name: "cuStreamBeginCapture_v2_ptsz",
         form: Some("call"),
         library: "driver",
@@ -95146,8 +95303,8 @@ pub mod driver {
         },
     };
     pub static cuStreamCopyAttributes: CallDesc = CallDesc {
-        wire: 489u32,
-        call: 468u32,
+        wire: 493u32,
+        call: 472u32,
         name: "cuStreamCopyAttributes",
         form: None,
         library: "driver",
@@ -95172,8 +95329,8 @@ pub mod driver {
         },
     };
     pub static cuStreamCopyAttributes_ptsz: CallDesc = CallDesc {
-        wire: 490u32,
-        call: 469u32,
+        wire: 494u32,
+        call: 473u32,
         name: "cuStreamCopyAttributes_ptsz",
         form: None,
         library: "driver",
@@ -95198,8 +95355,8 @@ pub mod driver {
         },
     };
     pub static cuStreamCreate: CallDesc = CallDesc {
-        wire: 491u32,
-        call: 470u32,
+        wire: 495u32,
+        call: 474u32,
         name: "cuStreamCreate",
         form: None,
         library: "driver",
@@ -95221,8 +95378,8 @@ pub mod driver {
         },
     };
     pub static cuStreamCreateWithPriority: CallDesc = CallDesc {
-        wire: 492u32,
-        call: 471u32,
+        wire: 496u32,
+        call: 475u32,
         name: "cuStreamCreateWithPriority",
         form: None,
         library: "driver",
@@ -95248,8 +95405,8 @@ pub mod driver {
         },
     };
     pub static cuStreamDestroy: CallDesc = CallDesc {
-        wire: 493u32,
-        call: 472u32,
+        wire: 497u32,
+        call: 476u32,
         name: "cuStreamDestroy",
         form: None,
         library: "driver",
@@ -95270,8 +95427,8 @@ pub mod driver {
         },
     };
     pub static cuStreamDestroy_v2: CallDesc = CallDesc {
-        wire: 494u32,
-        call: 473u32,
+        wire: 498u32,
+        call: 477u32,
         name: "cuStreamDestroy_v2",
         form: None,
         library: "driver",
@@ -95292,8 +95449,8 @@ pub mod driver {
         },
     };
     pub static cuStreamEndCapture__call: CallDesc = CallDesc {
-        wire: 495u32,
-        call: 474u32,
+        wire: 499u32,
+        call: 478u32,
         name: "cuStreamEndCapture",
         form: Some("call"),
         library: "driver",
@@ -95315,8 +95472,8 @@ pub mod driver {
         },
     };
     pub static cuStreamEndCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 496u32,
-        call: 475u32,
+        wire: 500u32,
+        call: 479u32,
         name: "cuStreamEndCapture_ptsz",
         form: Some("call"),
         library: "driver",
@@ -95338,8 +95495,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCaptureInfo: CallDesc = CallDesc {
-        wire: 497u32,
-        call: 476u32,
+        wire: 501u32,
+        call: 480u32,
         name: "cuStreamGetCaptureInfo",
         form: None,
         library: "driver",
@@ -95372,8 +95529,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCaptureInfo_ptsz: CallDesc = CallDesc {
-        wire: 498u32,
-        call: 477u32,
+        wire: 502u32,
+        call: 481u32,
         name: "cuStreamGetCaptureInfo_ptsz",
         form: None,
         library: "driver",
@@ -95406,8 +95563,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCtx: CallDesc = CallDesc {
-        wire: 499u32,
-        call: 478u32,
+        wire: 503u32,
+        call: 482u32,
         name: "cuStreamGetCtx",
         form: None,
         library: "driver",
@@ -95429,8 +95586,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCtx_ptsz: CallDesc = CallDesc {
-        wire: 500u32,
-        call: 479u32,
+        wire: 504u32,
+        call: 483u32,
         name: "cuStreamGetCtx_ptsz",
         form: None,
         library: "driver",
@@ -95452,8 +95609,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCtx_v2: CallDesc = CallDesc {
-        wire: 501u32,
-        call: 480u32,
+        wire: 505u32,
+        call: 484u32,
         name: "cuStreamGetCtx_v2",
         form: None,
         library: "driver",
@@ -95476,8 +95633,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetCtx_v2_ptsz: CallDesc = CallDesc {
-        wire: 502u32,
-        call: 481u32,
+        wire: 506u32,
+        call: 485u32,
         name: "cuStreamGetCtx_v2_ptsz",
         form: None,
         library: "driver",
@@ -95500,8 +95657,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetDevice: CallDesc = CallDesc {
-        wire: 503u32,
-        call: 482u32,
+        wire: 507u32,
+        call: 486u32,
         name: "cuStreamGetDevice",
         form: None,
         library: "driver",
@@ -95528,8 +95685,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetDevice_ptsz: CallDesc = CallDesc {
-        wire: 504u32,
-        call: 483u32,
+        wire: 508u32,
+        call: 487u32,
         name: "cuStreamGetDevice_ptsz",
         form: None,
         library: "driver",
@@ -95556,8 +95713,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetFlags: CallDesc = CallDesc {
-        wire: 505u32,
-        call: 484u32,
+        wire: 509u32,
+        call: 488u32,
         name: "cuStreamGetFlags",
         form: None,
         library: "driver",
@@ -95584,8 +95741,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetFlags_ptsz: CallDesc = CallDesc {
-        wire: 506u32,
-        call: 485u32,
+        wire: 510u32,
+        call: 489u32,
         name: "cuStreamGetFlags_ptsz",
         form: None,
         library: "driver",
@@ -95612,8 +95769,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetGreenCtx: CallDesc = CallDesc {
-        wire: 507u32,
-        call: 486u32,
+        wire: 511u32,
+        call: 490u32,
         name: "cuStreamGetGreenCtx",
         form: None,
         library: "driver",
@@ -95635,8 +95792,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetId: CallDesc = CallDesc {
-        wire: 508u32,
-        call: 487u32,
+        wire: 512u32,
+        call: 491u32,
         name: "cuStreamGetId",
         form: None,
         library: "driver",
@@ -95663,8 +95820,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetId_ptsz: CallDesc = CallDesc {
-        wire: 509u32,
-        call: 488u32,
+        wire: 513u32,
+        call: 492u32,
         name: "cuStreamGetId_ptsz",
         form: None,
         library: "driver",
@@ -95691,8 +95848,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetPriority: CallDesc = CallDesc {
-        wire: 510u32,
-        call: 489u32,
+        wire: 514u32,
+        call: 493u32,
         name: "cuStreamGetPriority",
         form: None,
         library: "driver",
@@ -95719,8 +95876,8 @@ pub mod driver {
         },
     };
     pub static cuStreamGetPriority_ptsz: CallDesc = CallDesc {
-        wire: 511u32,
-        call: 490u32,
+        wire: 515u32,
+        call: 494u32,
         name: "cuStreamGetPriority_ptsz",
         form: None,
         library: "driver",
@@ -95747,8 +95904,8 @@ pub mod driver {
         },
     };
     pub static cuStreamIsCapturing__call: CallDesc = CallDesc {
-        wire: 512u32,
-        call: 491u32,
+        wire: 516u32,
+        call: 495u32,
         name: "cuStreamIsCapturing",
         form: Some("call"),
         library: "driver",
@@ -95775,8 +95932,8 @@ pub mod driver {
         },
     };
     pub static cuStreamIsCapturing_ptsz__call: CallDesc = CallDesc {
-        wire: 513u32,
-        call: 492u32,
+        wire: 517u32,
+        call: 496u32,
         name: "cuStreamIsCapturing_ptsz",
         form: Some("call"),
         library: "driver",
@@ -95803,8 +95960,8 @@ pub mod driver {
         },
     };
     pub static cuStreamQuery: CallDesc = CallDesc {
-        wire: 514u32,
-        call: 493u32,
+        wire: 518u32,
+        call: 497u32,
         name: "cuStreamQuery",
         form: None,
         library: "driver",
@@ -95825,8 +95982,8 @@ pub mod driver {
         },
     };
     pub static cuStreamQuery_ptsz: CallDesc = CallDesc {
-        wire: 515u32,
-        call: 494u32,
+        wire: 519u32,
+        call: 498u32,
         name: "cuStreamQuery_ptsz",
         form: None,
         library: "driver",
@@ -95847,8 +96004,8 @@ pub mod driver {
         },
     };
     pub static cuStreamSynchronize: CallDesc = CallDesc {
-        wire: 516u32,
-        call: 495u32,
+        wire: 520u32,
+        call: 499u32,
         name: "cuStreamSynchronize",
         form: None,
         library: "driver",
@@ -95869,8 +96026,8 @@ pub mod driver {
         },
     };
     pub static cuStreamSynchronize_ptsz: CallDesc = CallDesc {
-        wire: 517u32,
-        call: 496u32,
+        wire: 521u32,
+        call: 500u32,
         name: "cuStreamSynchronize_ptsz",
         form: None,
         library: "driver",
@@ -95891,8 +96048,8 @@ pub mod driver {
         },
     };
     pub static cuStreamUpdateCaptureDependencies: CallDesc = CallDesc {
-        wire: 518u32,
-        call: 497u32,
+        wire: 522u32,
+        call: 501u32,
         name: "cuStreamUpdateCaptureDependencies",
         form: None,
         library: "driver",
@@ -95922,8 +96079,8 @@ pub mod driver {
         },
     };
     pub static cuStreamUpdateCaptureDependencies_ptsz: CallDesc = CallDesc {
-        wire: 519u32,
-        call: 498u32,
+        wire: 523u32,
+        call: 502u32,
         name: "cuStreamUpdateCaptureDependencies_ptsz",
         form: None,
         library: "driver",
@@ -95953,8 +96110,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitEvent: CallDesc = CallDesc {
-        wire: 520u32,
-        call: 499u32,
+        wire: 524u32,
+        call: 503u32,
         name: "cuStreamWaitEvent",
         form: None,
         library: "driver",
@@ -95983,8 +96140,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitEvent_ptsz: CallDesc = CallDesc {
-        wire: 521u32,
-        call: 500u32,
+        wire: 525u32,
+        call: 504u32,
         name: "cuStreamWaitEvent_ptsz",
         form: None,
         library: "driver",
@@ -96013,8 +96170,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue32: CallDesc = CallDesc {
-        wire: 522u32,
-        call: 501u32,
+        wire: 526u32,
+        call: 505u32,
         name: "cuStreamWaitValue32",
         form: None,
         library: "driver",
@@ -96047,8 +96204,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue32_ptsz: CallDesc = CallDesc {
-        wire: 523u32,
-        call: 502u32,
+        wire: 527u32,
+        call: 506u32,
         name: "cuStreamWaitValue32_ptsz",
         form: None,
         library: "driver",
@@ -96081,8 +96238,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue32_v2: CallDesc = CallDesc {
-        wire: 524u32,
-        call: 503u32,
+        wire: 528u32,
+        call: 507u32,
         name: "cuStreamWaitValue32_v2",
         form: None,
         library: "driver",
@@ -96115,8 +96272,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 525u32,
-        call: 504u32,
+        wire: 529u32,
+        call: 508u32,
         name: "cuStreamWaitValue32_v2_ptsz",
         form: None,
         library: "driver",
@@ -96149,8 +96306,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue64: CallDesc = CallDesc {
-        wire: 526u32,
-        call: 505u32,
+        wire: 530u32,
+        call: 509u32,
         name: "cuStreamWaitValue64",
         form: None,
         library: "driver",
@@ -96183,8 +96340,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue64_ptsz: CallDesc = CallDesc {
-        wire: 527u32,
-        call: 506u32,
+        wire: 531u32,
+        call: 510u32,
         name: "cuStreamWaitValue64_ptsz",
         form: None,
         library: "driver",
@@ -96217,8 +96374,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue64_v2: CallDesc = CallDesc {
-        wire: 528u32,
-        call: 507u32,
+        wire: 532u32,
+        call: 511u32,
         name: "cuStreamWaitValue64_v2",
         form: None,
         library: "driver",
@@ -96251,8 +96408,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWaitValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 529u32,
-        call: 508u32,
+        wire: 533u32,
+        call: 512u32,
         name: "cuStreamWaitValue64_v2_ptsz",
         form: None,
         library: "driver",
@@ -96285,8 +96442,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue32: CallDesc = CallDesc {
-        wire: 530u32,
-        call: 509u32,
+        wire: 534u32,
+        call: 513u32,
         name: "cuStreamWriteValue32",
         form: None,
         library: "driver",
@@ -96319,8 +96476,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue32_ptsz: CallDesc = CallDesc {
-        wire: 531u32,
-        call: 510u32,
+        wire: 535u32,
+        call: 514u32,
         name: "cuStreamWriteValue32_ptsz",
         form: None,
         library: "driver",
@@ -96353,8 +96510,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue32_v2: CallDesc = CallDesc {
-        wire: 532u32,
-        call: 511u32,
+        wire: 536u32,
+        call: 515u32,
         name: "cuStreamWriteValue32_v2",
         form: None,
         library: "driver",
@@ -96387,8 +96544,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 533u32,
-        call: 512u32,
+        wire: 537u32,
+        call: 516u32,
         name: "cuStreamWriteValue32_v2_ptsz",
         form: None,
         library: "driver",
@@ -96421,8 +96578,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue64: CallDesc = CallDesc {
-        wire: 534u32,
-        call: 513u32,
+        wire: 538u32,
+        call: 517u32,
         name: "cuStreamWriteValue64",
         form: None,
         library: "driver",
@@ -96455,8 +96612,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue64_ptsz: CallDesc = CallDesc {
-        wire: 535u32,
-        call: 514u32,
+        wire: 539u32,
+        call: 518u32,
         name: "cuStreamWriteValue64_ptsz",
         form: None,
         library: "driver",
@@ -96489,8 +96646,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue64_v2: CallDesc = CallDesc {
-        wire: 536u32,
-        call: 515u32,
+        wire: 540u32,
+        call: 519u32,
         name: "cuStreamWriteValue64_v2",
         form: None,
         library: "driver",
@@ -96523,8 +96680,8 @@ pub mod driver {
         },
     };
     pub static cuStreamWriteValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 537u32,
-        call: 516u32,
+        wire: 541u32,
+        call: 520u32,
         name: "cuStreamWriteValue64_v2_ptsz",
         form: None,
         library: "driver",
@@ -96557,8 +96714,8 @@ pub mod driver {
         },
     };
     pub static cuSurfObjectDestroy: CallDesc = CallDesc {
-        wire: 538u32,
-        call: 517u32,
+        wire: 542u32,
+        call: 521u32,
         name: "cuSurfObjectDestroy",
         form: None,
         library: "driver",
@@ -96579,8 +96736,8 @@ pub mod driver {
         },
     };
     pub static cuSurfRefGetArray: CallDesc = CallDesc {
-        wire: 539u32,
-        call: 518u32,
+        wire: 543u32,
+        call: 522u32,
         name: "cuSurfRefGetArray",
         form: None,
         library: "driver",
@@ -96602,8 +96759,8 @@ pub mod driver {
         },
     };
     pub static cuSurfRefSetArray: CallDesc = CallDesc {
-        wire: 540u32,
-        call: 519u32,
+        wire: 544u32,
+        call: 523u32,
         name: "cuSurfRefSetArray",
         form: None,
         library: "driver",
@@ -96632,8 +96789,8 @@ pub mod driver {
         },
     };
     pub static cuTexObjectDestroy: CallDesc = CallDesc {
-        wire: 541u32,
-        call: 520u32,
+        wire: 545u32,
+        call: 524u32,
         name: "cuTexObjectDestroy",
         form: None,
         library: "driver",
@@ -96654,8 +96811,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefCreate: CallDesc = CallDesc {
-        wire: 542u32,
-        call: 521u32,
+        wire: 546u32,
+        call: 525u32,
         name: "cuTexRefCreate",
         form: None,
         library: "driver",
@@ -96671,8 +96828,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefDestroy: CallDesc = CallDesc {
-        wire: 543u32,
-        call: 522u32,
+        wire: 547u32,
+        call: 526u32,
         name: "cuTexRefDestroy",
         form: None,
         library: "driver",
@@ -96693,8 +96850,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetAddress: CallDesc = CallDesc {
-        wire: 544u32,
-        call: 523u32,
+        wire: 548u32,
+        call: 527u32,
         name: "cuTexRefGetAddress",
         form: None,
         library: "driver",
@@ -96721,8 +96878,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetAddressMode: CallDesc = CallDesc {
-        wire: 545u32,
-        call: 524u32,
+        wire: 549u32,
+        call: 528u32,
         name: "cuTexRefGetAddressMode",
         form: None,
         library: "driver",
@@ -96753,8 +96910,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetAddress_v2: CallDesc = CallDesc {
-        wire: 546u32,
-        call: 525u32,
+        wire: 550u32,
+        call: 529u32,
         name: "cuTexRefGetAddress_v2",
         form: None,
         library: "driver",
@@ -96781,8 +96938,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetArray: CallDesc = CallDesc {
-        wire: 547u32,
-        call: 526u32,
+        wire: 551u32,
+        call: 530u32,
         name: "cuTexRefGetArray",
         form: None,
         library: "driver",
@@ -96804,8 +96961,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetBorderColor: CallDesc = CallDesc {
-        wire: 548u32,
-        call: 527u32,
+        wire: 552u32,
+        call: 531u32,
         name: "cuTexRefGetBorderColor",
         form: None,
         library: "driver",
@@ -96832,8 +96989,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetFilterMode: CallDesc = CallDesc {
-        wire: 549u32,
-        call: 528u32,
+        wire: 553u32,
+        call: 532u32,
         name: "cuTexRefGetFilterMode",
         form: None,
         library: "driver",
@@ -96860,8 +97017,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetFlags: CallDesc = CallDesc {
-        wire: 550u32,
-        call: 529u32,
+        wire: 554u32,
+        call: 533u32,
         name: "cuTexRefGetFlags",
         form: None,
         library: "driver",
@@ -96888,8 +97045,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 551u32,
-        call: 530u32,
+        wire: 555u32,
+        call: 534u32,
         name: "cuTexRefGetMaxAnisotropy",
         form: None,
         library: "driver",
@@ -96916,8 +97073,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 552u32,
-        call: 531u32,
+        wire: 556u32,
+        call: 535u32,
         name: "cuTexRefGetMipmapFilterMode",
         form: None,
         library: "driver",
@@ -96944,8 +97101,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 553u32,
-        call: 532u32,
+        wire: 557u32,
+        call: 536u32,
         name: "cuTexRefGetMipmapLevelBias",
         form: None,
         library: "driver",
@@ -96972,8 +97129,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 554u32,
-        call: 533u32,
+        wire: 558u32,
+        call: 537u32,
         name: "cuTexRefGetMipmapLevelClamp",
         form: None,
         library: "driver",
@@ -97006,8 +97163,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefGetMipmappedArray: CallDesc = CallDesc {
-        wire: 555u32,
-        call: 534u32,
+        wire: 559u32,
+        call: 538u32,
         name: "cuTexRefGetMipmappedArray",
         form: None,
         library: "driver",
@@ -97029,8 +97186,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress: CallDesc = CallDesc {
-        wire: 556u32,
-        call: 535u32,
+        wire: 560u32,
+        call: 539u32,
         name: "cuTexRefSetAddress",
         form: None,
         library: "driver",
@@ -97065,8 +97222,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress2D: CallDesc = CallDesc {
-        wire: 557u32,
-        call: 536u32,
+        wire: 561u32,
+        call: 540u32,
         name: "cuTexRefSetAddress2D",
         form: None,
         library: "driver",
@@ -97101,8 +97258,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress2D_v2: CallDesc = CallDesc {
-        wire: 558u32,
-        call: 537u32,
+        wire: 562u32,
+        call: 541u32,
         name: "cuTexRefSetAddress2D_v2",
         form: None,
         library: "driver",
@@ -97137,8 +97294,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress2D_v3: CallDesc = CallDesc {
-        wire: 559u32,
-        call: 538u32,
+        wire: 563u32,
+        call: 542u32,
         name: "cuTexRefSetAddress2D_v3",
         form: None,
         library: "driver",
@@ -97173,8 +97330,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddressMode: CallDesc = CallDesc {
-        wire: 560u32,
-        call: 539u32,
+        wire: 564u32,
+        call: 543u32,
         name: "cuTexRefSetAddressMode",
         form: None,
         library: "driver",
@@ -97203,8 +97360,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetAddress_v2: CallDesc = CallDesc {
-        wire: 561u32,
-        call: 540u32,
+        wire: 565u32,
+        call: 544u32,
         name: "cuTexRefSetAddress_v2",
         form: None,
         library: "driver",
@@ -97239,8 +97396,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetArray: CallDesc = CallDesc {
-        wire: 562u32,
-        call: 541u32,
+        wire: 566u32,
+        call: 545u32,
         name: "cuTexRefSetArray",
         form: None,
         library: "driver",
@@ -97269,8 +97426,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetBorderColor: CallDesc = CallDesc {
-        wire: 563u32,
-        call: 542u32,
+        wire: 567u32,
+        call: 546u32,
         name: "cuTexRefSetBorderColor",
         form: None,
         library: "driver",
@@ -97297,8 +97454,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetFilterMode: CallDesc = CallDesc {
-        wire: 564u32,
-        call: 543u32,
+        wire: 568u32,
+        call: 547u32,
         name: "cuTexRefSetFilterMode",
         form: None,
         library: "driver",
@@ -97323,8 +97480,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetFlags: CallDesc = CallDesc {
-        wire: 565u32,
-        call: 544u32,
+        wire: 569u32,
+        call: 548u32,
         name: "cuTexRefSetFlags",
         form: None,
         library: "driver",
@@ -97349,8 +97506,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetFormat: CallDesc = CallDesc {
-        wire: 566u32,
-        call: 545u32,
+        wire: 570u32,
+        call: 549u32,
         name: "cuTexRefSetFormat",
         form: None,
         library: "driver",
@@ -97379,8 +97536,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 567u32,
-        call: 546u32,
+        wire: 571u32,
+        call: 550u32,
         name: "cuTexRefSetMaxAnisotropy",
         form: None,
         library: "driver",
@@ -97405,8 +97562,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 568u32,
-        call: 547u32,
+        wire: 572u32,
+        call: 551u32,
         name: "cuTexRefSetMipmapFilterMode",
         form: None,
         library: "driver",
@@ -97431,8 +97588,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 569u32,
-        call: 548u32,
+        wire: 573u32,
+        call: 552u32,
         name: "cuTexRefSetMipmapLevelBias",
         form: None,
         library: "driver",
@@ -97457,8 +97614,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 570u32,
-        call: 549u32,
+        wire: 574u32,
+        call: 553u32,
         name: "cuTexRefSetMipmapLevelClamp",
         form: None,
         library: "driver",
@@ -97487,8 +97644,8 @@ pub mod driver {
         },
     };
     pub static cuTexRefSetMipmappedArray: CallDesc = CallDesc {
-        wire: 571u32,
-        call: 550u32,
+        wire: 575u32,
+        call: 554u32,
         name: "cuTexRefSetMipmappedArray",
         form: None,
         library: "driver",
@@ -97517,8 +97674,8 @@ pub mod driver {
         },
     };
     pub static cuThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
-        wire: 572u32,
-        call: 551u32,
+        wire: 576u32,
+        call: 555u32,
         name: "cuThreadExchangeStreamCaptureMode",
         form: None,
         library: "driver",
@@ -97541,8 +97698,8 @@ pub mod driver {
         },
     };
     pub static cuUserObjectRelease: CallDesc = CallDesc {
-        wire: 573u32,
-        call: 552u32,
+        wire: 577u32,
+        call: 556u32,
         name: "cuUserObjectRelease",
         form: None,
         library: "driver",
@@ -97567,8 +97724,8 @@ pub mod driver {
         },
     };
     pub static cuUserObjectRetain: CallDesc = CallDesc {
-        wire: 574u32,
-        call: 553u32,
+        wire: 578u32,
+        call: 557u32,
         name: "cuUserObjectRetain",
         form: None,
         library: "driver",
@@ -97596,8 +97753,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2434u32,
-        call: 2236u32,
+        wire: 2438u32,
+        call: 2240u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -97618,8 +97775,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2435u32,
-        call: 2237u32,
+        wire: 2439u32,
+        call: 2241u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -97640,8 +97797,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2436u32,
-        call: 2238u32,
+        wire: 2440u32,
+        call: 2242u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -97662,8 +97819,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2437u32,
-        call: 2239u32,
+        wire: 2441u32,
+        call: 2243u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -97690,8 +97847,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2438u32,
-        call: 2240u32,
+        wire: 2442u32,
+        call: 2244u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -97716,8 +97873,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2439u32,
-        call: 2241u32,
+        wire: 2443u32,
+        call: 2245u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -97742,8 +97899,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2440u32,
-        call: 2241u32,
+        wire: 2444u32,
+        call: 2245u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -97768,8 +97925,8 @@ pub mod nccl {
         },
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2441u32,
-        call: 2242u32,
+        wire: 2445u32,
+        call: 2246u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -97785,8 +97942,8 @@ pub mod nccl {
         },
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2442u32,
-        call: 2243u32,
+        wire: 2446u32,
+        call: 2247u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -97802,8 +97959,8 @@ pub mod nccl {
         },
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2443u32,
-        call: 2244u32,
+        wire: 2447u32,
+        call: 2248u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -97828,8 +97985,8 @@ pub mod nccl {
         },
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2444u32,
-        call: 2245u32,
+        wire: 2448u32,
+        call: 2249u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -97845,8 +98002,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2445u32,
-        call: 2246u32,
+        wire: 2449u32,
+        call: 2250u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -97867,8 +98024,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2446u32,
-        call: 2247u32,
+        wire: 2450u32,
+        call: 2251u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -97889,8 +98046,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2447u32,
-        call: 2248u32,
+        wire: 2451u32,
+        call: 2252u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -97911,8 +98068,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2448u32,
-        call: 2249u32,
+        wire: 2452u32,
+        call: 2253u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -97939,8 +98096,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2449u32,
-        call: 2250u32,
+        wire: 2453u32,
+        call: 2254u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -97965,8 +98122,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2450u32,
-        call: 2251u32,
+        wire: 2454u32,
+        call: 2255u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -97991,8 +98148,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2451u32,
-        call: 2251u32,
+        wire: 2455u32,
+        call: 2255u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -98017,8 +98174,8 @@ pub mod nccl {
         },
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2452u32,
-        call: 2252u32,
+        wire: 2456u32,
+        call: 2256u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -98034,8 +98191,8 @@ pub mod nccl {
         },
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2453u32,
-        call: 2253u32,
+        wire: 2457u32,
+        call: 2257u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -98051,8 +98208,8 @@ pub mod nccl {
         },
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2454u32,
-        call: 2254u32,
+        wire: 2458u32,
+        call: 2258u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -98077,8 +98234,8 @@ pub mod nccl {
         },
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2455u32,
-        call: 2255u32,
+        wire: 2459u32,
+        call: 2259u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -98097,8 +98254,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2403u32,
-        call: 2205u32,
+        wire: 2407u32,
+        call: 2209u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -98119,8 +98276,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2404u32,
-        call: 2206u32,
+        wire: 2408u32,
+        call: 2210u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -98141,8 +98298,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2405u32,
-        call: 2207u32,
+        wire: 2409u32,
+        call: 2211u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -98163,8 +98320,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2406u32,
-        call: 2208u32,
+        wire: 2410u32,
+        call: 2212u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -98185,8 +98342,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2407u32,
-        call: 2209u32,
+        wire: 2411u32,
+        call: 2213u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -98207,8 +98364,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2408u32,
-        call: 2210u32,
+        wire: 2412u32,
+        call: 2214u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -98224,8 +98381,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2409u32,
-        call: 2211u32,
+        wire: 2413u32,
+        call: 2215u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -98241,8 +98398,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2410u32,
-        call: 2212u32,
+        wire: 2414u32,
+        call: 2216u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -98258,8 +98415,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2411u32,
-        call: 2213u32,
+        wire: 2415u32,
+        call: 2217u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -98275,8 +98432,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2412u32,
-        call: 2214u32,
+        wire: 2416u32,
+        call: 2218u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -98292,8 +98449,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2413u32,
-        call: 2215u32,
+        wire: 2417u32,
+        call: 2219u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -98320,8 +98477,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2414u32,
-        call: 2216u32,
+        wire: 2418u32,
+        call: 2220u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -98348,8 +98505,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2415u32,
-        call: 2217u32,
+        wire: 2419u32,
+        call: 2221u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -98376,8 +98533,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2416u32,
-        call: 2218u32,
+        wire: 2420u32,
+        call: 2222u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -98404,8 +98561,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2417u32,
-        call: 2219u32,
+        wire: 2421u32,
+        call: 2223u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -98432,8 +98589,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2418u32,
-        call: 2220u32,
+        wire: 2422u32,
+        call: 2224u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -98460,8 +98617,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2419u32,
-        call: 2221u32,
+        wire: 2423u32,
+        call: 2225u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -98488,8 +98645,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2420u32,
-        call: 2222u32,
+        wire: 2424u32,
+        call: 2226u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -98516,8 +98673,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2421u32,
-        call: 2223u32,
+        wire: 2425u32,
+        call: 2227u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -98544,8 +98701,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2422u32,
-        call: 2224u32,
+        wire: 2426u32,
+        call: 2228u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -98572,8 +98729,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2423u32,
-        call: 2225u32,
+        wire: 2427u32,
+        call: 2229u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -98600,8 +98757,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2424u32,
-        call: 2226u32,
+        wire: 2428u32,
+        call: 2230u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -98628,8 +98785,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2425u32,
-        call: 2227u32,
+        wire: 2429u32,
+        call: 2231u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -98656,8 +98813,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2426u32,
-        call: 2228u32,
+        wire: 2430u32,
+        call: 2232u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -98684,8 +98841,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2427u32,
-        call: 2229u32,
+        wire: 2431u32,
+        call: 2233u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -98712,8 +98869,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2428u32,
-        call: 2230u32,
+        wire: 2432u32,
+        call: 2234u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -98740,8 +98897,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2429u32,
-        call: 2231u32,
+        wire: 2433u32,
+        call: 2235u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -98768,8 +98925,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2430u32,
-        call: 2232u32,
+        wire: 2434u32,
+        call: 2236u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -98796,8 +98953,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2431u32,
-        call: 2233u32,
+        wire: 2435u32,
+        call: 2237u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -98824,8 +98981,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2432u32,
-        call: 2234u32,
+        wire: 2436u32,
+        call: 2238u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -98852,8 +99009,8 @@ pub mod nvjitlink {
         },
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2433u32,
-        call: 2235u32,
+        wire: 2437u32,
+        call: 2239u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -98885,8 +99042,8 @@ pub mod nvjitlink {
 pub mod nvml {
     use chidori_protocol::desc::*;
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 1586u32,
-        call: 1388u32,
+        wire: 1590u32,
+        call: 1392u32,
         name: "nvmlComputeInstanceDestroy",
         form: None,
         library: "nvml",
@@ -98907,8 +99064,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 1587u32,
-        call: 1389u32,
+        wire: 1591u32,
+        call: 1393u32,
         name: "nvmlDeviceCcuGetStreamState",
         form: None,
         library: "nvml",
@@ -98935,8 +99092,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 1588u32,
-        call: 1390u32,
+        wire: 1592u32,
+        call: 1394u32,
         name: "nvmlDeviceCcuSetStreamState",
         form: None,
         library: "nvml",
@@ -98961,8 +99118,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1589u32,
-        call: 1391u32,
+        wire: 1593u32,
+        call: 1395u32,
         name: "nvmlDeviceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -98983,8 +99140,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 1590u32,
-        call: 1392u32,
+        wire: 1594u32,
+        call: 1396u32,
         name: "nvmlDeviceClearCpuAffinity",
         form: None,
         library: "nvml",
@@ -99005,8 +99162,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 1591u32,
-        call: 1393u32,
+        wire: 1595u32,
+        call: 1397u32,
         name: "nvmlDeviceClearEccErrorCounts",
         form: None,
         library: "nvml",
@@ -99031,8 +99188,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 1592u32,
-        call: 1394u32,
+        wire: 1596u32,
+        call: 1398u32,
         name: "nvmlDeviceCreateGpuInstance",
         form: None,
         library: "nvml",
@@ -99058,8 +99215,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1593u32,
-        call: 1395u32,
+        wire: 1597u32,
+        call: 1399u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -99091,8 +99248,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1594u32,
-        call: 1396u32,
+        wire: 1598u32,
+        call: 1400u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -99125,8 +99282,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 1595u32,
-        call: 1397u32,
+        wire: 1599u32,
+        call: 1401u32,
         name: "nvmlDeviceGetAPIRestriction",
         form: None,
         library: "nvml",
@@ -99157,8 +99314,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 1596u32,
-        call: 1398u32,
+        wire: 1600u32,
+        call: 1402u32,
         name: "nvmlDeviceGetAccountingBufferSize",
         form: None,
         library: "nvml",
@@ -99185,8 +99342,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1597u32,
-        call: 1399u32,
+        wire: 1601u32,
+        call: 1403u32,
         name: "nvmlDeviceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -99213,8 +99370,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 1598u32,
-        call: 1400u32,
+        wire: 1602u32,
+        call: 1404u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
         form: None,
         library: "nvml",
@@ -99241,8 +99398,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 1599u32,
-        call: 1401u32,
+        wire: 1603u32,
+        call: 1405u32,
         name: "nvmlDeviceGetApplicationsClock",
         form: None,
         library: "nvml",
@@ -99273,8 +99430,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 1600u32,
-        call: 1402u32,
+        wire: 1604u32,
+        call: 1406u32,
         name: "nvmlDeviceGetArchitecture",
         form: None,
         library: "nvml",
@@ -99301,8 +99458,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1601u32,
-        call: 1403u32,
+        wire: 1605u32,
+        call: 1407u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -99335,8 +99492,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 1602u32,
-        call: 1404u32,
+        wire: 1606u32,
+        call: 1408u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
         library: "nvml",
@@ -99363,8 +99520,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 1603u32,
-        call: 1405u32,
+        wire: 1607u32,
+        call: 1409u32,
         name: "nvmlDeviceGetBrand",
         form: None,
         library: "nvml",
@@ -99391,8 +99548,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 1604u32,
-        call: 1406u32,
+        wire: 1608u32,
+        call: 1410u32,
         name: "nvmlDeviceGetBusType",
         form: None,
         library: "nvml",
@@ -99419,8 +99576,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 1605u32,
-        call: 1407u32,
+        wire: 1609u32,
+        call: 1411u32,
         name: "nvmlDeviceGetClock",
         form: None,
         library: "nvml",
@@ -99455,8 +99612,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 1606u32,
-        call: 1408u32,
+        wire: 1610u32,
+        call: 1412u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
         library: "nvml",
@@ -99487,8 +99644,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 1607u32,
-        call: 1409u32,
+        wire: 1611u32,
+        call: 1413u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
         library: "nvml",
@@ -99515,8 +99672,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 1608u32,
-        call: 1410u32,
+        wire: 1612u32,
+        call: 1414u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
         library: "nvml",
@@ -99543,8 +99700,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCount: CallDesc = CallDesc {
-        wire: 1609u32,
-        call: 1411u32,
+        wire: 1613u32,
+        call: 1415u32,
         name: "nvmlDeviceGetCount",
         form: None,
         library: "nvml",
@@ -99567,8 +99724,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCount_v2: CallDesc = CallDesc {
-        wire: 1610u32,
-        call: 1412u32,
+        wire: 1614u32,
+        call: 1416u32,
         name: "nvmlDeviceGetCount_v2",
         form: None,
         library: "nvml",
@@ -99591,8 +99748,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1611u32,
-        call: 1413u32,
+        wire: 1615u32,
+        call: 1417u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
         library: "nvml",
@@ -99625,8 +99782,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1612u32,
-        call: 1414u32,
+        wire: 1616u32,
+        call: 1418u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -99653,8 +99810,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1613u32,
-        call: 1415u32,
+        wire: 1617u32,
+        call: 1419u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -99681,8 +99838,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1614u32,
-        call: 1416u32,
+        wire: 1618u32,
+        call: 1420u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
         library: "nvml",
@@ -99709,8 +99866,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1615u32,
-        call: 1417u32,
+        wire: 1619u32,
+        call: 1421u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -99737,8 +99894,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1616u32,
-        call: 1418u32,
+        wire: 1620u32,
+        call: 1422u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
         library: "nvml",
@@ -99771,8 +99928,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1617u32,
-        call: 1419u32,
+        wire: 1621u32,
+        call: 1423u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
         library: "nvml",
@@ -99803,8 +99960,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1618u32,
-        call: 1420u32,
+        wire: 1622u32,
+        call: 1424u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
         library: "nvml",
@@ -99831,8 +99988,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1619u32,
-        call: 1421u32,
+        wire: 1623u32,
+        call: 1425u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -99854,8 +100011,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1620u32,
-        call: 1422u32,
+        wire: 1624u32,
+        call: 1426u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
         library: "nvml",
@@ -99882,8 +100039,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1621u32,
-        call: 1423u32,
+        wire: 1625u32,
+        call: 1427u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
         library: "nvml",
@@ -99910,8 +100067,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1622u32,
-        call: 1424u32,
+        wire: 1626u32,
+        call: 1428u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
         library: "nvml",
@@ -99944,8 +100101,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1623u32,
-        call: 1425u32,
+        wire: 1627u32,
+        call: 1429u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
         library: "nvml",
@@ -99978,8 +100135,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1624u32,
-        call: 1426u32,
+        wire: 1628u32,
+        call: 1430u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
         library: "nvml",
@@ -100012,8 +100169,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1625u32,
-        call: 1427u32,
+        wire: 1629u32,
+        call: 1431u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -100044,8 +100201,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1626u32,
-        call: 1428u32,
+        wire: 1630u32,
+        call: 1432u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
         library: "nvml",
@@ -100078,8 +100235,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1627u32,
-        call: 1429u32,
+        wire: 1631u32,
+        call: 1433u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
         library: "nvml",
@@ -100106,8 +100263,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1628u32,
-        call: 1430u32,
+        wire: 1632u32,
+        call: 1434u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
         library: "nvml",
@@ -100138,8 +100295,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1629u32,
-        call: 1431u32,
+        wire: 1633u32,
+        call: 1435u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
         library: "nvml",
@@ -100166,8 +100323,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1630u32,
-        call: 1432u32,
+        wire: 1634u32,
+        call: 1436u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -100198,8 +100355,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1631u32,
-        call: 1433u32,
+        wire: 1635u32,
+        call: 1437u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -100232,8 +100389,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1632u32,
-        call: 1434u32,
+        wire: 1636u32,
+        call: 1438u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -100260,8 +100417,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1633u32,
-        call: 1435u32,
+        wire: 1637u32,
+        call: 1439u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
         library: "nvml",
@@ -100287,8 +100444,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1634u32,
-        call: 1436u32,
+        wire: 1638u32,
+        call: 1440u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -100315,8 +100472,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1635u32,
-        call: 1437u32,
+        wire: 1639u32,
+        call: 1441u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -100347,8 +100504,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 1636u32,
-        call: 1438u32,
+        wire: 1640u32,
+        call: 1442u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
         library: "nvml",
@@ -100380,8 +100537,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1637u32,
-        call: 1439u32,
+        wire: 1641u32,
+        call: 1443u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -100408,8 +100565,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1638u32,
-        call: 1440u32,
+        wire: 1642u32,
+        call: 1444u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -100442,8 +100599,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 1639u32,
-        call: 1441u32,
+        wire: 1643u32,
+        call: 1445u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
         library: "nvml",
@@ -100476,8 +100633,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1640u32,
-        call: 1442u32,
+        wire: 1644u32,
+        call: 1446u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -100499,8 +100656,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 1641u32,
-        call: 1443u32,
+        wire: 1645u32,
+        call: 1447u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
         library: "nvml",
@@ -100522,8 +100679,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 1642u32,
-        call: 1444u32,
+        wire: 1646u32,
+        call: 1448u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
         library: "nvml",
@@ -100539,8 +100696,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 1643u32,
-        call: 1445u32,
+        wire: 1647u32,
+        call: 1449u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
         library: "nvml",
@@ -100556,8 +100713,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 1644u32,
-        call: 1446u32,
+        wire: 1648u32,
+        call: 1450u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
         library: "nvml",
@@ -100573,8 +100730,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 1645u32,
-        call: 1447u32,
+        wire: 1649u32,
+        call: 1451u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
         library: "nvml",
@@ -100590,8 +100747,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 1646u32,
-        call: 1448u32,
+        wire: 1650u32,
+        call: 1452u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
         library: "nvml",
@@ -100615,8 +100772,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 1647u32,
-        call: 1449u32,
+        wire: 1651u32,
+        call: 1453u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
         library: "nvml",
@@ -100643,8 +100800,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 1648u32,
-        call: 1450u32,
+        wire: 1652u32,
+        call: 1454u32,
         name: "nvmlDeviceGetIndex",
         form: None,
         library: "nvml",
@@ -100671,8 +100828,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 1649u32,
-        call: 1451u32,
+        wire: 1653u32,
+        call: 1455u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
         library: "nvml",
@@ -100699,8 +100856,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 1650u32,
-        call: 1452u32,
+        wire: 1654u32,
+        call: 1456u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
         library: "nvml",
@@ -100727,8 +100884,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 1651u32,
-        call: 1453u32,
+        wire: 1655u32,
+        call: 1457u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
         library: "nvml",
@@ -100761,8 +100918,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 1652u32,
-        call: 1454u32,
+        wire: 1656u32,
+        call: 1458u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
         library: "nvml",
@@ -100795,8 +100952,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 1653u32,
-        call: 1455u32,
+        wire: 1657u32,
+        call: 1459u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
         library: "nvml",
@@ -100827,8 +100984,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 1654u32,
-        call: 1456u32,
+        wire: 1658u32,
+        call: 1460u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
         library: "nvml",
@@ -100859,8 +101016,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 1655u32,
-        call: 1457u32,
+        wire: 1659u32,
+        call: 1461u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
         library: "nvml",
@@ -100887,8 +101044,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1656u32,
-        call: 1458u32,
+        wire: 1660u32,
+        call: 1462u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -100915,8 +101072,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1657u32,
-        call: 1459u32,
+        wire: 1661u32,
+        call: 1463u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -100943,8 +101100,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1658u32,
-        call: 1460u32,
+        wire: 1662u32,
+        call: 1464u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -100977,8 +101134,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1659u32,
-        call: 1461u32,
+        wire: 1663u32,
+        call: 1465u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -101005,8 +101162,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 1660u32,
-        call: 1462u32,
+        wire: 1664u32,
+        call: 1466u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
         library: "nvml",
@@ -101033,8 +101190,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 1661u32,
-        call: 1463u32,
+        wire: 1665u32,
+        call: 1467u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
         library: "nvml",
@@ -101060,8 +101217,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 1662u32,
-        call: 1464u32,
+        wire: 1666u32,
+        call: 1468u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
         library: "nvml",
@@ -101094,8 +101251,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 1663u32,
-        call: 1465u32,
+        wire: 1667u32,
+        call: 1469u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
         library: "nvml",
@@ -101136,8 +101293,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 1664u32,
-        call: 1466u32,
+        wire: 1668u32,
+        call: 1470u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
         library: "nvml",
@@ -101170,8 +101327,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 1665u32,
-        call: 1467u32,
+        wire: 1669u32,
+        call: 1471u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
         library: "nvml",
@@ -101198,8 +101355,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 1666u32,
-        call: 1468u32,
+        wire: 1670u32,
+        call: 1472u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
         library: "nvml",
@@ -101226,8 +101383,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 1667u32,
-        call: 1469u32,
+        wire: 1671u32,
+        call: 1473u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
         library: "nvml",
@@ -101254,8 +101411,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 1668u32,
-        call: 1470u32,
+        wire: 1672u32,
+        call: 1474u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
         library: "nvml",
@@ -101282,8 +101439,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 1669u32,
-        call: 1471u32,
+        wire: 1673u32,
+        call: 1475u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
         library: "nvml",
@@ -101310,8 +101467,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 1670u32,
-        call: 1472u32,
+        wire: 1674u32,
+        call: 1476u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
         library: "nvml",
@@ -101338,8 +101495,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 1671u32,
-        call: 1473u32,
+        wire: 1675u32,
+        call: 1477u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
         library: "nvml",
@@ -101374,8 +101531,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 1672u32,
-        call: 1474u32,
+        wire: 1676u32,
+        call: 1478u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
         library: "nvml",
@@ -101406,8 +101563,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 1673u32,
-        call: 1475u32,
+        wire: 1677u32,
+        call: 1479u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
         library: "nvml",
@@ -101438,8 +101595,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 1674u32,
-        call: 1476u32,
+        wire: 1678u32,
+        call: 1480u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
         library: "nvml",
@@ -101470,8 +101627,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 1675u32,
-        call: 1477u32,
+        wire: 1679u32,
+        call: 1481u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
         library: "nvml",
@@ -101504,8 +101661,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 1676u32,
-        call: 1478u32,
+        wire: 1680u32,
+        call: 1482u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
         library: "nvml",
@@ -101540,8 +101697,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 1677u32,
-        call: 1479u32,
+        wire: 1681u32,
+        call: 1483u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
         library: "nvml",
@@ -101568,8 +101725,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 1678u32,
-        call: 1480u32,
+        wire: 1682u32,
+        call: 1484u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
         library: "nvml",
@@ -101596,8 +101753,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 1679u32,
-        call: 1481u32,
+        wire: 1683u32,
+        call: 1485u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
         library: "nvml",
@@ -101624,8 +101781,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 1680u32,
-        call: 1482u32,
+        wire: 1684u32,
+        call: 1486u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
         library: "nvml",
@@ -101652,8 +101809,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 1681u32,
-        call: 1483u32,
+        wire: 1685u32,
+        call: 1487u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
         library: "nvml",
@@ -101680,8 +101837,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 1682u32,
-        call: 1484u32,
+        wire: 1686u32,
+        call: 1488u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
         library: "nvml",
@@ -101708,8 +101865,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1683u32,
-        call: 1485u32,
+        wire: 1687u32,
+        call: 1489u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -101736,8 +101893,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 1684u32,
-        call: 1486u32,
+        wire: 1688u32,
+        call: 1490u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
         library: "nvml",
@@ -101770,8 +101927,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 1685u32,
-        call: 1487u32,
+        wire: 1689u32,
+        call: 1491u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
         library: "nvml",
@@ -101798,8 +101955,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 1686u32,
-        call: 1488u32,
+        wire: 1690u32,
+        call: 1492u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
         library: "nvml",
@@ -101826,8 +101983,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 1687u32,
-        call: 1489u32,
+        wire: 1691u32,
+        call: 1493u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
         library: "nvml",
@@ -101854,8 +102011,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 1688u32,
-        call: 1490u32,
+        wire: 1692u32,
+        call: 1494u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
         library: "nvml",
@@ -101882,8 +102039,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 1689u32,
-        call: 1491u32,
+        wire: 1693u32,
+        call: 1495u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
         library: "nvml",
@@ -101910,8 +102067,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 1690u32,
-        call: 1492u32,
+        wire: 1694u32,
+        call: 1496u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
         library: "nvml",
@@ -101956,8 +102113,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 1691u32,
-        call: 1493u32,
+        wire: 1695u32,
+        call: 1497u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
         library: "nvml",
@@ -101984,8 +102141,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 1692u32,
-        call: 1494u32,
+        wire: 1696u32,
+        call: 1498u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
         library: "nvml",
@@ -102012,8 +102169,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1693u32,
-        call: 1495u32,
+        wire: 1697u32,
+        call: 1499u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -102040,8 +102197,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 1694u32,
-        call: 1496u32,
+        wire: 1698u32,
+        call: 1500u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
         library: "nvml",
@@ -102068,8 +102225,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 1695u32,
-        call: 1497u32,
+        wire: 1699u32,
+        call: 1501u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
         library: "nvml",
@@ -102096,8 +102253,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 1696u32,
-        call: 1498u32,
+        wire: 1700u32,
+        call: 1502u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
         library: "nvml",
@@ -102128,8 +102285,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 1697u32,
-        call: 1499u32,
+        wire: 1701u32,
+        call: 1503u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
         library: "nvml",
@@ -102160,8 +102317,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1698u32,
-        call: 1500u32,
+        wire: 1702u32,
+        call: 1504u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -102192,8 +102349,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 1699u32,
-        call: 1501u32,
+        wire: 1703u32,
+        call: 1505u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
         library: "nvml",
@@ -102224,8 +102381,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 1700u32,
-        call: 1502u32,
+        wire: 1704u32,
+        call: 1506u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
         library: "nvml",
@@ -102257,8 +102414,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 1701u32,
-        call: 1503u32,
+        wire: 1705u32,
+        call: 1507u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
         library: "nvml",
@@ -102285,8 +102442,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1702u32,
-        call: 1504u32,
+        wire: 1706u32,
+        call: 1508u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -102317,8 +102474,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1703u32,
-        call: 1505u32,
+        wire: 1707u32,
+        call: 1509u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -102345,8 +102502,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1704u32,
-        call: 1506u32,
+        wire: 1708u32,
+        call: 1510u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -102373,8 +102530,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 1705u32,
-        call: 1507u32,
+        wire: 1709u32,
+        call: 1511u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
         library: "nvml",
@@ -102405,8 +102562,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 1706u32,
-        call: 1508u32,
+        wire: 1710u32,
+        call: 1512u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
         library: "nvml",
@@ -102435,8 +102592,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1707u32,
-        call: 1509u32,
+        wire: 1711u32,
+        call: 1513u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -102457,8 +102614,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1708u32,
-        call: 1510u32,
+        wire: 1712u32,
+        call: 1514u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -102479,8 +102636,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1709u32,
-        call: 1511u32,
+        wire: 1713u32,
+        call: 1515u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -102501,8 +102658,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 1710u32,
-        call: 1512u32,
+        wire: 1714u32,
+        call: 1516u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
         library: "nvml",
@@ -102527,8 +102684,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1711u32,
-        call: 1513u32,
+        wire: 1715u32,
+        call: 1517u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -102557,8 +102714,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 1712u32,
-        call: 1514u32,
+        wire: 1716u32,
+        call: 1518u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
         library: "nvml",
@@ -102587,8 +102744,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 1713u32,
-        call: 1515u32,
+        wire: 1717u32,
+        call: 1519u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
         library: "nvml",
@@ -102613,8 +102770,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1714u32,
-        call: 1516u32,
+        wire: 1718u32,
+        call: 1520u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -102643,8 +102800,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1715u32,
-        call: 1517u32,
+        wire: 1719u32,
+        call: 1521u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -102669,8 +102826,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 1716u32,
-        call: 1518u32,
+        wire: 1720u32,
+        call: 1522u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
         library: "nvml",
@@ -102695,8 +102852,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 1717u32,
-        call: 1519u32,
+        wire: 1721u32,
+        call: 1523u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
         library: "nvml",
@@ -102721,8 +102878,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 1718u32,
-        call: 1520u32,
+        wire: 1722u32,
+        call: 1524u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
         library: "nvml",
@@ -102743,8 +102900,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1719u32,
-        call: 1521u32,
+        wire: 1723u32,
+        call: 1525u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -102773,8 +102930,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1720u32,
-        call: 1522u32,
+        wire: 1724u32,
+        call: 1526u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -102799,8 +102956,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 1721u32,
-        call: 1523u32,
+        wire: 1725u32,
+        call: 1527u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
         library: "nvml",
@@ -102827,8 +102984,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 1722u32,
-        call: 1524u32,
+        wire: 1726u32,
+        call: 1528u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
         library: "nvml",
@@ -102857,8 +103014,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 1723u32,
-        call: 1525u32,
+        wire: 1727u32,
+        call: 1529u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
         library: "nvml",
@@ -102883,8 +103040,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 1724u32,
-        call: 1526u32,
+        wire: 1728u32,
+        call: 1530u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
         library: "nvml",
@@ -102913,8 +103070,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1725u32,
-        call: 1527u32,
+        wire: 1729u32,
+        call: 1531u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -102943,8 +103100,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1726u32,
-        call: 1528u32,
+        wire: 1730u32,
+        call: 1532u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -102969,8 +103126,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1727u32,
-        call: 1529u32,
+        wire: 1731u32,
+        call: 1533u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -102999,8 +103156,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1728u32,
-        call: 1530u32,
+        wire: 1732u32,
+        call: 1534u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -103025,8 +103182,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1729u32,
-        call: 1531u32,
+        wire: 1733u32,
+        call: 1535u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -103051,8 +103208,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1730u32,
-        call: 1532u32,
+        wire: 1734u32,
+        call: 1536u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -103081,8 +103238,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 1731u32,
-        call: 1533u32,
+        wire: 1735u32,
+        call: 1537u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
         library: "nvml",
@@ -103113,8 +103270,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 1732u32,
-        call: 1534u32,
+        wire: 1736u32,
+        call: 1538u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
         library: "nvml",
@@ -103139,8 +103296,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1733u32,
-        call: 1535u32,
+        wire: 1737u32,
+        call: 1539u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -103165,8 +103322,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 1734u32,
-        call: 1536u32,
+        wire: 1738u32,
+        call: 1540u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
         library: "nvml",
@@ -103191,8 +103348,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1735u32,
-        call: 1537u32,
+        wire: 1739u32,
+        call: 1541u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -103223,8 +103380,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1736u32,
-        call: 1538u32,
+        wire: 1740u32,
+        call: 1542u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -103253,8 +103410,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1737u32,
-        call: 1539u32,
+        wire: 1741u32,
+        call: 1543u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -103281,8 +103438,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1738u32,
-        call: 1540u32,
+        wire: 1742u32,
+        call: 1544u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -103307,8 +103464,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 1739u32,
-        call: 1541u32,
+        wire: 1743u32,
+        call: 1545u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
         library: "nvml",
@@ -103329,8 +103486,8 @@ pub mod nvml {
         },
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 1740u32,
-        call: 1542u32,
+        wire: 1744u32,
+        call: 1546u32,
         name: "nvmlEventSetCreate",
         form: None,
         library: "nvml",
@@ -103346,8 +103503,8 @@ pub mod nvml {
         },
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 1741u32,
-        call: 1543u32,
+        wire: 1745u32,
+        call: 1547u32,
         name: "nvmlEventSetFree",
         form: None,
         library: "nvml",
@@ -103368,8 +103525,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 1742u32,
-        call: 1544u32,
+        wire: 1746u32,
+        call: 1548u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
         library: "nvml",
@@ -103392,8 +103549,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 1743u32,
-        call: 1545u32,
+        wire: 1747u32,
+        call: 1549u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
         library: "nvml",
@@ -103420,8 +103577,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 1744u32,
-        call: 1546u32,
+        wire: 1748u32,
+        call: 1550u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
         library: "nvml",
@@ -103450,8 +103607,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 1745u32,
-        call: 1547u32,
+        wire: 1749u32,
+        call: 1551u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
         library: "nvml",
@@ -103478,8 +103635,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 1746u32,
-        call: 1548u32,
+        wire: 1750u32,
+        call: 1552u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
         library: "nvml",
@@ -103495,8 +103652,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 1747u32,
-        call: 1549u32,
+        wire: 1751u32,
+        call: 1553u32,
         name: "nvmlGpmSampleFree",
         form: None,
         library: "nvml",
@@ -103517,8 +103674,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 1748u32,
-        call: 1550u32,
+        wire: 1752u32,
+        call: 1554u32,
         name: "nvmlGpmSampleGet",
         form: None,
         library: "nvml",
@@ -103543,8 +103700,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 1749u32,
-        call: 1551u32,
+        wire: 1753u32,
+        call: 1555u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
         library: "nvml",
@@ -103569,8 +103726,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 1750u32,
-        call: 1552u32,
+        wire: 1754u32,
+        call: 1556u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
         library: "nvml",
@@ -103596,8 +103753,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1751u32,
-        call: 1553u32,
+        wire: 1755u32,
+        call: 1557u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -103629,8 +103786,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 1752u32,
-        call: 1554u32,
+        wire: 1756u32,
+        call: 1558u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
         library: "nvml",
@@ -103651,8 +103808,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 1753u32,
-        call: 1555u32,
+        wire: 1757u32,
+        call: 1559u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
         library: "nvml",
@@ -103678,8 +103835,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1754u32,
-        call: 1556u32,
+        wire: 1758u32,
+        call: 1560u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -103710,8 +103867,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 1755u32,
-        call: 1557u32,
+        wire: 1759u32,
+        call: 1561u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
         library: "nvml",
@@ -103743,8 +103900,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1756u32,
-        call: 1558u32,
+        wire: 1760u32,
+        call: 1562u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -103771,8 +103928,8 @@ pub mod nvml {
         },
     };
     pub static nvmlInit: CallDesc = CallDesc {
-        wire: 1757u32,
-        call: 1559u32,
+        wire: 1761u32,
+        call: 1563u32,
         name: "nvmlInit",
         form: None,
         library: "nvml",
@@ -103788,8 +103945,8 @@ pub mod nvml {
         },
     };
     pub static nvmlInitWithFlags: CallDesc = CallDesc {
-        wire: 1758u32,
-        call: 1560u32,
+        wire: 1762u32,
+        call: 1564u32,
         name: "nvmlInitWithFlags",
         form: None,
         library: "nvml",
@@ -103810,8 +103967,8 @@ pub mod nvml {
         },
     };
     pub static nvmlInit_v2: CallDesc = CallDesc {
-        wire: 1759u32,
-        call: 1561u32,
+        wire: 1763u32,
+        call: 1565u32,
         name: "nvmlInit_v2",
         form: None,
         library: "nvml",
@@ -103827,8 +103984,8 @@ pub mod nvml {
         },
     };
     pub static nvmlShutdown: CallDesc = CallDesc {
-        wire: 1760u32,
-        call: 1562u32,
+        wire: 1764u32,
+        call: 1566u32,
         name: "nvmlShutdown",
         form: None,
         library: "nvml",
@@ -103844,8 +104001,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1761u32,
-        call: 1563u32,
+        wire: 1765u32,
+        call: 1567u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -103868,8 +104025,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 1762u32,
-        call: 1564u32,
+        wire: 1766u32,
+        call: 1568u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
         library: "nvml",
@@ -103892,8 +104049,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 1763u32,
-        call: 1565u32,
+        wire: 1767u32,
+        call: 1569u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
         library: "nvml",
@@ -103916,8 +104073,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1764u32,
-        call: 1566u32,
+        wire: 1768u32,
+        call: 1570u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -103940,8 +104097,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1765u32,
-        call: 1567u32,
+        wire: 1769u32,
+        call: 1571u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -103962,8 +104119,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1766u32,
-        call: 1568u32,
+        wire: 1770u32,
+        call: 1572u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -103984,8 +104141,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 1767u32,
-        call: 1569u32,
+        wire: 1771u32,
+        call: 1573u32,
         name: "nvmlUnitGetCount",
         form: None,
         library: "nvml",
@@ -104008,8 +104165,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 1768u32,
-        call: 1570u32,
+        wire: 1772u32,
+        call: 1574u32,
         name: "nvmlUnitGetDevices",
         form: None,
         library: "nvml",
@@ -104037,8 +104194,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1769u32,
-        call: 1571u32,
+        wire: 1773u32,
+        call: 1575u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -104060,8 +104217,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 1770u32,
-        call: 1572u32,
+        wire: 1774u32,
+        call: 1576u32,
         name: "nvmlUnitGetTemperature",
         form: None,
         library: "nvml",
@@ -104092,8 +104249,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 1771u32,
-        call: 1573u32,
+        wire: 1775u32,
+        call: 1577u32,
         name: "nvmlUnitSetLedState",
         form: None,
         library: "nvml",
@@ -104118,8 +104275,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1772u32,
-        call: 1574u32,
+        wire: 1776u32,
+        call: 1578u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -104140,8 +104297,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1773u32,
-        call: 1575u32,
+        wire: 1777u32,
+        call: 1579u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -104168,8 +104325,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 1774u32,
-        call: 1576u32,
+        wire: 1778u32,
+        call: 1580u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
         library: "nvml",
@@ -104196,8 +104353,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1775u32,
-        call: 1577u32,
+        wire: 1779u32,
+        call: 1581u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -104224,8 +104381,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 1776u32,
-        call: 1578u32,
+        wire: 1780u32,
+        call: 1582u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
         library: "nvml",
@@ -104252,8 +104409,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1777u32,
-        call: 1579u32,
+        wire: 1781u32,
+        call: 1583u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -104280,8 +104437,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1778u32,
-        call: 1580u32,
+        wire: 1782u32,
+        call: 1584u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -104308,8 +104465,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 1779u32,
-        call: 1581u32,
+        wire: 1783u32,
+        call: 1585u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
         library: "nvml",
@@ -104336,8 +104493,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 1780u32,
-        call: 1582u32,
+        wire: 1784u32,
+        call: 1586u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
         library: "nvml",
@@ -104364,8 +104521,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1781u32,
-        call: 1583u32,
+        wire: 1785u32,
+        call: 1587u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -104390,8 +104547,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 1782u32,
-        call: 1584u32,
+        wire: 1786u32,
+        call: 1588u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
         library: "nvml",
@@ -104422,8 +104579,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 1783u32,
-        call: 1585u32,
+        wire: 1787u32,
+        call: 1589u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
         library: "nvml",
@@ -104456,8 +104613,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 1784u32,
-        call: 1586u32,
+        wire: 1788u32,
+        call: 1590u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
         library: "nvml",
@@ -104484,8 +104641,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1785u32,
-        call: 1587u32,
+        wire: 1789u32,
+        call: 1591u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -104512,8 +104669,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 1786u32,
-        call: 1588u32,
+        wire: 1790u32,
+        call: 1592u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
         library: "nvml",
@@ -104540,8 +104697,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 1787u32,
-        call: 1589u32,
+        wire: 1791u32,
+        call: 1593u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
         library: "nvml",
@@ -104568,8 +104725,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 1788u32,
-        call: 1590u32,
+        wire: 1792u32,
+        call: 1594u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
         library: "nvml",
@@ -104596,8 +104753,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 1789u32,
-        call: 1591u32,
+        wire: 1793u32,
+        call: 1595u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
         library: "nvml",
@@ -104628,8 +104785,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 1790u32,
-        call: 1592u32,
+        wire: 1794u32,
+        call: 1596u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
         library: "nvml",
@@ -104656,8 +104813,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 1791u32,
-        call: 1593u32,
+        wire: 1795u32,
+        call: 1597u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
         library: "nvml",
@@ -104684,8 +104841,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 1792u32,
-        call: 1594u32,
+        wire: 1796u32,
+        call: 1598u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
         library: "nvml",
@@ -104725,8 +104882,8 @@ pub mod nvml {
 pub mod nvrtc {
     use chidori_protocol::desc::*;
     pub static nvrtcAddNameExpression: CallDesc = CallDesc {
-        wire: 2388u32,
-        call: 2190u32,
+        wire: 2392u32,
+        call: 2194u32,
         name: "nvrtcAddNameExpression",
         form: None,
         library: "nvrtc",
@@ -104748,8 +104905,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcDestroyProgram: CallDesc = CallDesc {
-        wire: 2389u32,
-        call: 2191u32,
+        wire: 2393u32,
+        call: 2195u32,
         name: "nvrtcDestroyProgram",
         form: None,
         library: "nvrtc",
@@ -104765,8 +104922,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetCUBINSize: CallDesc = CallDesc {
-        wire: 2390u32,
-        call: 2192u32,
+        wire: 2394u32,
+        call: 2196u32,
         name: "nvrtcGetCUBINSize",
         form: None,
         library: "nvrtc",
@@ -104793,8 +104950,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetLTOIRSize: CallDesc = CallDesc {
-        wire: 2391u32,
-        call: 2193u32,
+        wire: 2395u32,
+        call: 2197u32,
         name: "nvrtcGetLTOIRSize",
         form: None,
         library: "nvrtc",
@@ -104821,8 +104978,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetNVVMSize: CallDesc = CallDesc {
-        wire: 2392u32,
-        call: 2194u32,
+        wire: 2396u32,
+        call: 2198u32,
         name: "nvrtcGetNVVMSize",
         form: None,
         library: "nvrtc",
@@ -104849,8 +105006,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2393u32,
-        call: 2195u32,
+        wire: 2397u32,
+        call: 2199u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -104873,8 +105030,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetOptiXIRSize: CallDesc = CallDesc {
-        wire: 2394u32,
-        call: 2196u32,
+        wire: 2398u32,
+        call: 2200u32,
         name: "nvrtcGetOptiXIRSize",
         form: None,
         library: "nvrtc",
@@ -104901,8 +105058,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHCreateStatus: CallDesc = CallDesc {
-        wire: 2395u32,
-        call: 2197u32,
+        wire: 2399u32,
+        call: 2201u32,
         name: "nvrtcGetPCHCreateStatus",
         form: None,
         library: "nvrtc",
@@ -104923,8 +105080,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2396u32,
-        call: 2198u32,
+        wire: 2400u32,
+        call: 2202u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -104947,8 +105104,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHHeapSizeRequired: CallDesc = CallDesc {
-        wire: 2397u32,
-        call: 2199u32,
+        wire: 2401u32,
+        call: 2203u32,
         name: "nvrtcGetPCHHeapSizeRequired",
         form: None,
         library: "nvrtc",
@@ -104975,8 +105132,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPTXSize: CallDesc = CallDesc {
-        wire: 2398u32,
-        call: 2200u32,
+        wire: 2402u32,
+        call: 2204u32,
         name: "nvrtcGetPTXSize",
         form: None,
         library: "nvrtc",
@@ -105003,8 +105160,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetProgramLogSize: CallDesc = CallDesc {
-        wire: 2399u32,
-        call: 2201u32,
+        wire: 2403u32,
+        call: 2205u32,
         name: "nvrtcGetProgramLogSize",
         form: None,
         library: "nvrtc",
@@ -105031,8 +105188,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetSupportedArchs: CallDesc = CallDesc {
-        wire: 2400u32,
-        call: 2202u32,
+        wire: 2404u32,
+        call: 2206u32,
         name: "nvrtcGetSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -105055,8 +105212,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2401u32,
-        call: 2203u32,
+        wire: 2405u32,
+        call: 2207u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -105077,8 +105234,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2402u32,
-        call: 2204u32,
+        wire: 2406u32,
+        call: 2208u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",

@@ -2364,6 +2364,25 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "cudaMemAccessDesc",
+        size: 12u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "location",
+                offset: 0u32,
+                size: 8u32,
+                ty: "cudaMemLocation",
+            },
+            FieldMap {
+                name: "flags",
+                offset: 8u32,
+                size: 4u32,
+                ty: "cudaMemAccessFlags",
+            },
+        ],
+    },
+    StructMap {
         name: "cudaMemAllocNodeParams",
         size: 120u32,
         union: false,
