@@ -47,7 +47,19 @@ SERVE_PID=$!
 python3 "$SHARED/tools/wan_delay.py" --listen 127.0.0.1:$WAN_PORT --target $SERVER --rtt-ms 70 \
   --max-seconds 3000 > "$LOGS/wan.log" 2>&1 &
 WAN_PID=$!
-trap 'kill $SERVE_PID $WAN_PID 2>/dev/null' EXIT
+# The table and the log tarball come out even when an outer timeout stops the round.
+finish() {
+  kill $SERVE_PID $WAN_PID 2>/dev/null
+  grep -E "WARN|ERROR" "$LOGS/serve.log" | sort | uniq -c | sort -rn | head -15 > "$LOGS/serve-warnings.txt"
+  echo
+  echo "== chidori GPU round ($(date -u +%F), stages: ${stages[*]}) =="
+  for r in "${rows[@]}"; do printf '%-26s %s\n' "${r%%|*}" "${r#*|}"; done
+  echo "-- server warnings (count, first 15):"
+  cat "$LOGS/serve-warnings.txt"
+  tar czf "$SUMMARY_DIR/round-logs.tgz" -C "$LOGS" --exclude='*.bin' . 2>/dev/null
+}
+trap finish EXIT
+trap 'exit 124' TERM INT
 sleep 1
 kill -0 $SERVE_PID 2>/dev/null || { echo "chidori serve did not start:"; cat "$LOGS/serve.log"; exit 1; }
 
@@ -63,7 +75,7 @@ if want core; then
   if [[ -x $DIST/bin/xtask && -d $DIST/matrix ]]; then
     # Checked against this GPU's profile, recorded natively (UUIDs differ between machines).
     [[ -s $LOGS/h200-profile.json ]] || python3 gpu/record_profile.py > "$LOGS/h200-profile.json" 2> "$LOGS/profile.err"
-    timeout 300 "$DIST/bin/xtask" matrix --prebuilt --dir "$DIST/matrix" --server $SERVER --chidori "$CHIDORI" \
+    timeout ${MATRIX_TIMEOUT:-300} "$DIST/bin/xtask" matrix --prebuilt --dir "$DIST/matrix" --server $SERVER --chidori "$CHIDORI" \
       --profile "$LOGS/h200-profile.json" \
       > "$LOGS/matrix.txt" 2>&1
     rc=$?
@@ -75,9 +87,9 @@ if want core; then
 
   nv gpu/bench/rtt.cu -o "$B/rtt" && nv gpu/bench/hold.cu -o "$B/hold" || row bench "BUILD FAILED"
   "$B/rtt" > "$LOGS/rtt-native.json" 2> "$LOGS/rtt-native.err"; row "rtt+copy native" "$(cat "$LOGS/rtt-native.json")"
-  timeout 300 "$CHIDORI" run -s $SERVER -- "$B/rtt" > "$LOGS/rtt-remote.json" 2> "$LOGS/rtt-remote.err"
+  timeout ${RTT_TIMEOUT:-300} "$CHIDORI" run -s $SERVER -- "$B/rtt" > "$LOGS/rtt-remote.json" 2> "$LOGS/rtt-remote.err"
   row "rtt+copy loopback" "$(cat "$LOGS/rtt-remote.json") $(tail -1 "$LOGS/rtt-remote.err")"
-  timeout 300 "$CHIDORI" run -s 127.0.0.1:$WAN_PORT -- "$B/rtt" 20 > "$LOGS/rtt-wan.json" 2> "$LOGS/rtt-wan.err"
+  timeout 60 "$CHIDORI" run -s 127.0.0.1:$WAN_PORT -- "$B/rtt" 50 0 > "$LOGS/rtt-wan.json" 2> "$LOGS/rtt-wan.err"
   row "rtt+copy wan70" "$(cat "$LOGS/rtt-wan.json") $(tail -1 "$LOGS/rtt-wan.err")"
 
   # SIGKILL a client holding 8 GiB; how long until the GPU has the memory back.
@@ -96,8 +108,8 @@ fi
 if want kernels; then
   BUILD_DIR=$B/suite NVCC=$NVCC bash gpu/cuda-suite/build.sh > "$LOGS/suite-build.txt" 2>&1 \
     || row "cuda suite build" "FAILED: $(grep FAILED "$LOGS/suite-build.txt" | head -3 | tr '\n' ' ')"
-  timeout 540 python3 gpu/cuda-suite/run.py --build-dir "$B/suite" --chidori "$CHIDORI" --server $SERVER \
-    --wan-server 127.0.0.1:$WAN_PORT --json "$LOGS/suite.json" --timeout 90 > "$LOGS/suite.txt" 2>&1
+  timeout ${SUITE_TOTAL:-540} python3 gpu/cuda-suite/run.py --build-dir "$B/suite" --chidori "$CHIDORI" --server $SERVER \
+    --wan-server 127.0.0.1:$WAN_PORT --json "$LOGS/suite.json" --timeout ${SUITE_RUN_TIMEOUT:-90} > "$LOGS/suite.txt" 2>&1
   rc=$?
   cat "$LOGS/suite.txt"
   row "cuda suite" "$( ((rc == 0)) && echo "all match (suite.txt)" || echo "MISMATCHES rc=$rc (suite.txt)")"
@@ -111,7 +123,8 @@ if want torch; then
   quick=(); [[ ${QUICK:-0} == 1 ]] && quick=(--quick)
   timeout ${WORKLOAD_TIMEOUT:-400} python3 gpu/workloads.py --chidori "$CHIDORI" --server $SERVER \
     --wan-server 127.0.0.1:$WAN_PORT --workloads "$SHARED/workloads" --json "$LOGS/workloads.json" \
-    --timeout ${RUN_TIMEOUT:-150} "${quick[@]}" > "$LOGS/workloads.txt" 2>&1
+    --timeout ${RUN_TIMEOUT:-150} "${quick[@]}" ${WORKLOADS:+$(printf -- '--only %s ' $WORKLOADS)} \
+    > "$LOGS/workloads.txt" 2>&1
   rc=$?
   cat "$LOGS/workloads.txt"
   row "workloads" "rc=$rc (workloads.txt)"
@@ -124,12 +137,3 @@ if want torch; then
   fi
 fi
 
-kill $SERVE_PID $WAN_PID 2>/dev/null
-wait $SERVE_PID 2>/dev/null
-grep -E "WARN|ERROR" "$LOGS/serve.log" | sort | uniq -c | sort -rn | head -15 > "$LOGS/serve-warnings.txt"
-echo
-echo "== chidori GPU round ($(date -u +%F), stages: ${stages[*]}) =="
-for r in "${rows[@]}"; do printf '%-26s %s\n' "${r%%|*}" "${r#*|}"; done
-echo "-- server warnings (count, first 15):"
-cat "$LOGS/serve-warnings.txt"
-tar czf "$SUMMARY_DIR/round-logs.tgz" -C "$LOGS" --exclude='*.bin' . 2>/dev/null

@@ -598,12 +598,10 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGraphMemTrim(device: i32) ->
         ) as u32
     }
 }
-///`cudaDeviceReset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceReset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceReset() -> u32 {
-    unsafe {
-        crate::runtime::call(&chidori_cuda::calls::cudart::cudaDeviceReset, &[]) as u32
-    }
+    unsafe { crate::custom::cudart::cudaDeviceReset() }
 }
 ///`cudaDeviceSetCacheConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -3150,15 +3148,10 @@ pub unsafe extern "C" fn __chidori_cudart_cudaRuntimeGetVersion__cu130(
 pub unsafe extern "C" fn __chidori_cudart_cudaSetDevice(device: i32) -> u32 {
     unsafe { crate::custom::cudart::cudaSetDevice(device) }
 }
-///`cudaSetDeviceFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaSetDeviceFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaSetDeviceFlags(flags: u32) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaSetDeviceFlags,
-            &[(flags) as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudart::cudaSetDeviceFlags(flags) }
 }
 ///`cudaSetDoubleForDevice` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
 #[unsafe(no_mangle)]

@@ -661,19 +661,14 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGraphMemTrim(device: i32) -> u
         ) as u32
     }
 }
-///`cuDevicePrimaryCtxGetState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDevicePrimaryCtxGetState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxGetState(
     dev: i32,
     flags: *mut c_void,
     active: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuDevicePrimaryCtxGetState,
-            &[(dev) as i64 as u64, (flags) as usize as u64, (active) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuDevicePrimaryCtxGetState(dev, flags, active) }
 }
 ///`cuDevicePrimaryCtxRelease` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -695,25 +690,15 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxRelease_v2(dev: i32)
         ) as u32
     }
 }
-///`cuDevicePrimaryCtxReset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDevicePrimaryCtxReset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxReset(dev: i32) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuDevicePrimaryCtxReset,
-            &[(dev) as i64 as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuDevicePrimaryCtxReset(dev) }
 }
-///`cuDevicePrimaryCtxReset_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDevicePrimaryCtxReset_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxReset_v2(dev: i32) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuDevicePrimaryCtxReset_v2,
-            &[(dev) as i64 as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuDevicePrimaryCtxReset_v2(dev) }
 }
 ///`cuDevicePrimaryCtxRetain` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -728,31 +713,21 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxRetain(
         ) as u32
     }
 }
-///`cuDevicePrimaryCtxSetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDevicePrimaryCtxSetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxSetFlags(
     dev: i32,
     flags: u32,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuDevicePrimaryCtxSetFlags,
-            &[(dev) as i64 as u64, (flags) as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuDevicePrimaryCtxSetFlags(dev, flags) }
 }
-///`cuDevicePrimaryCtxSetFlags_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDevicePrimaryCtxSetFlags_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxSetFlags_v2(
     dev: i32,
     flags: u32,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuDevicePrimaryCtxSetFlags_v2,
-            &[(dev) as i64 as u64, (flags) as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuDevicePrimaryCtxSetFlags_v2(dev, flags) }
 }
 ///`cuDeviceSetMemPool` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]

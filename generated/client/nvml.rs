@@ -329,29 +329,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeMode(
         ) as u32
     }
 }
-///`nvmlDeviceGetCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCount(
     deviceCount: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceGetCount,
-            &[(deviceCount) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::nvml::nvmlDeviceGetCount(deviceCount) }
 }
-///`nvmlDeviceGetCount_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetCount_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCount_v2(
     deviceCount: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceGetCount_v2,
-            &[(deviceCount) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::nvml::nvmlDeviceGetCount_v2(deviceCount) }
 }
 ///`nvmlDeviceGetCudaComputeCapability` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -2444,30 +2434,25 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceSetVgpuHeterogeneousMode(
         ) as u32
     }
 }
-///`nvmlInit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlInit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlInit() -> u32 {
-    unsafe { crate::runtime::call(&chidori_cuda::calls::nvml::nvmlInit, &[]) as u32 }
+    unsafe { crate::custom::nvml::nvmlInit() }
 }
-///`nvmlInitWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlInitWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlInitWithFlags(flags: u32) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlInitWithFlags,
-            &[(flags) as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::nvml::nvmlInitWithFlags(flags) }
 }
-///`nvmlInit_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlInit_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlInit_v2() -> u32 {
-    unsafe { crate::runtime::call(&chidori_cuda::calls::nvml::nvmlInit_v2, &[]) as u32 }
+    unsafe { crate::custom::nvml::nvmlInit_v2() }
 }
-///`nvmlShutdown` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlShutdown` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlShutdown() -> u32 {
-    unsafe { crate::runtime::call(&chidori_cuda::calls::nvml::nvmlShutdown, &[]) as u32 }
+    unsafe { crate::custom::nvml::nvmlShutdown() }
 }
 ///`nvmlSystemGetConfComputeGpusReadyState` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]

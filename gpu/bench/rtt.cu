@@ -1,6 +1,6 @@
 // Round trip and bulk throughput of cudaMemcpy, the numbers of bench/core-*.md.
 //
-//   rtt [calls]     prints one JSON object:
+//   rtt [calls] [bulk]   prints one JSON object (bulk 0: round trips only):
 //     d2h_4b_us: median and p99 of `calls` (default 10,000) synchronous 4-byte D2H copies
 //     h2d/d2h_{pageable,pinned}_gbps: best of 3 copies of 1 GiB
 #include <cuda_runtime.h>
@@ -40,6 +40,7 @@ static double best_gbps(void* dst, const void* src, size_t bytes, cudaMemcpyKind
 
 int main(int argc, char** argv) {
   const int calls = argc > 1 ? atoi(argv[1]) : 10000;
+  const bool bulk = argc > 2 ? atoi(argv[2]) != 0 : true;
   CHECK(cudaFree(0));
   int* d_word;
   CHECK(cudaMalloc(&d_word, sizeof(int)));
@@ -55,6 +56,10 @@ int main(int argc, char** argv) {
   if (word != 0x5a5a5a5a) { fprintf(stderr, "wrong word %#x\n", word); return 1; }
   std::sort(us.begin(), us.end());
   const double median = us[calls / 2], p99 = us[std::min(calls - 1, calls * 99 / 100)];
+  if (!bulk) {
+    printf("{\"calls\": %d, \"d2h_4b_median_us\": %.1f, \"d2h_4b_p99_us\": %.1f}\n", calls, median, p99);
+    return 0;
+  }
 
   const size_t gib = size_t(1) << 30;
   char* d_buf;

@@ -336,6 +336,23 @@ impl Backend for Emulated {
                     SUCCESS
                 }
                 ("driver", "cuCtxSetCurrent" | "cuCtxPushCurrent_v2" | "cuDevicePrimaryCtxRelease_v2") => SUCCESS,
+                ("cudart", "cudaDeviceGetStreamPriorityRange") | ("driver", "cuCtxGetStreamPriorityRange") => {
+                    // (least, greatest) of every GPU since Volta.
+                    if a[0] != 0 {
+                        put_u32(a[0], 0);
+                    }
+                    if a[1] != 0 {
+                        put_u32(a[1], -5i32 as u32);
+                    }
+                    SUCCESS
+                }
+                ("driver", "cuDevicePrimaryCtxGetState") => {
+                    // (flags, active): like the real worker, which creates the primary context
+                    // when the session starts.
+                    put_u32(a[1], 0);
+                    put_u32(a[2], 1);
+                    SUCCESS
+                }
                 ("driver", "cuCtxGetCurrent") => {
                     let ctx = self.state().contexts.iter().next().copied().unwrap_or(0);
                     put_u64(a[0], ctx);

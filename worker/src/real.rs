@@ -230,7 +230,15 @@ impl Real {
 
     fn library(&self, name: &str) -> Arc<Result<Library, String>> {
         let mut libs = self.libraries.lock().unwrap_or_else(|p| p.into_inner());
-        libs.entry(name.to_owned()).or_insert_with(|| Arc::new(loader::load(&sonames(name), &self.dirs))).clone()
+        libs.entry(name.to_owned())
+            .or_insert_with(|| {
+                let lib = loader::load(&sonames(name), &self.dirs);
+                if let (Ok(l), "nvml") = (&lib, name) {
+                    init_nvml(l);
+                }
+                Arc::new(lib)
+            })
+            .clone()
     }
 
     fn symbol(&self, desc: &'static CallDesc) -> Result<*const c_void, String> {
@@ -429,6 +437,19 @@ impl Real {
         // SAFETY: a stream handle the session checked and a local out-value.
         let rc = unsafe { f(stream, &mut status) };
         rc == 0 && status != 0
+    }
+}
+
+/// Clients answer nvmlInit themselves: the worker initializes NVML when it first loads it
+/// (and never shuts it down; the process ends with the session).
+fn init_nvml(lib: &Library) {
+    let Some(f) = lib.symbol("nvmlInit_v2") else { return };
+    // SAFETY: nvmlReturn_t nvmlInit_v2(void).
+    let f: unsafe extern "C" fn() -> u32 = unsafe { std::mem::transmute(f) };
+    // SAFETY: no arguments.
+    let rc = unsafe { f() };
+    if rc != 0 {
+        tracing::warn!("nvmlInit_v2 failed with status {rc}: NVML calls will fail");
     }
 }
 

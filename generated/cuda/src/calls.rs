@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 9382798702499958766u64;
+pub const SCHEMA_HASH: u64 = 11251970110888885594u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2264usize] = [
+pub static FUNCTIONS: [&str; 2258usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -2072,8 +2072,6 @@ pub static FUNCTIONS: [&str; 2264usize] = [
     "nvmlDeviceGetClockInfo",
     "nvmlDeviceGetComputeInstanceId",
     "nvmlDeviceGetComputeMode",
-    "nvmlDeviceGetCount",
-    "nvmlDeviceGetCount_v2",
     "nvmlDeviceGetCudaComputeCapability",
     "nvmlDeviceGetCurrPcieLinkGeneration",
     "nvmlDeviceGetCurrPcieLinkWidth",
@@ -2220,10 +2218,6 @@ pub static FUNCTIONS: [&str; 2264usize] = [
     "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
     "nvmlGpuInstanceGetComputeInstances",
     "nvmlGpuInstanceSetVgpuHeterogeneousMode",
-    "nvmlInit",
-    "nvmlInitWithFlags",
-    "nvmlInit_v2",
-    "nvmlShutdown",
     "nvmlSystemGetConfComputeGpusReadyState",
     "nvmlSystemGetCudaDriverVersion",
     "nvmlSystemGetCudaDriverVersion_v2",
@@ -2273,7 +2267,7 @@ pub static FUNCTIONS: [&str; 2264usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2264usize] = [
+pub static LIBRARY_OF: [&str; 2258usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -4316,12 +4310,6 @@ pub static LIBRARY_OF: [&str; 2264usize] = [
     "nvjitlink",
     "nvjitlink",
     "nvjitlink",
-    "nvml",
-    "nvml",
-    "nvml",
-    "nvml",
-    "nvml",
-    "nvml",
     "nvml",
     "nvml",
     "nvml",
@@ -4569,7 +4557,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaDeviceGetStreamPriorityRange,
     &cudart::cudaDeviceGetTexture1DLinearMaxWidth,
     &cudart::cudaDeviceGraphMemTrim,
-    &cudart::cudaDeviceReset,
+    &cudart::cudaDeviceReset__call,
     &cudart::cudaDeviceSetCacheConfig,
     &cudart::cudaDeviceSetLimit,
     &cudart::cudaDeviceSetMemPool,
@@ -4711,7 +4699,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaMemsetAsync_ptsz,
     &cudart::cudaMemset_ptds,
     &cudart::cudaSetDevice__call,
-    &cudart::cudaSetDeviceFlags,
+    &cudart::cudaSetDeviceFlags__call,
     &cudart::cudaSetDoubleForDevice,
     &cudart::cudaSetDoubleForHost,
     &cudart::cudaStreamAddCallback__host,
@@ -4808,14 +4796,14 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuDeviceGetMemPool,
     &driver::cuDeviceGetP2PAttribute,
     &driver::cuDeviceGraphMemTrim,
-    &driver::cuDevicePrimaryCtxGetState,
+    &driver::cuDevicePrimaryCtxGetState__call,
     &driver::cuDevicePrimaryCtxRelease,
     &driver::cuDevicePrimaryCtxRelease_v2,
-    &driver::cuDevicePrimaryCtxReset,
-    &driver::cuDevicePrimaryCtxReset_v2,
+    &driver::cuDevicePrimaryCtxReset__call,
+    &driver::cuDevicePrimaryCtxReset_v2__call,
     &driver::cuDevicePrimaryCtxRetain,
-    &driver::cuDevicePrimaryCtxSetFlags,
-    &driver::cuDevicePrimaryCtxSetFlags_v2,
+    &driver::cuDevicePrimaryCtxSetFlags__call,
+    &driver::cuDevicePrimaryCtxSetFlags_v2__call,
     &driver::cuDeviceSetMemPool,
     &driver::cuDeviceTotalMem,
     &driver::cuDeviceUnregisterAsyncNotification,
@@ -6154,8 +6142,6 @@ pub static VARIANTS: &[&CallDesc] = &[
     &nvml::nvmlDeviceGetClockInfo,
     &nvml::nvmlDeviceGetComputeInstanceId,
     &nvml::nvmlDeviceGetComputeMode,
-    &nvml::nvmlDeviceGetCount,
-    &nvml::nvmlDeviceGetCount_v2,
     &nvml::nvmlDeviceGetCudaComputeCapability,
     &nvml::nvmlDeviceGetCurrPcieLinkGeneration,
     &nvml::nvmlDeviceGetCurrPcieLinkWidth,
@@ -6302,10 +6288,6 @@ pub static VARIANTS: &[&CallDesc] = &[
     &nvml::nvmlGpuInstanceGetComputeInstanceRemainingCapacity,
     &nvml::nvmlGpuInstanceGetComputeInstances,
     &nvml::nvmlGpuInstanceSetVgpuHeterogeneousMode,
-    &nvml::nvmlInit,
-    &nvml::nvmlInitWithFlags,
-    &nvml::nvmlInit_v2,
-    &nvml::nvmlShutdown,
     &nvml::nvmlSystemGetConfComputeGpusReadyState,
     &nvml::nvmlSystemGetCudaDriverVersion,
     &nvml::nvmlSystemGetCudaDriverVersion_v2,
@@ -39375,11 +39357,11 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaDeviceReset: CallDesc = CallDesc {
+    pub static cudaDeviceReset__call: CallDesc = CallDesc {
         wire: 28u32,
         call: 26u32,
         name: "cudaDeviceReset",
-        form: None,
+        form: Some("call"),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -43643,11 +43625,11 @@ pub mod cudart {
             invalid_handle: 400i64,
         },
     };
-    pub static cudaSetDeviceFlags: CallDesc = CallDesc {
+    pub static cudaSetDeviceFlags__call: CallDesc = CallDesc {
         wire: 170u32,
         call: 151u32,
         name: "cudaSetDeviceFlags",
-        form: None,
+        form: Some("call"),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -59453,8 +59435,8 @@ pub mod cufft {
     static LEN_cufftXtMakePlanMany_1: Len = Len::Param(1u8);
     static LEN_cufftXtMakePlanMany_2: Len = Len::Param(1u8);
     pub static cufftCreate: CallDesc = CallDesc {
-        wire: 1797u32,
-        call: 1599u32,
+        wire: 1791u32,
+        call: 1593u32,
         name: "cufftCreate",
         form: None,
         library: "cufft",
@@ -59477,8 +59459,8 @@ pub mod cufft {
         },
     };
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 1798u32,
-        call: 1600u32,
+        wire: 1792u32,
+        call: 1594u32,
         name: "cufftDestroy",
         form: None,
         library: "cufft",
@@ -59499,8 +59481,8 @@ pub mod cufft {
         },
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 1799u32,
-        call: 1601u32,
+        wire: 1793u32,
+        call: 1595u32,
         name: "cufftResetPlanProperty",
         form: None,
         library: "cufft",
@@ -59525,8 +59507,8 @@ pub mod cufft {
         },
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 1800u32,
-        call: 1602u32,
+        wire: 1794u32,
+        call: 1596u32,
         name: "cufftSetAutoAllocation",
         form: None,
         library: "cufft",
@@ -59551,8 +59533,8 @@ pub mod cufft {
         },
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 1801u32,
-        call: 1603u32,
+        wire: 1795u32,
+        call: 1597u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -59581,8 +59563,8 @@ pub mod cufft {
         },
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 1802u32,
-        call: 1604u32,
+        wire: 1796u32,
+        call: 1598u32,
         name: "cufftSetStream",
         form: None,
         library: "cufft",
@@ -59607,8 +59589,8 @@ pub mod cufft {
         },
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
-        wire: 1803u32,
-        call: 1605u32,
+        wire: 1797u32,
+        call: 1599u32,
         name: "cufftSetWorkArea",
         form: None,
         library: "cufft",
@@ -59630,8 +59612,8 @@ pub mod cufft {
         },
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 1804u32,
-        call: 1606u32,
+        wire: 1798u32,
+        call: 1600u32,
         name: "cufftXtClearCallback",
         form: None,
         library: "cufft",
@@ -59656,8 +59638,8 @@ pub mod cufft {
         },
     };
     pub static cufftXtExec: CallDesc = CallDesc {
-        wire: 1805u32,
-        call: 1607u32,
+        wire: 1799u32,
+        call: 1601u32,
         name: "cufftXtExec",
         form: None,
         library: "cufft",
@@ -59684,8 +59666,8 @@ pub mod cufft {
         },
     };
     pub static cufftXtMakePlanMany: CallDesc = CallDesc {
-        wire: 1806u32,
-        call: 1608u32,
+        wire: 1800u32,
+        call: 1602u32,
         name: "cufftXtMakePlanMany",
         form: None,
         library: "cufft",
@@ -59766,8 +59748,8 @@ pub mod cufft {
         },
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 1807u32,
-        call: 1609u32,
+        wire: 1801u32,
+        call: 1603u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
         library: "cufft",
@@ -59796,8 +59778,8 @@ pub mod cufft {
         },
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 1808u32,
-        call: 1610u32,
+        wire: 1802u32,
+        call: 1604u32,
         name: "cufftXtSetDistribution",
         form: None,
         library: "cufft",
@@ -59833,8 +59815,8 @@ pub mod cufft {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 1809u32,
-        call: 1611u32,
+        wire: 1803u32,
+        call: 1605u32,
         name: "curandCreateGenerator",
         form: None,
         library: "curand",
@@ -59856,8 +59838,8 @@ pub mod curand {
         },
     };
     pub static curandCreateGeneratorHost: CallDesc = CallDesc {
-        wire: 1810u32,
-        call: 1612u32,
+        wire: 1804u32,
+        call: 1606u32,
         name: "curandCreateGeneratorHost",
         form: None,
         library: "curand",
@@ -59879,8 +59861,8 @@ pub mod curand {
         },
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 1811u32,
-        call: 1613u32,
+        wire: 1805u32,
+        call: 1607u32,
         name: "curandCreatePoissonDistribution",
         form: None,
         library: "curand",
@@ -59902,8 +59884,8 @@ pub mod curand {
         },
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 1812u32,
-        call: 1614u32,
+        wire: 1806u32,
+        call: 1608u32,
         name: "curandDestroyDistribution",
         form: None,
         library: "curand",
@@ -59924,8 +59906,8 @@ pub mod curand {
         },
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 1813u32,
-        call: 1615u32,
+        wire: 1807u32,
+        call: 1609u32,
         name: "curandDestroyGenerator",
         form: None,
         library: "curand",
@@ -59946,8 +59928,8 @@ pub mod curand {
         },
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 1814u32,
-        call: 1616u32,
+        wire: 1808u32,
+        call: 1610u32,
         name: "curandGenerateSeeds",
         form: None,
         library: "curand",
@@ -59968,8 +59950,8 @@ pub mod curand {
         },
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 1815u32,
-        call: 1617u32,
+        wire: 1809u32,
+        call: 1611u32,
         name: "curandSetGeneratorOffset",
         form: None,
         library: "curand",
@@ -59994,8 +59976,8 @@ pub mod curand {
         },
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 1816u32,
-        call: 1618u32,
+        wire: 1810u32,
+        call: 1612u32,
         name: "curandSetGeneratorOrdering",
         form: None,
         library: "curand",
@@ -60020,8 +60002,8 @@ pub mod curand {
         },
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 1817u32,
-        call: 1619u32,
+        wire: 1811u32,
+        call: 1613u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
         library: "curand",
@@ -60046,8 +60028,8 @@ pub mod curand {
         },
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 1818u32,
-        call: 1620u32,
+        wire: 1812u32,
+        call: 1614u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
         library: "curand",
@@ -60072,8 +60054,8 @@ pub mod curand {
         },
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 1819u32,
-        call: 1621u32,
+        wire: 1813u32,
+        call: 1615u32,
         name: "curandSetStream",
         form: None,
         library: "curand",
@@ -60110,8 +60092,8 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2123u32,
-        call: 1925u32,
+        wire: 2117u32,
+        call: 1919u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -60146,8 +60128,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2124u32,
-        call: 1926u32,
+        wire: 2118u32,
+        call: 1920u32,
         name: "cusolverDnCgeqrf",
         form: None,
         library: "cusolver",
@@ -60188,8 +60170,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2125u32,
-        call: 1927u32,
+        wire: 2119u32,
+        call: 1921u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -60229,8 +60211,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2126u32,
-        call: 1928u32,
+        wire: 2120u32,
+        call: 1922u32,
         name: "cusolverDnCgesvd",
         form: None,
         library: "cusolver",
@@ -60290,8 +60272,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2127u32,
-        call: 1929u32,
+        wire: 2121u32,
+        call: 1923u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -60326,8 +60308,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2128u32,
-        call: 1930u32,
+        wire: 2122u32,
+        call: 1924u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -60412,8 +60394,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2129u32,
-        call: 1931u32,
+        wire: 2123u32,
+        call: 1925u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -60492,8 +60474,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2130u32,
-        call: 1932u32,
+        wire: 2124u32,
+        call: 1926u32,
         name: "cusolverDnCgesvdj",
         form: None,
         library: "cusolver",
@@ -60556,8 +60538,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2131u32,
-        call: 1933u32,
+        wire: 2125u32,
+        call: 1927u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -60620,8 +60602,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2132u32,
-        call: 1934u32,
+        wire: 2126u32,
+        call: 1928u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -60684,8 +60666,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2133u32,
-        call: 1935u32,
+        wire: 2127u32,
+        call: 1929u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -60748,8 +60730,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2134u32,
-        call: 1936u32,
+        wire: 2128u32,
+        call: 1930u32,
         name: "cusolverDnCgetrf",
         form: None,
         library: "cusolver",
@@ -60786,8 +60768,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2135u32,
-        call: 1937u32,
+        wire: 2129u32,
+        call: 1931u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -60827,8 +60809,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2136u32,
-        call: 1938u32,
+        wire: 2130u32,
+        call: 1932u32,
         name: "cusolverDnCgetrs",
         form: None,
         library: "cusolver",
@@ -60873,8 +60855,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2137u32,
-        call: 1939u32,
+        wire: 2131u32,
+        call: 1933u32,
         name: "cusolverDnCheevd",
         form: None,
         library: "cusolver",
@@ -60919,8 +60901,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2138u32,
-        call: 1940u32,
+        wire: 2132u32,
+        call: 1934u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -60965,8 +60947,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2139u32,
-        call: 1941u32,
+        wire: 2133u32,
+        call: 1935u32,
         name: "cusolverDnCheevj",
         form: None,
         library: "cusolver",
@@ -61015,8 +60997,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2140u32,
-        call: 1942u32,
+        wire: 2134u32,
+        call: 1936u32,
         name: "cusolverDnCheevjBatched",
         form: None,
         library: "cusolver",
@@ -61069,8 +61051,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2141u32,
-        call: 1943u32,
+        wire: 2135u32,
+        call: 1937u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -61123,8 +61105,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2142u32,
-        call: 1944u32,
+        wire: 2136u32,
+        call: 1938u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -61173,8 +61155,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2143u32,
-        call: 1945u32,
+        wire: 2137u32,
+        call: 1939u32,
         name: "cusolverDnChegvd",
         form: None,
         library: "cusolver",
@@ -61228,8 +61210,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2144u32,
-        call: 1946u32,
+        wire: 2138u32,
+        call: 1940u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -61283,8 +61265,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2145u32,
-        call: 1947u32,
+        wire: 2139u32,
+        call: 1941u32,
         name: "cusolverDnChegvj",
         form: None,
         library: "cusolver",
@@ -61342,8 +61324,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2146u32,
-        call: 1948u32,
+        wire: 2140u32,
+        call: 1942u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -61401,8 +61383,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2147u32,
-        call: 1949u32,
+        wire: 2141u32,
+        call: 1943u32,
         name: "cusolverDnClaswp",
         form: None,
         library: "cusolver",
@@ -61445,8 +61427,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2148u32,
-        call: 1950u32,
+        wire: 2142u32,
+        call: 1944u32,
         name: "cusolverDnClauum",
         form: None,
         library: "cusolver",
@@ -61486,8 +61468,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2149u32,
-        call: 1951u32,
+        wire: 2143u32,
+        call: 1945u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -61527,8 +61509,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2150u32,
-        call: 1952u32,
+        wire: 2144u32,
+        call: 1946u32,
         name: "cusolverDnCpotrf",
         form: None,
         library: "cusolver",
@@ -61568,8 +61550,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2151u32,
-        call: 1953u32,
+        wire: 2145u32,
+        call: 1947u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
         library: "cusolver",
@@ -61608,8 +61590,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2152u32,
-        call: 1954u32,
+        wire: 2146u32,
+        call: 1948u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -61649,8 +61631,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2153u32,
-        call: 1955u32,
+        wire: 2147u32,
+        call: 1949u32,
         name: "cusolverDnCpotri",
         form: None,
         library: "cusolver",
@@ -61690,8 +61672,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2154u32,
-        call: 1956u32,
+        wire: 2148u32,
+        call: 1950u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -61731,8 +61713,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2155u32,
-        call: 1957u32,
+        wire: 2149u32,
+        call: 1951u32,
         name: "cusolverDnCpotrs",
         form: None,
         library: "cusolver",
@@ -61776,8 +61758,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2156u32,
-        call: 1958u32,
+        wire: 2150u32,
+        call: 1952u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
         library: "cusolver",
@@ -61825,8 +61807,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2157u32,
-        call: 1959u32,
+        wire: 2151u32,
+        call: 1953u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -61842,8 +61824,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2158u32,
-        call: 1960u32,
+        wire: 2152u32,
+        call: 1954u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -61859,8 +61841,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2159u32,
-        call: 1961u32,
+        wire: 2153u32,
+        call: 1955u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -61876,8 +61858,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2160u32,
-        call: 1962u32,
+        wire: 2154u32,
+        call: 1956u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -61893,8 +61875,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2161u32,
-        call: 1963u32,
+        wire: 2155u32,
+        call: 1957u32,
         name: "cusolverDnCsytrf",
         form: None,
         library: "cusolver",
@@ -61935,8 +61917,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2162u32,
-        call: 1964u32,
+        wire: 2156u32,
+        call: 1958u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -61972,8 +61954,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2163u32,
-        call: 1965u32,
+        wire: 2157u32,
+        call: 1959u32,
         name: "cusolverDnCsytri",
         form: None,
         library: "cusolver",
@@ -62014,8 +61996,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2164u32,
-        call: 1966u32,
+        wire: 2158u32,
+        call: 1960u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -62056,8 +62038,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2165u32,
-        call: 1967u32,
+        wire: 2159u32,
+        call: 1961u32,
         name: "cusolverDnCungbr",
         form: None,
         library: "cusolver",
@@ -62106,8 +62088,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2166u32,
-        call: 1968u32,
+        wire: 2160u32,
+        call: 1962u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -62156,8 +62138,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2167u32,
-        call: 1969u32,
+        wire: 2161u32,
+        call: 1963u32,
         name: "cusolverDnCungqr",
         form: None,
         library: "cusolver",
@@ -62202,8 +62184,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2168u32,
-        call: 1970u32,
+        wire: 2162u32,
+        call: 1964u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -62248,8 +62230,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2169u32,
-        call: 1971u32,
+        wire: 2163u32,
+        call: 1965u32,
         name: "cusolverDnCungtr",
         form: None,
         library: "cusolver",
@@ -62290,8 +62272,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2170u32,
-        call: 1972u32,
+        wire: 2164u32,
+        call: 1966u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -62332,8 +62314,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2171u32,
-        call: 1973u32,
+        wire: 2165u32,
+        call: 1967u32,
         name: "cusolverDnCunmqr",
         form: None,
         library: "cusolver",
@@ -62391,8 +62373,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2172u32,
-        call: 1974u32,
+        wire: 2166u32,
+        call: 1968u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -62450,8 +62432,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2173u32,
-        call: 1975u32,
+        wire: 2167u32,
+        call: 1969u32,
         name: "cusolverDnCunmtr",
         form: None,
         library: "cusolver",
@@ -62509,8 +62491,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2174u32,
-        call: 1976u32,
+        wire: 2168u32,
+        call: 1970u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -62568,8 +62550,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2175u32,
-        call: 1977u32,
+        wire: 2169u32,
+        call: 1971u32,
         name: "cusolverDnDestroy",
         form: None,
         library: "cusolver",
@@ -62590,8 +62572,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2176u32,
-        call: 1978u32,
+        wire: 2170u32,
+        call: 1972u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -62612,8 +62594,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2177u32,
-        call: 1979u32,
+        wire: 2171u32,
+        call: 1973u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
@@ -62634,8 +62616,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2178u32,
-        call: 1980u32,
+        wire: 2172u32,
+        call: 1974u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
@@ -62656,8 +62638,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2179u32,
-        call: 1981u32,
+        wire: 2173u32,
+        call: 1975u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -62692,8 +62674,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2180u32,
-        call: 1982u32,
+        wire: 2174u32,
+        call: 1976u32,
         name: "cusolverDnDgeqrf",
         form: None,
         library: "cusolver",
@@ -62734,8 +62716,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2181u32,
-        call: 1983u32,
+        wire: 2175u32,
+        call: 1977u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -62775,8 +62757,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2182u32,
-        call: 1984u32,
+        wire: 2176u32,
+        call: 1978u32,
         name: "cusolverDnDgesvd",
         form: None,
         library: "cusolver",
@@ -62836,8 +62818,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2183u32,
-        call: 1985u32,
+        wire: 2177u32,
+        call: 1979u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -62872,8 +62854,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2184u32,
-        call: 1986u32,
+        wire: 2178u32,
+        call: 1980u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -62958,8 +62940,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2185u32,
-        call: 1987u32,
+        wire: 2179u32,
+        call: 1981u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -63038,8 +63020,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2186u32,
-        call: 1988u32,
+        wire: 2180u32,
+        call: 1982u32,
         name: "cusolverDnDgesvdj",
         form: None,
         library: "cusolver",
@@ -63102,8 +63084,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2187u32,
-        call: 1989u32,
+        wire: 2181u32,
+        call: 1983u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -63166,8 +63148,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2188u32,
-        call: 1990u32,
+        wire: 2182u32,
+        call: 1984u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -63230,8 +63212,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2189u32,
-        call: 1991u32,
+        wire: 2183u32,
+        call: 1985u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -63294,8 +63276,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2190u32,
-        call: 1992u32,
+        wire: 2184u32,
+        call: 1986u32,
         name: "cusolverDnDgetrf",
         form: None,
         library: "cusolver",
@@ -63332,8 +63314,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2191u32,
-        call: 1993u32,
+        wire: 2185u32,
+        call: 1987u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -63373,8 +63355,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2192u32,
-        call: 1994u32,
+        wire: 2186u32,
+        call: 1988u32,
         name: "cusolverDnDgetrs",
         form: None,
         library: "cusolver",
@@ -63419,8 +63401,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2193u32,
-        call: 1995u32,
+        wire: 2187u32,
+        call: 1989u32,
         name: "cusolverDnDlaswp",
         form: None,
         library: "cusolver",
@@ -63463,8 +63445,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2194u32,
-        call: 1996u32,
+        wire: 2188u32,
+        call: 1990u32,
         name: "cusolverDnDlauum",
         form: None,
         library: "cusolver",
@@ -63504,8 +63486,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2195u32,
-        call: 1997u32,
+        wire: 2189u32,
+        call: 1991u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -63545,8 +63527,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2196u32,
-        call: 1998u32,
+        wire: 2190u32,
+        call: 1992u32,
         name: "cusolverDnDorgbr",
         form: None,
         library: "cusolver",
@@ -63595,8 +63577,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2197u32,
-        call: 1999u32,
+        wire: 2191u32,
+        call: 1993u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -63645,8 +63627,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2198u32,
-        call: 2000u32,
+        wire: 2192u32,
+        call: 1994u32,
         name: "cusolverDnDorgqr",
         form: None,
         library: "cusolver",
@@ -63691,8 +63673,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2199u32,
-        call: 2001u32,
+        wire: 2193u32,
+        call: 1995u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -63737,8 +63719,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2200u32,
-        call: 2002u32,
+        wire: 2194u32,
+        call: 1996u32,
         name: "cusolverDnDorgtr",
         form: None,
         library: "cusolver",
@@ -63779,8 +63761,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2201u32,
-        call: 2003u32,
+        wire: 2195u32,
+        call: 1997u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -63821,8 +63803,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2202u32,
-        call: 2004u32,
+        wire: 2196u32,
+        call: 1998u32,
         name: "cusolverDnDormqr",
         form: None,
         library: "cusolver",
@@ -63880,8 +63862,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2203u32,
-        call: 2005u32,
+        wire: 2197u32,
+        call: 1999u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -63939,8 +63921,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2204u32,
-        call: 2006u32,
+        wire: 2198u32,
+        call: 2000u32,
         name: "cusolverDnDormtr",
         form: None,
         library: "cusolver",
@@ -63998,8 +63980,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2205u32,
-        call: 2007u32,
+        wire: 2199u32,
+        call: 2001u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -64057,8 +64039,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2206u32,
-        call: 2008u32,
+        wire: 2200u32,
+        call: 2002u32,
         name: "cusolverDnDpotrf",
         form: None,
         library: "cusolver",
@@ -64098,8 +64080,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2207u32,
-        call: 2009u32,
+        wire: 2201u32,
+        call: 2003u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
         library: "cusolver",
@@ -64138,8 +64120,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2208u32,
-        call: 2010u32,
+        wire: 2202u32,
+        call: 2004u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -64179,8 +64161,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2209u32,
-        call: 2011u32,
+        wire: 2203u32,
+        call: 2005u32,
         name: "cusolverDnDpotri",
         form: None,
         library: "cusolver",
@@ -64220,8 +64202,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2210u32,
-        call: 2012u32,
+        wire: 2204u32,
+        call: 2006u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -64261,8 +64243,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2211u32,
-        call: 2013u32,
+        wire: 2205u32,
+        call: 2007u32,
         name: "cusolverDnDpotrs",
         form: None,
         library: "cusolver",
@@ -64306,8 +64288,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2212u32,
-        call: 2014u32,
+        wire: 2206u32,
+        call: 2008u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
         library: "cusolver",
@@ -64355,8 +64337,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2213u32,
-        call: 2015u32,
+        wire: 2207u32,
+        call: 2009u32,
         name: "cusolverDnDsyevd",
         form: None,
         library: "cusolver",
@@ -64401,8 +64383,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2214u32,
-        call: 2016u32,
+        wire: 2208u32,
+        call: 2010u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -64447,8 +64429,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2215u32,
-        call: 2017u32,
+        wire: 2209u32,
+        call: 2011u32,
         name: "cusolverDnDsyevj",
         form: None,
         library: "cusolver",
@@ -64497,8 +64479,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2216u32,
-        call: 2018u32,
+        wire: 2210u32,
+        call: 2012u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
         library: "cusolver",
@@ -64551,8 +64533,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2217u32,
-        call: 2019u32,
+        wire: 2211u32,
+        call: 2013u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -64605,8 +64587,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2218u32,
-        call: 2020u32,
+        wire: 2212u32,
+        call: 2014u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -64655,8 +64637,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2219u32,
-        call: 2021u32,
+        wire: 2213u32,
+        call: 2015u32,
         name: "cusolverDnDsygvd",
         form: None,
         library: "cusolver",
@@ -64710,8 +64692,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2220u32,
-        call: 2022u32,
+        wire: 2214u32,
+        call: 2016u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -64765,8 +64747,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2221u32,
-        call: 2023u32,
+        wire: 2215u32,
+        call: 2017u32,
         name: "cusolverDnDsygvj",
         form: None,
         library: "cusolver",
@@ -64824,8 +64806,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2222u32,
-        call: 2024u32,
+        wire: 2216u32,
+        call: 2018u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -64883,8 +64865,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2223u32,
-        call: 2025u32,
+        wire: 2217u32,
+        call: 2019u32,
         name: "cusolverDnDsytrf",
         form: None,
         library: "cusolver",
@@ -64925,8 +64907,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2224u32,
-        call: 2026u32,
+        wire: 2218u32,
+        call: 2020u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -64962,8 +64944,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2225u32,
-        call: 2027u32,
+        wire: 2219u32,
+        call: 2021u32,
         name: "cusolverDnDsytri",
         form: None,
         library: "cusolver",
@@ -65004,8 +64986,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2226u32,
-        call: 2028u32,
+        wire: 2220u32,
+        call: 2022u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -65046,8 +65028,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2227u32,
-        call: 2029u32,
+        wire: 2221u32,
+        call: 2023u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -65069,8 +65051,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2228u32,
-        call: 2030u32,
+        wire: 2222u32,
+        call: 2024u32,
         name: "cusolverDnGetrs",
         form: None,
         library: "cusolver",
@@ -65127,8 +65109,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2229u32,
-        call: 2031u32,
+        wire: 2223u32,
+        call: 2025u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -65144,8 +65126,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2230u32,
-        call: 2032u32,
+        wire: 2224u32,
+        call: 2026u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
@@ -65166,8 +65148,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2231u32,
-        call: 2033u32,
+        wire: 2225u32,
+        call: 2027u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
@@ -65188,8 +65170,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2232u32,
-        call: 2034u32,
+        wire: 2226u32,
+        call: 2028u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -65205,8 +65187,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2233u32,
-        call: 2035u32,
+        wire: 2227u32,
+        call: 2029u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
@@ -65227,8 +65209,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2234u32,
-        call: 2036u32,
+        wire: 2228u32,
+        call: 2030u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
@@ -65249,8 +65231,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2235u32,
-        call: 2037u32,
+        wire: 2229u32,
+        call: 2031u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
@@ -65271,8 +65253,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2236u32,
-        call: 2038u32,
+        wire: 2230u32,
+        call: 2032u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
@@ -65297,8 +65279,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2237u32,
-        call: 2039u32,
+        wire: 2231u32,
+        call: 2033u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
@@ -65323,8 +65305,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2238u32,
-        call: 2040u32,
+        wire: 2232u32,
+        call: 2034u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
@@ -65349,8 +65331,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2239u32,
-        call: 2041u32,
+        wire: 2233u32,
+        call: 2035u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
@@ -65375,8 +65357,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2240u32,
-        call: 2042u32,
+        wire: 2234u32,
+        call: 2036u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
@@ -65401,8 +65383,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2241u32,
-        call: 2043u32,
+        wire: 2235u32,
+        call: 2037u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
@@ -65431,8 +65413,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2242u32,
-        call: 2044u32,
+        wire: 2236u32,
+        call: 2038u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
@@ -65457,8 +65439,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2243u32,
-        call: 2045u32,
+        wire: 2237u32,
+        call: 2039u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
@@ -65483,8 +65465,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2244u32,
-        call: 2046u32,
+        wire: 2238u32,
+        call: 2040u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
@@ -65500,8 +65482,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2245u32,
-        call: 2047u32,
+        wire: 2239u32,
+        call: 2041u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
@@ -65522,8 +65504,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2246u32,
-        call: 2048u32,
+        wire: 2240u32,
+        call: 2042u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
@@ -65544,8 +65526,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2247u32,
-        call: 2049u32,
+        wire: 2241u32,
+        call: 2043u32,
         name: "cusolverDnPotrs",
         form: None,
         library: "cusolver",
@@ -65601,8 +65583,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2248u32,
-        call: 2050u32,
+        wire: 2242u32,
+        call: 2044u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
@@ -65631,8 +65613,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2249u32,
-        call: 2051u32,
+        wire: 2243u32,
+        call: 2045u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
@@ -65657,8 +65639,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2250u32,
-        call: 2052u32,
+        wire: 2244u32,
+        call: 2046u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
@@ -65683,8 +65665,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2251u32,
-        call: 2053u32,
+        wire: 2245u32,
+        call: 2047u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
@@ -65709,8 +65691,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2252u32,
-        call: 2054u32,
+        wire: 2246u32,
+        call: 2048u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
@@ -65735,8 +65717,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2253u32,
-        call: 2055u32,
+        wire: 2247u32,
+        call: 2049u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -65771,8 +65753,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2254u32,
-        call: 2056u32,
+        wire: 2248u32,
+        call: 2050u32,
         name: "cusolverDnSgeqrf",
         form: None,
         library: "cusolver",
@@ -65813,8 +65795,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2255u32,
-        call: 2057u32,
+        wire: 2249u32,
+        call: 2051u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -65854,8 +65836,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2256u32,
-        call: 2058u32,
+        wire: 2250u32,
+        call: 2052u32,
         name: "cusolverDnSgesvd",
         form: None,
         library: "cusolver",
@@ -65915,8 +65897,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2257u32,
-        call: 2059u32,
+        wire: 2251u32,
+        call: 2053u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -65951,8 +65933,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2258u32,
-        call: 2060u32,
+        wire: 2252u32,
+        call: 2054u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -66037,8 +66019,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2259u32,
-        call: 2061u32,
+        wire: 2253u32,
+        call: 2055u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -66117,8 +66099,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2260u32,
-        call: 2062u32,
+        wire: 2254u32,
+        call: 2056u32,
         name: "cusolverDnSgesvdj",
         form: None,
         library: "cusolver",
@@ -66181,8 +66163,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2261u32,
-        call: 2063u32,
+        wire: 2255u32,
+        call: 2057u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -66245,8 +66227,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2262u32,
-        call: 2064u32,
+        wire: 2256u32,
+        call: 2058u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -66309,8 +66291,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2263u32,
-        call: 2065u32,
+        wire: 2257u32,
+        call: 2059u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -66373,8 +66355,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2264u32,
-        call: 2066u32,
+        wire: 2258u32,
+        call: 2060u32,
         name: "cusolverDnSgetrf",
         form: None,
         library: "cusolver",
@@ -66411,8 +66393,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2265u32,
-        call: 2067u32,
+        wire: 2259u32,
+        call: 2061u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -66452,8 +66434,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2266u32,
-        call: 2068u32,
+        wire: 2260u32,
+        call: 2062u32,
         name: "cusolverDnSgetrs",
         form: None,
         library: "cusolver",
@@ -66498,8 +66480,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2267u32,
-        call: 2069u32,
+        wire: 2261u32,
+        call: 2063u32,
         name: "cusolverDnSlaswp",
         form: None,
         library: "cusolver",
@@ -66542,8 +66524,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2268u32,
-        call: 2070u32,
+        wire: 2262u32,
+        call: 2064u32,
         name: "cusolverDnSlauum",
         form: None,
         library: "cusolver",
@@ -66583,8 +66565,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2269u32,
-        call: 2071u32,
+        wire: 2263u32,
+        call: 2065u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -66624,8 +66606,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2270u32,
-        call: 2072u32,
+        wire: 2264u32,
+        call: 2066u32,
         name: "cusolverDnSorgbr",
         form: None,
         library: "cusolver",
@@ -66674,8 +66656,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2271u32,
-        call: 2073u32,
+        wire: 2265u32,
+        call: 2067u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -66724,8 +66706,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2272u32,
-        call: 2074u32,
+        wire: 2266u32,
+        call: 2068u32,
         name: "cusolverDnSorgqr",
         form: None,
         library: "cusolver",
@@ -66770,8 +66752,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2273u32,
-        call: 2075u32,
+        wire: 2267u32,
+        call: 2069u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -66816,8 +66798,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2274u32,
-        call: 2076u32,
+        wire: 2268u32,
+        call: 2070u32,
         name: "cusolverDnSorgtr",
         form: None,
         library: "cusolver",
@@ -66858,8 +66840,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2275u32,
-        call: 2077u32,
+        wire: 2269u32,
+        call: 2071u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -66900,8 +66882,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2276u32,
-        call: 2078u32,
+        wire: 2270u32,
+        call: 2072u32,
         name: "cusolverDnSormqr",
         form: None,
         library: "cusolver",
@@ -66959,8 +66941,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2277u32,
-        call: 2079u32,
+        wire: 2271u32,
+        call: 2073u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -67018,8 +67000,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2278u32,
-        call: 2080u32,
+        wire: 2272u32,
+        call: 2074u32,
         name: "cusolverDnSormtr",
         form: None,
         library: "cusolver",
@@ -67077,8 +67059,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2279u32,
-        call: 2081u32,
+        wire: 2273u32,
+        call: 2075u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -67136,8 +67118,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2280u32,
-        call: 2082u32,
+        wire: 2274u32,
+        call: 2076u32,
         name: "cusolverDnSpotrf",
         form: None,
         library: "cusolver",
@@ -67177,8 +67159,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2281u32,
-        call: 2083u32,
+        wire: 2275u32,
+        call: 2077u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
         library: "cusolver",
@@ -67217,8 +67199,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2282u32,
-        call: 2084u32,
+        wire: 2276u32,
+        call: 2078u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -67258,8 +67240,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2283u32,
-        call: 2085u32,
+        wire: 2277u32,
+        call: 2079u32,
         name: "cusolverDnSpotri",
         form: None,
         library: "cusolver",
@@ -67299,8 +67281,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2284u32,
-        call: 2086u32,
+        wire: 2278u32,
+        call: 2080u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -67340,8 +67322,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2285u32,
-        call: 2087u32,
+        wire: 2279u32,
+        call: 2081u32,
         name: "cusolverDnSpotrs",
         form: None,
         library: "cusolver",
@@ -67385,8 +67367,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2286u32,
-        call: 2088u32,
+        wire: 2280u32,
+        call: 2082u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
         library: "cusolver",
@@ -67434,8 +67416,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2287u32,
-        call: 2089u32,
+        wire: 2281u32,
+        call: 2083u32,
         name: "cusolverDnSsyevd",
         form: None,
         library: "cusolver",
@@ -67480,8 +67462,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2288u32,
-        call: 2090u32,
+        wire: 2282u32,
+        call: 2084u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -67526,8 +67508,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2289u32,
-        call: 2091u32,
+        wire: 2283u32,
+        call: 2085u32,
         name: "cusolverDnSsyevj",
         form: None,
         library: "cusolver",
@@ -67576,8 +67558,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2290u32,
-        call: 2092u32,
+        wire: 2284u32,
+        call: 2086u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
         library: "cusolver",
@@ -67630,8 +67612,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2291u32,
-        call: 2093u32,
+        wire: 2285u32,
+        call: 2087u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -67684,8 +67666,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2292u32,
-        call: 2094u32,
+        wire: 2286u32,
+        call: 2088u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -67734,8 +67716,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2293u32,
-        call: 2095u32,
+        wire: 2287u32,
+        call: 2089u32,
         name: "cusolverDnSsygvd",
         form: None,
         library: "cusolver",
@@ -67789,8 +67771,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2294u32,
-        call: 2096u32,
+        wire: 2288u32,
+        call: 2090u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -67844,8 +67826,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2295u32,
-        call: 2097u32,
+        wire: 2289u32,
+        call: 2091u32,
         name: "cusolverDnSsygvj",
         form: None,
         library: "cusolver",
@@ -67903,8 +67885,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2296u32,
-        call: 2098u32,
+        wire: 2290u32,
+        call: 2092u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -67962,8 +67944,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2297u32,
-        call: 2099u32,
+        wire: 2291u32,
+        call: 2093u32,
         name: "cusolverDnSsytrf",
         form: None,
         library: "cusolver",
@@ -68004,8 +67986,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2298u32,
-        call: 2100u32,
+        wire: 2292u32,
+        call: 2094u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -68041,8 +68023,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2299u32,
-        call: 2101u32,
+        wire: 2293u32,
+        call: 2095u32,
         name: "cusolverDnSsytri",
         form: None,
         library: "cusolver",
@@ -68083,8 +68065,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2300u32,
-        call: 2102u32,
+        wire: 2294u32,
+        call: 2096u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -68125,8 +68107,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2301u32,
-        call: 2103u32,
+        wire: 2295u32,
+        call: 2097u32,
         name: "cusolverDnXgeev",
         form: None,
         library: "cusolver",
@@ -68215,8 +68197,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2302u32,
-        call: 2104u32,
+        wire: 2296u32,
+        call: 2098u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
         library: "cusolver",
@@ -68301,8 +68283,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2303u32,
-        call: 2105u32,
+        wire: 2297u32,
+        call: 2099u32,
         name: "cusolverDnXgeqrf",
         form: None,
         library: "cusolver",
@@ -68369,8 +68351,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2304u32,
-        call: 2106u32,
+        wire: 2298u32,
+        call: 2100u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -68433,8 +68415,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2305u32,
-        call: 2107u32,
+        wire: 2299u32,
+        call: 2101u32,
         name: "cusolverDnXgesvd",
         form: None,
         library: "cusolver",
@@ -68527,8 +68509,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2306u32,
-        call: 2108u32,
+        wire: 2300u32,
+        call: 2102u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -68617,8 +68599,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2307u32,
-        call: 2109u32,
+        wire: 2301u32,
+        call: 2103u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -68643,8 +68625,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2308u32,
-        call: 2110u32,
+        wire: 2302u32,
+        call: 2104u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
@@ -68669,8 +68651,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2309u32,
-        call: 2111u32,
+        wire: 2303u32,
+        call: 2105u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
@@ -68695,8 +68677,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2310u32,
-        call: 2112u32,
+        wire: 2304u32,
+        call: 2106u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
         library: "cusolver",
@@ -68785,8 +68767,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2311u32,
-        call: 2113u32,
+        wire: 2305u32,
+        call: 2107u32,
         name: "cusolverDnXgetrf",
         form: None,
         library: "cusolver",
@@ -68849,8 +68831,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2312u32,
-        call: 2114u32,
+        wire: 2306u32,
+        call: 2108u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -68908,8 +68890,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2313u32,
-        call: 2115u32,
+        wire: 2307u32,
+        call: 2109u32,
         name: "cusolverDnXgetrs",
         form: None,
         library: "cusolver",
@@ -68966,8 +68948,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2314u32,
-        call: 2116u32,
+        wire: 2308u32,
+        call: 2110u32,
         name: "cusolverDnXpotrf",
         form: None,
         library: "cusolver",
@@ -69029,8 +69011,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2315u32,
-        call: 2117u32,
+        wire: 2309u32,
+        call: 2111u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -69088,8 +69070,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2316u32,
-        call: 2118u32,
+        wire: 2310u32,
+        call: 2112u32,
         name: "cusolverDnXpotrs",
         form: None,
         library: "cusolver",
@@ -69145,8 +69127,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2317u32,
-        call: 2119u32,
+        wire: 2311u32,
+        call: 2113u32,
         name: "cusolverDnXsyevBatched",
         form: None,
         library: "cusolver",
@@ -69221,8 +69203,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2318u32,
-        call: 2120u32,
+        wire: 2312u32,
+        call: 2114u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -69293,8 +69275,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2319u32,
-        call: 2121u32,
+        wire: 2313u32,
+        call: 2115u32,
         name: "cusolverDnXsyevd",
         form: None,
         library: "cusolver",
@@ -69365,8 +69347,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2320u32,
-        call: 2122u32,
+        wire: 2314u32,
+        call: 2116u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -69433,8 +69415,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2321u32,
-        call: 2123u32,
+        wire: 2315u32,
+        call: 2117u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -69459,8 +69441,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2322u32,
-        call: 2124u32,
+        wire: 2316u32,
+        call: 2118u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
@@ -69485,8 +69467,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2323u32,
-        call: 2125u32,
+        wire: 2317u32,
+        call: 2119u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
@@ -69511,8 +69493,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2324u32,
-        call: 2126u32,
+        wire: 2318u32,
+        call: 2120u32,
         name: "cusolverDnXsytrs",
         form: None,
         library: "cusolver",
@@ -69580,8 +69562,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2325u32,
-        call: 2127u32,
+        wire: 2319u32,
+        call: 2121u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
         library: "cusolver",
@@ -69645,8 +69627,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2326u32,
-        call: 2128u32,
+        wire: 2320u32,
+        call: 2122u32,
         name: "cusolverDnXtrtri",
         form: None,
         library: "cusolver",
@@ -69704,8 +69686,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2327u32,
-        call: 2129u32,
+        wire: 2321u32,
+        call: 2123u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
         library: "cusolver",
@@ -69759,8 +69741,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2328u32,
-        call: 2130u32,
+        wire: 2322u32,
+        call: 2124u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -69795,8 +69777,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2329u32,
-        call: 2131u32,
+        wire: 2323u32,
+        call: 2125u32,
         name: "cusolverDnZgeqrf",
         form: None,
         library: "cusolver",
@@ -69837,8 +69819,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2330u32,
-        call: 2132u32,
+        wire: 2324u32,
+        call: 2126u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -69878,8 +69860,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2331u32,
-        call: 2133u32,
+        wire: 2325u32,
+        call: 2127u32,
         name: "cusolverDnZgesvd",
         form: None,
         library: "cusolver",
@@ -69939,8 +69921,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2332u32,
-        call: 2134u32,
+        wire: 2326u32,
+        call: 2128u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -69975,8 +69957,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2333u32,
-        call: 2135u32,
+        wire: 2327u32,
+        call: 2129u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -70061,8 +70043,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2334u32,
-        call: 2136u32,
+        wire: 2328u32,
+        call: 2130u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -70141,8 +70123,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2335u32,
-        call: 2137u32,
+        wire: 2329u32,
+        call: 2131u32,
         name: "cusolverDnZgesvdj",
         form: None,
         library: "cusolver",
@@ -70205,8 +70187,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2336u32,
-        call: 2138u32,
+        wire: 2330u32,
+        call: 2132u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -70269,8 +70251,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2337u32,
-        call: 2139u32,
+        wire: 2331u32,
+        call: 2133u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -70333,8 +70315,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2338u32,
-        call: 2140u32,
+        wire: 2332u32,
+        call: 2134u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -70397,8 +70379,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2339u32,
-        call: 2141u32,
+        wire: 2333u32,
+        call: 2135u32,
         name: "cusolverDnZgetrf",
         form: None,
         library: "cusolver",
@@ -70435,8 +70417,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2340u32,
-        call: 2142u32,
+        wire: 2334u32,
+        call: 2136u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -70476,8 +70458,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2341u32,
-        call: 2143u32,
+        wire: 2335u32,
+        call: 2137u32,
         name: "cusolverDnZgetrs",
         form: None,
         library: "cusolver",
@@ -70522,8 +70504,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2342u32,
-        call: 2144u32,
+        wire: 2336u32,
+        call: 2138u32,
         name: "cusolverDnZheevd",
         form: None,
         library: "cusolver",
@@ -70568,8 +70550,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2343u32,
-        call: 2145u32,
+        wire: 2337u32,
+        call: 2139u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -70614,8 +70596,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2344u32,
-        call: 2146u32,
+        wire: 2338u32,
+        call: 2140u32,
         name: "cusolverDnZheevj",
         form: None,
         library: "cusolver",
@@ -70664,8 +70646,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2345u32,
-        call: 2147u32,
+        wire: 2339u32,
+        call: 2141u32,
         name: "cusolverDnZheevjBatched",
         form: None,
         library: "cusolver",
@@ -70718,8 +70700,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2346u32,
-        call: 2148u32,
+        wire: 2340u32,
+        call: 2142u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -70772,8 +70754,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2347u32,
-        call: 2149u32,
+        wire: 2341u32,
+        call: 2143u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -70822,8 +70804,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2348u32,
-        call: 2150u32,
+        wire: 2342u32,
+        call: 2144u32,
         name: "cusolverDnZhegvd",
         form: None,
         library: "cusolver",
@@ -70877,8 +70859,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2349u32,
-        call: 2151u32,
+        wire: 2343u32,
+        call: 2145u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -70932,8 +70914,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2350u32,
-        call: 2152u32,
+        wire: 2344u32,
+        call: 2146u32,
         name: "cusolverDnZhegvj",
         form: None,
         library: "cusolver",
@@ -70991,8 +70973,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2351u32,
-        call: 2153u32,
+        wire: 2345u32,
+        call: 2147u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -71050,8 +71032,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2352u32,
-        call: 2154u32,
+        wire: 2346u32,
+        call: 2148u32,
         name: "cusolverDnZlaswp",
         form: None,
         library: "cusolver",
@@ -71094,8 +71076,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2353u32,
-        call: 2155u32,
+        wire: 2347u32,
+        call: 2149u32,
         name: "cusolverDnZlauum",
         form: None,
         library: "cusolver",
@@ -71135,8 +71117,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2354u32,
-        call: 2156u32,
+        wire: 2348u32,
+        call: 2150u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -71176,8 +71158,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2355u32,
-        call: 2157u32,
+        wire: 2349u32,
+        call: 2151u32,
         name: "cusolverDnZpotrf",
         form: None,
         library: "cusolver",
@@ -71217,8 +71199,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2356u32,
-        call: 2158u32,
+        wire: 2350u32,
+        call: 2152u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
         library: "cusolver",
@@ -71257,8 +71239,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2357u32,
-        call: 2159u32,
+        wire: 2351u32,
+        call: 2153u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -71298,8 +71280,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2358u32,
-        call: 2160u32,
+        wire: 2352u32,
+        call: 2154u32,
         name: "cusolverDnZpotri",
         form: None,
         library: "cusolver",
@@ -71339,8 +71321,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2359u32,
-        call: 2161u32,
+        wire: 2353u32,
+        call: 2155u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -71380,8 +71362,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2360u32,
-        call: 2162u32,
+        wire: 2354u32,
+        call: 2156u32,
         name: "cusolverDnZpotrs",
         form: None,
         library: "cusolver",
@@ -71425,8 +71407,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2361u32,
-        call: 2163u32,
+        wire: 2355u32,
+        call: 2157u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
         library: "cusolver",
@@ -71474,8 +71456,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2362u32,
-        call: 2164u32,
+        wire: 2356u32,
+        call: 2158u32,
         name: "cusolverDnZsytrf",
         form: None,
         library: "cusolver",
@@ -71516,8 +71498,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2363u32,
-        call: 2165u32,
+        wire: 2357u32,
+        call: 2159u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -71553,8 +71535,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2364u32,
-        call: 2166u32,
+        wire: 2358u32,
+        call: 2160u32,
         name: "cusolverDnZsytri",
         form: None,
         library: "cusolver",
@@ -71595,8 +71577,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2365u32,
-        call: 2167u32,
+        wire: 2359u32,
+        call: 2161u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -71637,8 +71619,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2366u32,
-        call: 2168u32,
+        wire: 2360u32,
+        call: 2162u32,
         name: "cusolverDnZungbr",
         form: None,
         library: "cusolver",
@@ -71687,8 +71669,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2367u32,
-        call: 2169u32,
+        wire: 2361u32,
+        call: 2163u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -71737,8 +71719,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2368u32,
-        call: 2170u32,
+        wire: 2362u32,
+        call: 2164u32,
         name: "cusolverDnZungqr",
         form: None,
         library: "cusolver",
@@ -71783,8 +71765,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2369u32,
-        call: 2171u32,
+        wire: 2363u32,
+        call: 2165u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -71829,8 +71811,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2370u32,
-        call: 2172u32,
+        wire: 2364u32,
+        call: 2166u32,
         name: "cusolverDnZungtr",
         form: None,
         library: "cusolver",
@@ -71871,8 +71853,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2371u32,
-        call: 2173u32,
+        wire: 2365u32,
+        call: 2167u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -71913,8 +71895,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2372u32,
-        call: 2174u32,
+        wire: 2366u32,
+        call: 2168u32,
         name: "cusolverDnZunmqr",
         form: None,
         library: "cusolver",
@@ -71972,8 +71954,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2373u32,
-        call: 2175u32,
+        wire: 2367u32,
+        call: 2169u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -72031,8 +72013,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2374u32,
-        call: 2176u32,
+        wire: 2368u32,
+        call: 2170u32,
         name: "cusolverDnZunmtr",
         form: None,
         library: "cusolver",
@@ -72090,8 +72072,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2375u32,
-        call: 2177u32,
+        wire: 2369u32,
+        call: 2171u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -72149,8 +72131,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2376u32,
-        call: 2178u32,
+        wire: 2370u32,
+        call: 2172u32,
         name: "cusolverRfAnalyze",
         form: None,
         library: "cusolver",
@@ -72171,8 +72153,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2377u32,
-        call: 2179u32,
+        wire: 2371u32,
+        call: 2173u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
@@ -72193,8 +72175,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2378u32,
-        call: 2180u32,
+        wire: 2372u32,
+        call: 2174u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
@@ -72215,8 +72197,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2379u32,
-        call: 2181u32,
+        wire: 2373u32,
+        call: 2175u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -72232,8 +72214,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2380u32,
-        call: 2182u32,
+        wire: 2374u32,
+        call: 2176u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
@@ -72254,8 +72236,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2381u32,
-        call: 2183u32,
+        wire: 2375u32,
+        call: 2177u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
@@ -72276,8 +72258,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2382u32,
-        call: 2184u32,
+        wire: 2376u32,
+        call: 2178u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
@@ -72306,8 +72288,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2383u32,
-        call: 2185u32,
+        wire: 2377u32,
+        call: 2179u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
@@ -72336,8 +72318,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2384u32,
-        call: 2186u32,
+        wire: 2378u32,
+        call: 2180u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
@@ -72366,8 +72348,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2385u32,
-        call: 2187u32,
+        wire: 2379u32,
+        call: 2181u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
@@ -72392,8 +72374,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2386u32,
-        call: 2188u32,
+        wire: 2380u32,
+        call: 2182u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -72409,8 +72391,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2387u32,
-        call: 2189u32,
+        wire: 2381u32,
+        call: 2183u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -72426,8 +72408,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2388u32,
-        call: 2190u32,
+        wire: 2382u32,
+        call: 2184u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
@@ -72448,8 +72430,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2389u32,
-        call: 2191u32,
+        wire: 2383u32,
+        call: 2185u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -72470,8 +72452,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2390u32,
-        call: 2192u32,
+        wire: 2384u32,
+        call: 2186u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -72493,8 +72475,8 @@ pub mod cusolver {
         },
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2391u32,
-        call: 2193u32,
+        wire: 2385u32,
+        call: 2187u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
@@ -72522,8 +72504,8 @@ pub mod cusolver {
 pub mod cusparse {
     use chidori_protocol::desc::*;
     pub static cusparseAxpby: CallDesc = CallDesc {
-        wire: 1820u32,
-        call: 1622u32,
+        wire: 1814u32,
+        call: 1616u32,
         name: "cusparseAxpby",
         form: None,
         library: "cusparse",
@@ -72562,8 +72544,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1821u32,
-        call: 1623u32,
+        wire: 1815u32,
+        call: 1617u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -72600,8 +72582,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 1822u32,
-        call: 1624u32,
+        wire: 1816u32,
+        call: 1618u32,
         name: "cusparseCbsr2csr",
         form: None,
         library: "cusparse",
@@ -72652,8 +72634,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 1823u32,
-        call: 1625u32,
+        wire: 1817u32,
+        call: 1619u32,
         name: "cusparseCbsric02",
         form: None,
         library: "cusparse",
@@ -72706,8 +72688,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1824u32,
-        call: 1626u32,
+        wire: 1818u32,
+        call: 1620u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -72761,8 +72743,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 1825u32,
-        call: 1627u32,
+        wire: 1819u32,
+        call: 1621u32,
         name: "cusparseCbsrilu02",
         form: None,
         library: "cusparse",
@@ -72815,8 +72797,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1826u32,
-        call: 1628u32,
+        wire: 1820u32,
+        call: 1622u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -72869,8 +72851,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1827u32,
-        call: 1629u32,
+        wire: 1821u32,
+        call: 1623u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -72924,8 +72906,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 1828u32,
-        call: 1630u32,
+        wire: 1822u32,
+        call: 1624u32,
         name: "cusparseCbsrmm",
         form: None,
         library: "cusparse",
@@ -73005,8 +72987,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 1829u32,
-        call: 1631u32,
+        wire: 1823u32,
+        call: 1625u32,
         name: "cusparseCbsrmv",
         form: None,
         library: "cusparse",
@@ -73070,8 +73052,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1830u32,
-        call: 1632u32,
+        wire: 1824u32,
+        call: 1626u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -73136,8 +73118,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1831u32,
-        call: 1633u32,
+        wire: 1825u32,
+        call: 1627u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -73203,8 +73185,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1832u32,
-        call: 1634u32,
+        wire: 1826u32,
+        call: 1628u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -73284,8 +73266,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1833u32,
-        call: 1635u32,
+        wire: 1827u32,
+        call: 1629u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -73342,8 +73324,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1834u32,
-        call: 1636u32,
+        wire: 1828u32,
+        call: 1630u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -73401,8 +73383,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1835u32,
-        call: 1637u32,
+        wire: 1829u32,
+        call: 1631u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -73466,8 +73448,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 1836u32,
-        call: 1638u32,
+        wire: 1830u32,
+        call: 1632u32,
         name: "cusparseCbsrxmv",
         form: None,
         library: "cusparse",
@@ -73537,8 +73519,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 1837u32,
-        call: 1639u32,
+        wire: 1831u32,
+        call: 1633u32,
         name: "cusparseCcsr2bsr",
         form: None,
         library: "cusparse",
@@ -73589,8 +73571,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 1838u32,
-        call: 1640u32,
+        wire: 1832u32,
+        call: 1634u32,
         name: "cusparseCcsr2csru",
         form: None,
         library: "cusparse",
@@ -73635,8 +73617,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 1839u32,
-        call: 1641u32,
+        wire: 1833u32,
+        call: 1635u32,
         name: "cusparseCcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -73692,8 +73674,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1840u32,
-        call: 1642u32,
+        wire: 1834u32,
+        call: 1636u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -73747,8 +73729,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 1841u32,
-        call: 1643u32,
+        wire: 1835u32,
+        call: 1637u32,
         name: "cusparseCcsrgeam2",
         form: None,
         library: "cusparse",
@@ -73817,8 +73799,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1842u32,
-        call: 1644u32,
+        wire: 1836u32,
+        call: 1638u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -73892,8 +73874,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 1843u32,
-        call: 1645u32,
+        wire: 1837u32,
+        call: 1639u32,
         name: "cusparseCcsrgemm2",
         form: None,
         library: "cusparse",
@@ -73981,8 +73963,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1844u32,
-        call: 1646u32,
+        wire: 1838u32,
+        call: 1640u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -74065,8 +74047,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 1845u32,
-        call: 1647u32,
+        wire: 1839u32,
+        call: 1641u32,
         name: "cusparseCcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -74111,8 +74093,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1846u32,
-        call: 1648u32,
+        wire: 1840u32,
+        call: 1642u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -74158,8 +74140,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1847u32,
-        call: 1649u32,
+        wire: 1841u32,
+        call: 1643u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -74204,8 +74186,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1848u32,
-        call: 1650u32,
+        wire: 1842u32,
+        call: 1644u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -74251,8 +74233,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1849u32,
-        call: 1651u32,
+        wire: 1843u32,
+        call: 1645u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -74323,8 +74305,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 1850u32,
-        call: 1652u32,
+        wire: 1844u32,
+        call: 1646u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -74395,8 +74377,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1851u32,
-        call: 1653u32,
+        wire: 1845u32,
+        call: 1647u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -74445,8 +74427,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1852u32,
-        call: 1654u32,
+        wire: 1846u32,
+        call: 1648u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -74496,8 +74478,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 1853u32,
-        call: 1655u32,
+        wire: 1847u32,
+        call: 1649u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -74553,8 +74535,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 1854u32,
-        call: 1656u32,
+        wire: 1848u32,
+        call: 1650u32,
         name: "cusparseCcsru2csr",
         form: None,
         library: "cusparse",
@@ -74599,8 +74581,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1855u32,
-        call: 1657u32,
+        wire: 1849u32,
+        call: 1651u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -74646,8 +74628,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 1856u32,
-        call: 1658u32,
+        wire: 1850u32,
+        call: 1652u32,
         name: "cusparseCgebsr2csr",
         form: None,
         library: "cusparse",
@@ -74702,8 +74684,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 1857u32,
-        call: 1659u32,
+        wire: 1851u32,
+        call: 1653u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -74753,8 +74735,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 1858u32,
-        call: 1660u32,
+        wire: 1852u32,
+        call: 1654u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -74822,8 +74804,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1859u32,
-        call: 1661u32,
+        wire: 1853u32,
+        call: 1655u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -74889,8 +74871,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 1860u32,
-        call: 1662u32,
+        wire: 1854u32,
+        call: 1656u32,
         name: "cusparseCgtsv2",
         form: None,
         library: "cusparse",
@@ -74943,8 +74925,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 1861u32,
-        call: 1663u32,
+        wire: 1855u32,
+        call: 1657u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -74997,8 +74979,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 1862u32,
-        call: 1664u32,
+        wire: 1856u32,
+        call: 1658u32,
         name: "cusparseConstDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -75020,8 +75002,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 1863u32,
-        call: 1665u32,
+        wire: 1857u32,
+        call: 1659u32,
         name: "cusparseConstDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -75043,8 +75025,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 1864u32,
-        call: 1666u32,
+        wire: 1858u32,
+        call: 1660u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -75066,8 +75048,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 1865u32,
-        call: 1667u32,
+        wire: 1859u32,
+        call: 1661u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -75089,8 +75071,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 1866u32,
-        call: 1668u32,
+        wire: 1860u32,
+        call: 1662u32,
         name: "cusparseConstrainedGeMM",
         form: None,
         library: "cusparse",
@@ -75146,8 +75128,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 1867u32,
-        call: 1669u32,
+        wire: 1861u32,
+        call: 1663u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -75208,8 +75190,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 1868u32,
-        call: 1670u32,
+        wire: 1862u32,
+        call: 1664u32,
         name: "cusparseCooSetPointers",
         form: None,
         library: "cusparse",
@@ -75233,8 +75215,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 1869u32,
-        call: 1671u32,
+        wire: 1863u32,
+        call: 1665u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -75263,8 +75245,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 1870u32,
-        call: 1672u32,
+        wire: 1864u32,
+        call: 1666u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
@@ -75289,8 +75271,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 1871u32,
-        call: 1673u32,
+        wire: 1865u32,
+        call: 1667u32,
         name: "cusparseCreate",
         form: Some("call"),
         library: "cusparse",
@@ -75306,8 +75288,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 1872u32,
-        call: 1674u32,
+        wire: 1866u32,
+        call: 1668u32,
         name: "cusparseCreateBsr",
         form: None,
         library: "cusparse",
@@ -75368,8 +75350,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 1873u32,
-        call: 1675u32,
+        wire: 1867u32,
+        call: 1669u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -75385,8 +75367,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 1874u32,
-        call: 1676u32,
+        wire: 1868u32,
+        call: 1670u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -75402,8 +75384,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 1875u32,
-        call: 1677u32,
+        wire: 1869u32,
+        call: 1671u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -75419,8 +75401,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 1876u32,
-        call: 1678u32,
+        wire: 1870u32,
+        call: 1672u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -75436,8 +75418,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 1877u32,
-        call: 1679u32,
+        wire: 1871u32,
+        call: 1673u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -75453,8 +75435,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 1878u32,
-        call: 1680u32,
+        wire: 1872u32,
+        call: 1674u32,
         name: "cusparseCreateConstBsr",
         form: None,
         library: "cusparse",
@@ -75515,8 +75497,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 1879u32,
-        call: 1681u32,
+        wire: 1873u32,
+        call: 1675u32,
         name: "cusparseCreateConstCoo",
         form: None,
         library: "cusparse",
@@ -75561,8 +75543,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 1880u32,
-        call: 1682u32,
+        wire: 1874u32,
+        call: 1676u32,
         name: "cusparseCreateConstCsr",
         form: None,
         library: "cusparse",
@@ -75611,8 +75593,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 1881u32,
-        call: 1683u32,
+        wire: 1875u32,
+        call: 1677u32,
         name: "cusparseCreateConstDnMat",
         form: None,
         library: "cusparse",
@@ -75651,8 +75633,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 1882u32,
-        call: 1684u32,
+        wire: 1876u32,
+        call: 1678u32,
         name: "cusparseCreateConstDnVec",
         form: None,
         library: "cusparse",
@@ -75679,8 +75661,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 1883u32,
-        call: 1685u32,
+        wire: 1877u32,
+        call: 1679u32,
         name: "cusparseCreateCoo",
         form: None,
         library: "cusparse",
@@ -75725,8 +75707,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 1884u32,
-        call: 1686u32,
+        wire: 1878u32,
+        call: 1680u32,
         name: "cusparseCreateCooAoS",
         form: None,
         library: "cusparse",
@@ -75770,8 +75752,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 1885u32,
-        call: 1687u32,
+        wire: 1879u32,
+        call: 1681u32,
         name: "cusparseCreateCsr",
         form: None,
         library: "cusparse",
@@ -75820,8 +75802,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1886u32,
-        call: 1688u32,
+        wire: 1880u32,
+        call: 1682u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -75837,8 +75819,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 1887u32,
-        call: 1689u32,
+        wire: 1881u32,
+        call: 1683u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -75854,8 +75836,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 1888u32,
-        call: 1690u32,
+        wire: 1882u32,
+        call: 1684u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -75871,8 +75853,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 1889u32,
-        call: 1691u32,
+        wire: 1883u32,
+        call: 1685u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -75888,8 +75870,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 1890u32,
-        call: 1692u32,
+        wire: 1884u32,
+        call: 1686u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -75905,8 +75887,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1891u32,
-        call: 1693u32,
+        wire: 1885u32,
+        call: 1687u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -75922,8 +75904,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 1892u32,
-        call: 1694u32,
+        wire: 1886u32,
+        call: 1688u32,
         name: "cusparseCreateDnMat",
         form: None,
         library: "cusparse",
@@ -75962,8 +75944,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 1893u32,
-        call: 1695u32,
+        wire: 1887u32,
+        call: 1689u32,
         name: "cusparseCreateDnVec",
         form: None,
         library: "cusparse",
@@ -75990,8 +75972,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 1894u32,
-        call: 1696u32,
+        wire: 1888u32,
+        call: 1690u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
         library: "cusparse",
@@ -76017,8 +75999,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 1895u32,
-        call: 1697u32,
+        wire: 1889u32,
+        call: 1691u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -76034,8 +76016,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 1896u32,
-        call: 1698u32,
+        wire: 1890u32,
+        call: 1692u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -76051,8 +76033,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 1897u32,
-        call: 1699u32,
+        wire: 1891u32,
+        call: 1693u32,
         name: "cusparseCsrSetPointers",
         form: None,
         library: "cusparse",
@@ -76076,8 +76058,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1898u32,
-        call: 1700u32,
+        wire: 1892u32,
+        call: 1694u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -76110,8 +76092,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 1899u32,
-        call: 1701u32,
+        wire: 1893u32,
+        call: 1695u32,
         name: "cusparseDbsr2csr",
         form: None,
         library: "cusparse",
@@ -76162,8 +76144,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 1900u32,
-        call: 1702u32,
+        wire: 1894u32,
+        call: 1696u32,
         name: "cusparseDbsric02",
         form: None,
         library: "cusparse",
@@ -76216,8 +76198,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1901u32,
-        call: 1703u32,
+        wire: 1895u32,
+        call: 1697u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -76271,8 +76253,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 1902u32,
-        call: 1704u32,
+        wire: 1896u32,
+        call: 1698u32,
         name: "cusparseDbsrilu02",
         form: None,
         library: "cusparse",
@@ -76325,8 +76307,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1903u32,
-        call: 1705u32,
+        wire: 1897u32,
+        call: 1699u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -76379,8 +76361,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1904u32,
-        call: 1706u32,
+        wire: 1898u32,
+        call: 1700u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -76434,8 +76416,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 1905u32,
-        call: 1707u32,
+        wire: 1899u32,
+        call: 1701u32,
         name: "cusparseDbsrmm",
         form: None,
         library: "cusparse",
@@ -76515,8 +76497,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 1906u32,
-        call: 1708u32,
+        wire: 1900u32,
+        call: 1702u32,
         name: "cusparseDbsrmv",
         form: None,
         library: "cusparse",
@@ -76580,8 +76562,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1907u32,
-        call: 1709u32,
+        wire: 1901u32,
+        call: 1703u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -76646,8 +76628,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1908u32,
-        call: 1710u32,
+        wire: 1902u32,
+        call: 1704u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -76713,8 +76695,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1909u32,
-        call: 1711u32,
+        wire: 1903u32,
+        call: 1705u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -76794,8 +76776,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1910u32,
-        call: 1712u32,
+        wire: 1904u32,
+        call: 1706u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -76852,8 +76834,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1911u32,
-        call: 1713u32,
+        wire: 1905u32,
+        call: 1707u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -76911,8 +76893,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1912u32,
-        call: 1714u32,
+        wire: 1906u32,
+        call: 1708u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -76976,8 +76958,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 1913u32,
-        call: 1715u32,
+        wire: 1907u32,
+        call: 1709u32,
         name: "cusparseDbsrxmv",
         form: None,
         library: "cusparse",
@@ -77047,8 +77029,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 1914u32,
-        call: 1716u32,
+        wire: 1908u32,
+        call: 1710u32,
         name: "cusparseDcsr2bsr",
         form: None,
         library: "cusparse",
@@ -77099,8 +77081,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 1915u32,
-        call: 1717u32,
+        wire: 1909u32,
+        call: 1711u32,
         name: "cusparseDcsr2csru",
         form: None,
         library: "cusparse",
@@ -77145,8 +77127,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 1916u32,
-        call: 1718u32,
+        wire: 1910u32,
+        call: 1712u32,
         name: "cusparseDcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -77202,8 +77184,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1917u32,
-        call: 1719u32,
+        wire: 1911u32,
+        call: 1713u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -77257,8 +77239,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 1918u32,
-        call: 1720u32,
+        wire: 1912u32,
+        call: 1714u32,
         name: "cusparseDcsrgeam2",
         form: None,
         library: "cusparse",
@@ -77327,8 +77309,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1919u32,
-        call: 1721u32,
+        wire: 1913u32,
+        call: 1715u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -77402,8 +77384,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 1920u32,
-        call: 1722u32,
+        wire: 1914u32,
+        call: 1716u32,
         name: "cusparseDcsrgemm2",
         form: None,
         library: "cusparse",
@@ -77491,8 +77473,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1921u32,
-        call: 1723u32,
+        wire: 1915u32,
+        call: 1717u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -77575,8 +77557,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 1922u32,
-        call: 1724u32,
+        wire: 1916u32,
+        call: 1718u32,
         name: "cusparseDcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -77621,8 +77603,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1923u32,
-        call: 1725u32,
+        wire: 1917u32,
+        call: 1719u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -77668,8 +77650,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1924u32,
-        call: 1726u32,
+        wire: 1918u32,
+        call: 1720u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -77714,8 +77696,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1925u32,
-        call: 1727u32,
+        wire: 1919u32,
+        call: 1721u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -77761,8 +77743,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1926u32,
-        call: 1728u32,
+        wire: 1920u32,
+        call: 1722u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -77833,8 +77815,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 1927u32,
-        call: 1729u32,
+        wire: 1921u32,
+        call: 1723u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -77905,8 +77887,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1928u32,
-        call: 1730u32,
+        wire: 1922u32,
+        call: 1724u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -77955,8 +77937,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1929u32,
-        call: 1731u32,
+        wire: 1923u32,
+        call: 1725u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -78006,8 +77988,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 1930u32,
-        call: 1732u32,
+        wire: 1924u32,
+        call: 1726u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -78063,8 +78045,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 1931u32,
-        call: 1733u32,
+        wire: 1925u32,
+        call: 1727u32,
         name: "cusparseDcsru2csr",
         form: None,
         library: "cusparse",
@@ -78109,8 +78091,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1932u32,
-        call: 1734u32,
+        wire: 1926u32,
+        call: 1728u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -78156,8 +78138,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 1933u32,
-        call: 1735u32,
+        wire: 1927u32,
+        call: 1729u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
         library: "cusparse",
@@ -78191,8 +78173,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 1934u32,
-        call: 1736u32,
+        wire: 1928u32,
+        call: 1730u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
         library: "cusparse",
@@ -78231,8 +78213,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 1935u32,
-        call: 1737u32,
+        wire: 1929u32,
+        call: 1731u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
         library: "cusparse",
@@ -78266,8 +78248,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 1936u32,
-        call: 1738u32,
+        wire: 1930u32,
+        call: 1732u32,
         name: "cusparseDestroy",
         form: None,
         library: "cusparse",
@@ -78288,8 +78270,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 1937u32,
-        call: 1739u32,
+        wire: 1931u32,
+        call: 1733u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
@@ -78310,8 +78292,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 1938u32,
-        call: 1740u32,
+        wire: 1932u32,
+        call: 1734u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -78332,8 +78314,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 1939u32,
-        call: 1741u32,
+        wire: 1933u32,
+        call: 1735u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -78354,8 +78336,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 1940u32,
-        call: 1742u32,
+        wire: 1934u32,
+        call: 1736u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -78376,8 +78358,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 1941u32,
-        call: 1743u32,
+        wire: 1935u32,
+        call: 1737u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
@@ -78398,8 +78380,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1942u32,
-        call: 1744u32,
+        wire: 1936u32,
+        call: 1738u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -78420,8 +78402,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 1943u32,
-        call: 1745u32,
+        wire: 1937u32,
+        call: 1739u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
@@ -78442,8 +78424,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 1944u32,
-        call: 1746u32,
+        wire: 1938u32,
+        call: 1740u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -78464,8 +78446,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 1945u32,
-        call: 1747u32,
+        wire: 1939u32,
+        call: 1741u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -78486,8 +78468,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 1946u32,
-        call: 1748u32,
+        wire: 1940u32,
+        call: 1742u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -78508,8 +78490,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1947u32,
-        call: 1749u32,
+        wire: 1941u32,
+        call: 1743u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -78530,8 +78512,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 1948u32,
-        call: 1750u32,
+        wire: 1942u32,
+        call: 1744u32,
         name: "cusparseDestroyDnMat",
         form: None,
         library: "cusparse",
@@ -78552,8 +78534,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 1949u32,
-        call: 1751u32,
+        wire: 1943u32,
+        call: 1745u32,
         name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
@@ -78574,8 +78556,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 1950u32,
-        call: 1752u32,
+        wire: 1944u32,
+        call: 1746u32,
         name: "cusparseDestroyMatDescr",
         form: None,
         library: "cusparse",
@@ -78596,8 +78578,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 1951u32,
-        call: 1753u32,
+        wire: 1945u32,
+        call: 1747u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
@@ -78618,8 +78600,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 1952u32,
-        call: 1754u32,
+        wire: 1946u32,
+        call: 1748u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
@@ -78640,8 +78622,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 1953u32,
-        call: 1755u32,
+        wire: 1947u32,
+        call: 1749u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
@@ -78662,8 +78644,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 1954u32,
-        call: 1756u32,
+        wire: 1948u32,
+        call: 1750u32,
         name: "cusparseDgebsr2csr",
         form: None,
         library: "cusparse",
@@ -78718,8 +78700,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 1955u32,
-        call: 1757u32,
+        wire: 1949u32,
+        call: 1751u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -78769,8 +78751,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 1956u32,
-        call: 1758u32,
+        wire: 1950u32,
+        call: 1752u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -78838,8 +78820,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1957u32,
-        call: 1759u32,
+        wire: 1951u32,
+        call: 1753u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -78905,8 +78887,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 1958u32,
-        call: 1760u32,
+        wire: 1952u32,
+        call: 1754u32,
         name: "cusparseDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -78928,8 +78910,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1959u32,
-        call: 1761u32,
+        wire: 1953u32,
+        call: 1755u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -78958,8 +78940,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 1960u32,
-        call: 1762u32,
+        wire: 1954u32,
+        call: 1756u32,
         name: "cusparseDnMatSetValues",
         form: None,
         library: "cusparse",
@@ -78981,8 +78963,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 1961u32,
-        call: 1763u32,
+        wire: 1955u32,
+        call: 1757u32,
         name: "cusparseDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -79004,8 +78986,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 1962u32,
-        call: 1764u32,
+        wire: 1956u32,
+        call: 1758u32,
         name: "cusparseDnVecSetValues",
         form: None,
         library: "cusparse",
@@ -79027,8 +79009,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 1963u32,
-        call: 1765u32,
+        wire: 1957u32,
+        call: 1759u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -79084,8 +79066,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1964u32,
-        call: 1766u32,
+        wire: 1958u32,
+        call: 1760u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -79146,8 +79128,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 1965u32,
-        call: 1767u32,
+        wire: 1959u32,
+        call: 1761u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -79206,8 +79188,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 1966u32,
-        call: 1768u32,
+        wire: 1960u32,
+        call: 1762u32,
         name: "cusparseGather",
         form: None,
         library: "cusparse",
@@ -79236,8 +79218,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 1967u32,
-        call: 1769u32,
+        wire: 1961u32,
+        call: 1763u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -79261,8 +79243,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 1968u32,
-        call: 1770u32,
+        wire: 1962u32,
+        call: 1764u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -79286,8 +79268,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 1969u32,
-        call: 1771u32,
+        wire: 1963u32,
+        call: 1765u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -79311,8 +79293,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 1970u32,
-        call: 1772u32,
+        wire: 1964u32,
+        call: 1766u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -79336,8 +79318,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 1971u32,
-        call: 1773u32,
+        wire: 1965u32,
+        call: 1767u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -79359,8 +79341,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1972u32,
-        call: 1774u32,
+        wire: 1966u32,
+        call: 1768u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
@@ -79376,8 +79358,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1973u32,
-        call: 1775u32,
+        wire: 1967u32,
+        call: 1769u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
@@ -79398,8 +79380,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 1974u32,
-        call: 1776u32,
+        wire: 1968u32,
+        call: 1770u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
@@ -79420,8 +79402,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 1975u32,
-        call: 1777u32,
+        wire: 1969u32,
+        call: 1771u32,
         name: "cusparseSDDMM",
         form: None,
         library: "cusparse",
@@ -79481,8 +79463,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 1976u32,
-        call: 1778u32,
+        wire: 1970u32,
+        call: 1772u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -79547,8 +79529,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 1977u32,
-        call: 1779u32,
+        wire: 1971u32,
+        call: 1773u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
         library: "cusparse",
@@ -79608,8 +79590,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 1978u32,
-        call: 1780u32,
+        wire: 1972u32,
+        call: 1774u32,
         name: "cusparseSbsr2csr",
         form: None,
         library: "cusparse",
@@ -79660,8 +79642,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 1979u32,
-        call: 1781u32,
+        wire: 1973u32,
+        call: 1775u32,
         name: "cusparseSbsric02",
         form: None,
         library: "cusparse",
@@ -79714,8 +79696,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1980u32,
-        call: 1782u32,
+        wire: 1974u32,
+        call: 1776u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -79769,8 +79751,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 1981u32,
-        call: 1783u32,
+        wire: 1975u32,
+        call: 1777u32,
         name: "cusparseSbsrilu02",
         form: None,
         library: "cusparse",
@@ -79823,8 +79805,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1982u32,
-        call: 1784u32,
+        wire: 1976u32,
+        call: 1778u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -79877,8 +79859,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1983u32,
-        call: 1785u32,
+        wire: 1977u32,
+        call: 1779u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -79932,8 +79914,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 1984u32,
-        call: 1786u32,
+        wire: 1978u32,
+        call: 1780u32,
         name: "cusparseSbsrmm",
         form: None,
         library: "cusparse",
@@ -80013,8 +79995,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 1985u32,
-        call: 1787u32,
+        wire: 1979u32,
+        call: 1781u32,
         name: "cusparseSbsrmv",
         form: None,
         library: "cusparse",
@@ -80078,8 +80060,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1986u32,
-        call: 1788u32,
+        wire: 1980u32,
+        call: 1782u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -80144,8 +80126,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1987u32,
-        call: 1789u32,
+        wire: 1981u32,
+        call: 1783u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -80211,8 +80193,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1988u32,
-        call: 1790u32,
+        wire: 1982u32,
+        call: 1784u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -80292,8 +80274,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1989u32,
-        call: 1791u32,
+        wire: 1983u32,
+        call: 1785u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -80350,8 +80332,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1990u32,
-        call: 1792u32,
+        wire: 1984u32,
+        call: 1786u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -80409,8 +80391,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1991u32,
-        call: 1793u32,
+        wire: 1985u32,
+        call: 1787u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -80474,8 +80456,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 1992u32,
-        call: 1794u32,
+        wire: 1986u32,
+        call: 1788u32,
         name: "cusparseSbsrxmv",
         form: None,
         library: "cusparse",
@@ -80545,8 +80527,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 1993u32,
-        call: 1795u32,
+        wire: 1987u32,
+        call: 1789u32,
         name: "cusparseScatter",
         form: None,
         library: "cusparse",
@@ -80575,8 +80557,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 1994u32,
-        call: 1796u32,
+        wire: 1988u32,
+        call: 1790u32,
         name: "cusparseScsr2bsr",
         form: None,
         library: "cusparse",
@@ -80627,8 +80609,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 1995u32,
-        call: 1797u32,
+        wire: 1989u32,
+        call: 1791u32,
         name: "cusparseScsr2csru",
         form: None,
         library: "cusparse",
@@ -80673,8 +80655,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 1996u32,
-        call: 1798u32,
+        wire: 1990u32,
+        call: 1792u32,
         name: "cusparseScsr2gebsr",
         form: None,
         library: "cusparse",
@@ -80730,8 +80712,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1997u32,
-        call: 1799u32,
+        wire: 1991u32,
+        call: 1793u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -80785,8 +80767,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 1998u32,
-        call: 1800u32,
+        wire: 1992u32,
+        call: 1794u32,
         name: "cusparseScsrgeam2",
         form: None,
         library: "cusparse",
@@ -80855,8 +80837,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1999u32,
-        call: 1801u32,
+        wire: 1993u32,
+        call: 1795u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -80930,8 +80912,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 2000u32,
-        call: 1802u32,
+        wire: 1994u32,
+        call: 1796u32,
         name: "cusparseScsrgemm2",
         form: None,
         library: "cusparse",
@@ -81019,8 +81001,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2001u32,
-        call: 1803u32,
+        wire: 1995u32,
+        call: 1797u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -81103,8 +81085,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 2002u32,
-        call: 1804u32,
+        wire: 1996u32,
+        call: 1798u32,
         name: "cusparseScsric02_analysis",
         form: None,
         library: "cusparse",
@@ -81149,8 +81131,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2003u32,
-        call: 1805u32,
+        wire: 1997u32,
+        call: 1799u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -81196,8 +81178,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2004u32,
-        call: 1806u32,
+        wire: 1998u32,
+        call: 1800u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -81242,8 +81224,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2005u32,
-        call: 1807u32,
+        wire: 1999u32,
+        call: 1801u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -81289,8 +81271,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2006u32,
-        call: 1808u32,
+        wire: 2000u32,
+        call: 1802u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -81361,8 +81343,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2007u32,
-        call: 1809u32,
+        wire: 2001u32,
+        call: 1803u32,
         name: "cusparseScsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -81433,8 +81415,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2008u32,
-        call: 1810u32,
+        wire: 2002u32,
+        call: 1804u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -81483,8 +81465,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2009u32,
-        call: 1811u32,
+        wire: 2003u32,
+        call: 1805u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -81534,8 +81516,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2010u32,
-        call: 1812u32,
+        wire: 2004u32,
+        call: 1806u32,
         name: "cusparseScsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -81591,8 +81573,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2011u32,
-        call: 1813u32,
+        wire: 2005u32,
+        call: 1807u32,
         name: "cusparseScsru2csr",
         form: None,
         library: "cusparse",
@@ -81637,8 +81619,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2012u32,
-        call: 1814u32,
+        wire: 2006u32,
+        call: 1808u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -81684,8 +81666,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2013u32,
-        call: 1815u32,
+        wire: 2007u32,
+        call: 1809u32,
         name: "cusparseSetColorAlgs",
         form: None,
         library: "cusparse",
@@ -81710,8 +81692,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2014u32,
-        call: 1816u32,
+        wire: 2008u32,
+        call: 1810u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
@@ -81736,8 +81718,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2015u32,
-        call: 1817u32,
+        wire: 2009u32,
+        call: 1811u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
@@ -81762,8 +81744,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2016u32,
-        call: 1818u32,
+        wire: 2010u32,
+        call: 1812u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -81788,8 +81770,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2017u32,
-        call: 1819u32,
+        wire: 2011u32,
+        call: 1813u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
@@ -81814,8 +81796,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2018u32,
-        call: 1820u32,
+        wire: 2012u32,
+        call: 1814u32,
         name: "cusparseSetPointerMode",
         form: Some("call"),
         library: "cusparse",
@@ -81840,8 +81822,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2019u32,
-        call: 1821u32,
+        wire: 2013u32,
+        call: 1815u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
@@ -81866,8 +81848,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2020u32,
-        call: 1822u32,
+        wire: 2014u32,
+        call: 1816u32,
         name: "cusparseSgebsr2csr",
         form: None,
         library: "cusparse",
@@ -81922,8 +81904,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2021u32,
-        call: 1823u32,
+        wire: 2015u32,
+        call: 1817u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -81973,8 +81955,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2022u32,
-        call: 1824u32,
+        wire: 2016u32,
+        call: 1818u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -82042,8 +82024,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2023u32,
-        call: 1825u32,
+        wire: 2017u32,
+        call: 1819u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -82109,8 +82091,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2024u32,
-        call: 1826u32,
+        wire: 2018u32,
+        call: 1820u32,
         name: "cusparseSpGEMM_compute",
         form: None,
         library: "cusparse",
@@ -82180,8 +82162,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2025u32,
-        call: 1827u32,
+        wire: 2019u32,
+        call: 1821u32,
         name: "cusparseSpGEMM_copy",
         form: None,
         library: "cusparse",
@@ -82244,8 +82226,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2026u32,
-        call: 1828u32,
+        wire: 2020u32,
+        call: 1822u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -82261,8 +82243,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2027u32,
-        call: 1829u32,
+        wire: 2021u32,
+        call: 1823u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -82283,8 +82265,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2028u32,
-        call: 1830u32,
+        wire: 2022u32,
+        call: 1824u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
         library: "cusparse",
@@ -82354,8 +82336,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2029u32,
-        call: 1831u32,
+        wire: 2023u32,
+        call: 1825u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
         library: "cusparse",
@@ -82418,8 +82400,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2030u32,
-        call: 1832u32,
+        wire: 2024u32,
+        call: 1826u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
         library: "cusparse",
@@ -82475,8 +82457,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2031u32,
-        call: 1833u32,
+        wire: 2025u32,
+        call: 1827u32,
         name: "cusparseSpMM",
         form: None,
         library: "cusparse",
@@ -82536,8 +82518,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2032u32,
-        call: 1834u32,
+        wire: 2026u32,
+        call: 1828u32,
         name: "cusparseSpMMOp",
         form: None,
         library: "cusparse",
@@ -82559,8 +82541,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2033u32,
-        call: 1835u32,
+        wire: 2027u32,
+        call: 1829u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
         library: "cusparse",
@@ -82581,8 +82563,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2034u32,
-        call: 1836u32,
+        wire: 2028u32,
+        call: 1830u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -82647,8 +82629,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2035u32,
-        call: 1837u32,
+        wire: 2029u32,
+        call: 1831u32,
         name: "cusparseSpMM_preprocess",
         form: None,
         library: "cusparse",
@@ -82708,8 +82690,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2036u32,
-        call: 1838u32,
+        wire: 2030u32,
+        call: 1832u32,
         name: "cusparseSpMV",
         form: None,
         library: "cusparse",
@@ -82765,8 +82747,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2037u32,
-        call: 1839u32,
+        wire: 2031u32,
+        call: 1833u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
         library: "cusparse",
@@ -82827,8 +82809,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2038u32,
-        call: 1840u32,
+        wire: 2032u32,
+        call: 1834u32,
         name: "cusparseSpMV_preprocess",
         form: None,
         library: "cusparse",
@@ -82884,8 +82866,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2039u32,
-        call: 1841u32,
+        wire: 2033u32,
+        call: 1835u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
         library: "cusparse",
@@ -82915,8 +82897,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2040u32,
-        call: 1842u32,
+        wire: 2034u32,
+        call: 1836u32,
         name: "cusparseSpMatGetSize",
         form: None,
         library: "cusparse",
@@ -82955,8 +82937,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2041u32,
-        call: 1843u32,
+        wire: 2035u32,
+        call: 1837u32,
         name: "cusparseSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -82978,8 +82960,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2042u32,
-        call: 1844u32,
+        wire: 2036u32,
+        call: 1838u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
         library: "cusparse",
@@ -83009,8 +82991,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2043u32,
-        call: 1845u32,
+        wire: 2037u32,
+        call: 1839u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -83035,8 +83017,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2044u32,
-        call: 1846u32,
+        wire: 2038u32,
+        call: 1840u32,
         name: "cusparseSpMatSetValues",
         form: None,
         library: "cusparse",
@@ -83058,8 +83040,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2045u32,
-        call: 1847u32,
+        wire: 2039u32,
+        call: 1841u32,
         name: "cusparseSpSM_analysis",
         form: None,
         library: "cusparse",
@@ -83118,8 +83100,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2046u32,
-        call: 1848u32,
+        wire: 2040u32,
+        call: 1842u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
         library: "cusparse",
@@ -83183,8 +83165,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2047u32,
-        call: 1849u32,
+        wire: 2041u32,
+        call: 1843u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -83200,8 +83182,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2048u32,
-        call: 1850u32,
+        wire: 2042u32,
+        call: 1844u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -83222,8 +83204,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2049u32,
-        call: 1851u32,
+        wire: 2043u32,
+        call: 1845u32,
         name: "cusparseSpSM_solve",
         form: None,
         library: "cusparse",
@@ -83281,8 +83263,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2050u32,
-        call: 1852u32,
+        wire: 2044u32,
+        call: 1846u32,
         name: "cusparseSpSV_analysis",
         form: None,
         library: "cusparse",
@@ -83337,8 +83319,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2051u32,
-        call: 1853u32,
+        wire: 2045u32,
+        call: 1847u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
         library: "cusparse",
@@ -83398,8 +83380,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2052u32,
-        call: 1854u32,
+        wire: 2046u32,
+        call: 1848u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -83415,8 +83397,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2053u32,
-        call: 1855u32,
+        wire: 2047u32,
+        call: 1849u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
@@ -83437,8 +83419,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2054u32,
-        call: 1856u32,
+        wire: 2048u32,
+        call: 1850u32,
         name: "cusparseSpSV_solve",
         form: None,
         library: "cusparse",
@@ -83492,8 +83474,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2055u32,
-        call: 1857u32,
+        wire: 2049u32,
+        call: 1851u32,
         name: "cusparseSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -83515,8 +83497,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2056u32,
-        call: 1858u32,
+        wire: 2050u32,
+        call: 1852u32,
         name: "cusparseSpVecSetValues",
         form: None,
         library: "cusparse",
@@ -83538,8 +83520,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2057u32,
-        call: 1859u32,
+        wire: 2051u32,
+        call: 1853u32,
         name: "cusparseSparseToDense",
         form: None,
         library: "cusparse",
@@ -83573,8 +83555,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2058u32,
-        call: 1860u32,
+        wire: 2052u32,
+        call: 1854u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
         library: "cusparse",
@@ -83613,8 +83595,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2059u32,
-        call: 1861u32,
+        wire: 2053u32,
+        call: 1855u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -83670,8 +83652,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2060u32,
-        call: 1862u32,
+        wire: 2054u32,
+        call: 1856u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -83732,8 +83714,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2061u32,
-        call: 1863u32,
+        wire: 2055u32,
+        call: 1857u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -83792,8 +83774,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2062u32,
-        call: 1864u32,
+        wire: 2056u32,
+        call: 1858u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -83823,8 +83805,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2063u32,
-        call: 1865u32,
+        wire: 2057u32,
+        call: 1859u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -83854,8 +83836,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2064u32,
-        call: 1866u32,
+        wire: 2058u32,
+        call: 1860u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -83885,8 +83867,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2065u32,
-        call: 1867u32,
+        wire: 2059u32,
+        call: 1861u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -83916,8 +83898,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2066u32,
-        call: 1868u32,
+        wire: 2060u32,
+        call: 1862u32,
         name: "cusparseXcoo2csr",
         form: None,
         library: "cusparse",
@@ -83952,8 +83934,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2067u32,
-        call: 1869u32,
+        wire: 2061u32,
+        call: 1863u32,
         name: "cusparseXcoosortByColumn",
         form: None,
         library: "cusparse",
@@ -83990,8 +83972,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2068u32,
-        call: 1870u32,
+        wire: 2062u32,
+        call: 1864u32,
         name: "cusparseXcoosortByRow",
         form: None,
         library: "cusparse",
@@ -84028,8 +84010,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2069u32,
-        call: 1871u32,
+        wire: 2063u32,
+        call: 1865u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -84070,8 +84052,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2070u32,
-        call: 1872u32,
+        wire: 2064u32,
+        call: 1866u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
         library: "cusparse",
@@ -84124,8 +84106,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2071u32,
-        call: 1873u32,
+        wire: 2065u32,
+        call: 1867u32,
         name: "cusparseXcsr2coo",
         form: None,
         library: "cusparse",
@@ -84160,8 +84142,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2072u32,
-        call: 1874u32,
+        wire: 2066u32,
+        call: 1868u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -84219,8 +84201,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2073u32,
-        call: 1875u32,
+        wire: 2067u32,
+        call: 1869u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
         library: "cusparse",
@@ -84280,8 +84262,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2074u32,
-        call: 1876u32,
+        wire: 2068u32,
+        call: 1870u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
         library: "cusparse",
@@ -84359,8 +84341,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2075u32,
-        call: 1877u32,
+        wire: 2069u32,
+        call: 1871u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -84390,8 +84372,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2076u32,
-        call: 1878u32,
+        wire: 2070u32,
+        call: 1872u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -84421,8 +84403,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2077u32,
-        call: 1879u32,
+        wire: 2071u32,
+        call: 1873u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -84452,8 +84434,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2078u32,
-        call: 1880u32,
+        wire: 2072u32,
+        call: 1874u32,
         name: "cusparseXcsrsort",
         form: None,
         library: "cusparse",
@@ -84494,8 +84476,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2079u32,
-        call: 1881u32,
+        wire: 2073u32,
+        call: 1875u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -84536,8 +84518,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2080u32,
-        call: 1882u32,
+        wire: 2074u32,
+        call: 1876u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -84567,8 +84549,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2081u32,
-        call: 1883u32,
+        wire: 2075u32,
+        call: 1877u32,
         name: "cusparseXgebsr2csr",
         form: None,
         library: "cusparse",
@@ -84621,8 +84603,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2082u32,
-        call: 1884u32,
+        wire: 2076u32,
+        call: 1878u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -84692,8 +84674,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2083u32,
-        call: 1885u32,
+        wire: 2077u32,
+        call: 1879u32,
         name: "cusparseZbsr2csr",
         form: None,
         library: "cusparse",
@@ -84744,8 +84726,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2084u32,
-        call: 1886u32,
+        wire: 2078u32,
+        call: 1880u32,
         name: "cusparseZbsric02",
         form: None,
         library: "cusparse",
@@ -84798,8 +84780,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2085u32,
-        call: 1887u32,
+        wire: 2079u32,
+        call: 1881u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -84853,8 +84835,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2086u32,
-        call: 1888u32,
+        wire: 2080u32,
+        call: 1882u32,
         name: "cusparseZbsrilu02",
         form: None,
         library: "cusparse",
@@ -84907,8 +84889,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2087u32,
-        call: 1889u32,
+        wire: 2081u32,
+        call: 1883u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -84961,8 +84943,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2088u32,
-        call: 1890u32,
+        wire: 2082u32,
+        call: 1884u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -85016,8 +84998,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2089u32,
-        call: 1891u32,
+        wire: 2083u32,
+        call: 1885u32,
         name: "cusparseZbsrmm",
         form: None,
         library: "cusparse",
@@ -85097,8 +85079,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2090u32,
-        call: 1892u32,
+        wire: 2084u32,
+        call: 1886u32,
         name: "cusparseZbsrmv",
         form: None,
         library: "cusparse",
@@ -85162,8 +85144,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2091u32,
-        call: 1893u32,
+        wire: 2085u32,
+        call: 1887u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -85228,8 +85210,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2092u32,
-        call: 1894u32,
+        wire: 2086u32,
+        call: 1888u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -85295,8 +85277,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2093u32,
-        call: 1895u32,
+        wire: 2087u32,
+        call: 1889u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -85376,8 +85358,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2094u32,
-        call: 1896u32,
+        wire: 2088u32,
+        call: 1890u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -85434,8 +85416,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2095u32,
-        call: 1897u32,
+        wire: 2089u32,
+        call: 1891u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -85493,8 +85475,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2096u32,
-        call: 1898u32,
+        wire: 2090u32,
+        call: 1892u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -85558,8 +85540,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2097u32,
-        call: 1899u32,
+        wire: 2091u32,
+        call: 1893u32,
         name: "cusparseZbsrxmv",
         form: None,
         library: "cusparse",
@@ -85629,8 +85611,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2098u32,
-        call: 1900u32,
+        wire: 2092u32,
+        call: 1894u32,
         name: "cusparseZcsr2bsr",
         form: None,
         library: "cusparse",
@@ -85681,8 +85663,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2099u32,
-        call: 1901u32,
+        wire: 2093u32,
+        call: 1895u32,
         name: "cusparseZcsr2csru",
         form: None,
         library: "cusparse",
@@ -85727,8 +85709,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2100u32,
-        call: 1902u32,
+        wire: 2094u32,
+        call: 1896u32,
         name: "cusparseZcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -85784,8 +85766,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2101u32,
-        call: 1903u32,
+        wire: 2095u32,
+        call: 1897u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -85839,8 +85821,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2102u32,
-        call: 1904u32,
+        wire: 2096u32,
+        call: 1898u32,
         name: "cusparseZcsrgeam2",
         form: None,
         library: "cusparse",
@@ -85909,8 +85891,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2103u32,
-        call: 1905u32,
+        wire: 2097u32,
+        call: 1899u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -85984,8 +85966,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2104u32,
-        call: 1906u32,
+        wire: 2098u32,
+        call: 1900u32,
         name: "cusparseZcsrgemm2",
         form: None,
         library: "cusparse",
@@ -86073,8 +86055,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2105u32,
-        call: 1907u32,
+        wire: 2099u32,
+        call: 1901u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -86157,8 +86139,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2106u32,
-        call: 1908u32,
+        wire: 2100u32,
+        call: 1902u32,
         name: "cusparseZcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -86203,8 +86185,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2107u32,
-        call: 1909u32,
+        wire: 2101u32,
+        call: 1903u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -86250,8 +86232,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2108u32,
-        call: 1910u32,
+        wire: 2102u32,
+        call: 1904u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -86296,8 +86278,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2109u32,
-        call: 1911u32,
+        wire: 2103u32,
+        call: 1905u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -86343,8 +86325,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2110u32,
-        call: 1912u32,
+        wire: 2104u32,
+        call: 1906u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -86415,8 +86397,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2111u32,
-        call: 1913u32,
+        wire: 2105u32,
+        call: 1907u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -86487,8 +86469,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2112u32,
-        call: 1914u32,
+        wire: 2106u32,
+        call: 1908u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -86537,8 +86519,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2113u32,
-        call: 1915u32,
+        wire: 2107u32,
+        call: 1909u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -86588,8 +86570,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2114u32,
-        call: 1916u32,
+        wire: 2108u32,
+        call: 1910u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -86645,8 +86627,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2115u32,
-        call: 1917u32,
+        wire: 2109u32,
+        call: 1911u32,
         name: "cusparseZcsru2csr",
         form: None,
         library: "cusparse",
@@ -86691,8 +86673,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2116u32,
-        call: 1918u32,
+        wire: 2110u32,
+        call: 1912u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -86738,8 +86720,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2117u32,
-        call: 1919u32,
+        wire: 2111u32,
+        call: 1913u32,
         name: "cusparseZgebsr2csr",
         form: None,
         library: "cusparse",
@@ -86794,8 +86776,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2118u32,
-        call: 1920u32,
+        wire: 2112u32,
+        call: 1914u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -86845,8 +86827,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2119u32,
-        call: 1921u32,
+        wire: 2113u32,
+        call: 1915u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -86914,8 +86896,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2120u32,
-        call: 1922u32,
+        wire: 2114u32,
+        call: 1916u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -86981,8 +86963,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2121u32,
-        call: 1923u32,
+        wire: 2115u32,
+        call: 1917u32,
         name: "cusparseZgtsv2",
         form: None,
         library: "cusparse",
@@ -87035,8 +87017,8 @@ pub mod cusparse {
         },
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2122u32,
-        call: 1924u32,
+        wire: 2116u32,
+        call: 1918u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -87092,8 +87074,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2460u32,
-        call: 2260u32,
+        wire: 2454u32,
+        call: 2254u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -87116,8 +87098,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2461u32,
-        call: 2260u32,
+        wire: 2455u32,
+        call: 2254u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -87140,8 +87122,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2462u32,
-        call: 2260u32,
+        wire: 2456u32,
+        call: 2254u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -87164,8 +87146,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2463u32,
-        call: 2261u32,
+        wire: 2457u32,
+        call: 2255u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -87188,8 +87170,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2464u32,
-        call: 2261u32,
+        wire: 2458u32,
+        call: 2255u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -87212,8 +87194,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2465u32,
-        call: 2261u32,
+        wire: 2459u32,
+        call: 2255u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -87236,8 +87218,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2466u32,
-        call: 2262u32,
+        wire: 2460u32,
+        call: 2256u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -87260,8 +87242,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2467u32,
-        call: 2263u32,
+        wire: 2461u32,
+        call: 2257u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -87284,8 +87266,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2468u32,
-        call: 2263u32,
+        wire: 2462u32,
+        call: 2257u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -87308,8 +87290,8 @@ pub mod cusparselt {
         },
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2469u32,
-        call: 2263u32,
+        wire: 2463u32,
+        call: 2257u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -88553,11 +88535,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuDevicePrimaryCtxGetState: CallDesc = CallDesc {
+    pub static cuDevicePrimaryCtxGetState__call: CallDesc = CallDesc {
         wire: 267u32,
         call: 246u32,
         name: "cuDevicePrimaryCtxGetState",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -88631,11 +88613,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuDevicePrimaryCtxReset: CallDesc = CallDesc {
+    pub static cuDevicePrimaryCtxReset__call: CallDesc = CallDesc {
         wire: 270u32,
         call: 249u32,
         name: "cuDevicePrimaryCtxReset",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -88653,11 +88635,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuDevicePrimaryCtxReset_v2: CallDesc = CallDesc {
+    pub static cuDevicePrimaryCtxReset_v2__call: CallDesc = CallDesc {
         wire: 271u32,
         call: 250u32,
         name: "cuDevicePrimaryCtxReset_v2",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -88698,11 +88680,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuDevicePrimaryCtxSetFlags: CallDesc = CallDesc {
+    pub static cuDevicePrimaryCtxSetFlags__call: CallDesc = CallDesc {
         wire: 273u32,
         call: 252u32,
         name: "cuDevicePrimaryCtxSetFlags",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -88724,11 +88706,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuDevicePrimaryCtxSetFlags_v2: CallDesc = CallDesc {
+    pub static cuDevicePrimaryCtxSetFlags_v2__call: CallDesc = CallDesc {
         wire: 274u32,
         call: 253u32,
         name: "cuDevicePrimaryCtxSetFlags_v2",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -97753,8 +97735,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2438u32,
-        call: 2240u32,
+        wire: 2432u32,
+        call: 2234u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -97775,8 +97757,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2439u32,
-        call: 2241u32,
+        wire: 2433u32,
+        call: 2235u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -97797,8 +97779,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2440u32,
-        call: 2242u32,
+        wire: 2434u32,
+        call: 2236u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -97819,8 +97801,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2441u32,
-        call: 2243u32,
+        wire: 2435u32,
+        call: 2237u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -97847,8 +97829,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2442u32,
-        call: 2244u32,
+        wire: 2436u32,
+        call: 2238u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -97873,8 +97855,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2443u32,
-        call: 2245u32,
+        wire: 2437u32,
+        call: 2239u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -97899,8 +97881,8 @@ pub mod nccl {
         },
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2444u32,
-        call: 2245u32,
+        wire: 2438u32,
+        call: 2239u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -97925,8 +97907,8 @@ pub mod nccl {
         },
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2445u32,
-        call: 2246u32,
+        wire: 2439u32,
+        call: 2240u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -97942,8 +97924,8 @@ pub mod nccl {
         },
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2446u32,
-        call: 2247u32,
+        wire: 2440u32,
+        call: 2241u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -97959,8 +97941,8 @@ pub mod nccl {
         },
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2447u32,
-        call: 2248u32,
+        wire: 2441u32,
+        call: 2242u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -97985,8 +97967,8 @@ pub mod nccl {
         },
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2448u32,
-        call: 2249u32,
+        wire: 2442u32,
+        call: 2243u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -98002,8 +97984,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2449u32,
-        call: 2250u32,
+        wire: 2443u32,
+        call: 2244u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -98024,8 +98006,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2450u32,
-        call: 2251u32,
+        wire: 2444u32,
+        call: 2245u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -98046,8 +98028,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2451u32,
-        call: 2252u32,
+        wire: 2445u32,
+        call: 2246u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -98068,8 +98050,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2452u32,
-        call: 2253u32,
+        wire: 2446u32,
+        call: 2247u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -98096,8 +98078,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2453u32,
-        call: 2254u32,
+        wire: 2447u32,
+        call: 2248u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -98122,8 +98104,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2454u32,
-        call: 2255u32,
+        wire: 2448u32,
+        call: 2249u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -98148,8 +98130,8 @@ pub mod nccl {
         },
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2455u32,
-        call: 2255u32,
+        wire: 2449u32,
+        call: 2249u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -98174,8 +98156,8 @@ pub mod nccl {
         },
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2456u32,
-        call: 2256u32,
+        wire: 2450u32,
+        call: 2250u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -98191,8 +98173,8 @@ pub mod nccl {
         },
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2457u32,
-        call: 2257u32,
+        wire: 2451u32,
+        call: 2251u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -98208,8 +98190,8 @@ pub mod nccl {
         },
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2458u32,
-        call: 2258u32,
+        wire: 2452u32,
+        call: 2252u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -98234,8 +98216,8 @@ pub mod nccl {
         },
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2459u32,
-        call: 2259u32,
+        wire: 2453u32,
+        call: 2253u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -98254,8 +98236,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2407u32,
-        call: 2209u32,
+        wire: 2401u32,
+        call: 2203u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -98276,8 +98258,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2408u32,
-        call: 2210u32,
+        wire: 2402u32,
+        call: 2204u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -98298,8 +98280,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2409u32,
-        call: 2211u32,
+        wire: 2403u32,
+        call: 2205u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -98320,8 +98302,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2410u32,
-        call: 2212u32,
+        wire: 2404u32,
+        call: 2206u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -98342,8 +98324,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2411u32,
-        call: 2213u32,
+        wire: 2405u32,
+        call: 2207u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -98364,8 +98346,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2412u32,
-        call: 2214u32,
+        wire: 2406u32,
+        call: 2208u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -98381,8 +98363,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2413u32,
-        call: 2215u32,
+        wire: 2407u32,
+        call: 2209u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -98398,8 +98380,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2414u32,
-        call: 2216u32,
+        wire: 2408u32,
+        call: 2210u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -98415,8 +98397,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2415u32,
-        call: 2217u32,
+        wire: 2409u32,
+        call: 2211u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -98432,8 +98414,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2416u32,
-        call: 2218u32,
+        wire: 2410u32,
+        call: 2212u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -98449,8 +98431,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2417u32,
-        call: 2219u32,
+        wire: 2411u32,
+        call: 2213u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -98477,8 +98459,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2418u32,
-        call: 2220u32,
+        wire: 2412u32,
+        call: 2214u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -98505,8 +98487,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2419u32,
-        call: 2221u32,
+        wire: 2413u32,
+        call: 2215u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -98533,8 +98515,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2420u32,
-        call: 2222u32,
+        wire: 2414u32,
+        call: 2216u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -98561,8 +98543,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2421u32,
-        call: 2223u32,
+        wire: 2415u32,
+        call: 2217u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -98589,8 +98571,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2422u32,
-        call: 2224u32,
+        wire: 2416u32,
+        call: 2218u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -98617,8 +98599,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2423u32,
-        call: 2225u32,
+        wire: 2417u32,
+        call: 2219u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -98645,8 +98627,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2424u32,
-        call: 2226u32,
+        wire: 2418u32,
+        call: 2220u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -98673,8 +98655,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2425u32,
-        call: 2227u32,
+        wire: 2419u32,
+        call: 2221u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -98701,8 +98683,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2426u32,
-        call: 2228u32,
+        wire: 2420u32,
+        call: 2222u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -98729,8 +98711,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2427u32,
-        call: 2229u32,
+        wire: 2421u32,
+        call: 2223u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -98757,8 +98739,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2428u32,
-        call: 2230u32,
+        wire: 2422u32,
+        call: 2224u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -98785,8 +98767,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2429u32,
-        call: 2231u32,
+        wire: 2423u32,
+        call: 2225u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -98813,8 +98795,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2430u32,
-        call: 2232u32,
+        wire: 2424u32,
+        call: 2226u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -98841,8 +98823,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2431u32,
-        call: 2233u32,
+        wire: 2425u32,
+        call: 2227u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -98869,8 +98851,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2432u32,
-        call: 2234u32,
+        wire: 2426u32,
+        call: 2228u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -98897,8 +98879,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2433u32,
-        call: 2235u32,
+        wire: 2427u32,
+        call: 2229u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -98925,8 +98907,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2434u32,
-        call: 2236u32,
+        wire: 2428u32,
+        call: 2230u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -98953,8 +98935,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2435u32,
-        call: 2237u32,
+        wire: 2429u32,
+        call: 2231u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -98981,8 +98963,8 @@ pub mod nvjitlink {
         },
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2436u32,
-        call: 2238u32,
+        wire: 2430u32,
+        call: 2232u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -99009,8 +98991,8 @@ pub mod nvjitlink {
         },
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2437u32,
-        call: 2239u32,
+        wire: 2431u32,
+        call: 2233u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -99699,57 +99681,9 @@ pub mod nvml {
             invalid_handle: 2i64,
         },
     };
-    pub static nvmlDeviceGetCount: CallDesc = CallDesc {
+    pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
         wire: 1613u32,
         call: 1415u32,
-        name: "nvmlDeviceGetCount",
-        form: None,
-        library: "nvml",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 3i64,
-            unavailable: 9i64,
-            invalid_handle: 2i64,
-        },
-    };
-    pub static nvmlDeviceGetCount_v2: CallDesc = CallDesc {
-        wire: 1614u32,
-        call: 1416u32,
-        name: "nvmlDeviceGetCount_v2",
-        form: None,
-        library: "nvml",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 4u32,
-                len: None,
-                record: None,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 3i64,
-            unavailable: 9i64,
-            invalid_handle: 2i64,
-        },
-    };
-    pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1615u32,
-        call: 1417u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
         library: "nvml",
@@ -99782,8 +99716,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1616u32,
-        call: 1418u32,
+        wire: 1614u32,
+        call: 1416u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -99810,8 +99744,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1617u32,
-        call: 1419u32,
+        wire: 1615u32,
+        call: 1417u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -99838,8 +99772,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1618u32,
-        call: 1420u32,
+        wire: 1616u32,
+        call: 1418u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
         library: "nvml",
@@ -99866,8 +99800,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1619u32,
-        call: 1421u32,
+        wire: 1617u32,
+        call: 1419u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -99894,8 +99828,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1620u32,
-        call: 1422u32,
+        wire: 1618u32,
+        call: 1420u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
         library: "nvml",
@@ -99928,8 +99862,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1621u32,
-        call: 1423u32,
+        wire: 1619u32,
+        call: 1421u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
         library: "nvml",
@@ -99960,8 +99894,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1622u32,
-        call: 1424u32,
+        wire: 1620u32,
+        call: 1422u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
         library: "nvml",
@@ -99988,8 +99922,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1623u32,
-        call: 1425u32,
+        wire: 1621u32,
+        call: 1423u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -100011,8 +99945,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1624u32,
-        call: 1426u32,
+        wire: 1622u32,
+        call: 1424u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
         library: "nvml",
@@ -100039,8 +99973,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1625u32,
-        call: 1427u32,
+        wire: 1623u32,
+        call: 1425u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
         library: "nvml",
@@ -100067,8 +100001,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1626u32,
-        call: 1428u32,
+        wire: 1624u32,
+        call: 1426u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
         library: "nvml",
@@ -100101,8 +100035,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1627u32,
-        call: 1429u32,
+        wire: 1625u32,
+        call: 1427u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
         library: "nvml",
@@ -100135,8 +100069,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1628u32,
-        call: 1430u32,
+        wire: 1626u32,
+        call: 1428u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
         library: "nvml",
@@ -100169,8 +100103,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1629u32,
-        call: 1431u32,
+        wire: 1627u32,
+        call: 1429u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -100201,8 +100135,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1630u32,
-        call: 1432u32,
+        wire: 1628u32,
+        call: 1430u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
         library: "nvml",
@@ -100235,8 +100169,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1631u32,
-        call: 1433u32,
+        wire: 1629u32,
+        call: 1431u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
         library: "nvml",
@@ -100263,8 +100197,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1632u32,
-        call: 1434u32,
+        wire: 1630u32,
+        call: 1432u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
         library: "nvml",
@@ -100295,8 +100229,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1633u32,
-        call: 1435u32,
+        wire: 1631u32,
+        call: 1433u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
         library: "nvml",
@@ -100323,8 +100257,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1634u32,
-        call: 1436u32,
+        wire: 1632u32,
+        call: 1434u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -100355,8 +100289,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1635u32,
-        call: 1437u32,
+        wire: 1633u32,
+        call: 1435u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -100389,8 +100323,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1636u32,
-        call: 1438u32,
+        wire: 1634u32,
+        call: 1436u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -100417,8 +100351,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1637u32,
-        call: 1439u32,
+        wire: 1635u32,
+        call: 1437u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
         library: "nvml",
@@ -100444,8 +100378,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1638u32,
-        call: 1440u32,
+        wire: 1636u32,
+        call: 1438u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -100472,8 +100406,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1639u32,
-        call: 1441u32,
+        wire: 1637u32,
+        call: 1439u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -100504,8 +100438,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 1640u32,
-        call: 1442u32,
+        wire: 1638u32,
+        call: 1440u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
         library: "nvml",
@@ -100537,8 +100471,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1641u32,
-        call: 1443u32,
+        wire: 1639u32,
+        call: 1441u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -100565,8 +100499,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1642u32,
-        call: 1444u32,
+        wire: 1640u32,
+        call: 1442u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -100599,8 +100533,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 1643u32,
-        call: 1445u32,
+        wire: 1641u32,
+        call: 1443u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
         library: "nvml",
@@ -100633,8 +100567,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1644u32,
-        call: 1446u32,
+        wire: 1642u32,
+        call: 1444u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -100656,8 +100590,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 1645u32,
-        call: 1447u32,
+        wire: 1643u32,
+        call: 1445u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
         library: "nvml",
@@ -100679,8 +100613,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 1646u32,
-        call: 1448u32,
+        wire: 1644u32,
+        call: 1446u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
         library: "nvml",
@@ -100696,8 +100630,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 1647u32,
-        call: 1449u32,
+        wire: 1645u32,
+        call: 1447u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
         library: "nvml",
@@ -100713,8 +100647,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 1648u32,
-        call: 1450u32,
+        wire: 1646u32,
+        call: 1448u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
         library: "nvml",
@@ -100730,8 +100664,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 1649u32,
-        call: 1451u32,
+        wire: 1647u32,
+        call: 1449u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
         library: "nvml",
@@ -100747,8 +100681,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 1650u32,
-        call: 1452u32,
+        wire: 1648u32,
+        call: 1450u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
         library: "nvml",
@@ -100772,8 +100706,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 1651u32,
-        call: 1453u32,
+        wire: 1649u32,
+        call: 1451u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
         library: "nvml",
@@ -100800,8 +100734,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 1652u32,
-        call: 1454u32,
+        wire: 1650u32,
+        call: 1452u32,
         name: "nvmlDeviceGetIndex",
         form: None,
         library: "nvml",
@@ -100828,8 +100762,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 1653u32,
-        call: 1455u32,
+        wire: 1651u32,
+        call: 1453u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
         library: "nvml",
@@ -100856,8 +100790,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 1654u32,
-        call: 1456u32,
+        wire: 1652u32,
+        call: 1454u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
         library: "nvml",
@@ -100884,8 +100818,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 1655u32,
-        call: 1457u32,
+        wire: 1653u32,
+        call: 1455u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
         library: "nvml",
@@ -100918,8 +100852,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 1656u32,
-        call: 1458u32,
+        wire: 1654u32,
+        call: 1456u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
         library: "nvml",
@@ -100952,8 +100886,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 1657u32,
-        call: 1459u32,
+        wire: 1655u32,
+        call: 1457u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
         library: "nvml",
@@ -100984,8 +100918,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 1658u32,
-        call: 1460u32,
+        wire: 1656u32,
+        call: 1458u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
         library: "nvml",
@@ -101016,8 +100950,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 1659u32,
-        call: 1461u32,
+        wire: 1657u32,
+        call: 1459u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
         library: "nvml",
@@ -101044,8 +100978,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1660u32,
-        call: 1462u32,
+        wire: 1658u32,
+        call: 1460u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -101072,8 +101006,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1661u32,
-        call: 1463u32,
+        wire: 1659u32,
+        call: 1461u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -101100,8 +101034,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1662u32,
-        call: 1464u32,
+        wire: 1660u32,
+        call: 1462u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -101134,8 +101068,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1663u32,
-        call: 1465u32,
+        wire: 1661u32,
+        call: 1463u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -101162,8 +101096,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 1664u32,
-        call: 1466u32,
+        wire: 1662u32,
+        call: 1464u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
         library: "nvml",
@@ -101190,8 +101124,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 1665u32,
-        call: 1467u32,
+        wire: 1663u32,
+        call: 1465u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
         library: "nvml",
@@ -101217,8 +101151,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 1666u32,
-        call: 1468u32,
+        wire: 1664u32,
+        call: 1466u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
         library: "nvml",
@@ -101251,8 +101185,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 1667u32,
-        call: 1469u32,
+        wire: 1665u32,
+        call: 1467u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
         library: "nvml",
@@ -101293,8 +101227,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 1668u32,
-        call: 1470u32,
+        wire: 1666u32,
+        call: 1468u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
         library: "nvml",
@@ -101327,8 +101261,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 1669u32,
-        call: 1471u32,
+        wire: 1667u32,
+        call: 1469u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
         library: "nvml",
@@ -101355,8 +101289,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 1670u32,
-        call: 1472u32,
+        wire: 1668u32,
+        call: 1470u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
         library: "nvml",
@@ -101383,8 +101317,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 1671u32,
-        call: 1473u32,
+        wire: 1669u32,
+        call: 1471u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
         library: "nvml",
@@ -101411,8 +101345,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 1672u32,
-        call: 1474u32,
+        wire: 1670u32,
+        call: 1472u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
         library: "nvml",
@@ -101439,8 +101373,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 1673u32,
-        call: 1475u32,
+        wire: 1671u32,
+        call: 1473u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
         library: "nvml",
@@ -101467,8 +101401,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 1674u32,
-        call: 1476u32,
+        wire: 1672u32,
+        call: 1474u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
         library: "nvml",
@@ -101495,8 +101429,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 1675u32,
-        call: 1477u32,
+        wire: 1673u32,
+        call: 1475u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
         library: "nvml",
@@ -101531,8 +101465,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 1676u32,
-        call: 1478u32,
+        wire: 1674u32,
+        call: 1476u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
         library: "nvml",
@@ -101563,8 +101497,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 1677u32,
-        call: 1479u32,
+        wire: 1675u32,
+        call: 1477u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
         library: "nvml",
@@ -101595,8 +101529,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 1678u32,
-        call: 1480u32,
+        wire: 1676u32,
+        call: 1478u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
         library: "nvml",
@@ -101627,8 +101561,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 1679u32,
-        call: 1481u32,
+        wire: 1677u32,
+        call: 1479u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
         library: "nvml",
@@ -101661,8 +101595,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 1680u32,
-        call: 1482u32,
+        wire: 1678u32,
+        call: 1480u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
         library: "nvml",
@@ -101697,8 +101631,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 1681u32,
-        call: 1483u32,
+        wire: 1679u32,
+        call: 1481u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
         library: "nvml",
@@ -101725,8 +101659,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 1682u32,
-        call: 1484u32,
+        wire: 1680u32,
+        call: 1482u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
         library: "nvml",
@@ -101753,8 +101687,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 1683u32,
-        call: 1485u32,
+        wire: 1681u32,
+        call: 1483u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
         library: "nvml",
@@ -101781,8 +101715,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 1684u32,
-        call: 1486u32,
+        wire: 1682u32,
+        call: 1484u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
         library: "nvml",
@@ -101809,8 +101743,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 1685u32,
-        call: 1487u32,
+        wire: 1683u32,
+        call: 1485u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
         library: "nvml",
@@ -101837,8 +101771,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 1686u32,
-        call: 1488u32,
+        wire: 1684u32,
+        call: 1486u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
         library: "nvml",
@@ -101865,8 +101799,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1687u32,
-        call: 1489u32,
+        wire: 1685u32,
+        call: 1487u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -101893,8 +101827,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 1688u32,
-        call: 1490u32,
+        wire: 1686u32,
+        call: 1488u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
         library: "nvml",
@@ -101927,8 +101861,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 1689u32,
-        call: 1491u32,
+        wire: 1687u32,
+        call: 1489u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
         library: "nvml",
@@ -101955,8 +101889,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 1690u32,
-        call: 1492u32,
+        wire: 1688u32,
+        call: 1490u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
         library: "nvml",
@@ -101983,8 +101917,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 1691u32,
-        call: 1493u32,
+        wire: 1689u32,
+        call: 1491u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
         library: "nvml",
@@ -102011,8 +101945,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 1692u32,
-        call: 1494u32,
+        wire: 1690u32,
+        call: 1492u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
         library: "nvml",
@@ -102039,8 +101973,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 1693u32,
-        call: 1495u32,
+        wire: 1691u32,
+        call: 1493u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
         library: "nvml",
@@ -102067,8 +102001,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 1694u32,
-        call: 1496u32,
+        wire: 1692u32,
+        call: 1494u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
         library: "nvml",
@@ -102113,8 +102047,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 1695u32,
-        call: 1497u32,
+        wire: 1693u32,
+        call: 1495u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
         library: "nvml",
@@ -102141,8 +102075,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 1696u32,
-        call: 1498u32,
+        wire: 1694u32,
+        call: 1496u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
         library: "nvml",
@@ -102169,8 +102103,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1697u32,
-        call: 1499u32,
+        wire: 1695u32,
+        call: 1497u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -102197,8 +102131,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 1698u32,
-        call: 1500u32,
+        wire: 1696u32,
+        call: 1498u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
         library: "nvml",
@@ -102225,8 +102159,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 1699u32,
-        call: 1501u32,
+        wire: 1697u32,
+        call: 1499u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
         library: "nvml",
@@ -102253,8 +102187,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 1700u32,
-        call: 1502u32,
+        wire: 1698u32,
+        call: 1500u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
         library: "nvml",
@@ -102285,8 +102219,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 1701u32,
-        call: 1503u32,
+        wire: 1699u32,
+        call: 1501u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
         library: "nvml",
@@ -102317,8 +102251,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1702u32,
-        call: 1504u32,
+        wire: 1700u32,
+        call: 1502u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -102349,8 +102283,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 1703u32,
-        call: 1505u32,
+        wire: 1701u32,
+        call: 1503u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
         library: "nvml",
@@ -102381,8 +102315,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 1704u32,
-        call: 1506u32,
+        wire: 1702u32,
+        call: 1504u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
         library: "nvml",
@@ -102414,8 +102348,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 1705u32,
-        call: 1507u32,
+        wire: 1703u32,
+        call: 1505u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
         library: "nvml",
@@ -102442,8 +102376,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1706u32,
-        call: 1508u32,
+        wire: 1704u32,
+        call: 1506u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -102474,8 +102408,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1707u32,
-        call: 1509u32,
+        wire: 1705u32,
+        call: 1507u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -102502,8 +102436,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1708u32,
-        call: 1510u32,
+        wire: 1706u32,
+        call: 1508u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -102530,8 +102464,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 1709u32,
-        call: 1511u32,
+        wire: 1707u32,
+        call: 1509u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
         library: "nvml",
@@ -102562,8 +102496,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 1710u32,
-        call: 1512u32,
+        wire: 1708u32,
+        call: 1510u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
         library: "nvml",
@@ -102592,8 +102526,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1711u32,
-        call: 1513u32,
+        wire: 1709u32,
+        call: 1511u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -102614,8 +102548,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1712u32,
-        call: 1514u32,
+        wire: 1710u32,
+        call: 1512u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -102636,8 +102570,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1713u32,
-        call: 1515u32,
+        wire: 1711u32,
+        call: 1513u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -102658,8 +102592,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 1714u32,
-        call: 1516u32,
+        wire: 1712u32,
+        call: 1514u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
         library: "nvml",
@@ -102684,8 +102618,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1715u32,
-        call: 1517u32,
+        wire: 1713u32,
+        call: 1515u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -102714,8 +102648,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 1716u32,
-        call: 1518u32,
+        wire: 1714u32,
+        call: 1516u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
         library: "nvml",
@@ -102744,8 +102678,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 1717u32,
-        call: 1519u32,
+        wire: 1715u32,
+        call: 1517u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
         library: "nvml",
@@ -102770,8 +102704,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1718u32,
-        call: 1520u32,
+        wire: 1716u32,
+        call: 1518u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -102800,8 +102734,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1719u32,
-        call: 1521u32,
+        wire: 1717u32,
+        call: 1519u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -102826,8 +102760,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 1720u32,
-        call: 1522u32,
+        wire: 1718u32,
+        call: 1520u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
         library: "nvml",
@@ -102852,8 +102786,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 1721u32,
-        call: 1523u32,
+        wire: 1719u32,
+        call: 1521u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
         library: "nvml",
@@ -102878,8 +102812,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 1722u32,
-        call: 1524u32,
+        wire: 1720u32,
+        call: 1522u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
         library: "nvml",
@@ -102900,8 +102834,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1723u32,
-        call: 1525u32,
+        wire: 1721u32,
+        call: 1523u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -102930,8 +102864,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1724u32,
-        call: 1526u32,
+        wire: 1722u32,
+        call: 1524u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -102956,8 +102890,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 1725u32,
-        call: 1527u32,
+        wire: 1723u32,
+        call: 1525u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
         library: "nvml",
@@ -102984,8 +102918,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 1726u32,
-        call: 1528u32,
+        wire: 1724u32,
+        call: 1526u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
         library: "nvml",
@@ -103014,8 +102948,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 1727u32,
-        call: 1529u32,
+        wire: 1725u32,
+        call: 1527u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
         library: "nvml",
@@ -103040,8 +102974,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 1728u32,
-        call: 1530u32,
+        wire: 1726u32,
+        call: 1528u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
         library: "nvml",
@@ -103070,8 +103004,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1729u32,
-        call: 1531u32,
+        wire: 1727u32,
+        call: 1529u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -103100,8 +103034,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1730u32,
-        call: 1532u32,
+        wire: 1728u32,
+        call: 1530u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -103126,8 +103060,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1731u32,
-        call: 1533u32,
+        wire: 1729u32,
+        call: 1531u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -103156,8 +103090,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1732u32,
-        call: 1534u32,
+        wire: 1730u32,
+        call: 1532u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -103182,8 +103116,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1733u32,
-        call: 1535u32,
+        wire: 1731u32,
+        call: 1533u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -103208,8 +103142,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1734u32,
-        call: 1536u32,
+        wire: 1732u32,
+        call: 1534u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -103238,8 +103172,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 1735u32,
-        call: 1537u32,
+        wire: 1733u32,
+        call: 1535u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
         library: "nvml",
@@ -103270,8 +103204,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 1736u32,
-        call: 1538u32,
+        wire: 1734u32,
+        call: 1536u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
         library: "nvml",
@@ -103296,8 +103230,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1737u32,
-        call: 1539u32,
+        wire: 1735u32,
+        call: 1537u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -103322,8 +103256,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 1738u32,
-        call: 1540u32,
+        wire: 1736u32,
+        call: 1538u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
         library: "nvml",
@@ -103348,8 +103282,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1739u32,
-        call: 1541u32,
+        wire: 1737u32,
+        call: 1539u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -103380,8 +103314,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1740u32,
-        call: 1542u32,
+        wire: 1738u32,
+        call: 1540u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -103410,8 +103344,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1741u32,
-        call: 1543u32,
+        wire: 1739u32,
+        call: 1541u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -103438,8 +103372,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1742u32,
-        call: 1544u32,
+        wire: 1740u32,
+        call: 1542u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -103464,8 +103398,8 @@ pub mod nvml {
         },
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 1743u32,
-        call: 1545u32,
+        wire: 1741u32,
+        call: 1543u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
         library: "nvml",
@@ -103486,8 +103420,8 @@ pub mod nvml {
         },
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 1744u32,
-        call: 1546u32,
+        wire: 1742u32,
+        call: 1544u32,
         name: "nvmlEventSetCreate",
         form: None,
         library: "nvml",
@@ -103503,8 +103437,8 @@ pub mod nvml {
         },
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 1745u32,
-        call: 1547u32,
+        wire: 1743u32,
+        call: 1545u32,
         name: "nvmlEventSetFree",
         form: None,
         library: "nvml",
@@ -103525,8 +103459,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 1746u32,
-        call: 1548u32,
+        wire: 1744u32,
+        call: 1546u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
         library: "nvml",
@@ -103549,8 +103483,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 1747u32,
-        call: 1549u32,
+        wire: 1745u32,
+        call: 1547u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
         library: "nvml",
@@ -103577,8 +103511,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 1748u32,
-        call: 1550u32,
+        wire: 1746u32,
+        call: 1548u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
         library: "nvml",
@@ -103607,8 +103541,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 1749u32,
-        call: 1551u32,
+        wire: 1747u32,
+        call: 1549u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
         library: "nvml",
@@ -103635,8 +103569,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 1750u32,
-        call: 1552u32,
+        wire: 1748u32,
+        call: 1550u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
         library: "nvml",
@@ -103652,8 +103586,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 1751u32,
-        call: 1553u32,
+        wire: 1749u32,
+        call: 1551u32,
         name: "nvmlGpmSampleFree",
         form: None,
         library: "nvml",
@@ -103674,8 +103608,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 1752u32,
-        call: 1554u32,
+        wire: 1750u32,
+        call: 1552u32,
         name: "nvmlGpmSampleGet",
         form: None,
         library: "nvml",
@@ -103700,8 +103634,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 1753u32,
-        call: 1555u32,
+        wire: 1751u32,
+        call: 1553u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
         library: "nvml",
@@ -103726,8 +103660,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 1754u32,
-        call: 1556u32,
+        wire: 1752u32,
+        call: 1554u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
         library: "nvml",
@@ -103753,8 +103687,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1755u32,
-        call: 1557u32,
+        wire: 1753u32,
+        call: 1555u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -103786,8 +103720,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 1756u32,
-        call: 1558u32,
+        wire: 1754u32,
+        call: 1556u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
         library: "nvml",
@@ -103808,8 +103742,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 1757u32,
-        call: 1559u32,
+        wire: 1755u32,
+        call: 1557u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
         library: "nvml",
@@ -103835,8 +103769,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1758u32,
-        call: 1560u32,
+        wire: 1756u32,
+        call: 1558u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -103867,8 +103801,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 1759u32,
-        call: 1561u32,
+        wire: 1757u32,
+        call: 1559u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
         library: "nvml",
@@ -103900,8 +103834,8 @@ pub mod nvml {
         },
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1760u32,
-        call: 1562u32,
+        wire: 1758u32,
+        call: 1560u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -103927,82 +103861,9 @@ pub mod nvml {
             invalid_handle: 2i64,
         },
     };
-    pub static nvmlInit: CallDesc = CallDesc {
-        wire: 1761u32,
-        call: 1563u32,
-        name: "nvmlInit",
-        form: None,
-        library: "nvml",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 3i64,
-            unavailable: 9i64,
-            invalid_handle: 2i64,
-        },
-    };
-    pub static nvmlInitWithFlags: CallDesc = CallDesc {
-        wire: 1762u32,
-        call: 1564u32,
-        name: "nvmlInitWithFlags",
-        form: None,
-        library: "nvml",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 3i64,
-            unavailable: 9i64,
-            invalid_handle: 2i64,
-        },
-    };
-    pub static nvmlInit_v2: CallDesc = CallDesc {
-        wire: 1763u32,
-        call: 1565u32,
-        name: "nvmlInit_v2",
-        form: None,
-        library: "nvml",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 3i64,
-            unavailable: 9i64,
-            invalid_handle: 2i64,
-        },
-    };
-    pub static nvmlShutdown: CallDesc = CallDesc {
-        wire: 1764u32,
-        call: 1566u32,
-        name: "nvmlShutdown",
-        form: None,
-        library: "nvml",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 3i64,
-            unavailable: 9i64,
-            invalid_handle: 2i64,
-        },
-    };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1765u32,
-        call: 1567u32,
+        wire: 1759u32,
+        call: 1561u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -104025,8 +103886,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 1766u32,
-        call: 1568u32,
+        wire: 1760u32,
+        call: 1562u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
         library: "nvml",
@@ -104049,8 +103910,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 1767u32,
-        call: 1569u32,
+        wire: 1761u32,
+        call: 1563u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
         library: "nvml",
@@ -104073,8 +103934,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1768u32,
-        call: 1570u32,
+        wire: 1762u32,
+        call: 1564u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -104097,8 +103958,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1769u32,
-        call: 1571u32,
+        wire: 1763u32,
+        call: 1565u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -104119,8 +103980,8 @@ pub mod nvml {
         },
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1770u32,
-        call: 1572u32,
+        wire: 1764u32,
+        call: 1566u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -104141,8 +104002,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 1771u32,
-        call: 1573u32,
+        wire: 1765u32,
+        call: 1567u32,
         name: "nvmlUnitGetCount",
         form: None,
         library: "nvml",
@@ -104165,8 +104026,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 1772u32,
-        call: 1574u32,
+        wire: 1766u32,
+        call: 1568u32,
         name: "nvmlUnitGetDevices",
         form: None,
         library: "nvml",
@@ -104194,8 +104055,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1773u32,
-        call: 1575u32,
+        wire: 1767u32,
+        call: 1569u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -104217,8 +104078,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 1774u32,
-        call: 1576u32,
+        wire: 1768u32,
+        call: 1570u32,
         name: "nvmlUnitGetTemperature",
         form: None,
         library: "nvml",
@@ -104249,8 +104110,8 @@ pub mod nvml {
         },
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 1775u32,
-        call: 1577u32,
+        wire: 1769u32,
+        call: 1571u32,
         name: "nvmlUnitSetLedState",
         form: None,
         library: "nvml",
@@ -104275,8 +104136,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1776u32,
-        call: 1578u32,
+        wire: 1770u32,
+        call: 1572u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -104297,8 +104158,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1777u32,
-        call: 1579u32,
+        wire: 1771u32,
+        call: 1573u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -104325,8 +104186,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 1778u32,
-        call: 1580u32,
+        wire: 1772u32,
+        call: 1574u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
         library: "nvml",
@@ -104353,8 +104214,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1779u32,
-        call: 1581u32,
+        wire: 1773u32,
+        call: 1575u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -104381,8 +104242,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 1780u32,
-        call: 1582u32,
+        wire: 1774u32,
+        call: 1576u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
         library: "nvml",
@@ -104409,8 +104270,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1781u32,
-        call: 1583u32,
+        wire: 1775u32,
+        call: 1577u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -104437,8 +104298,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1782u32,
-        call: 1584u32,
+        wire: 1776u32,
+        call: 1578u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -104465,8 +104326,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 1783u32,
-        call: 1585u32,
+        wire: 1777u32,
+        call: 1579u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
         library: "nvml",
@@ -104493,8 +104354,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 1784u32,
-        call: 1586u32,
+        wire: 1778u32,
+        call: 1580u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
         library: "nvml",
@@ -104521,8 +104382,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1785u32,
-        call: 1587u32,
+        wire: 1779u32,
+        call: 1581u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -104547,8 +104408,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 1786u32,
-        call: 1588u32,
+        wire: 1780u32,
+        call: 1582u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
         library: "nvml",
@@ -104579,8 +104440,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 1787u32,
-        call: 1589u32,
+        wire: 1781u32,
+        call: 1583u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
         library: "nvml",
@@ -104613,8 +104474,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 1788u32,
-        call: 1590u32,
+        wire: 1782u32,
+        call: 1584u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
         library: "nvml",
@@ -104641,8 +104502,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1789u32,
-        call: 1591u32,
+        wire: 1783u32,
+        call: 1585u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -104669,8 +104530,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 1790u32,
-        call: 1592u32,
+        wire: 1784u32,
+        call: 1586u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
         library: "nvml",
@@ -104697,8 +104558,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 1791u32,
-        call: 1593u32,
+        wire: 1785u32,
+        call: 1587u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
         library: "nvml",
@@ -104725,8 +104586,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 1792u32,
-        call: 1594u32,
+        wire: 1786u32,
+        call: 1588u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
         library: "nvml",
@@ -104753,8 +104614,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 1793u32,
-        call: 1595u32,
+        wire: 1787u32,
+        call: 1589u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
         library: "nvml",
@@ -104785,8 +104646,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 1794u32,
-        call: 1596u32,
+        wire: 1788u32,
+        call: 1590u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
         library: "nvml",
@@ -104813,8 +104674,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 1795u32,
-        call: 1597u32,
+        wire: 1789u32,
+        call: 1591u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
         library: "nvml",
@@ -104841,8 +104702,8 @@ pub mod nvml {
         },
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 1796u32,
-        call: 1598u32,
+        wire: 1790u32,
+        call: 1592u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
         library: "nvml",
@@ -104882,8 +104743,8 @@ pub mod nvml {
 pub mod nvrtc {
     use chidori_protocol::desc::*;
     pub static nvrtcAddNameExpression: CallDesc = CallDesc {
-        wire: 2392u32,
-        call: 2194u32,
+        wire: 2386u32,
+        call: 2188u32,
         name: "nvrtcAddNameExpression",
         form: None,
         library: "nvrtc",
@@ -104905,8 +104766,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcDestroyProgram: CallDesc = CallDesc {
-        wire: 2393u32,
-        call: 2195u32,
+        wire: 2387u32,
+        call: 2189u32,
         name: "nvrtcDestroyProgram",
         form: None,
         library: "nvrtc",
@@ -104922,8 +104783,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetCUBINSize: CallDesc = CallDesc {
-        wire: 2394u32,
-        call: 2196u32,
+        wire: 2388u32,
+        call: 2190u32,
         name: "nvrtcGetCUBINSize",
         form: None,
         library: "nvrtc",
@@ -104950,8 +104811,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetLTOIRSize: CallDesc = CallDesc {
-        wire: 2395u32,
-        call: 2197u32,
+        wire: 2389u32,
+        call: 2191u32,
         name: "nvrtcGetLTOIRSize",
         form: None,
         library: "nvrtc",
@@ -104978,8 +104839,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetNVVMSize: CallDesc = CallDesc {
-        wire: 2396u32,
-        call: 2198u32,
+        wire: 2390u32,
+        call: 2192u32,
         name: "nvrtcGetNVVMSize",
         form: None,
         library: "nvrtc",
@@ -105006,8 +104867,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2397u32,
-        call: 2199u32,
+        wire: 2391u32,
+        call: 2193u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -105030,8 +104891,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetOptiXIRSize: CallDesc = CallDesc {
-        wire: 2398u32,
-        call: 2200u32,
+        wire: 2392u32,
+        call: 2194u32,
         name: "nvrtcGetOptiXIRSize",
         form: None,
         library: "nvrtc",
@@ -105058,8 +104919,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHCreateStatus: CallDesc = CallDesc {
-        wire: 2399u32,
-        call: 2201u32,
+        wire: 2393u32,
+        call: 2195u32,
         name: "nvrtcGetPCHCreateStatus",
         form: None,
         library: "nvrtc",
@@ -105080,8 +104941,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2400u32,
-        call: 2202u32,
+        wire: 2394u32,
+        call: 2196u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -105104,8 +104965,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPCHHeapSizeRequired: CallDesc = CallDesc {
-        wire: 2401u32,
-        call: 2203u32,
+        wire: 2395u32,
+        call: 2197u32,
         name: "nvrtcGetPCHHeapSizeRequired",
         form: None,
         library: "nvrtc",
@@ -105132,8 +104993,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetPTXSize: CallDesc = CallDesc {
-        wire: 2402u32,
-        call: 2204u32,
+        wire: 2396u32,
+        call: 2198u32,
         name: "nvrtcGetPTXSize",
         form: None,
         library: "nvrtc",
@@ -105160,8 +105021,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetProgramLogSize: CallDesc = CallDesc {
-        wire: 2403u32,
-        call: 2205u32,
+        wire: 2397u32,
+        call: 2199u32,
         name: "nvrtcGetProgramLogSize",
         form: None,
         library: "nvrtc",
@@ -105188,8 +105049,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcGetSupportedArchs: CallDesc = CallDesc {
-        wire: 2404u32,
-        call: 2206u32,
+        wire: 2398u32,
+        call: 2200u32,
         name: "nvrtcGetSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -105212,8 +105073,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2405u32,
-        call: 2207u32,
+        wire: 2399u32,
+        call: 2201u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -105234,8 +105095,8 @@ pub mod nvrtc {
         },
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2406u32,
-        call: 2208u32,
+        wire: 2400u32,
+        call: 2202u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",

@@ -26677,18 +26677,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1415u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1416u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1417u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -26699,6 +26687,28 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1416u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1417u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -26725,28 +26735,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1420u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1421u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1422u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -26760,7 +26748,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1423u32 => {
+            1421u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26769,6 +26757,28 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1422u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1423u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -26795,24 +26805,30 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1426u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1427u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -26831,15 +26847,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1429u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -26859,6 +26873,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1431u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1432u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26866,20 +26891,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1432u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -26908,6 +26919,20 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1435u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1436u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26918,7 +26943,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1436u32 => {
+            1437u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26926,20 +26951,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1437u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -26968,29 +26979,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1440u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1441u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1442u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -27006,7 +26994,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1443u32 => {
+            1441u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27017,7 +27005,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1444u32 => {
+            1442u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -27029,36 +27017,58 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
+                }
+            }
+            1443u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1444u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
             1445u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1446u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
-            1446u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
             1447u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
                 }
             }
             1448u32 => {
@@ -27139,28 +27149,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1455u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1456u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1457u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -27170,45 +27158,67 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1456u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1457u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1458u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1459u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1460u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27224,13 +27234,16 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1462u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27246,6 +27259,29 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1464u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1465u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1466u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -27259,37 +27295,21 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1465u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1466u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1467u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27308,34 +27328,24 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1469u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1470u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1470u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27384,28 +27394,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1475u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1476u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1477u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27415,6 +27403,30 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as u32,
                         a[2usize] as u32,
                         a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1476u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1477u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27431,30 +27443,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1479u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1480u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1481u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -27468,7 +27456,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1482u32 => {
+            1480u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -27481,6 +27469,28 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as u32,
                         a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1481u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1482u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27540,13 +27550,16 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1488u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27562,16 +27575,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1490u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27609,13 +27619,20 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1494u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27631,20 +27648,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1496u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27682,24 +27692,26 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1500u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1501u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27716,30 +27728,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1503u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1504u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1505u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -27753,7 +27741,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1506u32 => {
+            1504u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -27769,6 +27757,29 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            1505u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1506u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
             1507u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -27781,40 +27792,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1508u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1509u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1510u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1511u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -27828,7 +27816,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1512u32 => {
+            1510u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u64, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27840,6 +27828,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            1511u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1512u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
             1513u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -27847,18 +27847,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1514u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1515u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1516u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27866,7 +27854,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1517u32 => {
+            1515u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27876,6 +27864,26 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as u32,
                         a[2usize] as u32,
                     )) as u64
+                }
+            }
+            1516u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1517u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
             1518u32 => {
@@ -27899,34 +27907,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1520u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
             1521u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1522u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1523u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27934,13 +27922,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
                 }
             }
-            1524u32 => {
+            1522u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1525u32 => {
+            1523u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27952,7 +27940,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1526u32 => {
+            1524u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27960,7 +27948,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1527u32 => {
+            1525u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27969,6 +27957,26 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                     )) as u64
+                }
+            }
+            1526u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1527u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
             1528u32 => {
@@ -27984,14 +27992,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1529u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1530u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28001,6 +28001,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as u32,
                         a[2usize] as u32,
                     )) as u64
+                }
+            }
+            1530u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
             1531u32 => {
@@ -28016,26 +28024,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1532u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
-            1533u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
-                }
-            }
-            1534u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28043,7 +28031,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1535u32 => {
+            1533u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28051,7 +28039,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            1536u32 => {
+            1534u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28063,7 +28051,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1537u32 => {
+            1535u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28073,6 +28061,22 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
+                }
+            }
+            1536u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1537u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
             1538u32 => {
@@ -28084,22 +28088,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1539u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1540u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1541u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28111,7 +28099,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1542u32 => {
+            1540u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28123,7 +28111,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1543u32 => {
+            1541u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28134,13 +28122,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1544u32 => {
+            1542u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
+            }
+            1543u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1544u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1545u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -28155,18 +28155,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1547u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1548u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1549u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28174,7 +28162,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1550u32 => {
+            1548u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28186,7 +28174,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1551u32 => {
+            1549u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28196,20 +28184,20 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
+            }
+            1550u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1551u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1552u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1553u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1554u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28220,7 +28208,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1555u32 => {
+            1553u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28228,7 +28216,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1556u32 => {
+            1554u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28240,7 +28228,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1557u32 => {
+            1555u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -28256,37 +28244,37 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1558u32 => {
+            1556u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
+            1557u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1558u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
             1559u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1560u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1561u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -28302,7 +28290,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1562u32 => {
+            1560u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28313,29 +28301,41 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1563u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
+            1561u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f()) as u64 }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1562u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1563u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1564u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1565u32 => {
                 let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as u32)) as u64 }
             }
-            1565u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
             1566u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f()) as u64 }
+                unsafe { (f(a[0usize] as u32)) as u64 }
             }
             1567u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -28344,42 +28344,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1568u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1569u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1570u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1571u32 => {
-                let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as u32)) as u64 }
-            }
-            1572u32 => {
-                let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as u32)) as u64 }
-            }
-            1573u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1574u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -28391,6 +28355,56 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
+                }
+            }
+            1569u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1570u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1571u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1572u32 => {
+                let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as u32)) as u64 }
+            }
+            1573u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1574u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
             1575u32 => {
@@ -28402,30 +28416,28 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1576u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
             1577u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
             1578u32 => {
-                let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as u32)) as u64 }
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
             }
             1579u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
@@ -28444,27 +28456,33 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1581u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
+                unsafe { (f(a[0usize] as u32, a[1usize] as u32)) as u64 }
             }
             1582u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(u32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                    (f(
+                        a[0usize] as u32,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
                 }
             }
             1583u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(u32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                    (f(
+                        a[0usize] as u32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
                 }
             }
             1584u32 => {
@@ -28492,31 +28510,29 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1587u32 => {
-                let f: unsafe extern "C" fn(u32, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as u32, a[1usize] as u32)) as u64 }
-            }
-            1588u32 => {
-                let f: unsafe extern "C" fn(u32, u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(
-                        a[0usize] as u32,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1588u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
             1589u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
-                        a[0usize] as u32,
-                        a[1usize] as usize as *mut c_void,
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -28538,58 +28554,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1592u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1593u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1594u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1595u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1596u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1597u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1598u32 => {
                 let f: unsafe extern "C" fn(u32, u32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28602,31 +28566,31 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1599u32 => {
+            1593u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1600u32 => {
+            1594u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            1601u32 => {
+            1595u32 => {
                 let f: unsafe extern "C" fn(i32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32, a[1usize] as u32)) as u64 }
             }
-            1602u32 => {
+            1596u32 => {
                 let f: unsafe extern "C" fn(i32, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32, a[1usize] as i32)) as u64 }
             }
-            1603u32 => {
+            1597u32 => {
                 let f: unsafe extern "C" fn(i32, u32, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28634,7 +28598,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as u32, a[2usize] as i64)) as u64
                 }
             }
-            1604u32 => {
+            1598u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28642,7 +28606,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1605u32 => {
+            1599u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28650,13 +28614,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1606u32 => {
+            1600u32 => {
                 let f: unsafe extern "C" fn(i32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32, a[1usize] as u32)) as u64 }
             }
-            1607u32 => {
+            1601u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28669,7 +28633,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1608u32 => {
+            1602u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -28705,7 +28669,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1609u32 => {
+            1603u32 => {
                 let f: unsafe extern "C" fn(i32, u32, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28713,7 +28677,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as u32, a[2usize] as usize)) as u64
                 }
             }
-            1610u32 => {
+            1604u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28725,12 +28689,55 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1611u32 => {
+            1605u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1606u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1607u32 => {
+                let f: unsafe extern "C" fn(f64, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(f64::from_bits(a[0usize]), a[1usize] as usize as *mut c_void))
+                        as u64
+                }
+            }
+            1608u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1609u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1610u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1611u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
                 }
             }
             1612u32 => {
@@ -28742,65 +28749,22 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1613u32 => {
-                let f: unsafe extern "C" fn(f64, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(f64::from_bits(a[0usize]), a[1usize] as usize as *mut c_void))
-                        as u64
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
                 }
             }
             1614u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
             }
             1615u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1616u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1617u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
-                }
-            }
-            1618u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1619u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
-                }
-            }
-            1620u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1621u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28811,7 +28775,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1622u32 => {
+            1616u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -28829,7 +28793,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1623u32 => {
+            1617u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64, i64, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28843,7 +28807,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1624u32 => {
+            1618u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -28877,7 +28841,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1625u32 => {
+            1619u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -28909,7 +28873,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1626u32 => {
+            1620u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -28939,7 +28903,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1627u32 => {
+            1621u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -28971,7 +28935,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1628u32 => {
+            1622u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29003,7 +28967,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1629u32 => {
+            1623u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29033,7 +28997,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1630u32 => {
+            1624u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29079,7 +29043,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1631u32 => {
+            1625u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29117,7 +29081,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1632u32 => {
+            1626u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29155,7 +29119,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1633u32 => {
+            1627u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29191,7 +29155,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1634u32 => {
+            1628u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29239,7 +29203,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1635u32 => {
+            1629u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29273,7 +29237,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1636u32 => {
+            1630u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29305,7 +29269,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1637u32 => {
+            1631u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29345,7 +29309,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1638u32 => {
+            1632u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29389,7 +29353,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1639u32 => {
+            1633u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29423,7 +29387,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1640u32 => {
+            1634u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -29451,7 +29415,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1641u32 => {
+            1635u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29489,7 +29453,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1642u32 => {
+            1636u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29519,7 +29483,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1643u32 => {
+            1637u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -29567,7 +29531,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1644u32 => {
+            1638u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -29615,7 +29579,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1645u32 => {
+            1639u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -29677,7 +29641,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1646u32 => {
+            1640u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -29725,199 +29689,199 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            1641u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1642u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1643u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1644u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1645u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1646u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
             1647u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1648u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1649u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1650u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1651u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as u32,
-                        a[16usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1652u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as u32,
-                        a[16usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1653u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29947,7 +29911,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1654u32 => {
+            1648u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29975,7 +29939,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1655u32 => {
+            1649u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30011,7 +29975,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1656u32 => {
+            1650u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -30039,7 +30003,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1657u32 => {
+            1651u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -30065,7 +30029,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1658u32 => {
+            1652u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30101,7 +30065,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1659u32 => {
+            1653u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -30129,7 +30093,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1660u32 => {
+            1654u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30173,7 +30137,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1661u32 => {
+            1655u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30209,7 +30173,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1662u32 => {
+            1656u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -30232,136 +30196,136 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1657u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1658u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1659u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1660u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1661u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1662u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1663u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
-                    i32,
+                    u32,
+                    u32,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
-                    i32,
+                    *mut c_void,
+                    u32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1664u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1665u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1666u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1667u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1668u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1669u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1670u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -30377,7 +30341,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1671u32 => {
+            1665u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30389,7 +30353,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1672u32 => {
+            1666u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30399,6 +30363,72 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
+            }
+            1667u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1668u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as i64,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as u32,
+                        a[10usize] as u32,
+                        a[11usize] as u32,
+                        a[12usize] as u32,
+                        a[13usize] as u32,
+                    )) as u64
+                }
+            }
+            1669u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1670u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1671u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1672u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1673u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -30443,40 +30473,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1675u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1676u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1677u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1678u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1679u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1680u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i64,
-                    i64,
                     i64,
                     i64,
                     i64,
@@ -30484,6 +30482,33 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     u32,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                    )) as u64
+                }
+            }
+            1676u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     u32,
                     u32,
                     u32,
@@ -30495,16 +30520,102 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as i64,
                         a[2usize] as i64,
                         a[3usize] as i64,
-                        a[4usize] as i64,
-                        a[5usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
                         a[9usize] as u32,
                         a[10usize] as u32,
-                        a[11usize] as u32,
-                        a[12usize] as u32,
-                        a[13usize] as u32,
+                    )) as u64
+                }
+            }
+            1677u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as u32,
+                        a[6usize] as u32,
+                    )) as u64
+                }
+            }
+            1678u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i64, *mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                    )) as u64
+                }
+            }
+            1679u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                    )) as u64
+                }
+            }
+            1680u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    i64,
+                    i64,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
                     )) as u64
                 }
             }
@@ -30520,34 +30631,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     u32,
                     u32,
                     u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                    )) as u64
-                }
-            }
-            1682u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
                     u32,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -30566,7 +30649,43 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            1682u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
             1683u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1684u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1685u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1686u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1687u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1688u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -30588,7 +30707,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1684u32 => {
+            1689u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i64, *mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30601,107 +30720,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1685u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                    )) as u64
-                }
-            }
-            1686u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as u32,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                    )) as u64
-                }
-            }
-            1687u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as u32,
-                    )) as u64
-                }
-            }
-            1688u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1689u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
             1690u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             1691u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -30716,71 +30745,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1693u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1694u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    i64,
-                    i64,
-                    *mut c_void,
-                    u32,
-                    u32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as u32,
-                        a[6usize] as u32,
-                    )) as u64
-                }
-            }
-            1695u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i64, *mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                    )) as u64
-                }
-            }
-            1696u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1697u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1698u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1699u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -30796,7 +30760,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1700u32 => {
+            1694u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30809,7 +30773,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1701u32 => {
+            1695u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30843,7 +30807,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1702u32 => {
+            1696u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30875,7 +30839,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1703u32 => {
+            1697u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30905,7 +30869,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1704u32 => {
+            1698u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30937,7 +30901,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1705u32 => {
+            1699u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30969,7 +30933,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1706u32 => {
+            1700u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30999,7 +30963,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1707u32 => {
+            1701u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31045,7 +31009,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1708u32 => {
+            1702u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31083,7 +31047,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1709u32 => {
+            1703u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31121,7 +31085,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1710u32 => {
+            1704u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31157,7 +31121,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1711u32 => {
+            1705u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31205,7 +31169,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1712u32 => {
+            1706u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31239,7 +31203,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1713u32 => {
+            1707u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31271,7 +31235,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1714u32 => {
+            1708u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31311,7 +31275,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1715u32 => {
+            1709u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31355,7 +31319,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1716u32 => {
+            1710u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31389,7 +31353,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1717u32 => {
+            1711u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -31417,7 +31381,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1718u32 => {
+            1712u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31455,7 +31419,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1719u32 => {
+            1713u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31485,7 +31449,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1720u32 => {
+            1714u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -31533,7 +31497,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1721u32 => {
+            1715u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -31581,7 +31545,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1722u32 => {
+            1716u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -31643,7 +31607,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1723u32 => {
+            1717u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -31691,199 +31655,199 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            1718u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1719u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1720u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1721u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1722u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1723u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
             1724u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1725u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1726u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1727u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1728u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as u32,
-                        a[16usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1729u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as u32,
-                        a[16usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1730u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31913,7 +31877,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1731u32 => {
+            1725u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31941,7 +31905,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1732u32 => {
+            1726u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31977,7 +31941,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1733u32 => {
+            1727u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -32005,7 +31969,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1734u32 => {
+            1728u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -32031,7 +31995,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1735u32 => {
+            1729u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -32048,42 +32012,78 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
+            }
+            1730u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1731u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1732u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1733u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1734u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1735u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1736u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1737u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1738u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -32158,42 +32158,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1750u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1751u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1752u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1753u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1754u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1755u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1756u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32229,7 +32193,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1757u32 => {
+            1751u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -32257,7 +32221,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1758u32 => {
+            1752u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32301,7 +32265,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1759u32 => {
+            1753u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32337,7 +32301,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1760u32 => {
+            1754u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32348,7 +32312,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1761u32 => {
+            1755u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32360,152 +32324,152 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            1756u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1757u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1758u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1759u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1760u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1761u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
             1762u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1763u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1764u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1765u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1766u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1767u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1768u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -32519,31 +32483,31 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1769u32 => {
+            1763u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1770u32 => {
+            1764u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1771u32 => {
+            1765u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1772u32 => {
+            1766u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1773u32 => {
+            1767u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32554,25 +32518,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1774u32 => {
+            1768u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            1775u32 => {
+            1769u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            1776u32 => {
+            1770u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            1777u32 => {
+            1771u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32602,7 +32566,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1778u32 => {
+            1772u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32632,7 +32596,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1779u32 => {
+            1773u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32662,7 +32626,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1780u32 => {
+            1774u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32696,7 +32660,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1781u32 => {
+            1775u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32728,7 +32692,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1782u32 => {
+            1776u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32758,7 +32722,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1783u32 => {
+            1777u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32790,7 +32754,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1784u32 => {
+            1778u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32822,7 +32786,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1785u32 => {
+            1779u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32852,7 +32816,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1786u32 => {
+            1780u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32898,7 +32862,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1787u32 => {
+            1781u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32936,7 +32900,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1788u32 => {
+            1782u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32974,7 +32938,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1789u32 => {
+            1783u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33010,7 +32974,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1790u32 => {
+            1784u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33058,7 +33022,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1791u32 => {
+            1785u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33092,7 +33056,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1792u32 => {
+            1786u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33124,7 +33088,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1793u32 => {
+            1787u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33164,7 +33128,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1794u32 => {
+            1788u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33208,7 +33172,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1795u32 => {
+            1789u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -33222,7 +33186,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1796u32 => {
+            1790u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33256,7 +33220,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1797u32 => {
+            1791u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -33284,7 +33248,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1798u32 => {
+            1792u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33322,7 +33286,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1799u32 => {
+            1793u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33352,7 +33316,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1800u32 => {
+            1794u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -33400,7 +33364,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1801u32 => {
+            1795u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -33448,7 +33412,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1802u32 => {
+            1796u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -33510,7 +33474,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1803u32 => {
+            1797u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -33558,199 +33522,199 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            1798u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1799u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1800u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1801u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1802u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1803u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
             1804u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1805u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1806u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1807u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1808u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as u32,
-                        a[16usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1809u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as u32,
-                        a[16usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1810u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33780,7 +33744,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1811u32 => {
+            1805u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33808,7 +33772,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1812u32 => {
+            1806u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33844,7 +33808,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1813u32 => {
+            1807u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -33872,7 +33836,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1814u32 => {
+            1808u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -33898,55 +33862,55 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            1809u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1810u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1811u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1812u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1813u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1814u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
             1815u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1816u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1817u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1818u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1819u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1820u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1821u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33957,7 +33921,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1822u32 => {
+            1816u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33993,7 +33957,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1823u32 => {
+            1817u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -34021,7 +33985,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1824u32 => {
+            1818u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -34065,7 +34029,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1825u32 => {
+            1819u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -34101,7 +34065,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1826u32 => {
+            1820u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -34132,6 +34096,140 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[10usize] as usize as *mut c_void,
                         a[11usize] as usize as *mut c_void,
                         a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1821u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1822u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1823u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1824u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1825u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1826u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -34166,10 +34264,15 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1828u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             1829u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -34190,8 +34293,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     u32,
                     u32,
                     *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -34206,8 +34307,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[8usize] as u32,
                         a[9usize] as u32,
                         a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -34245,26 +34344,26 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
                     u32,
-                    *mut c_void,
-                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as u32,
+                        a[2usize] as usize as *mut c_void,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as u32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
                         a[9usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -34273,6 +34372,33 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1834u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
                     u32,
                     *mut c_void,
                     *mut c_void,
@@ -34287,19 +34413,50 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as u32,
+                        a[2usize] as usize as *mut c_void,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
+                        a[7usize] as u32,
                         a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
-            1834u32 => {
+            1835u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize,
+                    )) as u64
+                }
+            }
+            1836u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1837u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34307,72 +34464,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1835u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1836u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1837u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -34381,145 +34472,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     u32,
                     *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
+                    usize,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
+                        a[3usize] as usize,
                     )) as u64
                 }
             }
             1839u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1840u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1841u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    usize,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize,
-                    )) as u64
-                }
-            }
-            1842u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1843u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1844u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    usize,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize,
-                    )) as u64
-                }
-            }
-            1845u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34527,7 +34491,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            1846u32 => {
+            1840u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34538,7 +34502,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1847u32 => {
+            1841u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -34568,7 +34532,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1848u32 => {
+            1842u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -34597,6 +34561,108 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[10usize] as usize as *mut c_void,
                     )) as u64
                 }
+            }
+            1843u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1844u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1845u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1846u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as u32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1847u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as u32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1848u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1849u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -34605,40 +34671,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1850u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1851u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1852u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -34648,7 +34680,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     u32,
                     u32,
-                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -34662,95 +34693,190 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[6usize] as u32,
                         a[7usize] as u32,
                         a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1851u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1852u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1853u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     u32,
-                    u32,
-                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
+                        a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
+                        a[3usize] as u32,
                         a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as u32,
-                        a[7usize] as u32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1854u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1855u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1856u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    u32,
                     *mut c_void,
                     *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
                     u32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
+                        a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1855u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as u32,
-                        a[7usize] as u32,
-                        a[8usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1856u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1857u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1858u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -34759,16 +34885,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
-                    u32,
-                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -34777,188 +34899,30 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
-                    u32,
-                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1861u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1862u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1863u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1864u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1865u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1866u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1867u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1868u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -34978,7 +34942,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1869u32 => {
+            1863u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35002,7 +34966,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1870u32 => {
+            1864u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35026,7 +34990,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1871u32 => {
+            1865u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35048,7 +35012,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1872u32 => {
+            1866u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35078,7 +35042,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1873u32 => {
+            1867u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -35098,7 +35062,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1874u32 => {
+            1868u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35132,7 +35096,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1875u32 => {
+            1869u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35170,7 +35134,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1876u32 => {
+            1870u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35220,7 +35184,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1877u32 => {
+            1871u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -35234,7 +35198,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1878u32 => {
+            1872u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -35248,7 +35212,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1879u32 => {
+            1873u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -35262,7 +35226,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1880u32 => {
+            1874u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35288,7 +35252,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1881u32 => {
+            1875u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35310,7 +35274,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1882u32 => {
+            1876u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -35324,7 +35288,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1883u32 => {
+            1877u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35356,7 +35320,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1884u32 => {
+            1878u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35396,7 +35360,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1885u32 => {
+            1879u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35430,7 +35394,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1886u32 => {
+            1880u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35462,7 +35426,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1887u32 => {
+            1881u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35492,7 +35456,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1888u32 => {
+            1882u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35524,7 +35488,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1889u32 => {
+            1883u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35556,7 +35520,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1890u32 => {
+            1884u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35586,7 +35550,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1891u32 => {
+            1885u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35632,7 +35596,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1892u32 => {
+            1886u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35670,7 +35634,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1893u32 => {
+            1887u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35708,7 +35672,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1894u32 => {
+            1888u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35744,7 +35708,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1895u32 => {
+            1889u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35792,7 +35756,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1896u32 => {
+            1890u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35826,7 +35790,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1897u32 => {
+            1891u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35858,7 +35822,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1898u32 => {
+            1892u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35898,7 +35862,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1899u32 => {
+            1893u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35942,7 +35906,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1900u32 => {
+            1894u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35976,7 +35940,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1901u32 => {
+            1895u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36004,7 +35968,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1902u32 => {
+            1896u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36042,7 +36006,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1903u32 => {
+            1897u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36072,7 +36036,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1904u32 => {
+            1898u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36120,7 +36084,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1905u32 => {
+            1899u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36168,7 +36132,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1906u32 => {
+            1900u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36230,7 +36194,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1907u32 => {
+            1901u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36278,199 +36242,199 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            1902u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1903u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1904u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1905u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1906u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1907u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
             1908u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1909u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1910u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1911u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1912u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as u32,
-                        a[16usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1913u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as u32,
-                        a[16usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1914u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36500,7 +36464,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1915u32 => {
+            1909u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36528,7 +36492,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1916u32 => {
+            1910u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36564,7 +36528,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1917u32 => {
+            1911u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36592,7 +36556,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1918u32 => {
+            1912u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36618,7 +36582,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1919u32 => {
+            1913u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36654,7 +36618,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1920u32 => {
+            1914u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36682,7 +36646,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1921u32 => {
+            1915u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36726,7 +36690,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1922u32 => {
+            1916u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36762,7 +36726,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1923u32 => {
+            1917u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36788,7 +36752,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1924u32 => {
+            1918u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36814,7 +36778,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1925u32 => {
+            1919u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -36827,7 +36791,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1926u32 => {
+            1920u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36853,7 +36817,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1927u32 => {
+            1921u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36873,7 +36837,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1928u32 => {
+            1922u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i8,
@@ -36913,7 +36877,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1929u32 => {
+            1923u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -36926,7 +36890,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1930u32 => {
+            1924u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36976,7 +36940,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1931u32 => {
+            1925u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37020,7 +36984,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1932u32 => {
+            1926u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37060,7 +37024,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1933u32 => {
+            1927u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37100,7 +37064,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1934u32 => {
+            1928u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37136,7 +37100,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1935u32 => {
+            1929u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37172,7 +37136,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1936u32 => {
+            1930u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37196,7 +37160,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1937u32 => {
+            1931u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37216,7 +37180,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1938u32 => {
+            1932u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37241,6 +37205,174 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as i32,
                         a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1933u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1934u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1935u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1936u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            1937u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            1938u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -37249,174 +37381,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     u32,
                     u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1940u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1941u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1942u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                    )) as u64
-                }
-            }
-            1943u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                    )) as u64
-                }
-            }
-            1944u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1945u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
                     u32,
                     i32,
                     *mut c_void,
@@ -37446,7 +37410,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1946u32 => {
+            1940u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37476,7 +37440,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1947u32 => {
+            1941u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37512,7 +37476,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1948u32 => {
+            1942u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37544,7 +37508,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1949u32 => {
+            1943u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37568,6 +37532,140 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            1944u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1945u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1946u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1947u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            1948u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1949u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
             1950u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
@@ -37576,8 +37674,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    i32,
-                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -37587,142 +37683,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1951u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1952u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1953u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                    )) as u64
-                }
-            }
-            1954u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1955u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1956u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1957u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37748,7 +37712,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1958u32 => {
+            1952u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37776,31 +37740,31 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1959u32 => {
+            1953u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1960u32 => {
+            1954u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1961u32 => {
+            1955u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1962u32 => {
+            1956u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1963u32 => {
+            1957u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37826,7 +37790,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1964u32 => {
+            1958u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37841,6 +37805,162 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[2usize] as usize as *mut c_void,
                         a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1959u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1960u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1961u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1962u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1963u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1964u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -37896,12 +38016,15 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
+                    u32,
                     i32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
@@ -37910,15 +38033,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as i32,
+                        a[2usize] as u32,
                         a[3usize] as i32,
                         a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -37926,37 +38052,47 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
+                    u32,
                     i32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as i32,
+                        a[2usize] as u32,
                         a[3usize] as i32,
                         a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1969u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
+                    u32,
+                    u32,
+                    u32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
@@ -37964,251 +38100,79 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
                         a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1970u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
+                    u32,
+                    u32,
+                    u32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1971u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1972u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1973u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1974u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1975u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1976u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1977u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1978u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1979u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1980u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1981u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -38221,7 +38185,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1982u32 => {
+            1976u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -38247,7 +38211,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1983u32 => {
+            1977u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -38267,7 +38231,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1984u32 => {
+            1978u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i8,
@@ -38307,7 +38271,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1985u32 => {
+            1979u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -38320,7 +38284,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1986u32 => {
+            1980u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38370,7 +38334,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1987u32 => {
+            1981u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38414,7 +38378,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1988u32 => {
+            1982u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38454,7 +38418,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1989u32 => {
+            1983u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38494,7 +38458,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1990u32 => {
+            1984u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38530,7 +38494,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1991u32 => {
+            1985u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38566,7 +38530,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1992u32 => {
+            1986u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -38590,7 +38554,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1993u32 => {
+            1987u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -38610,7 +38574,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1994u32 => {
+            1988u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38627,6 +38591,158 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1989u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            1990u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1991u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1992u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1993u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1994u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
                         a[2usize] as i32,
                         a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
@@ -38642,23 +38758,23 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
+                    i32,
+                    i32,
                     *mut c_void,
                     i32,
-                    i32,
-                    i32,
                     *mut c_void,
-                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
+                        a[2usize] as i32,
                         a[3usize] as i32,
-                        a[4usize] as i32,
+                        a[4usize] as usize as *mut c_void,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -38670,6 +38786,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
                     i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -38681,8 +38798,9 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -38694,6 +38812,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -38703,6 +38822,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -38710,35 +38830,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1999u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
                     u32,
                     i32,
                     i32,
@@ -38747,30 +38838,75 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     i32,
                     *mut c_void,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as i32,
+                        a[2usize] as u32,
                         a[3usize] as i32,
                         a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1999u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2000u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
+                    u32,
+                    u32,
+                    u32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
@@ -38778,39 +38914,51 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
                         a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2001u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
+                    u32,
+                    u32,
+                    u32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -38822,7 +38970,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    *mut c_void,
                     i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -38834,9 +38981,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -38848,6 +38994,27 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            2004u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -38858,43 +39025,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2004u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -38902,13 +39032,9 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
-                    u32,
-                    i32,
-                    i32,
                     i32,
                     *mut c_void,
                     i32,
-                    *mut c_void,
                     *mut c_void,
                     i32,
                     *mut c_void,
@@ -38917,16 +39043,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -38934,14 +39056,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
                     i32,
                     *mut c_void,
                     i32,
@@ -38951,18 +39065,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -38970,13 +39076,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
-                    u32,
-                    u32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
-                    *mut c_void,
                     *mut c_void,
                     i32,
                     *mut c_void,
@@ -38985,16 +39088,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -39003,142 +39103,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     u32,
                     i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2009u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                    )) as u64
-                }
-            }
-            2010u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2011u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2012u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2013u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2014u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
                     i32,
                     *mut c_void,
                     i32,
@@ -39162,7 +39126,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2015u32 => {
+            2009u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39190,7 +39154,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2016u32 => {
+            2010u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39214,7 +39178,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2017u32 => {
+            2011u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39244,7 +39208,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2018u32 => {
+            2012u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39276,7 +39240,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2019u32 => {
+            2013u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39304,7 +39268,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2020u32 => {
+            2014u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39330,7 +39294,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2021u32 => {
+            2015u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39364,7 +39328,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2022u32 => {
+            2016u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39394,7 +39358,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2023u32 => {
+            2017u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39430,7 +39394,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2024u32 => {
+            2018u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39462,7 +39426,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2025u32 => {
+            2019u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39488,7 +39452,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2026u32 => {
+            2020u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39506,7 +39470,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2027u32 => {
+            2021u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39532,7 +39496,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2028u32 => {
+            2022u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39554,7 +39518,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2029u32 => {
+            2023u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -39565,7 +39529,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2030u32 => {
+            2024u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -39599,6 +39563,42 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            2025u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2026u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2027u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2028u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2029u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2030u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
             2031u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -39606,82 +39606,46 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2032u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
             }
             2033u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
             }
             2034u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
             }
             2035u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
             }
             2036u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
             }
             2037u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2038u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
-            2039u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
-            2040u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            2041u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            2042u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            2043u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -39693,7 +39657,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2044u32 => {
+            2038u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -39702,7 +39666,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            2045u32 => {
+            2039u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -39711,25 +39675,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            2046u32 => {
+            2040u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            2047u32 => {
+            2041u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            2048u32 => {
+            2042u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            2049u32 => {
+            2043u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -39761,7 +39725,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2050u32 => {
+            2044u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -39773,7 +39737,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2051u32 => {
+            2045u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -39781,7 +39745,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2052u32 => {
+            2046u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -39789,7 +39753,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2053u32 => {
+            2047u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -39797,7 +39761,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            2054u32 => {
+            2048u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -39808,7 +39772,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2055u32 => {
+            2049u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -39821,7 +39785,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2056u32 => {
+            2050u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39847,7 +39811,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2057u32 => {
+            2051u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39867,7 +39831,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2058u32 => {
+            2052u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i8,
@@ -39907,7 +39871,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2059u32 => {
+            2053u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -39920,7 +39884,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2060u32 => {
+            2054u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39970,7 +39934,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2061u32 => {
+            2055u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40014,7 +39978,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2062u32 => {
+            2056u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40054,7 +40018,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2063u32 => {
+            2057u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40094,7 +40058,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2064u32 => {
+            2058u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40130,7 +40094,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2065u32 => {
+            2059u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40166,7 +40130,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2066u32 => {
+            2060u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40190,7 +40154,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2067u32 => {
+            2061u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40210,7 +40174,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2068u32 => {
+            2062u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40227,6 +40191,158 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2063u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            2064u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2065u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2066u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2067u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2068u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
                         a[2usize] as i32,
                         a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
@@ -40242,23 +40358,23 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
+                    i32,
+                    i32,
                     *mut c_void,
                     i32,
-                    i32,
-                    i32,
                     *mut c_void,
-                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
+                        a[2usize] as i32,
                         a[3usize] as i32,
-                        a[4usize] as i32,
+                        a[4usize] as usize as *mut c_void,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -40270,6 +40386,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
                     i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -40281,8 +40398,9 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -40294,6 +40412,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -40303,6 +40422,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -40310,35 +40430,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2073u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
                     u32,
                     i32,
                     i32,
@@ -40347,30 +40438,75 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     i32,
                     *mut c_void,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as i32,
+                        a[2usize] as u32,
                         a[3usize] as i32,
                         a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2073u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2074u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
+                    u32,
+                    u32,
+                    u32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
@@ -40378,39 +40514,51 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
                         a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2075u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
+                    u32,
+                    u32,
+                    u32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -40422,7 +40570,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    *mut c_void,
                     i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -40434,9 +40581,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -40448,6 +40594,27 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            2078u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -40458,43 +40625,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2078u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -40502,13 +40632,9 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
-                    u32,
-                    i32,
-                    i32,
                     i32,
                     *mut c_void,
                     i32,
-                    *mut c_void,
                     *mut c_void,
                     i32,
                     *mut c_void,
@@ -40517,16 +40643,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -40534,14 +40656,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
                     i32,
                     *mut c_void,
                     i32,
@@ -40551,18 +40665,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -40570,13 +40676,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
-                    u32,
-                    u32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
-                    *mut c_void,
                     *mut c_void,
                     i32,
                     *mut c_void,
@@ -40585,16 +40688,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -40603,142 +40703,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     u32,
                     i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2083u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                    )) as u64
-                }
-            }
-            2084u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2085u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2086u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2087u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2088u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
                     i32,
                     *mut c_void,
                     i32,
@@ -40762,7 +40726,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2089u32 => {
+            2083u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40790,7 +40754,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2090u32 => {
+            2084u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40814,7 +40778,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2091u32 => {
+            2085u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40844,7 +40808,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2092u32 => {
+            2086u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40876,7 +40840,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2093u32 => {
+            2087u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40904,7 +40868,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2094u32 => {
+            2088u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40930,7 +40894,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2095u32 => {
+            2089u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40964,7 +40928,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2096u32 => {
+            2090u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40994,7 +40958,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2097u32 => {
+            2091u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41030,7 +40994,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2098u32 => {
+            2092u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41062,7 +41026,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2099u32 => {
+            2093u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41088,7 +41052,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2100u32 => {
+            2094u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41106,7 +41070,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2101u32 => {
+            2095u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41132,7 +41096,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2102u32 => {
+            2096u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41154,7 +41118,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2103u32 => {
+            2097u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41206,7 +41170,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2104u32 => {
+            2098u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41252,7 +41216,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2105u32 => {
+            2099u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41290,7 +41254,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2106u32 => {
+            2100u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41322,7 +41286,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2107u32 => {
+            2101u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41376,7 +41340,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2108u32 => {
+            2102u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41424,7 +41388,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2109u32 => {
+            2103u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41432,7 +41396,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2110u32 => {
+            2104u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41440,7 +41404,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2111u32 => {
+            2105u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41449,7 +41413,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            2112u32 => {
+            2106u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41497,7 +41461,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2113u32 => {
+            2107u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41533,7 +41497,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2114u32 => {
+            2108u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41561,7 +41525,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2115u32 => {
+            2109u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41595,7 +41559,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2116u32 => {
+            2110u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41629,7 +41593,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2117u32 => {
+            2111u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41657,7 +41621,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2118u32 => {
+            2112u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41689,7 +41653,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2119u32 => {
+            2113u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41731,7 +41695,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2120u32 => {
+            2114u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41767,7 +41731,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2121u32 => {
+            2115u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41807,7 +41771,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2122u32 => {
+            2116u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41841,7 +41805,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2123u32 => {
+            2117u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41849,7 +41813,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2124u32 => {
+            2118u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41857,7 +41821,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2125u32 => {
+            2119u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41866,7 +41830,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            2126u32 => {
+            2120u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41906,7 +41870,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2127u32 => {
+            2121u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41940,7 +41904,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2128u32 => {
+            2122u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41972,7 +41936,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2129u32 => {
+            2123u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41998,7 +41962,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2130u32 => {
+            2124u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -42011,7 +41975,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2131u32 => {
+            2125u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -42037,7 +42001,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2132u32 => {
+            2126u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -42057,7 +42021,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2133u32 => {
+            2127u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i8,
@@ -42097,7 +42061,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2134u32 => {
+            2128u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -42110,7 +42074,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2135u32 => {
+            2129u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42160,7 +42124,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2136u32 => {
+            2130u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42204,7 +42168,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2137u32 => {
+            2131u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42244,7 +42208,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2138u32 => {
+            2132u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42284,7 +42248,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2139u32 => {
+            2133u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42320,7 +42284,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2140u32 => {
+            2134u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42356,7 +42320,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2141u32 => {
+            2135u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -42380,7 +42344,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2142u32 => {
+            2136u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -42400,7 +42364,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2143u32 => {
+            2137u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42425,6 +42389,174 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as i32,
                         a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2138u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2139u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2140u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2141u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                    )) as u64
+                }
+            }
+            2142u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            2143u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -42433,174 +42565,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     u32,
                     u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2145u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2146u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2147u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                    )) as u64
-                }
-            }
-            2148u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                    )) as u64
-                }
-            }
-            2149u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2150u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
                     u32,
                     i32,
                     *mut c_void,
@@ -42630,7 +42594,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2151u32 => {
+            2145u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42660,7 +42624,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2152u32 => {
+            2146u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42696,7 +42660,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2153u32 => {
+            2147u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42728,7 +42692,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2154u32 => {
+            2148u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -42752,6 +42716,140 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            2149u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2150u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2151u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2152u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            2153u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2154u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
             2155u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
@@ -42760,8 +42858,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    i32,
-                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -42771,142 +42867,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2156u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2157u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2158u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                    )) as u64
-                }
-            }
-            2159u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2160u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2161u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2162u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42932,7 +42896,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2163u32 => {
+            2157u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42960,7 +42924,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2164u32 => {
+            2158u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42986,7 +42950,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2165u32 => {
+            2159u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43001,6 +42965,162 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[2usize] as usize as *mut c_void,
                         a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2160u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2161u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2162u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2163u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2164u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2165u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -43056,12 +43176,15 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
+                    u32,
                     i32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
@@ -43070,15 +43193,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as i32,
+                        a[2usize] as u32,
                         a[3usize] as i32,
                         a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                        a[10usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -43086,37 +43212,47 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
+                    u32,
                     i32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as i32,
+                        a[2usize] as u32,
                         a[3usize] as i32,
                         a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
                         a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2170u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
+                    u32,
+                    u32,
+                    u32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
@@ -43124,249 +43260,133 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
                         a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2171u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
+                    u32,
+                    u32,
+                    u32,
                     i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
                         a[5usize] as i32,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             2172u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2173u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2174u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2175u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2176u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2177u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2178u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
                         a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
-            2178u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
             2179u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                    )) as u64
+                }
             }
             2180u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, f64, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        f64::from_bits(a[1usize]),
+                        f64::from_bits(a[2usize]),
+                    )) as u64
+                }
             }
             2181u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
             }
             2182u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -43381,54 +43401,49 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2184u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
-                }
-            }
-            2185u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
-                }
-            }
-            2186u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, f64, f64) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        f64::from_bits(a[1usize]),
-                        f64::from_bits(a[2usize]),
-                    )) as u64
-                }
-            }
-            2187u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            2188u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2185u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2186u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2187u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2188u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2189u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -43437,16 +43452,26 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2190u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2191u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2192u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
@@ -43460,15 +43485,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2193u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2194u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
@@ -43488,15 +43508,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2196u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2197u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
@@ -43521,66 +43536,56 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2199u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2200u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2201u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe { (f(a[0usize] as usize)) as u64 }
             }
             2202u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2203u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2203u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2204u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2205u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2206u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -43589,21 +43594,16 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2207u32 => {
-                let f: unsafe extern "C" fn(usize) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize)) as u64 }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2208u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2209u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -43630,40 +43630,70 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2213u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2214u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2215u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2216u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2217u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2218u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2219u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
@@ -43831,58 +43861,47 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2234u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2235u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2236u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2237u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    chidori_cuda::types::ncclUniqueId,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        core::ptr::read(
+                            a[2usize] as usize as *const types::ncclUniqueId,
+                        ),
+                        a[3usize] as i32,
                     )) as u64
                 }
             }
             2238u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
             2239u32 => {
@@ -43897,108 +43916,53 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2240u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe { (f()) as u64 }
             }
             2241u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe { (f()) as u64 }
             }
             2242u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
             }
             2243u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    chidori_cuda::types::ncclUniqueId,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn() = unsafe { core::mem::transmute(f) };
                 unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        core::ptr::read(
-                            a[2usize] as usize as *const types::ncclUniqueId,
-                        ),
-                        a[3usize] as i32,
-                    )) as u64
+                    {
+                        f();
+                        0
+                    }
                 }
             }
             2244u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2245u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2246u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f()) as u64 }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2247u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
-            2248u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            2249u32 => {
-                let f: unsafe extern "C" fn() = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    {
-                        f();
-                        0
-                    }
-                }
-            }
-            2250u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2251u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2252u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            2253u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -44016,7 +43980,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2254u32 => {
+            2248u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -44024,7 +43988,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2255u32 => {
+            2249u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -44035,19 +43999,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2256u32 => {
+            2250u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            2257u32 => {
+            2251u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            2258u32 => {
+            2252u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -44055,7 +44019,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            2259u32 => {
+            2253u32 => {
                 let f: unsafe extern "C" fn() = unsafe { core::mem::transmute(f) };
                 unsafe {
                     {
@@ -44064,25 +44028,25 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            2260u32 => {
+            2254u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2261u32 => {
+            2255u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2262u32 => {
+            2256u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            2263u32 => {
+            2257u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };

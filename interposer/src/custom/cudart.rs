@@ -735,4 +735,5 @@ pub unsafe fn cudaLaunchCooperativeKernel_ptsz(
     unsafe { cudaLaunchCooperativeKernel(func, gridDim, blockDim, args, sharedMem, per_thread(stream)) }
 }
 pub use super::capture::*;
+pub use super::context::{cudaDeviceReset, cudaSetDeviceFlags};
 pub use super::entry::cudart::*;

@@ -706,4 +706,8 @@ launch_ex_variants!(
     cuLaunchKernelEx_ptsz__cu130
 );
 pub use super::capture::*;
+pub use super::context::{
+    cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxSetFlags,
+    cuDevicePrimaryCtxSetFlags_v2,
+};
 pub use super::entry::driver::*;

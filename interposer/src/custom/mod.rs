@@ -3,6 +3,7 @@
 //! missing one is a compile error.
 
 pub mod capture;
+pub mod context;
 pub mod cublas;
 pub mod cublaslt;
 pub mod cudart;
@@ -11,3 +12,4 @@ pub mod driver;
 pub mod entry;
 pub mod kernels;
 pub mod memory;
+pub mod nvml;

@@ -1,0 +1,86 @@
+//! Primary-context state, cached on the client once the server reports the context active
+//! (torch's `hasPrimaryContext` asks before many operations). Resets and flag changes go
+//! to the server and drop the cache.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use chidori_cuda::calls::{cudart, driver};
+use chidori_protocol::desc::CallDesc;
+
+/// Device ordinal → flags of its active primary context.
+static ACTIVE: Mutex<Option<HashMap<i32, u32>>> = Mutex::new(None);
+
+fn forget() {
+    *ACTIVE.lock().unwrap_or_else(|p| p.into_inner()) = None;
+}
+
+/// Forward a call that changes primary contexts, then drop the cache.
+fn changing(name: &'static str, desc: &'static CallDesc, args: &[u64], runtime: bool) -> u32 {
+    crate::guard::ffi(name, 1, || {
+        forget();
+        // SAFETY: values only.
+        let s = unsafe { crate::runtime::call(desc, args) } as u32;
+        forget();
+        if runtime {
+            crate::state::set_last_error(s);
+        }
+        s
+    })
+}
+
+pub unsafe fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut c_void, active: *mut c_void) -> u32 {
+    crate::guard::ffi("cuDevicePrimaryCtxGetState", 1, || {
+        crate::trace::local("cuDevicePrimaryCtxGetState");
+        if flags.is_null() || active.is_null() {
+            return 1;
+        }
+        let cached = ACTIVE.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(|m| m.get(&dev).copied());
+        if let Some(f) = cached {
+            // SAFETY: the caller's unsigned int and int, checked non-null.
+            unsafe {
+                std::ptr::write_unaligned(flags as *mut u32, f);
+                std::ptr::write_unaligned(active as *mut i32, 1);
+            }
+            return 0;
+        }
+        let args = [dev as u32 as u64, flags as u64, active as u64];
+        // SAFETY: the caller's out-pointers, checked non-null.
+        let s = unsafe { crate::runtime::call(&driver::cuDevicePrimaryCtxGetState__call, &args) } as u32;
+        // SAFETY: written by the reply.
+        let (f, a) =
+            unsafe { (std::ptr::read_unaligned(flags as *const u32), std::ptr::read_unaligned(active as *const i32)) };
+        if s == 0 && a == 1 {
+            ACTIVE.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(dev, f);
+        }
+        s
+    })
+}
+
+pub unsafe fn cuDevicePrimaryCtxReset(dev: i32) -> u32 {
+    changing("cuDevicePrimaryCtxReset", &driver::cuDevicePrimaryCtxReset__call, &[dev as u32 as u64], false)
+}
+
+pub unsafe fn cuDevicePrimaryCtxReset_v2(dev: i32) -> u32 {
+    changing("cuDevicePrimaryCtxReset_v2", &driver::cuDevicePrimaryCtxReset_v2__call, &[dev as u32 as u64], false)
+}
+
+pub unsafe fn cuDevicePrimaryCtxSetFlags(dev: i32, flags: u32) -> u32 {
+    let args = [dev as u32 as u64, u64::from(flags)];
+    changing("cuDevicePrimaryCtxSetFlags", &driver::cuDevicePrimaryCtxSetFlags__call, &args, false)
+}
+
+pub unsafe fn cuDevicePrimaryCtxSetFlags_v2(dev: i32, flags: u32) -> u32 {
+    let args = [dev as u32 as u64, u64::from(flags)];
+    changing("cuDevicePrimaryCtxSetFlags_v2", &driver::cuDevicePrimaryCtxSetFlags_v2__call, &args, false)
+}
+
+pub unsafe fn cudaDeviceReset() -> u32 {
+    changing("cudaDeviceReset", &cudart::cudaDeviceReset__call, &[], true)
+}
+
+pub unsafe fn cudaSetDeviceFlags(flags: u32) -> u32 {
+    changing("cudaSetDeviceFlags", &cudart::cudaSetDeviceFlags__call, &[u64::from(flags)], true)
+}

@@ -1,0 +1,61 @@
+//! NVML initialization and device count, answered on the client (the worker initializes
+//! NVML itself before the first NVML call it forwards). `torch.cuda.device_count()` asks
+//! NVML before CUDA: this keeps it free of round trips.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::ffi::c_void;
+
+/// NVML_SUCCESS, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_DRIVER_NOT_LOADED.
+const SUCCESS: u32 = 0;
+const INVALID_ARGUMENT: u32 = 2;
+const DRIVER_NOT_LOADED: u32 = 9;
+
+fn init(name: &'static str) -> u32 {
+    crate::guard::ffi(name, DRIVER_NOT_LOADED, || {
+        crate::trace::local(name);
+        // Without a server there is no NVIDIA driver to talk to.
+        if crate::conn::get().is_ok() { SUCCESS } else { DRIVER_NOT_LOADED }
+    })
+}
+
+fn count(name: &'static str, out: *mut c_void) -> u32 {
+    crate::guard::ffi(name, DRIVER_NOT_LOADED, || {
+        crate::trace::local(name);
+        if out.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let Ok(conn) = crate::conn::get() else { return DRIVER_NOT_LOADED };
+        let n = conn.profile.devices.len() as u32;
+        // SAFETY: the caller's unsigned int, checked non-null.
+        unsafe { std::ptr::write_unaligned(out as *mut u32, n) };
+        SUCCESS
+    })
+}
+
+pub unsafe fn nvmlInit() -> u32 {
+    init("nvmlInit")
+}
+
+pub unsafe fn nvmlInit_v2() -> u32 {
+    init("nvmlInit_v2")
+}
+
+pub unsafe fn nvmlInitWithFlags(_flags: u32) -> u32 {
+    init("nvmlInitWithFlags")
+}
+
+/// The worker's NVML stays initialized until the session ends.
+pub unsafe fn nvmlShutdown() -> u32 {
+    crate::guard::ffi("nvmlShutdown", SUCCESS, || {
+        crate::trace::local("nvmlShutdown");
+        SUCCESS
+    })
+}
+
+pub unsafe fn nvmlDeviceGetCount(deviceCount: *mut c_void) -> u32 {
+    count("nvmlDeviceGetCount", deviceCount)
+}
+
+pub unsafe fn nvmlDeviceGetCount_v2(deviceCount: *mut c_void) -> u32 {
+    count("nvmlDeviceGetCount_v2", deviceCount)
+}
