@@ -123,7 +123,7 @@ if want torch; then
   quick=(); [[ ${QUICK:-0} == 1 ]] && quick=(--quick)
   timeout ${WORKLOAD_TIMEOUT:-400} python3 gpu/workloads.py --chidori "$CHIDORI" --server $SERVER \
     --wan-server 127.0.0.1:$WAN_PORT --workloads "$SHARED/workloads" --json "$LOGS/workloads.json" \
-    --timeout ${RUN_TIMEOUT:-150} "${quick[@]}" ${WORKLOADS:+$(printf -- '--only %s ' $WORKLOADS)} \
+    --timeout ${RUN_TIMEOUT:-150} "${quick[@]}" ${WORKLOADS:+$(printf -- '--only %s ' $WORKLOADS)} ${NO_WAN:+--no-wan} \
     > "$LOGS/workloads.txt" 2>&1
   rc=$?
   cat "$LOGS/workloads.txt"

@@ -53,8 +53,10 @@ def run(cmd, timeout, env=None):
                 break
             except ValueError:
                 pass
+    # What the program printed before the trace table (a traceback, warnings), and the table.
+    before, _, table = err.partition("chidori trace:")
     return {"rc": rc, "wall_s": round(time.monotonic() - start, 2), "result": result,
-            "stderr_tail": err[-3000:], "round_trips": round_trips(err)}
+            "stderr_tail": before[-4000:], "trace": table[-6000:], "round_trips": round_trips(err)}
 
 
 def round_trips(stderr):
@@ -94,6 +96,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", action="append")
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--no-wan", action="store_true", help="skip the 70 ms runs")
     a = ap.parse_args()
     rows = []
     for name, script, args, unit, wan in CONFIGS:
@@ -105,7 +108,7 @@ def main():
         entry = {"name": name, "args": args + extra}
         entry["native"] = run(base, a.timeout)
         entry["remote"] = run([a.chidori, "run", "--trace", "-s", a.server, "--"] + base, a.timeout)
-        if wan and a.wan_server:
+        if wan and a.wan_server and not a.no_wan:
             wargs = args + (extra or WAN_ARGS.get(script, []))
             wbase = [sys.executable, path] + wargs
             entry["wan_args"] = wargs
@@ -122,7 +125,7 @@ def main():
         print(json.dumps({"done": name, "native": entry["native"]["result"], "remote": entry["remote"]["result"],
                           "remote_rc": entry["remote"]["rc"]}), flush=True)
         if entry["remote"]["rc"] != 0:
-            print(entry["remote"]["stderr_tail"][-1500:], flush=True)
+            print(entry["remote"]["stderr_tail"][-2500:], flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -8523,18 +8523,13 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetError() -> u32 {
         crate::runtime::call(&chidori_cuda::calls::cublas::cublasGetError, &[]) as u32
     }
 }
-///`cublasGetMathMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasGetMathMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetMathMode(
     handle: *mut c_void,
     mode: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasGetMathMode,
-            &[(handle) as usize as u64, (mode) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cublas::cublasGetMathMode(handle, mode) }
 }
 ///`cublasGetMatrix` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
@@ -9959,18 +9954,13 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetKernelStream(
         ) as u32
     }
 }
-///`cublasSetMathMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSetMathMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetMathMode(
     handle: *mut c_void,
     mode: u32,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasSetMathMode,
-            &[(handle) as usize as u64, (mode) as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cublas::cublasSetMathMode(handle, mode) }
 }
 ///`cublasSetMatrix` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]

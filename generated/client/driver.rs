@@ -157,15 +157,10 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxDestroy(ctx: *mut c_void) -> u32 
         ) as u32
     }
 }
-///`cuCtxDestroy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxDestroy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxDestroy_v2(ctx: *mut c_void) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuCtxDestroy_v2,
-            &[(ctx) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuCtxDestroy_v2(ctx) }
 }
 ///`cuCtxDetach` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -240,15 +235,10 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxGetCacheConfig(
         ) as u32
     }
 }
-///`cuCtxGetCurrent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxGetCurrent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxGetCurrent(pctx: *mut c_void) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuCtxGetCurrent,
-            &[(pctx) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuCtxGetCurrent(pctx) }
 }
 ///`cuCtxGetDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -344,15 +334,10 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxPopCurrent(pctx: *mut c_void) -> 
         ) as u32
     }
 }
-///`cuCtxPopCurrent_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxPopCurrent_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxPopCurrent_v2(pctx: *mut c_void) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuCtxPopCurrent_v2,
-            &[(pctx) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuCtxPopCurrent_v2(pctx) }
 }
 ///`cuCtxPushCurrent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -364,15 +349,10 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxPushCurrent(ctx: *mut c_void) -> 
         ) as u32
     }
 }
-///`cuCtxPushCurrent_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxPushCurrent_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxPushCurrent_v2(ctx: *mut c_void) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuCtxPushCurrent_v2,
-            &[(ctx) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuCtxPushCurrent_v2(ctx) }
 }
 ///`cuCtxRecordEvent` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -407,15 +387,10 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxSetCacheConfig(config: u32) -> u3
         ) as u32
     }
 }
-///`cuCtxSetCurrent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxSetCurrent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxSetCurrent(ctx: *mut c_void) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuCtxSetCurrent,
-            &[(ctx) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuCtxSetCurrent(ctx) }
 }
 ///`cuCtxSetFlags` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]

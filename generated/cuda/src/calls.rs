@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 11251970110888885594u64;
+pub const SCHEMA_HASH: u64 = 131028179742324053u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 2258usize] = [
@@ -4758,14 +4758,14 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuCtxCreate,
     &driver::cuCtxCreate_v2,
     &driver::cuCtxDestroy,
-    &driver::cuCtxDestroy_v2,
+    &driver::cuCtxDestroy_v2__call,
     &driver::cuCtxDetach,
     &driver::cuCtxDisablePeerAccess,
     &driver::cuCtxEnablePeerAccess,
     &driver::cuCtxFromGreenCtx,
     &driver::cuCtxGetApiVersion,
     &driver::cuCtxGetCacheConfig,
-    &driver::cuCtxGetCurrent,
+    &driver::cuCtxGetCurrent__call,
     &driver::cuCtxGetDevice,
     &driver::cuCtxGetDevice_v2,
     &driver::cuCtxGetFlags,
@@ -4774,13 +4774,13 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuCtxGetSharedMemConfig,
     &driver::cuCtxGetStreamPriorityRange,
     &driver::cuCtxPopCurrent,
-    &driver::cuCtxPopCurrent_v2,
+    &driver::cuCtxPopCurrent_v2__call,
     &driver::cuCtxPushCurrent,
-    &driver::cuCtxPushCurrent_v2,
+    &driver::cuCtxPushCurrent_v2__call,
     &driver::cuCtxRecordEvent,
     &driver::cuCtxResetPersistingL2Cache,
     &driver::cuCtxSetCacheConfig,
-    &driver::cuCtxSetCurrent,
+    &driver::cuCtxSetCurrent__call,
     &driver::cuCtxSetFlags,
     &driver::cuCtxSetLimit,
     &driver::cuCtxSetSharedMemConfig,
@@ -5368,7 +5368,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cublas::cublasGetAtomicsMode,
     &cublas::cublasGetCudartVersion,
     &cublas::cublasGetError,
-    &cublas::cublasGetMathMode,
+    &cublas::cublasGetMathMode__call,
     &cublas::cublasGetMatrix,
     &cublas::cublasGetMatrixAsync_64,
     &cublas::cublasGetMatrix_64,
@@ -5436,7 +5436,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cublas::cublasSetFixedPointEmulationMantissaControl,
     &cublas::cublasSetFixedPointEmulationMaxMantissaBitCount,
     &cublas::cublasSetKernelStream,
-    &cublas::cublasSetMathMode,
+    &cublas::cublasSetMathMode__call,
     &cublas::cublasSetMatrix,
     &cublas::cublasSetMatrixAsync_64,
     &cublas::cublasSetMatrix_64,
@@ -20741,11 +20741,11 @@ pub mod cublas {
             invalid_handle: 1i64,
         },
     };
-    pub static cublasGetMathMode: CallDesc = CallDesc {
+    pub static cublasGetMathMode__call: CallDesc = CallDesc {
         wire: 839u32,
         call: 818u32,
         name: "cublasGetMathMode",
-        form: None,
+        form: Some("call"),
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -23150,11 +23150,11 @@ pub mod cublas {
             invalid_handle: 1i64,
         },
     };
-    pub static cublasSetMathMode: CallDesc = CallDesc {
+    pub static cublasSetMathMode__call: CallDesc = CallDesc {
         wire: 907u32,
         call: 886u32,
         name: "cublasSetMathMode",
-        form: None,
+        form: Some("call"),
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -87628,11 +87628,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuCtxDestroy_v2: CallDesc = CallDesc {
+    pub static cuCtxDestroy_v2__call: CallDesc = CallDesc {
         wire: 229u32,
         call: 208u32,
         name: "cuCtxDestroy_v2",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -87795,11 +87795,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuCtxGetCurrent: CallDesc = CallDesc {
+    pub static cuCtxGetCurrent__call: CallDesc = CallDesc {
         wire: 236u32,
         call: 215u32,
         name: "cuCtxGetCurrent",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -88015,11 +88015,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuCtxPopCurrent_v2: CallDesc = CallDesc {
+    pub static cuCtxPopCurrent_v2__call: CallDesc = CallDesc {
         wire: 245u32,
         call: 224u32,
         name: "cuCtxPopCurrent_v2",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -88054,11 +88054,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuCtxPushCurrent_v2: CallDesc = CallDesc {
+    pub static cuCtxPushCurrent_v2__call: CallDesc = CallDesc {
         wire: 247u32,
         call: 226u32,
         name: "cuCtxPushCurrent_v2",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -88141,11 +88141,11 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuCtxSetCurrent: CallDesc = CallDesc {
+    pub static cuCtxSetCurrent__call: CallDesc = CallDesc {
         wire: 251u32,
         call: 230u32,
         name: "cuCtxSetCurrent",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,

@@ -3,9 +3,11 @@
 //! to the server and drop the cache.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use chidori_cuda::calls::{cudart, driver};
 use chidori_protocol::desc::CallDesc;
@@ -13,8 +15,17 @@ use chidori_protocol::desc::CallDesc;
 /// Device ordinal → flags of its active primary context.
 static ACTIVE: Mutex<Option<HashMap<i32, u32>>> = Mutex::new(None);
 
+/// Bumped by every call that may change which context a thread has current.
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// (generation, device, context) of this thread's last cuCtxGetCurrent answer.
+    static CURRENT: Cell<(u64, i32, u64)> = const { Cell::new((0, 0, 0)) };
+}
+
 fn forget() {
     *ACTIVE.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    GENERATION.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Forward a call that changes primary contexts, then drop the cache.
@@ -83,4 +94,47 @@ pub unsafe fn cudaDeviceReset() -> u32 {
 
 pub unsafe fn cudaSetDeviceFlags(flags: u32) -> u32 {
     changing("cudaSetDeviceFlags", &cudart::cudaSetDeviceFlags__call, &[u64::from(flags)], true)
+}
+
+/// cuCtxGetCurrent: answered from this thread's cache while no context call intervened
+/// and the runtime's current device is the same.
+pub unsafe fn cuCtxGetCurrent(pctx: *mut c_void) -> u32 {
+    crate::guard::ffi("cuCtxGetCurrent", 1, || {
+        crate::trace::local("cuCtxGetCurrent");
+        if pctx.is_null() {
+            return 1;
+        }
+        let generation = GENERATION.load(Ordering::Relaxed);
+        let device = crate::state::current_device();
+        let (g, d, ctx) = CURRENT.with(Cell::get);
+        if g == generation && d == device && ctx != 0 {
+            // SAFETY: the caller's CUcontext*, checked non-null.
+            unsafe { std::ptr::write_unaligned(pctx as *mut u64, ctx) };
+            return 0;
+        }
+        // SAFETY: as above.
+        let s = unsafe { crate::runtime::call(&driver::cuCtxGetCurrent__call, &[pctx as u64]) } as u32;
+        // SAFETY: written by the reply.
+        let ctx = unsafe { std::ptr::read_unaligned(pctx as *const u64) };
+        if s == 0 && ctx != 0 {
+            CURRENT.with(|c| c.set((generation, device, ctx)));
+        }
+        s
+    })
+}
+
+pub unsafe fn cuCtxSetCurrent(ctx: *mut c_void) -> u32 {
+    changing("cuCtxSetCurrent", &driver::cuCtxSetCurrent__call, &[ctx as u64], false)
+}
+
+pub unsafe fn cuCtxPushCurrent_v2(ctx: *mut c_void) -> u32 {
+    changing("cuCtxPushCurrent_v2", &driver::cuCtxPushCurrent_v2__call, &[ctx as u64], false)
+}
+
+pub unsafe fn cuCtxPopCurrent_v2(pctx: *mut c_void) -> u32 {
+    changing("cuCtxPopCurrent_v2", &driver::cuCtxPopCurrent_v2__call, &[pctx as u64], false)
+}
+
+pub unsafe fn cuCtxDestroy_v2(ctx: *mut c_void) -> u32 {
+    changing("cuCtxDestroy_v2", &driver::cuCtxDestroy_v2__call, &[ctx as u64], false)
 }

@@ -707,6 +707,7 @@ launch_ex_variants!(
 );
 pub use super::capture::*;
 pub use super::context::{
+    cuCtxDestroy_v2, cuCtxGetCurrent, cuCtxPopCurrent_v2, cuCtxPushCurrent_v2, cuCtxSetCurrent,
     cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxSetFlags,
     cuDevicePrimaryCtxSetFlags_v2,
 };
