@@ -130,7 +130,7 @@ if want torch; then
   row "workloads" "rc=$rc (workloads.txt)"
   if [[ ${SUITE:-1} == 1 ]]; then
     timeout ${SUITE_TIMEOUT:-200} python3 gpu/torch-suite/compare.py --chidori "$CHIDORI" --server $SERVER \
-      --json "$LOGS/torch-suite.json" --timeout 90 > "$LOGS/torch-suite.txt" 2>&1
+      --json "$LOGS/torch-suite.json" --timeout ${TORCH_RUN_TIMEOUT:-150} ${SUITE_WAN:+--wan-server 127.0.0.1:$WAN_PORT} > "$LOGS/torch-suite.txt" 2>&1
     rc=$?
     tail -40 "$LOGS/torch-suite.txt"
     row "torch suite" "$( ((rc == 0)) && echo "all match" || echo "FAILURES rc=$rc (torch-suite.txt)")"

@@ -16,7 +16,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtCreate(
         ) as u32
     }
 }
-///`cublasLtDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtDestroy(
     lightHandle: *mut c_void,
@@ -52,7 +52,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtEmulationDescCreate(
         ) as u32
     }
 }
-///`cublasLtEmulationDescDestroy` for CUDA 13.1 (sync).
+///`cublasLtEmulationDescDestroy` for CUDA 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtEmulationDescDestroy(
     emulationDesc: *mut c_void,
@@ -351,7 +351,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescCreate__cu126(
         )
     }
 }
-///`cublasLtMatmulDescDestroy` for CUDA 11.8, 12.1 (sync).
+///`cublasLtMatmulDescDestroy` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescDestroy__cu118(
     matmulDesc: *mut c_void,
@@ -363,7 +363,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescDestroy__cu118(
         ) as u32
     }
 }
-///`cublasLtMatmulDescDestroy` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatmulDescDestroy` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescDestroy__cu126(
     matmulDesc: *mut c_void,
@@ -473,7 +473,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceCreate__cu12
         ) as u32
     }
 }
-///`cublasLtMatmulPreferenceDestroy` for CUDA 11.8 (sync).
+///`cublasLtMatmulPreferenceDestroy` for CUDA 11.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceDestroy__cu118(
     pref: *mut c_void,
@@ -485,7 +485,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceDestroy__cu1
         ) as u32
     }
 }
-///`cublasLtMatmulPreferenceDestroy` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatmulPreferenceDestroy` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceDestroy__cu121(
     pref: *mut c_void,
@@ -585,7 +585,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutCreate(
         ) as u32
     }
 }
-///`cublasLtMatrixLayoutDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatrixLayoutDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutDestroy(
     matLayout: *mut c_void,
@@ -654,7 +654,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescCreate(
         ) as u32
     }
 }
-///`cublasLtMatrixTransformDescDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatrixTransformDescDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescDestroy(
     transformDesc: *mut c_void,

@@ -314,7 +314,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendGetAttribute__cu126(
         ) as u32
     }
 }
-///`cudnnBackendSetAttribute` for CUDA 11.8, 12.1 (async).
+///`cudnnBackendSetAttribute` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendSetAttribute__cu118(
     descriptor: *mut c_void,
@@ -324,19 +324,16 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendSetAttribute__cu118(
     arrayOfElements: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu118,
-            &[
-                (descriptor) as usize as u64,
-                (attributeName) as u64,
-                (attributeType) as u64,
-                (elementCount) as i64 as u64,
-                (arrayOfElements) as usize as u64,
-            ],
-        ) as u32
+        crate::custom::cudnn::cudnnBackendSetAttribute__cu118(
+            descriptor,
+            attributeName,
+            attributeType,
+            elementCount,
+            arrayOfElements,
+        )
     }
 }
-///`cudnnBackendSetAttribute` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnBackendSetAttribute` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendSetAttribute__cu126(
     descriptor: *mut c_void,
@@ -346,16 +343,13 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendSetAttribute__cu126(
     arrayOfElements: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu126,
-            &[
-                (descriptor) as usize as u64,
-                (attributeName) as u64,
-                (attributeType) as u64,
-                (elementCount) as i64 as u64,
-                (arrayOfElements) as usize as u64,
-            ],
-        ) as u32
+        crate::custom::cudnn::cudnnBackendSetAttribute__cu126(
+            descriptor,
+            attributeName,
+            attributeType,
+            elementCount,
+            arrayOfElements,
+        )
     }
 }
 ///`cudnnBatchNormalizationBackwardEx` for CUDA 11.8, 12.1 (async).
@@ -1870,29 +1864,19 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDeriveNormTensorDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnDestroy` for CUDA 11.8, 12.1 (async).
+///`cudnnDestroy` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroy__cu118(
     handle: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnDestroy__cu118,
-            &[(handle) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudnn::cudnnDestroy__cu118(handle) }
 }
-///`cudnnDestroy` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroy` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroy__cu126(
     handle: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnDestroy__cu126,
-            &[(handle) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudnn::cudnnDestroy__cu126(handle) }
 }
 ///`cudnnDestroyActivationDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
@@ -3847,25 +3831,15 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionReorderType__cu126(
         ) as u32
     }
 }
-///`cudnnGetCudartVersion` for CUDA 11.8, 12.1 (sync).
+///`cudnnGetCudartVersion` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCudartVersion__cu118() -> usize {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnGetCudartVersion__cu118,
-            &[],
-        ) as usize
-    }
+    unsafe { crate::custom::cudnn::cudnnGetCudartVersion__cu118() }
 }
-///`cudnnGetCudartVersion` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetCudartVersion` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCudartVersion__cu126() -> usize {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnGetCudartVersion__cu126,
-            &[],
-        ) as usize
-    }
+    unsafe { crate::custom::cudnn::cudnnGetCudartVersion__cu126() }
 }
 ///`cudnnGetDropoutDescriptor` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
@@ -5109,31 +5083,21 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetReductionWorkspaceSize__cu126(
         ) as u32
     }
 }
-///`cudnnGetStream` for CUDA 11.8, 12.1 (sync).
+///`cudnnGetStream` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetStream__cu118(
     handle: *mut c_void,
     streamId: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnGetStream__cu118,
-            &[(handle) as usize as u64, (streamId) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudnn::cudnnGetStream__cu118(handle, streamId) }
 }
-///`cudnnGetStream` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetStream` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetStream__cu126(
     handle: *mut c_void,
     streamId: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnGetStream__cu126,
-            &[(handle) as usize as u64, (streamId) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudnn::cudnnGetStream__cu126(handle, streamId) }
 }
 ///`cudnnGetTensor4dDescriptor` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
@@ -5325,21 +5289,15 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensorTransformDescriptor__cu12
         ) as u32
     }
 }
-///`cudnnGetVersion` for CUDA 11.8, 12.1 (sync).
+///`cudnnGetVersion` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetVersion__cu118() -> usize {
-    unsafe {
-        crate::runtime::call(&chidori_cuda::calls::cudnn::cudnnGetVersion__cu118, &[])
-            as usize
-    }
+    unsafe { crate::custom::cudnn::cudnnGetVersion__cu118() }
 }
-///`cudnnGetVersion` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetVersion` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetVersion__cu126() -> usize {
-    unsafe {
-        crate::runtime::call(&chidori_cuda::calls::cudnn::cudnnGetVersion__cu126, &[])
-            as usize
-    }
+    unsafe { crate::custom::cudnn::cudnnGetVersion__cu126() }
 }
 ///`cudnnGraphVersionCheck` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -7534,31 +7492,21 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetSpatialTransformerNdDescriptor_
         ) as u32
     }
 }
-///`cudnnSetStream` for CUDA 11.8, 12.1 (async).
+///`cudnnSetStream` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetStream__cu118(
     handle: *mut c_void,
     streamId: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnSetStream__cu118,
-            &[(handle) as usize as u64, (streamId) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudnn::cudnnSetStream__cu118(handle, streamId) }
 }
-///`cudnnSetStream` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetStream` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetStream__cu126(
     handle: *mut c_void,
     streamId: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnSetStream__cu126,
-            &[(handle) as usize as u64, (streamId) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudnn::cudnnSetStream__cu126(handle, streamId) }
 }
 ///`cudnnSetTensor4dDescriptor` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]

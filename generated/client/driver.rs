@@ -1002,19 +1002,14 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncLoad(function: *mut c_void) -> u
         ) as u32
     }
 }
-///`cuFuncSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuFuncSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuFuncSetAttribute(
     hfunc: *mut c_void,
     attrib: u32,
     value: i32,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuFuncSetAttribute,
-            &[(hfunc) as usize as u64, (attrib) as u64, (value) as i64 as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::driver::cuFuncSetAttribute(hfunc, attrib, value) }
 }
 ///`cuFuncSetBlockShape` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]

@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import os
+import ast
 import subprocess
 import sys
 
@@ -21,10 +22,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOLERANCE = {"exact": 0.0, "fp32": 1e-5, "loose": 1e-3}
 
 
-def run(label, prefix, only, timeout):
-    """Run the cases under prefix; records by case name, plus how the process ended."""
-    cmd = prefix + [sys.executable, os.path.join(HERE, "run_cases.py")] + (["--only", only] if only else [])
-    print(f"== {label}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+def case_names():
+    """The cases of cases.py in order, read without importing torch."""
+    tree = ast.parse(open(os.path.join(HERE, "cases.py")).read())
+    return [node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+            and any(isinstance(d, ast.Call) and getattr(d.func, "id", "") == "case" for d in node.decorator_list)]
+
+
+def run_once(prefix, names, timeout):
+    cmd = prefix + [sys.executable, os.path.join(HERE, "run_cases.py"), "--only", ",".join(names)]
     try:
         proc = subprocess.run(cmd, capture_output=True, timeout=timeout)
         stdout, stderr, rc = proc.stdout, proc.stderr, proc.returncode
@@ -38,8 +44,30 @@ def run(label, prefix, only, timeout):
             continue
         if isinstance(record, dict) and "case" in record:
             records[record["case"]] = record
-    return {"label": label, "cmd": cmd, "rc": rc, "records": records,
-            "stderr_tail": stderr.decode(errors="replace").splitlines()[-30:]}
+    return cmd, rc, records, stderr.decode(errors="replace").splitlines()[-30:]
+
+
+def run(label, prefix, only, timeout):
+    """Run the cases under prefix; records by case name, plus how the process ended. A case
+    that kills its process (or runs past the timeout) is recorded as failed with the end of
+    stderr, and the cases after it run in a new process."""
+    pending = only.split(",") if only else case_names()
+    print(f"== {label}: {' '.join(prefix)} run_cases.py ({len(pending)} cases)", file=sys.stderr, flush=True)
+    records, rcs, tail, cmd = {}, [], [], []
+    while pending:
+        cmd, rc, got, tail = run_once(prefix, pending, timeout)
+        records.update(got)
+        rcs.append(rc)
+        missing = [n for n in pending if n not in got]
+        if rc == 0 or not missing:
+            break
+        dead = missing[0]
+        records[dead] = {"case": dead, "tol": "exact", "ok": False, "result": None, "info": {},
+                         "error": f"the process ended ({rc}) in this case:\n" + "\n".join(tail[-12:]),
+                         "seconds": None}
+        pending = missing[1:]
+    rc = next((r for r in rcs if r != 0), 0)
+    return {"label": label, "cmd": cmd, "rc": rc, "records": records, "stderr_tail": tail}
 
 
 def is_number(v):

@@ -281,7 +281,8 @@ pub unsafe fn call_pipelined(conn: &Conn, desc: &'static CallDesc, calls: &[Vec<
         }
     }
     crate::state::wait_deferred();
-    crate::trace::bytes(desc.name, calls.len() as u64, sent, received, start.elapsed());
+    // The calls went out together: one round trip of latency, however many there were.
+    crate::trace::bytes(desc.name, u64::from(!calls.is_empty()), sent, received, start.elapsed());
     if first == success(desc)
         && let Some(status) = conn.take_deferred(desc.library)
     {

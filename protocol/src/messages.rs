@@ -170,7 +170,16 @@ pub enum Service {
     Global { module: u64, name: String },
     /// Parameter layout of a function (from cuModuleGetFunction).
     FunctionParams { function: u64 },
+    /// Keep the bytes in the bulk section (at most [`HOST_VALUE_MAX`]) in the worker's
+    /// memory for the rest of the session; answered by `HostValue` with their address. For
+    /// host scalars a library reads through a pointer (cuDNN's pass-by-value tensors).
+    HostValue,
 }
+
+/// Largest host value a client may place on the server with `Service::HostValue`.
+pub const HOST_VALUE_MAX: usize = 16;
+/// Most distinct host values one session may place.
+pub const HOST_VALUE_LIMIT: usize = 1 << 16;
 
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum ServiceReply {
@@ -187,6 +196,9 @@ pub enum ServiceReply {
     },
     Params {
         params: Vec<(u32, u32)>,
+    },
+    HostValue {
+        address: u64,
     },
     /// `status` in the driver's codes.
     Error {

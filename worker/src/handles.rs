@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use chidori_cuda::handles::KINDS;
+use chidori_cuda::handles::{ACCEPTS, KINDS};
 use chidori_protocol::desc::HandleKind;
 
 pub struct Handles {
@@ -35,7 +35,8 @@ impl Handles {
         if Some(kind) == self.stream_kind && (value == 1 || value == 2) {
             return true;
         }
-        self.tables.get(usize::from(kind)).is_some_and(|t| t.contains(&value))
+        let live = |k: HandleKind| self.tables.get(usize::from(k)).is_some_and(|t| t.contains(&value));
+        live(kind) || ACCEPTS.iter().any(|&(k, other)| k == kind && live(other))
     }
 
     pub fn insert(&mut self, kind: HandleKind, value: u64) {
@@ -75,5 +76,18 @@ mod tests {
         let other = if stream == 0 { 1 } else { 0 };
         h.insert(other, 0x1234);
         assert!(!h.check(stream, 0x1234), "a handle of another kind is foreign");
+    }
+
+    #[test]
+    fn a_cublas_handle_passes_where_cublaslt_takes_one() {
+        let pos = |name: &str| KINDS.iter().position(|k| *k == name).unwrap() as HandleKind;
+        let (blas, lt) = (pos("cublasContext"), pos("cublasLtContext"));
+        let mut h = Handles::new();
+        h.insert(blas, 0x5000);
+        assert!(h.check(lt, 0x5000), "torch casts its cuBLAS handle to a cuBLASLt handle");
+        h.insert(lt, 0x6000);
+        assert!(!h.check(blas, 0x6000), "the alias is one-way");
+        h.remove(blas, 0x5000);
+        assert!(!h.check(lt, 0x5000), "a destroyed cuBLAS handle is stale for cuBLASLt too");
     }
 }

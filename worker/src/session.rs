@@ -11,7 +11,7 @@ use std::io::Read;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -21,8 +21,8 @@ use chidori_protocol::PROTOCOL_VERSION;
 use chidori_protocol::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, Ret, Wire};
 use chidori_protocol::frame::{Frame, Header, Kind};
 use chidori_protocol::messages::{
-    self, Api, AsyncError, Call, Goodbye, Hello, HostCallback, HostCallbackDone, KernelInfo, Launch, NULL_LEN, Refuse,
-    RefuseReason, Reply, Service, ServiceReply, Welcome,
+    self, Api, AsyncError, Call, Goodbye, HOST_VALUE_LIMIT, HOST_VALUE_MAX, Hello, HostCallback, HostCallbackDone,
+    KernelInfo, Launch, NULL_LEN, Refuse, RefuseReason, Reply, Service, ServiceReply, Welcome,
 };
 
 use crate::backend::Backend;
@@ -63,6 +63,9 @@ struct Session {
     libraries: Mutex<std::collections::HashSet<u64>>,
     /// Parameter layouts of every function this session may launch.
     layouts: Mutex<HashMap<u64, ParamLayout>>,
+    /// Host values placed by the client (`Service::HostValue`), by content; 16-byte
+    /// aligned, alive for the session.
+    host_values: Mutex<HashMap<Vec<u8>, Box<u128>>>,
 }
 
 /// Why a session ends badly: the frame or call that broke the protocol.
@@ -128,6 +131,7 @@ pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options
         modules: Mutex::new(HashMap::new()),
         libraries: Mutex::new(std::collections::HashSet::new()),
         layouts: Mutex::new(HashMap::new()),
+        host_values: Mutex::new(HashMap::new()),
     });
     reader.set_read_timeout(Some(options.heartbeat))?;
     let result = serve(&session, &mut reader);
@@ -142,8 +146,62 @@ pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options
     result
 }
 
+/// The order in which the client issued its calls, across its threads. Each client thread
+/// has its own executor (thread-local CUDA state: current device, capture mode), but the
+/// GPU must see work in the order the client issued it: autograd's backward thread
+/// launches onto the stream that the main thread's forward kernels went to a moment
+/// earlier, and may not overtake them. Frames are numbered as they arrive (the client
+/// sends under one lock, so arrival order is issue order) and executed in that order; a
+/// call that only waits (stream, event, device synchronize) lets the next one start first,
+/// as it would natively.
+#[derive(Default)]
+struct Turn {
+    released: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl Turn {
+    /// Block until every frame before `n` has been released.
+    fn wait(&self, n: u64) {
+        let mut r = lock(&self.released);
+        while *r < n {
+            r = self.changed.wait(r).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Frame `n` no longer holds up later frames.
+    fn release(&self, n: u64) {
+        let mut r = lock(&self.released);
+        if *r <= n {
+            *r = n + 1;
+            self.changed.notify_all();
+        }
+    }
+}
+
+/// Calls that only wait for earlier work: later frames need not wait for them to return.
+fn only_waits(frame: &Frame) -> bool {
+    frame.header.kind == Kind::Call
+        && VARIANTS.get(frame.header.call as usize).is_some_and(|d| {
+            matches!(
+                d.name,
+                "cudaStreamSynchronize"
+                    | "cudaStreamSynchronize_ptsz"
+                    | "cudaEventSynchronize"
+                    | "cudaDeviceSynchronize"
+                    | "cudaThreadSynchronize"
+                    | "cuStreamSynchronize"
+                    | "cuStreamSynchronize_ptsz"
+                    | "cuEventSynchronize"
+                    | "cuCtxSynchronize"
+            )
+        })
+}
+
 fn serve(session: &Arc<Session>, reader: &mut impl Read) -> Result<()> {
-    let mut executors: HashMap<u32, mpsc::Sender<Frame>> = HashMap::new();
+    let mut executors: HashMap<u32, mpsc::Sender<(u64, Frame)>> = HashMap::new();
+    let turn = Arc::new(Turn::default());
+    let mut issued = 0u64;
     let (fatal_tx, fatal_rx) = mpsc::channel::<Fatal>();
     let mut silent = 0;
     loop {
@@ -167,8 +225,11 @@ fn serve(session: &Arc<Session>, reader: &mut impl Read) -> Result<()> {
         match frame.header.kind {
             Kind::Call | Kind::Launch | Kind::Service => {
                 let thread = frame.header.thread;
-                let tx = executors.entry(thread).or_insert_with(|| spawn_executor(session.clone(), fatal_tx.clone()));
-                if tx.send(frame).is_err() {
+                let tx = executors
+                    .entry(thread)
+                    .or_insert_with(|| spawn_executor(session.clone(), turn.clone(), fatal_tx.clone()));
+                issued += 1;
+                if tx.send((issued - 1, frame)).is_err() {
                     bail!("executor of client thread {thread} is gone");
                 }
             }
@@ -190,18 +251,26 @@ fn serve(session: &Arc<Session>, reader: &mut impl Read) -> Result<()> {
     }
 }
 
-fn spawn_executor(session: Arc<Session>, fatal: mpsc::Sender<Fatal>) -> mpsc::Sender<Frame> {
-    let (tx, rx) = mpsc::channel::<Frame>();
+fn spawn_executor(session: Arc<Session>, turn: Arc<Turn>, fatal: mpsc::Sender<Fatal>) -> mpsc::Sender<(u64, Frame)> {
+    let (tx, rx) = mpsc::channel::<(u64, Frame)>();
     std::thread::Builder::new()
         .name("chidori-exec".into())
         .spawn(move || {
             session.backend.thread_init();
-            while let Ok(frame) = rx.recv() {
+            while let Ok((n, frame)) = rx.recv() {
+                turn.wait(n);
+                let early = only_waits(&frame);
+                if early {
+                    turn.release(n);
+                }
                 let result = match frame.header.kind {
                     Kind::Launch => launch(&session, &frame),
                     Kind::Service => service(&session, &frame),
                     _ => execute(&session, &frame),
                 };
+                if !early {
+                    turn.release(n);
+                }
                 if let Err(Fatal(reason)) = result {
                     let _ = fatal.send(Fatal(reason.clone()));
                     // The main thread may be blocked reading: end the process from here so
@@ -641,6 +710,7 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 }
             }
         }
+        Service::HostValue => host_value(session, &frame.bulk),
         Service::FunctionParams { function } => match layout_of(session, function) {
             Some(l) => ServiceReply::Params { params: l.to_vec() },
             None => {
@@ -650,6 +720,32 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     };
     let h = Header::new(Kind::ServiceReply, 0, frame.header.thread, frame.header.seq);
     session.writer.send(h, &messages::encode(&reply), &[]).map_err(|e| Fatal(format!("writing a reply: {e}")))
+}
+
+/// Place a host value for the session; the same bytes share one address.
+fn host_value(session: &Session, bytes: &[u8]) -> ServiceReply {
+    if bytes.is_empty() || bytes.len() > HOST_VALUE_MAX {
+        return ServiceReply::Error {
+            status: 1,
+            message: format!("a host value of {} bytes (1 to {HOST_VALUE_MAX} allowed)", bytes.len()),
+        };
+    }
+    let mut values = lock(&session.host_values);
+    if let Some(v) = values.get(bytes) {
+        return ServiceReply::HostValue { address: &**v as *const u128 as u64 };
+    }
+    if values.len() >= HOST_VALUE_LIMIT {
+        return ServiceReply::Error {
+            status: 2,
+            message: format!("this session already placed {HOST_VALUE_LIMIT} distinct host values"),
+        };
+    }
+    let mut le = [0u8; 16];
+    le[..bytes.len()].copy_from_slice(bytes);
+    let v = Box::new(u128::from_le_bytes(le));
+    let address = &*v as *const u128 as u64;
+    values.insert(bytes.to_vec(), v);
+    ServiceReply::HostValue { address }
 }
 
 fn module_reply(m: &Loaded) -> ServiceReply {
@@ -683,5 +779,32 @@ fn load(session: &Session, hash: [u8; 32], image: &[u8]) -> ServiceReply {
             reply
         }
         Err((status, message)) => ServiceReply::Error { status, message },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_of_different_threads_run_in_issue_order() {
+        let turn = Arc::new(Turn::default());
+        let log = Arc::new(Mutex::new(Vec::new()));
+        // Frame 1 (a second client thread) is ready first; it must wait for frame 0.
+        let t = {
+            let (turn, log) = (turn.clone(), log.clone());
+            std::thread::spawn(move || {
+                turn.wait(1);
+                lock(&log).push(1);
+                turn.release(1);
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(lock(&log).is_empty(), "frame 1 ran before frame 0");
+        turn.wait(0);
+        lock(&log).push(0);
+        turn.release(0);
+        t.join().unwrap();
+        assert_eq!(*lock(&log), vec![0, 1]);
     }
 }

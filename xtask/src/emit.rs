@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::{format_ident, quote};
 use sha2::Digest;
@@ -257,6 +257,20 @@ impl<'a> Emitter<'a> {
     }
 
     fn handles(&self) -> Result<String> {
+        let mut accepts = Vec::new();
+        for lib in &self.model.libraries {
+            for (kind, h) in &lib.spec.handle {
+                let Some(&k) = self.handles.get(kind) else {
+                    bail!("specs/{}.toml: [handle.{kind}]: no forwarded function passes a {kind}", lib.lib.name);
+                };
+                for other in &h.accepts {
+                    let Some(&o) = self.handles.get(other) else {
+                        bail!("specs/{}.toml: [handle.{kind}] accepts {other}: not a handle kind", lib.lib.name);
+                    };
+                    accepts.push(quote!((#k, #o)));
+                }
+            }
+        }
         let names = self.handles.keys().map(|h| lit_str(h));
         let consts = self.handles.iter().map(|(h, i)| {
             let id = ident(h);
@@ -268,6 +282,8 @@ impl<'a> Emitter<'a> {
             quote! {
                 use chidori_protocol::desc::HandleKind;
                 pub static KINDS: &[&str] = &[#(#names),*];
+                /// (kind, other): a parameter of `kind` also takes a live handle of `other`.
+                pub static ACCEPTS: &[(HandleKind, HandleKind)] = &[#(#accepts),*];
                 pub mod kind {
                     use super::HandleKind;
                     #(#consts)*

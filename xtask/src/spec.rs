@@ -35,6 +35,9 @@
 //! kind = "device"                  # the parameter kind (below)
 //! class = "async"                  # applied where the call has no outputs
 //!
+//! [handle.cublasLtContext]        # a handle kind that also takes handles of other kinds
+//! accepts = ["cublasContext"]
+//!
 //! [hidden.__cudaRegisterFatBinary] # exported but declared in no public header
 //! ret = "*mut *mut void"
 //! params = [["fatCubin", "*mut void"]]
@@ -93,6 +96,18 @@ pub struct SpecFile {
     /// `[size.cudnnBackendAttributeType_t]` maps enumerator names to bytes, `default` the rest.
     #[serde(default)]
     pub size: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Handle kinds that also take handles of other kinds: `[handle.cublasLtContext]`
+    /// `accepts = ["cublasContext"]`.
+    #[serde(default)]
+    pub handle: BTreeMap<String, HandleSpec>,
+}
+
+/// What a handle kind accepts besides its own handles.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandleSpec {
+    /// Other kinds whose handles the library takes in this kind's place.
+    pub accepts: Vec<String>,
 }
 
 /// A library convention: parameter kinds (and a class) for every function it matches.

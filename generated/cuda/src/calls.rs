@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 131028179742324053u64;
+pub const SCHEMA_HASH: u64 = 17987412248764328471u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 2258usize] = [
@@ -4825,7 +4825,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuFuncGetModule,
     &driver::cuFuncIsLoaded,
     &driver::cuFuncLoad,
-    &driver::cuFuncSetAttribute,
+    &driver::cuFuncSetAttribute__call,
     &driver::cuFuncSetBlockShape,
     &driver::cuFuncSetCacheConfig,
     &driver::cuFuncSetSharedMemConfig,
@@ -5761,8 +5761,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnBackendFinalize__cu126,
     &cudnn::cudnnBackendGetAttribute__cu118,
     &cudnn::cudnnBackendGetAttribute__cu126,
-    &cudnn::cudnnBackendSetAttribute__cu118,
-    &cudnn::cudnnBackendSetAttribute__cu126,
+    &cudnn::cudnnBackendSetAttribute__cu118__call,
+    &cudnn::cudnnBackendSetAttribute__cu126__call,
     &cudnn::cudnnBatchNormalizationBackwardEx__cu118,
     &cudnn::cudnnBatchNormalizationBackwardEx__cu126,
     &cudnn::cudnnBatchNormalizationForwardInference__cu118,
@@ -5834,8 +5834,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnDeriveBNTensorDescriptor__cu126,
     &cudnn::cudnnDeriveNormTensorDescriptor__cu118,
     &cudnn::cudnnDeriveNormTensorDescriptor__cu126,
-    &cudnn::cudnnDestroy__cu118,
-    &cudnn::cudnnDestroy__cu126,
+    &cudnn::cudnnDestroy__cu118__call,
+    &cudnn::cudnnDestroy__cu126__call,
     &cudnn::cudnnDestroyActivationDescriptor__cu118,
     &cudnn::cudnnDestroyActivationDescriptor__cu126,
     &cudnn::cudnnDestroyAlgorithmDescriptor,
@@ -5941,8 +5941,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnGetConvolutionNdForwardOutputDim__cu126,
     &cudnn::cudnnGetConvolutionReorderType__cu118,
     &cudnn::cudnnGetConvolutionReorderType__cu126,
-    &cudnn::cudnnGetCudartVersion__cu118,
-    &cudnn::cudnnGetCudartVersion__cu126,
+    &cudnn::cudnnGetCudartVersion__cu118__call,
+    &cudnn::cudnnGetCudartVersion__cu126__call,
     &cudnn::cudnnGetDropoutDescriptor__cu118,
     &cudnn::cudnnGetDropoutDescriptor__cu126,
     &cudnn::cudnnGetFilter4dDescriptor__cu118,
@@ -5996,8 +5996,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnGetReductionIndicesSize__cu126,
     &cudnn::cudnnGetReductionWorkspaceSize__cu118,
     &cudnn::cudnnGetReductionWorkspaceSize__cu126,
-    &cudnn::cudnnGetStream__cu118,
-    &cudnn::cudnnGetStream__cu126,
+    &cudnn::cudnnGetStream__cu118__call,
+    &cudnn::cudnnGetStream__cu126__call,
     &cudnn::cudnnGetTensor4dDescriptor__cu118,
     &cudnn::cudnnGetTensor4dDescriptor__cu126,
     &cudnn::cudnnGetTensorNdDescriptor__cu118,
@@ -6006,8 +6006,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnGetTensorSizeInBytes__cu126,
     &cudnn::cudnnGetTensorTransformDescriptor__cu118,
     &cudnn::cudnnGetTensorTransformDescriptor__cu126,
-    &cudnn::cudnnGetVersion__cu118,
-    &cudnn::cudnnGetVersion__cu126,
+    &cudnn::cudnnGetVersion__cu118__call,
+    &cudnn::cudnnGetVersion__cu126__call,
     &cudnn::cudnnGraphVersionCheck,
     &cudnn::cudnnInitTransformDest__cu118,
     &cudnn::cudnnInitTransformDest__cu126,
@@ -6097,8 +6097,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnSetReduceTensorDescriptor__cu126,
     &cudnn::cudnnSetSpatialTransformerNdDescriptor__cu118,
     &cudnn::cudnnSetSpatialTransformerNdDescriptor__cu126,
-    &cudnn::cudnnSetStream__cu118,
-    &cudnn::cudnnSetStream__cu126,
+    &cudnn::cudnnSetStream__cu118__call,
+    &cudnn::cudnnSetStream__cu126__call,
     &cudnn::cudnnSetTensor4dDescriptor__cu118,
     &cudnn::cudnnSetTensor4dDescriptor__cu126,
     &cudnn::cudnnSetTensor4dDescriptorEx__cu118,
@@ -37328,7 +37328,7 @@ pub mod cublaslt {
         form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 39u16,
@@ -37392,7 +37392,7 @@ pub mod cublaslt {
         form: None,
         library: "cublaslt",
         versions: &["13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 40u16,
@@ -37945,7 +37945,7 @@ pub mod cublaslt {
         form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 41u16,
@@ -37967,7 +37967,7 @@ pub mod cublaslt {
         form: None,
         library: "cublaslt",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 41u16,
@@ -38163,7 +38163,7 @@ pub mod cublaslt {
         form: None,
         library: "cublaslt",
         versions: &["11.8"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 42u16,
@@ -38185,7 +38185,7 @@ pub mod cublaslt {
         form: None,
         library: "cublaslt",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 42u16,
@@ -38366,7 +38366,7 @@ pub mod cublaslt {
         form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 43u16,
@@ -38489,7 +38489,7 @@ pub mod cublaslt {
         form: None,
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 44u16,
@@ -44656,7 +44656,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::Buf {
-                dir: Dir::Out,
+                dir: Dir::InOut,
                 elem: 4u32,
                 len: None,
                 record: None,
@@ -44917,8 +44917,8 @@ pub mod cudnn {
         &LEN_cudnnBackendGetAttribute__cu126_11,
         &LEN_cudnnBackendGetAttribute__cu126_12,
     );
-    static LEN_cudnnBackendSetAttribute__cu118_14: Len = Len::Param(3u8);
-    static LEN_cudnnBackendSetAttribute__cu118_15: Len = Len::Table(
+    static LEN_cudnnBackendSetAttribute__cu118__call_14: Len = Len::Param(3u8);
+    static LEN_cudnnBackendSetAttribute__cu118__call_15: Len = Len::Table(
         2u8,
         &[
             8u32, 4u32, 1u32, 8u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32,
@@ -44926,12 +44926,12 @@ pub mod cudnn {
             16u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cudnnBackendSetAttribute__cu118_16: Len = Len::Mul(
-        &LEN_cudnnBackendSetAttribute__cu118_14,
-        &LEN_cudnnBackendSetAttribute__cu118_15,
+    static LEN_cudnnBackendSetAttribute__cu118__call_16: Len = Len::Mul(
+        &LEN_cudnnBackendSetAttribute__cu118__call_14,
+        &LEN_cudnnBackendSetAttribute__cu118__call_15,
     );
-    static LEN_cudnnBackendSetAttribute__cu126_17: Len = Len::Param(3u8);
-    static LEN_cudnnBackendSetAttribute__cu126_18: Len = Len::Table(
+    static LEN_cudnnBackendSetAttribute__cu126__call_17: Len = Len::Param(3u8);
+    static LEN_cudnnBackendSetAttribute__cu126__call_18: Len = Len::Table(
         2u8,
         &[
             8u32, 4u32, 1u32, 8u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32,
@@ -44939,9 +44939,9 @@ pub mod cudnn {
             16u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cudnnBackendSetAttribute__cu126_19: Len = Len::Mul(
-        &LEN_cudnnBackendSetAttribute__cu126_17,
-        &LEN_cudnnBackendSetAttribute__cu126_18,
+    static LEN_cudnnBackendSetAttribute__cu126__call_19: Len = Len::Mul(
+        &LEN_cudnnBackendSetAttribute__cu126__call_17,
+        &LEN_cudnnBackendSetAttribute__cu126__call_18,
     );
     static LEN_cudnnBatchNormalizationBackwardEx__cu118_20: Len = Len::Lit(16u64);
     static LEN_cudnnBatchNormalizationBackwardEx__cu118_21: Len = Len::Lit(16u64);
@@ -45633,11 +45633,11 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
-    pub static cudnnBackendSetAttribute__cu118: CallDesc = CallDesc {
+    pub static cudnnBackendSetAttribute__cu118__call: CallDesc = CallDesc {
         wire: 1232u32,
         call: 1193u32,
         name: "cudnnBackendSetAttribute",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Async,
@@ -45661,7 +45661,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBackendSetAttribute__cu118_16),
+                len: Some(&LEN_cudnnBackendSetAttribute__cu118__call_16),
                 record: None,
             },
         ],
@@ -45673,11 +45673,11 @@ pub mod cudnn {
             invalid_handle: 3i64,
         },
     };
-    pub static cudnnBackendSetAttribute__cu126: CallDesc = CallDesc {
+    pub static cudnnBackendSetAttribute__cu126__call: CallDesc = CallDesc {
         wire: 1233u32,
         call: 1193u32,
         name: "cudnnBackendSetAttribute",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -45701,7 +45701,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBackendSetAttribute__cu126_19),
+                len: Some(&LEN_cudnnBackendSetAttribute__cu126__call_19),
                 record: None,
             },
         ],
@@ -48039,11 +48039,11 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
-    pub static cudnnDestroy__cu118: CallDesc = CallDesc {
+    pub static cudnnDestroy__cu118__call: CallDesc = CallDesc {
         wire: 1305u32,
         call: 1233u32,
         name: "cudnnDestroy",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Async,
@@ -48061,11 +48061,11 @@ pub mod cudnn {
             invalid_handle: 3i64,
         },
     };
-    pub static cudnnDestroy__cu126: CallDesc = CallDesc {
+    pub static cudnnDestroy__cu126__call: CallDesc = CallDesc {
         wire: 1306u32,
         call: 1233u32,
         name: "cudnnDestroy",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -51721,11 +51721,11 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
-    pub static cudnnGetCudartVersion__cu118: CallDesc = CallDesc {
+    pub static cudnnGetCudartVersion__cu118__call: CallDesc = CallDesc {
         wire: 1412u32,
         call: 1289u32,
         name: "cudnnGetCudartVersion",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -51741,11 +51741,11 @@ pub mod cudnn {
             invalid_handle: 3i64,
         },
     };
-    pub static cudnnGetCudartVersion__cu126: CallDesc = CallDesc {
+    pub static cudnnGetCudartVersion__cu126__call: CallDesc = CallDesc {
         wire: 1413u32,
         call: 1289u32,
         name: "cudnnGetCudartVersion",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -54153,11 +54153,11 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
-    pub static cudnnGetStream__cu118: CallDesc = CallDesc {
+    pub static cudnnGetStream__cu118__call: CallDesc = CallDesc {
         wire: 1467u32,
         call: 1321u32,
         name: "cudnnGetStream",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -54176,11 +54176,11 @@ pub mod cudnn {
             invalid_handle: 3i64,
         },
     };
-    pub static cudnnGetStream__cu126: CallDesc = CallDesc {
+    pub static cudnnGetStream__cu126__call: CallDesc = CallDesc {
         wire: 1468u32,
         call: 1321u32,
         name: "cudnnGetStream",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -54609,11 +54609,11 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
-    pub static cudnnGetVersion__cu118: CallDesc = CallDesc {
+    pub static cudnnGetVersion__cu118__call: CallDesc = CallDesc {
         wire: 1477u32,
         call: 1326u32,
         name: "cudnnGetVersion",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -54629,11 +54629,11 @@ pub mod cudnn {
             invalid_handle: 3i64,
         },
     };
-    pub static cudnnGetVersion__cu126: CallDesc = CallDesc {
+    pub static cudnnGetVersion__cu126__call: CallDesc = CallDesc {
         wire: 1478u32,
         call: 1326u32,
         name: "cudnnGetVersion",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -58434,11 +58434,11 @@ pub mod cudnn {
             invalid_handle: 2000i64,
         },
     };
-    pub static cudnnSetStream__cu118: CallDesc = CallDesc {
+    pub static cudnnSetStream__cu118__call: CallDesc = CallDesc {
         wire: 1568u32,
         call: 1381u32,
         name: "cudnnSetStream",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Async,
@@ -58460,11 +58460,11 @@ pub mod cudnn {
             invalid_handle: 3i64,
         },
     };
-    pub static cudnnSetStream__cu126: CallDesc = CallDesc {
+    pub static cudnnSetStream__cu126__call: CallDesc = CallDesc {
         wire: 1569u32,
         call: 1381u32,
         name: "cudnnSetStream",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -89293,14 +89293,14 @@ pub mod driver {
             invalid_handle: 400i64,
         },
     };
-    pub static cuFuncSetAttribute: CallDesc = CallDesc {
+    pub static cuFuncSetAttribute__call: CallDesc = CallDesc {
         wire: 296u32,
         call: 275u32,
         name: "cuFuncSetAttribute",
-        form: None,
+        form: Some("call"),
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 9u16,
@@ -97665,7 +97665,7 @@ pub mod driver {
         class: Class::Sync,
         params: &[
             Wire::Buf {
-                dir: Dir::Out,
+                dir: Dir::InOut,
                 elem: 4u32,
                 len: None,
                 record: None,

@@ -113,6 +113,8 @@ pub static KINDS: &[&str] = &[
     "pruneInfo",
     "syevjInfo",
 ];
+/// (kind, other): a parameter of `kind` also takes a live handle of `other`.
+pub static ACCEPTS: &[(HandleKind, HandleKind)] = &[(39u16, 38u16)];
 pub mod kind {
     use super::HandleKind;
     pub const CUarray_st: HandleKind = 0u16;

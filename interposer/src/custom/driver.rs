@@ -706,6 +706,7 @@ launch_ex_variants!(
     cuLaunchKernelEx_ptsz__cu130
 );
 pub use super::capture::*;
+pub use super::kernels::cuFuncSetAttribute;
 pub use super::context::{
     cuCtxDestroy_v2, cuCtxGetCurrent, cuCtxPopCurrent_v2, cuCtxPushCurrent_v2, cuCtxSetCurrent,
     cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxSetFlags,

@@ -219,7 +219,7 @@ const DEFAULT_SHARED_LIMIT: usize = 48 << 10;
 const MAX_DYNAMIC_SHARED: u32 = 8;
 
 /// Function attributes already fetched: function handle → (CUfunction_attribute → value).
-/// They change only through cudaFuncSetAttribute, which drops the function's entry.
+/// They change only through cu/cudaFuncSetAttribute, which record the value they set.
 static FUNC_ATTRS: Mutex<Option<HashMap<u64, HashMap<u32, i32>>>> = Mutex::new(None);
 
 /// The values of `ids` for `function`, fetched in one round trip for those not cached.
@@ -284,13 +284,29 @@ pub unsafe fn cudaFuncSetAttribute(func: *mut c_void, attr: u32, value: i32) -> 
         let f = function_of(&conn, kernel)?;
         // cudaFuncAttribute values are CUfunction_attribute values.
         // SAFETY: value arguments only.
-        let s = unsafe {
-            crate::runtime::call_on(&conn, &dcalls::cuFuncSetAttribute, &[f.handle, u64::from(attr), value as u64])
-        } as u32;
-        if let Some(attrs) = FUNC_ATTRS.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
-            attrs.remove(&f.handle);
+        Ok(set_function_attribute(&conn, f.handle, attr, value))
+    })
+}
+
+/// Set an attribute of a function, without waiting, and remember the value.
+fn set_function_attribute(conn: &Conn, function: u64, attr: u32, value: i32) -> u32 {
+    // SAFETY: value arguments only.
+    let s = unsafe {
+        crate::runtime::call_on(conn, &dcalls::cuFuncSetAttribute__call, &[function, u64::from(attr), value as u64])
+    } as u32;
+    if s == SUCCESS {
+        let mut attrs = FUNC_ATTRS.lock().unwrap_or_else(|p| p.into_inner());
+        attrs.get_or_insert_with(HashMap::new).entry(function).or_default().insert(attr, value);
+    }
+    s
+}
+
+pub unsafe fn cuFuncSetAttribute(hfunc: *mut c_void, attrib: u32, value: i32) -> u32 {
+    crate::guard::ffi("cuFuncSetAttribute", dcalls::cuFuncSetAttribute__call.codes.unavailable as u32, || {
+        match conn::get() {
+            Ok(conn) => set_function_attribute(&conn, hfunc as u64, attrib, value),
+            Err(_) => dcalls::cuFuncSetAttribute__call.codes.unavailable as u32,
         }
-        Ok(s)
     })
 }
 

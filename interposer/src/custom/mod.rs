@@ -7,6 +7,7 @@ pub mod context;
 pub mod cublas;
 pub mod cublaslt;
 pub mod cudart;
+pub mod cudnn;
 pub mod cusparse;
 pub mod driver;
 pub mod entry;

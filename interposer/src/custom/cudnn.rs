@@ -1,0 +1,255 @@
+//! Hand-written cuDNN functions. A variant pack's data pointers (the tensors of one graph
+//! execution) are device addresses, except for pass-by-value tensors: there the pointer is
+//! the address of a host scalar the library reads (torch's SDPA passes `&scale`). Such a
+//! pointer means nothing on the server, so the client places the scalar's bytes there once
+//! (`Service::HostValue`, cached by content) and sends the server's address instead.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, OnceLock};
+
+use chidori_cuda::calls::cudnn as calls;
+use chidori_protocol::desc::CallDesc;
+use chidori_protocol::messages::{Service, ServiceReply};
+
+/// (CUDNN_STATUS_BAD_PARAM, CUDNN_STATUS_EXECUTION_FAILED) of cuDNN 8 and of cuDNN 9.
+const CODES_V8: (u32, u32) = (3, 8);
+const CODES_V9: (u32, u32) = (2000, 5000);
+/// CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS and CUDNN_TYPE_VOID_PTR (same in cuDNN 8 and 9).
+const VARIANT_PACK_DATA_POINTERS: u32 = 1001;
+const TYPE_VOID_PTR: u32 = 6;
+/// Bytes read behind a host pointer: the widest by-value scalar (double, int64).
+const SCALAR_BYTES: usize = 8;
+
+/// Server addresses of host values already placed, by content.
+static PLACED: Mutex<Option<HashMap<Vec<u8>, u64>>> = Mutex::new(None);
+
+/// Read up to [`SCALAR_BYTES`] at `addr` without faulting: never past the end of its page
+/// (a naturally aligned scalar never crosses one), and only if the page is readable in
+/// this process. None for unreadable memory (a device address the client reserved).
+fn read_host_scalar(addr: u64) -> Option<Vec<u8>> {
+    let to_page_end = 4096 - (addr % 4096) as usize;
+    let n = SCALAR_BYTES.min(to_page_end);
+    let mut buf = vec![0u8; n];
+    let local = libc::iovec { iov_base: buf.as_mut_ptr() as *mut c_void, iov_len: n };
+    let remote = libc::iovec { iov_base: addr as *mut c_void, iov_len: n };
+    // SAFETY: process_vm_readv on our own pid copies into `buf` (n bytes, owned) and
+    // reports EFAULT instead of faulting when `addr` is not readable.
+    let got = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    (got == n as isize).then_some(buf)
+}
+
+/// The server's address for the host value `bytes`, placing it on first use.
+fn place(bytes: Vec<u8>) -> Result<u64, String> {
+    let mut placed = PLACED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(a) = placed.get_or_insert_with(HashMap::new).get(&bytes) {
+        return Ok(*a);
+    }
+    let conn = crate::conn::get().map_err(|e| e.to_string())?;
+    match conn.service(&Service::HostValue, &[&bytes]).map_err(|e| e.to_string())? {
+        ServiceReply::HostValue { address } => {
+            placed.get_or_insert_with(HashMap::new).insert(bytes, address);
+            Ok(address)
+        }
+        ServiceReply::Error { message, .. } => Err(message),
+        other => Err(format!("unexpected reply {other:?}")),
+    }
+}
+
+/// Rewrite host scalar pointers among a variant pack's data pointers. Device addresses
+/// (tracked ranges) and NULL pass untouched.
+fn rewrite(pointers: &mut [u64]) -> Result<usize, String> {
+    let mut n = 0;
+    for p in pointers.iter_mut() {
+        if *p == 0 || crate::state::is_device(*p) {
+            continue;
+        }
+        let Some(bytes) = read_host_scalar(*p) else { continue };
+        *p = place(bytes)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+fn set_attribute(
+    desc: &'static CallDesc,
+    descriptor: *mut c_void,
+    name: u32,
+    ty: u32,
+    count: i64,
+    elements: *mut c_void,
+    (bad_param, failed): (u32, u32),
+) -> u32 {
+    crate::guard::ffi("cudnnBackendSetAttribute", bad_param, || {
+        let forward = |elements: u64| {
+            let args = [descriptor as u64, u64::from(name), u64::from(ty), count as u64, elements];
+            // SAFETY: `elements` holds `count` elements of the attribute type (the caller's
+            // array or our copy of it).
+            unsafe { crate::runtime::call(desc, &args) as u32 }
+        };
+        if name != VARIANT_PACK_DATA_POINTERS || ty != TYPE_VOID_PTR || elements.is_null() || count <= 0 {
+            return forward(elements as u64);
+        }
+        let Ok(len) = usize::try_from(count) else { return bad_param };
+        // SAFETY: cudnnBackendSetAttribute's contract: `count` pointers at `elements`.
+        let mut pointers = unsafe { std::slice::from_raw_parts(elements as *const u64, len) }.to_vec();
+        match rewrite(&mut pointers) {
+            Ok(_) => forward(pointers.as_mut_ptr() as u64),
+            Err(e) => {
+                crate::log::once("cudnn-host-value", || {
+                    tracing::error!("cudnnBackendSetAttribute: placing a host scalar on the server failed: {e}")
+                });
+                failed
+            }
+        }
+    })
+}
+
+pub unsafe fn cudnnBackendSetAttribute__cu118(
+    descriptor: *mut c_void,
+    attributeName: u32,
+    attributeType: u32,
+    elementCount: i64,
+    arrayOfElements: *mut c_void,
+) -> u32 {
+    let desc = &calls::cudnnBackendSetAttribute__cu118__call;
+    set_attribute(desc, descriptor, attributeName, attributeType, elementCount, arrayOfElements, CODES_V8)
+}
+
+pub unsafe fn cudnnBackendSetAttribute__cu126(
+    descriptor: *mut c_void,
+    attributeName: u32,
+    attributeType: u32,
+    elementCount: i64,
+    arrayOfElements: *mut c_void,
+) -> u32 {
+    let desc = &calls::cudnnBackendSetAttribute__cu126__call;
+    set_attribute(desc, descriptor, attributeName, attributeType, elementCount, arrayOfElements, CODES_V9)
+}
+
+/// The library's versions, asked once per process.
+static VERSION: OnceLock<usize> = OnceLock::new();
+static CUDART_VERSION: OnceLock<usize> = OnceLock::new();
+
+fn once(cell: &OnceLock<usize>, desc: &'static CallDesc) -> usize {
+    if let Some(v) = cell.get() {
+        return *v;
+    }
+    crate::guard::ffi(desc.name, 0, || {
+        // SAFETY: no arguments.
+        let v = unsafe { crate::runtime::call(desc, &[]) } as usize;
+        // 0 means the server could not be asked; ask again next time.
+        if v != 0 {
+            let _ = cell.set(v);
+        }
+        v
+    })
+}
+
+pub unsafe fn cudnnGetVersion__cu118() -> usize {
+    once(&VERSION, &calls::cudnnGetVersion__cu118__call)
+}
+
+pub unsafe fn cudnnGetVersion__cu126() -> usize {
+    once(&VERSION, &calls::cudnnGetVersion__cu126__call)
+}
+
+pub unsafe fn cudnnGetCudartVersion__cu118() -> usize {
+    once(&CUDART_VERSION, &calls::cudnnGetCudartVersion__cu118__call)
+}
+
+pub unsafe fn cudnnGetCudartVersion__cu126() -> usize {
+    once(&CUDART_VERSION, &calls::cudnnGetCudartVersion__cu126__call)
+}
+
+/// The stream last set on each handle (a new handle's is asked for once).
+static STREAMS: Mutex<Option<HashMap<u64, u64>>> = Mutex::new(None);
+
+fn streams() -> std::sync::MutexGuard<'static, Option<HashMap<u64, u64>>> {
+    STREAMS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn set_stream(desc: &'static CallDesc, handle: *mut c_void, stream: *mut c_void, bad_param: u32) -> u32 {
+    crate::guard::ffi("cudnnSetStream", bad_param, || {
+        // SAFETY: values.
+        let s = unsafe { crate::runtime::call(desc, &[handle as u64, stream as u64]) } as u32;
+        if s == 0 {
+            streams().get_or_insert_with(HashMap::new).insert(handle as u64, stream as u64);
+        }
+        s
+    })
+}
+
+fn get_stream(desc: &'static CallDesc, handle: *mut c_void, out: *mut c_void, bad_param: u32) -> u32 {
+    crate::guard::ffi("cudnnGetStream", bad_param, || {
+        if out.is_null() {
+            return bad_param;
+        }
+        if let Some(s) = streams().as_ref().and_then(|m| m.get(&(handle as u64)).copied()) {
+            // SAFETY: the caller's cudaStream_t*, checked non-null.
+            unsafe { std::ptr::write_unaligned(out as *mut u64, s) };
+            return 0;
+        }
+        // SAFETY: `out` receives one stream.
+        let s = unsafe { crate::runtime::call(desc, &[handle as u64, out as u64]) } as u32;
+        if s == 0 {
+            // SAFETY: written by the reply.
+            let stream = unsafe { std::ptr::read_unaligned(out as *const u64) };
+            streams().get_or_insert_with(HashMap::new).insert(handle as u64, stream);
+        }
+        s
+    })
+}
+
+fn destroy(desc: &'static CallDesc, handle: *mut c_void, bad_param: u32) -> u32 {
+    crate::guard::ffi("cudnnDestroy", bad_param, || {
+        if let Some(m) = streams().as_mut() {
+            m.remove(&(handle as u64));
+        }
+        // SAFETY: a value.
+        unsafe { crate::runtime::call(desc, &[handle as u64]) as u32 }
+    })
+}
+
+pub unsafe fn cudnnSetStream__cu118(handle: *mut c_void, streamId: *mut c_void) -> u32 {
+    set_stream(&calls::cudnnSetStream__cu118__call, handle, streamId, CODES_V8.0)
+}
+
+pub unsafe fn cudnnSetStream__cu126(handle: *mut c_void, streamId: *mut c_void) -> u32 {
+    set_stream(&calls::cudnnSetStream__cu126__call, handle, streamId, CODES_V9.0)
+}
+
+pub unsafe fn cudnnGetStream__cu118(handle: *mut c_void, streamId: *mut c_void) -> u32 {
+    get_stream(&calls::cudnnGetStream__cu118__call, handle, streamId, CODES_V8.0)
+}
+
+pub unsafe fn cudnnGetStream__cu126(handle: *mut c_void, streamId: *mut c_void) -> u32 {
+    get_stream(&calls::cudnnGetStream__cu126__call, handle, streamId, CODES_V9.0)
+}
+
+pub unsafe fn cudnnDestroy__cu118(handle: *mut c_void) -> u32 {
+    destroy(&calls::cudnnDestroy__cu118__call, handle, CODES_V8.0)
+}
+
+pub unsafe fn cudnnDestroy__cu126(handle: *mut c_void) -> u32 {
+    destroy(&calls::cudnnDestroy__cu126__call, handle, CODES_V9.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_scalars_are_read_and_unreadable_memory_is_not() {
+        let scale = 0.125f32;
+        let got = read_host_scalar(&scale as *const f32 as u64).expect("a stack value is readable");
+        assert_eq!(&got[..4], &scale.to_le_bytes());
+        // The last 4 bytes of a page: read up to the page end only.
+        let page = vec![0u8; 3 * 4096];
+        let end = (page.as_ptr() as u64).div_ceil(4096) * 4096 + 4096 - 4;
+        assert_eq!(read_host_scalar(end).map(|b| b.len()), Some(4));
+        // An address in no mapping.
+        assert_eq!(read_host_scalar(8), None);
+    }
+}
