@@ -4138,6 +4138,14 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleGetTexRef(
         ) as u32
     }
 }
+///`cuModuleLoad` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuModuleLoad(
+    module: *mut c_void,
+    fname: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::driver::cuModuleLoad(module, fname) }
+}
 ///`cuModuleLoadData` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuModuleLoadData(

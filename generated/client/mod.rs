@@ -816,6 +816,7 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuModuleGetTexRef" => {
             Some(driver::__chidori_driver_cuModuleGetTexRef as *const c_void)
         }
+        "cuModuleLoad" => Some(driver::__chidori_driver_cuModuleLoad as *const c_void),
         "cuModuleLoadData" => {
             Some(driver::__chidori_driver_cuModuleLoadData as *const c_void)
         }

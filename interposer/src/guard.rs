@@ -8,12 +8,18 @@ pub fn ffi<T>(name: &'static str, fallback: T, body: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(value) => value,
         Err(payload) => {
-            let message = payload
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".to_owned());
-            crate::log::once(name, || tracing::error!("{name}: internal error ({message}); returning an error status"));
+            // Logging may itself panic (at process exit, thread-local state is already
+            // gone): that must not unwind out either.
+            let _ = catch_unwind(AssertUnwindSafe(|| {
+                let message = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".to_owned());
+                crate::log::once(name, || {
+                    tracing::error!("{name}: internal error ({message}); returning an error status")
+                });
+            }));
             fallback
         }
     }

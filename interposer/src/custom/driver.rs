@@ -4,7 +4,7 @@
 //! pointer arguments must be what that function's documentation requires.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-use std::ffi::c_void;
+use std::ffi::{CStr, c_char, c_void};
 
 /// CUDA_ERROR_INVALID_VALUE.
 const INVALID_VALUE: u32 = 1;
@@ -450,6 +450,34 @@ fn module_load(module: *mut c_void, image: *mut c_void) -> u32 {
         // SAFETY: `image` is a fat binary, cubin or PTX per cuModuleLoadData's contract.
         let bytes = unsafe { std::slice::from_raw_parts(image as *const u8, modules::image_len(image as *const u8)) };
         let loaded = modules::load_image(&conn, bytes)?;
+        // SAFETY: the caller's CUmodule*.
+        unsafe { put(module, loaded.module) }
+    })
+}
+
+/// CUDA_ERROR_FILE_NOT_FOUND.
+const FILE_NOT_FOUND: u32 = 301;
+
+/// A cubin, fat binary or PTX file on the client (torch's static Triton launcher loads
+/// compiled kernels this way).
+pub unsafe fn cuModuleLoad(module: *mut c_void, fname: *mut c_void) -> u32 {
+    driver("cuModuleLoad", || {
+        if module.is_null() || fname.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        // SAFETY: a NUL-terminated path per cuModuleLoad's contract.
+        let path = unsafe { CStr::from_ptr(fname as *const c_char) }.to_string_lossy().into_owned();
+        let mut bytes = std::fs::read(&path).map_err(|e| {
+            tracing::warn!("cuModuleLoad: cannot read {path}: {e}");
+            FILE_NOT_FOUND
+        })?;
+        // PTX is text the driver reads up to a NUL; ELF cubins and fat binaries are not.
+        let binary = bytes.starts_with(b"\x7fELF") || bytes.starts_with(&0xBA55_ED50u32.to_le_bytes());
+        if !binary && bytes.last() != Some(&0) {
+            bytes.push(0);
+        }
+        let conn = connection()?;
+        let loaded = modules::load_image(&conn, &bytes)?;
         // SAFETY: the caller's CUmodule*.
         unsafe { put(module, loaded.module) }
     })
