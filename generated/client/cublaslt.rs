@@ -225,7 +225,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmul__cu126(
         ) as u32
     }
 }
-///`cublasLtMatmulAlgoGetHeuristic` for CUDA 11.8 (sync).
+///`cublasLtMatmulAlgoGetHeuristic` for CUDA 11.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu118(
     lightHandle: *mut c_void,
@@ -240,24 +240,21 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu11
     returnAlgoCount: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoGetHeuristic__cu118,
-            &[
-                (lightHandle) as usize as u64,
-                (operationDesc) as usize as u64,
-                (Adesc) as usize as u64,
-                (Bdesc) as usize as u64,
-                (Cdesc) as usize as u64,
-                (Ddesc) as usize as u64,
-                (preference) as usize as u64,
-                (requestedAlgoCount) as i64 as u64,
-                (heuristicResultsArray) as usize as u64,
-                (returnAlgoCount) as usize as u64,
-            ],
-        ) as u32
+        crate::custom::cublaslt::cublasLtMatmulAlgoGetHeuristic__cu118(
+            lightHandle,
+            operationDesc,
+            Adesc,
+            Bdesc,
+            Cdesc,
+            Ddesc,
+            preference,
+            requestedAlgoCount,
+            heuristicResultsArray,
+            returnAlgoCount,
+        )
     }
 }
-///`cublasLtMatmulAlgoGetHeuristic` for CUDA 12.1 (sync).
+///`cublasLtMatmulAlgoGetHeuristic` for CUDA 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu121(
     lightHandle: *mut c_void,
@@ -272,24 +269,21 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu12
     returnAlgoCount: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoGetHeuristic__cu121,
-            &[
-                (lightHandle) as usize as u64,
-                (operationDesc) as usize as u64,
-                (Adesc) as usize as u64,
-                (Bdesc) as usize as u64,
-                (Cdesc) as usize as u64,
-                (Ddesc) as usize as u64,
-                (preference) as usize as u64,
-                (requestedAlgoCount) as i64 as u64,
-                (heuristicResultsArray) as usize as u64,
-                (returnAlgoCount) as usize as u64,
-            ],
-        ) as u32
+        crate::custom::cublaslt::cublasLtMatmulAlgoGetHeuristic__cu121(
+            lightHandle,
+            operationDesc,
+            Adesc,
+            Bdesc,
+            Cdesc,
+            Ddesc,
+            preference,
+            requestedAlgoCount,
+            heuristicResultsArray,
+            returnAlgoCount,
+        )
     }
 }
-///`cublasLtMatmulAlgoGetHeuristic` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatmulAlgoGetHeuristic` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu126(
     lightHandle: *mut c_void,
@@ -304,21 +298,18 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu12
     returnAlgoCount: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoGetHeuristic__cu126,
-            &[
-                (lightHandle) as usize as u64,
-                (operationDesc) as usize as u64,
-                (Adesc) as usize as u64,
-                (Bdesc) as usize as u64,
-                (Cdesc) as usize as u64,
-                (Ddesc) as usize as u64,
-                (preference) as usize as u64,
-                (requestedAlgoCount) as i64 as u64,
-                (heuristicResultsArray) as usize as u64,
-                (returnAlgoCount) as usize as u64,
-            ],
-        ) as u32
+        crate::custom::cublaslt::cublasLtMatmulAlgoGetHeuristic__cu126(
+            lightHandle,
+            operationDesc,
+            Adesc,
+            Bdesc,
+            Cdesc,
+            Ddesc,
+            preference,
+            requestedAlgoCount,
+            heuristicResultsArray,
+            returnAlgoCount,
+        )
     }
 }
 ///`cublasLtMatmulDescCreate` for CUDA 11.8, 12.1 (custom).
@@ -351,29 +342,19 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescCreate__cu126(
         )
     }
 }
-///`cublasLtMatmulDescDestroy` for CUDA 11.8, 12.1 (async).
+///`cublasLtMatmulDescDestroy` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescDestroy__cu118(
     matmulDesc: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatmulDescDestroy__cu118,
-            &[(matmulDesc) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cublaslt::cublasLtMatmulDescDestroy__cu118(matmulDesc) }
 }
-///`cublasLtMatmulDescDestroy` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasLtMatmulDescDestroy` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescDestroy__cu126(
     matmulDesc: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatmulDescDestroy__cu126,
-            &[(matmulDesc) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cublaslt::cublasLtMatmulDescDestroy__cu126(matmulDesc) }
 }
 ///`cublasLtMatmulDescInit_internal` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
@@ -449,53 +430,33 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescSetAttribute__cu12
         )
     }
 }
-///`cublasLtMatmulPreferenceCreate` for CUDA 11.8 (sync).
+///`cublasLtMatmulPreferenceCreate` for CUDA 11.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceCreate__cu118(
     pref: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceCreate__cu118,
-            &[(pref) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cublaslt::cublasLtMatmulPreferenceCreate__cu118(pref) }
 }
-///`cublasLtMatmulPreferenceCreate` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatmulPreferenceCreate` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceCreate__cu121(
     pref: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceCreate__cu121,
-            &[(pref) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cublaslt::cublasLtMatmulPreferenceCreate__cu121(pref) }
 }
-///`cublasLtMatmulPreferenceDestroy` for CUDA 11.8 (async).
+///`cublasLtMatmulPreferenceDestroy` for CUDA 11.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceDestroy__cu118(
     pref: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceDestroy__cu118,
-            &[(pref) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cublaslt::cublasLtMatmulPreferenceDestroy__cu118(pref) }
 }
-///`cublasLtMatmulPreferenceDestroy` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasLtMatmulPreferenceDestroy` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceDestroy__cu121(
     pref: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceDestroy__cu121,
-            &[(pref) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cublaslt::cublasLtMatmulPreferenceDestroy__cu121(pref) }
 }
 ///`cublasLtMatmulPreferenceInit_internal` for CUDA 11.8 (sync).
 #[unsafe(no_mangle)]
@@ -523,7 +484,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceInit_interna
         ) as u32
     }
 }
-///`cublasLtMatmulPreferenceSetAttribute` for CUDA 11.8 (async).
+///`cublasLtMatmulPreferenceSetAttribute` for CUDA 11.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceSetAttribute__cu118(
     pref: *mut c_void,
@@ -532,18 +493,15 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceSetAttribute
     sizeInBytes: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceSetAttribute__cu118,
-            &[
-                (pref) as usize as u64,
-                (attr) as u64,
-                (buf) as usize as u64,
-                (sizeInBytes) as u64,
-            ],
-        ) as u32
+        crate::custom::cublaslt::cublasLtMatmulPreferenceSetAttribute__cu118(
+            pref,
+            attr,
+            buf,
+            sizeInBytes,
+        )
     }
 }
-///`cublasLtMatmulPreferenceSetAttribute` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasLtMatmulPreferenceSetAttribute` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceSetAttribute__cu121(
     pref: *mut c_void,
@@ -552,18 +510,15 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceSetAttribute
     sizeInBytes: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceSetAttribute__cu121,
-            &[
-                (pref) as usize as u64,
-                (attr) as u64,
-                (buf) as usize as u64,
-                (sizeInBytes) as u64,
-            ],
-        ) as u32
+        crate::custom::cublaslt::cublasLtMatmulPreferenceSetAttribute__cu121(
+            pref,
+            attr,
+            buf,
+            sizeInBytes,
+        )
     }
 }
-///`cublasLtMatrixLayoutCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatrixLayoutCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutCreate(
     matLayout: *mut c_void,
@@ -573,29 +528,21 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutCreate(
     ld: i64,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutCreate,
-            &[
-                (matLayout) as usize as u64,
-                (r#type) as u64,
-                (rows) as u64,
-                (cols) as u64,
-                (ld) as i64 as u64,
-            ],
-        ) as u32
+        crate::custom::cublaslt::cublasLtMatrixLayoutCreate(
+            matLayout,
+            r#type,
+            rows,
+            cols,
+            ld,
+        )
     }
 }
-///`cublasLtMatrixLayoutDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasLtMatrixLayoutDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutDestroy(
     matLayout: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutDestroy,
-            &[(matLayout) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cublaslt::cublasLtMatrixLayoutDestroy(matLayout) }
 }
 ///`cublasLtMatrixLayoutInit_internal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -621,7 +568,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutInit_internal(
         ) as u32
     }
 }
-///`cublasLtMatrixLayoutSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasLtMatrixLayoutSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutSetAttribute(
     matLayout: *mut c_void,
@@ -630,15 +577,12 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutSetAttribute(
     sizeInBytes: usize,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutSetAttribute,
-            &[
-                (matLayout) as usize as u64,
-                (attr) as u64,
-                (buf) as usize as u64,
-                (sizeInBytes) as u64,
-            ],
-        ) as u32
+        crate::custom::cublaslt::cublasLtMatrixLayoutSetAttribute(
+            matLayout,
+            attr,
+            buf,
+            sizeInBytes,
+        )
     }
 }
 ///`cublasLtMatrixTransformDescCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -61,6 +61,7 @@ unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
     let mut lens = vec![0u64; args.len()];
     let mut bulk: Vec<&'a [u8]> = Vec::new();
     let mut outs = Vec::new();
+    let mut named = Vec::new();
     for (i, wire) in desc.params.iter().enumerate() {
         let a = args[i];
         match *wire {
@@ -70,7 +71,20 @@ unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
                 bulk.push(unsafe { std::slice::from_raw_parts(a as *const u8, bytes as usize) });
                 lens[i] = u64::from(bytes);
             }
-            Wire::OutHandle { .. } => {
+            Wire::OutHandle { named: true, .. } => {
+                if a == 0 {
+                    lens[i] = NULL_LEN;
+                } else {
+                    // The client names the handle: the caller has it at once, and the
+                    // worker maps the name to the library's handle.
+                    let name = next_handle_name();
+                    // SAFETY: the caller's pointer to a handle, non-null.
+                    unsafe { std::ptr::write_unaligned(a as *mut u64, name) };
+                    named.push((i, name));
+                    lens[i] = 8;
+                }
+            }
+            Wire::OutHandle { named: false, .. } => {
                 if a == 0 {
                     lens[i] = NULL_LEN;
                 } else {
@@ -126,7 +140,18 @@ unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
             }
         }
     }
-    Prepared { call: Call { args: args.to_vec(), lens }, bulk, outs }
+    let mut args = args.to_vec();
+    for (i, name) in named {
+        args[i] = name;
+    }
+    Prepared { call: Call { args, lens }, bulk, outs }
+}
+
+/// A new name for a handle the client names itself: a tagged counter, never a user-space
+/// address, so it cannot collide with a handle the library made.
+fn next_handle_name() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    0xc1d0_0000_0000_0000 | NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Forward one call described by `desc` with its raw arguments; returns the raw result.

@@ -69,7 +69,9 @@ pub enum Wire {
     /// A plain record passed by value; the raw argument points at a copy of it.
     ByValRecord { bytes: u32 },
     /// Pointer to a handle the callee creates; the worker records it in its table.
-    OutHandle { kind: HandleKind },
+    /// `named`: the client names the handle itself (a value it writes before sending; the
+    /// worker maps it to the real one), so the call needs no reply.
+    OutHandle { kind: HandleKind, named: bool },
     /// Host buffer of `len` (None: one) elements of `elem` bytes. `record` names the struct
     /// for layout translation between the client's and the server's CUDA version.
     Buf { dir: Dir, elem: u32, len: Option<&'static Len>, record: Option<&'static str> },

@@ -3,13 +3,15 @@
 //! against the table of its kind: a wrong, stale or foreign value is an error reply, never
 //! a dereference.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use chidori_cuda::handles::{ACCEPTS, KINDS};
 use chidori_protocol::desc::HandleKind;
 
 pub struct Handles {
     tables: Vec<HashSet<u64>>,
+    /// Handles the client named itself: (kind, the client's name) → the library's handle.
+    named: HashMap<(HandleKind, u64), u64>,
     stream_kind: Option<HandleKind>,
 }
 
@@ -22,7 +24,7 @@ impl Default for Handles {
 impl Handles {
     pub fn new() -> Handles {
         let stream_kind = KINDS.iter().position(|k| *k == "CUstream_st").map(|i| i as HandleKind);
-        Handles { tables: vec![HashSet::new(); KINDS.len()], stream_kind }
+        Handles { tables: vec![HashSet::new(); KINDS.len()], named: HashMap::new(), stream_kind }
     }
 
     /// Whether `value` may be passed as a handle of `kind`. NULL is left to the library
@@ -39,6 +41,25 @@ impl Handles {
         live(kind) || ACCEPTS.iter().any(|&(k, other)| k == kind && live(other))
     }
 
+    /// The library's handle for `value` passed as a `kind`: a name the client gave, or a
+    /// live handle of the kind (or of a kind it accepts). None: not a handle of this session.
+    pub fn resolve(&self, kind: HandleKind, value: u64) -> Option<u64> {
+        if let Some(real) = self.named.get(&(kind, value)) {
+            return Some(*real);
+        }
+        self.check(kind, value).then_some(value)
+    }
+
+    /// Whether `name` is free to name a new handle of `kind`.
+    pub fn name_free(&self, kind: HandleKind, name: u64) -> bool {
+        name != 0 && !self.named.contains_key(&(kind, name))
+    }
+
+    /// Record the client's `name` for the library's handle `real`.
+    pub fn insert_named(&mut self, kind: HandleKind, name: u64, real: u64) {
+        self.named.insert((kind, name), real);
+    }
+
     pub fn insert(&mut self, kind: HandleKind, value: u64) {
         if value != 0
             && let Some(t) = self.tables.get_mut(usize::from(kind))
@@ -48,6 +69,9 @@ impl Handles {
     }
 
     pub fn remove(&mut self, kind: HandleKind, value: u64) {
+        if self.named.remove(&(kind, value)).is_some() {
+            return;
+        }
         if let Some(t) = self.tables.get_mut(usize::from(kind)) {
             t.remove(&value);
         }
@@ -89,5 +113,18 @@ mod tests {
         assert!(!h.check(blas, 0x6000), "the alias is one-way");
         h.remove(blas, 0x5000);
         assert!(!h.check(lt, 0x5000), "a destroyed cuBLAS handle is stale for cuBLASLt too");
+    }
+
+    #[test]
+    fn client_names_map_to_library_handles() {
+        let mut h = Handles::new();
+        let kind = 0;
+        assert!(h.name_free(kind, 0xc1d0_0000_0000_0001));
+        h.insert_named(kind, 0xc1d0_0000_0000_0001, 0x7f00_1234);
+        assert!(!h.name_free(kind, 0xc1d0_0000_0000_0001), "a name is used once");
+        assert_eq!(h.resolve(kind, 0xc1d0_0000_0000_0001), Some(0x7f00_1234));
+        assert_eq!(h.resolve(kind, 0x7f00_1234), None, "the library's value itself is not a handle the client has");
+        h.remove(kind, 0xc1d0_0000_0000_0001);
+        assert_eq!(h.resolve(kind, 0xc1d0_0000_0000_0001), None);
     }
 }

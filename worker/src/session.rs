@@ -391,17 +391,17 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             Wire::Val { .. } | Wire::Device => raw[i] = a,
             Wire::Null => raw[i] = 0,
             Wire::Handle { kind, destroy } => {
-                let ok = session.handles.lock().unwrap_or_else(|p| p.into_inner()).check(kind, a);
-                if !ok {
+                let real = session.handles.lock().unwrap_or_else(|p| p.into_inner()).resolve(kind, a);
+                let Some(real) = real else {
                     return fail(
                         desc.codes.invalid_handle,
                         format!("{}: {a:#x} is not a {} of this session", desc.name, Handles::name(kind)),
                     );
-                }
+                };
                 if destroy {
                     destroyed.push((kind, a));
                 }
-                raw[i] = a;
+                raw[i] = real;
             }
             Wire::ByValRecord { bytes } => {
                 if len != u64::from(bytes) {
@@ -411,8 +411,14 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 raw[i] = b.addr();
                 buffers[i] = Some(b);
             }
-            Wire::OutHandle { .. } => {
+            Wire::OutHandle { kind, named } => {
                 if len != NULL_LEN {
+                    if named && !session.handles.lock().unwrap_or_else(|p| p.into_inner()).name_free(kind, a) {
+                        return fail(
+                            desc.codes.invalid_handle,
+                            format!("{}: the client named two {} handles {a:#x}", desc.name, Handles::name(kind)),
+                        );
+                    }
                     let mut b = Buffer::zeroed(8);
                     raw[i] = b.addr();
                     buffers[i] = Some(b);
@@ -513,8 +519,13 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     if ok {
         let mut handles = session.handles.lock().unwrap_or_else(|p| p.into_inner());
         for (i, wire) in desc.params.iter().enumerate() {
-            if let (Wire::OutHandle { kind }, Some(b)) = (wire, &buffers[i]) {
-                handles.insert(*kind, u64::from_le_bytes(b.bytes()[..8].try_into().expect("8 bytes")));
+            if let (Wire::OutHandle { kind, named }, Some(b)) = (wire, &buffers[i]) {
+                let real = u64::from_le_bytes(b.bytes()[..8].try_into().expect("8 bytes"));
+                if *named {
+                    handles.insert_named(*kind, args[i], real);
+                } else {
+                    handles.insert(*kind, real);
+                }
             }
         }
         for (kind, value) in destroyed {
@@ -541,7 +552,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     for (i, wire) in desc.params.iter().enumerate() {
         is_out[i] = matches!(
             wire,
-            Wire::OutHandle { .. }
+            Wire::OutHandle { named: false, .. }
                 | Wire::Buf { dir: Dir::Out | Dir::InOut, .. }
                 | Wire::Scalar { dir: Dir::Out | Dir::InOut, .. }
         );

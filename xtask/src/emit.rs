@@ -100,6 +100,8 @@ struct Emitter<'a> {
     /// Function name → call id (shared by all variants).
     ids: BTreeMap<(String, String), u32>,
     handles: BTreeMap<String, u16>,
+    /// Handle kinds the client names itself.
+    named: BTreeSet<String>,
     /// Records passed by value by a generated or hand-written export: (name, version).
     by_value: BTreeMap<String, String>,
     /// Every call descriptor in wire-id order: forwarded variants and wire forms.
@@ -172,7 +174,12 @@ impl<'a> Emitter<'a> {
             }
         }
         let handles = handles.into_iter().enumerate().map(|(i, h)| (h, i as u16)).collect();
-        Emitter { model, ids, handles, by_value, descs }
+        let named = model
+            .libraries
+            .iter()
+            .flat_map(|l| l.spec.handle.iter().filter(|(_, h)| h.client_named).map(|(k, _)| k.clone()))
+            .collect();
+        Emitter { model, ids, handles, named, by_value, descs }
     }
 
     /// The disposition (always Forward) and variant of a descriptor entry.
@@ -306,7 +313,8 @@ impl<'a> Emitter<'a> {
             }
             Wire::OutHandle { kind } => {
                 let k = self.handles[kind];
-                quote!(Wire::OutHandle { kind: #k })
+                let named = self.named.contains(kind);
+                quote!(Wire::OutHandle { kind: #k, named: #named })
             }
             Wire::Buf { dir, elem, len, record } => {
                 let dir = match dir {
@@ -357,6 +365,15 @@ impl<'a> Emitter<'a> {
             let (statics, items) = modules.entry(e.library.clone()).or_default();
             let prefix = format!("LEN_{}", e.ident);
             let wires: Vec<_> = params.iter().map(|w| self.wire(w, statics, &prefix)).collect();
+            if *class == Class::Async {
+                for w in params {
+                    if let Wire::OutHandle { kind } = w
+                        && !self.named.contains(kind)
+                    {
+                        bail!("{} is async but creates a {kind}, which the client does not name", e.function);
+                    }
+                }
+            }
             let class = class_tokens(*class);
             let ret = match ret {
                 RetWire::Status => quote!(Ret::Status),

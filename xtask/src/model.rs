@@ -815,13 +815,9 @@ fn classify_call(
     }
     let class = class.unwrap_or(Class::Sync);
     if class == Class::Async {
+        // A handle created here may be named by the client (the emitter checks its kind).
         let outputs = wires.iter().any(|w| {
-            matches!(
-                w,
-                Wire::OutHandle { .. }
-                    | Wire::Buf { dir: Dir::Out | Dir::InOut, .. }
-                    | Wire::Scalar { dir: Dir::Out | Dir::InOut, .. }
-            )
+            matches!(w, Wire::Buf { dir: Dir::Out | Dir::InOut, .. } | Wire::Scalar { dir: Dir::Out | Dir::InOut, .. })
         });
         if outputs || !matches!(ret, RetWire::Status | RetWire::Void) {
             bail!("{} is async but has outputs", decl.name);

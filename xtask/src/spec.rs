@@ -37,6 +37,7 @@
 //!
 //! [handle.cublasLtContext]        # a handle kind that also takes handles of other kinds
 //! accepts = ["cublasContext"]
+//! client_named = true              # new handles are named by the client: creates need no reply
 //!
 //! [hidden.__cudaRegisterFatBinary] # exported but declared in no public header
 //! ret = "*mut *mut void"
@@ -107,7 +108,13 @@ pub struct SpecFile {
 #[serde(deny_unknown_fields)]
 pub struct HandleSpec {
     /// Other kinds whose handles the library takes in this kind's place.
+    #[serde(default)]
     pub accepts: Vec<String>,
+    /// The client names new handles of this kind itself and the worker maps them to the
+    /// library's, so a create call can be sent without waiting (`class = "async"`). Only
+    /// for kinds that never travel inside other structures.
+    #[serde(default)]
+    pub client_named: bool,
 }
 
 /// A library convention: parameter kinds (and a class) for every function it matches.

@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 17987412248764328471u64;
+pub const SCHEMA_HASH: u64 = 7728587511316521969u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 2258usize] = [
@@ -5718,29 +5718,29 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cublaslt::cublasLtLoggerSetMask,
     &cublaslt::cublasLtMatmul__cu118,
     &cublaslt::cublasLtMatmul__cu126,
-    &cublaslt::cublasLtMatmulAlgoGetHeuristic__cu118,
-    &cublaslt::cublasLtMatmulAlgoGetHeuristic__cu121,
-    &cublaslt::cublasLtMatmulAlgoGetHeuristic__cu126,
+    &cublaslt::cublasLtMatmulAlgoGetHeuristic__cu118__call,
+    &cublaslt::cublasLtMatmulAlgoGetHeuristic__cu121__call,
+    &cublaslt::cublasLtMatmulAlgoGetHeuristic__cu126__call,
     &cublaslt::cublasLtMatmulDescCreate__cu118__call,
     &cublaslt::cublasLtMatmulDescCreate__cu126__call,
-    &cublaslt::cublasLtMatmulDescDestroy__cu118,
-    &cublaslt::cublasLtMatmulDescDestroy__cu126,
+    &cublaslt::cublasLtMatmulDescDestroy__cu118__call,
+    &cublaslt::cublasLtMatmulDescDestroy__cu126__call,
     &cublaslt::cublasLtMatmulDescInit_internal__cu118,
     &cublaslt::cublasLtMatmulDescInit_internal__cu126,
     &cublaslt::cublasLtMatmulDescSetAttribute__cu118__call,
     &cublaslt::cublasLtMatmulDescSetAttribute__cu126__call,
-    &cublaslt::cublasLtMatmulPreferenceCreate__cu118,
-    &cublaslt::cublasLtMatmulPreferenceCreate__cu121,
-    &cublaslt::cublasLtMatmulPreferenceDestroy__cu118,
-    &cublaslt::cublasLtMatmulPreferenceDestroy__cu121,
+    &cublaslt::cublasLtMatmulPreferenceCreate__cu118__call,
+    &cublaslt::cublasLtMatmulPreferenceCreate__cu121__call,
+    &cublaslt::cublasLtMatmulPreferenceDestroy__cu118__call,
+    &cublaslt::cublasLtMatmulPreferenceDestroy__cu121__call,
     &cublaslt::cublasLtMatmulPreferenceInit_internal__cu118,
     &cublaslt::cublasLtMatmulPreferenceInit_internal__cu121,
-    &cublaslt::cublasLtMatmulPreferenceSetAttribute__cu118,
-    &cublaslt::cublasLtMatmulPreferenceSetAttribute__cu121,
-    &cublaslt::cublasLtMatrixLayoutCreate,
-    &cublaslt::cublasLtMatrixLayoutDestroy,
+    &cublaslt::cublasLtMatmulPreferenceSetAttribute__cu118__call,
+    &cublaslt::cublasLtMatmulPreferenceSetAttribute__cu121__call,
+    &cublaslt::cublasLtMatrixLayoutCreate__call,
+    &cublaslt::cublasLtMatrixLayoutDestroy__call,
     &cublaslt::cublasLtMatrixLayoutInit_internal,
-    &cublaslt::cublasLtMatrixLayoutSetAttribute,
+    &cublaslt::cublasLtMatrixLayoutSetAttribute__call,
     &cublaslt::cublasLtMatrixTransformDescCreate,
     &cublaslt::cublasLtMatrixTransformDescDestroy,
     &cublaslt::cublasLtMatrixTransformDescInit_internal,
@@ -11761,7 +11761,12 @@ pub mod cublas {
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 38u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 38u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -20934,7 +20939,10 @@ pub mod cublas {
                 kind: 38u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 22u16 },
+            Wire::OutHandle {
+                kind: 22u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -28456,7 +28464,12 @@ pub mod cublas {
         library: "cublas",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 45u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 45u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -37296,14 +37309,18 @@ pub mod cublas {
 }
 pub mod cublaslt {
     use chidori_protocol::desc::*;
-    static LEN_cublasLtMatmulAlgoGetHeuristic__cu118_0: Len = Len::Param(7u8);
-    static LEN_cublasLtMatmulAlgoGetHeuristic__cu121_1: Len = Len::Param(7u8);
-    static LEN_cublasLtMatmulAlgoGetHeuristic__cu126_2: Len = Len::Param(7u8);
+    static LEN_cublasLtMatmulAlgoGetHeuristic__cu118__call_0: Len = Len::Param(7u8);
+    static LEN_cublasLtMatmulAlgoGetHeuristic__cu121__call_1: Len = Len::Param(7u8);
+    static LEN_cublasLtMatmulAlgoGetHeuristic__cu126__call_2: Len = Len::Param(7u8);
     static LEN_cublasLtMatmulDescSetAttribute__cu118__call_3: Len = Len::Param(3u8);
     static LEN_cublasLtMatmulDescSetAttribute__cu126__call_4: Len = Len::Param(3u8);
-    static LEN_cublasLtMatmulPreferenceSetAttribute__cu118_5: Len = Len::Param(3u8);
-    static LEN_cublasLtMatmulPreferenceSetAttribute__cu121_6: Len = Len::Param(3u8);
-    static LEN_cublasLtMatrixLayoutSetAttribute_7: Len = Len::Param(3u8);
+    static LEN_cublasLtMatmulPreferenceSetAttribute__cu118__call_5: Len = Len::Param(
+        3u8,
+    );
+    static LEN_cublasLtMatmulPreferenceSetAttribute__cu121__call_6: Len = Len::Param(
+        3u8,
+    );
+    static LEN_cublasLtMatrixLayoutSetAttribute__call_7: Len = Len::Param(3u8);
     pub static cublasLtCreate: CallDesc = CallDesc {
         wire: 1175u32,
         call: 1154u32,
@@ -37312,7 +37329,12 @@ pub mod cublaslt {
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 39u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 39u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -37376,7 +37398,12 @@ pub mod cublaslt {
         library: "cublaslt",
         versions: &["13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 40u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 40u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -37698,11 +37725,11 @@ pub mod cublaslt {
             invalid_handle: 1i64,
         },
     };
-    pub static cublasLtMatmulAlgoGetHeuristic__cu118: CallDesc = CallDesc {
+    pub static cublasLtMatmulAlgoGetHeuristic__cu118__call: CallDesc = CallDesc {
         wire: 1189u32,
         call: 1167u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
-        form: None,
+        form: Some("call"),
         library: "cublaslt",
         versions: &["11.8"],
         class: Class::Sync,
@@ -37742,7 +37769,7 @@ pub mod cublaslt {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 96u32,
-                len: Some(&LEN_cublasLtMatmulAlgoGetHeuristic__cu118_0),
+                len: Some(&LEN_cublasLtMatmulAlgoGetHeuristic__cu118__call_0),
                 record: Some("cublasLtMatmulHeuristicResult_t"),
             },
             Wire::Buf {
@@ -37760,11 +37787,11 @@ pub mod cublaslt {
             invalid_handle: 1i64,
         },
     };
-    pub static cublasLtMatmulAlgoGetHeuristic__cu121: CallDesc = CallDesc {
+    pub static cublasLtMatmulAlgoGetHeuristic__cu121__call: CallDesc = CallDesc {
         wire: 1190u32,
         call: 1167u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
-        form: None,
+        form: Some("call"),
         library: "cublaslt",
         versions: &["12.1"],
         class: Class::Sync,
@@ -37804,7 +37831,7 @@ pub mod cublaslt {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 96u32,
-                len: Some(&LEN_cublasLtMatmulAlgoGetHeuristic__cu121_1),
+                len: Some(&LEN_cublasLtMatmulAlgoGetHeuristic__cu121__call_1),
                 record: Some("cublasLtMatmulHeuristicResult_t"),
             },
             Wire::Buf {
@@ -37822,11 +37849,11 @@ pub mod cublaslt {
             invalid_handle: 1i64,
         },
     };
-    pub static cublasLtMatmulAlgoGetHeuristic__cu126: CallDesc = CallDesc {
+    pub static cublasLtMatmulAlgoGetHeuristic__cu126__call: CallDesc = CallDesc {
         wire: 1191u32,
         call: 1167u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
-        form: None,
+        form: Some("call"),
         library: "cublaslt",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -37866,7 +37893,7 @@ pub mod cublaslt {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 96u32,
-                len: Some(&LEN_cublasLtMatmulAlgoGetHeuristic__cu126_2),
+                len: Some(&LEN_cublasLtMatmulAlgoGetHeuristic__cu126__call_2),
                 record: Some("cublasLtMatmulHeuristicResult_t"),
             },
             Wire::Buf {
@@ -37891,9 +37918,12 @@ pub mod cublaslt {
         form: Some("call"),
         library: "cublaslt",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
-            Wire::OutHandle { kind: 41u16 },
+            Wire::OutHandle {
+                kind: 41u16,
+                named: true,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -37918,9 +37948,12 @@ pub mod cublaslt {
         form: Some("call"),
         library: "cublaslt",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
-            Wire::OutHandle { kind: 41u16 },
+            Wire::OutHandle {
+                kind: 41u16,
+                named: true,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -37938,11 +37971,11 @@ pub mod cublaslt {
             invalid_handle: 1i64,
         },
     };
-    pub static cublasLtMatmulDescDestroy__cu118: CallDesc = CallDesc {
+    pub static cublasLtMatmulDescDestroy__cu118__call: CallDesc = CallDesc {
         wire: 1194u32,
         call: 1169u32,
         name: "cublasLtMatmulDescDestroy",
-        form: None,
+        form: Some("call"),
         library: "cublaslt",
         versions: &["11.8", "12.1"],
         class: Class::Async,
@@ -37960,11 +37993,11 @@ pub mod cublaslt {
             invalid_handle: 1i64,
         },
     };
-    pub static cublasLtMatmulDescDestroy__cu126: CallDesc = CallDesc {
+    pub static cublasLtMatmulDescDestroy__cu126__call: CallDesc = CallDesc {
         wire: 1195u32,
         call: 1169u32,
         name: "cublasLtMatmulDescDestroy",
-        form: None,
+        form: Some("call"),
         library: "cublaslt",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -38122,15 +38155,20 @@ pub mod cublaslt {
             invalid_handle: 1i64,
         },
     };
-    pub static cublasLtMatmulPreferenceCreate__cu118: CallDesc = CallDesc {
+    pub static cublasLtMatmulPreferenceCreate__cu118__call: CallDesc = CallDesc {
         wire: 1200u32,
         call: 1172u32,
         name: "cublasLtMatmulPreferenceCreate",
-        form: None,
+        form: Some("call"),
         library: "cublaslt",
         versions: &["11.8"],
-        class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 42u16 }],
+        class: Class::Async,
+        params: &[
+            Wire::OutHandle {
+                kind: 42u16,
+                named: true,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -38139,15 +38177,20 @@ pub mod cublaslt {
             invalid_handle: 1i64,
         },
     };
-    pub static cublasLtMatmulPreferenceCreate__cu121: CallDesc = CallDesc {
+    pub static cublasLtMatmulPreferenceCreate__cu121__call: CallDesc = CallDesc {
         wire: 1201u32,
         call: 1172u32,
         name: "cublasLtMatmulPreferenceCreate",
-        form: None,
+        form: Some("call"),
         library: "cublaslt",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 42u16 }],
+        class: Class::Async,
+        params: &[
+            Wire::OutHandle {
+                kind: 42u16,
+                named: true,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -38156,11 +38199,11 @@ pub mod cublaslt {
             invalid_handle: 1i64,
         },
     };
-    pub static cublasLtMatmulPreferenceDestroy__cu118: CallDesc = CallDesc {
+    pub static cublasLtMatmulPreferenceDestroy__cu118__call: CallDesc = CallDesc {
         wire: 1202u32,
         call: 1173u32,
         name: "cublasLtMatmulPreferenceDestroy",
-        form: None,
+        form: Some("call"),
         library: "cublaslt",
         versions: &["11.8"],
         class: Class::Async,
@@ -38178,11 +38221,11 @@ pub mod cublaslt {
             invalid_handle: 1i64,
         },
     };
-    pub static cublasLtMatmulPreferenceDestroy__cu121: CallDesc = CallDesc {
+    pub static cublasLtMatmulPreferenceDestroy__cu121__call: CallDesc = CallDesc {
         wire: 1203u32,
         call: 1173u32,
         name: "cublasLtMatmulPreferenceDestroy",
-        form: None,
+        form: Some("call"),
         library: "cublaslt",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -38252,11 +38295,11 @@ pub mod cublaslt {
             invalid_handle: 1i64,
         },
     };
-    pub static cublasLtMatmulPreferenceSetAttribute__cu118: CallDesc = CallDesc {
+    pub static cublasLtMatmulPreferenceSetAttribute__cu118__call: CallDesc = CallDesc {
         wire: 1206u32,
         call: 1175u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
-        form: None,
+        form: Some("call"),
         library: "cublaslt",
         versions: &["11.8"],
         class: Class::Async,
@@ -38272,7 +38315,7 @@ pub mod cublaslt {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cublasLtMatmulPreferenceSetAttribute__cu118_5),
+                len: Some(&LEN_cublasLtMatmulPreferenceSetAttribute__cu118__call_5),
                 record: None,
             },
             Wire::Val {
@@ -38288,11 +38331,11 @@ pub mod cublaslt {
             invalid_handle: 1i64,
         },
     };
-    pub static cublasLtMatmulPreferenceSetAttribute__cu121: CallDesc = CallDesc {
+    pub static cublasLtMatmulPreferenceSetAttribute__cu121__call: CallDesc = CallDesc {
         wire: 1207u32,
         call: 1175u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
-        form: None,
+        form: Some("call"),
         library: "cublaslt",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -38308,7 +38351,7 @@ pub mod cublaslt {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cublasLtMatmulPreferenceSetAttribute__cu121_6),
+                len: Some(&LEN_cublasLtMatmulPreferenceSetAttribute__cu121__call_6),
                 record: None,
             },
             Wire::Val {
@@ -38324,16 +38367,19 @@ pub mod cublaslt {
             invalid_handle: 1i64,
         },
     };
-    pub static cublasLtMatrixLayoutCreate: CallDesc = CallDesc {
+    pub static cublasLtMatrixLayoutCreate__call: CallDesc = CallDesc {
         wire: 1208u32,
         call: 1176u32,
         name: "cublasLtMatrixLayoutCreate",
-        form: None,
+        form: Some("call"),
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
-            Wire::OutHandle { kind: 43u16 },
+            Wire::OutHandle {
+                kind: 43u16,
+                named: true,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -38359,11 +38405,11 @@ pub mod cublaslt {
             invalid_handle: 1i64,
         },
     };
-    pub static cublasLtMatrixLayoutDestroy: CallDesc = CallDesc {
+    pub static cublasLtMatrixLayoutDestroy__call: CallDesc = CallDesc {
         wire: 1209u32,
         call: 1177u32,
         name: "cublasLtMatrixLayoutDestroy",
-        form: None,
+        form: Some("call"),
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -38423,11 +38469,11 @@ pub mod cublaslt {
             invalid_handle: 1i64,
         },
     };
-    pub static cublasLtMatrixLayoutSetAttribute: CallDesc = CallDesc {
+    pub static cublasLtMatrixLayoutSetAttribute__call: CallDesc = CallDesc {
         wire: 1211u32,
         call: 1179u32,
         name: "cublasLtMatrixLayoutSetAttribute",
-        form: None,
+        form: Some("call"),
         library: "cublaslt",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
@@ -38443,7 +38489,7 @@ pub mod cublaslt {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cublasLtMatrixLayoutSetAttribute_7),
+                len: Some(&LEN_cublasLtMatrixLayoutSetAttribute__call_7),
                 record: None,
             },
             Wire::Val {
@@ -38468,7 +38514,10 @@ pub mod cublaslt {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 44u16 },
+            Wire::OutHandle {
+                kind: 44u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -38612,7 +38661,10 @@ pub mod cudart {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 46u16 },
+            Wire::OutHandle {
+                kind: 46u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 46u16,
                 destroy: false,
@@ -39091,7 +39143,10 @@ pub mod cudart {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 19u16 },
+            Wire::OutHandle {
+                kind: 19u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -39114,7 +39169,10 @@ pub mod cudart {
         versions: &["13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 48u16 },
+            Wire::OutHandle {
+                kind: 48u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -39165,7 +39223,10 @@ pub mod cudart {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 19u16 },
+            Wire::OutHandle {
+                kind: 19u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -39521,7 +39582,12 @@ pub mod cudart {
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 4u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 4u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -39539,7 +39605,10 @@ pub mod cudart {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 4u16 },
+            Wire::OutHandle {
+                kind: 4u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -39908,7 +39977,10 @@ pub mod cudart {
         versions: &["13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 22u16 },
+            Wire::OutHandle {
+                kind: 22u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 48u16,
                 destroy: false,
@@ -39987,7 +40059,10 @@ pub mod cudart {
         versions: &["11.8", "12.1", "12.6", "12.8"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 50u16 },
+            Wire::OutHandle {
+                kind: 50u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 7u16,
                 destroy: false,
@@ -40016,7 +40091,10 @@ pub mod cudart {
         versions: &["13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 50u16 },
+            Wire::OutHandle {
+                kind: 50u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 7u16,
                 destroy: false,
@@ -40176,7 +40254,10 @@ pub mod cudart {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 46u16 },
+            Wire::OutHandle {
+                kind: 46u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 50u16,
                 destroy: false,
@@ -40237,7 +40318,10 @@ pub mod cudart {
                 kind: 11u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 12u16 },
+            Wire::OutHandle {
+                kind: 12u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -40256,7 +40340,10 @@ pub mod cudart {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 12u16 },
+            Wire::OutHandle {
+                kind: 12u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 12u16,
                 destroy: false,
@@ -40355,7 +40442,10 @@ pub mod cudart {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 12u16 },
+            Wire::OutHandle {
+                kind: 12u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -40426,7 +40516,10 @@ pub mod cudart {
                 kind: 11u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 4u16 },
+            Wire::OutHandle {
+                kind: 4u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -40475,7 +40568,10 @@ pub mod cudart {
                 kind: 11u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 4u16 },
+            Wire::OutHandle {
+                kind: 4u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -40696,7 +40792,10 @@ pub mod cudart {
                 kind: 12u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 11u16 },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
@@ -40725,8 +40824,14 @@ pub mod cudart {
                 kind: 12u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 11u16 },
-            Wire::OutHandle { kind: 11u16 },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
@@ -40812,7 +40917,10 @@ pub mod cudart {
                 kind: 12u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 11u16 },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
@@ -40837,7 +40945,10 @@ pub mod cudart {
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 10u16 },
+            Wire::OutHandle {
+                kind: 10u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 12u16,
                 destroy: false,
@@ -40864,7 +40975,10 @@ pub mod cudart {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 10u16 },
+            Wire::OutHandle {
+                kind: 10u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 12u16,
                 destroy: false,
@@ -40969,7 +41083,10 @@ pub mod cudart {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 11u16 },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 11u16,
                 destroy: false,
@@ -41000,7 +41117,10 @@ pub mod cudart {
                 kind: 11u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 12u16 },
+            Wire::OutHandle {
+                kind: 12u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -41023,7 +41143,10 @@ pub mod cudart {
                 kind: 11u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 11u16 },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
@@ -41314,7 +41437,10 @@ pub mod cudart {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::OutHandle { kind: 49u16 },
+            Wire::OutHandle {
+                kind: 49u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 22u16,
                 destroy: false,
@@ -41337,7 +41463,10 @@ pub mod cudart {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 50u16 },
+            Wire::OutHandle {
+                kind: 50u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 49u16,
                 destroy: false,
@@ -41386,7 +41515,10 @@ pub mod cudart {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 46u16 },
+            Wire::OutHandle {
+                kind: 46u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 49u16,
                 destroy: false,
@@ -41421,7 +41553,10 @@ pub mod cudart {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::OutHandle { kind: 49u16 },
+            Wire::OutHandle {
+                kind: 49u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 22u16,
                 destroy: false,
@@ -41466,7 +41601,10 @@ pub mod cudart {
         versions: &["13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 48u16 },
+            Wire::OutHandle {
+                kind: 48u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 3u16,
                 destroy: false,
@@ -41526,7 +41664,13 @@ pub mod cudart {
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 4u16 }, Wire::ByValRecord { bytes: 64u32 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 4u16,
+                named: false,
+            },
+            Wire::ByValRecord { bytes: 64u32 },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -41638,7 +41782,10 @@ pub mod cudart {
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 15u16 },
+            Wire::OutHandle {
+                kind: 15u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -41665,7 +41812,10 @@ pub mod cudart {
         versions: &["12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 15u16 },
+            Wire::OutHandle {
+                kind: 15u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 16u16,
                 destroy: false,
@@ -41817,7 +41967,10 @@ pub mod cudart {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 46u16 },
+            Wire::OutHandle {
+                kind: 46u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 20u32,
@@ -41847,7 +42000,10 @@ pub mod cudart {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 46u16 },
+            Wire::OutHandle {
+                kind: 46u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 20u32,
@@ -43875,7 +44031,12 @@ pub mod cudart {
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 22u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 22u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -43893,7 +44054,10 @@ pub mod cudart {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 22u16 },
+            Wire::OutHandle {
+                kind: 22u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -43916,7 +44080,10 @@ pub mod cudart {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 22u16 },
+            Wire::OutHandle {
+                kind: 22u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -43969,7 +44136,10 @@ pub mod cudart {
                 kind: 22u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 12u16 },
+            Wire::OutHandle {
+                kind: 12u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -43992,7 +44162,10 @@ pub mod cudart {
                 kind: 22u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 12u16 },
+            Wire::OutHandle {
+                kind: 12u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -44061,7 +44234,10 @@ pub mod cudart {
                 len: None,
                 record: None,
             },
-            Wire::OutHandle { kind: 12u16 },
+            Wire::OutHandle {
+                kind: 12u16,
+                named: false,
+            },
             Wire::Null,
             Wire::Null,
             Wire::Buf {
@@ -44138,7 +44314,10 @@ pub mod cudart {
                 len: None,
                 record: None,
             },
-            Wire::OutHandle { kind: 12u16 },
+            Wire::OutHandle {
+                kind: 12u16,
+                named: false,
+            },
             Wire::Null,
             Wire::Null,
             Wire::Buf {
@@ -44537,7 +44716,10 @@ pub mod cudart {
                 kind: 22u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 11u16 },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -44568,7 +44750,10 @@ pub mod cudart {
                 kind: 22u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 11u16 },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -47124,7 +47309,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 56u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 56u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47141,7 +47331,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 56u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 56u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47158,7 +47353,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 51u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 51u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47175,7 +47375,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 51u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 51u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47192,7 +47397,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 53u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 53u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47210,7 +47420,10 @@ pub mod cudnn {
         versions: &["11.8", "12.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 52u16 },
+            Wire::OutHandle {
+                kind: 52u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -47232,7 +47445,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 54u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 54u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47249,7 +47467,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 54u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 54u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47266,7 +47489,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 55u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 55u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47283,7 +47511,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 55u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 55u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47300,7 +47533,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 57u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 57u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47317,7 +47555,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 57u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 57u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47334,7 +47577,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 58u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 58u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47351,7 +47599,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 58u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 58u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47368,7 +47621,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 59u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 59u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47385,7 +47643,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 59u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 59u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47403,7 +47666,10 @@ pub mod cudnn {
         versions: &["11.8", "12.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 60u16 },
+            Wire::OutHandle {
+                kind: 60u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -47426,7 +47692,10 @@ pub mod cudnn {
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 60u16 },
+            Wire::OutHandle {
+                kind: 60u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -47449,7 +47718,10 @@ pub mod cudnn {
         versions: &["11.8", "12.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 61u16 },
+            Wire::OutHandle {
+                kind: 61u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -47472,7 +47744,10 @@ pub mod cudnn {
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 61u16 },
+            Wire::OutHandle {
+                kind: 61u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -47495,7 +47770,10 @@ pub mod cudnn {
         versions: &["11.8", "12.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 62u16 },
+            Wire::OutHandle {
+                kind: 62u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -47518,7 +47796,10 @@ pub mod cudnn {
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 62u16 },
+            Wire::OutHandle {
+                kind: 62u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -47540,7 +47821,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 63u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 63u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47557,7 +47843,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 63u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 63u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47574,7 +47865,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 64u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 64u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47591,7 +47887,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 64u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 64u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47621,7 +47922,10 @@ pub mod cudnn {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::OutHandle { kind: 65u16 },
+            Wire::OutHandle {
+                kind: 65u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -47639,7 +47943,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 66u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 66u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47656,7 +47965,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 66u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 66u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47673,7 +47987,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 67u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 67u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47690,7 +48009,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 67u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 67u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47707,7 +48031,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 68u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 68u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47724,7 +48053,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 68u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 68u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47741,7 +48075,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 69u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 69u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47758,7 +48097,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 69u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 69u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47775,7 +48119,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 71u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 71u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47792,7 +48141,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 71u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 71u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47809,7 +48163,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 72u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 72u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47826,7 +48185,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 72u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 72u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47843,7 +48207,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 73u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 73u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47860,7 +48229,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 73u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 73u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47877,7 +48251,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 74u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 74u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -47894,7 +48273,12 @@ pub mod cudnn {
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 74u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 74u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -48158,7 +48542,10 @@ pub mod cudnn {
         versions: &["11.8", "12.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 52u16 },
+            Wire::OutHandle {
+                kind: 52u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -49843,7 +50230,10 @@ pub mod cudnn {
                 kind: 52u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 53u16 },
+            Wire::OutHandle {
+                kind: 53u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
@@ -54166,7 +54556,10 @@ pub mod cudnn {
                 kind: 56u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 22u16 },
+            Wire::OutHandle {
+                kind: 22u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -54189,7 +54582,10 @@ pub mod cudnn {
                 kind: 56u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 22u16 },
+            Wire::OutHandle {
+                kind: 22u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -59823,7 +60219,10 @@ pub mod curand {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 76u16 },
+            Wire::OutHandle {
+                kind: 76u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -59846,7 +60245,10 @@ pub mod curand {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 76u16 },
+            Wire::OutHandle {
+                kind: 76u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -59873,7 +60275,10 @@ pub mod curand {
                 bytes: 8u8,
                 float: true,
             },
-            Wire::OutHandle { kind: 75u16 },
+            Wire::OutHandle {
+                kind: 75u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -61814,7 +62219,12 @@ pub mod cusolver {
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 77u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 77u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -61831,7 +62241,12 @@ pub mod cusolver {
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 94u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 94u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -61848,7 +62263,12 @@ pub mod cusolver {
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 80u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 80u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -61865,7 +62285,12 @@ pub mod cusolver {
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 106u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 106u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -65040,7 +65465,10 @@ pub mod cusolver {
                 kind: 77u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 22u16 },
+            Wire::OutHandle {
+                kind: 22u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -65116,7 +65544,12 @@ pub mod cusolver {
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 78u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 78u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -65177,7 +65610,12 @@ pub mod cusolver {
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 79u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 79u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -72204,7 +72642,12 @@ pub mod cusolver {
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 81u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 81u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -72381,7 +72824,12 @@ pub mod cusolver {
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 82u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 82u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -72398,7 +72846,12 @@ pub mod cusolver {
         library: "cusolver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 34u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 34u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -72464,7 +72917,10 @@ pub mod cusolver {
                 kind: 82u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 22u16 },
+            Wire::OutHandle {
+                kind: 22u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -75278,7 +75734,12 @@ pub mod cusparse {
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 84u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 84u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -75296,7 +75757,10 @@ pub mod cusparse {
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 90u16 },
+            Wire::OutHandle {
+                kind: 90u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -75357,7 +75821,12 @@ pub mod cusparse {
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 27u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 27u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -75374,7 +75843,12 @@ pub mod cusparse {
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 28u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 28u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -75391,7 +75865,12 @@ pub mod cusparse {
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 29u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 29u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -75408,7 +75887,12 @@ pub mod cusparse {
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 30u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 30u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -75425,7 +75909,12 @@ pub mod cusparse {
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 83u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 83u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -75443,7 +75932,10 @@ pub mod cusparse {
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 90u16 },
+            Wire::OutHandle {
+                kind: 90u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -75505,7 +75997,10 @@ pub mod cusparse {
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 90u16 },
+            Wire::OutHandle {
+                kind: 90u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -75551,7 +76046,10 @@ pub mod cusparse {
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 90u16 },
+            Wire::OutHandle {
+                kind: 90u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -75601,7 +76099,10 @@ pub mod cusparse {
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 85u16 },
+            Wire::OutHandle {
+                kind: 85u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -75641,7 +76142,10 @@ pub mod cusparse {
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 86u16 },
+            Wire::OutHandle {
+                kind: 86u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -75669,7 +76173,10 @@ pub mod cusparse {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 90u16 },
+            Wire::OutHandle {
+                kind: 90u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -75715,7 +76222,10 @@ pub mod cusparse {
         versions: &["11.8"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 90u16 },
+            Wire::OutHandle {
+                kind: 90u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -75760,7 +76270,10 @@ pub mod cusparse {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 90u16 },
+            Wire::OutHandle {
+                kind: 90u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -75809,7 +76322,12 @@ pub mod cusparse {
         library: "cusparse",
         versions: &["11.8"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 31u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 31u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -75826,7 +76344,12 @@ pub mod cusparse {
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 32u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 32u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -75843,7 +76366,12 @@ pub mod cusparse {
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 33u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 33u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -75860,7 +76388,12 @@ pub mod cusparse {
         library: "cusparse",
         versions: &["11.8"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 35u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 35u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -75877,7 +76410,12 @@ pub mod cusparse {
         library: "cusparse",
         versions: &["11.8"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 36u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 36u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -75894,7 +76432,12 @@ pub mod cusparse {
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 37u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 37u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -75912,7 +76455,10 @@ pub mod cusparse {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 85u16 },
+            Wire::OutHandle {
+                kind: 85u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -75952,7 +76498,10 @@ pub mod cusparse {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 86u16 },
+            Wire::OutHandle {
+                kind: 86u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -76006,7 +76555,12 @@ pub mod cusparse {
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 87u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 87u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -76023,7 +76577,12 @@ pub mod cusparse {
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 105u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 105u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -79330,7 +79889,10 @@ pub mod cusparse {
                 kind: 84u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 22u16 },
+            Wire::OutHandle {
+                kind: 22u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -82233,7 +82795,12 @@ pub mod cusparse {
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 88u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 88u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -83172,7 +83739,12 @@ pub mod cusparse {
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 91u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 91u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -83387,7 +83959,12 @@ pub mod cusparse {
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 92u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 92u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -87333,7 +87910,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 0u16 },
+            Wire::OutHandle {
+                kind: 0u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 24u32,
@@ -87358,7 +87938,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 0u16 },
+            Wire::OutHandle {
+                kind: 0u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 40u32,
@@ -87383,7 +87966,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 0u16 },
+            Wire::OutHandle {
+                kind: 0u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 16u32,
@@ -87408,7 +87994,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 0u16 },
+            Wire::OutHandle {
+                kind: 0u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 24u32,
@@ -87455,7 +88044,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 0u16 },
+            Wire::OutHandle {
+                kind: 0u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 0u16,
                 destroy: false,
@@ -87538,7 +88130,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 2u16 },
+            Wire::OutHandle {
+                kind: 2u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -87561,7 +88156,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 2u16 },
+            Wire::OutHandle {
+                kind: 2u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -87588,7 +88186,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 2u16 },
+            Wire::OutHandle {
+                kind: 2u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -87729,7 +88330,10 @@ pub mod driver {
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 2u16 },
+            Wire::OutHandle {
+                kind: 2u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 14u16,
                 destroy: false,
@@ -87803,7 +88407,12 @@ pub mod driver {
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 2u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 2u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -88006,7 +88615,12 @@ pub mod driver {
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 2u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 2u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -88023,7 +88637,12 @@ pub mod driver {
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 2u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 2u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -88408,7 +89027,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 19u16 },
+            Wire::OutHandle {
+                kind: 19u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -88463,7 +89085,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 19u16 },
+            Wire::OutHandle {
+                kind: 19u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -88666,7 +89291,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 2u16 },
+            Wire::OutHandle {
+                kind: 2u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -88821,7 +89449,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 4u16 },
+            Wire::OutHandle {
+                kind: 4u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -89142,7 +89773,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 20u16 },
+            Wire::OutHandle {
+                kind: 20u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 5u16,
                 destroy: false,
@@ -89229,7 +89863,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 21u16 },
+            Wire::OutHandle {
+                kind: 21u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 9u16,
                 destroy: false,
@@ -89448,7 +90085,10 @@ pub mod driver {
                 kind: 11u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 12u16 },
+            Wire::OutHandle {
+                kind: 12u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -89467,7 +90107,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 12u16 },
+            Wire::OutHandle {
+                kind: 12u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 12u16,
                 destroy: false,
@@ -89530,7 +90173,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 12u16 },
+            Wire::OutHandle {
+                kind: 12u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -89601,7 +90247,10 @@ pub mod driver {
                 kind: 11u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 4u16 },
+            Wire::OutHandle {
+                kind: 4u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -89650,7 +90299,10 @@ pub mod driver {
                 kind: 11u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 4u16 },
+            Wire::OutHandle {
+                kind: 4u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -89907,7 +90559,10 @@ pub mod driver {
                 kind: 12u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 11u16 },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
@@ -89936,8 +90591,14 @@ pub mod driver {
                 kind: 12u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 11u16 },
-            Wire::OutHandle { kind: 11u16 },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
@@ -89994,7 +90655,10 @@ pub mod driver {
                 kind: 12u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 11u16 },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
@@ -90023,7 +90687,10 @@ pub mod driver {
                 kind: 12u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 11u16 },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
@@ -90048,7 +90715,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 10u16 },
+            Wire::OutHandle {
+                kind: 10u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 12u16,
                 destroy: false,
@@ -90209,7 +90879,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 11u16 },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 11u16,
                 destroy: false,
@@ -90240,7 +90913,10 @@ pub mod driver {
                 kind: 11u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 12u16 },
+            Wire::OutHandle {
+                kind: 12u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -90263,7 +90939,10 @@ pub mod driver {
                 kind: 11u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 11u16 },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
@@ -90292,7 +90971,10 @@ pub mod driver {
                 kind: 11u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 11u16 },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 8u32,
@@ -90583,7 +91265,10 @@ pub mod driver {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::OutHandle { kind: 13u16 },
+            Wire::OutHandle {
+                kind: 13u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 22u16,
                 destroy: false,
@@ -90610,7 +91295,10 @@ pub mod driver {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::OutHandle { kind: 13u16 },
+            Wire::OutHandle {
+                kind: 13u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 22u16,
                 destroy: false,
@@ -90633,7 +91321,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 20u16 },
+            Wire::OutHandle {
+                kind: 20u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 13u16,
                 destroy: false,
@@ -90708,7 +91399,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 0u16 },
+            Wire::OutHandle {
+                kind: 0u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 13u16,
                 destroy: false,
@@ -90743,7 +91437,10 @@ pub mod driver {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::OutHandle { kind: 13u16 },
+            Wire::OutHandle {
+                kind: 13u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 22u16,
                 destroy: false,
@@ -90770,7 +91467,10 @@ pub mod driver {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::OutHandle { kind: 13u16 },
+            Wire::OutHandle {
+                kind: 13u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 22u16,
                 destroy: false,
@@ -90815,7 +91515,10 @@ pub mod driver {
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 14u16 },
+            Wire::OutHandle {
+                kind: 14u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 3u16,
                 destroy: false,
@@ -90922,7 +91625,10 @@ pub mod driver {
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 22u16 },
+            Wire::OutHandle {
+                kind: 22u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 14u16,
                 destroy: false,
@@ -91022,7 +91728,13 @@ pub mod driver {
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 4u16 }, Wire::ByValRecord { bytes: 64u32 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 4u16,
+                named: false,
+            },
+            Wire::ByValRecord { bytes: 64u32 },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -91134,7 +91846,10 @@ pub mod driver {
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 9u16 },
+            Wire::OutHandle {
+                kind: 9u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 15u16,
                 destroy: false,
@@ -91157,7 +91872,10 @@ pub mod driver {
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 16u16 },
+            Wire::OutHandle {
+                kind: 16u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 15u16,
                 destroy: false,
@@ -91390,7 +92108,10 @@ pub mod driver {
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 15u16 },
+            Wire::OutHandle {
+                kind: 15u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -91452,7 +92173,10 @@ pub mod driver {
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 15u16 },
+            Wire::OutHandle {
+                kind: 15u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 16u16,
                 destroy: false,
@@ -91539,7 +92263,10 @@ pub mod driver {
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 21u16 },
+            Wire::OutHandle {
+                kind: 21u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 16u16,
                 destroy: false,
@@ -94397,7 +95124,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 0u16 },
+            Wire::OutHandle {
+                kind: 0u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 20u16,
                 destroy: false,
@@ -94424,7 +95154,10 @@ pub mod driver {
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 9u16 },
+            Wire::OutHandle {
+                kind: 9u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -94451,7 +95184,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 9u16 },
+            Wire::OutHandle {
+                kind: 9u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 21u16,
                 destroy: false,
@@ -94597,7 +95333,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 23u16 },
+            Wire::OutHandle {
+                kind: 23u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 21u16,
                 destroy: false,
@@ -94621,7 +95360,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 24u16 },
+            Wire::OutHandle {
+                kind: 24u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 21u16,
                 destroy: false,
@@ -95345,7 +96087,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 22u16 },
+            Wire::OutHandle {
+                kind: 22u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -95368,7 +96113,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 22u16 },
+            Wire::OutHandle {
+                kind: 22u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -95443,7 +96191,10 @@ pub mod driver {
                 kind: 22u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 12u16 },
+            Wire::OutHandle {
+                kind: 12u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -95466,7 +96217,10 @@ pub mod driver {
                 kind: 22u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 12u16 },
+            Wire::OutHandle {
+                kind: 12u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -95557,7 +96311,10 @@ pub mod driver {
                 kind: 22u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 2u16 },
+            Wire::OutHandle {
+                kind: 2u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -95580,7 +96337,10 @@ pub mod driver {
                 kind: 22u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 2u16 },
+            Wire::OutHandle {
+                kind: 2u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -95603,8 +96363,14 @@ pub mod driver {
                 kind: 22u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 2u16 },
-            Wire::OutHandle { kind: 14u16 },
+            Wire::OutHandle {
+                kind: 2u16,
+                named: false,
+            },
+            Wire::OutHandle {
+                kind: 14u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -95627,8 +96393,14 @@ pub mod driver {
                 kind: 22u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 2u16 },
-            Wire::OutHandle { kind: 14u16 },
+            Wire::OutHandle {
+                kind: 2u16,
+                named: false,
+            },
+            Wire::OutHandle {
+                kind: 14u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -95763,7 +96535,10 @@ pub mod driver {
                 kind: 22u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 14u16 },
+            Wire::OutHandle {
+                kind: 14u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -96042,7 +96817,10 @@ pub mod driver {
                 kind: 22u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 11u16 },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -96073,7 +96851,10 @@ pub mod driver {
                 kind: 22u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 11u16 },
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 8u8,
                 float: false,
@@ -96726,7 +97507,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 0u16 },
+            Wire::OutHandle {
+                kind: 0u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 23u16,
                 destroy: false,
@@ -96800,7 +97584,12 @@ pub mod driver {
         library: "driver",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 24u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 24u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -96928,7 +97717,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 0u16 },
+            Wire::OutHandle {
+                kind: 0u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 24u16,
                 destroy: false,
@@ -97153,7 +97945,10 @@ pub mod driver {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 20u16 },
+            Wire::OutHandle {
+                kind: 20u16,
+                named: false,
+            },
             Wire::Handle {
                 kind: 24u16,
                 destroy: false,
@@ -97809,7 +98604,10 @@ pub mod nccl {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 95u16 },
+            Wire::OutHandle {
+                kind: 95u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -98058,7 +98856,10 @@ pub mod nccl {
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle { kind: 95u16 },
+            Wire::OutHandle {
+                kind: 95u16,
+                named: false,
+            },
             Wire::Val {
                 bytes: 4u8,
                 float: false,
@@ -98353,7 +99154,12 @@ pub mod nvjitlink {
         library: "nvjitlink",
         versions: &["12.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 98u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 98u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -98370,7 +99176,12 @@ pub mod nvjitlink {
         library: "nvjitlink",
         versions: &["12.6"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 98u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 98u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -98387,7 +99198,12 @@ pub mod nvjitlink {
         library: "nvjitlink",
         versions: &["12.8"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 98u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 98u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -98404,7 +99220,12 @@ pub mod nvjitlink {
         library: "nvjitlink",
         versions: &["13.0"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 98u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 98u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -98421,7 +99242,12 @@ pub mod nvjitlink {
         library: "nvjitlink",
         versions: &["13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 98u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 98u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -99186,7 +100012,10 @@ pub mod nvml {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::OutHandle { kind: 103u16 },
+            Wire::OutHandle {
+                kind: 103u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -99219,7 +100048,10 @@ pub mod nvml {
                 len: None,
                 record: Some("nvmlGpuInstancePlacement_st"),
             },
-            Wire::OutHandle { kind: 103u16 },
+            Wire::OutHandle {
+                kind: 103u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -99934,7 +100766,10 @@ pub mod nvml {
                 kind: 100u16,
                 destroy: false,
             },
-            Wire::OutHandle { kind: 100u16 },
+            Wire::OutHandle {
+                kind: 100u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -100367,7 +101202,10 @@ pub mod nvml {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::OutHandle { kind: 103u16 },
+            Wire::OutHandle {
+                kind: 103u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -100454,7 +101292,10 @@ pub mod nvml {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::OutHandle { kind: 103u16 },
+            Wire::OutHandle {
+                kind: 103u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
@@ -100579,7 +101420,10 @@ pub mod nvml {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::OutHandle { kind: 100u16 },
+            Wire::OutHandle {
+                kind: 100u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -100602,7 +101446,10 @@ pub mod nvml {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::OutHandle { kind: 100u16 },
+            Wire::OutHandle {
+                kind: 100u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -100620,7 +101467,13 @@ pub mod nvml {
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::Str, Wire::OutHandle { kind: 100u16 }],
+        params: &[
+            Wire::Str,
+            Wire::OutHandle {
+                kind: 100u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -100637,7 +101490,13 @@ pub mod nvml {
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::Str, Wire::OutHandle { kind: 100u16 }],
+        params: &[
+            Wire::Str,
+            Wire::OutHandle {
+                kind: 100u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -100654,7 +101513,13 @@ pub mod nvml {
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::Str, Wire::OutHandle { kind: 100u16 }],
+        params: &[
+            Wire::Str,
+            Wire::OutHandle {
+                kind: 100u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -100671,7 +101536,13 @@ pub mod nvml {
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::Str, Wire::OutHandle { kind: 100u16 }],
+        params: &[
+            Wire::Str,
+            Wire::OutHandle {
+                kind: 100u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -100695,7 +101566,10 @@ pub mod nvml {
                 len: None,
                 record: Some("nvmlUUID_v1_t"),
             },
-            Wire::OutHandle { kind: 100u16 },
+            Wire::OutHandle {
+                kind: 100u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -101140,7 +102014,10 @@ pub mod nvml {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::OutHandle { kind: 100u16 },
+            Wire::OutHandle {
+                kind: 100u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -102337,7 +103214,10 @@ pub mod nvml {
                 len: None,
                 record: None,
             },
-            Wire::OutHandle { kind: 100u16 },
+            Wire::OutHandle {
+                kind: 100u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -103427,7 +104307,12 @@ pub mod nvml {
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 101u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 101u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -103576,7 +104461,12 @@ pub mod nvml {
         library: "nvml",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 102u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 102u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,
@@ -103676,7 +104566,10 @@ pub mod nvml {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::OutHandle { kind: 99u16 },
+            Wire::OutHandle {
+                kind: 99u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -103709,7 +104602,10 @@ pub mod nvml {
                 len: None,
                 record: Some("nvmlComputeInstancePlacement_st"),
             },
-            Wire::OutHandle { kind: 99u16 },
+            Wire::OutHandle {
+                kind: 99u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -103758,7 +104654,10 @@ pub mod nvml {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::OutHandle { kind: 99u16 },
+            Wire::OutHandle {
+                kind: 99u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -103817,7 +104716,10 @@ pub mod nvml {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::OutHandle { kind: 99u16 },
+            Wire::OutHandle {
+                kind: 99u16,
+                named: false,
+            },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
@@ -104044,7 +104946,10 @@ pub mod nvml {
                 len: None,
                 record: None,
             },
-            Wire::OutHandle { kind: 100u16 },
+            Wire::OutHandle {
+                kind: 100u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -104067,7 +104972,10 @@ pub mod nvml {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::OutHandle { kind: 104u16 },
+            Wire::OutHandle {
+                kind: 104u16,
+                named: false,
+            },
         ],
         ret: Ret::Status,
         codes: Codes {
@@ -104773,7 +105681,12 @@ pub mod nvrtc {
         library: "nvrtc",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
-        params: &[Wire::OutHandle { kind: 26u16 }],
+        params: &[
+            Wire::OutHandle {
+                kind: 26u16,
+                named: false,
+            },
+        ],
         ret: Ret::Status,
         codes: Codes {
             success: 0i64,

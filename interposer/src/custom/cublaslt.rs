@@ -1,57 +1,238 @@
-//! Hand-written cuBLASLt functions: the client records each matmul descriptor's pointer
-//! mode (`CUBLASLT_MATMUL_DESC_POINTER_MODE`), which decides whether `cublasLtMatmul`'s
-//! alpha and beta travel as values or pass as device addresses (`crate::scalars`).
+//! Hand-written cuBLASLt functions. Matmul descriptors, matrix layouts and preferences are
+//! named by the client (specs/cublaslt.toml: `client_named`), so creating, configuring and
+//! destroying them is sent without waiting. The client also records what each descriptor
+//! says, which lets it
+//! * keep each matmul descriptor's pointer mode (`CUBLASLT_MATMUL_DESC_POINTER_MODE`),
+//!   which decides whether `cublasLtMatmul`'s alpha and beta travel as values or pass as
+//!   device addresses (`crate::scalars`);
+//! * answer `cublasLtMatmulAlgoGetHeuristic` for a problem it has asked about before: the
+//!   heuristic is a pure function of the descriptors (torch asks before every matmul).
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
+use std::sync::Mutex;
 
 use chidori_cuda::calls::cublaslt as calls;
-use chidori_protocol::desc::CallDesc;
+use chidori_protocol::desc::{CallDesc, Wire};
 
 /// CUBLAS_STATUS_SUCCESS, CUBLAS_STATUS_INVALID_VALUE.
 const SUCCESS: u32 = 0;
 const INVALID_VALUE: u32 = 7;
 /// CUBLASLT_MATMUL_DESC_POINTER_MODE (the same value in every supported version).
 const DESC_POINTER_MODE: u32 = 2;
+/// Matmul descriptor attributes that hold device addresses (bias, epilogue auxiliary,
+/// scale and amax pointers). A heuristic depends on their alignment, not their value.
+const DESC_POINTERS: &[u32] = &[8, 11, 17, 18, 19, 20, 21, 23, 24, 36];
+/// Heuristic answers kept (distinct problems; torch has a few dozen per model).
+const HEURISTIC_CACHE_LIMIT: usize = 4096;
 
-fn create(desc: &'static CallDesc, matmulDesc: *mut c_void, computeType: u32, scaleType: u32) -> u32 {
-    crate::guard::ffi("cublasLtMatmulDescCreate", INVALID_VALUE, || {
-        if matmulDesc.is_null() {
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum DescKind {
+    Matmul,
+    Layout,
+    Preference,
+}
+
+/// What a descriptor says: how it was created and its attributes (last value wins).
+struct Record {
+    kind: DescKind,
+    create: Vec<u64>,
+    attrs: BTreeMap<u32, Vec<u8>>,
+}
+
+static RECORDS: Mutex<Option<HashMap<u64, Record>>> = Mutex::new(None);
+
+/// Heuristic answers by problem: (status, algorithms returned, result bytes).
+type Answer = (u32, i32, Vec<u8>);
+static HEURISTICS: Mutex<Option<HashMap<Vec<u8>, Answer>>> = Mutex::new(None);
+
+fn records() -> std::sync::MutexGuard<'static, Option<HashMap<u64, Record>>> {
+    RECORDS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Create a descriptor of `kind`: `args[0]` is the caller's handle pointer, which the
+/// generic call fills with the client's name for it.
+fn create(name: &'static str, desc: &'static CallDesc, kind: DescKind, args: &[u64]) -> u32 {
+    crate::guard::ffi(name, INVALID_VALUE, || {
+        let Some(&out) = args.first().filter(|p| **p != 0) else { return INVALID_VALUE };
+        // SAFETY: the caller's descriptor pointer (checked non-null) and values.
+        let s = unsafe { crate::runtime::call(desc, args) } as u32;
+        if s == SUCCESS {
+            // SAFETY: written with the descriptor's name before the call was sent.
+            let handle = unsafe { std::ptr::read_unaligned(out as *const u64) };
+            let record = Record { kind, create: args[1..].to_vec(), attrs: BTreeMap::new() };
+            records().get_or_insert_with(HashMap::new).insert(handle, record);
+            if kind == DescKind::Matmul {
+                crate::scalars::set_device_mode(handle, false);
+            }
+        }
+        s
+    })
+}
+
+fn set_attribute(name: &'static str, desc: &'static CallDesc, handle: u64, attr: u32, buf: u64, size: usize) -> u32 {
+    crate::guard::ffi(name, INVALID_VALUE, || {
+        if buf == 0 && size != 0 {
             return INVALID_VALUE;
         }
-        let args = [matmulDesc as u64, u64::from(computeType), u64::from(scaleType)];
-        // SAFETY: the caller's cublasLtMatmulDesc_t*, checked non-null; values.
-        let s = unsafe { crate::runtime::call(desc, &args) } as u32;
-        if s == SUCCESS {
-            // SAFETY: written by the reply.
-            let d = unsafe { std::ptr::read_unaligned(matmulDesc as *const u64) };
-            crate::scalars::set_device_mode(d, false);
+        // SAFETY: the caller's attribute value of `size` bytes.
+        let s = unsafe { crate::runtime::call(desc, &[handle, u64::from(attr), buf, size as u64]) } as u32;
+        if s != SUCCESS {
+            return s;
+        }
+        // SAFETY: as above.
+        let value =
+            if size == 0 { Vec::new() } else { unsafe { std::slice::from_raw_parts(buf as *const u8, size) }.to_vec() };
+        let mut guard = records();
+        if let Some(r) = guard.as_mut().and_then(|m| m.get_mut(&handle)) {
+            if r.kind == DescKind::Matmul && attr == DESC_POINTER_MODE && value.len() >= 4 {
+                // cublasLtPointerMode_t is a 32-bit enum; every mode but HOST (0) puts
+                // alpha on the device.
+                let mode = u32::from_le_bytes([value[0], value[1], value[2], value[3]]);
+                crate::scalars::set_device_mode(handle, mode != 0);
+            }
+            r.attrs.insert(attr, value);
         }
         s
     })
 }
 
-fn set_attribute(desc: &'static CallDesc, matmulDesc: *mut c_void, attr: u32, buf: *mut c_void, size: usize) -> u32 {
-    crate::guard::ffi("cublasLtMatmulDescSetAttribute", INVALID_VALUE, || {
-        // SAFETY: the caller's attribute value of `size` bytes.
-        let s = unsafe { crate::runtime::call(desc, &[matmulDesc as u64, u64::from(attr), buf as u64, size as u64]) }
-            as u32;
-        if attr == DESC_POINTER_MODE && !buf.is_null() && size >= 4 {
-            // SAFETY: as above; cublasLtPointerMode_t is a 32-bit enum. Every mode but
-            // HOST (0) puts alpha on the device.
-            let mode = unsafe { std::ptr::read_unaligned(buf as *const u32) };
-            crate::scalars::set_device_mode(matmulDesc as u64, mode != 0);
+fn destroy(name: &'static str, desc: &'static CallDesc, handle: u64) -> u32 {
+    crate::guard::ffi(name, INVALID_VALUE, || {
+        if let Some(m) = records().as_mut() {
+            m.remove(&handle);
+        }
+        // SAFETY: a value.
+        unsafe { crate::runtime::call(desc, &[handle]) as u32 }
+    })
+}
+
+/// The bytes that identify a heuristic problem, or None where a descriptor is unknown.
+fn problem_key(descs: &[u64], requested: i32) -> Option<Vec<u8>> {
+    let guard = records();
+    let map = guard.as_ref()?;
+    let mut key = requested.to_le_bytes().to_vec();
+    for handle in descs {
+        let r = map.get(handle)?;
+        key.push(r.kind as u8);
+        for v in &r.create {
+            key.extend_from_slice(&v.to_le_bytes());
+        }
+        for (attr, value) in &r.attrs {
+            key.extend_from_slice(&attr.to_le_bytes());
+            if r.kind == DescKind::Matmul && DESC_POINTERS.contains(attr) && value.len() == 8 {
+                let addr = u64::from_le_bytes(value[..8].try_into().ok()?);
+                let class = if addr == 0 { u64::MAX } else { addr % 256 };
+                key.extend_from_slice(&class.to_le_bytes());
+            } else {
+                key.extend_from_slice(&(value.len() as u32).to_le_bytes());
+                key.extend_from_slice(value);
+            }
+        }
+        key.push(0xff);
+    }
+    Some(key)
+}
+
+/// Bytes of one heuristic result in this variant's layout.
+fn result_size(desc: &CallDesc) -> Option<usize> {
+    match desc.params.get(8)? {
+        Wire::Buf { elem, .. } => Some(*elem as usize),
+        _ => None,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn heuristic(
+    desc: &'static CallDesc,
+    handle: u64,
+    operation: u64,
+    layouts: [u64; 4],
+    preference: u64,
+    requested: i32,
+    results: *mut c_void,
+    returned: *mut c_void,
+) -> u32 {
+    crate::guard::ffi("cublasLtMatmulAlgoGetHeuristic", INVALID_VALUE, || {
+        if results.is_null() || returned.is_null() || requested <= 0 {
+            // Let the library say what is wrong.
+            let args = [handle, operation, layouts[0], layouts[1], layouts[2], layouts[3], preference];
+            let mut all = args.to_vec();
+            all.extend_from_slice(&[requested as u64, results as u64, returned as u64]);
+            // SAFETY: the caller's arguments, unchanged.
+            return unsafe { crate::runtime::call(desc, &all) } as u32;
+        }
+        let Some(elem) = result_size(desc) else { return INVALID_VALUE };
+        let descs = [operation, layouts[0], layouts[1], layouts[2], layouts[3], preference];
+        let key = problem_key(&descs, requested);
+        if let Some(key) = &key {
+            let cache = HEURISTICS.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((status, n, bytes)) = cache.as_ref().and_then(|c| c.get(key)) {
+                // SAFETY: the caller's arrays: `requested` results and one int.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), results as *mut u8, bytes.len());
+                    std::ptr::write_unaligned(returned as *mut i32, *n);
+                }
+                return *status;
+            }
+        }
+        let args = [
+            handle,
+            operation,
+            layouts[0],
+            layouts[1],
+            layouts[2],
+            layouts[3],
+            preference,
+            requested as u64,
+            results as u64,
+            returned as u64,
+        ];
+        // SAFETY: the caller's arrays of `requested` results and one int.
+        let s = unsafe { crate::runtime::call(desc, &args) } as u32;
+        if s == SUCCESS
+            && let Some(key) = key
+        {
+            // SAFETY: both written by the reply.
+            let n = unsafe { std::ptr::read_unaligned(returned as *const i32) };
+            let len = elem * (requested as usize);
+            let bytes = unsafe { std::slice::from_raw_parts(results as *const u8, len) }.to_vec();
+            let mut cache = HEURISTICS.lock().unwrap_or_else(|p| p.into_inner());
+            let cache = cache.get_or_insert_with(HashMap::new);
+            if cache.len() < HEURISTIC_CACHE_LIMIT {
+                cache.insert(key, (s, n, bytes));
+            }
         }
         s
     })
 }
+
+// ---- The exports, one per header variant. ----
 
 pub unsafe fn cublasLtMatmulDescCreate__cu118(matmulDesc: *mut c_void, computeType: u32, scaleType: u32) -> u32 {
-    create(&calls::cublasLtMatmulDescCreate__cu118__call, matmulDesc, computeType, scaleType)
+    let args = [matmulDesc as u64, u64::from(computeType), u64::from(scaleType)];
+    create("cublasLtMatmulDescCreate", &calls::cublasLtMatmulDescCreate__cu118__call, DescKind::Matmul, &args)
 }
 
 pub unsafe fn cublasLtMatmulDescCreate__cu126(matmulDesc: *mut c_void, computeType: u32, scaleType: u32) -> u32 {
-    create(&calls::cublasLtMatmulDescCreate__cu126__call, matmulDesc, computeType, scaleType)
+    let args = [matmulDesc as u64, u64::from(computeType), u64::from(scaleType)];
+    create("cublasLtMatmulDescCreate", &calls::cublasLtMatmulDescCreate__cu126__call, DescKind::Matmul, &args)
+}
+
+pub unsafe fn cublasLtMatrixLayoutCreate(matLayout: *mut c_void, r#type: u32, rows: u64, cols: u64, ld: i64) -> u32 {
+    let args = [matLayout as u64, u64::from(r#type), rows, cols, ld as u64];
+    create("cublasLtMatrixLayoutCreate", &calls::cublasLtMatrixLayoutCreate__call, DescKind::Layout, &args)
+}
+
+pub unsafe fn cublasLtMatmulPreferenceCreate__cu118(pref: *mut c_void) -> u32 {
+    let desc = &calls::cublasLtMatmulPreferenceCreate__cu118__call;
+    create("cublasLtMatmulPreferenceCreate", desc, DescKind::Preference, &[pref as u64])
+}
+
+pub unsafe fn cublasLtMatmulPreferenceCreate__cu121(pref: *mut c_void) -> u32 {
+    let desc = &calls::cublasLtMatmulPreferenceCreate__cu121__call;
+    create("cublasLtMatmulPreferenceCreate", desc, DescKind::Preference, &[pref as u64])
 }
 
 pub unsafe fn cublasLtMatmulDescSetAttribute__cu118(
@@ -60,7 +241,8 @@ pub unsafe fn cublasLtMatmulDescSetAttribute__cu118(
     buf: *mut c_void,
     sizeInBytes: usize,
 ) -> u32 {
-    set_attribute(&calls::cublasLtMatmulDescSetAttribute__cu118__call, matmulDesc, attr, buf, sizeInBytes)
+    let desc = &calls::cublasLtMatmulDescSetAttribute__cu118__call;
+    set_attribute("cublasLtMatmulDescSetAttribute", desc, matmulDesc as u64, attr, buf as u64, sizeInBytes)
 }
 
 pub unsafe fn cublasLtMatmulDescSetAttribute__cu126(
@@ -69,5 +251,114 @@ pub unsafe fn cublasLtMatmulDescSetAttribute__cu126(
     buf: *mut c_void,
     sizeInBytes: usize,
 ) -> u32 {
-    set_attribute(&calls::cublasLtMatmulDescSetAttribute__cu126__call, matmulDesc, attr, buf, sizeInBytes)
+    let desc = &calls::cublasLtMatmulDescSetAttribute__cu126__call;
+    set_attribute("cublasLtMatmulDescSetAttribute", desc, matmulDesc as u64, attr, buf as u64, sizeInBytes)
+}
+
+pub unsafe fn cublasLtMatrixLayoutSetAttribute(
+    matLayout: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+) -> u32 {
+    let desc = &calls::cublasLtMatrixLayoutSetAttribute__call;
+    set_attribute("cublasLtMatrixLayoutSetAttribute", desc, matLayout as u64, attr, buf as u64, sizeInBytes)
+}
+
+pub unsafe fn cublasLtMatmulPreferenceSetAttribute__cu118(
+    pref: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+) -> u32 {
+    let desc = &calls::cublasLtMatmulPreferenceSetAttribute__cu118__call;
+    set_attribute("cublasLtMatmulPreferenceSetAttribute", desc, pref as u64, attr, buf as u64, sizeInBytes)
+}
+
+pub unsafe fn cublasLtMatmulPreferenceSetAttribute__cu121(
+    pref: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+) -> u32 {
+    let desc = &calls::cublasLtMatmulPreferenceSetAttribute__cu121__call;
+    set_attribute("cublasLtMatmulPreferenceSetAttribute", desc, pref as u64, attr, buf as u64, sizeInBytes)
+}
+
+pub unsafe fn cublasLtMatmulDescDestroy__cu118(matmulDesc: *mut c_void) -> u32 {
+    destroy("cublasLtMatmulDescDestroy", &calls::cublasLtMatmulDescDestroy__cu118__call, matmulDesc as u64)
+}
+
+pub unsafe fn cublasLtMatmulDescDestroy__cu126(matmulDesc: *mut c_void) -> u32 {
+    destroy("cublasLtMatmulDescDestroy", &calls::cublasLtMatmulDescDestroy__cu126__call, matmulDesc as u64)
+}
+
+pub unsafe fn cublasLtMatrixLayoutDestroy(matLayout: *mut c_void) -> u32 {
+    destroy("cublasLtMatrixLayoutDestroy", &calls::cublasLtMatrixLayoutDestroy__call, matLayout as u64)
+}
+
+pub unsafe fn cublasLtMatmulPreferenceDestroy__cu118(pref: *mut c_void) -> u32 {
+    destroy("cublasLtMatmulPreferenceDestroy", &calls::cublasLtMatmulPreferenceDestroy__cu118__call, pref as u64)
+}
+
+pub unsafe fn cublasLtMatmulPreferenceDestroy__cu121(pref: *mut c_void) -> u32 {
+    destroy("cublasLtMatmulPreferenceDestroy", &calls::cublasLtMatmulPreferenceDestroy__cu121__call, pref as u64)
+}
+
+macro_rules! heuristic_variant {
+    ($name:ident, $desc:ident) => {
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $name(
+            lightHandle: *mut c_void,
+            operationDesc: *mut c_void,
+            Adesc: *mut c_void,
+            Bdesc: *mut c_void,
+            Cdesc: *mut c_void,
+            Ddesc: *mut c_void,
+            preference: *mut c_void,
+            requestedAlgoCount: i32,
+            heuristicResultsArray: *mut c_void,
+            returnAlgoCount: *mut c_void,
+        ) -> u32 {
+            heuristic(
+                &calls::$desc,
+                lightHandle as u64,
+                operationDesc as u64,
+                [Adesc as u64, Bdesc as u64, Cdesc as u64, Ddesc as u64],
+                preference as u64,
+                requestedAlgoCount,
+                heuristicResultsArray,
+                returnAlgoCount,
+            )
+        }
+    };
+}
+
+heuristic_variant!(cublasLtMatmulAlgoGetHeuristic__cu118, cublasLtMatmulAlgoGetHeuristic__cu118__call);
+heuristic_variant!(cublasLtMatmulAlgoGetHeuristic__cu121, cublasLtMatmulAlgoGetHeuristic__cu121__call);
+heuristic_variant!(cublasLtMatmulAlgoGetHeuristic__cu126, cublasLtMatmulAlgoGetHeuristic__cu126__call);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_problem_has_the_same_key_and_pointers_count_by_alignment() {
+        let mut m = HashMap::new();
+        let rec = |kind, attrs: &[(u32, Vec<u8>)]| Record {
+            kind,
+            create: vec![0, 64, 64, 64],
+            attrs: attrs.iter().cloned().collect(),
+        };
+        m.insert(0xc1d0_0000_0000_1001, rec(DescKind::Matmul, &[(8, 0x7f00_0000_1000u64.to_le_bytes().to_vec())]));
+        m.insert(0xc1d0_0000_0000_1002, rec(DescKind::Matmul, &[(8, 0x7f00_0000_2000u64.to_le_bytes().to_vec())]));
+        m.insert(0xc1d0_0000_0000_1003, rec(DescKind::Matmul, &[(8, 0x7f00_0000_2004u64.to_le_bytes().to_vec())]));
+        m.insert(0xc1d0_0000_0000_1004, rec(DescKind::Layout, &[]));
+        *records() = Some(m);
+        let key = |op: u64| problem_key(&[op, 0xc1d0_0000_0000_1004], 1).unwrap();
+        assert_eq!(key(0xc1d0_0000_0000_1001), key(0xc1d0_0000_0000_1002), "a bias elsewhere, equally aligned");
+        assert_ne!(key(0xc1d0_0000_0000_1001), key(0xc1d0_0000_0000_1003), "a bias aligned differently");
+        assert!(problem_key(&[0xc1d0_0000_0000_9999], 1).is_none(), "an unknown descriptor");
+        *records() = None;
+    }
 }

@@ -734,10 +734,10 @@ launch_ex_variants!(
     cuLaunchKernelEx_ptsz__cu130
 );
 pub use super::capture::*;
-pub use super::kernels::cuFuncSetAttribute;
 pub use super::context::{
     cuCtxDestroy_v2, cuCtxGetCurrent, cuCtxPopCurrent_v2, cuCtxPushCurrent_v2, cuCtxSetCurrent,
     cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxSetFlags,
     cuDevicePrimaryCtxSetFlags_v2,
 };
 pub use super::entry::driver::*;
+pub use super::kernels::cuFuncSetAttribute;
