@@ -153,7 +153,11 @@ fn a_dead_server_is_a_clear_error_not_a_hang() {
     let mut server = server();
     let exe = program("waiter-dead", WAITER);
     let (child, out) = start_waiter(&server.address, &exe, &[]);
-    let workers = children(server.pid());
+    // The session worker is forked when the client connects: wait for it, or it outlives
+    // the supervisor below and the client never loses its server.
+    let supervisor = server.pid();
+    wait_for("a session worker", Duration::from_secs(5), || children(supervisor).len() == 1);
+    let workers = children(supervisor);
     server.kill();
     for w in workers {
         // SAFETY: sending a signal to a process we started.
