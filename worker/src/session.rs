@@ -735,13 +735,16 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
 
 /// Place a host value for the session; the same bytes share one address.
 fn host_value(session: &Session, bytes: &[u8]) -> ServiceReply {
+    place_host_value(&mut lock(&session.host_values), bytes)
+}
+
+fn place_host_value(values: &mut HashMap<Vec<u8>, Box<u128>>, bytes: &[u8]) -> ServiceReply {
     if bytes.is_empty() || bytes.len() > HOST_VALUE_MAX {
         return ServiceReply::Error {
             status: 1,
             message: format!("a host value of {} bytes (1 to {HOST_VALUE_MAX} allowed)", bytes.len()),
         };
     }
-    let mut values = lock(&session.host_values);
     if let Some(v) = values.get(bytes) {
         return ServiceReply::HostValue { address: &**v as *const u128 as u64 };
     }
@@ -817,5 +820,18 @@ mod tests {
         turn.release(0);
         t.join().unwrap();
         assert_eq!(*lock(&log), vec![0, 1]);
+    }
+
+    #[test]
+    fn host_values_are_placed_once_and_bounded() {
+        let mut values = HashMap::new();
+        let scale = 0.125f32.to_le_bytes();
+        let ServiceReply::HostValue { address: a } = place_host_value(&mut values, &scale) else { panic!() };
+        let ServiceReply::HostValue { address: b } = place_host_value(&mut values, &scale) else { panic!() };
+        assert_eq!(a, b, "the same bytes share one address");
+        // SAFETY: the address of the boxed value just placed (alive in `values`).
+        assert_eq!(unsafe { *(a as *const f32) }, 0.125);
+        assert!(matches!(place_host_value(&mut values, &[]), ServiceReply::Error { .. }));
+        assert!(matches!(place_host_value(&mut values, &[0u8; HOST_VALUE_MAX + 1]), ServiceReply::Error { .. }));
     }
 }
