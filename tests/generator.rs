@@ -167,6 +167,6 @@ fn a_spec_naming_an_unknown_function_is_an_error() {
     // An async create needs a kind the client names: a reply would carry the handle.
     let spec = toml_spec("[function.miniStreamCreate]\nclass = \"async\"\n");
     let model = Model::build_with_specs(&all, &libraries, BTreeMap::from([(lib.name.clone(), spec)])).unwrap();
-    let err = xtask::emit::emit(&model, None).err().expect("an async create of an unnamed kind must be refused");
+    let err = xtask::emit::emit(&model, None).expect_err("an async create of an unnamed kind must be refused");
     assert!(format!("{err:#}").contains("miniStreamCreate"), "{err:#}");
 }
