@@ -354,3 +354,35 @@ fn driver_entry_points_are_the_shims_functions() {
     assert!(output.status.success(), "{stdout}\n{stderr}");
     assert_eq!(stdout.trim(), "rc=0 count=1 missing=(nil) status=1", "{stderr}");
 }
+
+/// A call from an exit handler, after the thread's Rust state is gone (torch's handle
+/// pools destroy their cuBLAS/cuSPARSE handles then).
+const AT_EXIT: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <cuda_runtime_api.h>
+static void bye(void) {
+    void *p = 0;
+    cudaError_t e = cudaMalloc(&p, 16);
+    fprintf(stderr, "AT EXIT %d\n", (int)e);
+}
+int main(void) {
+    void *p = 0;
+    if (cudaMalloc(&p, 16) != cudaSuccess) return 2;
+    atexit(bye);
+    printf("MAIN DONE\n");
+    return 0;
+}
+"#;
+
+#[test]
+fn calls_from_exit_handlers_do_not_panic() {
+    let server = server();
+    let exe = program("at-exit", AT_EXIT);
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "status {:?}; stderr: {stderr}", out.status);
+    assert!(stdout.contains("MAIN DONE"), "stdout: {stdout}");
+    assert!(stderr.contains("AT EXIT 0"), "the exit handler's call must work: {stderr}");
+    assert!(!stderr.contains("panicked"), "no panic may show: {stderr}");
+}

@@ -32,7 +32,9 @@ fn success(desc: &CallDesc) -> u64 {
 }
 
 thread_local! {
-    static THREAD: u32 = next_thread_id();
+    // A const Cell has no destructor, so it stays readable while the process exits
+    // (library destructors, such as torch's handle pools, still make calls then).
+    static THREAD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 fn next_thread_id() -> u32 {
@@ -42,7 +44,14 @@ fn next_thread_id() -> u32 {
 
 /// The calling thread's id on the wire (the server runs its calls on one executor).
 pub fn thread_id() -> u32 {
-    THREAD.with(|t| *t)
+    THREAD
+        .try_with(|t| {
+            if t.get() == 0 {
+                t.set(next_thread_id());
+            }
+            t.get()
+        })
+        .unwrap_or_else(|_| next_thread_id())
 }
 
 /// A call ready to send: the archive, the input bytes, and where outputs go.

@@ -214,8 +214,20 @@ where
         rkyv::api::high::HighSerializer<rkyv::util::AlignedVec, rkyv::ser::allocator::ArenaHandle<'a>, RkyvError>,
     >,
 {
-    // Serializing plain owned data into a growable buffer cannot fail.
-    rkyv::to_bytes::<RkyvError>(value).expect("serializing a message")
+    use rkyv::ser::allocator::Arena;
+    thread_local! {
+        static ARENA: std::cell::RefCell<Arena> = std::cell::RefCell::new(Arena::new());
+    }
+    let with = |arena: &mut Arena| rkyv::api::high::to_bytes_with_alloc::<_, RkyvError>(value, arena.acquire());
+    // The thread's arena, or (while the thread exits and its thread-local state is gone,
+    // or if a caller re-enters) a fresh one. Serializing plain owned data into a growable
+    // buffer cannot fail.
+    ARENA
+        .try_with(|a| a.try_borrow_mut().ok().map(|mut a| with(&mut a)))
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| with(&mut Arena::new()))
+        .expect("serializing a message")
 }
 
 /// Validate a frame's archive and deserialize it.

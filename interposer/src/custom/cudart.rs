@@ -192,10 +192,11 @@ thread_local! {
 /// Any value is accepted.
 pub unsafe fn __cudaPushCallConfiguration(gridDim: dim3, blockDim: dim3, sharedMem: usize, stream: *mut c_void) -> u32 {
     crate::guard::ffi("__cudaPushCallConfiguration", 1, || {
-        CONFIGS.with(|c| {
+        let pushed = CONFIGS.try_with(|c| {
             c.borrow_mut().push(LaunchConfig { grid: gridDim, block: blockDim, shared_mem: sharedMem, stream })
         });
-        0
+        // The thread's state is gone only while it exits.
+        if pushed.is_ok() { 0 } else { 1 }
     })
 }
 
@@ -208,7 +209,9 @@ pub unsafe fn __cudaPopCallConfiguration(
     stream: *mut c_void,
 ) -> u32 {
     crate::guard::ffi("__cudaPopCallConfiguration", MISSING_CONFIGURATION, || {
-        let Some(config) = CONFIGS.with(|c| c.borrow_mut().pop()) else { return MISSING_CONFIGURATION };
+        let Some(config) = CONFIGS.try_with(|c| c.borrow_mut().pop()).ok().flatten() else {
+            return MISSING_CONFIGURATION;
+        };
         // SAFETY: nvcc's stub passes the addresses of its locals; null ones are skipped.
         unsafe {
             if !gridDim.is_null() {
