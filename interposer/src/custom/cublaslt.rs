@@ -235,75 +235,61 @@ pub unsafe fn cublasLtMatmulPreferenceCreate__cu121(pref: *mut c_void) -> u32 {
     create("cublasLtMatmulPreferenceCreate", desc, DescKind::Preference, &[pref as u64])
 }
 
-pub unsafe fn cublasLtMatmulDescSetAttribute__cu118(
-    matmulDesc: *mut c_void,
-    attr: u32,
-    buf: *mut c_void,
-    sizeInBytes: usize,
-) -> u32 {
-    let desc = &calls::cublasLtMatmulDescSetAttribute__cu118__call;
-    set_attribute("cublasLtMatmulDescSetAttribute", desc, matmulDesc as u64, attr, buf as u64, sizeInBytes)
+macro_rules! set_attribute_variant {
+    ($name:ident, $desc:ident, $function:literal) => {
+        pub unsafe fn $name(descriptor: *mut c_void, attr: u32, buf: *mut c_void, sizeInBytes: usize) -> u32 {
+            set_attribute($function, &calls::$desc, descriptor as u64, attr, buf as u64, sizeInBytes)
+        }
+    };
 }
 
-pub unsafe fn cublasLtMatmulDescSetAttribute__cu126(
-    matmulDesc: *mut c_void,
-    attr: u32,
-    buf: *mut c_void,
-    sizeInBytes: usize,
-) -> u32 {
-    let desc = &calls::cublasLtMatmulDescSetAttribute__cu126__call;
-    set_attribute("cublasLtMatmulDescSetAttribute", desc, matmulDesc as u64, attr, buf as u64, sizeInBytes)
+set_attribute_variant!(
+    cublasLtMatmulDescSetAttribute__cu118,
+    cublasLtMatmulDescSetAttribute__cu118__call,
+    "cublasLtMatmulDescSetAttribute"
+);
+set_attribute_variant!(
+    cublasLtMatmulDescSetAttribute__cu126,
+    cublasLtMatmulDescSetAttribute__cu126__call,
+    "cublasLtMatmulDescSetAttribute"
+);
+set_attribute_variant!(
+    cublasLtMatrixLayoutSetAttribute,
+    cublasLtMatrixLayoutSetAttribute__call,
+    "cublasLtMatrixLayoutSetAttribute"
+);
+set_attribute_variant!(
+    cublasLtMatmulPreferenceSetAttribute__cu118,
+    cublasLtMatmulPreferenceSetAttribute__cu118__call,
+    "cublasLtMatmulPreferenceSetAttribute"
+);
+set_attribute_variant!(
+    cublasLtMatmulPreferenceSetAttribute__cu121,
+    cublasLtMatmulPreferenceSetAttribute__cu121__call,
+    "cublasLtMatmulPreferenceSetAttribute"
+);
+
+macro_rules! destroy_variant {
+    ($name:ident, $desc:ident, $function:literal) => {
+        pub unsafe fn $name(descriptor: *mut c_void) -> u32 {
+            destroy($function, &calls::$desc, descriptor as u64)
+        }
+    };
 }
 
-pub unsafe fn cublasLtMatrixLayoutSetAttribute(
-    matLayout: *mut c_void,
-    attr: u32,
-    buf: *mut c_void,
-    sizeInBytes: usize,
-) -> u32 {
-    let desc = &calls::cublasLtMatrixLayoutSetAttribute__call;
-    set_attribute("cublasLtMatrixLayoutSetAttribute", desc, matLayout as u64, attr, buf as u64, sizeInBytes)
-}
-
-pub unsafe fn cublasLtMatmulPreferenceSetAttribute__cu118(
-    pref: *mut c_void,
-    attr: u32,
-    buf: *mut c_void,
-    sizeInBytes: usize,
-) -> u32 {
-    let desc = &calls::cublasLtMatmulPreferenceSetAttribute__cu118__call;
-    set_attribute("cublasLtMatmulPreferenceSetAttribute", desc, pref as u64, attr, buf as u64, sizeInBytes)
-}
-
-pub unsafe fn cublasLtMatmulPreferenceSetAttribute__cu121(
-    pref: *mut c_void,
-    attr: u32,
-    buf: *mut c_void,
-    sizeInBytes: usize,
-) -> u32 {
-    let desc = &calls::cublasLtMatmulPreferenceSetAttribute__cu121__call;
-    set_attribute("cublasLtMatmulPreferenceSetAttribute", desc, pref as u64, attr, buf as u64, sizeInBytes)
-}
-
-pub unsafe fn cublasLtMatmulDescDestroy__cu118(matmulDesc: *mut c_void) -> u32 {
-    destroy("cublasLtMatmulDescDestroy", &calls::cublasLtMatmulDescDestroy__cu118__call, matmulDesc as u64)
-}
-
-pub unsafe fn cublasLtMatmulDescDestroy__cu126(matmulDesc: *mut c_void) -> u32 {
-    destroy("cublasLtMatmulDescDestroy", &calls::cublasLtMatmulDescDestroy__cu126__call, matmulDesc as u64)
-}
-
-pub unsafe fn cublasLtMatrixLayoutDestroy(matLayout: *mut c_void) -> u32 {
-    destroy("cublasLtMatrixLayoutDestroy", &calls::cublasLtMatrixLayoutDestroy__call, matLayout as u64)
-}
-
-pub unsafe fn cublasLtMatmulPreferenceDestroy__cu118(pref: *mut c_void) -> u32 {
-    destroy("cublasLtMatmulPreferenceDestroy", &calls::cublasLtMatmulPreferenceDestroy__cu118__call, pref as u64)
-}
-
-pub unsafe fn cublasLtMatmulPreferenceDestroy__cu121(pref: *mut c_void) -> u32 {
-    destroy("cublasLtMatmulPreferenceDestroy", &calls::cublasLtMatmulPreferenceDestroy__cu121__call, pref as u64)
-}
+destroy_variant!(cublasLtMatmulDescDestroy__cu118, cublasLtMatmulDescDestroy__cu118__call, "cublasLtMatmulDescDestroy");
+destroy_variant!(cublasLtMatmulDescDestroy__cu126, cublasLtMatmulDescDestroy__cu126__call, "cublasLtMatmulDescDestroy");
+destroy_variant!(cublasLtMatrixLayoutDestroy, cublasLtMatrixLayoutDestroy__call, "cublasLtMatrixLayoutDestroy");
+destroy_variant!(
+    cublasLtMatmulPreferenceDestroy__cu118,
+    cublasLtMatmulPreferenceDestroy__cu118__call,
+    "cublasLtMatmulPreferenceDestroy"
+);
+destroy_variant!(
+    cublasLtMatmulPreferenceDestroy__cu121,
+    cublasLtMatmulPreferenceDestroy__cu121__call,
+    "cublasLtMatmulPreferenceDestroy"
+);
 
 macro_rules! heuristic_variant {
     ($name:ident, $desc:ident) => {
