@@ -128,6 +128,9 @@ pub struct CallDesc {
     pub params: &'static [Wire],
     pub ret: Ret,
     pub codes: Codes,
+    /// The call only waits for earlier work (a synchronize): calls issued after it by other
+    /// client threads need not wait for it to return.
+    pub only_waits: bool,
 }
 
 impl CallDesc {

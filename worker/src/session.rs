@@ -179,23 +179,10 @@ impl Turn {
     }
 }
 
-/// Calls that only wait for earlier work: later frames need not wait for them to return.
+/// Calls that only wait for earlier work (`only_waits` in the specs): later frames need
+/// not wait for them to return.
 fn only_waits(frame: &Frame) -> bool {
-    frame.header.kind == Kind::Call
-        && VARIANTS.get(frame.header.call as usize).is_some_and(|d| {
-            matches!(
-                d.name,
-                "cudaStreamSynchronize"
-                    | "cudaStreamSynchronize_ptsz"
-                    | "cudaEventSynchronize"
-                    | "cudaDeviceSynchronize"
-                    | "cudaThreadSynchronize"
-                    | "cuStreamSynchronize"
-                    | "cuStreamSynchronize_ptsz"
-                    | "cuEventSynchronize"
-                    | "cuCtxSynchronize"
-            )
-        })
+    frame.header.kind == Kind::Call && VARIANTS.get(frame.header.call as usize).is_some_and(|d| d.only_waits)
 }
 
 fn serve(session: &Arc<Session>, reader: &mut impl Read) -> Result<()> {

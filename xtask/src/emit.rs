@@ -182,6 +182,15 @@ impl<'a> Emitter<'a> {
         Emitter { model, ids, handles, named, by_value, descs }
     }
 
+    /// Whether the spec says `function` only waits (`_ptsz`/`_ptds` twins share their base
+    /// function's spec).
+    fn only_waits(&self, library: &str, function: &str) -> bool {
+        let Some(lib) = self.model.libraries.iter().find(|l| l.lib.name == library) else { return false };
+        let base = function.strip_suffix("_ptsz").or_else(|| function.strip_suffix("_ptds"));
+        let spec = lib.spec.function.get(function).or_else(|| base.and_then(|b| lib.spec.function.get(b)));
+        spec.is_some_and(|f| f.only_waits)
+    }
+
     /// The disposition (always Forward) and variant of a descriptor entry.
     fn entry(&self, e: &DescEntry) -> (&Variant, &Disposition) {
         let lib = self.model.libraries.iter().find(|l| l.lib.name == e.library).expect("library");
@@ -387,6 +396,7 @@ impl<'a> Emitter<'a> {
             let id_ident = ident(&e.ident);
             let call = e.call;
             let wire = wire_id as u32;
+            let only_waits = self.only_waits(&e.library, &e.function);
             let form = match &e.form {
                 Some(f) => {
                     let f = lit_str(f);
@@ -406,6 +416,7 @@ impl<'a> Emitter<'a> {
                     params: &[#(#wires),*],
                     ret: #ret,
                     codes: Codes { success: #s, not_supported: #n, unavailable: #u, invalid_handle: #h },
+                    only_waits: #only_waits,
                 };
             });
             let m = ident(&e.library);

@@ -26,6 +26,9 @@
 //! wire.h2d.params = { dst = "device", src = "in[count]" }
 //! wire.d2h.params = { dst = "out[count]", src = "device" }
 //!
+//! [function.cudaStreamSynchronize]
+//! only_waits = true                # blocks for earlier work only: later calls may start
+//!
 //! [function.cudaMallocManaged]
 //! unsupported = "managed memory is dereferenced by the CPU; it cannot live on the server"
 //!
@@ -145,6 +148,10 @@ pub struct FnSpec {
     /// which library the caller was built against, as for cudaRuntimeGetVersion).
     #[serde(default)]
     pub per_soname: bool,
+    /// The call only waits for work issued before it (stream, event, device synchronize):
+    /// the worker lets later calls from other client threads start while it blocks.
+    #[serde(default)]
+    pub only_waits: bool,
     /// Extra wire forms of a custom function: the hand-written code picks one per call
     /// (cudaMemcpy travels as `h2d`, `d2h` or `d2d`). Each gets its own call descriptor.
     #[serde(default)]

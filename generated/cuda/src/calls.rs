@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 7728587511316521969u64;
+pub const SCHEMA_HASH: u64 = 5350262047618065010u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 2258usize] = [
@@ -7052,6 +7052,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasAxpyEx_64: CallDesc = CallDesc {
         wire: 580u32,
@@ -7109,6 +7110,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCaxpy: CallDesc = CallDesc {
         wire: 581u32,
@@ -7142,6 +7144,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCaxpy_v2: CallDesc = CallDesc {
         wire: 582u32,
@@ -7183,6 +7186,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCaxpy_v2_64: CallDesc = CallDesc {
         wire: 583u32,
@@ -7224,6 +7228,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCcopy: CallDesc = CallDesc {
         wire: 584u32,
@@ -7256,6 +7261,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCcopy_v2: CallDesc = CallDesc {
         wire: 585u32,
@@ -7292,6 +7298,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCcopy_v2_64: CallDesc = CallDesc {
         wire: 586u32,
@@ -7328,6 +7335,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCdgmm: CallDesc = CallDesc {
         wire: 587u32,
@@ -7377,6 +7385,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCdgmm_64: CallDesc = CallDesc {
         wire: 588u32,
@@ -7426,6 +7435,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCdotc_v2: CallDesc = CallDesc {
         wire: 589u32,
@@ -7467,6 +7477,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCdotc_v2_64: CallDesc = CallDesc {
         wire: 590u32,
@@ -7508,6 +7519,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCdotu_v2: CallDesc = CallDesc {
         wire: 591u32,
@@ -7549,6 +7561,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCdotu_v2_64: CallDesc = CallDesc {
         wire: 592u32,
@@ -7590,6 +7603,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgbmv: CallDesc = CallDesc {
         wire: 593u32,
@@ -7645,6 +7659,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgbmv_v2: CallDesc = CallDesc {
         wire: 594u32,
@@ -7712,6 +7727,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgbmv_v2_64: CallDesc = CallDesc {
         wire: 595u32,
@@ -7779,6 +7795,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgeam: CallDesc = CallDesc {
         wire: 596u32,
@@ -7842,6 +7859,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgeam_64: CallDesc = CallDesc {
         wire: 597u32,
@@ -7905,6 +7923,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgelsBatched: CallDesc = CallDesc {
         wire: 598u32,
@@ -7964,6 +7983,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemm: CallDesc = CallDesc {
         wire: 599u32,
@@ -8019,6 +8039,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemm3m: CallDesc = CallDesc {
         wire: 600u32,
@@ -8086,6 +8107,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemm3mBatched: CallDesc = CallDesc {
         wire: 601u32,
@@ -8157,6 +8179,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemm3mBatched_64: CallDesc = CallDesc {
         wire: 602u32,
@@ -8228,6 +8251,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemm3mEx: CallDesc = CallDesc {
         wire: 603u32,
@@ -8307,6 +8331,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemm3mEx_64: CallDesc = CallDesc {
         wire: 604u32,
@@ -8386,6 +8411,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemm3mStridedBatched: CallDesc = CallDesc {
         wire: 605u32,
@@ -8469,6 +8495,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemm3mStridedBatched_64: CallDesc = CallDesc {
         wire: 606u32,
@@ -8552,6 +8579,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemm3m_64: CallDesc = CallDesc {
         wire: 607u32,
@@ -8619,6 +8647,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemmBatched: CallDesc = CallDesc {
         wire: 608u32,
@@ -8690,6 +8719,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemmBatched_64: CallDesc = CallDesc {
         wire: 609u32,
@@ -8761,6 +8791,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemmEx: CallDesc = CallDesc {
         wire: 610u32,
@@ -8840,6 +8871,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemmEx_64: CallDesc = CallDesc {
         wire: 611u32,
@@ -8919,6 +8951,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemmStridedBatched: CallDesc = CallDesc {
         wire: 612u32,
@@ -9002,6 +9035,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemmStridedBatched_64: CallDesc = CallDesc {
         wire: 613u32,
@@ -9085,6 +9119,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemm_v2: CallDesc = CallDesc {
         wire: 614u32,
@@ -9152,6 +9187,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemm_v2_64: CallDesc = CallDesc {
         wire: 615u32,
@@ -9219,6 +9255,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemv: CallDesc = CallDesc {
         wire: 616u32,
@@ -9266,6 +9303,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemvStridedBatched: CallDesc = CallDesc {
         wire: 617u32,
@@ -9341,6 +9379,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemvStridedBatched_64: CallDesc = CallDesc {
         wire: 618u32,
@@ -9416,6 +9455,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemv_v2: CallDesc = CallDesc {
         wire: 619u32,
@@ -9475,6 +9515,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgemv_v2_64: CallDesc = CallDesc {
         wire: 620u32,
@@ -9534,6 +9575,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgeqrfBatched: CallDesc = CallDesc {
         wire: 621u32,
@@ -9580,6 +9622,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgerc: CallDesc = CallDesc {
         wire: 622u32,
@@ -9622,6 +9665,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgerc_v2: CallDesc = CallDesc {
         wire: 623u32,
@@ -9672,6 +9716,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgerc_v2_64: CallDesc = CallDesc {
         wire: 624u32,
@@ -9722,6 +9767,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgeru: CallDesc = CallDesc {
         wire: 625u32,
@@ -9764,6 +9810,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgeru_v2: CallDesc = CallDesc {
         wire: 626u32,
@@ -9814,6 +9861,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgeru_v2_64: CallDesc = CallDesc {
         wire: 627u32,
@@ -9864,6 +9912,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgetrfBatched: CallDesc = CallDesc {
         wire: 628u32,
@@ -9901,6 +9950,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgetriBatched: CallDesc = CallDesc {
         wire: 629u32,
@@ -9948,6 +9998,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCgetrsBatched: CallDesc = CallDesc {
         wire: 630u32,
@@ -10003,6 +10054,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasChbmv: CallDesc = CallDesc {
         wire: 631u32,
@@ -10050,6 +10102,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasChbmv_v2: CallDesc = CallDesc {
         wire: 632u32,
@@ -10109,6 +10162,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasChbmv_v2_64: CallDesc = CallDesc {
         wire: 633u32,
@@ -10168,6 +10222,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasChemm: CallDesc = CallDesc {
         wire: 634u32,
@@ -10219,6 +10274,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasChemm_v2: CallDesc = CallDesc {
         wire: 635u32,
@@ -10282,6 +10338,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasChemm_v2_64: CallDesc = CallDesc {
         wire: 636u32,
@@ -10345,6 +10402,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasChemv: CallDesc = CallDesc {
         wire: 637u32,
@@ -10388,6 +10446,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasChemv_v2: CallDesc = CallDesc {
         wire: 638u32,
@@ -10443,6 +10502,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasChemv_v2_64: CallDesc = CallDesc {
         wire: 639u32,
@@ -10498,6 +10558,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCher: CallDesc = CallDesc {
         wire: 640u32,
@@ -10538,6 +10599,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCher2: CallDesc = CallDesc {
         wire: 641u32,
@@ -10580,6 +10642,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCher2_v2: CallDesc = CallDesc {
         wire: 642u32,
@@ -10630,6 +10693,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCher2_v2_64: CallDesc = CallDesc {
         wire: 643u32,
@@ -10680,6 +10744,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCher2k: CallDesc = CallDesc {
         wire: 644u32,
@@ -10734,6 +10799,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCher2k_v2: CallDesc = CallDesc {
         wire: 645u32,
@@ -10797,6 +10863,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCher2k_v2_64: CallDesc = CallDesc {
         wire: 646u32,
@@ -10860,6 +10927,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCher_v2: CallDesc = CallDesc {
         wire: 647u32,
@@ -10905,6 +10973,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCher_v2_64: CallDesc = CallDesc {
         wire: 648u32,
@@ -10950,6 +11019,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCherk: CallDesc = CallDesc {
         wire: 649u32,
@@ -11002,6 +11072,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCherk3mEx: CallDesc = CallDesc {
         wire: 650u32,
@@ -11068,6 +11139,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCherk3mEx_64: CallDesc = CallDesc {
         wire: 651u32,
@@ -11134,6 +11206,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCherkEx: CallDesc = CallDesc {
         wire: 652u32,
@@ -11200,6 +11273,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCherkEx_64: CallDesc = CallDesc {
         wire: 653u32,
@@ -11266,6 +11340,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCherk_v2: CallDesc = CallDesc {
         wire: 654u32,
@@ -11324,6 +11399,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCherk_v2_64: CallDesc = CallDesc {
         wire: 655u32,
@@ -11382,6 +11458,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCherkx: CallDesc = CallDesc {
         wire: 656u32,
@@ -11445,6 +11522,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCherkx_64: CallDesc = CallDesc {
         wire: 657u32,
@@ -11508,6 +11586,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasChpmv: CallDesc = CallDesc {
         wire: 658u32,
@@ -11552,6 +11631,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasChpmv_v2: CallDesc = CallDesc {
         wire: 659u32,
@@ -11608,6 +11688,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasChpmv_v2_64: CallDesc = CallDesc {
         wire: 660u32,
@@ -11664,6 +11745,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCopyEx: CallDesc = CallDesc {
         wire: 661u32,
@@ -11708,6 +11790,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCopyEx_64: CallDesc = CallDesc {
         wire: 662u32,
@@ -11752,6 +11835,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCreate_v2__call: CallDesc = CallDesc {
         wire: 663u32,
@@ -11774,6 +11858,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCrot: CallDesc = CallDesc {
         wire: 664u32,
@@ -11811,6 +11896,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCrot_v2: CallDesc = CallDesc {
         wire: 665u32,
@@ -11857,6 +11943,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCrot_v2_64: CallDesc = CallDesc {
         wire: 666u32,
@@ -11903,6 +11990,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCrotg_v2: CallDesc = CallDesc {
         wire: 667u32,
@@ -11945,6 +12033,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCscal: CallDesc = CallDesc {
         wire: 668u32,
@@ -11973,6 +12062,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCscal_v2: CallDesc = CallDesc {
         wire: 669u32,
@@ -12009,6 +12099,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCscal_v2_64: CallDesc = CallDesc {
         wire: 670u32,
@@ -12045,6 +12136,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsrot: CallDesc = CallDesc {
         wire: 671u32,
@@ -12085,6 +12177,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsrot_v2: CallDesc = CallDesc {
         wire: 672u32,
@@ -12131,6 +12224,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsrot_v2_64: CallDesc = CallDesc {
         wire: 673u32,
@@ -12177,6 +12271,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsscal: CallDesc = CallDesc {
         wire: 674u32,
@@ -12208,6 +12303,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsscal_v2: CallDesc = CallDesc {
         wire: 675u32,
@@ -12244,6 +12340,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsscal_v2_64: CallDesc = CallDesc {
         wire: 676u32,
@@ -12280,6 +12377,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCswap: CallDesc = CallDesc {
         wire: 677u32,
@@ -12312,6 +12410,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCswap_v2: CallDesc = CallDesc {
         wire: 678u32,
@@ -12348,6 +12447,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCswap_v2_64: CallDesc = CallDesc {
         wire: 679u32,
@@ -12384,6 +12484,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsymm: CallDesc = CallDesc {
         wire: 680u32,
@@ -12435,6 +12536,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsymm_v2: CallDesc = CallDesc {
         wire: 681u32,
@@ -12498,6 +12600,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsymm_v2_64: CallDesc = CallDesc {
         wire: 682u32,
@@ -12561,6 +12664,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsymv_v2: CallDesc = CallDesc {
         wire: 683u32,
@@ -12616,6 +12720,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsymv_v2_64: CallDesc = CallDesc {
         wire: 684u32,
@@ -12671,6 +12776,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsyr2_v2: CallDesc = CallDesc {
         wire: 685u32,
@@ -12721,6 +12827,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsyr2_v2_64: CallDesc = CallDesc {
         wire: 686u32,
@@ -12771,6 +12878,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsyr2k: CallDesc = CallDesc {
         wire: 687u32,
@@ -12822,6 +12930,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsyr2k_v2: CallDesc = CallDesc {
         wire: 688u32,
@@ -12885,6 +12994,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsyr2k_v2_64: CallDesc = CallDesc {
         wire: 689u32,
@@ -12948,6 +13058,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsyr_v2: CallDesc = CallDesc {
         wire: 690u32,
@@ -12993,6 +13104,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsyr_v2_64: CallDesc = CallDesc {
         wire: 691u32,
@@ -13038,6 +13150,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsyrk: CallDesc = CallDesc {
         wire: 692u32,
@@ -13084,6 +13197,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsyrk3mEx: CallDesc = CallDesc {
         wire: 693u32,
@@ -13150,6 +13264,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsyrk3mEx_64: CallDesc = CallDesc {
         wire: 694u32,
@@ -13216,6 +13331,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsyrkEx: CallDesc = CallDesc {
         wire: 695u32,
@@ -13282,6 +13398,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsyrkEx_64: CallDesc = CallDesc {
         wire: 696u32,
@@ -13348,6 +13465,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsyrk_v2: CallDesc = CallDesc {
         wire: 697u32,
@@ -13406,6 +13524,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsyrk_v2_64: CallDesc = CallDesc {
         wire: 698u32,
@@ -13464,6 +13583,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsyrkx: CallDesc = CallDesc {
         wire: 699u32,
@@ -13527,6 +13647,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCsyrkx_64: CallDesc = CallDesc {
         wire: 700u32,
@@ -13590,6 +13711,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtbmv: CallDesc = CallDesc {
         wire: 701u32,
@@ -13638,6 +13760,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtbmv_v2: CallDesc = CallDesc {
         wire: 702u32,
@@ -13690,6 +13813,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtbmv_v2_64: CallDesc = CallDesc {
         wire: 703u32,
@@ -13742,6 +13866,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtbsv: CallDesc = CallDesc {
         wire: 704u32,
@@ -13790,6 +13915,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtbsv_v2: CallDesc = CallDesc {
         wire: 705u32,
@@ -13842,6 +13968,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtbsv_v2_64: CallDesc = CallDesc {
         wire: 706u32,
@@ -13894,6 +14021,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtpmv: CallDesc = CallDesc {
         wire: 707u32,
@@ -13939,6 +14067,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtpmv_v2: CallDesc = CallDesc {
         wire: 708u32,
@@ -13988,6 +14117,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtpmv_v2_64: CallDesc = CallDesc {
         wire: 709u32,
@@ -14037,6 +14167,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtpsv: CallDesc = CallDesc {
         wire: 710u32,
@@ -14082,6 +14213,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtpsv_v2: CallDesc = CallDesc {
         wire: 711u32,
@@ -14131,6 +14263,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtpsv_v2_64: CallDesc = CallDesc {
         wire: 712u32,
@@ -14180,6 +14313,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtpttr: CallDesc = CallDesc {
         wire: 713u32,
@@ -14221,6 +14355,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtrmm: CallDesc = CallDesc {
         wire: 714u32,
@@ -14274,6 +14409,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtrmm_v2: CallDesc = CallDesc {
         wire: 715u32,
@@ -14340,6 +14476,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtrmm_v2_64: CallDesc = CallDesc {
         wire: 716u32,
@@ -14406,6 +14543,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtrmv: CallDesc = CallDesc {
         wire: 717u32,
@@ -14450,6 +14588,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtrmv_v2: CallDesc = CallDesc {
         wire: 718u32,
@@ -14498,6 +14637,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtrmv_v2_64: CallDesc = CallDesc {
         wire: 719u32,
@@ -14546,6 +14686,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtrsm: CallDesc = CallDesc {
         wire: 720u32,
@@ -14599,6 +14740,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtrsmBatched: CallDesc = CallDesc {
         wire: 721u32,
@@ -14664,6 +14806,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtrsmBatched_64: CallDesc = CallDesc {
         wire: 722u32,
@@ -14729,6 +14872,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtrsm_v2: CallDesc = CallDesc {
         wire: 723u32,
@@ -14790,6 +14934,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtrsm_v2_64: CallDesc = CallDesc {
         wire: 724u32,
@@ -14851,6 +14996,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtrsv: CallDesc = CallDesc {
         wire: 725u32,
@@ -14895,6 +15041,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtrsv_v2: CallDesc = CallDesc {
         wire: 726u32,
@@ -14943,6 +15090,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasCtrsv_v2_64: CallDesc = CallDesc {
         wire: 727u32,
@@ -14991,6 +15139,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDasum: CallDesc = CallDesc {
         wire: 728u32,
@@ -15021,6 +15170,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDasum_v2: CallDesc = CallDesc {
         wire: 729u32,
@@ -15057,6 +15207,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDasum_v2_64: CallDesc = CallDesc {
         wire: 730u32,
@@ -15093,6 +15244,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDaxpy: CallDesc = CallDesc {
         wire: 731u32,
@@ -15129,6 +15281,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDaxpy_v2: CallDesc = CallDesc {
         wire: 732u32,
@@ -15170,6 +15323,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDaxpy_v2_64: CallDesc = CallDesc {
         wire: 733u32,
@@ -15211,6 +15365,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDcopy: CallDesc = CallDesc {
         wire: 734u32,
@@ -15243,6 +15398,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDcopy_v2: CallDesc = CallDesc {
         wire: 735u32,
@@ -15279,6 +15435,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDcopy_v2_64: CallDesc = CallDesc {
         wire: 736u32,
@@ -15315,6 +15472,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDdgmm: CallDesc = CallDesc {
         wire: 737u32,
@@ -15364,6 +15522,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDdgmm_64: CallDesc = CallDesc {
         wire: 738u32,
@@ -15413,6 +15572,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDdot: CallDesc = CallDesc {
         wire: 739u32,
@@ -15448,6 +15608,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDdot_v2: CallDesc = CallDesc {
         wire: 740u32,
@@ -15489,6 +15650,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDdot_v2_64: CallDesc = CallDesc {
         wire: 741u32,
@@ -15530,6 +15692,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDestroy_v2: CallDesc = CallDesc {
         wire: 742u32,
@@ -15552,6 +15715,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgbmv: CallDesc = CallDesc {
         wire: 743u32,
@@ -15613,6 +15777,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgbmv_v2: CallDesc = CallDesc {
         wire: 744u32,
@@ -15680,6 +15845,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgbmv_v2_64: CallDesc = CallDesc {
         wire: 745u32,
@@ -15747,6 +15913,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgeam: CallDesc = CallDesc {
         wire: 746u32,
@@ -15810,6 +15977,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgeam_64: CallDesc = CallDesc {
         wire: 747u32,
@@ -15873,6 +16041,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgelsBatched: CallDesc = CallDesc {
         wire: 748u32,
@@ -15932,6 +16101,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgemm: CallDesc = CallDesc {
         wire: 749u32,
@@ -15993,6 +16163,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgemmBatched: CallDesc = CallDesc {
         wire: 750u32,
@@ -16064,6 +16235,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgemmBatched_64: CallDesc = CallDesc {
         wire: 751u32,
@@ -16135,6 +16307,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgemmStridedBatched: CallDesc = CallDesc {
         wire: 752u32,
@@ -16218,6 +16391,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgemmStridedBatched_64: CallDesc = CallDesc {
         wire: 753u32,
@@ -16301,6 +16475,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgemm_v2: CallDesc = CallDesc {
         wire: 754u32,
@@ -16368,6 +16543,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgemm_v2_64: CallDesc = CallDesc {
         wire: 755u32,
@@ -16435,6 +16611,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgemv: CallDesc = CallDesc {
         wire: 756u32,
@@ -16488,6 +16665,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgemvStridedBatched: CallDesc = CallDesc {
         wire: 757u32,
@@ -16563,6 +16741,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgemvStridedBatched_64: CallDesc = CallDesc {
         wire: 758u32,
@@ -16638,6 +16817,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgemv_v2: CallDesc = CallDesc {
         wire: 759u32,
@@ -16697,6 +16877,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgemv_v2_64: CallDesc = CallDesc {
         wire: 760u32,
@@ -16756,6 +16937,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgeqrfBatched: CallDesc = CallDesc {
         wire: 761u32,
@@ -16802,6 +16984,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDger: CallDesc = CallDesc {
         wire: 762u32,
@@ -16847,6 +17030,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDger_v2: CallDesc = CallDesc {
         wire: 763u32,
@@ -16897,6 +17081,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDger_v2_64: CallDesc = CallDesc {
         wire: 764u32,
@@ -16947,6 +17132,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgetrfBatched: CallDesc = CallDesc {
         wire: 765u32,
@@ -16984,6 +17170,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgetriBatched: CallDesc = CallDesc {
         wire: 766u32,
@@ -17031,6 +17218,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDgetrsBatched: CallDesc = CallDesc {
         wire: 767u32,
@@ -17086,6 +17274,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDnrm2: CallDesc = CallDesc {
         wire: 768u32,
@@ -17116,6 +17305,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDnrm2_v2: CallDesc = CallDesc {
         wire: 769u32,
@@ -17152,6 +17342,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDnrm2_v2_64: CallDesc = CallDesc {
         wire: 770u32,
@@ -17188,6 +17379,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDrot: CallDesc = CallDesc {
         wire: 771u32,
@@ -17228,6 +17420,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDrot_v2: CallDesc = CallDesc {
         wire: 772u32,
@@ -17274,6 +17467,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDrot_v2_64: CallDesc = CallDesc {
         wire: 773u32,
@@ -17320,6 +17514,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDrotg_v2: CallDesc = CallDesc {
         wire: 774u32,
@@ -17362,6 +17557,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsbmv: CallDesc = CallDesc {
         wire: 775u32,
@@ -17415,6 +17611,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsbmv_v2: CallDesc = CallDesc {
         wire: 776u32,
@@ -17474,6 +17671,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsbmv_v2_64: CallDesc = CallDesc {
         wire: 777u32,
@@ -17533,6 +17731,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDscal: CallDesc = CallDesc {
         wire: 778u32,
@@ -17564,6 +17763,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDscal_v2: CallDesc = CallDesc {
         wire: 779u32,
@@ -17600,6 +17800,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDscal_v2_64: CallDesc = CallDesc {
         wire: 780u32,
@@ -17636,6 +17837,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDswap: CallDesc = CallDesc {
         wire: 781u32,
@@ -17668,6 +17870,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDswap_v2: CallDesc = CallDesc {
         wire: 782u32,
@@ -17704,6 +17907,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDswap_v2_64: CallDesc = CallDesc {
         wire: 783u32,
@@ -17740,6 +17944,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsymm: CallDesc = CallDesc {
         wire: 784u32,
@@ -17797,6 +18002,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsymm_v2: CallDesc = CallDesc {
         wire: 785u32,
@@ -17860,6 +18066,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsymm_v2_64: CallDesc = CallDesc {
         wire: 786u32,
@@ -17923,6 +18130,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsymv: CallDesc = CallDesc {
         wire: 787u32,
@@ -17972,6 +18180,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsymv_v2: CallDesc = CallDesc {
         wire: 788u32,
@@ -18027,6 +18236,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsymv_v2_64: CallDesc = CallDesc {
         wire: 789u32,
@@ -18082,6 +18292,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsyr: CallDesc = CallDesc {
         wire: 790u32,
@@ -18122,6 +18333,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsyr2: CallDesc = CallDesc {
         wire: 791u32,
@@ -18167,6 +18379,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsyr2_v2: CallDesc = CallDesc {
         wire: 792u32,
@@ -18217,6 +18430,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsyr2_v2_64: CallDesc = CallDesc {
         wire: 793u32,
@@ -18267,6 +18481,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsyr2k: CallDesc = CallDesc {
         wire: 794u32,
@@ -18324,6 +18539,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsyr2k_v2: CallDesc = CallDesc {
         wire: 795u32,
@@ -18387,6 +18603,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsyr2k_v2_64: CallDesc = CallDesc {
         wire: 796u32,
@@ -18450,6 +18667,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsyr_v2: CallDesc = CallDesc {
         wire: 797u32,
@@ -18495,6 +18713,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsyr_v2_64: CallDesc = CallDesc {
         wire: 798u32,
@@ -18540,6 +18759,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsyrk: CallDesc = CallDesc {
         wire: 799u32,
@@ -18592,6 +18812,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsyrk_v2: CallDesc = CallDesc {
         wire: 800u32,
@@ -18650,6 +18871,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsyrk_v2_64: CallDesc = CallDesc {
         wire: 801u32,
@@ -18708,6 +18930,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsyrkx: CallDesc = CallDesc {
         wire: 802u32,
@@ -18771,6 +18994,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDsyrkx_64: CallDesc = CallDesc {
         wire: 803u32,
@@ -18834,6 +19058,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtbmv: CallDesc = CallDesc {
         wire: 804u32,
@@ -18882,6 +19107,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtbmv_v2: CallDesc = CallDesc {
         wire: 805u32,
@@ -18934,6 +19160,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtbmv_v2_64: CallDesc = CallDesc {
         wire: 806u32,
@@ -18986,6 +19213,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtbsv: CallDesc = CallDesc {
         wire: 807u32,
@@ -19034,6 +19262,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtbsv_v2: CallDesc = CallDesc {
         wire: 808u32,
@@ -19086,6 +19315,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtbsv_v2_64: CallDesc = CallDesc {
         wire: 809u32,
@@ -19138,6 +19368,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtrmm: CallDesc = CallDesc {
         wire: 810u32,
@@ -19194,6 +19425,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtrmm_v2: CallDesc = CallDesc {
         wire: 811u32,
@@ -19260,6 +19492,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtrmm_v2_64: CallDesc = CallDesc {
         wire: 812u32,
@@ -19326,6 +19559,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtrmv: CallDesc = CallDesc {
         wire: 813u32,
@@ -19370,6 +19604,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtrmv_v2: CallDesc = CallDesc {
         wire: 814u32,
@@ -19418,6 +19653,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtrmv_v2_64: CallDesc = CallDesc {
         wire: 815u32,
@@ -19466,6 +19702,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtrsm: CallDesc = CallDesc {
         wire: 816u32,
@@ -19522,6 +19759,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtrsmBatched: CallDesc = CallDesc {
         wire: 817u32,
@@ -19587,6 +19825,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtrsmBatched_64: CallDesc = CallDesc {
         wire: 818u32,
@@ -19652,6 +19891,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtrsm_v2: CallDesc = CallDesc {
         wire: 819u32,
@@ -19713,6 +19953,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtrsm_v2_64: CallDesc = CallDesc {
         wire: 820u32,
@@ -19774,6 +20015,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtrsv: CallDesc = CallDesc {
         wire: 821u32,
@@ -19818,6 +20060,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtrsv_v2: CallDesc = CallDesc {
         wire: 822u32,
@@ -19866,6 +20109,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDtrsv_v2_64: CallDesc = CallDesc {
         wire: 823u32,
@@ -19914,6 +20158,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDzasum: CallDesc = CallDesc {
         wire: 824u32,
@@ -19944,6 +20189,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDzasum_v2: CallDesc = CallDesc {
         wire: 825u32,
@@ -19980,6 +20226,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDzasum_v2_64: CallDesc = CallDesc {
         wire: 826u32,
@@ -20016,6 +20263,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDznrm2: CallDesc = CallDesc {
         wire: 827u32,
@@ -20046,6 +20294,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDznrm2_v2: CallDesc = CallDesc {
         wire: 828u32,
@@ -20082,6 +20331,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasDznrm2_v2_64: CallDesc = CallDesc {
         wire: 829u32,
@@ -20118,6 +20368,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasGemmBatchedEx: CallDesc = CallDesc {
         wire: 830u32,
@@ -20209,6 +20460,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasGemmBatchedEx_64: CallDesc = CallDesc {
         wire: 831u32,
@@ -20300,6 +20552,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasGemmEx: CallDesc = CallDesc {
         wire: 832u32,
@@ -20387,6 +20640,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasGemmEx_64: CallDesc = CallDesc {
         wire: 833u32,
@@ -20474,6 +20728,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasGemmStridedBatchedEx: CallDesc = CallDesc {
         wire: 834u32,
@@ -20577,6 +20832,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasGemmStridedBatchedEx_64: CallDesc = CallDesc {
         wire: 835u32,
@@ -20680,6 +20936,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasGetAtomicsMode: CallDesc = CallDesc {
         wire: 836u32,
@@ -20708,6 +20965,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasGetCudartVersion: CallDesc = CallDesc {
         wire: 837u32,
@@ -20728,6 +20986,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasGetError: CallDesc = CallDesc {
         wire: 838u32,
@@ -20745,6 +21004,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasGetMathMode__call: CallDesc = CallDesc {
         wire: 839u32,
@@ -20773,6 +21033,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasGetMatrix: CallDesc = CallDesc {
         wire: 840u32,
@@ -20813,6 +21074,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasGetMatrixAsync_64: CallDesc = CallDesc {
         wire: 841u32,
@@ -20857,6 +21119,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasGetMatrix_64: CallDesc = CallDesc {
         wire: 842u32,
@@ -20897,6 +21160,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasGetPointerMode_v2: CallDesc = CallDesc {
         wire: 843u32,
@@ -20925,6 +21189,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasGetStream_v2: CallDesc = CallDesc {
         wire: 844u32,
@@ -20951,6 +21216,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasGetVector: CallDesc = CallDesc {
         wire: 845u32,
@@ -20987,6 +21253,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasGetVector_64: CallDesc = CallDesc {
         wire: 846u32,
@@ -21023,6 +21290,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIamaxEx: CallDesc = CallDesc {
         wire: 847u32,
@@ -21063,6 +21331,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIamaxEx_64: CallDesc = CallDesc {
         wire: 848u32,
@@ -21103,6 +21372,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIaminEx: CallDesc = CallDesc {
         wire: 849u32,
@@ -21143,6 +21413,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIaminEx_64: CallDesc = CallDesc {
         wire: 850u32,
@@ -21183,6 +21454,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIcamax: CallDesc = CallDesc {
         wire: 851u32,
@@ -21213,6 +21485,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIcamax_v2: CallDesc = CallDesc {
         wire: 852u32,
@@ -21249,6 +21522,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIcamax_v2_64: CallDesc = CallDesc {
         wire: 853u32,
@@ -21285,6 +21559,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIcamin: CallDesc = CallDesc {
         wire: 854u32,
@@ -21315,6 +21590,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIcamin_v2: CallDesc = CallDesc {
         wire: 855u32,
@@ -21351,6 +21627,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIcamin_v2_64: CallDesc = CallDesc {
         wire: 856u32,
@@ -21387,6 +21664,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIdamax: CallDesc = CallDesc {
         wire: 857u32,
@@ -21417,6 +21695,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIdamax_v2: CallDesc = CallDesc {
         wire: 858u32,
@@ -21453,6 +21732,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIdamax_v2_64: CallDesc = CallDesc {
         wire: 859u32,
@@ -21489,6 +21769,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIdamin: CallDesc = CallDesc {
         wire: 860u32,
@@ -21519,6 +21800,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIdamin_v2: CallDesc = CallDesc {
         wire: 861u32,
@@ -21555,6 +21837,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIdamin_v2_64: CallDesc = CallDesc {
         wire: 862u32,
@@ -21591,6 +21874,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasInit: CallDesc = CallDesc {
         wire: 863u32,
@@ -21608,6 +21892,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIsamax: CallDesc = CallDesc {
         wire: 864u32,
@@ -21638,6 +21923,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIsamax_v2: CallDesc = CallDesc {
         wire: 865u32,
@@ -21674,6 +21960,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIsamax_v2_64: CallDesc = CallDesc {
         wire: 866u32,
@@ -21710,6 +21997,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIsamin: CallDesc = CallDesc {
         wire: 867u32,
@@ -21740,6 +22028,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIsamin_v2: CallDesc = CallDesc {
         wire: 868u32,
@@ -21776,6 +22065,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIsamin_v2_64: CallDesc = CallDesc {
         wire: 869u32,
@@ -21812,6 +22102,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIzamax: CallDesc = CallDesc {
         wire: 870u32,
@@ -21842,6 +22133,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIzamax_v2: CallDesc = CallDesc {
         wire: 871u32,
@@ -21878,6 +22170,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIzamax_v2_64: CallDesc = CallDesc {
         wire: 872u32,
@@ -21914,6 +22207,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIzamin: CallDesc = CallDesc {
         wire: 873u32,
@@ -21944,6 +22238,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIzamin_v2: CallDesc = CallDesc {
         wire: 874u32,
@@ -21980,6 +22275,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasIzamin_v2_64: CallDesc = CallDesc {
         wire: 875u32,
@@ -22016,6 +22312,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasRotEx: CallDesc = CallDesc {
         wire: 876u32,
@@ -22078,6 +22375,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasRotEx_64: CallDesc = CallDesc {
         wire: 877u32,
@@ -22140,6 +22438,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSasum: CallDesc = CallDesc {
         wire: 878u32,
@@ -22170,6 +22469,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSasum_v2: CallDesc = CallDesc {
         wire: 879u32,
@@ -22206,6 +22506,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSasum_v2_64: CallDesc = CallDesc {
         wire: 880u32,
@@ -22242,6 +22543,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSaxpy: CallDesc = CallDesc {
         wire: 881u32,
@@ -22278,6 +22580,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSaxpy_v2: CallDesc = CallDesc {
         wire: 882u32,
@@ -22319,6 +22622,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSaxpy_v2_64: CallDesc = CallDesc {
         wire: 883u32,
@@ -22360,6 +22664,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasScalEx: CallDesc = CallDesc {
         wire: 884u32,
@@ -22408,6 +22713,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasScalEx_64: CallDesc = CallDesc {
         wire: 885u32,
@@ -22456,6 +22762,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasScasum: CallDesc = CallDesc {
         wire: 886u32,
@@ -22486,6 +22793,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasScasum_v2: CallDesc = CallDesc {
         wire: 887u32,
@@ -22522,6 +22830,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasScasum_v2_64: CallDesc = CallDesc {
         wire: 888u32,
@@ -22558,6 +22867,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasScnrm2: CallDesc = CallDesc {
         wire: 889u32,
@@ -22588,6 +22898,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasScnrm2_v2: CallDesc = CallDesc {
         wire: 890u32,
@@ -22624,6 +22935,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasScnrm2_v2_64: CallDesc = CallDesc {
         wire: 891u32,
@@ -22660,6 +22972,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasScopy: CallDesc = CallDesc {
         wire: 892u32,
@@ -22692,6 +23005,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasScopy_v2: CallDesc = CallDesc {
         wire: 893u32,
@@ -22728,6 +23042,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasScopy_v2_64: CallDesc = CallDesc {
         wire: 894u32,
@@ -22764,6 +23079,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSdgmm: CallDesc = CallDesc {
         wire: 895u32,
@@ -22813,6 +23129,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSdgmm_64: CallDesc = CallDesc {
         wire: 896u32,
@@ -22862,6 +23179,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSdot: CallDesc = CallDesc {
         wire: 897u32,
@@ -22897,6 +23215,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSdot_v2: CallDesc = CallDesc {
         wire: 898u32,
@@ -22938,6 +23257,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSdot_v2_64: CallDesc = CallDesc {
         wire: 899u32,
@@ -22979,6 +23299,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSetAtomicsMode: CallDesc = CallDesc {
         wire: 900u32,
@@ -23005,6 +23326,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSetEmulationSpecialValuesSupport: CallDesc = CallDesc {
         wire: 901u32,
@@ -23031,6 +23353,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSetEmulationStrategy: CallDesc = CallDesc {
         wire: 902u32,
@@ -23057,6 +23380,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaBitOffset: CallDesc = CallDesc {
         wire: 903u32,
@@ -23083,6 +23407,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaControl: CallDesc = CallDesc {
         wire: 904u32,
@@ -23109,6 +23434,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMaxMantissaBitCount: CallDesc = CallDesc {
         wire: 905u32,
@@ -23135,6 +23461,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSetKernelStream: CallDesc = CallDesc {
         wire: 906u32,
@@ -23157,6 +23484,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSetMathMode__call: CallDesc = CallDesc {
         wire: 907u32,
@@ -23183,6 +23511,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSetMatrix: CallDesc = CallDesc {
         wire: 908u32,
@@ -23223,6 +23552,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSetMatrixAsync_64: CallDesc = CallDesc {
         wire: 909u32,
@@ -23267,6 +23597,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSetMatrix_64: CallDesc = CallDesc {
         wire: 910u32,
@@ -23307,6 +23638,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSetPointerMode_v2__call: CallDesc = CallDesc {
         wire: 911u32,
@@ -23333,6 +23665,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSetSmCountTarget: CallDesc = CallDesc {
         wire: 912u32,
@@ -23359,6 +23692,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSetStream_v2: CallDesc = CallDesc {
         wire: 913u32,
@@ -23385,6 +23719,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSetWorkspace_v2: CallDesc = CallDesc {
         wire: 914u32,
@@ -23412,6 +23747,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgbmv: CallDesc = CallDesc {
         wire: 915u32,
@@ -23473,6 +23809,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgbmv_v2: CallDesc = CallDesc {
         wire: 916u32,
@@ -23540,6 +23877,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgbmv_v2_64: CallDesc = CallDesc {
         wire: 917u32,
@@ -23607,6 +23945,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgeam: CallDesc = CallDesc {
         wire: 918u32,
@@ -23670,6 +24009,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgeam_64: CallDesc = CallDesc {
         wire: 919u32,
@@ -23733,6 +24073,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgelsBatched: CallDesc = CallDesc {
         wire: 920u32,
@@ -23792,6 +24133,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgemm: CallDesc = CallDesc {
         wire: 921u32,
@@ -23853,6 +24195,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgemmBatched: CallDesc = CallDesc {
         wire: 922u32,
@@ -23924,6 +24267,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgemmBatched_64: CallDesc = CallDesc {
         wire: 923u32,
@@ -23995,6 +24339,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgemmEx: CallDesc = CallDesc {
         wire: 924u32,
@@ -24074,6 +24419,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgemmEx_64: CallDesc = CallDesc {
         wire: 925u32,
@@ -24153,6 +24499,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgemmStridedBatched: CallDesc = CallDesc {
         wire: 926u32,
@@ -24236,6 +24583,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgemmStridedBatched_64: CallDesc = CallDesc {
         wire: 927u32,
@@ -24319,6 +24667,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgemm_v2: CallDesc = CallDesc {
         wire: 928u32,
@@ -24386,6 +24735,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgemm_v2_64: CallDesc = CallDesc {
         wire: 929u32,
@@ -24453,6 +24803,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgemv: CallDesc = CallDesc {
         wire: 930u32,
@@ -24506,6 +24857,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgemvStridedBatched: CallDesc = CallDesc {
         wire: 931u32,
@@ -24581,6 +24933,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgemvStridedBatched_64: CallDesc = CallDesc {
         wire: 932u32,
@@ -24656,6 +25009,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgemv_v2: CallDesc = CallDesc {
         wire: 933u32,
@@ -24715,6 +25069,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgemv_v2_64: CallDesc = CallDesc {
         wire: 934u32,
@@ -24774,6 +25129,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgeqrfBatched: CallDesc = CallDesc {
         wire: 935u32,
@@ -24820,6 +25176,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSger: CallDesc = CallDesc {
         wire: 936u32,
@@ -24865,6 +25222,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSger_v2: CallDesc = CallDesc {
         wire: 937u32,
@@ -24915,6 +25273,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSger_v2_64: CallDesc = CallDesc {
         wire: 938u32,
@@ -24965,6 +25324,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgetrfBatched: CallDesc = CallDesc {
         wire: 939u32,
@@ -25002,6 +25362,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgetriBatched: CallDesc = CallDesc {
         wire: 940u32,
@@ -25049,6 +25410,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSgetrsBatched: CallDesc = CallDesc {
         wire: 941u32,
@@ -25104,6 +25466,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasShutdown: CallDesc = CallDesc {
         wire: 942u32,
@@ -25121,6 +25484,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSnrm2: CallDesc = CallDesc {
         wire: 943u32,
@@ -25151,6 +25515,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSnrm2_v2: CallDesc = CallDesc {
         wire: 944u32,
@@ -25187,6 +25552,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSnrm2_v2_64: CallDesc = CallDesc {
         wire: 945u32,
@@ -25223,6 +25589,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSrot: CallDesc = CallDesc {
         wire: 946u32,
@@ -25263,6 +25630,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSrot_v2: CallDesc = CallDesc {
         wire: 947u32,
@@ -25309,6 +25677,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSrot_v2_64: CallDesc = CallDesc {
         wire: 948u32,
@@ -25355,6 +25724,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSrotg_v2: CallDesc = CallDesc {
         wire: 949u32,
@@ -25397,6 +25767,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsbmv: CallDesc = CallDesc {
         wire: 950u32,
@@ -25450,6 +25821,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsbmv_v2: CallDesc = CallDesc {
         wire: 951u32,
@@ -25509,6 +25881,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsbmv_v2_64: CallDesc = CallDesc {
         wire: 952u32,
@@ -25568,6 +25941,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSscal: CallDesc = CallDesc {
         wire: 953u32,
@@ -25599,6 +25973,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSscal_v2: CallDesc = CallDesc {
         wire: 954u32,
@@ -25635,6 +26010,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSscal_v2_64: CallDesc = CallDesc {
         wire: 955u32,
@@ -25671,6 +26047,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSswap: CallDesc = CallDesc {
         wire: 956u32,
@@ -25703,6 +26080,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSswap_v2: CallDesc = CallDesc {
         wire: 957u32,
@@ -25739,6 +26117,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSswap_v2_64: CallDesc = CallDesc {
         wire: 958u32,
@@ -25775,6 +26154,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsymm: CallDesc = CallDesc {
         wire: 959u32,
@@ -25832,6 +26212,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsymm_v2: CallDesc = CallDesc {
         wire: 960u32,
@@ -25895,6 +26276,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsymm_v2_64: CallDesc = CallDesc {
         wire: 961u32,
@@ -25958,6 +26340,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsymv: CallDesc = CallDesc {
         wire: 962u32,
@@ -26007,6 +26390,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsymv_v2: CallDesc = CallDesc {
         wire: 963u32,
@@ -26062,6 +26446,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsymv_v2_64: CallDesc = CallDesc {
         wire: 964u32,
@@ -26117,6 +26502,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsyr: CallDesc = CallDesc {
         wire: 965u32,
@@ -26157,6 +26543,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsyr2: CallDesc = CallDesc {
         wire: 966u32,
@@ -26202,6 +26589,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsyr2_v2: CallDesc = CallDesc {
         wire: 967u32,
@@ -26252,6 +26640,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsyr2_v2_64: CallDesc = CallDesc {
         wire: 968u32,
@@ -26302,6 +26691,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsyr2k: CallDesc = CallDesc {
         wire: 969u32,
@@ -26359,6 +26749,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsyr2k_v2: CallDesc = CallDesc {
         wire: 970u32,
@@ -26422,6 +26813,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsyr2k_v2_64: CallDesc = CallDesc {
         wire: 971u32,
@@ -26485,6 +26877,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsyr_v2: CallDesc = CallDesc {
         wire: 972u32,
@@ -26530,6 +26923,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsyr_v2_64: CallDesc = CallDesc {
         wire: 973u32,
@@ -26575,6 +26969,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsyrk: CallDesc = CallDesc {
         wire: 974u32,
@@ -26627,6 +27022,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsyrk_v2: CallDesc = CallDesc {
         wire: 975u32,
@@ -26685,6 +27081,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsyrk_v2_64: CallDesc = CallDesc {
         wire: 976u32,
@@ -26743,6 +27140,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsyrkx: CallDesc = CallDesc {
         wire: 977u32,
@@ -26806,6 +27204,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSsyrkx_64: CallDesc = CallDesc {
         wire: 978u32,
@@ -26869,6 +27268,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStbmv: CallDesc = CallDesc {
         wire: 979u32,
@@ -26917,6 +27317,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStbmv_v2: CallDesc = CallDesc {
         wire: 980u32,
@@ -26969,6 +27370,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStbmv_v2_64: CallDesc = CallDesc {
         wire: 981u32,
@@ -27021,6 +27423,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStbsv: CallDesc = CallDesc {
         wire: 982u32,
@@ -27069,6 +27472,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStbsv_v2: CallDesc = CallDesc {
         wire: 983u32,
@@ -27121,6 +27525,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStbsv_v2_64: CallDesc = CallDesc {
         wire: 984u32,
@@ -27173,6 +27578,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStrmm: CallDesc = CallDesc {
         wire: 985u32,
@@ -27229,6 +27635,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStrmm_v2: CallDesc = CallDesc {
         wire: 986u32,
@@ -27295,6 +27702,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStrmm_v2_64: CallDesc = CallDesc {
         wire: 987u32,
@@ -27361,6 +27769,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStrmv: CallDesc = CallDesc {
         wire: 988u32,
@@ -27405,6 +27814,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStrmv_v2: CallDesc = CallDesc {
         wire: 989u32,
@@ -27453,6 +27863,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStrmv_v2_64: CallDesc = CallDesc {
         wire: 990u32,
@@ -27501,6 +27912,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStrsm: CallDesc = CallDesc {
         wire: 991u32,
@@ -27557,6 +27969,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStrsmBatched: CallDesc = CallDesc {
         wire: 992u32,
@@ -27622,6 +28035,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStrsmBatched_64: CallDesc = CallDesc {
         wire: 993u32,
@@ -27687,6 +28101,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStrsm_v2: CallDesc = CallDesc {
         wire: 994u32,
@@ -27748,6 +28163,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStrsm_v2_64: CallDesc = CallDesc {
         wire: 995u32,
@@ -27809,6 +28225,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStrsv: CallDesc = CallDesc {
         wire: 996u32,
@@ -27853,6 +28270,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStrsv_v2: CallDesc = CallDesc {
         wire: 997u32,
@@ -27901,6 +28319,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasStrsv_v2_64: CallDesc = CallDesc {
         wire: 998u32,
@@ -27949,6 +28368,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSwapEx: CallDesc = CallDesc {
         wire: 999u32,
@@ -27993,6 +28413,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasSwapEx_64: CallDesc = CallDesc {
         wire: 1000u32,
@@ -28037,6 +28458,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasUint8gemmBias: CallDesc = CallDesc {
         wire: 1001u32,
@@ -28118,6 +28540,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXerbla: CallDesc = CallDesc {
         wire: 1002u32,
@@ -28141,6 +28564,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtCgemm: CallDesc = CallDesc {
         wire: 1003u32,
@@ -28208,6 +28632,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtChemm: CallDesc = CallDesc {
         wire: 1004u32,
@@ -28271,6 +28696,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtCher2k: CallDesc = CallDesc {
         wire: 1005u32,
@@ -28334,6 +28760,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtCherk: CallDesc = CallDesc {
         wire: 1006u32,
@@ -28392,6 +28819,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtCherkx: CallDesc = CallDesc {
         wire: 1007u32,
@@ -28455,6 +28883,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtCreate: CallDesc = CallDesc {
         wire: 1008u32,
@@ -28477,6 +28906,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtCspmm: CallDesc = CallDesc {
         wire: 1009u32,
@@ -28541,6 +28971,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtCsymm: CallDesc = CallDesc {
         wire: 1010u32,
@@ -28604,6 +29035,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtCsyr2k: CallDesc = CallDesc {
         wire: 1011u32,
@@ -28667,6 +29099,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtCsyrk: CallDesc = CallDesc {
         wire: 1012u32,
@@ -28725,6 +29158,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtCsyrkx: CallDesc = CallDesc {
         wire: 1013u32,
@@ -28788,6 +29222,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtCtrmm: CallDesc = CallDesc {
         wire: 1014u32,
@@ -28854,6 +29289,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtCtrsm: CallDesc = CallDesc {
         wire: 1015u32,
@@ -28915,6 +29351,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtDestroy: CallDesc = CallDesc {
         wire: 1016u32,
@@ -28937,6 +29374,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtDgemm: CallDesc = CallDesc {
         wire: 1017u32,
@@ -29004,6 +29442,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtDsymm: CallDesc = CallDesc {
         wire: 1018u32,
@@ -29067,6 +29506,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtDsyr2k: CallDesc = CallDesc {
         wire: 1019u32,
@@ -29130,6 +29570,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtDsyrk: CallDesc = CallDesc {
         wire: 1020u32,
@@ -29188,6 +29629,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtDsyrkx: CallDesc = CallDesc {
         wire: 1021u32,
@@ -29251,6 +29693,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtDtrmm: CallDesc = CallDesc {
         wire: 1022u32,
@@ -29317,6 +29760,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtDtrsm: CallDesc = CallDesc {
         wire: 1023u32,
@@ -29378,6 +29822,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtGetPinningMemMode: CallDesc = CallDesc {
         wire: 1024u32,
@@ -29406,6 +29851,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtSetBlockDim: CallDesc = CallDesc {
         wire: 1025u32,
@@ -29432,6 +29878,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtSetCpuRatio: CallDesc = CallDesc {
         wire: 1026u32,
@@ -29466,6 +29913,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtSetPinningMemMode: CallDesc = CallDesc {
         wire: 1027u32,
@@ -29492,6 +29940,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtSgemm: CallDesc = CallDesc {
         wire: 1028u32,
@@ -29559,6 +30008,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtSsymm: CallDesc = CallDesc {
         wire: 1029u32,
@@ -29622,6 +30072,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtSsyr2k: CallDesc = CallDesc {
         wire: 1030u32,
@@ -29685,6 +30136,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtSsyrk: CallDesc = CallDesc {
         wire: 1031u32,
@@ -29743,6 +30195,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtSsyrkx: CallDesc = CallDesc {
         wire: 1032u32,
@@ -29806,6 +30259,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtStrmm: CallDesc = CallDesc {
         wire: 1033u32,
@@ -29872,6 +30326,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtStrsm: CallDesc = CallDesc {
         wire: 1034u32,
@@ -29933,6 +30388,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtZgemm: CallDesc = CallDesc {
         wire: 1035u32,
@@ -30000,6 +30456,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtZhemm: CallDesc = CallDesc {
         wire: 1036u32,
@@ -30063,6 +30520,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtZher2k: CallDesc = CallDesc {
         wire: 1037u32,
@@ -30126,6 +30584,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtZherk: CallDesc = CallDesc {
         wire: 1038u32,
@@ -30184,6 +30643,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtZherkx: CallDesc = CallDesc {
         wire: 1039u32,
@@ -30247,6 +30707,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtZspmm: CallDesc = CallDesc {
         wire: 1040u32,
@@ -30311,6 +30772,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtZsymm: CallDesc = CallDesc {
         wire: 1041u32,
@@ -30374,6 +30836,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtZsyr2k: CallDesc = CallDesc {
         wire: 1042u32,
@@ -30437,6 +30900,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtZsyrk: CallDesc = CallDesc {
         wire: 1043u32,
@@ -30495,6 +30959,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtZsyrkx: CallDesc = CallDesc {
         wire: 1044u32,
@@ -30558,6 +31023,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtZtrmm: CallDesc = CallDesc {
         wire: 1045u32,
@@ -30624,6 +31090,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasXtZtrsm: CallDesc = CallDesc {
         wire: 1046u32,
@@ -30685,6 +31152,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZaxpy: CallDesc = CallDesc {
         wire: 1047u32,
@@ -30718,6 +31186,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZaxpy_v2: CallDesc = CallDesc {
         wire: 1048u32,
@@ -30759,6 +31228,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZaxpy_v2_64: CallDesc = CallDesc {
         wire: 1049u32,
@@ -30800,6 +31270,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZcopy: CallDesc = CallDesc {
         wire: 1050u32,
@@ -30832,6 +31303,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZcopy_v2: CallDesc = CallDesc {
         wire: 1051u32,
@@ -30868,6 +31340,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZcopy_v2_64: CallDesc = CallDesc {
         wire: 1052u32,
@@ -30904,6 +31377,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZdgmm: CallDesc = CallDesc {
         wire: 1053u32,
@@ -30953,6 +31427,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZdgmm_64: CallDesc = CallDesc {
         wire: 1054u32,
@@ -31002,6 +31477,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZdotc_v2: CallDesc = CallDesc {
         wire: 1055u32,
@@ -31043,6 +31519,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZdotc_v2_64: CallDesc = CallDesc {
         wire: 1056u32,
@@ -31084,6 +31561,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZdotu_v2: CallDesc = CallDesc {
         wire: 1057u32,
@@ -31125,6 +31603,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZdotu_v2_64: CallDesc = CallDesc {
         wire: 1058u32,
@@ -31166,6 +31645,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZdrot: CallDesc = CallDesc {
         wire: 1059u32,
@@ -31206,6 +31686,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZdrot_v2: CallDesc = CallDesc {
         wire: 1060u32,
@@ -31252,6 +31733,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZdrot_v2_64: CallDesc = CallDesc {
         wire: 1061u32,
@@ -31298,6 +31780,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZdscal: CallDesc = CallDesc {
         wire: 1062u32,
@@ -31329,6 +31812,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZdscal_v2: CallDesc = CallDesc {
         wire: 1063u32,
@@ -31365,6 +31849,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZdscal_v2_64: CallDesc = CallDesc {
         wire: 1064u32,
@@ -31401,6 +31886,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgbmv: CallDesc = CallDesc {
         wire: 1065u32,
@@ -31456,6 +31942,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgbmv_v2: CallDesc = CallDesc {
         wire: 1066u32,
@@ -31523,6 +32010,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgbmv_v2_64: CallDesc = CallDesc {
         wire: 1067u32,
@@ -31590,6 +32078,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgeam: CallDesc = CallDesc {
         wire: 1068u32,
@@ -31653,6 +32142,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgeam_64: CallDesc = CallDesc {
         wire: 1069u32,
@@ -31716,6 +32206,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgelsBatched: CallDesc = CallDesc {
         wire: 1070u32,
@@ -31775,6 +32266,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgemm: CallDesc = CallDesc {
         wire: 1071u32,
@@ -31830,6 +32322,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgemm3m: CallDesc = CallDesc {
         wire: 1072u32,
@@ -31897,6 +32390,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgemm3m_64: CallDesc = CallDesc {
         wire: 1073u32,
@@ -31964,6 +32458,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgemmBatched: CallDesc = CallDesc {
         wire: 1074u32,
@@ -32035,6 +32530,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgemmBatched_64: CallDesc = CallDesc {
         wire: 1075u32,
@@ -32106,6 +32602,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgemmStridedBatched: CallDesc = CallDesc {
         wire: 1076u32,
@@ -32189,6 +32686,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgemmStridedBatched_64: CallDesc = CallDesc {
         wire: 1077u32,
@@ -32272,6 +32770,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgemm_v2: CallDesc = CallDesc {
         wire: 1078u32,
@@ -32339,6 +32838,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgemm_v2_64: CallDesc = CallDesc {
         wire: 1079u32,
@@ -32406,6 +32906,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgemv: CallDesc = CallDesc {
         wire: 1080u32,
@@ -32453,6 +32954,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgemvStridedBatched: CallDesc = CallDesc {
         wire: 1081u32,
@@ -32528,6 +33030,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgemvStridedBatched_64: CallDesc = CallDesc {
         wire: 1082u32,
@@ -32603,6 +33106,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgemv_v2: CallDesc = CallDesc {
         wire: 1083u32,
@@ -32662,6 +33166,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgemv_v2_64: CallDesc = CallDesc {
         wire: 1084u32,
@@ -32721,6 +33226,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgeqrfBatched: CallDesc = CallDesc {
         wire: 1085u32,
@@ -32767,6 +33273,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgerc: CallDesc = CallDesc {
         wire: 1086u32,
@@ -32809,6 +33316,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgerc_v2: CallDesc = CallDesc {
         wire: 1087u32,
@@ -32859,6 +33367,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgerc_v2_64: CallDesc = CallDesc {
         wire: 1088u32,
@@ -32909,6 +33418,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgeru: CallDesc = CallDesc {
         wire: 1089u32,
@@ -32951,6 +33461,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgeru_v2: CallDesc = CallDesc {
         wire: 1090u32,
@@ -33001,6 +33512,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgeru_v2_64: CallDesc = CallDesc {
         wire: 1091u32,
@@ -33051,6 +33563,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgetrfBatched: CallDesc = CallDesc {
         wire: 1092u32,
@@ -33088,6 +33601,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgetriBatched: CallDesc = CallDesc {
         wire: 1093u32,
@@ -33135,6 +33649,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZgetrsBatched: CallDesc = CallDesc {
         wire: 1094u32,
@@ -33190,6 +33705,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZhbmv: CallDesc = CallDesc {
         wire: 1095u32,
@@ -33237,6 +33753,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZhbmv_v2: CallDesc = CallDesc {
         wire: 1096u32,
@@ -33296,6 +33813,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZhbmv_v2_64: CallDesc = CallDesc {
         wire: 1097u32,
@@ -33355,6 +33873,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZhemm: CallDesc = CallDesc {
         wire: 1098u32,
@@ -33406,6 +33925,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZhemm_v2: CallDesc = CallDesc {
         wire: 1099u32,
@@ -33469,6 +33989,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZhemm_v2_64: CallDesc = CallDesc {
         wire: 1100u32,
@@ -33532,6 +34053,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZhemv: CallDesc = CallDesc {
         wire: 1101u32,
@@ -33575,6 +34097,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZhemv_v2: CallDesc = CallDesc {
         wire: 1102u32,
@@ -33630,6 +34153,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZhemv_v2_64: CallDesc = CallDesc {
         wire: 1103u32,
@@ -33685,6 +34209,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZher: CallDesc = CallDesc {
         wire: 1104u32,
@@ -33725,6 +34250,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZher2: CallDesc = CallDesc {
         wire: 1105u32,
@@ -33767,6 +34293,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZher2_v2: CallDesc = CallDesc {
         wire: 1106u32,
@@ -33817,6 +34344,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZher2_v2_64: CallDesc = CallDesc {
         wire: 1107u32,
@@ -33867,6 +34395,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZher2k: CallDesc = CallDesc {
         wire: 1108u32,
@@ -33921,6 +34450,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZher2k_v2: CallDesc = CallDesc {
         wire: 1109u32,
@@ -33984,6 +34514,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZher2k_v2_64: CallDesc = CallDesc {
         wire: 1110u32,
@@ -34047,6 +34578,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZher_v2: CallDesc = CallDesc {
         wire: 1111u32,
@@ -34092,6 +34624,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZher_v2_64: CallDesc = CallDesc {
         wire: 1112u32,
@@ -34137,6 +34670,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZherk: CallDesc = CallDesc {
         wire: 1113u32,
@@ -34189,6 +34723,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZherk_v2: CallDesc = CallDesc {
         wire: 1114u32,
@@ -34247,6 +34782,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZherk_v2_64: CallDesc = CallDesc {
         wire: 1115u32,
@@ -34305,6 +34841,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZherkx: CallDesc = CallDesc {
         wire: 1116u32,
@@ -34368,6 +34905,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZherkx_64: CallDesc = CallDesc {
         wire: 1117u32,
@@ -34431,6 +34969,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZhpmv: CallDesc = CallDesc {
         wire: 1118u32,
@@ -34475,6 +35014,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZhpmv_v2: CallDesc = CallDesc {
         wire: 1119u32,
@@ -34531,6 +35071,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZhpmv_v2_64: CallDesc = CallDesc {
         wire: 1120u32,
@@ -34587,6 +35128,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZrot: CallDesc = CallDesc {
         wire: 1121u32,
@@ -34624,6 +35166,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZrot_v2: CallDesc = CallDesc {
         wire: 1122u32,
@@ -34670,6 +35213,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZrot_v2_64: CallDesc = CallDesc {
         wire: 1123u32,
@@ -34716,6 +35260,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZrotg_v2: CallDesc = CallDesc {
         wire: 1124u32,
@@ -34758,6 +35303,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZscal: CallDesc = CallDesc {
         wire: 1125u32,
@@ -34786,6 +35332,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZscal_v2: CallDesc = CallDesc {
         wire: 1126u32,
@@ -34822,6 +35369,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZscal_v2_64: CallDesc = CallDesc {
         wire: 1127u32,
@@ -34858,6 +35406,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZswap: CallDesc = CallDesc {
         wire: 1128u32,
@@ -34890,6 +35439,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZswap_v2: CallDesc = CallDesc {
         wire: 1129u32,
@@ -34926,6 +35476,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZswap_v2_64: CallDesc = CallDesc {
         wire: 1130u32,
@@ -34962,6 +35513,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZsymm: CallDesc = CallDesc {
         wire: 1131u32,
@@ -35013,6 +35565,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZsymm_v2: CallDesc = CallDesc {
         wire: 1132u32,
@@ -35076,6 +35629,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZsymm_v2_64: CallDesc = CallDesc {
         wire: 1133u32,
@@ -35139,6 +35693,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZsymv_v2: CallDesc = CallDesc {
         wire: 1134u32,
@@ -35194,6 +35749,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZsymv_v2_64: CallDesc = CallDesc {
         wire: 1135u32,
@@ -35249,6 +35805,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZsyr2_v2: CallDesc = CallDesc {
         wire: 1136u32,
@@ -35299,6 +35856,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZsyr2_v2_64: CallDesc = CallDesc {
         wire: 1137u32,
@@ -35349,6 +35907,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZsyr2k: CallDesc = CallDesc {
         wire: 1138u32,
@@ -35400,6 +35959,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZsyr2k_v2: CallDesc = CallDesc {
         wire: 1139u32,
@@ -35463,6 +36023,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZsyr2k_v2_64: CallDesc = CallDesc {
         wire: 1140u32,
@@ -35526,6 +36087,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZsyr_v2: CallDesc = CallDesc {
         wire: 1141u32,
@@ -35571,6 +36133,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZsyr_v2_64: CallDesc = CallDesc {
         wire: 1142u32,
@@ -35616,6 +36179,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZsyrk: CallDesc = CallDesc {
         wire: 1143u32,
@@ -35662,6 +36226,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZsyrk_v2: CallDesc = CallDesc {
         wire: 1144u32,
@@ -35720,6 +36285,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZsyrk_v2_64: CallDesc = CallDesc {
         wire: 1145u32,
@@ -35778,6 +36344,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZsyrkx: CallDesc = CallDesc {
         wire: 1146u32,
@@ -35841,6 +36408,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZsyrkx_64: CallDesc = CallDesc {
         wire: 1147u32,
@@ -35904,6 +36472,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtbmv: CallDesc = CallDesc {
         wire: 1148u32,
@@ -35952,6 +36521,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtbmv_v2: CallDesc = CallDesc {
         wire: 1149u32,
@@ -36004,6 +36574,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtbmv_v2_64: CallDesc = CallDesc {
         wire: 1150u32,
@@ -36056,6 +36627,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtbsv: CallDesc = CallDesc {
         wire: 1151u32,
@@ -36104,6 +36676,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtbsv_v2: CallDesc = CallDesc {
         wire: 1152u32,
@@ -36156,6 +36729,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtbsv_v2_64: CallDesc = CallDesc {
         wire: 1153u32,
@@ -36208,6 +36782,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtpmv: CallDesc = CallDesc {
         wire: 1154u32,
@@ -36253,6 +36828,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtpmv_v2: CallDesc = CallDesc {
         wire: 1155u32,
@@ -36302,6 +36878,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtpmv_v2_64: CallDesc = CallDesc {
         wire: 1156u32,
@@ -36351,6 +36928,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtpsv: CallDesc = CallDesc {
         wire: 1157u32,
@@ -36396,6 +36974,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtpsv_v2: CallDesc = CallDesc {
         wire: 1158u32,
@@ -36445,6 +37024,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtpsv_v2_64: CallDesc = CallDesc {
         wire: 1159u32,
@@ -36494,6 +37074,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtpttr: CallDesc = CallDesc {
         wire: 1160u32,
@@ -36535,6 +37116,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtrmm: CallDesc = CallDesc {
         wire: 1161u32,
@@ -36588,6 +37170,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtrmm_v2: CallDesc = CallDesc {
         wire: 1162u32,
@@ -36654,6 +37237,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtrmm_v2_64: CallDesc = CallDesc {
         wire: 1163u32,
@@ -36720,6 +37304,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtrmv: CallDesc = CallDesc {
         wire: 1164u32,
@@ -36764,6 +37349,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtrmv_v2: CallDesc = CallDesc {
         wire: 1165u32,
@@ -36812,6 +37398,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtrmv_v2_64: CallDesc = CallDesc {
         wire: 1166u32,
@@ -36860,6 +37447,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtrsm: CallDesc = CallDesc {
         wire: 1167u32,
@@ -36913,6 +37501,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtrsmBatched: CallDesc = CallDesc {
         wire: 1168u32,
@@ -36978,6 +37567,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtrsmBatched_64: CallDesc = CallDesc {
         wire: 1169u32,
@@ -37043,6 +37633,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtrsm_v2: CallDesc = CallDesc {
         wire: 1170u32,
@@ -37104,6 +37695,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtrsm_v2_64: CallDesc = CallDesc {
         wire: 1171u32,
@@ -37165,6 +37757,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtrsv: CallDesc = CallDesc {
         wire: 1172u32,
@@ -37209,6 +37802,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtrsv_v2: CallDesc = CallDesc {
         wire: 1173u32,
@@ -37257,6 +37851,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasZtrsv_v2_64: CallDesc = CallDesc {
         wire: 1174u32,
@@ -37305,6 +37900,7 @@ pub mod cublas {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
 }
 pub mod cublaslt {
@@ -37342,6 +37938,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtDestroy: CallDesc = CallDesc {
         wire: 1176u32,
@@ -37364,6 +37961,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtDisableCpuInstructionsSetMask: CallDesc = CallDesc {
         wire: 1177u32,
@@ -37389,6 +37987,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtEmulationDescCreate: CallDesc = CallDesc {
         wire: 1178u32,
@@ -37411,6 +38010,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtEmulationDescDestroy: CallDesc = CallDesc {
         wire: 1179u32,
@@ -37433,6 +38033,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtEmulationDescInit_internal: CallDesc = CallDesc {
         wire: 1180u32,
@@ -37459,6 +38060,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtGetCudartVersion: CallDesc = CallDesc {
         wire: 1181u32,
@@ -37479,6 +38081,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtGetVersion: CallDesc = CallDesc {
         wire: 1182u32,
@@ -37499,6 +38102,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtHeuristicsCacheSetCapacity: CallDesc = CallDesc {
         wire: 1183u32,
@@ -37521,6 +38125,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtLoggerForceDisable: CallDesc = CallDesc {
         wire: 1184u32,
@@ -37538,6 +38143,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtLoggerSetLevel: CallDesc = CallDesc {
         wire: 1185u32,
@@ -37560,6 +38166,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtLoggerSetMask: CallDesc = CallDesc {
         wire: 1186u32,
@@ -37582,6 +38189,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmul__cu118: CallDesc = CallDesc {
         wire: 1187u32,
@@ -37653,6 +38261,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmul__cu126: CallDesc = CallDesc {
         wire: 1188u32,
@@ -37724,6 +38333,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu118__call: CallDesc = CallDesc {
         wire: 1189u32,
@@ -37786,6 +38396,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu121__call: CallDesc = CallDesc {
         wire: 1190u32,
@@ -37848,6 +38459,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu126__call: CallDesc = CallDesc {
         wire: 1191u32,
@@ -37910,6 +38522,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu118__call: CallDesc = CallDesc {
         wire: 1192u32,
@@ -37940,6 +38553,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu126__call: CallDesc = CallDesc {
         wire: 1193u32,
@@ -37970,6 +38584,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu118__call: CallDesc = CallDesc {
         wire: 1194u32,
@@ -37992,6 +38607,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu126__call: CallDesc = CallDesc {
         wire: 1195u32,
@@ -38014,6 +38630,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu118: CallDesc = CallDesc {
         wire: 1196u32,
@@ -38048,6 +38665,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu126: CallDesc = CallDesc {
         wire: 1197u32,
@@ -38082,6 +38700,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu118__call: CallDesc = CallDesc {
         wire: 1198u32,
@@ -38118,6 +38737,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu126__call: CallDesc = CallDesc {
         wire: 1199u32,
@@ -38154,6 +38774,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu118__call: CallDesc = CallDesc {
         wire: 1200u32,
@@ -38176,6 +38797,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu121__call: CallDesc = CallDesc {
         wire: 1201u32,
@@ -38198,6 +38820,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu118__call: CallDesc = CallDesc {
         wire: 1202u32,
@@ -38220,6 +38843,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu121__call: CallDesc = CallDesc {
         wire: 1203u32,
@@ -38242,6 +38866,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu118: CallDesc = CallDesc {
         wire: 1204u32,
@@ -38268,6 +38893,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu121: CallDesc = CallDesc {
         wire: 1205u32,
@@ -38294,6 +38920,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu118__call: CallDesc = CallDesc {
         wire: 1206u32,
@@ -38330,6 +38957,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu121__call: CallDesc = CallDesc {
         wire: 1207u32,
@@ -38366,6 +38994,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatrixLayoutCreate__call: CallDesc = CallDesc {
         wire: 1208u32,
@@ -38404,6 +39033,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatrixLayoutDestroy__call: CallDesc = CallDesc {
         wire: 1209u32,
@@ -38426,6 +39056,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatrixLayoutInit_internal: CallDesc = CallDesc {
         wire: 1210u32,
@@ -38468,6 +39099,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatrixLayoutSetAttribute__call: CallDesc = CallDesc {
         wire: 1211u32,
@@ -38504,6 +39136,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatrixTransformDescCreate: CallDesc = CallDesc {
         wire: 1212u32,
@@ -38530,6 +39163,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatrixTransformDescDestroy: CallDesc = CallDesc {
         wire: 1213u32,
@@ -38552,6 +39186,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cublasLtMatrixTransformDescInit_internal: CallDesc = CallDesc {
         wire: 1214u32,
@@ -38582,6 +39217,7 @@ pub mod cublaslt {
             unavailable: 1i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
 }
 pub mod cudart {
@@ -38681,6 +39317,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaBindSurfaceToArray: CallDesc = CallDesc {
         wire: 1u32,
@@ -38715,6 +39352,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaBindTextureToArray: CallDesc = CallDesc {
         wire: 2u32,
@@ -38749,6 +39387,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaBindTextureToMipmappedArray: CallDesc = CallDesc {
         wire: 3u32,
@@ -38783,6 +39422,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaChooseDevice__cu118: CallDesc = CallDesc {
         wire: 4u32,
@@ -38813,6 +39453,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaChooseDevice__cu121: CallDesc = CallDesc {
         wire: 5u32,
@@ -38843,6 +39484,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaChooseDevice__cu130: CallDesc = CallDesc {
         wire: 6u32,
@@ -38873,6 +39515,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaCtxResetPersistingL2Cache: CallDesc = CallDesc {
         wire: 7u32,
@@ -38890,6 +39533,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDestroyExternalMemory: CallDesc = CallDesc {
         wire: 8u32,
@@ -38912,6 +39556,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDestroyExternalSemaphore: CallDesc = CallDesc {
         wire: 9u32,
@@ -38934,6 +39579,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDestroySurfaceObject: CallDesc = CallDesc {
         wire: 10u32,
@@ -38956,6 +39602,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDestroyTextureObject: CallDesc = CallDesc {
         wire: 11u32,
@@ -38978,6 +39625,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceCanAccessPeer: CallDesc = CallDesc {
         wire: 12u32,
@@ -39010,6 +39658,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceDisablePeerAccess: CallDesc = CallDesc {
         wire: 13u32,
@@ -39032,6 +39681,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceEnablePeerAccess: CallDesc = CallDesc {
         wire: 14u32,
@@ -39058,6 +39708,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceFlushGPUDirectRDMAWrites: CallDesc = CallDesc {
         wire: 15u32,
@@ -39084,6 +39735,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceGetByPCIBusId: CallDesc = CallDesc {
         wire: 16u32,
@@ -39109,6 +39761,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceGetCacheConfig: CallDesc = CallDesc {
         wire: 17u32,
@@ -39133,6 +39786,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceGetDefaultMemPool: CallDesc = CallDesc {
         wire: 18u32,
@@ -39159,6 +39813,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceGetExecutionCtx: CallDesc = CallDesc {
         wire: 19u32,
@@ -39185,6 +39840,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceGetLimit: CallDesc = CallDesc {
         wire: 20u32,
@@ -39213,6 +39869,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceGetMemPool: CallDesc = CallDesc {
         wire: 21u32,
@@ -39239,6 +39896,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceGetP2PAttribute: CallDesc = CallDesc {
         wire: 22u32,
@@ -39275,6 +39933,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceGetPCIBusId: CallDesc = CallDesc {
         wire: 23u32,
@@ -39307,6 +39966,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceGetSharedMemConfig: CallDesc = CallDesc {
         wire: 24u32,
@@ -39331,6 +39991,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceGetStreamPriorityRange: CallDesc = CallDesc {
         wire: 25u32,
@@ -39361,6 +40022,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceGetTexture1DLinearMaxWidth: CallDesc = CallDesc {
         wire: 26u32,
@@ -39395,6 +40057,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceGraphMemTrim: CallDesc = CallDesc {
         wire: 27u32,
@@ -39417,6 +40080,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceReset__call: CallDesc = CallDesc {
         wire: 28u32,
@@ -39434,6 +40098,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceSetCacheConfig: CallDesc = CallDesc {
         wire: 29u32,
@@ -39456,6 +40121,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceSetLimit: CallDesc = CallDesc {
         wire: 30u32,
@@ -39482,6 +40148,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceSetMemPool: CallDesc = CallDesc {
         wire: 31u32,
@@ -39508,6 +40175,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceSetSharedMemConfig: CallDesc = CallDesc {
         wire: 32u32,
@@ -39530,6 +40198,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaDeviceSynchronize: CallDesc = CallDesc {
         wire: 33u32,
@@ -39547,6 +40216,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: true,
     };
     pub static cudaDeviceUnregisterAsyncNotification: CallDesc = CallDesc {
         wire: 34u32,
@@ -39573,6 +40243,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaEventCreate: CallDesc = CallDesc {
         wire: 35u32,
@@ -39595,6 +40266,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaEventCreateWithFlags: CallDesc = CallDesc {
         wire: 36u32,
@@ -39621,6 +40293,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaEventDestroy: CallDesc = CallDesc {
         wire: 37u32,
@@ -39643,6 +40316,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaEventElapsedTime: CallDesc = CallDesc {
         wire: 38u32,
@@ -39675,6 +40349,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaEventElapsedTime_v2: CallDesc = CallDesc {
         wire: 39u32,
@@ -39707,6 +40382,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaEventQuery: CallDesc = CallDesc {
         wire: 40u32,
@@ -39729,6 +40405,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaEventRecord: CallDesc = CallDesc {
         wire: 41u32,
@@ -39755,6 +40432,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaEventRecordWithFlags: CallDesc = CallDesc {
         wire: 42u32,
@@ -39785,6 +40463,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaEventRecordWithFlags_ptsz: CallDesc = CallDesc {
         wire: 43u32,
@@ -39815,6 +40494,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaEventRecord_ptsz: CallDesc = CallDesc {
         wire: 44u32,
@@ -39841,6 +40521,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaEventSynchronize: CallDesc = CallDesc {
         wire: 45u32,
@@ -39863,6 +40544,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: true,
     };
     pub static cudaExecutionCtxDestroy: CallDesc = CallDesc {
         wire: 46u32,
@@ -39885,6 +40567,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaExecutionCtxGetDevice: CallDesc = CallDesc {
         wire: 47u32,
@@ -39913,6 +40596,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaExecutionCtxGetId: CallDesc = CallDesc {
         wire: 48u32,
@@ -39941,6 +40625,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaExecutionCtxRecordEvent: CallDesc = CallDesc {
         wire: 49u32,
@@ -39967,6 +40652,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaExecutionCtxStreamCreate: CallDesc = CallDesc {
         wire: 50u32,
@@ -40001,6 +40687,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaExecutionCtxSynchronize: CallDesc = CallDesc {
         wire: 51u32,
@@ -40023,6 +40710,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaExecutionCtxWaitEvent: CallDesc = CallDesc {
         wire: 52u32,
@@ -40049,6 +40737,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaExternalMemoryGetMappedMipmappedArray__cu118: CallDesc = CallDesc {
         wire: 53u32,
@@ -40081,6 +40770,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaExternalMemoryGetMappedMipmappedArray__cu130: CallDesc = CallDesc {
         wire: 54u32,
@@ -40113,6 +40803,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaFree__call: CallDesc = CallDesc {
         wire: 55u32,
@@ -40130,6 +40821,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaFreeArray: CallDesc = CallDesc {
         wire: 56u32,
@@ -40152,6 +40844,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaFreeAsync__call: CallDesc = CallDesc {
         wire: 57u32,
@@ -40175,6 +40868,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaFreeAsync_ptsz__call: CallDesc = CallDesc {
         wire: 58u32,
@@ -40198,6 +40892,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaFreeMipmappedArray: CallDesc = CallDesc {
         wire: 59u32,
@@ -40220,6 +40915,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGetDeviceFlags: CallDesc = CallDesc {
         wire: 60u32,
@@ -40244,6 +40940,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGetMipmappedArrayLevel: CallDesc = CallDesc {
         wire: 61u32,
@@ -40274,6 +40971,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGetTextureAlignmentOffset: CallDesc = CallDesc {
         wire: 62u32,
@@ -40304,6 +41002,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphChildGraphNodeGetGraph: CallDesc = CallDesc {
         wire: 63u32,
@@ -40330,6 +41029,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphClone: CallDesc = CallDesc {
         wire: 64u32,
@@ -40356,6 +41056,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphConditionalHandleCreate: CallDesc = CallDesc {
         wire: 65u32,
@@ -40392,6 +41093,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphConditionalHandleCreate_v2: CallDesc = CallDesc {
         wire: 66u32,
@@ -40432,6 +41134,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphCreate: CallDesc = CallDesc {
         wire: 67u32,
@@ -40458,6 +41161,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphDestroy: CallDesc = CallDesc {
         wire: 68u32,
@@ -40480,6 +41184,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphDestroyNode: CallDesc = CallDesc {
         wire: 69u32,
@@ -40502,6 +41207,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphEventRecordNodeGetEvent: CallDesc = CallDesc {
         wire: 70u32,
@@ -40528,6 +41234,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphEventRecordNodeSetEvent: CallDesc = CallDesc {
         wire: 71u32,
@@ -40554,6 +41261,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphEventWaitNodeGetEvent: CallDesc = CallDesc {
         wire: 72u32,
@@ -40580,6 +41288,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphEventWaitNodeSetEvent: CallDesc = CallDesc {
         wire: 73u32,
@@ -40606,6 +41315,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphExecChildGraphNodeSetParams: CallDesc = CallDesc {
         wire: 74u32,
@@ -40636,6 +41346,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphExecDestroy: CallDesc = CallDesc {
         wire: 75u32,
@@ -40658,6 +41369,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphExecEventRecordNodeSetEvent: CallDesc = CallDesc {
         wire: 76u32,
@@ -40688,6 +41400,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphExecEventWaitNodeSetEvent: CallDesc = CallDesc {
         wire: 77u32,
@@ -40718,6 +41431,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphExecGetFlags: CallDesc = CallDesc {
         wire: 78u32,
@@ -40746,6 +41460,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphExecGetId: CallDesc = CallDesc {
         wire: 79u32,
@@ -40774,6 +41489,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphExecUpdate__cu118: CallDesc = CallDesc {
         wire: 80u32,
@@ -40810,6 +41526,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphGetEdges__cu118: CallDesc = CallDesc {
         wire: 81u32,
@@ -40846,6 +41563,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphGetId: CallDesc = CallDesc {
         wire: 82u32,
@@ -40874,6 +41592,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphGetNodes__count: CallDesc = CallDesc {
         wire: 83u32,
@@ -40903,6 +41622,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphGetRootNodes: CallDesc = CallDesc {
         wire: 84u32,
@@ -40935,6 +41655,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphInstantiate__cu121: CallDesc = CallDesc {
         wire: 85u32,
@@ -40965,6 +41686,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphInstantiateWithFlags: CallDesc = CallDesc {
         wire: 86u32,
@@ -40995,6 +41717,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphKernelNodeCopyAttributes: CallDesc = CallDesc {
         wire: 87u32,
@@ -41021,6 +41744,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphLaunch: CallDesc = CallDesc {
         wire: 88u32,
@@ -41047,6 +41771,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphLaunch_ptsz: CallDesc = CallDesc {
         wire: 89u32,
@@ -41073,6 +41798,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphNodeFindInClone: CallDesc = CallDesc {
         wire: 90u32,
@@ -41103,6 +41829,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphNodeGetContainingGraph: CallDesc = CallDesc {
         wire: 91u32,
@@ -41129,6 +41856,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphNodeGetDependentNodes__cu118: CallDesc = CallDesc {
         wire: 92u32,
@@ -41161,6 +41889,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphNodeGetEnabled: CallDesc = CallDesc {
         wire: 93u32,
@@ -41193,6 +41922,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphNodeGetLocalId: CallDesc = CallDesc {
         wire: 94u32,
@@ -41221,6 +41951,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphNodeGetToolsId: CallDesc = CallDesc {
         wire: 95u32,
@@ -41249,6 +41980,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphNodeGetType: CallDesc = CallDesc {
         wire: 96u32,
@@ -41277,6 +42009,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphNodeSetEnabled: CallDesc = CallDesc {
         wire: 97u32,
@@ -41307,6 +42040,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphReleaseUserObject: CallDesc = CallDesc {
         wire: 98u32,
@@ -41337,6 +42071,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphRetainUserObject: CallDesc = CallDesc {
         wire: 99u32,
@@ -41371,6 +42106,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphUpload: CallDesc = CallDesc {
         wire: 100u32,
@@ -41397,6 +42133,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphUpload_ptsz: CallDesc = CallDesc {
         wire: 101u32,
@@ -41423,6 +42160,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphicsMapResources: CallDesc = CallDesc {
         wire: 102u32,
@@ -41453,6 +42191,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphicsResourceGetMappedMipmappedArray: CallDesc = CallDesc {
         wire: 103u32,
@@ -41479,6 +42218,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphicsResourceSetMapFlags: CallDesc = CallDesc {
         wire: 104u32,
@@ -41505,6 +42245,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphicsSubResourceGetMappedArray: CallDesc = CallDesc {
         wire: 105u32,
@@ -41539,6 +42280,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphicsUnmapResources: CallDesc = CallDesc {
         wire: 106u32,
@@ -41569,6 +42311,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGraphicsUnregisterResource: CallDesc = CallDesc {
         wire: 107u32,
@@ -41591,6 +42334,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaGreenCtxCreate: CallDesc = CallDesc {
         wire: 108u32,
@@ -41625,6 +42369,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaInitDevice: CallDesc = CallDesc {
         wire: 109u32,
@@ -41655,6 +42400,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaIpcOpenEventHandle: CallDesc = CallDesc {
         wire: 110u32,
@@ -41678,6 +42424,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaKernelSetAttributeForDevice: CallDesc = CallDesc {
         wire: 111u32,
@@ -41712,6 +42459,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaLaunchHostFunc__host: CallDesc = CallDesc {
         wire: 112u32,
@@ -41742,6 +42490,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaLaunchHostFunc_ptsz__host: CallDesc = CallDesc {
         wire: 113u32,
@@ -41772,6 +42521,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaLibraryEnumerateKernels: CallDesc = CallDesc {
         wire: 114u32,
@@ -41802,6 +42552,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaLibraryGetKernel: CallDesc = CallDesc {
         wire: 115u32,
@@ -41829,6 +42580,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaLibraryGetKernelCount: CallDesc = CallDesc {
         wire: 116u32,
@@ -41857,6 +42609,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaLibraryUnload: CallDesc = CallDesc {
         wire: 117u32,
@@ -41879,6 +42632,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaLogsCurrent: CallDesc = CallDesc {
         wire: 118u32,
@@ -41907,6 +42661,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaLogsUnregisterCallback: CallDesc = CallDesc {
         wire: 119u32,
@@ -41929,6 +42684,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMalloc__call: CallDesc = CallDesc {
         wire: 120u32,
@@ -41957,6 +42713,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMalloc3DArray: CallDesc = CallDesc {
         wire: 121u32,
@@ -41990,6 +42747,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMallocArray: CallDesc = CallDesc {
         wire: 122u32,
@@ -42030,6 +42788,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMallocAsync__call: CallDesc = CallDesc {
         wire: 123u32,
@@ -42062,6 +42821,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMallocAsync_ptsz__call: CallDesc = CallDesc {
         wire: 124u32,
@@ -42094,6 +42854,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMallocPitch__call: CallDesc = CallDesc {
         wire: 125u32,
@@ -42132,6 +42893,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemGetInfo: CallDesc = CallDesc {
         wire: 126u32,
@@ -42162,6 +42924,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemPoolDestroy: CallDesc = CallDesc {
         wire: 127u32,
@@ -42184,6 +42947,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemPoolGetAttribute: CallDesc = CallDesc {
         wire: 128u32,
@@ -42216,6 +42980,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemPoolSetAccess: CallDesc = CallDesc {
         wire: 129u32,
@@ -42248,6 +43013,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemPoolSetAttribute: CallDesc = CallDesc {
         wire: 130u32,
@@ -42280,6 +43046,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemPoolTrimTo: CallDesc = CallDesc {
         wire: 131u32,
@@ -42306,6 +43073,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy__d2d: CallDesc = CallDesc {
         wire: 132u32,
@@ -42334,6 +43102,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy__d2h: CallDesc = CallDesc {
         wire: 133u32,
@@ -42367,6 +43136,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy__h2d: CallDesc = CallDesc {
         wire: 134u32,
@@ -42400,6 +43170,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy2D__d2d: CallDesc = CallDesc {
         wire: 135u32,
@@ -42440,6 +43211,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy2D__d2h: CallDesc = CallDesc {
         wire: 136u32,
@@ -42485,6 +43257,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy2D__h2d: CallDesc = CallDesc {
         wire: 137u32,
@@ -42530,6 +43303,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy2DArrayToArray: CallDesc = CallDesc {
         wire: 138u32,
@@ -42584,6 +43358,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy2DArrayToArray_ptds: CallDesc = CallDesc {
         wire: 139u32,
@@ -42638,6 +43413,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy2DAsync__d2d: CallDesc = CallDesc {
         wire: 140u32,
@@ -42682,6 +43458,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy2DAsync__d2h: CallDesc = CallDesc {
         wire: 141u32,
@@ -42731,6 +43508,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy2DAsync__h2d: CallDesc = CallDesc {
         wire: 142u32,
@@ -42780,6 +43558,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy2DAsync_ptsz__d2d: CallDesc = CallDesc {
         wire: 143u32,
@@ -42824,6 +43603,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy2DAsync_ptsz__d2h: CallDesc = CallDesc {
         wire: 144u32,
@@ -42873,6 +43653,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy2DAsync_ptsz__h2d: CallDesc = CallDesc {
         wire: 145u32,
@@ -42922,6 +43703,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy2D_ptds__d2d: CallDesc = CallDesc {
         wire: 146u32,
@@ -42962,6 +43744,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy2D_ptds__d2h: CallDesc = CallDesc {
         wire: 147u32,
@@ -43007,6 +43790,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy2D_ptds__h2d: CallDesc = CallDesc {
         wire: 148u32,
@@ -43052,6 +43836,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpyArrayToArray: CallDesc = CallDesc {
         wire: 149u32,
@@ -43102,6 +43887,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpyArrayToArray_ptds: CallDesc = CallDesc {
         wire: 150u32,
@@ -43152,6 +43938,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpyAsync__d2d: CallDesc = CallDesc {
         wire: 151u32,
@@ -43184,6 +43971,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpyAsync__d2h: CallDesc = CallDesc {
         wire: 152u32,
@@ -43221,6 +44009,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpyAsync__h2d: CallDesc = CallDesc {
         wire: 153u32,
@@ -43258,6 +44047,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpyAsync_ptsz__d2d: CallDesc = CallDesc {
         wire: 154u32,
@@ -43290,6 +44080,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpyAsync_ptsz__d2h: CallDesc = CallDesc {
         wire: 155u32,
@@ -43327,6 +44118,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpyAsync_ptsz__h2d: CallDesc = CallDesc {
         wire: 156u32,
@@ -43364,6 +44156,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpyPeerAsync: CallDesc = CallDesc {
         wire: 157u32,
@@ -43400,6 +44193,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy_ptds__d2d: CallDesc = CallDesc {
         wire: 158u32,
@@ -43428,6 +44222,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy_ptds__d2h: CallDesc = CallDesc {
         wire: 159u32,
@@ -43461,6 +44256,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemcpy_ptds__h2d: CallDesc = CallDesc {
         wire: 160u32,
@@ -43494,6 +44290,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemset: CallDesc = CallDesc {
         wire: 161u32,
@@ -43521,6 +44318,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemset2D: CallDesc = CallDesc {
         wire: 162u32,
@@ -43556,6 +44354,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemset2DAsync: CallDesc = CallDesc {
         wire: 163u32,
@@ -43595,6 +44394,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemset2DAsync_ptsz: CallDesc = CallDesc {
         wire: 164u32,
@@ -43634,6 +44434,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemset2D_ptds: CallDesc = CallDesc {
         wire: 165u32,
@@ -43669,6 +44470,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemsetAsync: CallDesc = CallDesc {
         wire: 166u32,
@@ -43700,6 +44502,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemsetAsync_ptsz: CallDesc = CallDesc {
         wire: 167u32,
@@ -43731,6 +44534,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaMemset_ptds: CallDesc = CallDesc {
         wire: 168u32,
@@ -43758,6 +44562,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaSetDevice__call: CallDesc = CallDesc {
         wire: 169u32,
@@ -43780,6 +44585,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaSetDeviceFlags__call: CallDesc = CallDesc {
         wire: 170u32,
@@ -43802,6 +44608,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaSetDoubleForDevice: CallDesc = CallDesc {
         wire: 171u32,
@@ -43826,6 +44633,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaSetDoubleForHost: CallDesc = CallDesc {
         wire: 172u32,
@@ -43850,6 +44658,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamAddCallback__host: CallDesc = CallDesc {
         wire: 173u32,
@@ -43884,6 +44693,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamAddCallback_ptsz__host: CallDesc = CallDesc {
         wire: 174u32,
@@ -43918,6 +44728,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamBeginCapture__call: CallDesc = CallDesc {
         wire: 175u32,
@@ -43944,6 +44755,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamBeginCapture_ptsz__call: CallDesc = CallDesc {
         wire: 176u32,
@@ -43970,6 +44782,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamCopyAttributes: CallDesc = CallDesc {
         wire: 177u32,
@@ -43996,6 +44809,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamCopyAttributes_ptsz: CallDesc = CallDesc {
         wire: 178u32,
@@ -44022,6 +44836,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamCreate: CallDesc = CallDesc {
         wire: 179u32,
@@ -44044,6 +44859,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamCreateWithFlags: CallDesc = CallDesc {
         wire: 180u32,
@@ -44070,6 +44886,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamCreateWithPriority: CallDesc = CallDesc {
         wire: 181u32,
@@ -44100,6 +44917,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamDestroy: CallDesc = CallDesc {
         wire: 182u32,
@@ -44122,6 +44940,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamEndCapture__call: CallDesc = CallDesc {
         wire: 183u32,
@@ -44148,6 +44967,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamEndCapture_ptsz__call: CallDesc = CallDesc {
         wire: 184u32,
@@ -44174,6 +44994,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamGetCaptureInfo__cu118__call: CallDesc = CallDesc {
         wire: 185u32,
@@ -44208,6 +45029,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamGetCaptureInfo__cu130__call: CallDesc = CallDesc {
         wire: 186u32,
@@ -44254,6 +45076,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamGetCaptureInfo_ptsz__cu118__call: CallDesc = CallDesc {
         wire: 187u32,
@@ -44288,6 +45111,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamGetCaptureInfo_ptsz__cu130__call: CallDesc = CallDesc {
         wire: 188u32,
@@ -44334,6 +45158,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamGetDevice: CallDesc = CallDesc {
         wire: 189u32,
@@ -44362,6 +45187,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamGetDevice_ptsz: CallDesc = CallDesc {
         wire: 190u32,
@@ -44390,6 +45216,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamGetFlags: CallDesc = CallDesc {
         wire: 191u32,
@@ -44418,6 +45245,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamGetFlags_ptsz: CallDesc = CallDesc {
         wire: 192u32,
@@ -44446,6 +45274,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamGetId: CallDesc = CallDesc {
         wire: 193u32,
@@ -44474,6 +45303,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamGetId_ptsz: CallDesc = CallDesc {
         wire: 194u32,
@@ -44502,6 +45332,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamGetPriority: CallDesc = CallDesc {
         wire: 195u32,
@@ -44530,6 +45361,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamGetPriority_ptsz: CallDesc = CallDesc {
         wire: 196u32,
@@ -44558,6 +45390,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamIsCapturing__call: CallDesc = CallDesc {
         wire: 197u32,
@@ -44586,6 +45419,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamIsCapturing_ptsz__call: CallDesc = CallDesc {
         wire: 198u32,
@@ -44614,6 +45448,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamQuery: CallDesc = CallDesc {
         wire: 199u32,
@@ -44636,6 +45471,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamQuery_ptsz: CallDesc = CallDesc {
         wire: 200u32,
@@ -44658,6 +45494,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamSynchronize: CallDesc = CallDesc {
         wire: 201u32,
@@ -44680,6 +45517,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: true,
     };
     pub static cudaStreamSynchronize_ptsz: CallDesc = CallDesc {
         wire: 202u32,
@@ -44702,6 +45540,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: true,
     };
     pub static cudaStreamUpdateCaptureDependencies__cu118: CallDesc = CallDesc {
         wire: 203u32,
@@ -44736,6 +45575,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamUpdateCaptureDependencies_ptsz__cu126: CallDesc = CallDesc {
         wire: 204u32,
@@ -44770,6 +45610,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamWaitEvent: CallDesc = CallDesc {
         wire: 205u32,
@@ -44800,6 +45641,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaStreamWaitEvent_ptsz: CallDesc = CallDesc {
         wire: 206u32,
@@ -44830,6 +45672,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
         wire: 207u32,
@@ -44854,6 +45697,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaThreadExit: CallDesc = CallDesc {
         wire: 208u32,
@@ -44871,6 +45715,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaThreadGetCacheConfig: CallDesc = CallDesc {
         wire: 209u32,
@@ -44895,6 +45740,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaThreadGetLimit: CallDesc = CallDesc {
         wire: 210u32,
@@ -44923,6 +45769,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaThreadSetCacheConfig: CallDesc = CallDesc {
         wire: 211u32,
@@ -44945,6 +45792,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaThreadSetLimit: CallDesc = CallDesc {
         wire: 212u32,
@@ -44971,6 +45819,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaThreadSynchronize: CallDesc = CallDesc {
         wire: 213u32,
@@ -44988,6 +45837,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: true,
     };
     pub static cudaUnbindTexture: CallDesc = CallDesc {
         wire: 214u32,
@@ -45012,6 +45862,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaUserObjectRelease: CallDesc = CallDesc {
         wire: 215u32,
@@ -45038,6 +45889,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cudaUserObjectRetain: CallDesc = CallDesc {
         wire: 216u32,
@@ -45064,6 +45916,7 @@ pub mod cudart {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
 }
 pub mod cudnn {
@@ -45316,6 +46169,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnActivationBackward__cu126: CallDesc = CallDesc {
         wire: 1216u32,
@@ -45374,6 +46228,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnActivationForward__cu118: CallDesc = CallDesc {
         wire: 1217u32,
@@ -45422,6 +46277,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnActivationForward__cu126: CallDesc = CallDesc {
         wire: 1218u32,
@@ -45470,6 +46326,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnAdvInferVersionCheck: CallDesc = CallDesc {
         wire: 1219u32,
@@ -45487,6 +46344,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnAdvTrainVersionCheck: CallDesc = CallDesc {
         wire: 1220u32,
@@ -45504,6 +46362,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnAdvVersionCheck: CallDesc = CallDesc {
         wire: 1221u32,
@@ -45521,6 +46380,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118: CallDesc = CallDesc {
         wire: 1222u32,
@@ -45549,6 +46409,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126: CallDesc = CallDesc {
         wire: 1223u32,
@@ -45577,6 +46438,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu118: CallDesc = CallDesc {
         wire: 1224u32,
@@ -45599,6 +46461,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu126: CallDesc = CallDesc {
         wire: 1225u32,
@@ -45621,6 +46484,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnBackendExecute__cu118: CallDesc = CallDesc {
         wire: 1226u32,
@@ -45651,6 +46515,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnBackendExecute__cu126: CallDesc = CallDesc {
         wire: 1227u32,
@@ -45681,6 +46546,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118: CallDesc = CallDesc {
         wire: 1228u32,
@@ -45703,6 +46569,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126: CallDesc = CallDesc {
         wire: 1229u32,
@@ -45725,6 +46592,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118: CallDesc = CallDesc {
         wire: 1230u32,
@@ -45771,6 +46639,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126: CallDesc = CallDesc {
         wire: 1231u32,
@@ -45817,6 +46686,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__call: CallDesc = CallDesc {
         wire: 1232u32,
@@ -45857,6 +46727,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__call: CallDesc = CallDesc {
         wire: 1233u32,
@@ -45897,6 +46768,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu118: CallDesc = CallDesc {
         wire: 1234u32,
@@ -46004,6 +46876,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu126: CallDesc = CallDesc {
         wire: 1235u32,
@@ -46111,6 +46984,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu118: CallDesc = CallDesc {
         wire: 1236u32,
@@ -46171,6 +47045,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu126: CallDesc = CallDesc {
         wire: 1237u32,
@@ -46231,6 +47106,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu118: CallDesc = CallDesc {
         wire: 1238u32,
@@ -46297,6 +47173,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu126: CallDesc = CallDesc {
         wire: 1239u32,
@@ -46363,6 +47240,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu118: CallDesc = CallDesc {
         wire: 1240u32,
@@ -46452,6 +47330,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu126: CallDesc = CallDesc {
         wire: 1241u32,
@@ -46541,6 +47420,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
         wire: 1242u32,
@@ -46571,6 +47451,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
         wire: 1243u32,
@@ -46601,6 +47482,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu118: CallDesc = CallDesc {
         wire: 1244u32,
@@ -46650,6 +47532,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu126: CallDesc = CallDesc {
         wire: 1245u32,
@@ -46699,6 +47582,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
         wire: 1246u32,
@@ -46716,6 +47600,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
         wire: 1247u32,
@@ -46733,6 +47618,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
         wire: 1248u32,
@@ -46750,6 +47636,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu118: CallDesc = CallDesc {
         wire: 1249u32,
@@ -46812,6 +47699,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu126: CallDesc = CallDesc {
         wire: 1250u32,
@@ -46874,6 +47762,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu118: CallDesc = CallDesc {
         wire: 1251u32,
@@ -46936,6 +47825,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu126: CallDesc = CallDesc {
         wire: 1252u32,
@@ -46998,6 +47888,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu118: CallDesc = CallDesc {
         wire: 1253u32,
@@ -47074,6 +47965,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu126: CallDesc = CallDesc {
         wire: 1254u32,
@@ -47150,6 +48042,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnConvolutionForward__cu118: CallDesc = CallDesc {
         wire: 1255u32,
@@ -47212,6 +48105,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnConvolutionForward__cu126: CallDesc = CallDesc {
         wire: 1256u32,
@@ -47274,6 +48168,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
         wire: 1257u32,
@@ -47300,6 +48195,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
         wire: 1258u32,
@@ -47322,6 +48218,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
         wire: 1259u32,
@@ -47344,6 +48241,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
         wire: 1260u32,
@@ -47366,6 +48264,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
         wire: 1261u32,
@@ -47388,6 +48287,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
         wire: 1262u32,
@@ -47410,6 +48310,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
         wire: 1263u32,
@@ -47436,6 +48337,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
         wire: 1264u32,
@@ -47458,6 +48360,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
         wire: 1265u32,
@@ -47480,6 +48383,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
         wire: 1266u32,
@@ -47502,6 +48406,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
         wire: 1267u32,
@@ -47524,6 +48429,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
         wire: 1268u32,
@@ -47546,6 +48452,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
         wire: 1269u32,
@@ -47568,6 +48475,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
         wire: 1270u32,
@@ -47590,6 +48498,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
         wire: 1271u32,
@@ -47612,6 +48521,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
         wire: 1272u32,
@@ -47634,6 +48544,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
         wire: 1273u32,
@@ -47656,6 +48567,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
         wire: 1274u32,
@@ -47682,6 +48594,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
         wire: 1275u32,
@@ -47708,6 +48621,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
         wire: 1276u32,
@@ -47734,6 +48648,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
         wire: 1277u32,
@@ -47760,6 +48675,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
         wire: 1278u32,
@@ -47786,6 +48702,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
         wire: 1279u32,
@@ -47812,6 +48729,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
         wire: 1280u32,
@@ -47834,6 +48752,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
         wire: 1281u32,
@@ -47856,6 +48775,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
         wire: 1282u32,
@@ -47878,6 +48798,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
         wire: 1283u32,
@@ -47900,6 +48821,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
         wire: 1284u32,
@@ -47934,6 +48856,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
         wire: 1285u32,
@@ -47956,6 +48879,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
         wire: 1286u32,
@@ -47978,6 +48902,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
         wire: 1287u32,
@@ -48000,6 +48925,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
         wire: 1288u32,
@@ -48022,6 +48948,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
         wire: 1289u32,
@@ -48044,6 +48971,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
         wire: 1290u32,
@@ -48066,6 +48994,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
         wire: 1291u32,
@@ -48088,6 +49017,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
         wire: 1292u32,
@@ -48110,6 +49040,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
         wire: 1293u32,
@@ -48132,6 +49063,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
         wire: 1294u32,
@@ -48154,6 +49086,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
         wire: 1295u32,
@@ -48176,6 +49109,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
         wire: 1296u32,
@@ -48198,6 +49132,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
         wire: 1297u32,
@@ -48220,6 +49155,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
         wire: 1298u32,
@@ -48242,6 +49178,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
         wire: 1299u32,
@@ -48264,6 +49201,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
         wire: 1300u32,
@@ -48286,6 +49224,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
         wire: 1301u32,
@@ -48316,6 +49255,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
         wire: 1302u32,
@@ -48346,6 +49286,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
         wire: 1303u32,
@@ -48384,6 +49325,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
         wire: 1304u32,
@@ -48422,6 +49364,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroy__cu118__call: CallDesc = CallDesc {
         wire: 1305u32,
@@ -48444,6 +49387,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroy__cu126__call: CallDesc = CallDesc {
         wire: 1306u32,
@@ -48466,6 +49410,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
         wire: 1307u32,
@@ -48488,6 +49433,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
         wire: 1308u32,
@@ -48510,6 +49456,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
         wire: 1309u32,
@@ -48532,6 +49479,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
         wire: 1310u32,
@@ -48558,6 +49506,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
         wire: 1311u32,
@@ -48580,6 +49529,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
         wire: 1312u32,
@@ -48602,6 +49552,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
         wire: 1313u32,
@@ -48624,6 +49575,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
         wire: 1314u32,
@@ -48646,6 +49598,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
         wire: 1315u32,
@@ -48668,6 +49621,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
         wire: 1316u32,
@@ -48690,6 +49644,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
         wire: 1317u32,
@@ -48712,6 +49667,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
         wire: 1318u32,
@@ -48734,6 +49690,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
         wire: 1319u32,
@@ -48756,6 +49713,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
         wire: 1320u32,
@@ -48778,6 +49736,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
         wire: 1321u32,
@@ -48800,6 +49759,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
         wire: 1322u32,
@@ -48822,6 +49782,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
         wire: 1323u32,
@@ -48844,6 +49805,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
         wire: 1324u32,
@@ -48866,6 +49828,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
         wire: 1325u32,
@@ -48888,6 +49851,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
         wire: 1326u32,
@@ -48910,6 +49874,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
         wire: 1327u32,
@@ -48932,6 +49897,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
         wire: 1328u32,
@@ -48954,6 +49920,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
         wire: 1329u32,
@@ -48976,6 +49943,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
         wire: 1330u32,
@@ -48998,6 +49966,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
         wire: 1331u32,
@@ -49020,6 +49989,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
         wire: 1332u32,
@@ -49042,6 +50012,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
         wire: 1333u32,
@@ -49064,6 +50035,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
         wire: 1334u32,
@@ -49086,6 +50058,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
         wire: 1335u32,
@@ -49108,6 +50081,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
         wire: 1336u32,
@@ -49130,6 +50104,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
         wire: 1337u32,
@@ -49152,6 +50127,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
         wire: 1338u32,
@@ -49174,6 +50150,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
         wire: 1339u32,
@@ -49196,6 +50173,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
         wire: 1340u32,
@@ -49218,6 +50196,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
         wire: 1341u32,
@@ -49240,6 +50219,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
         wire: 1342u32,
@@ -49262,6 +50242,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
         wire: 1343u32,
@@ -49284,6 +50265,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
         wire: 1344u32,
@@ -49306,6 +50288,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
         wire: 1345u32,
@@ -49328,6 +50311,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
         wire: 1346u32,
@@ -49350,6 +50334,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
         wire: 1347u32,
@@ -49372,6 +50357,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDropoutBackward__cu118: CallDesc = CallDesc {
         wire: 1348u32,
@@ -49413,6 +50399,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDropoutBackward__cu126: CallDesc = CallDesc {
         wire: 1349u32,
@@ -49454,6 +50441,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDropoutForward__cu118: CallDesc = CallDesc {
         wire: 1350u32,
@@ -49495,6 +50483,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDropoutForward__cu126: CallDesc = CallDesc {
         wire: 1351u32,
@@ -49536,6 +50525,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
         wire: 1352u32,
@@ -49564,6 +50554,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
         wire: 1353u32,
@@ -49592,6 +50583,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
         wire: 1354u32,
@@ -49620,6 +50612,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
         wire: 1355u32,
@@ -49648,6 +50641,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu118: CallDesc = CallDesc {
         wire: 1356u32,
@@ -49710,6 +50704,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu126: CallDesc = CallDesc {
         wire: 1357u32,
@@ -49772,6 +50767,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118: CallDesc = CallDesc {
         wire: 1358u32,
@@ -49834,6 +50830,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126: CallDesc = CallDesc {
         wire: 1359u32,
@@ -49896,6 +50893,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu118: CallDesc = CallDesc {
         wire: 1360u32,
@@ -49958,6 +50956,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu126: CallDesc = CallDesc {
         wire: 1361u32,
@@ -50020,6 +51019,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
         wire: 1362u32,
@@ -50050,6 +51050,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
         wire: 1363u32,
@@ -50080,6 +51081,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
         wire: 1364u32,
@@ -50120,6 +51122,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
         wire: 1365u32,
@@ -50160,6 +51163,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
         wire: 1366u32,
@@ -50188,6 +51192,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
         wire: 1367u32,
@@ -50216,6 +51221,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
         wire: 1368u32,
@@ -50260,6 +51266,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
         wire: 1369u32,
@@ -50292,6 +51299,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
         wire: 1370u32,
@@ -50356,6 +51364,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
         wire: 1371u32,
@@ -50420,6 +51429,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
         wire: 1372u32,
@@ -50476,6 +51486,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
         wire: 1373u32,
@@ -50532,6 +51543,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
         wire: 1374u32,
@@ -50576,6 +51588,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
         wire: 1375u32,
@@ -50620,6 +51633,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
         wire: 1376u32,
@@ -50648,6 +51662,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
         wire: 1377u32,
@@ -50676,6 +51691,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
         wire: 1378u32,
@@ -50716,6 +51732,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
         wire: 1379u32,
@@ -50756,6 +51773,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
         wire: 1380u32,
@@ -50800,6 +51818,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
         wire: 1381u32,
@@ -50844,6 +51863,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
         wire: 1382u32,
@@ -50914,6 +51934,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
         wire: 1383u32,
@@ -50984,6 +52005,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
         wire: 1384u32,
@@ -51033,6 +52055,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
         wire: 1385u32,
@@ -51082,6 +52105,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
         wire: 1386u32,
@@ -51110,6 +52134,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
         wire: 1387u32,
@@ -51138,6 +52163,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118: CallDesc = CallDesc {
         wire: 1388u32,
@@ -51192,6 +52218,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126: CallDesc = CallDesc {
         wire: 1389u32,
@@ -51246,6 +52273,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
         wire: 1390u32,
@@ -51294,6 +52322,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
         wire: 1391u32,
@@ -51342,6 +52371,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
         wire: 1392u32,
@@ -51370,6 +52400,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
         wire: 1393u32,
@@ -51398,6 +52429,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118: CallDesc = CallDesc {
         wire: 1394u32,
@@ -51452,6 +52484,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126: CallDesc = CallDesc {
         wire: 1395u32,
@@ -51506,6 +52539,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
         wire: 1396u32,
@@ -51554,6 +52588,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
         wire: 1397u32,
@@ -51602,6 +52637,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
         wire: 1398u32,
@@ -51630,6 +52666,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
         wire: 1399u32,
@@ -51658,6 +52695,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu118: CallDesc = CallDesc {
         wire: 1400u32,
@@ -51712,6 +52750,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu126: CallDesc = CallDesc {
         wire: 1401u32,
@@ -51766,6 +52805,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
         wire: 1402u32,
@@ -51814,6 +52854,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
         wire: 1403u32,
@@ -51862,6 +52903,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
         wire: 1404u32,
@@ -51890,6 +52932,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
         wire: 1405u32,
@@ -51918,6 +52961,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
         wire: 1406u32,
@@ -51946,6 +52990,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
         wire: 1407u32,
@@ -51974,6 +53019,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
         wire: 1408u32,
@@ -52014,6 +53060,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
         wire: 1409u32,
@@ -52054,6 +53101,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
         wire: 1410u32,
@@ -52082,6 +53130,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
         wire: 1411u32,
@@ -52110,6 +53159,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu118__call: CallDesc = CallDesc {
         wire: 1412u32,
@@ -52130,6 +53180,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu126__call: CallDesc = CallDesc {
         wire: 1413u32,
@@ -52150,6 +53201,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu118: CallDesc = CallDesc {
         wire: 1414u32,
@@ -52189,6 +53241,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu126: CallDesc = CallDesc {
         wire: 1415u32,
@@ -52228,6 +53281,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
         wire: 1416u32,
@@ -52281,6 +53335,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
         wire: 1417u32,
@@ -52334,6 +53389,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
         wire: 1418u32,
@@ -52384,6 +53440,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
         wire: 1419u32,
@@ -52434,6 +53491,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
         wire: 1420u32,
@@ -52462,6 +53520,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
         wire: 1421u32,
@@ -52490,6 +53549,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
         wire: 1422u32,
@@ -52564,6 +53624,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
         wire: 1423u32,
@@ -52638,6 +53699,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
         wire: 1424u32,
@@ -52684,6 +53746,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
         wire: 1425u32,
@@ -52730,6 +53793,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetLastErrorString: CallDesc = CallDesc {
         wire: 1426u32,
@@ -52758,6 +53822,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
         wire: 1427u32,
@@ -52778,6 +53843,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
         wire: 1428u32,
@@ -52798,6 +53864,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
         wire: 1429u32,
@@ -52874,6 +53941,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
         wire: 1430u32,
@@ -52950,6 +54018,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
         wire: 1431u32,
@@ -53018,6 +54087,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
         wire: 1432u32,
@@ -53086,6 +54156,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
         wire: 1433u32,
@@ -53138,6 +54209,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
         wire: 1434u32,
@@ -53190,6 +54262,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
         wire: 1435u32,
@@ -53230,6 +54303,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
         wire: 1436u32,
@@ -53270,6 +54344,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
         wire: 1437u32,
@@ -53340,6 +54415,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
         wire: 1438u32,
@@ -53410,6 +54486,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
         wire: 1439u32,
@@ -53455,6 +54532,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
         wire: 1440u32,
@@ -53500,6 +54578,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
         wire: 1441u32,
@@ -53562,6 +54641,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
         wire: 1442u32,
@@ -53624,6 +54704,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
         wire: 1443u32,
@@ -53660,6 +54741,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
         wire: 1444u32,
@@ -53696,6 +54778,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
         wire: 1445u32,
@@ -53724,6 +54807,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
         wire: 1446u32,
@@ -53752,6 +54836,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
         wire: 1447u32,
@@ -53784,6 +54869,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
         wire: 1448u32,
@@ -53816,6 +54902,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
         wire: 1449u32,
@@ -53844,6 +54931,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
         wire: 1450u32,
@@ -53876,6 +54964,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
         wire: 1451u32,
@@ -53908,6 +54997,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
         wire: 1452u32,
@@ -53936,6 +55026,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
         wire: 1453u32,
@@ -53964,6 +55055,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
         wire: 1454u32,
@@ -54004,6 +55096,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu118: CallDesc = CallDesc {
         wire: 1455u32,
@@ -54050,6 +55143,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu126: CallDesc = CallDesc {
         wire: 1456u32,
@@ -54096,6 +55190,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu118: CallDesc = CallDesc {
         wire: 1457u32,
@@ -54155,6 +55250,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu126: CallDesc = CallDesc {
         wire: 1458u32,
@@ -54214,6 +55310,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
         wire: 1459u32,
@@ -54246,6 +55343,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
         wire: 1460u32,
@@ -54278,6 +55376,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
         wire: 1461u32,
@@ -54330,6 +55429,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
         wire: 1462u32,
@@ -54382,6 +55482,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
         wire: 1463u32,
@@ -54422,6 +55523,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
         wire: 1464u32,
@@ -54462,6 +55564,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
         wire: 1465u32,
@@ -54502,6 +55605,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
         wire: 1466u32,
@@ -54542,6 +55646,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetStream__cu118__call: CallDesc = CallDesc {
         wire: 1467u32,
@@ -54568,6 +55673,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetStream__cu126__call: CallDesc = CallDesc {
         wire: 1468u32,
@@ -54594,6 +55700,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
         wire: 1469u32,
@@ -54665,6 +55772,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
         wire: 1470u32,
@@ -54736,6 +55844,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu118: CallDesc = CallDesc {
         wire: 1471u32,
@@ -54786,6 +55895,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu126: CallDesc = CallDesc {
         wire: 1472u32,
@@ -54836,6 +55946,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
         wire: 1473u32,
@@ -54864,6 +55975,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
         wire: 1474u32,
@@ -54892,6 +56004,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
         wire: 1475u32,
@@ -54948,6 +56061,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
         wire: 1476u32,
@@ -55004,6 +56118,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetVersion__cu118__call: CallDesc = CallDesc {
         wire: 1477u32,
@@ -55024,6 +56139,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnGetVersion__cu126__call: CallDesc = CallDesc {
         wire: 1478u32,
@@ -55044,6 +56160,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
         wire: 1479u32,
@@ -55061,6 +56178,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
         wire: 1480u32,
@@ -55097,6 +56215,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
         wire: 1481u32,
@@ -55133,6 +56252,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu118: CallDesc = CallDesc {
         wire: 1482u32,
@@ -55195,6 +56315,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu126: CallDesc = CallDesc {
         wire: 1483u32,
@@ -55257,6 +56378,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu118: CallDesc = CallDesc {
         wire: 1484u32,
@@ -55309,6 +56431,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu126: CallDesc = CallDesc {
         wire: 1485u32,
@@ -55361,6 +56484,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
         wire: 1486u32,
@@ -55397,6 +56521,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
         wire: 1487u32,
@@ -55433,6 +56558,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
         wire: 1488u32,
@@ -55450,6 +56576,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
         wire: 1489u32,
@@ -55467,6 +56594,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
         wire: 1490u32,
@@ -55484,6 +56612,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnPoolingBackward__cu118: CallDesc = CallDesc {
         wire: 1491u32,
@@ -55542,6 +56671,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnPoolingBackward__cu126: CallDesc = CallDesc {
         wire: 1492u32,
@@ -55600,6 +56730,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnPoolingForward__cu118: CallDesc = CallDesc {
         wire: 1493u32,
@@ -55648,6 +56779,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnPoolingForward__cu126: CallDesc = CallDesc {
         wire: 1494u32,
@@ -55696,6 +56828,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
         wire: 1495u32,
@@ -55732,6 +56865,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
         wire: 1496u32,
@@ -55768,6 +56902,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu118: CallDesc = CallDesc {
         wire: 1497u32,
@@ -55835,6 +56970,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu126: CallDesc = CallDesc {
         wire: 1498u32,
@@ -55902,6 +57038,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnRNNBackwardWeightsEx: CallDesc = CallDesc {
         wire: 1499u32,
@@ -55958,6 +57095,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu118: CallDesc = CallDesc {
         wire: 1500u32,
@@ -56019,6 +57157,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu126: CallDesc = CallDesc {
         wire: 1501u32,
@@ -56080,6 +57219,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnRNNForward__cu118: CallDesc = CallDesc {
         wire: 1502u32,
@@ -56148,6 +57288,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnRNNForward__cu126: CallDesc = CallDesc {
         wire: 1503u32,
@@ -56216,6 +57357,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
         wire: 1504u32,
@@ -56266,6 +57408,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
         wire: 1505u32,
@@ -56312,6 +57455,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
         wire: 1506u32,
@@ -56358,6 +57502,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
         wire: 1507u32,
@@ -56398,6 +57543,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
         wire: 1508u32,
@@ -56440,6 +57586,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
         wire: 1509u32,
@@ -56478,6 +57625,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
         wire: 1510u32,
@@ -56516,6 +57664,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
         wire: 1511u32,
@@ -56550,6 +57699,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu118: CallDesc = CallDesc {
         wire: 1512u32,
@@ -56589,6 +57739,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu126: CallDesc = CallDesc {
         wire: 1513u32,
@@ -56628,6 +57779,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnScaleTensor__cu118: CallDesc = CallDesc {
         wire: 1514u32,
@@ -56661,6 +57813,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnScaleTensor__cu126: CallDesc = CallDesc {
         wire: 1515u32,
@@ -56694,6 +57847,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
         wire: 1516u32,
@@ -56728,6 +57882,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
         wire: 1517u32,
@@ -56762,6 +57917,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
         wire: 1518u32,
@@ -56788,6 +57944,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
         wire: 1519u32,
@@ -56814,6 +57971,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
         wire: 1520u32,
@@ -56837,6 +57995,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
         wire: 1521u32,
@@ -56875,6 +58034,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
         wire: 1522u32,
@@ -56973,6 +58133,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
         wire: 1523u32,
@@ -57071,6 +58232,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
         wire: 1524u32,
@@ -57097,6 +58259,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
         wire: 1525u32,
@@ -57123,6 +58286,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
         wire: 1526u32,
@@ -57157,6 +58321,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
         wire: 1527u32,
@@ -57191,6 +58356,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
         wire: 1528u32,
@@ -57229,6 +58395,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
         wire: 1529u32,
@@ -57267,6 +58434,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
         wire: 1530u32,
@@ -57305,6 +58473,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
         wire: 1531u32,
@@ -57359,6 +58528,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
         wire: 1532u32,
@@ -57413,6 +58583,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
         wire: 1533u32,
@@ -57439,6 +58610,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
         wire: 1534u32,
@@ -57465,6 +58637,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
         wire: 1535u32,
@@ -57491,6 +58664,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
         wire: 1536u32,
@@ -57517,6 +58691,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu118: CallDesc = CallDesc {
         wire: 1537u32,
@@ -57569,6 +58744,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu126: CallDesc = CallDesc {
         wire: 1538u32,
@@ -57621,6 +58797,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
         wire: 1539u32,
@@ -57647,6 +58824,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
         wire: 1540u32,
@@ -57673,6 +58851,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu118: CallDesc = CallDesc {
         wire: 1541u32,
@@ -57712,6 +58891,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu126: CallDesc = CallDesc {
         wire: 1542u32,
@@ -57751,6 +58931,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
         wire: 1543u32,
@@ -57797,6 +58978,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
         wire: 1544u32,
@@ -57843,6 +59025,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu118: CallDesc = CallDesc {
         wire: 1545u32,
@@ -57883,6 +59066,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu126: CallDesc = CallDesc {
         wire: 1546u32,
@@ -57923,6 +59107,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
         wire: 1547u32,
@@ -57961,6 +59146,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
         wire: 1548u32,
@@ -57999,6 +59185,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
         wire: 1549u32,
@@ -58033,6 +59220,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
         wire: 1550u32,
@@ -58067,6 +59255,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
         wire: 1551u32,
@@ -58093,6 +59282,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
         wire: 1552u32,
@@ -58147,6 +59337,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
         wire: 1553u32,
@@ -58201,6 +59392,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
         wire: 1554u32,
@@ -58231,6 +59423,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
         wire: 1555u32,
@@ -58257,6 +59450,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu118: CallDesc = CallDesc {
         wire: 1556u32,
@@ -58311,6 +59505,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu126: CallDesc = CallDesc {
         wire: 1557u32,
@@ -58365,6 +59560,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
         wire: 1558u32,
@@ -58423,6 +59619,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
         wire: 1559u32,
@@ -58501,6 +59698,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
         wire: 1560u32,
@@ -58579,6 +59777,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
         wire: 1561u32,
@@ -58605,6 +59804,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
         wire: 1562u32,
@@ -58631,6 +59831,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
         wire: 1563u32,
@@ -58665,6 +59866,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
         wire: 1564u32,
@@ -58707,6 +59909,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
         wire: 1565u32,
@@ -58749,6 +59952,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu118: CallDesc = CallDesc {
         wire: 1566u32,
@@ -58789,6 +59993,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu126: CallDesc = CallDesc {
         wire: 1567u32,
@@ -58829,6 +60034,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetStream__cu118__call: CallDesc = CallDesc {
         wire: 1568u32,
@@ -58855,6 +60061,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetStream__cu126__call: CallDesc = CallDesc {
         wire: 1569u32,
@@ -58881,6 +60088,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
         wire: 1570u32,
@@ -58927,6 +60135,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
         wire: 1571u32,
@@ -58973,6 +60182,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
         wire: 1572u32,
@@ -59031,6 +60241,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
         wire: 1573u32,
@@ -59089,6 +60300,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu118: CallDesc = CallDesc {
         wire: 1574u32,
@@ -59131,6 +60343,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu126: CallDesc = CallDesc {
         wire: 1575u32,
@@ -59173,6 +60386,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu118: CallDesc = CallDesc {
         wire: 1576u32,
@@ -59230,6 +60444,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu126: CallDesc = CallDesc {
         wire: 1577u32,
@@ -59287,6 +60502,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu118: CallDesc = CallDesc {
         wire: 1578u32,
@@ -59339,6 +60555,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu126: CallDesc = CallDesc {
         wire: 1579u32,
@@ -59391,6 +60608,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu118: CallDesc = CallDesc {
         wire: 1580u32,
@@ -59419,6 +60637,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu126: CallDesc = CallDesc {
         wire: 1581u32,
@@ -59447,6 +60666,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu118: CallDesc = CallDesc {
         wire: 1582u32,
@@ -59475,6 +60695,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu126: CallDesc = CallDesc {
         wire: 1583u32,
@@ -59503,6 +60724,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu118: CallDesc = CallDesc {
         wire: 1584u32,
@@ -59570,6 +60792,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu126: CallDesc = CallDesc {
         wire: 1585u32,
@@ -59637,6 +60860,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu118: CallDesc = CallDesc {
         wire: 1586u32,
@@ -59686,6 +60910,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu126: CallDesc = CallDesc {
         wire: 1587u32,
@@ -59735,6 +60960,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
     pub static cudnnTransformTensor__cu118: CallDesc = CallDesc {
         wire: 1588u32,
@@ -59779,6 +61005,7 @@ pub mod cudnn {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cudnnTransformTensor__cu126: CallDesc = CallDesc {
         wire: 1589u32,
@@ -59823,6 +61050,7 @@ pub mod cudnn {
             unavailable: 1001i64,
             invalid_handle: 2000i64,
         },
+        only_waits: false,
     };
 }
 pub mod cufft {
@@ -59853,6 +61081,7 @@ pub mod cufft {
             unavailable: 7i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cufftDestroy: CallDesc = CallDesc {
         wire: 1792u32,
@@ -59875,6 +61104,7 @@ pub mod cufft {
             unavailable: 7i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
         wire: 1793u32,
@@ -59901,6 +61131,7 @@ pub mod cufft {
             unavailable: 7i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
         wire: 1794u32,
@@ -59927,6 +61158,7 @@ pub mod cufft {
             unavailable: 7i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
         wire: 1795u32,
@@ -59957,6 +61189,7 @@ pub mod cufft {
             unavailable: 7i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cufftSetStream: CallDesc = CallDesc {
         wire: 1796u32,
@@ -59983,6 +61216,7 @@ pub mod cufft {
             unavailable: 7i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
         wire: 1797u32,
@@ -60006,6 +61240,7 @@ pub mod cufft {
             unavailable: 7i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
         wire: 1798u32,
@@ -60032,6 +61267,7 @@ pub mod cufft {
             unavailable: 7i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cufftXtExec: CallDesc = CallDesc {
         wire: 1799u32,
@@ -60060,6 +61296,7 @@ pub mod cufft {
             unavailable: 7i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cufftXtMakePlanMany: CallDesc = CallDesc {
         wire: 1800u32,
@@ -60142,6 +61379,7 @@ pub mod cufft {
             unavailable: 7i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
         wire: 1801u32,
@@ -60172,6 +61410,7 @@ pub mod cufft {
             unavailable: 7i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
         wire: 1802u32,
@@ -60206,6 +61445,7 @@ pub mod cufft {
             unavailable: 7i64,
             invalid_handle: 1i64,
         },
+        only_waits: false,
     };
 }
 pub mod curand {
@@ -60235,6 +61475,7 @@ pub mod curand {
             unavailable: 203i64,
             invalid_handle: 101i64,
         },
+        only_waits: false,
     };
     pub static curandCreateGeneratorHost: CallDesc = CallDesc {
         wire: 1804u32,
@@ -60261,6 +61502,7 @@ pub mod curand {
             unavailable: 203i64,
             invalid_handle: 101i64,
         },
+        only_waits: false,
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
         wire: 1805u32,
@@ -60287,6 +61529,7 @@ pub mod curand {
             unavailable: 203i64,
             invalid_handle: 101i64,
         },
+        only_waits: false,
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
         wire: 1806u32,
@@ -60309,6 +61552,7 @@ pub mod curand {
             unavailable: 203i64,
             invalid_handle: 101i64,
         },
+        only_waits: false,
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
         wire: 1807u32,
@@ -60331,6 +61575,7 @@ pub mod curand {
             unavailable: 203i64,
             invalid_handle: 101i64,
         },
+        only_waits: false,
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
         wire: 1808u32,
@@ -60353,6 +61598,7 @@ pub mod curand {
             unavailable: 203i64,
             invalid_handle: 101i64,
         },
+        only_waits: false,
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
         wire: 1809u32,
@@ -60379,6 +61625,7 @@ pub mod curand {
             unavailable: 203i64,
             invalid_handle: 101i64,
         },
+        only_waits: false,
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
         wire: 1810u32,
@@ -60405,6 +61652,7 @@ pub mod curand {
             unavailable: 203i64,
             invalid_handle: 101i64,
         },
+        only_waits: false,
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
         wire: 1811u32,
@@ -60431,6 +61679,7 @@ pub mod curand {
             unavailable: 203i64,
             invalid_handle: 101i64,
         },
+        only_waits: false,
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
         wire: 1812u32,
@@ -60457,6 +61706,7 @@ pub mod curand {
             unavailable: 203i64,
             invalid_handle: 101i64,
         },
+        only_waits: false,
     };
     pub static curandSetStream: CallDesc = CallDesc {
         wire: 1813u32,
@@ -60483,6 +61733,7 @@ pub mod curand {
             unavailable: 203i64,
             invalid_handle: 101i64,
         },
+        only_waits: false,
     };
 }
 pub mod cusolver {
@@ -60531,6 +61782,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
         wire: 2118u32,
@@ -60573,6 +61825,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
         wire: 2119u32,
@@ -60614,6 +61867,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
         wire: 2120u32,
@@ -60675,6 +61929,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
         wire: 2121u32,
@@ -60711,6 +61966,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
         wire: 2122u32,
@@ -60797,6 +62053,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
         wire: 2123u32,
@@ -60877,6 +62134,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
         wire: 2124u32,
@@ -60941,6 +62199,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
         wire: 2125u32,
@@ -61005,6 +62264,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
         wire: 2126u32,
@@ -61069,6 +62329,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
         wire: 2127u32,
@@ -61133,6 +62394,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
         wire: 2128u32,
@@ -61171,6 +62433,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
         wire: 2129u32,
@@ -61212,6 +62475,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
         wire: 2130u32,
@@ -61258,6 +62522,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
         wire: 2131u32,
@@ -61304,6 +62569,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
         wire: 2132u32,
@@ -61350,6 +62616,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
         wire: 2133u32,
@@ -61400,6 +62667,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
         wire: 2134u32,
@@ -61454,6 +62722,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
         wire: 2135u32,
@@ -61508,6 +62777,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
         wire: 2136u32,
@@ -61558,6 +62828,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
         wire: 2137u32,
@@ -61613,6 +62884,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
         wire: 2138u32,
@@ -61668,6 +62940,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
         wire: 2139u32,
@@ -61727,6 +63000,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
         wire: 2140u32,
@@ -61786,6 +63060,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
         wire: 2141u32,
@@ -61830,6 +63105,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
         wire: 2142u32,
@@ -61871,6 +63147,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
         wire: 2143u32,
@@ -61912,6 +63189,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
         wire: 2144u32,
@@ -61953,6 +63231,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
         wire: 2145u32,
@@ -61993,6 +63272,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
         wire: 2146u32,
@@ -62034,6 +63314,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
         wire: 2147u32,
@@ -62075,6 +63356,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
         wire: 2148u32,
@@ -62116,6 +63398,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
         wire: 2149u32,
@@ -62161,6 +63444,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
         wire: 2150u32,
@@ -62210,6 +63494,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
         wire: 2151u32,
@@ -62232,6 +63517,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
         wire: 2152u32,
@@ -62254,6 +63540,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
         wire: 2153u32,
@@ -62276,6 +63563,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
         wire: 2154u32,
@@ -62298,6 +63586,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
         wire: 2155u32,
@@ -62340,6 +63629,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
         wire: 2156u32,
@@ -62377,6 +63667,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
         wire: 2157u32,
@@ -62419,6 +63710,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
         wire: 2158u32,
@@ -62461,6 +63753,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
         wire: 2159u32,
@@ -62511,6 +63804,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
         wire: 2160u32,
@@ -62561,6 +63855,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
         wire: 2161u32,
@@ -62607,6 +63902,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
         wire: 2162u32,
@@ -62653,6 +63949,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
         wire: 2163u32,
@@ -62695,6 +63992,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
         wire: 2164u32,
@@ -62737,6 +64035,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
         wire: 2165u32,
@@ -62796,6 +64095,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
         wire: 2166u32,
@@ -62855,6 +64155,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
         wire: 2167u32,
@@ -62914,6 +64215,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
         wire: 2168u32,
@@ -62973,6 +64275,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
         wire: 2169u32,
@@ -62995,6 +64298,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
         wire: 2170u32,
@@ -63017,6 +64321,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
         wire: 2171u32,
@@ -63039,6 +64344,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
         wire: 2172u32,
@@ -63061,6 +64367,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
         wire: 2173u32,
@@ -63097,6 +64404,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
         wire: 2174u32,
@@ -63139,6 +64447,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
         wire: 2175u32,
@@ -63180,6 +64489,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
         wire: 2176u32,
@@ -63241,6 +64551,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
         wire: 2177u32,
@@ -63277,6 +64588,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
         wire: 2178u32,
@@ -63363,6 +64675,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
         wire: 2179u32,
@@ -63443,6 +64756,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
         wire: 2180u32,
@@ -63507,6 +64821,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
         wire: 2181u32,
@@ -63571,6 +64886,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
         wire: 2182u32,
@@ -63635,6 +64951,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
         wire: 2183u32,
@@ -63699,6 +65016,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
         wire: 2184u32,
@@ -63737,6 +65055,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
         wire: 2185u32,
@@ -63778,6 +65097,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
         wire: 2186u32,
@@ -63824,6 +65144,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
         wire: 2187u32,
@@ -63868,6 +65189,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
         wire: 2188u32,
@@ -63909,6 +65231,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
         wire: 2189u32,
@@ -63950,6 +65273,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
         wire: 2190u32,
@@ -64000,6 +65324,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
         wire: 2191u32,
@@ -64050,6 +65375,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
         wire: 2192u32,
@@ -64096,6 +65422,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
         wire: 2193u32,
@@ -64142,6 +65469,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
         wire: 2194u32,
@@ -64184,6 +65512,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
         wire: 2195u32,
@@ -64226,6 +65555,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
         wire: 2196u32,
@@ -64285,6 +65615,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
         wire: 2197u32,
@@ -64344,6 +65675,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
         wire: 2198u32,
@@ -64403,6 +65735,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
         wire: 2199u32,
@@ -64462,6 +65795,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
         wire: 2200u32,
@@ -64503,6 +65837,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
         wire: 2201u32,
@@ -64543,6 +65878,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
         wire: 2202u32,
@@ -64584,6 +65920,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
         wire: 2203u32,
@@ -64625,6 +65962,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
         wire: 2204u32,
@@ -64666,6 +66004,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
         wire: 2205u32,
@@ -64711,6 +66050,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
         wire: 2206u32,
@@ -64760,6 +66100,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
         wire: 2207u32,
@@ -64806,6 +66147,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
         wire: 2208u32,
@@ -64852,6 +66194,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
         wire: 2209u32,
@@ -64902,6 +66245,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
         wire: 2210u32,
@@ -64956,6 +66300,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
         wire: 2211u32,
@@ -65010,6 +66355,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
         wire: 2212u32,
@@ -65060,6 +66406,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
         wire: 2213u32,
@@ -65115,6 +66462,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
         wire: 2214u32,
@@ -65170,6 +66518,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
         wire: 2215u32,
@@ -65229,6 +66578,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
         wire: 2216u32,
@@ -65288,6 +66638,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
         wire: 2217u32,
@@ -65330,6 +66681,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
         wire: 2218u32,
@@ -65367,6 +66719,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
         wire: 2219u32,
@@ -65409,6 +66762,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
         wire: 2220u32,
@@ -65451,6 +66805,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
         wire: 2221u32,
@@ -65477,6 +66832,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
         wire: 2222u32,
@@ -65535,6 +66891,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
         wire: 2223u32,
@@ -65557,6 +66914,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
         wire: 2224u32,
@@ -65579,6 +66937,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
         wire: 2225u32,
@@ -65601,6 +66960,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
         wire: 2226u32,
@@ -65623,6 +66983,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
         wire: 2227u32,
@@ -65645,6 +67006,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
         wire: 2228u32,
@@ -65667,6 +67029,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
         wire: 2229u32,
@@ -65689,6 +67052,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
         wire: 2230u32,
@@ -65715,6 +67079,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
         wire: 2231u32,
@@ -65741,6 +67106,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
         wire: 2232u32,
@@ -65767,6 +67133,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
         wire: 2233u32,
@@ -65793,6 +67160,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
         wire: 2234u32,
@@ -65819,6 +67187,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
         wire: 2235u32,
@@ -65849,6 +67218,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
         wire: 2236u32,
@@ -65875,6 +67245,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
         wire: 2237u32,
@@ -65901,6 +67272,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
         wire: 2238u32,
@@ -65918,6 +67290,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
         wire: 2239u32,
@@ -65940,6 +67313,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
         wire: 2240u32,
@@ -65962,6 +67336,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
         wire: 2241u32,
@@ -66019,6 +67394,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
         wire: 2242u32,
@@ -66049,6 +67425,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
         wire: 2243u32,
@@ -66075,6 +67452,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
         wire: 2244u32,
@@ -66101,6 +67479,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
         wire: 2245u32,
@@ -66127,6 +67506,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
         wire: 2246u32,
@@ -66153,6 +67533,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
         wire: 2247u32,
@@ -66189,6 +67570,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
         wire: 2248u32,
@@ -66231,6 +67613,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
         wire: 2249u32,
@@ -66272,6 +67655,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
         wire: 2250u32,
@@ -66333,6 +67717,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
         wire: 2251u32,
@@ -66369,6 +67754,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
         wire: 2252u32,
@@ -66455,6 +67841,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
         wire: 2253u32,
@@ -66535,6 +67922,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
         wire: 2254u32,
@@ -66599,6 +67987,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
         wire: 2255u32,
@@ -66663,6 +68052,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
         wire: 2256u32,
@@ -66727,6 +68117,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
         wire: 2257u32,
@@ -66791,6 +68182,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
         wire: 2258u32,
@@ -66829,6 +68221,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
         wire: 2259u32,
@@ -66870,6 +68263,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
         wire: 2260u32,
@@ -66916,6 +68310,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
         wire: 2261u32,
@@ -66960,6 +68355,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
         wire: 2262u32,
@@ -67001,6 +68397,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
         wire: 2263u32,
@@ -67042,6 +68439,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
         wire: 2264u32,
@@ -67092,6 +68490,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
         wire: 2265u32,
@@ -67142,6 +68541,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
         wire: 2266u32,
@@ -67188,6 +68588,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
         wire: 2267u32,
@@ -67234,6 +68635,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
         wire: 2268u32,
@@ -67276,6 +68678,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
         wire: 2269u32,
@@ -67318,6 +68721,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
         wire: 2270u32,
@@ -67377,6 +68781,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
         wire: 2271u32,
@@ -67436,6 +68841,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
         wire: 2272u32,
@@ -67495,6 +68901,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
         wire: 2273u32,
@@ -67554,6 +68961,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
         wire: 2274u32,
@@ -67595,6 +69003,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
         wire: 2275u32,
@@ -67635,6 +69044,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
         wire: 2276u32,
@@ -67676,6 +69086,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
         wire: 2277u32,
@@ -67717,6 +69128,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
         wire: 2278u32,
@@ -67758,6 +69170,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
         wire: 2279u32,
@@ -67803,6 +69216,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
         wire: 2280u32,
@@ -67852,6 +69266,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
         wire: 2281u32,
@@ -67898,6 +69313,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
         wire: 2282u32,
@@ -67944,6 +69360,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
         wire: 2283u32,
@@ -67994,6 +69411,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
         wire: 2284u32,
@@ -68048,6 +69466,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
         wire: 2285u32,
@@ -68102,6 +69521,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
         wire: 2286u32,
@@ -68152,6 +69572,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
         wire: 2287u32,
@@ -68207,6 +69628,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
         wire: 2288u32,
@@ -68262,6 +69684,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
         wire: 2289u32,
@@ -68321,6 +69744,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
         wire: 2290u32,
@@ -68380,6 +69804,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
         wire: 2291u32,
@@ -68422,6 +69847,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
         wire: 2292u32,
@@ -68459,6 +69885,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
         wire: 2293u32,
@@ -68501,6 +69928,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
         wire: 2294u32,
@@ -68543,6 +69971,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
         wire: 2295u32,
@@ -68633,6 +70062,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
         wire: 2296u32,
@@ -68719,6 +70149,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
         wire: 2297u32,
@@ -68787,6 +70218,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
         wire: 2298u32,
@@ -68851,6 +70283,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
         wire: 2299u32,
@@ -68945,6 +70378,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
         wire: 2300u32,
@@ -69035,6 +70469,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
         wire: 2301u32,
@@ -69061,6 +70496,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
         wire: 2302u32,
@@ -69087,6 +70523,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
         wire: 2303u32,
@@ -69113,6 +70550,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
         wire: 2304u32,
@@ -69203,6 +70641,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
         wire: 2305u32,
@@ -69267,6 +70706,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
         wire: 2306u32,
@@ -69326,6 +70766,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
         wire: 2307u32,
@@ -69384,6 +70825,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
         wire: 2308u32,
@@ -69447,6 +70889,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
         wire: 2309u32,
@@ -69506,6 +70949,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
         wire: 2310u32,
@@ -69563,6 +71007,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
         wire: 2311u32,
@@ -69639,6 +71084,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
         wire: 2312u32,
@@ -69711,6 +71157,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
         wire: 2313u32,
@@ -69783,6 +71230,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
         wire: 2314u32,
@@ -69851,6 +71299,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
         wire: 2315u32,
@@ -69877,6 +71326,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
         wire: 2316u32,
@@ -69903,6 +71353,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
         wire: 2317u32,
@@ -69929,6 +71380,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
         wire: 2318u32,
@@ -69998,6 +71450,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
         wire: 2319u32,
@@ -70063,6 +71516,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
         wire: 2320u32,
@@ -70122,6 +71576,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
         wire: 2321u32,
@@ -70177,6 +71632,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
         wire: 2322u32,
@@ -70213,6 +71669,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
         wire: 2323u32,
@@ -70255,6 +71712,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
         wire: 2324u32,
@@ -70296,6 +71754,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
         wire: 2325u32,
@@ -70357,6 +71816,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
         wire: 2326u32,
@@ -70393,6 +71853,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
         wire: 2327u32,
@@ -70479,6 +71940,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
         wire: 2328u32,
@@ -70559,6 +72021,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
         wire: 2329u32,
@@ -70623,6 +72086,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
         wire: 2330u32,
@@ -70687,6 +72151,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
         wire: 2331u32,
@@ -70751,6 +72216,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
         wire: 2332u32,
@@ -70815,6 +72281,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
         wire: 2333u32,
@@ -70853,6 +72320,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
         wire: 2334u32,
@@ -70894,6 +72362,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
         wire: 2335u32,
@@ -70940,6 +72409,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
         wire: 2336u32,
@@ -70986,6 +72456,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
         wire: 2337u32,
@@ -71032,6 +72503,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
         wire: 2338u32,
@@ -71082,6 +72554,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
         wire: 2339u32,
@@ -71136,6 +72609,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
         wire: 2340u32,
@@ -71190,6 +72664,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
         wire: 2341u32,
@@ -71240,6 +72715,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
         wire: 2342u32,
@@ -71295,6 +72771,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
         wire: 2343u32,
@@ -71350,6 +72827,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
         wire: 2344u32,
@@ -71409,6 +72887,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
         wire: 2345u32,
@@ -71468,6 +72947,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
         wire: 2346u32,
@@ -71512,6 +72992,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
         wire: 2347u32,
@@ -71553,6 +73034,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
         wire: 2348u32,
@@ -71594,6 +73076,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
         wire: 2349u32,
@@ -71635,6 +73118,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
         wire: 2350u32,
@@ -71675,6 +73159,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
         wire: 2351u32,
@@ -71716,6 +73201,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
         wire: 2352u32,
@@ -71757,6 +73243,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
         wire: 2353u32,
@@ -71798,6 +73285,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
         wire: 2354u32,
@@ -71843,6 +73331,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
         wire: 2355u32,
@@ -71892,6 +73381,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
         wire: 2356u32,
@@ -71934,6 +73424,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
         wire: 2357u32,
@@ -71971,6 +73462,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
         wire: 2358u32,
@@ -72013,6 +73505,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
         wire: 2359u32,
@@ -72055,6 +73548,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
         wire: 2360u32,
@@ -72105,6 +73599,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
         wire: 2361u32,
@@ -72155,6 +73650,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
         wire: 2362u32,
@@ -72201,6 +73697,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
         wire: 2363u32,
@@ -72247,6 +73744,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
         wire: 2364u32,
@@ -72289,6 +73787,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
         wire: 2365u32,
@@ -72331,6 +73830,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
         wire: 2366u32,
@@ -72390,6 +73890,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
         wire: 2367u32,
@@ -72449,6 +73950,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
         wire: 2368u32,
@@ -72508,6 +74010,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
         wire: 2369u32,
@@ -72567,6 +74070,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
         wire: 2370u32,
@@ -72589,6 +74093,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
         wire: 2371u32,
@@ -72611,6 +74116,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
         wire: 2372u32,
@@ -72633,6 +74139,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
         wire: 2373u32,
@@ -72655,6 +74162,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
         wire: 2374u32,
@@ -72677,6 +74185,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
         wire: 2375u32,
@@ -72699,6 +74208,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
         wire: 2376u32,
@@ -72729,6 +74239,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
         wire: 2377u32,
@@ -72759,6 +74270,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
         wire: 2378u32,
@@ -72789,6 +74301,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
         wire: 2379u32,
@@ -72815,6 +74328,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
         wire: 2380u32,
@@ -72837,6 +74351,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
         wire: 2381u32,
@@ -72859,6 +74374,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
         wire: 2382u32,
@@ -72881,6 +74397,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
         wire: 2383u32,
@@ -72903,6 +74420,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
         wire: 2384u32,
@@ -72929,6 +74447,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
         wire: 2385u32,
@@ -72955,6 +74474,7 @@ pub mod cusolver {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
 }
 pub mod cusparse {
@@ -72998,6 +74518,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
         wire: 1815u32,
@@ -73036,6 +74557,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
         wire: 1816u32,
@@ -73088,6 +74610,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
         wire: 1817u32,
@@ -73142,6 +74665,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
         wire: 1818u32,
@@ -73197,6 +74721,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
         wire: 1819u32,
@@ -73251,6 +74776,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
         wire: 1820u32,
@@ -73305,6 +74831,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
         wire: 1821u32,
@@ -73360,6 +74887,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
         wire: 1822u32,
@@ -73441,6 +74969,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
         wire: 1823u32,
@@ -73506,6 +75035,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
         wire: 1824u32,
@@ -73572,6 +75102,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
         wire: 1825u32,
@@ -73639,6 +75170,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
         wire: 1826u32,
@@ -73720,6 +75252,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
         wire: 1827u32,
@@ -73778,6 +75311,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
         wire: 1828u32,
@@ -73837,6 +75371,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
         wire: 1829u32,
@@ -73902,6 +75437,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
         wire: 1830u32,
@@ -73973,6 +75509,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
         wire: 1831u32,
@@ -74025,6 +75562,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
         wire: 1832u32,
@@ -74071,6 +75609,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
         wire: 1833u32,
@@ -74128,6 +75667,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
         wire: 1834u32,
@@ -74183,6 +75723,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
         wire: 1835u32,
@@ -74253,6 +75794,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
         wire: 1836u32,
@@ -74328,6 +75870,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
         wire: 1837u32,
@@ -74417,6 +75960,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
         wire: 1838u32,
@@ -74501,6 +76045,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
         wire: 1839u32,
@@ -74547,6 +76092,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
         wire: 1840u32,
@@ -74594,6 +76140,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
         wire: 1841u32,
@@ -74640,6 +76187,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
         wire: 1842u32,
@@ -74687,6 +76235,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
         wire: 1843u32,
@@ -74759,6 +76308,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
         wire: 1844u32,
@@ -74831,6 +76381,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
         wire: 1845u32,
@@ -74881,6 +76432,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
         wire: 1846u32,
@@ -74932,6 +76484,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
         wire: 1847u32,
@@ -74989,6 +76542,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
         wire: 1848u32,
@@ -75035,6 +76589,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
         wire: 1849u32,
@@ -75082,6 +76637,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
         wire: 1850u32,
@@ -75138,6 +76694,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
         wire: 1851u32,
@@ -75189,6 +76746,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
         wire: 1852u32,
@@ -75258,6 +76816,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
         wire: 1853u32,
@@ -75325,6 +76884,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
         wire: 1854u32,
@@ -75379,6 +76939,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
         wire: 1855u32,
@@ -75433,6 +76994,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
         wire: 1856u32,
@@ -75456,6 +77018,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
         wire: 1857u32,
@@ -75479,6 +77042,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
         wire: 1858u32,
@@ -75502,6 +77066,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
         wire: 1859u32,
@@ -75525,6 +77090,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
         wire: 1860u32,
@@ -75582,6 +77148,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
         wire: 1861u32,
@@ -75644,6 +77211,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
         wire: 1862u32,
@@ -75669,6 +77237,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
         wire: 1863u32,
@@ -75699,6 +77268,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
         wire: 1864u32,
@@ -75725,6 +77295,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
         wire: 1865u32,
@@ -75747,6 +77318,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
         wire: 1866u32,
@@ -75812,6 +77384,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
         wire: 1867u32,
@@ -75834,6 +77407,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
         wire: 1868u32,
@@ -75856,6 +77430,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
         wire: 1869u32,
@@ -75878,6 +77453,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
         wire: 1870u32,
@@ -75900,6 +77476,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
         wire: 1871u32,
@@ -75922,6 +77499,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
         wire: 1872u32,
@@ -75987,6 +77565,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
         wire: 1873u32,
@@ -76036,6 +77615,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
         wire: 1874u32,
@@ -76089,6 +77669,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
         wire: 1875u32,
@@ -76132,6 +77713,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
         wire: 1876u32,
@@ -76163,6 +77745,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
         wire: 1877u32,
@@ -76212,6 +77795,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
         wire: 1878u32,
@@ -76260,6 +77844,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
         wire: 1879u32,
@@ -76313,6 +77898,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
         wire: 1880u32,
@@ -76335,6 +77921,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
         wire: 1881u32,
@@ -76357,6 +77944,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
         wire: 1882u32,
@@ -76379,6 +77967,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
         wire: 1883u32,
@@ -76401,6 +77990,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
         wire: 1884u32,
@@ -76423,6 +78013,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
         wire: 1885u32,
@@ -76445,6 +78036,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
         wire: 1886u32,
@@ -76488,6 +78080,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
         wire: 1887u32,
@@ -76519,6 +78112,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
         wire: 1888u32,
@@ -76546,6 +78140,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
         wire: 1889u32,
@@ -76568,6 +78163,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
         wire: 1890u32,
@@ -76590,6 +78186,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
         wire: 1891u32,
@@ -76615,6 +78212,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
         wire: 1892u32,
@@ -76649,6 +78247,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
         wire: 1893u32,
@@ -76701,6 +78300,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
         wire: 1894u32,
@@ -76755,6 +78355,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
         wire: 1895u32,
@@ -76810,6 +78411,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
         wire: 1896u32,
@@ -76864,6 +78466,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
         wire: 1897u32,
@@ -76918,6 +78521,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
         wire: 1898u32,
@@ -76973,6 +78577,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
         wire: 1899u32,
@@ -77054,6 +78659,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
         wire: 1900u32,
@@ -77119,6 +78725,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
         wire: 1901u32,
@@ -77185,6 +78792,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
         wire: 1902u32,
@@ -77252,6 +78860,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
         wire: 1903u32,
@@ -77333,6 +78942,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
         wire: 1904u32,
@@ -77391,6 +79001,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
         wire: 1905u32,
@@ -77450,6 +79061,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
         wire: 1906u32,
@@ -77515,6 +79127,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
         wire: 1907u32,
@@ -77586,6 +79199,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
         wire: 1908u32,
@@ -77638,6 +79252,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
         wire: 1909u32,
@@ -77684,6 +79299,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
         wire: 1910u32,
@@ -77741,6 +79357,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
         wire: 1911u32,
@@ -77796,6 +79413,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
         wire: 1912u32,
@@ -77866,6 +79484,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
         wire: 1913u32,
@@ -77941,6 +79560,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
         wire: 1914u32,
@@ -78030,6 +79650,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
         wire: 1915u32,
@@ -78114,6 +79735,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
         wire: 1916u32,
@@ -78160,6 +79782,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
         wire: 1917u32,
@@ -78207,6 +79830,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
         wire: 1918u32,
@@ -78253,6 +79877,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
         wire: 1919u32,
@@ -78300,6 +79925,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
         wire: 1920u32,
@@ -78372,6 +79998,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
         wire: 1921u32,
@@ -78444,6 +80071,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
         wire: 1922u32,
@@ -78494,6 +80122,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
         wire: 1923u32,
@@ -78545,6 +80174,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
         wire: 1924u32,
@@ -78602,6 +80232,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
         wire: 1925u32,
@@ -78648,6 +80279,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
         wire: 1926u32,
@@ -78695,6 +80327,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
         wire: 1927u32,
@@ -78730,6 +80363,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
         wire: 1928u32,
@@ -78770,6 +80404,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
         wire: 1929u32,
@@ -78805,6 +80440,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
         wire: 1930u32,
@@ -78827,6 +80463,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
         wire: 1931u32,
@@ -78849,6 +80486,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
         wire: 1932u32,
@@ -78871,6 +80509,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
         wire: 1933u32,
@@ -78893,6 +80532,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
         wire: 1934u32,
@@ -78915,6 +80555,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
         wire: 1935u32,
@@ -78937,6 +80578,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
         wire: 1936u32,
@@ -78959,6 +80601,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
         wire: 1937u32,
@@ -78981,6 +80624,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
         wire: 1938u32,
@@ -79003,6 +80647,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
         wire: 1939u32,
@@ -79025,6 +80670,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
         wire: 1940u32,
@@ -79047,6 +80693,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
         wire: 1941u32,
@@ -79069,6 +80716,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
         wire: 1942u32,
@@ -79091,6 +80739,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
         wire: 1943u32,
@@ -79113,6 +80762,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
         wire: 1944u32,
@@ -79135,6 +80785,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
         wire: 1945u32,
@@ -79157,6 +80808,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
         wire: 1946u32,
@@ -79179,6 +80831,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
         wire: 1947u32,
@@ -79201,6 +80854,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
         wire: 1948u32,
@@ -79257,6 +80911,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
         wire: 1949u32,
@@ -79308,6 +80963,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
         wire: 1950u32,
@@ -79377,6 +81033,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
         wire: 1951u32,
@@ -79444,6 +81101,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
         wire: 1952u32,
@@ -79467,6 +81125,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
         wire: 1953u32,
@@ -79497,6 +81156,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
         wire: 1954u32,
@@ -79520,6 +81180,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
         wire: 1955u32,
@@ -79543,6 +81204,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
         wire: 1956u32,
@@ -79566,6 +81228,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
         wire: 1957u32,
@@ -79623,6 +81286,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
         wire: 1958u32,
@@ -79685,6 +81349,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
         wire: 1959u32,
@@ -79745,6 +81410,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseGather: CallDesc = CallDesc {
         wire: 1960u32,
@@ -79775,6 +81441,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
         wire: 1961u32,
@@ -79800,6 +81467,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
         wire: 1962u32,
@@ -79825,6 +81493,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
         wire: 1963u32,
@@ -79850,6 +81519,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
         wire: 1964u32,
@@ -79875,6 +81545,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
         wire: 1965u32,
@@ -79901,6 +81572,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
         wire: 1966u32,
@@ -79918,6 +81590,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
         wire: 1967u32,
@@ -79940,6 +81613,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
         wire: 1968u32,
@@ -79962,6 +81636,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
         wire: 1969u32,
@@ -80023,6 +81698,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
         wire: 1970u32,
@@ -80089,6 +81765,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
         wire: 1971u32,
@@ -80150,6 +81827,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
         wire: 1972u32,
@@ -80202,6 +81880,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
         wire: 1973u32,
@@ -80256,6 +81935,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
         wire: 1974u32,
@@ -80311,6 +81991,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
         wire: 1975u32,
@@ -80365,6 +82046,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
         wire: 1976u32,
@@ -80419,6 +82101,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
         wire: 1977u32,
@@ -80474,6 +82157,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
         wire: 1978u32,
@@ -80555,6 +82239,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
         wire: 1979u32,
@@ -80620,6 +82305,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
         wire: 1980u32,
@@ -80686,6 +82372,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
         wire: 1981u32,
@@ -80753,6 +82440,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
         wire: 1982u32,
@@ -80834,6 +82522,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
         wire: 1983u32,
@@ -80892,6 +82581,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
         wire: 1984u32,
@@ -80951,6 +82641,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
         wire: 1985u32,
@@ -81016,6 +82707,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
         wire: 1986u32,
@@ -81087,6 +82779,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScatter: CallDesc = CallDesc {
         wire: 1987u32,
@@ -81117,6 +82810,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
         wire: 1988u32,
@@ -81169,6 +82863,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
         wire: 1989u32,
@@ -81215,6 +82910,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
         wire: 1990u32,
@@ -81272,6 +82968,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
         wire: 1991u32,
@@ -81327,6 +83024,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
         wire: 1992u32,
@@ -81397,6 +83095,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
         wire: 1993u32,
@@ -81472,6 +83171,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
         wire: 1994u32,
@@ -81561,6 +83261,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
         wire: 1995u32,
@@ -81645,6 +83346,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
         wire: 1996u32,
@@ -81691,6 +83393,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
         wire: 1997u32,
@@ -81738,6 +83441,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
         wire: 1998u32,
@@ -81784,6 +83488,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
         wire: 1999u32,
@@ -81831,6 +83536,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
         wire: 2000u32,
@@ -81903,6 +83609,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
         wire: 2001u32,
@@ -81975,6 +83682,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
         wire: 2002u32,
@@ -82025,6 +83733,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
         wire: 2003u32,
@@ -82076,6 +83785,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
         wire: 2004u32,
@@ -82133,6 +83843,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
         wire: 2005u32,
@@ -82179,6 +83890,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
         wire: 2006u32,
@@ -82226,6 +83938,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
         wire: 2007u32,
@@ -82252,6 +83965,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
         wire: 2008u32,
@@ -82278,6 +83992,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
         wire: 2009u32,
@@ -82304,6 +84019,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
         wire: 2010u32,
@@ -82330,6 +84046,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
         wire: 2011u32,
@@ -82356,6 +84073,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
         wire: 2012u32,
@@ -82382,6 +84100,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
         wire: 2013u32,
@@ -82408,6 +84127,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
         wire: 2014u32,
@@ -82464,6 +84184,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
         wire: 2015u32,
@@ -82515,6 +84236,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
         wire: 2016u32,
@@ -82584,6 +84306,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
         wire: 2017u32,
@@ -82651,6 +84374,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
         wire: 2018u32,
@@ -82722,6 +84446,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
         wire: 2019u32,
@@ -82786,6 +84511,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
         wire: 2020u32,
@@ -82808,6 +84534,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
         wire: 2021u32,
@@ -82830,6 +84557,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
         wire: 2022u32,
@@ -82901,6 +84629,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
         wire: 2023u32,
@@ -82965,6 +84694,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
         wire: 2024u32,
@@ -83022,6 +84752,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
         wire: 2025u32,
@@ -83083,6 +84814,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
         wire: 2026u32,
@@ -83106,6 +84838,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
         wire: 2027u32,
@@ -83128,6 +84861,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
         wire: 2028u32,
@@ -83194,6 +84928,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
         wire: 2029u32,
@@ -83255,6 +84990,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
         wire: 2030u32,
@@ -83312,6 +85048,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
         wire: 2031u32,
@@ -83374,6 +85111,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
         wire: 2032u32,
@@ -83431,6 +85169,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
         wire: 2033u32,
@@ -83462,6 +85201,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
         wire: 2034u32,
@@ -83502,6 +85242,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
         wire: 2035u32,
@@ -83525,6 +85266,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
         wire: 2036u32,
@@ -83556,6 +85298,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
         wire: 2037u32,
@@ -83582,6 +85325,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
         wire: 2038u32,
@@ -83605,6 +85349,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
         wire: 2039u32,
@@ -83665,6 +85410,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
         wire: 2040u32,
@@ -83730,6 +85476,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
         wire: 2041u32,
@@ -83752,6 +85499,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
         wire: 2042u32,
@@ -83774,6 +85522,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
         wire: 2043u32,
@@ -83833,6 +85582,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
         wire: 2044u32,
@@ -83889,6 +85639,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
         wire: 2045u32,
@@ -83950,6 +85701,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
         wire: 2046u32,
@@ -83972,6 +85724,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
         wire: 2047u32,
@@ -83994,6 +85747,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
         wire: 2048u32,
@@ -84049,6 +85803,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
         wire: 2049u32,
@@ -84072,6 +85827,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
         wire: 2050u32,
@@ -84095,6 +85851,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
         wire: 2051u32,
@@ -84130,6 +85887,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
         wire: 2052u32,
@@ -84170,6 +85928,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
         wire: 2053u32,
@@ -84227,6 +85986,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
         wire: 2054u32,
@@ -84289,6 +86049,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
         wire: 2055u32,
@@ -84349,6 +86110,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
         wire: 2056u32,
@@ -84380,6 +86142,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
         wire: 2057u32,
@@ -84411,6 +86174,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
         wire: 2058u32,
@@ -84442,6 +86206,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
         wire: 2059u32,
@@ -84473,6 +86238,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
         wire: 2060u32,
@@ -84509,6 +86275,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
         wire: 2061u32,
@@ -84547,6 +86314,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
         wire: 2062u32,
@@ -84585,6 +86353,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
         wire: 2063u32,
@@ -84627,6 +86396,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
         wire: 2064u32,
@@ -84681,6 +86451,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
         wire: 2065u32,
@@ -84717,6 +86488,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
         wire: 2066u32,
@@ -84776,6 +86548,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
         wire: 2067u32,
@@ -84837,6 +86610,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
         wire: 2068u32,
@@ -84916,6 +86690,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
         wire: 2069u32,
@@ -84947,6 +86722,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
         wire: 2070u32,
@@ -84978,6 +86754,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
         wire: 2071u32,
@@ -85009,6 +86786,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
         wire: 2072u32,
@@ -85051,6 +86829,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
         wire: 2073u32,
@@ -85093,6 +86872,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
         wire: 2074u32,
@@ -85124,6 +86904,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
         wire: 2075u32,
@@ -85178,6 +86959,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
         wire: 2076u32,
@@ -85249,6 +87031,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
         wire: 2077u32,
@@ -85301,6 +87084,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
         wire: 2078u32,
@@ -85355,6 +87139,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
         wire: 2079u32,
@@ -85410,6 +87195,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
         wire: 2080u32,
@@ -85464,6 +87250,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
         wire: 2081u32,
@@ -85518,6 +87305,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
         wire: 2082u32,
@@ -85573,6 +87361,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
         wire: 2083u32,
@@ -85654,6 +87443,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
         wire: 2084u32,
@@ -85719,6 +87509,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
         wire: 2085u32,
@@ -85785,6 +87576,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
         wire: 2086u32,
@@ -85852,6 +87644,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
         wire: 2087u32,
@@ -85933,6 +87726,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
         wire: 2088u32,
@@ -85991,6 +87785,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
         wire: 2089u32,
@@ -86050,6 +87845,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
         wire: 2090u32,
@@ -86115,6 +87911,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
         wire: 2091u32,
@@ -86186,6 +87983,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
         wire: 2092u32,
@@ -86238,6 +88036,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
         wire: 2093u32,
@@ -86284,6 +88083,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
         wire: 2094u32,
@@ -86341,6 +88141,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
         wire: 2095u32,
@@ -86396,6 +88197,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
         wire: 2096u32,
@@ -86466,6 +88268,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
         wire: 2097u32,
@@ -86541,6 +88344,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
         wire: 2098u32,
@@ -86630,6 +88434,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
         wire: 2099u32,
@@ -86714,6 +88519,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
         wire: 2100u32,
@@ -86760,6 +88566,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
         wire: 2101u32,
@@ -86807,6 +88614,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
         wire: 2102u32,
@@ -86853,6 +88661,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
         wire: 2103u32,
@@ -86900,6 +88709,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
         wire: 2104u32,
@@ -86972,6 +88782,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
         wire: 2105u32,
@@ -87044,6 +88855,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
         wire: 2106u32,
@@ -87094,6 +88906,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
         wire: 2107u32,
@@ -87145,6 +88958,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
         wire: 2108u32,
@@ -87202,6 +89016,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
         wire: 2109u32,
@@ -87248,6 +89063,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
         wire: 2110u32,
@@ -87295,6 +89111,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
         wire: 2111u32,
@@ -87351,6 +89168,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
         wire: 2112u32,
@@ -87402,6 +89220,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
         wire: 2113u32,
@@ -87471,6 +89290,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
         wire: 2114u32,
@@ -87538,6 +89358,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
         wire: 2115u32,
@@ -87592,6 +89413,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
         wire: 2116u32,
@@ -87646,6 +89468,7 @@ pub mod cusparse {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
 }
 pub mod cusparselt {
@@ -87673,6 +89496,7 @@ pub mod cusparselt {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
         wire: 2455u32,
@@ -87697,6 +89521,7 @@ pub mod cusparselt {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
         wire: 2456u32,
@@ -87721,6 +89546,7 @@ pub mod cusparselt {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
         wire: 2457u32,
@@ -87745,6 +89571,7 @@ pub mod cusparselt {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
         wire: 2458u32,
@@ -87769,6 +89596,7 @@ pub mod cusparselt {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
         wire: 2459u32,
@@ -87793,6 +89621,7 @@ pub mod cusparselt {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
         wire: 2460u32,
@@ -87817,6 +89646,7 @@ pub mod cusparselt {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
         wire: 2461u32,
@@ -87841,6 +89671,7 @@ pub mod cusparselt {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
         wire: 2462u32,
@@ -87865,6 +89696,7 @@ pub mod cusparselt {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
         wire: 2463u32,
@@ -87889,6 +89721,7 @@ pub mod cusparselt {
             unavailable: 1i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
 }
 pub mod driver {
@@ -87928,6 +89761,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuArray3DCreate_v2: CallDesc = CallDesc {
         wire: 218u32,
@@ -87956,6 +89790,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuArrayCreate: CallDesc = CallDesc {
         wire: 219u32,
@@ -87984,6 +89819,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuArrayCreate_v2: CallDesc = CallDesc {
         wire: 220u32,
@@ -88012,6 +89848,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuArrayDestroy: CallDesc = CallDesc {
         wire: 221u32,
@@ -88034,6 +89871,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuArrayGetPlane: CallDesc = CallDesc {
         wire: 222u32,
@@ -88064,6 +89902,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCheckpointProcessGetRestoreThreadId: CallDesc = CallDesc {
         wire: 223u32,
@@ -88092,6 +89931,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCheckpointProcessGetState: CallDesc = CallDesc {
         wire: 224u32,
@@ -88120,6 +89960,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxAttach: CallDesc = CallDesc {
         wire: 225u32,
@@ -88146,6 +89987,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxCreate: CallDesc = CallDesc {
         wire: 226u32,
@@ -88176,6 +90018,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxCreate_v2: CallDesc = CallDesc {
         wire: 227u32,
@@ -88206,6 +90049,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxDestroy: CallDesc = CallDesc {
         wire: 228u32,
@@ -88228,6 +90072,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxDestroy_v2__call: CallDesc = CallDesc {
         wire: 229u32,
@@ -88250,6 +90095,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxDetach: CallDesc = CallDesc {
         wire: 230u32,
@@ -88272,6 +90118,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxDisablePeerAccess: CallDesc = CallDesc {
         wire: 231u32,
@@ -88294,6 +90141,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxEnablePeerAccess: CallDesc = CallDesc {
         wire: 232u32,
@@ -88320,6 +90168,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxFromGreenCtx: CallDesc = CallDesc {
         wire: 233u32,
@@ -88346,6 +90195,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxGetApiVersion: CallDesc = CallDesc {
         wire: 234u32,
@@ -88374,6 +90224,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxGetCacheConfig: CallDesc = CallDesc {
         wire: 235u32,
@@ -88398,6 +90249,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxGetCurrent__call: CallDesc = CallDesc {
         wire: 236u32,
@@ -88420,6 +90272,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxGetDevice: CallDesc = CallDesc {
         wire: 237u32,
@@ -88444,6 +90297,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxGetDevice_v2: CallDesc = CallDesc {
         wire: 238u32,
@@ -88472,6 +90326,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxGetFlags: CallDesc = CallDesc {
         wire: 239u32,
@@ -88496,6 +90351,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxGetId: CallDesc = CallDesc {
         wire: 240u32,
@@ -88524,6 +90380,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxGetLimit: CallDesc = CallDesc {
         wire: 241u32,
@@ -88552,6 +90409,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxGetSharedMemConfig: CallDesc = CallDesc {
         wire: 242u32,
@@ -88576,6 +90434,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxGetStreamPriorityRange: CallDesc = CallDesc {
         wire: 243u32,
@@ -88606,6 +90465,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxPopCurrent: CallDesc = CallDesc {
         wire: 244u32,
@@ -88628,6 +90488,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxPopCurrent_v2__call: CallDesc = CallDesc {
         wire: 245u32,
@@ -88650,6 +90511,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxPushCurrent: CallDesc = CallDesc {
         wire: 246u32,
@@ -88672,6 +90534,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxPushCurrent_v2__call: CallDesc = CallDesc {
         wire: 247u32,
@@ -88694,6 +90557,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxRecordEvent: CallDesc = CallDesc {
         wire: 248u32,
@@ -88720,6 +90584,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxResetPersistingL2Cache: CallDesc = CallDesc {
         wire: 249u32,
@@ -88737,6 +90602,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxSetCacheConfig: CallDesc = CallDesc {
         wire: 250u32,
@@ -88759,6 +90625,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxSetCurrent__call: CallDesc = CallDesc {
         wire: 251u32,
@@ -88781,6 +90648,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxSetFlags: CallDesc = CallDesc {
         wire: 252u32,
@@ -88803,6 +90671,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxSetLimit: CallDesc = CallDesc {
         wire: 253u32,
@@ -88829,6 +90698,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxSetSharedMemConfig: CallDesc = CallDesc {
         wire: 254u32,
@@ -88851,6 +90721,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxSynchronize: CallDesc = CallDesc {
         wire: 255u32,
@@ -88868,6 +90739,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: true,
     };
     pub static cuCtxSynchronize_v2: CallDesc = CallDesc {
         wire: 256u32,
@@ -88890,6 +90762,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuCtxWaitEvent: CallDesc = CallDesc {
         wire: 257u32,
@@ -88916,6 +90789,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDestroyExternalMemory: CallDesc = CallDesc {
         wire: 258u32,
@@ -88938,6 +90812,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDestroyExternalSemaphore: CallDesc = CallDesc {
         wire: 259u32,
@@ -88960,6 +90835,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDeviceCanAccessPeer: CallDesc = CallDesc {
         wire: 260u32,
@@ -88992,6 +90868,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDeviceGetByPCIBusId: CallDesc = CallDesc {
         wire: 261u32,
@@ -89017,6 +90894,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDeviceGetDefaultMemPool: CallDesc = CallDesc {
         wire: 262u32,
@@ -89043,6 +90921,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDeviceGetExecAffinitySupport: CallDesc = CallDesc {
         wire: 263u32,
@@ -89075,6 +90954,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDeviceGetMemPool: CallDesc = CallDesc {
         wire: 264u32,
@@ -89101,6 +90981,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDeviceGetP2PAttribute: CallDesc = CallDesc {
         wire: 265u32,
@@ -89137,6 +91018,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDeviceGraphMemTrim: CallDesc = CallDesc {
         wire: 266u32,
@@ -89159,6 +91041,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDevicePrimaryCtxGetState__call: CallDesc = CallDesc {
         wire: 267u32,
@@ -89193,6 +91076,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDevicePrimaryCtxRelease: CallDesc = CallDesc {
         wire: 268u32,
@@ -89215,6 +91099,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDevicePrimaryCtxRelease_v2: CallDesc = CallDesc {
         wire: 269u32,
@@ -89237,6 +91122,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDevicePrimaryCtxReset__call: CallDesc = CallDesc {
         wire: 270u32,
@@ -89259,6 +91145,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDevicePrimaryCtxReset_v2__call: CallDesc = CallDesc {
         wire: 271u32,
@@ -89281,6 +91168,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDevicePrimaryCtxRetain: CallDesc = CallDesc {
         wire: 272u32,
@@ -89307,6 +91195,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDevicePrimaryCtxSetFlags__call: CallDesc = CallDesc {
         wire: 273u32,
@@ -89333,6 +91222,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDevicePrimaryCtxSetFlags_v2__call: CallDesc = CallDesc {
         wire: 274u32,
@@ -89359,6 +91249,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDeviceSetMemPool: CallDesc = CallDesc {
         wire: 275u32,
@@ -89385,6 +91276,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDeviceTotalMem: CallDesc = CallDesc {
         wire: 276u32,
@@ -89413,6 +91305,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuDeviceUnregisterAsyncNotification: CallDesc = CallDesc {
         wire: 277u32,
@@ -89439,6 +91332,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuEventCreate: CallDesc = CallDesc {
         wire: 278u32,
@@ -89465,6 +91359,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuEventDestroy: CallDesc = CallDesc {
         wire: 279u32,
@@ -89487,6 +91382,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuEventDestroy_v2: CallDesc = CallDesc {
         wire: 280u32,
@@ -89509,6 +91405,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuEventElapsedTime: CallDesc = CallDesc {
         wire: 281u32,
@@ -89541,6 +91438,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuEventElapsedTime_v2: CallDesc = CallDesc {
         wire: 282u32,
@@ -89573,6 +91471,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuEventQuery: CallDesc = CallDesc {
         wire: 283u32,
@@ -89595,6 +91494,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuEventRecord: CallDesc = CallDesc {
         wire: 284u32,
@@ -89621,6 +91521,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuEventRecordWithFlags: CallDesc = CallDesc {
         wire: 285u32,
@@ -89651,6 +91552,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuEventRecordWithFlags_ptsz: CallDesc = CallDesc {
         wire: 286u32,
@@ -89681,6 +91583,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuEventRecord_ptsz: CallDesc = CallDesc {
         wire: 287u32,
@@ -89707,6 +91610,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuEventSynchronize: CallDesc = CallDesc {
         wire: 288u32,
@@ -89729,6 +91633,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: true,
     };
     pub static cuExternalMemoryGetMappedBuffer: CallDesc = CallDesc {
         wire: 289u32,
@@ -89763,6 +91668,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuExternalMemoryGetMappedMipmappedArray: CallDesc = CallDesc {
         wire: 290u32,
@@ -89795,6 +91701,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuFlushGPUDirectRDMAWrites: CallDesc = CallDesc {
         wire: 291u32,
@@ -89821,6 +91728,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuFuncGetAttribute: CallDesc = CallDesc {
         wire: 292u32,
@@ -89853,6 +91761,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuFuncGetModule: CallDesc = CallDesc {
         wire: 293u32,
@@ -89879,6 +91788,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuFuncIsLoaded: CallDesc = CallDesc {
         wire: 294u32,
@@ -89907,6 +91817,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuFuncLoad: CallDesc = CallDesc {
         wire: 295u32,
@@ -89929,6 +91840,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuFuncSetAttribute__call: CallDesc = CallDesc {
         wire: 296u32,
@@ -89959,6 +91871,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuFuncSetBlockShape: CallDesc = CallDesc {
         wire: 297u32,
@@ -89993,6 +91906,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuFuncSetCacheConfig: CallDesc = CallDesc {
         wire: 298u32,
@@ -90019,6 +91933,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuFuncSetSharedMemConfig: CallDesc = CallDesc {
         wire: 299u32,
@@ -90045,6 +91960,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuFuncSetSharedSize: CallDesc = CallDesc {
         wire: 300u32,
@@ -90071,6 +91987,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphChildGraphNodeGetGraph: CallDesc = CallDesc {
         wire: 301u32,
@@ -90097,6 +92014,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphClone: CallDesc = CallDesc {
         wire: 302u32,
@@ -90123,6 +92041,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphConditionalHandleCreate: CallDesc = CallDesc {
         wire: 303u32,
@@ -90163,6 +92082,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphCreate: CallDesc = CallDesc {
         wire: 304u32,
@@ -90189,6 +92109,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphDestroy: CallDesc = CallDesc {
         wire: 305u32,
@@ -90211,6 +92132,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphDestroyNode: CallDesc = CallDesc {
         wire: 306u32,
@@ -90233,6 +92155,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphEventRecordNodeGetEvent: CallDesc = CallDesc {
         wire: 307u32,
@@ -90259,6 +92182,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphEventRecordNodeSetEvent: CallDesc = CallDesc {
         wire: 308u32,
@@ -90285,6 +92209,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphEventWaitNodeGetEvent: CallDesc = CallDesc {
         wire: 309u32,
@@ -90311,6 +92236,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphEventWaitNodeSetEvent: CallDesc = CallDesc {
         wire: 310u32,
@@ -90337,6 +92263,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphExecChildGraphNodeSetParams: CallDesc = CallDesc {
         wire: 311u32,
@@ -90367,6 +92294,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphExecDestroy: CallDesc = CallDesc {
         wire: 312u32,
@@ -90389,6 +92317,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphExecEventRecordNodeSetEvent: CallDesc = CallDesc {
         wire: 313u32,
@@ -90419,6 +92348,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphExecEventWaitNodeSetEvent: CallDesc = CallDesc {
         wire: 314u32,
@@ -90449,6 +92379,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphExecGetFlags: CallDesc = CallDesc {
         wire: 315u32,
@@ -90477,6 +92408,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphExecGetId: CallDesc = CallDesc {
         wire: 316u32,
@@ -90505,6 +92437,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphExecMemsetNodeSetParams: CallDesc = CallDesc {
         wire: 317u32,
@@ -90541,6 +92474,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphExecUpdate: CallDesc = CallDesc {
         wire: 318u32,
@@ -90577,6 +92511,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphGetEdges: CallDesc = CallDesc {
         wire: 319u32,
@@ -90613,6 +92548,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphGetId: CallDesc = CallDesc {
         wire: 320u32,
@@ -90641,6 +92577,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphGetNodes: CallDesc = CallDesc {
         wire: 321u32,
@@ -90673,6 +92610,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphGetRootNodes: CallDesc = CallDesc {
         wire: 322u32,
@@ -90705,6 +92643,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphInstantiateWithFlags: CallDesc = CallDesc {
         wire: 323u32,
@@ -90735,6 +92674,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphKernelNodeCopyAttributes: CallDesc = CallDesc {
         wire: 324u32,
@@ -90761,6 +92701,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphLaunch: CallDesc = CallDesc {
         wire: 325u32,
@@ -90787,6 +92728,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphLaunch_ptsz: CallDesc = CallDesc {
         wire: 326u32,
@@ -90813,6 +92755,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphMemFreeNodeGetParams: CallDesc = CallDesc {
         wire: 327u32,
@@ -90841,6 +92784,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphMemsetNodeSetParams: CallDesc = CallDesc {
         wire: 328u32,
@@ -90869,6 +92813,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphNodeFindInClone: CallDesc = CallDesc {
         wire: 329u32,
@@ -90899,6 +92844,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphNodeGetContainingGraph: CallDesc = CallDesc {
         wire: 330u32,
@@ -90925,6 +92871,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphNodeGetDependencies: CallDesc = CallDesc {
         wire: 331u32,
@@ -90957,6 +92904,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphNodeGetDependentNodes: CallDesc = CallDesc {
         wire: 332u32,
@@ -90989,6 +92937,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphNodeGetEnabled: CallDesc = CallDesc {
         wire: 333u32,
@@ -91021,6 +92970,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphNodeGetLocalId: CallDesc = CallDesc {
         wire: 334u32,
@@ -91049,6 +92999,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphNodeGetToolsId: CallDesc = CallDesc {
         wire: 335u32,
@@ -91077,6 +93028,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphNodeGetType: CallDesc = CallDesc {
         wire: 336u32,
@@ -91105,6 +93057,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphNodeSetEnabled: CallDesc = CallDesc {
         wire: 337u32,
@@ -91135,6 +93088,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphReleaseUserObject: CallDesc = CallDesc {
         wire: 338u32,
@@ -91165,6 +93119,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphRetainUserObject: CallDesc = CallDesc {
         wire: 339u32,
@@ -91199,6 +93154,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphUpload: CallDesc = CallDesc {
         wire: 340u32,
@@ -91225,6 +93181,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphUpload_ptsz: CallDesc = CallDesc {
         wire: 341u32,
@@ -91251,6 +93208,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphicsMapResources: CallDesc = CallDesc {
         wire: 342u32,
@@ -91281,6 +93239,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphicsMapResources_ptsz: CallDesc = CallDesc {
         wire: 343u32,
@@ -91311,6 +93270,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphicsResourceGetMappedMipmappedArray: CallDesc = CallDesc {
         wire: 344u32,
@@ -91337,6 +93297,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphicsResourceSetMapFlags: CallDesc = CallDesc {
         wire: 345u32,
@@ -91363,6 +93324,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphicsResourceSetMapFlags_v2: CallDesc = CallDesc {
         wire: 346u32,
@@ -91389,6 +93351,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphicsSubResourceGetMappedArray: CallDesc = CallDesc {
         wire: 347u32,
@@ -91423,6 +93386,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphicsUnmapResources: CallDesc = CallDesc {
         wire: 348u32,
@@ -91453,6 +93417,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphicsUnmapResources_ptsz: CallDesc = CallDesc {
         wire: 349u32,
@@ -91483,6 +93448,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGraphicsUnregisterResource: CallDesc = CallDesc {
         wire: 350u32,
@@ -91505,6 +93471,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGreenCtxCreate: CallDesc = CallDesc {
         wire: 351u32,
@@ -91539,6 +93506,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGreenCtxDestroy: CallDesc = CallDesc {
         wire: 352u32,
@@ -91561,6 +93529,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGreenCtxGetId: CallDesc = CallDesc {
         wire: 353u32,
@@ -91589,6 +93558,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGreenCtxRecordEvent: CallDesc = CallDesc {
         wire: 354u32,
@@ -91615,6 +93585,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGreenCtxStreamCreate: CallDesc = CallDesc {
         wire: 355u32,
@@ -91649,6 +93620,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuGreenCtxWaitEvent: CallDesc = CallDesc {
         wire: 356u32,
@@ -91675,6 +93647,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuInit: CallDesc = CallDesc {
         wire: 357u32,
@@ -91697,6 +93670,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuIpcCloseMemHandle: CallDesc = CallDesc {
         wire: 358u32,
@@ -91719,6 +93693,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuIpcOpenEventHandle: CallDesc = CallDesc {
         wire: 359u32,
@@ -91742,6 +93717,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuIpcOpenMemHandle: CallDesc = CallDesc {
         wire: 360u32,
@@ -91771,6 +93747,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuIpcOpenMemHandle_v2: CallDesc = CallDesc {
         wire: 361u32,
@@ -91800,6 +93777,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuKernelGetAttribute: CallDesc = CallDesc {
         wire: 362u32,
@@ -91836,6 +93814,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuKernelGetFunction: CallDesc = CallDesc {
         wire: 363u32,
@@ -91862,6 +93841,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuKernelGetLibrary: CallDesc = CallDesc {
         wire: 364u32,
@@ -91888,6 +93868,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuKernelSetAttribute: CallDesc = CallDesc {
         wire: 365u32,
@@ -91922,6 +93903,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuKernelSetCacheConfig: CallDesc = CallDesc {
         wire: 366u32,
@@ -91952,6 +93934,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuLaunch: CallDesc = CallDesc {
         wire: 367u32,
@@ -91974,6 +93957,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuLaunchGrid: CallDesc = CallDesc {
         wire: 368u32,
@@ -92004,6 +93988,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuLaunchGridAsync: CallDesc = CallDesc {
         wire: 369u32,
@@ -92038,6 +94023,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuLaunchHostFunc__host: CallDesc = CallDesc {
         wire: 370u32,
@@ -92068,6 +94054,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuLaunchHostFunc_ptsz__host: CallDesc = CallDesc {
         wire: 371u32,
@@ -92098,6 +94085,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuLibraryEnumerateKernels: CallDesc = CallDesc {
         wire: 372u32,
@@ -92128,6 +94116,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuLibraryGetGlobal: CallDesc = CallDesc {
         wire: 373u32,
@@ -92163,6 +94152,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuLibraryGetKernel: CallDesc = CallDesc {
         wire: 374u32,
@@ -92190,6 +94180,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuLibraryGetKernelCount: CallDesc = CallDesc {
         wire: 375u32,
@@ -92218,6 +94209,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuLibraryGetManaged: CallDesc = CallDesc {
         wire: 376u32,
@@ -92253,6 +94245,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuLibraryGetModule: CallDesc = CallDesc {
         wire: 377u32,
@@ -92279,6 +94272,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuLibraryUnload: CallDesc = CallDesc {
         wire: 378u32,
@@ -92301,6 +94295,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuLinkDestroy: CallDesc = CallDesc {
         wire: 379u32,
@@ -92323,6 +94318,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuLogsCurrent: CallDesc = CallDesc {
         wire: 380u32,
@@ -92351,6 +94347,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuLogsUnregisterCallback: CallDesc = CallDesc {
         wire: 381u32,
@@ -92373,6 +94370,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemAddressFree: CallDesc = CallDesc {
         wire: 382u32,
@@ -92399,6 +94397,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemAdvise: CallDesc = CallDesc {
         wire: 383u32,
@@ -92433,6 +94432,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemAdvise_v2: CallDesc = CallDesc {
         wire: 384u32,
@@ -92464,6 +94464,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemAlloc_v2__call: CallDesc = CallDesc {
         wire: 385u32,
@@ -92492,6 +94493,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemFree: CallDesc = CallDesc {
         wire: 386u32,
@@ -92514,6 +94516,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemFreeAsync: CallDesc = CallDesc {
         wire: 387u32,
@@ -92540,6 +94543,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemFreeAsync_ptsz: CallDesc = CallDesc {
         wire: 388u32,
@@ -92566,6 +94570,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemFree_v2__call: CallDesc = CallDesc {
         wire: 389u32,
@@ -92588,6 +94593,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemGetAccess: CallDesc = CallDesc {
         wire: 390u32,
@@ -92622,6 +94628,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemGetInfo: CallDesc = CallDesc {
         wire: 391u32,
@@ -92652,6 +94659,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemGetInfo_v2: CallDesc = CallDesc {
         wire: 392u32,
@@ -92682,6 +94690,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemMap: CallDesc = CallDesc {
         wire: 393u32,
@@ -92720,6 +94729,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemPoolDestroy: CallDesc = CallDesc {
         wire: 394u32,
@@ -92742,6 +94752,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemPoolTrimTo: CallDesc = CallDesc {
         wire: 395u32,
@@ -92768,6 +94779,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemPrefetchAsync: CallDesc = CallDesc {
         wire: 396u32,
@@ -92802,6 +94814,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemPrefetchAsync_ptsz: CallDesc = CallDesc {
         wire: 397u32,
@@ -92836,6 +94849,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemPrefetchAsync_v2: CallDesc = CallDesc {
         wire: 398u32,
@@ -92871,6 +94885,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemPrefetchAsync_v2_ptsz: CallDesc = CallDesc {
         wire: 399u32,
@@ -92906,6 +94921,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemRelease: CallDesc = CallDesc {
         wire: 400u32,
@@ -92928,6 +94944,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemUnmap: CallDesc = CallDesc {
         wire: 401u32,
@@ -92954,6 +94971,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpy: CallDesc = CallDesc {
         wire: 402u32,
@@ -92984,6 +95002,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyAsync: CallDesc = CallDesc {
         wire: 403u32,
@@ -93018,6 +95037,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyAsync_ptsz: CallDesc = CallDesc {
         wire: 404u32,
@@ -93052,6 +95072,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyAtoA: CallDesc = CallDesc {
         wire: 405u32,
@@ -93090,6 +95111,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyAtoA_v2: CallDesc = CallDesc {
         wire: 406u32,
@@ -93128,6 +95150,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyAtoA_v2_ptds: CallDesc = CallDesc {
         wire: 407u32,
@@ -93166,6 +95189,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyAtoD: CallDesc = CallDesc {
         wire: 408u32,
@@ -93200,6 +95224,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyAtoD_v2: CallDesc = CallDesc {
         wire: 409u32,
@@ -93234,6 +95259,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyAtoD_v2_ptds: CallDesc = CallDesc {
         wire: 410u32,
@@ -93268,6 +95294,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyDtoA: CallDesc = CallDesc {
         wire: 411u32,
@@ -93302,6 +95329,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyDtoA_v2: CallDesc = CallDesc {
         wire: 412u32,
@@ -93336,6 +95364,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyDtoA_v2_ptds: CallDesc = CallDesc {
         wire: 413u32,
@@ -93370,6 +95399,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyDtoD: CallDesc = CallDesc {
         wire: 414u32,
@@ -93400,6 +95430,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyDtoDAsync: CallDesc = CallDesc {
         wire: 415u32,
@@ -93434,6 +95465,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyDtoDAsync_v2: CallDesc = CallDesc {
         wire: 416u32,
@@ -93468,6 +95500,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyDtoDAsync_v2_ptsz: CallDesc = CallDesc {
         wire: 417u32,
@@ -93502,6 +95535,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyDtoD_v2: CallDesc = CallDesc {
         wire: 418u32,
@@ -93532,6 +95566,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyDtoD_v2_ptds: CallDesc = CallDesc {
         wire: 419u32,
@@ -93562,6 +95597,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyDtoHAsync_v2__call: CallDesc = CallDesc {
         wire: 420u32,
@@ -93598,6 +95634,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyDtoHAsync_v2_ptsz__call: CallDesc = CallDesc {
         wire: 421u32,
@@ -93634,6 +95671,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyDtoH_v2__call: CallDesc = CallDesc {
         wire: 422u32,
@@ -93666,6 +95704,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyDtoH_v2_ptds__call: CallDesc = CallDesc {
         wire: 423u32,
@@ -93698,6 +95737,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyHtoDAsync_v2__call: CallDesc = CallDesc {
         wire: 424u32,
@@ -93734,6 +95774,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyHtoDAsync_v2_ptsz__call: CallDesc = CallDesc {
         wire: 425u32,
@@ -93770,6 +95811,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyHtoD_v2__call: CallDesc = CallDesc {
         wire: 426u32,
@@ -93802,6 +95844,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyHtoD_v2_ptds__call: CallDesc = CallDesc {
         wire: 427u32,
@@ -93834,6 +95877,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyPeer: CallDesc = CallDesc {
         wire: 428u32,
@@ -93872,6 +95916,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyPeerAsync: CallDesc = CallDesc {
         wire: 429u32,
@@ -93914,6 +95959,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyPeerAsync_ptsz: CallDesc = CallDesc {
         wire: 430u32,
@@ -93956,6 +96002,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpyPeer_ptds: CallDesc = CallDesc {
         wire: 431u32,
@@ -93994,6 +96041,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemcpy_ptds: CallDesc = CallDesc {
         wire: 432u32,
@@ -94024,6 +96072,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD16: CallDesc = CallDesc {
         wire: 433u32,
@@ -94054,6 +96103,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD16Async: CallDesc = CallDesc {
         wire: 434u32,
@@ -94088,6 +96138,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD16Async_ptsz: CallDesc = CallDesc {
         wire: 435u32,
@@ -94122,6 +96173,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD16_v2: CallDesc = CallDesc {
         wire: 436u32,
@@ -94152,6 +96204,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD16_v2_ptds: CallDesc = CallDesc {
         wire: 437u32,
@@ -94182,6 +96235,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD2D16: CallDesc = CallDesc {
         wire: 438u32,
@@ -94220,6 +96274,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD2D16Async: CallDesc = CallDesc {
         wire: 439u32,
@@ -94262,6 +96317,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD2D16Async_ptsz: CallDesc = CallDesc {
         wire: 440u32,
@@ -94304,6 +96360,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD2D16_v2: CallDesc = CallDesc {
         wire: 441u32,
@@ -94342,6 +96399,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD2D16_v2_ptds: CallDesc = CallDesc {
         wire: 442u32,
@@ -94380,6 +96438,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD2D32: CallDesc = CallDesc {
         wire: 443u32,
@@ -94418,6 +96477,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD2D32Async: CallDesc = CallDesc {
         wire: 444u32,
@@ -94460,6 +96520,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD2D32Async_ptsz: CallDesc = CallDesc {
         wire: 445u32,
@@ -94502,6 +96563,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD2D32_v2: CallDesc = CallDesc {
         wire: 446u32,
@@ -94540,6 +96602,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD2D32_v2_ptds: CallDesc = CallDesc {
         wire: 447u32,
@@ -94578,6 +96641,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD2D8: CallDesc = CallDesc {
         wire: 448u32,
@@ -94616,6 +96680,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD2D8Async: CallDesc = CallDesc {
         wire: 449u32,
@@ -94658,6 +96723,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD2D8Async_ptsz: CallDesc = CallDesc {
         wire: 450u32,
@@ -94700,6 +96766,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD2D8_v2: CallDesc = CallDesc {
         wire: 451u32,
@@ -94738,6 +96805,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD2D8_v2_ptds: CallDesc = CallDesc {
         wire: 452u32,
@@ -94776,6 +96844,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD32: CallDesc = CallDesc {
         wire: 453u32,
@@ -94806,6 +96875,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD32Async: CallDesc = CallDesc {
         wire: 454u32,
@@ -94840,6 +96910,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD32Async_ptsz: CallDesc = CallDesc {
         wire: 455u32,
@@ -94874,6 +96945,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD32_v2: CallDesc = CallDesc {
         wire: 456u32,
@@ -94904,6 +96976,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD32_v2_ptds: CallDesc = CallDesc {
         wire: 457u32,
@@ -94934,6 +97007,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD8: CallDesc = CallDesc {
         wire: 458u32,
@@ -94964,6 +97038,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD8Async: CallDesc = CallDesc {
         wire: 459u32,
@@ -94998,6 +97073,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD8Async_ptsz: CallDesc = CallDesc {
         wire: 460u32,
@@ -95032,6 +97108,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD8_v2: CallDesc = CallDesc {
         wire: 461u32,
@@ -95062,6 +97139,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMemsetD8_v2_ptds: CallDesc = CallDesc {
         wire: 462u32,
@@ -95092,6 +97170,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMipmappedArrayDestroy: CallDesc = CallDesc {
         wire: 463u32,
@@ -95114,6 +97193,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMipmappedArrayGetLevel: CallDesc = CallDesc {
         wire: 464u32,
@@ -95144,6 +97224,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuModuleEnumerateFunctions: CallDesc = CallDesc {
         wire: 465u32,
@@ -95174,6 +97255,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuModuleGetFunction: CallDesc = CallDesc {
         wire: 466u32,
@@ -95201,6 +97283,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuModuleGetFunctionCount: CallDesc = CallDesc {
         wire: 467u32,
@@ -95229,6 +97312,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuModuleGetGlobal: CallDesc = CallDesc {
         wire: 468u32,
@@ -95264,6 +97348,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuModuleGetGlobal_v2: CallDesc = CallDesc {
         wire: 469u32,
@@ -95299,6 +97384,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuModuleGetLoadingMode: CallDesc = CallDesc {
         wire: 470u32,
@@ -95323,6 +97409,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuModuleGetSurfRef: CallDesc = CallDesc {
         wire: 471u32,
@@ -95350,6 +97437,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuModuleGetTexRef: CallDesc = CallDesc {
         wire: 472u32,
@@ -95377,6 +97465,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMulticastAddDevice: CallDesc = CallDesc {
         wire: 473u32,
@@ -95403,6 +97492,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMulticastBindAddr: CallDesc = CallDesc {
         wire: 474u32,
@@ -95441,6 +97531,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMulticastBindAddr_v2: CallDesc = CallDesc {
         wire: 475u32,
@@ -95483,6 +97574,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMulticastBindMem: CallDesc = CallDesc {
         wire: 476u32,
@@ -95525,6 +97617,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMulticastBindMem_v2: CallDesc = CallDesc {
         wire: 477u32,
@@ -95571,6 +97664,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMulticastCreate: CallDesc = CallDesc {
         wire: 478u32,
@@ -95601,6 +97695,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMulticastGetGranularity: CallDesc = CallDesc {
         wire: 479u32,
@@ -95635,6 +97730,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuMulticastUnbind: CallDesc = CallDesc {
         wire: 480u32,
@@ -95669,6 +97765,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuOccupancyMaxActiveBlocksPerMultiprocessor: CallDesc = CallDesc {
         wire: 481u32,
@@ -95705,6 +97802,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags: CallDesc = CallDesc {
         wire: 482u32,
@@ -95745,6 +97843,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuParamSetSize: CallDesc = CallDesc {
         wire: 483u32,
@@ -95771,6 +97870,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuParamSetTexRef: CallDesc = CallDesc {
         wire: 484u32,
@@ -95801,6 +97901,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuParamSetf: CallDesc = CallDesc {
         wire: 485u32,
@@ -95831,6 +97932,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuParamSeti: CallDesc = CallDesc {
         wire: 486u32,
@@ -95861,6 +97963,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamAttachMemAsync: CallDesc = CallDesc {
         wire: 487u32,
@@ -95895,6 +97998,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamAttachMemAsync_ptsz: CallDesc = CallDesc {
         wire: 488u32,
@@ -95929,6 +98033,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamBeginCapture__call: CallDesc = CallDesc {
         wire: 489u32,
@@ -95951,6 +98056,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamBeginCapture_ptsz__call: CallDesc = CallDesc {
         wire: 490u32,
@@ -95973,6 +98079,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamBeginCapture_v2__call: CallDesc = CallDesc {
         wire: 491u32,
@@ -95999,6 +98106,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamBeginCapture_v2_ptsz__call: CallDesc = CallDesc {
         wire: 492u32,
@@ -96025,6 +98133,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamCopyAttributes: CallDesc = CallDesc {
         wire: 493u32,
@@ -96051,6 +98160,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamCopyAttributes_ptsz: CallDesc = CallDesc {
         wire: 494u32,
@@ -96077,6 +98187,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamCreate: CallDesc = CallDesc {
         wire: 495u32,
@@ -96103,6 +98214,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamCreateWithPriority: CallDesc = CallDesc {
         wire: 496u32,
@@ -96133,6 +98245,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamDestroy: CallDesc = CallDesc {
         wire: 497u32,
@@ -96155,6 +98268,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamDestroy_v2: CallDesc = CallDesc {
         wire: 498u32,
@@ -96177,6 +98291,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamEndCapture__call: CallDesc = CallDesc {
         wire: 499u32,
@@ -96203,6 +98318,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamEndCapture_ptsz__call: CallDesc = CallDesc {
         wire: 500u32,
@@ -96229,6 +98345,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamGetCaptureInfo: CallDesc = CallDesc {
         wire: 501u32,
@@ -96263,6 +98380,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamGetCaptureInfo_ptsz: CallDesc = CallDesc {
         wire: 502u32,
@@ -96297,6 +98415,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamGetCtx: CallDesc = CallDesc {
         wire: 503u32,
@@ -96323,6 +98442,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamGetCtx_ptsz: CallDesc = CallDesc {
         wire: 504u32,
@@ -96349,6 +98469,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamGetCtx_v2: CallDesc = CallDesc {
         wire: 505u32,
@@ -96379,6 +98500,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamGetCtx_v2_ptsz: CallDesc = CallDesc {
         wire: 506u32,
@@ -96409,6 +98531,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamGetDevice: CallDesc = CallDesc {
         wire: 507u32,
@@ -96437,6 +98560,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamGetDevice_ptsz: CallDesc = CallDesc {
         wire: 508u32,
@@ -96465,6 +98589,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamGetFlags: CallDesc = CallDesc {
         wire: 509u32,
@@ -96493,6 +98618,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamGetFlags_ptsz: CallDesc = CallDesc {
         wire: 510u32,
@@ -96521,6 +98647,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamGetGreenCtx: CallDesc = CallDesc {
         wire: 511u32,
@@ -96547,6 +98674,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamGetId: CallDesc = CallDesc {
         wire: 512u32,
@@ -96575,6 +98703,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamGetId_ptsz: CallDesc = CallDesc {
         wire: 513u32,
@@ -96603,6 +98732,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamGetPriority: CallDesc = CallDesc {
         wire: 514u32,
@@ -96631,6 +98761,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamGetPriority_ptsz: CallDesc = CallDesc {
         wire: 515u32,
@@ -96659,6 +98790,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamIsCapturing__call: CallDesc = CallDesc {
         wire: 516u32,
@@ -96687,6 +98819,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamIsCapturing_ptsz__call: CallDesc = CallDesc {
         wire: 517u32,
@@ -96715,6 +98848,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamQuery: CallDesc = CallDesc {
         wire: 518u32,
@@ -96737,6 +98871,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamQuery_ptsz: CallDesc = CallDesc {
         wire: 519u32,
@@ -96759,6 +98894,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamSynchronize: CallDesc = CallDesc {
         wire: 520u32,
@@ -96781,6 +98917,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: true,
     };
     pub static cuStreamSynchronize_ptsz: CallDesc = CallDesc {
         wire: 521u32,
@@ -96803,6 +98940,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: true,
     };
     pub static cuStreamUpdateCaptureDependencies: CallDesc = CallDesc {
         wire: 522u32,
@@ -96837,6 +98975,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamUpdateCaptureDependencies_ptsz: CallDesc = CallDesc {
         wire: 523u32,
@@ -96871,6 +99010,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWaitEvent: CallDesc = CallDesc {
         wire: 524u32,
@@ -96901,6 +99041,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWaitEvent_ptsz: CallDesc = CallDesc {
         wire: 525u32,
@@ -96931,6 +99072,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWaitValue32: CallDesc = CallDesc {
         wire: 526u32,
@@ -96965,6 +99107,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWaitValue32_ptsz: CallDesc = CallDesc {
         wire: 527u32,
@@ -96999,6 +99142,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWaitValue32_v2: CallDesc = CallDesc {
         wire: 528u32,
@@ -97033,6 +99177,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWaitValue32_v2_ptsz: CallDesc = CallDesc {
         wire: 529u32,
@@ -97067,6 +99212,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWaitValue64: CallDesc = CallDesc {
         wire: 530u32,
@@ -97101,6 +99247,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWaitValue64_ptsz: CallDesc = CallDesc {
         wire: 531u32,
@@ -97135,6 +99282,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWaitValue64_v2: CallDesc = CallDesc {
         wire: 532u32,
@@ -97169,6 +99317,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWaitValue64_v2_ptsz: CallDesc = CallDesc {
         wire: 533u32,
@@ -97203,6 +99352,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWriteValue32: CallDesc = CallDesc {
         wire: 534u32,
@@ -97237,6 +99387,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWriteValue32_ptsz: CallDesc = CallDesc {
         wire: 535u32,
@@ -97271,6 +99422,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWriteValue32_v2: CallDesc = CallDesc {
         wire: 536u32,
@@ -97305,6 +99457,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWriteValue32_v2_ptsz: CallDesc = CallDesc {
         wire: 537u32,
@@ -97339,6 +99492,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWriteValue64: CallDesc = CallDesc {
         wire: 538u32,
@@ -97373,6 +99527,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWriteValue64_ptsz: CallDesc = CallDesc {
         wire: 539u32,
@@ -97407,6 +99562,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWriteValue64_v2: CallDesc = CallDesc {
         wire: 540u32,
@@ -97441,6 +99597,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuStreamWriteValue64_v2_ptsz: CallDesc = CallDesc {
         wire: 541u32,
@@ -97475,6 +99632,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuSurfObjectDestroy: CallDesc = CallDesc {
         wire: 542u32,
@@ -97497,6 +99655,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuSurfRefGetArray: CallDesc = CallDesc {
         wire: 543u32,
@@ -97523,6 +99682,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuSurfRefSetArray: CallDesc = CallDesc {
         wire: 544u32,
@@ -97553,6 +99713,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexObjectDestroy: CallDesc = CallDesc {
         wire: 545u32,
@@ -97575,6 +99736,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefCreate: CallDesc = CallDesc {
         wire: 546u32,
@@ -97597,6 +99759,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefDestroy: CallDesc = CallDesc {
         wire: 547u32,
@@ -97619,6 +99782,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefGetAddress: CallDesc = CallDesc {
         wire: 548u32,
@@ -97647,6 +99811,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefGetAddressMode: CallDesc = CallDesc {
         wire: 549u32,
@@ -97679,6 +99844,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefGetAddress_v2: CallDesc = CallDesc {
         wire: 550u32,
@@ -97707,6 +99873,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefGetArray: CallDesc = CallDesc {
         wire: 551u32,
@@ -97733,6 +99900,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefGetBorderColor: CallDesc = CallDesc {
         wire: 552u32,
@@ -97761,6 +99929,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefGetFilterMode: CallDesc = CallDesc {
         wire: 553u32,
@@ -97789,6 +99958,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefGetFlags: CallDesc = CallDesc {
         wire: 554u32,
@@ -97817,6 +99987,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefGetMaxAnisotropy: CallDesc = CallDesc {
         wire: 555u32,
@@ -97845,6 +100016,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefGetMipmapFilterMode: CallDesc = CallDesc {
         wire: 556u32,
@@ -97873,6 +100045,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefGetMipmapLevelBias: CallDesc = CallDesc {
         wire: 557u32,
@@ -97901,6 +100074,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefGetMipmapLevelClamp: CallDesc = CallDesc {
         wire: 558u32,
@@ -97935,6 +100109,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefGetMipmappedArray: CallDesc = CallDesc {
         wire: 559u32,
@@ -97961,6 +100136,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefSetAddress: CallDesc = CallDesc {
         wire: 560u32,
@@ -97997,6 +100173,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefSetAddress2D: CallDesc = CallDesc {
         wire: 561u32,
@@ -98033,6 +100210,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefSetAddress2D_v2: CallDesc = CallDesc {
         wire: 562u32,
@@ -98069,6 +100247,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefSetAddress2D_v3: CallDesc = CallDesc {
         wire: 563u32,
@@ -98105,6 +100284,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefSetAddressMode: CallDesc = CallDesc {
         wire: 564u32,
@@ -98135,6 +100315,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefSetAddress_v2: CallDesc = CallDesc {
         wire: 565u32,
@@ -98171,6 +100352,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefSetArray: CallDesc = CallDesc {
         wire: 566u32,
@@ -98201,6 +100383,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefSetBorderColor: CallDesc = CallDesc {
         wire: 567u32,
@@ -98229,6 +100412,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefSetFilterMode: CallDesc = CallDesc {
         wire: 568u32,
@@ -98255,6 +100439,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefSetFlags: CallDesc = CallDesc {
         wire: 569u32,
@@ -98281,6 +100466,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefSetFormat: CallDesc = CallDesc {
         wire: 570u32,
@@ -98311,6 +100497,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefSetMaxAnisotropy: CallDesc = CallDesc {
         wire: 571u32,
@@ -98337,6 +100524,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefSetMipmapFilterMode: CallDesc = CallDesc {
         wire: 572u32,
@@ -98363,6 +100551,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefSetMipmapLevelBias: CallDesc = CallDesc {
         wire: 573u32,
@@ -98389,6 +100578,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefSetMipmapLevelClamp: CallDesc = CallDesc {
         wire: 574u32,
@@ -98419,6 +100609,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuTexRefSetMipmappedArray: CallDesc = CallDesc {
         wire: 575u32,
@@ -98449,6 +100640,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
         wire: 576u32,
@@ -98473,6 +100665,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuUserObjectRelease: CallDesc = CallDesc {
         wire: 577u32,
@@ -98499,6 +100692,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
     pub static cuUserObjectRetain: CallDesc = CallDesc {
         wire: 578u32,
@@ -98525,6 +100719,7 @@ pub mod driver {
             unavailable: 100i64,
             invalid_handle: 400i64,
         },
+        only_waits: false,
     };
 }
 pub mod nccl {
@@ -98550,6 +100745,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
         wire: 2433u32,
@@ -98572,6 +100768,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
         wire: 2434u32,
@@ -98594,6 +100791,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
         wire: 2435u32,
@@ -98625,6 +100823,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
         wire: 2436u32,
@@ -98651,6 +100850,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
         wire: 2437u32,
@@ -98677,6 +100877,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
         wire: 2438u32,
@@ -98703,6 +100904,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
         wire: 2439u32,
@@ -98720,6 +100922,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
         wire: 2440u32,
@@ -98737,6 +100940,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
         wire: 2441u32,
@@ -98763,6 +100967,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
         wire: 2442u32,
@@ -98780,6 +100985,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
         wire: 2443u32,
@@ -98802,6 +101008,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
         wire: 2444u32,
@@ -98824,6 +101031,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
         wire: 2445u32,
@@ -98846,6 +101054,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
         wire: 2446u32,
@@ -98877,6 +101086,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
         wire: 2447u32,
@@ -98903,6 +101113,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
         wire: 2448u32,
@@ -98929,6 +101140,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
         wire: 2449u32,
@@ -98955,6 +101167,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
         wire: 2450u32,
@@ -98972,6 +101185,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
         wire: 2451u32,
@@ -98989,6 +101203,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
         wire: 2452u32,
@@ -99015,6 +101230,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
         wire: 2453u32,
@@ -99032,6 +101248,7 @@ pub mod nccl {
             unavailable: 2i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
 }
 pub mod nvjitlink {
@@ -99057,6 +101274,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
         wire: 2402u32,
@@ -99079,6 +101297,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
         wire: 2403u32,
@@ -99101,6 +101320,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
         wire: 2404u32,
@@ -99123,6 +101343,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
         wire: 2405u32,
@@ -99145,6 +101366,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
         wire: 2406u32,
@@ -99167,6 +101389,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
         wire: 2407u32,
@@ -99189,6 +101412,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
         wire: 2408u32,
@@ -99211,6 +101435,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
         wire: 2409u32,
@@ -99233,6 +101458,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
         wire: 2410u32,
@@ -99255,6 +101481,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
         wire: 2411u32,
@@ -99283,6 +101510,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
         wire: 2412u32,
@@ -99311,6 +101539,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
         wire: 2413u32,
@@ -99339,6 +101568,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
         wire: 2414u32,
@@ -99367,6 +101597,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
         wire: 2415u32,
@@ -99395,6 +101626,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
         wire: 2416u32,
@@ -99423,6 +101655,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
         wire: 2417u32,
@@ -99451,6 +101684,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
         wire: 2418u32,
@@ -99479,6 +101713,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
         wire: 2419u32,
@@ -99507,6 +101742,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
         wire: 2420u32,
@@ -99535,6 +101771,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
         wire: 2421u32,
@@ -99563,6 +101800,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
         wire: 2422u32,
@@ -99591,6 +101829,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
         wire: 2423u32,
@@ -99619,6 +101858,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
         wire: 2424u32,
@@ -99647,6 +101887,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
         wire: 2425u32,
@@ -99675,6 +101916,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
         wire: 2426u32,
@@ -99703,6 +101945,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
         wire: 2427u32,
@@ -99731,6 +101974,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
         wire: 2428u32,
@@ -99759,6 +102003,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
         wire: 2429u32,
@@ -99787,6 +102032,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
         wire: 2430u32,
@@ -99815,6 +102061,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
         wire: 2431u32,
@@ -99845,6 +102092,7 @@ pub mod nvjitlink {
             unavailable: 6i64,
             invalid_handle: 3i64,
         },
+        only_waits: false,
     };
 }
 pub mod nvml {
@@ -99870,6 +102118,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
         wire: 1591u32,
@@ -99898,6 +102147,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
         wire: 1592u32,
@@ -99924,6 +102174,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
         wire: 1593u32,
@@ -99946,6 +102197,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
         wire: 1594u32,
@@ -99968,6 +102220,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
         wire: 1595u32,
@@ -99994,6 +102247,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
         wire: 1596u32,
@@ -100024,6 +102278,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
         wire: 1597u32,
@@ -100060,6 +102315,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
         wire: 1598u32,
@@ -100094,6 +102350,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
         wire: 1599u32,
@@ -100126,6 +102383,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
         wire: 1600u32,
@@ -100154,6 +102412,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
         wire: 1601u32,
@@ -100182,6 +102441,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
         wire: 1602u32,
@@ -100210,6 +102470,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
         wire: 1603u32,
@@ -100242,6 +102503,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
         wire: 1604u32,
@@ -100270,6 +102532,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
         wire: 1605u32,
@@ -100304,6 +102567,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
         wire: 1606u32,
@@ -100332,6 +102596,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
         wire: 1607u32,
@@ -100360,6 +102625,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
         wire: 1608u32,
@@ -100388,6 +102654,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
         wire: 1609u32,
@@ -100424,6 +102691,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
         wire: 1610u32,
@@ -100456,6 +102724,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
         wire: 1611u32,
@@ -100484,6 +102753,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
         wire: 1612u32,
@@ -100512,6 +102782,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
         wire: 1613u32,
@@ -100546,6 +102817,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
         wire: 1614u32,
@@ -100574,6 +102846,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
         wire: 1615u32,
@@ -100602,6 +102875,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
         wire: 1616u32,
@@ -100630,6 +102904,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
         wire: 1617u32,
@@ -100658,6 +102933,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
         wire: 1618u32,
@@ -100692,6 +102968,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
         wire: 1619u32,
@@ -100724,6 +103001,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
         wire: 1620u32,
@@ -100752,6 +103030,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
         wire: 1621u32,
@@ -100778,6 +103057,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
         wire: 1622u32,
@@ -100806,6 +103086,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
         wire: 1623u32,
@@ -100834,6 +103115,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
         wire: 1624u32,
@@ -100868,6 +103150,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
         wire: 1625u32,
@@ -100902,6 +103185,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
         wire: 1626u32,
@@ -100936,6 +103220,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
         wire: 1627u32,
@@ -100968,6 +103253,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
         wire: 1628u32,
@@ -101002,6 +103288,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
         wire: 1629u32,
@@ -101030,6 +103317,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
         wire: 1630u32,
@@ -101062,6 +103350,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
         wire: 1631u32,
@@ -101090,6 +103379,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
         wire: 1632u32,
@@ -101122,6 +103412,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
         wire: 1633u32,
@@ -101156,6 +103447,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
         wire: 1634u32,
@@ -101184,6 +103476,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
         wire: 1635u32,
@@ -101214,6 +103507,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
         wire: 1636u32,
@@ -101242,6 +103536,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
         wire: 1637u32,
@@ -101274,6 +103569,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
         wire: 1638u32,
@@ -101310,6 +103606,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
         wire: 1639u32,
@@ -101338,6 +103635,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
         wire: 1640u32,
@@ -101372,6 +103670,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
         wire: 1641u32,
@@ -101406,6 +103705,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
         wire: 1642u32,
@@ -101432,6 +103732,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
         wire: 1643u32,
@@ -101458,6 +103759,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
         wire: 1644u32,
@@ -101481,6 +103783,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
         wire: 1645u32,
@@ -101504,6 +103807,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
         wire: 1646u32,
@@ -101527,6 +103831,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
         wire: 1647u32,
@@ -101550,6 +103855,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
         wire: 1648u32,
@@ -101578,6 +103884,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
         wire: 1649u32,
@@ -101606,6 +103913,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
         wire: 1650u32,
@@ -101634,6 +103942,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
         wire: 1651u32,
@@ -101662,6 +103971,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
         wire: 1652u32,
@@ -101690,6 +104000,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
         wire: 1653u32,
@@ -101724,6 +104035,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
         wire: 1654u32,
@@ -101758,6 +104070,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
         wire: 1655u32,
@@ -101790,6 +104103,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
         wire: 1656u32,
@@ -101822,6 +104136,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
         wire: 1657u32,
@@ -101850,6 +104165,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
         wire: 1658u32,
@@ -101878,6 +104194,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
         wire: 1659u32,
@@ -101906,6 +104223,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
         wire: 1660u32,
@@ -101940,6 +104258,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
         wire: 1661u32,
@@ -101968,6 +104287,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
         wire: 1662u32,
@@ -101996,6 +104316,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
         wire: 1663u32,
@@ -102026,6 +104347,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
         wire: 1664u32,
@@ -102060,6 +104382,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
         wire: 1665u32,
@@ -102102,6 +104425,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
         wire: 1666u32,
@@ -102136,6 +104460,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
         wire: 1667u32,
@@ -102164,6 +104489,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
         wire: 1668u32,
@@ -102192,6 +104518,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
         wire: 1669u32,
@@ -102220,6 +104547,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
         wire: 1670u32,
@@ -102248,6 +104576,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
         wire: 1671u32,
@@ -102276,6 +104605,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
         wire: 1672u32,
@@ -102304,6 +104634,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
         wire: 1673u32,
@@ -102340,6 +104671,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
         wire: 1674u32,
@@ -102372,6 +104704,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
         wire: 1675u32,
@@ -102404,6 +104737,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
         wire: 1676u32,
@@ -102436,6 +104770,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
         wire: 1677u32,
@@ -102470,6 +104805,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
         wire: 1678u32,
@@ -102506,6 +104842,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
         wire: 1679u32,
@@ -102534,6 +104871,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
         wire: 1680u32,
@@ -102562,6 +104900,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
         wire: 1681u32,
@@ -102590,6 +104929,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
         wire: 1682u32,
@@ -102618,6 +104958,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
         wire: 1683u32,
@@ -102646,6 +104987,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
         wire: 1684u32,
@@ -102674,6 +105016,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
         wire: 1685u32,
@@ -102702,6 +105045,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
         wire: 1686u32,
@@ -102736,6 +105080,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
         wire: 1687u32,
@@ -102764,6 +105109,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
         wire: 1688u32,
@@ -102792,6 +105138,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
         wire: 1689u32,
@@ -102820,6 +105167,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
         wire: 1690u32,
@@ -102848,6 +105196,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
         wire: 1691u32,
@@ -102876,6 +105225,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
         wire: 1692u32,
@@ -102922,6 +105272,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
         wire: 1693u32,
@@ -102950,6 +105301,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
         wire: 1694u32,
@@ -102978,6 +105330,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
         wire: 1695u32,
@@ -103006,6 +105359,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
         wire: 1696u32,
@@ -103034,6 +105388,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
         wire: 1697u32,
@@ -103062,6 +105417,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
         wire: 1698u32,
@@ -103094,6 +105450,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
         wire: 1699u32,
@@ -103126,6 +105483,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
         wire: 1700u32,
@@ -103158,6 +105516,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
         wire: 1701u32,
@@ -103190,6 +105549,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
         wire: 1702u32,
@@ -103226,6 +105586,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
         wire: 1703u32,
@@ -103254,6 +105615,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
         wire: 1704u32,
@@ -103286,6 +105648,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
         wire: 1705u32,
@@ -103314,6 +105677,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
         wire: 1706u32,
@@ -103342,6 +105706,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
         wire: 1707u32,
@@ -103374,6 +105739,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
         wire: 1708u32,
@@ -103404,6 +105770,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
         wire: 1709u32,
@@ -103426,6 +105793,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
         wire: 1710u32,
@@ -103448,6 +105816,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
         wire: 1711u32,
@@ -103470,6 +105839,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
         wire: 1712u32,
@@ -103496,6 +105866,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
         wire: 1713u32,
@@ -103526,6 +105897,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
         wire: 1714u32,
@@ -103556,6 +105928,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
         wire: 1715u32,
@@ -103582,6 +105955,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
         wire: 1716u32,
@@ -103612,6 +105986,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
         wire: 1717u32,
@@ -103638,6 +106013,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
         wire: 1718u32,
@@ -103664,6 +106040,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
         wire: 1719u32,
@@ -103690,6 +106067,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
         wire: 1720u32,
@@ -103712,6 +106090,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
         wire: 1721u32,
@@ -103742,6 +106121,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
         wire: 1722u32,
@@ -103768,6 +106148,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
         wire: 1723u32,
@@ -103796,6 +106177,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
         wire: 1724u32,
@@ -103826,6 +106208,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
         wire: 1725u32,
@@ -103852,6 +106235,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
         wire: 1726u32,
@@ -103882,6 +106266,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
         wire: 1727u32,
@@ -103912,6 +106297,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
         wire: 1728u32,
@@ -103938,6 +106324,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
         wire: 1729u32,
@@ -103968,6 +106355,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
         wire: 1730u32,
@@ -103994,6 +106382,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
         wire: 1731u32,
@@ -104020,6 +106409,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
         wire: 1732u32,
@@ -104050,6 +106440,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
         wire: 1733u32,
@@ -104082,6 +106473,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
         wire: 1734u32,
@@ -104108,6 +106500,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
         wire: 1735u32,
@@ -104134,6 +106527,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
         wire: 1736u32,
@@ -104160,6 +106554,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
         wire: 1737u32,
@@ -104192,6 +106587,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
         wire: 1738u32,
@@ -104222,6 +106618,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
         wire: 1739u32,
@@ -104250,6 +106647,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
         wire: 1740u32,
@@ -104276,6 +106674,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
         wire: 1741u32,
@@ -104298,6 +106697,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
         wire: 1742u32,
@@ -104320,6 +106720,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
         wire: 1743u32,
@@ -104342,6 +106743,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
         wire: 1744u32,
@@ -104366,6 +106768,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
         wire: 1745u32,
@@ -104394,6 +106797,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
         wire: 1746u32,
@@ -104424,6 +106828,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
         wire: 1747u32,
@@ -104452,6 +106857,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
         wire: 1748u32,
@@ -104474,6 +106880,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
         wire: 1749u32,
@@ -104496,6 +106903,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
         wire: 1750u32,
@@ -104522,6 +106930,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
         wire: 1751u32,
@@ -104548,6 +106957,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
         wire: 1752u32,
@@ -104578,6 +106988,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
         wire: 1753u32,
@@ -104614,6 +107025,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
         wire: 1754u32,
@@ -104636,6 +107048,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
         wire: 1755u32,
@@ -104666,6 +107079,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
         wire: 1756u32,
@@ -104698,6 +107112,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
         wire: 1757u32,
@@ -104734,6 +107149,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
         wire: 1758u32,
@@ -104762,6 +107178,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
         wire: 1759u32,
@@ -104786,6 +107203,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
         wire: 1760u32,
@@ -104810,6 +107228,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
         wire: 1761u32,
@@ -104834,6 +107253,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
         wire: 1762u32,
@@ -104858,6 +107278,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
         wire: 1763u32,
@@ -104880,6 +107301,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
         wire: 1764u32,
@@ -104902,6 +107324,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
         wire: 1765u32,
@@ -104926,6 +107349,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
         wire: 1766u32,
@@ -104958,6 +107382,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
         wire: 1767u32,
@@ -104984,6 +107409,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
         wire: 1768u32,
@@ -105016,6 +107442,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
         wire: 1769u32,
@@ -105042,6 +107469,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
         wire: 1770u32,
@@ -105064,6 +107492,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
         wire: 1771u32,
@@ -105092,6 +107521,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
         wire: 1772u32,
@@ -105120,6 +107550,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
         wire: 1773u32,
@@ -105148,6 +107579,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
         wire: 1774u32,
@@ -105176,6 +107608,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
         wire: 1775u32,
@@ -105204,6 +107637,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
         wire: 1776u32,
@@ -105232,6 +107666,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
         wire: 1777u32,
@@ -105260,6 +107695,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
         wire: 1778u32,
@@ -105288,6 +107724,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
         wire: 1779u32,
@@ -105314,6 +107751,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
         wire: 1780u32,
@@ -105346,6 +107784,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
         wire: 1781u32,
@@ -105380,6 +107819,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
         wire: 1782u32,
@@ -105408,6 +107848,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
         wire: 1783u32,
@@ -105436,6 +107877,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
         wire: 1784u32,
@@ -105464,6 +107906,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
         wire: 1785u32,
@@ -105492,6 +107935,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
         wire: 1786u32,
@@ -105520,6 +107964,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
         wire: 1787u32,
@@ -105552,6 +107997,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
         wire: 1788u32,
@@ -105580,6 +108026,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
         wire: 1789u32,
@@ -105608,6 +108055,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
         wire: 1790u32,
@@ -105646,6 +108094,7 @@ pub mod nvml {
             unavailable: 9i64,
             invalid_handle: 2i64,
         },
+        only_waits: false,
     };
 }
 pub mod nvrtc {
@@ -105672,6 +108121,7 @@ pub mod nvrtc {
             unavailable: 11i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static nvrtcDestroyProgram: CallDesc = CallDesc {
         wire: 2387u32,
@@ -105694,6 +108144,7 @@ pub mod nvrtc {
             unavailable: 11i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static nvrtcGetCUBINSize: CallDesc = CallDesc {
         wire: 2388u32,
@@ -105722,6 +108173,7 @@ pub mod nvrtc {
             unavailable: 11i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static nvrtcGetLTOIRSize: CallDesc = CallDesc {
         wire: 2389u32,
@@ -105750,6 +108202,7 @@ pub mod nvrtc {
             unavailable: 11i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static nvrtcGetNVVMSize: CallDesc = CallDesc {
         wire: 2390u32,
@@ -105778,6 +108231,7 @@ pub mod nvrtc {
             unavailable: 11i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
         wire: 2391u32,
@@ -105802,6 +108256,7 @@ pub mod nvrtc {
             unavailable: 11i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static nvrtcGetOptiXIRSize: CallDesc = CallDesc {
         wire: 2392u32,
@@ -105830,6 +108285,7 @@ pub mod nvrtc {
             unavailable: 11i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static nvrtcGetPCHCreateStatus: CallDesc = CallDesc {
         wire: 2393u32,
@@ -105852,6 +108308,7 @@ pub mod nvrtc {
             unavailable: 11i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
         wire: 2394u32,
@@ -105876,6 +108333,7 @@ pub mod nvrtc {
             unavailable: 11i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static nvrtcGetPCHHeapSizeRequired: CallDesc = CallDesc {
         wire: 2395u32,
@@ -105904,6 +108362,7 @@ pub mod nvrtc {
             unavailable: 11i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static nvrtcGetPTXSize: CallDesc = CallDesc {
         wire: 2396u32,
@@ -105932,6 +108391,7 @@ pub mod nvrtc {
             unavailable: 11i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static nvrtcGetProgramLogSize: CallDesc = CallDesc {
         wire: 2397u32,
@@ -105960,6 +108420,7 @@ pub mod nvrtc {
             unavailable: 11i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static nvrtcGetSupportedArchs: CallDesc = CallDesc {
         wire: 2398u32,
@@ -105984,6 +108445,7 @@ pub mod nvrtc {
             unavailable: 11i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
         wire: 2399u32,
@@ -106006,6 +108468,7 @@ pub mod nvrtc {
             unavailable: 11i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
         wire: 2400u32,
@@ -106036,5 +108499,6 @@ pub mod nvrtc {
             unavailable: 11i64,
             invalid_handle: 4i64,
         },
+        only_waits: false,
     };
 }
