@@ -169,6 +169,7 @@ fn heuristic(
         if let Some(key) = &key {
             let cache = HEURISTICS.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((status, n, bytes)) = cache.as_ref().and_then(|c| c.get(key)) {
+                crate::trace::local("cublasLtMatmulAlgoGetHeuristic");
                 // SAFETY: the caller's arrays: `requested` results and one int.
                 unsafe {
                     std::ptr::copy_nonoverlapping(bytes.as_ptr(), results as *mut u8, bytes.len());

@@ -134,6 +134,7 @@ static CUDART_VERSION: OnceLock<usize> = OnceLock::new();
 
 fn once(cell: &OnceLock<usize>, desc: &'static CallDesc) -> usize {
     if let Some(v) = cell.get() {
+        crate::trace::local(desc.name);
         return *v;
     }
     crate::guard::ffi(desc.name, 0, || {
@@ -187,6 +188,7 @@ fn get_stream(desc: &'static CallDesc, handle: *mut c_void, out: *mut c_void, ba
             return bad_param;
         }
         if let Some(s) = streams().as_ref().and_then(|m| m.get(&(handle as u64)).copied()) {
+            crate::trace::local("cudnnGetStream");
             // SAFETY: the caller's cudaStream_t*, checked non-null.
             unsafe { std::ptr::write_unaligned(out as *mut u64, s) };
             return 0;
